@@ -1,3 +1,25 @@
+//! Shoal's inference engine: loads a model, runs it on MLX, and reports every
+//! generation as a stream of [`completion::Event`]s ending in one
+//! [`completion::Completion`] record — the single source of usage and finish
+//! reasons for every API adapter.
+pub mod backend;
+pub mod completion;
+// pub mod detok;  (enabled once written)
+// pub mod engine;
+pub mod error;
+// pub mod loader;
+pub mod model;
+// pub mod sampler;  (enabled once written)
+// pub mod stop;  (enabled once written)
+// pub mod template;  (enabled once written)
+pub mod tokenizer;
+
+pub use completion::{Completion, Event, FinishReason, Timings, TokenLogprob, Usage};
+// pub use engine::{collect_blocking, Engine, EngineOptions, EventStream, GenerateRequest, ModelHandle};
+pub use error::{EngineError, Result};
+// pub use sampler::SamplingParams;
+// pub use template::ChatMessage;
+
 #[cfg(target_os = "linux")]
 mod linux_shim {
     /// mlx-rs seeds its random state from the macOS-only `mach_approximate_time`.
@@ -7,19 +29,5 @@ mod linux_shim {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use mlx_rs::Array;
-    #[test]
-    fn matmul_works() {
-        let a = Array::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]);
-        let b = a.matmul(&a).unwrap();
-        b.eval().unwrap();
-        assert_eq!(b.as_slice::<f32>(), &[7.0, 10.0, 15.0, 22.0]);
-        let r = mlx_rs::random::normal::<f32>(&[4], None, None, None).unwrap();
-        r.eval().unwrap();
     }
 }

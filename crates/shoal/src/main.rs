@@ -1,1 +1,59 @@
-fn main() {}
+//! `shoal`: the command-line front of the engine.
+mod bench;
+mod generate;
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "shoal", version, about = "Local LLM engine and server with exact token accounting")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one chat turn and print the reply, its finish reason and usage.
+    Generate(generate::Args),
+    /// Measure prefill and decode speed and time to first token.
+    Bench(bench::Args),
+}
+
+/// Model path shared by every subcommand.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// A .gguf file or a Hugging Face / MLX model directory.
+    #[arg(long, env = "SHOAL_MODEL")]
+    pub model: Option<PathBuf>,
+}
+
+impl ModelArgs {
+    pub fn path(&self) -> PathBuf {
+        self.model.clone().unwrap_or_else(shoal_engine::loader::default_model_path)
+    }
+
+    /// The id clients see: the file or directory name without extension.
+    pub fn id(&self) -> String {
+        let p = self.path();
+        p.file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into())
+    }
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SHOAL_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Generate(a) => generate::run(a),
+        Command::Bench(a) => bench::run(a),
+    }
+}

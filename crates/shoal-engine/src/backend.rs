@@ -1,0 +1,52 @@
+//! The seam between the generation loop and a tensor library.
+//!
+//! The engine only needs "feed these tokens, give me next-token logits" plus a
+//! per-sequence KV cache; everything MLX-specific lives behind these traits so a
+//! second backend can be added without touching the engine or the adapters.
+use std::any::Any;
+
+use crate::error::Result;
+
+/// Static facts about a loaded model that the engine and adapters need.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ModelInfo {
+    /// Architecture name as the model declares it (`llama`, `qwen2`, `qwen3`).
+    pub architecture: String,
+    pub vocab_size: usize,
+    /// Maximum number of positions (prompt + output) the model supports.
+    pub context_length: usize,
+    pub num_layers: usize,
+    pub hidden_size: usize,
+    /// Where the weights came from (`gguf` or `safetensors`) and how they are stored.
+    pub format: String,
+    pub quantization: Option<String>,
+    /// Compute dtype chosen for this device (e.g. `float32` on the CPU backend).
+    pub dtype: String,
+    /// Device the backend runs on (`cpu`, `gpu`).
+    pub device: String,
+    /// Bytes held by the weights after loading.
+    pub weight_bytes: usize,
+}
+
+/// Per-sequence attention state. Backends downcast to their own type.
+pub trait KvCache: Any + Send {
+    /// Number of positions already held.
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Forget everything after the first `len` positions (used to reuse a prefix).
+    fn truncate(&mut self, len: usize);
+    /// Bytes currently reserved.
+    fn nbytes(&self) -> usize;
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+/// A causal language model that can be run token by token.
+pub trait LanguageModel: Send {
+    fn info(&self) -> &ModelInfo;
+    fn new_cache(&self) -> Result<Box<dyn KvCache>>;
+    /// Runs `tokens` after whatever `cache` already holds and returns the
+    /// logits (length `vocab_size`, float32) for the position after the last token.
+    fn forward(&self, tokens: &[u32], cache: &mut dyn KvCache) -> Result<Vec<f32>>;
+}

@@ -1,0 +1,118 @@
+//! The record every API adapter renders: what was produced, why it stopped,
+//! and exactly what it cost. Adapters translate; they never recount.
+use serde::Serialize;
+
+/// Why a generation ended. Kept finer-grained than any API dialect so each
+/// adapter can map it in its own words without losing information.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "type", content = "detail", rename_all = "snake_case")]
+pub enum FinishReason {
+    /// The model produced an end-of-sequence token.
+    Stop,
+    /// A caller-supplied stop sequence matched (the string that matched).
+    StopSequence(String),
+    /// `max_tokens` was reached.
+    Length,
+    /// Prompt plus output filled the model's context window.
+    ContextWindow,
+    /// The model called one or more tools.
+    ToolCalls,
+    /// Output was withheld by a content filter.
+    ContentFilter,
+    /// The caller went away (or asked to stop) before the end.
+    Cancelled,
+    /// Generation failed part-way; the message says why.
+    Error(String),
+}
+
+impl FinishReason {
+    /// Short machine name, used by the CLI and logs.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::StopSequence(_) => "stop_sequence",
+            FinishReason::Length => "length",
+            FinishReason::ContextWindow => "context_window",
+            FinishReason::ToolCalls => "tool_calls",
+            FinishReason::ContentFilter => "content_filter",
+            FinishReason::Cancelled => "cancelled",
+            FinishReason::Error(_) => "error",
+        }
+    }
+}
+
+/// Token accounting for one generation. `total` is derived, never stored, so
+/// it cannot disagree with its parts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    /// Every token of the rendered prompt, whether or not it came from cache.
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose KV state was reused instead of computed.
+    pub cached_tokens: usize,
+    /// Every sampled token, including an EOS or the tokens of a matched stop sequence.
+    pub completion_tokens: usize,
+    /// Completion tokens spent inside a reasoning section.
+    pub reasoning_tokens: usize,
+}
+
+impl Usage {
+    pub fn total_tokens(&self) -> usize {
+        self.prompt_tokens + self.completion_tokens
+    }
+
+    /// Sums usage over independent choices of one request.
+    pub fn add(&mut self, other: &Usage) {
+        self.prompt_tokens += other.prompt_tokens;
+        self.cached_tokens += other.cached_tokens;
+        self.completion_tokens += other.completion_tokens;
+        self.reasoning_tokens += other.reasoning_tokens;
+    }
+}
+
+/// Wall-clock figures for one generation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Timings {
+    /// Time spent waiting for the engine before work began.
+    pub queue_ms: f64,
+    /// From submission to the first sampled token.
+    pub ttft_ms: f64,
+    /// Prompt tokens actually computed (not cached) per second of prefill.
+    pub prefill_tokens_per_s: f64,
+    /// Tokens per second after the first one.
+    pub decode_tokens_per_s: f64,
+    /// From submission to the end.
+    pub total_ms: f64,
+}
+
+/// The final record of a generation.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Completion {
+    pub finish: FinishReason,
+    pub usage: Usage,
+    pub timings: Timings,
+}
+
+/// Probability facts about one sampled token.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TokenLogprob {
+    pub token: u32,
+    /// The token's text (lossy for byte fragments).
+    pub text: String,
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+    /// The most likely alternatives, best first (empty unless asked for).
+    pub top: Vec<(u32, String, f32)>,
+}
+
+/// What the engine streams to a caller.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// Prefill is done; the prompt's size is known exactly.
+    Started { prompt_tokens: usize, cached_tokens: usize },
+    /// New visible text (never a partial UTF-8 character, never part of a
+    /// stop sequence), with logprobs for the tokens it came from when asked.
+    Delta { text: String, logprobs: Vec<TokenLogprob> },
+    /// Always the last event.
+    Done(Completion),
+}

@@ -1,0 +1,343 @@
+//! The engine thread: owns the model, runs one generation at a time from a
+//! bounded queue, and streams [`Event`]s back. Dropping the receiver cancels.
+use std::path::Path;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tracing::{debug, info, warn};
+
+use crate::backend::{KvCache, LanguageModel, ModelInfo};
+use crate::completion::{Completion, Event, FinishReason, Timings, TokenLogprob, Usage};
+use crate::detok::IncrementalDecoder;
+use crate::error::{EngineError, Result};
+use crate::loader::{self, Vocabulary};
+use crate::sampler::{Sampler, SamplingParams};
+use crate::stop::StopMatcher;
+
+/// One generation request, already tokenized.
+#[derive(Clone, Debug)]
+pub struct GenerateRequest {
+    pub prompt: Vec<u32>,
+    /// `None` runs until EOS or the context window.
+    pub max_tokens: Option<usize>,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    /// Keep going past EOS (benchmarks).
+    pub ignore_eos: bool,
+}
+
+/// Engine options.
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    /// Requests waiting beyond the running one; more are refused.
+    pub queue_capacity: usize,
+    /// Prompt tokens per forward pass during prefill (bounds memory).
+    pub prefill_chunk: usize,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            queue_capacity: 64,
+            prefill_chunk: 512,
+        }
+    }
+}
+
+struct Job {
+    req: GenerateRequest,
+    events: UnboundedSender<Event>,
+    submitted: Instant,
+}
+
+/// The stream of events for one request. Dropping it cancels the generation.
+pub type EventStream = UnboundedReceiver<Event>;
+
+/// A handle to a running engine; cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    jobs: SyncSender<Job>,
+    pub model: Arc<ModelHandle>,
+}
+
+/// What callers may know about the loaded model.
+pub struct ModelHandle {
+    /// The name clients use for it.
+    pub id: String,
+    pub path: std::path::PathBuf,
+    pub info: ModelInfo,
+    pub vocab: Arc<Vocabulary>,
+}
+
+impl Engine {
+    /// Loads the model on a dedicated thread and starts serving requests.
+    pub fn start(path: &Path, id: &str, opts: EngineOptions) -> Result<Engine> {
+        let (ready_tx, ready_rx) = sync_channel::<Result<(ModelInfo, Arc<Vocabulary>)>>(1);
+        let (jobs_tx, jobs_rx) = sync_channel::<Job>(opts.queue_capacity);
+        let path_buf = path.to_path_buf();
+        let chunk = opts.prefill_chunk.max(1);
+        std::thread::Builder::new()
+            .name("shoal-engine".into())
+            .spawn(move || {
+                let loaded = match loader::load(&path_buf) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok((loaded.model.info().clone(), loaded.vocab.clone())));
+                run(loaded.model, loaded.vocab, jobs_rx, chunk);
+            })?;
+        let (info, vocab) = ready_rx
+            .recv()
+            .map_err(|_| EngineError::Unavailable("engine thread exited while loading".into()))??;
+        info!(model = id, arch = %info.architecture, dtype = %info.dtype, device = %info.device,
+              weight_mb = info.weight_bytes / (1 << 20), "model loaded");
+        Ok(Engine {
+            jobs: jobs_tx,
+            model: Arc::new(ModelHandle {
+                id: id.to_string(),
+                path: path.to_path_buf(),
+                info,
+                vocab,
+            }),
+        })
+    }
+
+    /// Queues a request. Fails at once if the prompt cannot fit or the queue is full.
+    pub fn submit(&self, req: GenerateRequest) -> Result<EventStream> {
+        self.validate(&req)?;
+        let (tx, rx) = unbounded_channel();
+        let job = Job {
+            req,
+            events: tx,
+            submitted: Instant::now(),
+        };
+        match self.jobs.try_send(job) {
+            Ok(()) => Ok(rx),
+            Err(TrySendError::Full(_)) => Err(EngineError::Unavailable("request queue is full".into())),
+            Err(TrySendError::Disconnected(_)) => Err(EngineError::Unavailable("engine has stopped".into())),
+        }
+    }
+
+    fn validate(&self, req: &GenerateRequest) -> Result<()> {
+        let ctx = self.model.info.context_length;
+        if req.prompt.is_empty() {
+            return Err(EngineError::InvalidRequest("the prompt is empty".into()));
+        }
+        if req.prompt.len() >= ctx {
+            return Err(EngineError::ContextOverflow {
+                prompt_tokens: req.prompt.len(),
+                context: ctx,
+            });
+        }
+        if req.max_tokens == Some(0) {
+            return Err(EngineError::InvalidRequest("max_tokens must be at least 1".into()));
+        }
+        let vocab = self.model.info.vocab_size;
+        if let Some(bad) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(EngineError::InvalidRequest(format!(
+                "token id {bad} is outside the vocabulary of {vocab}"
+            )));
+        }
+        req.sampling.validate()
+    }
+}
+
+fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job>, chunk: usize) {
+    while let Ok(job) = jobs.recv() {
+        if job.events.is_closed() {
+            debug!("request cancelled while queued");
+            continue;
+        }
+        let events = job.events.clone();
+        let started = Instant::now();
+        let completion = match model.new_cache() {
+            Ok(mut cache) => generate(model.as_ref(), &vocab, &job, cache.as_mut(), chunk, started),
+            Err(e) => failed(&job, e, started),
+        };
+        debug!(finish = completion.finish.as_str(), prompt = completion.usage.prompt_tokens,
+               completion = completion.usage.completion_tokens, "generation done");
+        let _ = events.send(Event::Done(completion));
+    }
+}
+
+fn failed(job: &Job, e: EngineError, started: Instant) -> Completion {
+    warn!(error = %e, "generation failed");
+    Completion {
+        finish: FinishReason::Error(e.to_string()),
+        usage: Usage {
+            prompt_tokens: job.req.prompt.len(),
+            ..Usage::default()
+        },
+        timings: Timings {
+            queue_ms: ms(started - job.submitted),
+            total_ms: ms(job.submitted.elapsed()),
+            ..Timings::default()
+        },
+    }
+}
+
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Runs one request to completion. Every exit path reports exact usage.
+fn generate(
+    model: &dyn LanguageModel,
+    vocab: &Vocabulary,
+    job: &Job,
+    cache: &mut dyn KvCache,
+    chunk: usize,
+    started: Instant,
+) -> Completion {
+    let req = &job.req;
+    let ctx = model.info().context_length;
+    let mut usage = Usage {
+        prompt_tokens: req.prompt.len(),
+        cached_tokens: cache.len(),
+        ..Usage::default()
+    };
+    let mut timings = Timings {
+        queue_ms: ms(started - job.submitted),
+        ..Timings::default()
+    };
+    let finish = |finish: FinishReason, usage: Usage, mut timings: Timings| {
+        timings.total_ms = ms(job.submitted.elapsed());
+        Completion {
+            finish,
+            usage,
+            timings,
+        }
+    };
+
+    // Prefill in chunks so a long prompt neither blows memory nor ignores cancellation.
+    let mut logits = Vec::new();
+    for part in req.prompt[cache.len()..].chunks(chunk) {
+        if job.events.is_closed() {
+            return finish(FinishReason::Cancelled, usage, timings);
+        }
+        match model.forward(part, cache) {
+            Ok(l) => logits = l,
+            Err(e) => return finish(FinishReason::Error(e.to_string()), usage, timings),
+        }
+    }
+    let prefill_done = Instant::now();
+    let computed = usage.prompt_tokens - usage.cached_tokens;
+    timings.prefill_tokens_per_s = computed as f64 / (prefill_done - started).as_secs_f64().max(1e-9);
+    let _ = job.events.send(Event::Started {
+        prompt_tokens: usage.prompt_tokens,
+        cached_tokens: usage.cached_tokens,
+    });
+
+    let mut sampler = Sampler::new(req.sampling.clone());
+    let mut detok = IncrementalDecoder::new(true);
+    let mut stops = StopMatcher::new(req.stop.clone());
+    let mut context = req.prompt.clone();
+    let mut generated: Vec<u32> = Vec::new();
+    let mut pending_logprobs: Vec<TokenLogprob> = Vec::new();
+    let want_logprobs = req.sampling.top_logprobs.is_some();
+    let max_tokens = req.max_tokens.unwrap_or(usize::MAX);
+    let mut first_token_at = None;
+    let mut last_token_at = prefill_done;
+
+    let send_text = |text: String, lp: &mut Vec<TokenLogprob>| {
+        if !text.is_empty() {
+            let _ = job.events.send(Event::Delta {
+                text,
+                logprobs: std::mem::take(lp),
+            });
+        }
+    };
+
+    let reason = loop {
+        let s = sampler.sample(&logits, &context, &generated);
+        let now = Instant::now();
+        if first_token_at.is_none() {
+            first_token_at = Some(now);
+            timings.ttft_ms = ms(now - job.submitted);
+        }
+        last_token_at = now;
+        generated.push(s.token);
+        context.push(s.token);
+        usage.completion_tokens += 1;
+
+        if !req.ignore_eos && vocab.eos.contains(&s.token) {
+            break FinishReason::Stop;
+        }
+        if want_logprobs {
+            pending_logprobs.push(token_logprob(vocab, s.token, s.logprob, &s.top));
+        }
+        let piece = match detok.push(&vocab.tokenizer, s.token) {
+            Ok(p) => p,
+            Err(e) => break FinishReason::Error(e.to_string()),
+        };
+        let step = stops.push(&piece);
+        send_text(step.emit, &mut pending_logprobs);
+        if let Some(i) = step.matched {
+            break FinishReason::StopSequence(stops.stops()[i].clone());
+        }
+        if generated.len() >= max_tokens {
+            break FinishReason::Length;
+        }
+        if context.len() >= ctx {
+            break FinishReason::ContextWindow;
+        }
+        if job.events.is_closed() {
+            break FinishReason::Cancelled;
+        }
+        match model.forward(&[s.token], cache) {
+            Ok(l) => logits = l,
+            Err(e) => break FinishReason::Error(e.to_string()),
+        }
+    };
+
+    // Release text held back for a possible stop sequence or an incomplete character.
+    if !matches!(reason, FinishReason::StopSequence(_) | FinishReason::Cancelled) {
+        let tail = detok.flush(&vocab.tokenizer).unwrap_or_default();
+        let mut rest = stops.push(&tail).emit;
+        if stops_matched_none(&reason) {
+            rest.push_str(&stops.flush());
+        }
+        send_text(rest, &mut pending_logprobs);
+    }
+    if let Some(first) = first_token_at {
+        let n = usage.completion_tokens.saturating_sub(1);
+        let secs = (last_token_at - first).as_secs_f64();
+        timings.decode_tokens_per_s = if n > 0 && secs > 0.0 { n as f64 / secs } else { 0.0 };
+    }
+    finish(reason, usage, timings)
+}
+
+fn stops_matched_none(reason: &FinishReason) -> bool {
+    !matches!(reason, FinishReason::StopSequence(_))
+}
+
+fn token_logprob(vocab: &Vocabulary, token: u32, logprob: f32, top: &[(u32, f32)]) -> TokenLogprob {
+    let text = |id: u32| vocab.tokenizer.decode(&[id], false).unwrap_or_default();
+    let t = text(token);
+    TokenLogprob {
+        token,
+        bytes: t.as_bytes().to_vec(),
+        text: t,
+        logprob,
+        top: top.iter().map(|&(id, lp)| (id, text(id), lp)).collect(),
+    }
+}
+
+/// Runs a request on the calling thread's runtime-free receiver: collects all
+/// text and the final record. Convenient for the CLI and tests.
+pub fn collect_blocking(mut rx: EventStream) -> Result<(String, Completion)> {
+    let mut text = String::new();
+    while let Some(ev) = rx.blocking_recv() {
+        match ev {
+            Event::Delta { text: t, .. } => text.push_str(&t),
+            Event::Done(c) => return Ok((text, c)),
+            Event::Started { .. } => {}
+        }
+    }
+    Err(EngineError::Unavailable("engine stopped mid-request".into()))
+}

@@ -1,0 +1,43 @@
+//! One error type for the engine; adapters map its variants to HTTP statuses.
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum EngineError {
+    /// A model file or directory is missing a piece we need.
+    #[error("model is missing {what}: {detail}")]
+    MissingModelPart { what: String, detail: String },
+    /// The model is of an architecture or format we do not run.
+    #[error("unsupported model: {0}")]
+    Unsupported(String),
+    /// The model files are present but malformed.
+    #[error("invalid model: {0}")]
+    InvalidModel(String),
+    /// The tokenizer could not be built or failed on input.
+    #[error("tokenizer error: {0}")]
+    Tokenizer(String),
+    /// The chat template failed to render.
+    #[error("chat template error: {0}")]
+    Template(String),
+    /// The caller asked for something impossible (bad parameters, prompt too long).
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// The rendered prompt does not fit the model's context window.
+    #[error("prompt has {prompt_tokens} tokens but the model's context window is {context} tokens")]
+    ContextOverflow { prompt_tokens: usize, context: usize },
+    /// MLX raised an error.
+    #[error("MLX error: {0}")]
+    Backend(String),
+    /// The engine thread is gone or its queue is full.
+    #[error("engine unavailable: {0}")]
+    Unavailable(String),
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+impl From<mlx_rs::error::Exception> for EngineError {
+    fn from(e: mlx_rs::error::Exception) -> Self {
+        EngineError::Backend(e.to_string())
+    }
+}

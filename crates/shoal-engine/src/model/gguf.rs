@@ -1,0 +1,199 @@
+//! GGUF files through MLX's own loader.
+//!
+//! MLX returns Q4_0/Q4_1/Q8_0 tensors as affine-quantized triples
+//! (`.weight` packed uint32, `.scales`, `.biases`, group size 32) and other
+//! types dequantized; we only rename them to Hugging Face names. llama.cpp
+//! stores llama q/k rows permuted for interleaved rotary pairs, so llama GGUFs
+//! run with MLX's "traditional" rope instead of un-permuting the weights.
+use std::collections::HashMap;
+use std::path::Path;
+
+use mlx_rs::io::{GgufFile, GgufMetadataValue};
+use mlx_rs::{Array, Dtype};
+
+use super::ModelConfig;
+use crate::error::{EngineError, Result};
+
+/// GGUF stores llama.cpp's tensor names; MLX's group size for its quants is 32.
+pub const GGUF_GROUP_SIZE: i32 = 32;
+
+pub fn open(path: &Path) -> Result<GgufFile> {
+    GgufFile::load(path).map_err(|e| EngineError::InvalidModel(format!("{}: {e}", path.display())))
+}
+
+pub fn meta_string(f: &GgufFile, key: &str) -> Result<Option<String>> {
+    match f.get_metadata(key) {
+        Ok(Some(GgufMetadataValue::String(s))) => Ok(Some(s)),
+        Ok(Some(_)) => Err(EngineError::InvalidModel(format!("GGUF key {key} is not a string"))),
+        Ok(None) => Ok(None),
+        Err(e) => Err(EngineError::InvalidModel(format!("GGUF key {key}: {e}"))),
+    }
+}
+
+/// Numeric metadata comes back as an MLX array of whatever integer/float type
+/// the file used; read it as f64 so callers need not care.
+pub fn meta_numbers(f: &GgufFile, key: &str) -> Result<Option<Vec<f64>>> {
+    match f.get_metadata(key) {
+        Ok(Some(GgufMetadataValue::Array(a))) => {
+            let a = a.as_dtype(Dtype::Float64)?;
+            a.eval()?;
+            Ok(Some(a.as_slice::<f64>().to_vec()))
+        }
+        Ok(Some(_)) => Err(EngineError::InvalidModel(format!("GGUF key {key} is not numeric"))),
+        Ok(None) => Ok(None),
+        Err(e) => Err(EngineError::InvalidModel(format!("GGUF key {key}: {e}"))),
+    }
+}
+
+pub fn meta_number(f: &GgufFile, key: &str) -> Result<Option<f64>> {
+    Ok(meta_numbers(f, key)?.and_then(|v| v.first().copied()))
+}
+
+fn required(f: &GgufFile, key: &str) -> Result<f64> {
+    meta_number(f, key)?.ok_or_else(|| EngineError::MissingModelPart {
+        what: "GGUF metadata".into(),
+        detail: key.into(),
+    })
+}
+
+/// Reads the architecture hyperparameters.
+pub fn config(f: &GgufFile, file_size: u64) -> Result<ModelConfig> {
+    let arch = meta_string(f, "general.architecture")?.ok_or_else(|| EngineError::MissingModelPart {
+        what: "GGUF metadata".into(),
+        detail: "general.architecture".into(),
+    })?;
+    if !matches!(arch.as_str(), "llama" | "qwen2" | "qwen3") {
+        return Err(EngineError::Unsupported(format!(
+            "GGUF architecture '{arch}' (supported: llama, qwen2, qwen3)"
+        )));
+    }
+    let k = |s: &str| format!("{arch}.{s}");
+    let hidden = required(f, &k("embedding_length"))? as usize;
+    let heads = required(f, &k("attention.head_count"))? as usize;
+    let kv_heads = meta_number(f, &k("attention.head_count_kv"))?.map_or(heads, |v| v as usize);
+    let head_dim = match meta_number(f, &k("attention.key_length"))? {
+        Some(v) => v as usize,
+        None if heads > 0 => hidden / heads,
+        None => 0,
+    };
+    let vocab = match f.get_metadata("tokenizer.ggml.tokens") {
+        Ok(Some(GgufMetadataValue::Strings(t))) => t.len(),
+        _ => meta_number(f, &k("vocab_size"))?.map_or(0, |v| v as usize),
+    };
+    let base = meta_number(f, &k("rope.freq_base"))?.unwrap_or(10000.0) as f32;
+    let rope_freqs = match f.get_array("rope_freqs.weight") {
+        Ok(Some(factors)) => {
+            // Llama 3.1+ stores per-pair divisors; MLX's rope takes periods.
+            let factors = factors.as_dtype(Dtype::Float32)?;
+            factors.eval()?;
+            let half = factors.size();
+            let dims = (half * 2) as f32;
+            Some(
+                factors
+                    .as_slice::<f32>()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, fac)| base.powf(2.0 * i as f32 / dims) * fac)
+                    .collect(),
+            )
+        }
+        _ => None,
+    };
+    let ftype = meta_number(f, "general.file_type")?;
+    Ok(ModelConfig {
+        architecture: arch.clone(),
+        hidden_size: hidden,
+        intermediate_size: required(f, &k("feed_forward_length"))? as usize,
+        num_layers: required(f, &k("block_count"))? as usize,
+        num_heads: heads,
+        num_kv_heads: kv_heads,
+        head_dim,
+        vocab_size: vocab,
+        rms_norm_eps: meta_number(f, &k("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5) as f32,
+        rope_theta: base,
+        rope_traditional: arch == "llama",
+        rope_freqs,
+        context_length: meta_number(f, &k("context_length"))?.map_or(4096, |v| v as usize),
+        tie_word_embeddings: !matches!(f.get_array("output.weight"), Ok(Some(_))),
+        quantization: Some(ftype_name(ftype, file_size)),
+        format: "gguf".into(),
+    })
+}
+
+fn ftype_name(ftype: Option<f64>, _size: u64) -> String {
+    match ftype.map(|v| v as i64) {
+        Some(0) => "F32".into(),
+        Some(1) => "F16".into(),
+        Some(2) => "Q4_0".into(),
+        Some(3) => "Q4_1".into(),
+        Some(7) => "Q8_0".into(),
+        Some(32) => "BF16".into(),
+        Some(n) => format!("ftype {n}"),
+        None => "unknown".into(),
+    }
+}
+
+/// Maps llama.cpp tensor names onto Hugging Face names.
+fn hf_name(gguf: &str) -> Option<String> {
+    let (base, suffix) = gguf.rsplit_once('.')?;
+    let mapped = match base {
+        "token_embd" => "model.embed_tokens".to_string(),
+        "output_norm" => "model.norm".to_string(),
+        "output" => "lm_head".to_string(),
+        "rope_freqs" => return None,
+        _ => {
+            let rest = base.strip_prefix("blk.")?;
+            let (idx, part) = rest.split_once('.')?;
+            let part = match part {
+                "attn_norm" => "input_layernorm",
+                "ffn_norm" => "post_attention_layernorm",
+                "attn_q" => "self_attn.q_proj",
+                "attn_k" => "self_attn.k_proj",
+                "attn_v" => "self_attn.v_proj",
+                "attn_output" => "self_attn.o_proj",
+                "attn_q_norm" => "self_attn.q_norm",
+                "attn_k_norm" => "self_attn.k_norm",
+                "ffn_gate" => "mlp.gate_proj",
+                "ffn_up" => "mlp.up_proj",
+                "ffn_down" => "mlp.down_proj",
+                _ => return None,
+            };
+            format!("model.layers.{idx}.{part}")
+        }
+    };
+    Some(format!("{mapped}.{suffix}"))
+}
+
+/// Reads every tensor, renamed to Hugging Face names.
+pub fn tensors(f: &GgufFile) -> Result<HashMap<String, Array>> {
+    let arrays = f
+        .arrays()
+        .map_err(|e| EngineError::InvalidModel(format!("reading GGUF tensors: {e}")))?;
+    let mut out = HashMap::with_capacity(arrays.len());
+    for (name, a) in arrays {
+        if let Some(hf) = hf_name(&name) {
+            out.insert(hf, a);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hf_name;
+
+    #[test]
+    fn names_map_to_hf() {
+        assert_eq!(hf_name("token_embd.scales").as_deref(), Some("model.embed_tokens.scales"));
+        assert_eq!(
+            hf_name("blk.12.attn_output.weight").as_deref(),
+            Some("model.layers.12.self_attn.o_proj.weight")
+        );
+        assert_eq!(
+            hf_name("blk.0.ffn_norm.weight").as_deref(),
+            Some("model.layers.0.post_attention_layernorm.weight")
+        );
+        assert_eq!(hf_name("rope_freqs.weight"), None);
+        assert_eq!(hf_name("blk.0.unknown.weight"), None);
+    }
+}

@@ -1,0 +1,666 @@
+//! Decoder-only transformers (llama, qwen2, qwen3) on MLX.
+//!
+//! Loaders (`gguf`, `hf`) normalise weights to Hugging Face tensor names and a
+//! [`ModelConfig`]; [`Transformer`] runs them. On the CPU backend quantized
+//! weights are dequantized at load time (MLX's CPU quantized matmul is far
+//! slower than dense float32 here); on Metal they stay quantized.
+pub mod gguf;
+pub mod hf;
+
+use std::any::Any;
+use std::collections::HashMap;
+
+use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
+use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
+use mlx_rs::ops::{self, concatenate};
+use mlx_rs::{Array, Dtype};
+
+use crate::backend::{KvCache, LanguageModel, ModelInfo};
+use crate::error::{EngineError, Result};
+
+/// Hyperparameters shared by the supported architectures.
+#[derive(Clone, Debug)]
+pub struct ModelConfig {
+    pub architecture: String,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    pub rms_norm_eps: f32,
+    pub rope_theta: f32,
+    /// `true` when q/k rows are laid out for interleaved (GPT-J style) rotary
+    /// pairs, as llama.cpp stores llama weights; `false` for the HF layout.
+    pub rope_traditional: bool,
+    /// Per-dimension rotary periods when the model scales its rope (Llama 3.1+).
+    pub rope_freqs: Option<Vec<f32>>,
+    pub context_length: usize,
+    pub tie_word_embeddings: bool,
+    /// Quantization description for display (`Q4_1`, `4-bit g64`, …).
+    pub quantization: Option<String>,
+    pub format: String,
+}
+
+impl ModelConfig {
+    fn check(&self) -> Result<()> {
+        let bad = |m: String| Err(EngineError::InvalidModel(m));
+        if self.num_heads == 0 || self.num_kv_heads == 0 || self.head_dim == 0 {
+            return bad("attention head counts must be positive".into());
+        }
+        if self.num_heads % self.num_kv_heads != 0 {
+            return bad(format!(
+                "{} attention heads are not a multiple of {} key/value heads",
+                self.num_heads, self.num_kv_heads
+            ));
+        }
+        if self.num_layers == 0 || self.vocab_size == 0 || self.hidden_size == 0 {
+            return bad("layer count, vocabulary and hidden size must be positive".into());
+        }
+        Ok(())
+    }
+}
+
+/// Compute placement chosen once per process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DevicePolicy {
+    /// CPU backend: dense float32 weights.
+    Cpu,
+    /// GPU (Metal): quantized weights stay quantized, activations float16.
+    Gpu,
+}
+
+impl DevicePolicy {
+    pub fn detect() -> Self {
+        if cfg!(target_os = "macos") {
+            DevicePolicy::Gpu
+        } else {
+            DevicePolicy::Cpu
+        }
+    }
+    fn dtype(self) -> Dtype {
+        match self {
+            DevicePolicy::Cpu => Dtype::Float32,
+            DevicePolicy::Gpu => Dtype::Float16,
+        }
+    }
+}
+
+/// A projection `y = x Wᵀ (+ b)`, dense or MLX-affine-quantized.
+enum Linear {
+    Dense {
+        w: Array,
+        b: Option<Array>,
+    },
+    Quantized {
+        w: Array,
+        scales: Array,
+        biases: Array,
+        group: i32,
+        bits: i32,
+        b: Option<Array>,
+    },
+}
+
+impl Linear {
+    fn apply(&self, x: &Array) -> Result<Array> {
+        let (y, b) = match self {
+            Linear::Dense { w, b } => (x.matmul(w.t())?, b),
+            Linear::Quantized {
+                w,
+                scales,
+                biases,
+                group,
+                bits,
+                b,
+            } => (
+                ops::quantized_matmul(x, w, scales, biases, true, *group, *bits)?,
+                b,
+            ),
+        };
+        Ok(match b {
+            Some(b) => y.add(b)?,
+            None => y,
+        })
+    }
+
+    fn out_features(&self) -> i32 {
+        match self {
+            Linear::Dense { w, .. } | Linear::Quantized { w, .. } => w.shape()[0],
+        }
+    }
+
+    fn nbytes(&self) -> usize {
+        match self {
+            Linear::Dense { w, b } => w.nbytes() + b.as_ref().map_or(0, Array::nbytes),
+            Linear::Quantized {
+                w,
+                scales,
+                biases,
+                b,
+                ..
+            } => {
+                w.nbytes()
+                    + scales.nbytes()
+                    + biases.nbytes()
+                    + b.as_ref().map_or(0, Array::nbytes)
+            }
+        }
+    }
+
+    /// Stacks dense projections that read the same input into one matmul
+    /// (q/k/v, gate/up): fewer, larger ops are what decode speed depends on.
+    fn fuse(parts: Vec<Linear>) -> Result<(Linear, Vec<i32>)> {
+        let mut splits = Vec::new();
+        let mut acc = 0;
+        for p in &parts[..parts.len().saturating_sub(1)] {
+            acc += p.out_features();
+            splits.push(acc);
+        }
+        let all_dense = parts.iter().all(|p| matches!(p, Linear::Dense { .. }));
+        if !all_dense {
+            return Err(EngineError::Backend("only dense projections are fused".into()));
+        }
+        let mut ws = Vec::new();
+        let mut bs = Vec::new();
+        let mut any_bias = false;
+        for p in &parts {
+            if let Linear::Dense { w, b } = p {
+                ws.push(w.clone());
+                any_bias |= b.is_some();
+                bs.push(match b {
+                    Some(b) => b.clone(),
+                    None => ops::zeros_dtype(&[w.shape()[0]], w.dtype())?,
+                });
+            }
+        }
+        let w = concatenate(&ws, 0)?;
+        let b = if any_bias { Some(concatenate(&bs, 0)?) } else { None };
+        Ok((Linear::Dense { w, b }, splits))
+    }
+}
+
+/// A group of projections of one input, fused when possible.
+enum Projections {
+    Fused(Linear, Vec<i32>),
+    Separate(Vec<Linear>),
+}
+
+impl Projections {
+    fn new(parts: Vec<Linear>) -> Result<Self> {
+        if parts.iter().all(|p| matches!(p, Linear::Dense { .. })) {
+            let (l, s) = Linear::fuse(parts)?;
+            Ok(Projections::Fused(l, s))
+        } else {
+            Ok(Projections::Separate(parts))
+        }
+    }
+    fn apply(&self, x: &Array) -> Result<Vec<Array>> {
+        match self {
+            Projections::Fused(l, splits) => Ok(ops::split_at_indices(l.apply(x)?, splits, -1)?),
+            Projections::Separate(ls) => ls.iter().map(|l| l.apply(x)).collect(),
+        }
+    }
+    fn nbytes(&self) -> usize {
+        match self {
+            Projections::Fused(l, _) => l.nbytes(),
+            Projections::Separate(ls) => ls.iter().map(Linear::nbytes).sum(),
+        }
+    }
+}
+
+struct Layer {
+    attn_norm: Array,
+    qkv: Projections,
+    q_norm: Option<Array>,
+    k_norm: Option<Array>,
+    o_proj: Linear,
+    ffn_norm: Array,
+    gate_up: Projections,
+    down: Linear,
+}
+
+/// A loaded decoder-only transformer.
+pub struct Transformer {
+    cfg: ModelConfig,
+    info: ModelInfo,
+    embed: Array,
+    layers: Vec<Layer>,
+    norm: Array,
+    lm_head: Linear,
+    rope_freqs: Option<Array>,
+    dtype: Dtype,
+}
+
+/// Pulls tensors out of the loader's map by Hugging Face name.
+struct Weights {
+    map: HashMap<String, Array>,
+    policy: DevicePolicy,
+    /// Default group size for quantized tensors (bits are inferred from shapes).
+    group: i32,
+}
+
+impl Weights {
+    fn take(&mut self, name: &str) -> Result<Array> {
+        self.map
+            .remove(name)
+            .ok_or_else(|| EngineError::MissingModelPart {
+                what: "tensor".into(),
+                detail: name.into(),
+            })
+    }
+
+    fn dense(&mut self, name: &str) -> Result<Array> {
+        let dtype = self.policy.dtype();
+        let t = self.take(name)?;
+        Ok(t.as_dtype(dtype)?)
+    }
+
+    /// Loads `prefix.weight` (+ `.scales`/`.biases` when quantized, + `.bias`).
+    fn linear(&mut self, prefix: &str) -> Result<Linear> {
+        let dtype = self.policy.dtype();
+        let w = self.take(&format!("{prefix}.weight"))?;
+        let b = match self.map.remove(&format!("{prefix}.bias")) {
+            Some(b) => Some(b.as_dtype(dtype)?),
+            None => None,
+        };
+        let scales = self.map.remove(&format!("{prefix}.scales"));
+        let Some(scales) = scales else {
+            return Ok(Linear::Dense {
+                w: w.as_dtype(dtype)?,
+                b,
+            });
+        };
+        let biases = self.take(&format!("{prefix}.biases"))?;
+        let (group, bits) = self.group_bits(prefix, &w, &scales)?;
+        match self.policy {
+            DevicePolicy::Cpu => {
+                let dense = ops::dequantize(&w, &scales, &biases, group, bits)?.as_dtype(dtype)?;
+                Ok(Linear::Dense { w: dense, b })
+            }
+            DevicePolicy::Gpu => Ok(Linear::Quantized {
+                w,
+                scales,
+                biases,
+                group,
+                bits,
+                b,
+            }),
+        }
+    }
+
+    /// Quantized embedding tables are dequantized: lookups need rows, not matmuls.
+    fn embedding(&mut self, prefix: &str) -> Result<Array> {
+        match self.linear(prefix)? {
+            Linear::Dense { w, .. } => Ok(w),
+            Linear::Quantized {
+                w,
+                scales,
+                biases,
+                group,
+                bits,
+                ..
+            } => Ok(ops::dequantize(&w, &scales, &biases, group, bits)?.as_dtype(self.policy.dtype())?),
+        }
+    }
+
+    fn group_bits(&self, prefix: &str, w: &Array, scales: &Array) -> Result<(i32, i32)> {
+        let (wc, sc) = match (w.shape().last(), scales.shape().last()) {
+            (Some(&wc), Some(&sc)) if sc > 0 => (wc, sc),
+            _ => {
+                return Err(EngineError::InvalidModel(format!(
+                    "{prefix}: malformed quantized tensor shapes"
+                )))
+            }
+        };
+        // in_features = sc * group = wc * 32 / bits
+        let bits = wc * 32 / (sc * self.group);
+        if ![2, 3, 4, 5, 6, 8].contains(&bits) || wc * 32 != bits * sc * self.group {
+            return Err(EngineError::InvalidModel(format!(
+                "{prefix}: cannot infer quantization bits from shapes {:?} / {:?} with group size {}",
+                w.shape(),
+                scales.shape(),
+                self.group
+            )));
+        }
+        Ok((self.group, bits))
+    }
+}
+
+impl Transformer {
+    /// Builds the model from Hugging Face-named tensors.
+    pub fn new(
+        cfg: ModelConfig,
+        map: HashMap<String, Array>,
+        group_size: i32,
+        policy: DevicePolicy,
+    ) -> Result<Self> {
+        cfg.check()?;
+        let mut w = Weights {
+            map,
+            policy,
+            group: group_size,
+        };
+        let embed = w.embedding("model.embed_tokens")?;
+        if embed.shape() != [cfg.vocab_size as i32, cfg.hidden_size as i32] {
+            return Err(EngineError::InvalidModel(format!(
+                "embedding shape {:?} does not match vocab {} x hidden {}",
+                embed.shape(),
+                cfg.vocab_size,
+                cfg.hidden_size
+            )));
+        }
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for i in 0..cfg.num_layers {
+            let p = format!("model.layers.{i}");
+            let q = w.linear(&format!("{p}.self_attn.q_proj"))?;
+            let k = w.linear(&format!("{p}.self_attn.k_proj"))?;
+            let v = w.linear(&format!("{p}.self_attn.v_proj"))?;
+            let gate = w.linear(&format!("{p}.mlp.gate_proj"))?;
+            let up = w.linear(&format!("{p}.mlp.up_proj"))?;
+            let q_norm = w.map.remove(&format!("{p}.self_attn.q_norm.weight"));
+            let k_norm = w.map.remove(&format!("{p}.self_attn.k_norm.weight"));
+            let dt = policy.dtype();
+            layers.push(Layer {
+                attn_norm: w.dense(&format!("{p}.input_layernorm.weight"))?,
+                qkv: Projections::new(vec![q, k, v])?,
+                q_norm: q_norm.map(|a| a.as_dtype(dt)).transpose()?,
+                k_norm: k_norm.map(|a| a.as_dtype(dt)).transpose()?,
+                o_proj: w.linear(&format!("{p}.self_attn.o_proj"))?,
+                ffn_norm: w.dense(&format!("{p}.post_attention_layernorm.weight"))?,
+                gate_up: Projections::new(vec![gate, up])?,
+                down: w.linear(&format!("{p}.mlp.down_proj"))?,
+            });
+        }
+        if cfg.architecture == "qwen3" && layers.iter().any(|l| l.q_norm.is_none()) {
+            return Err(EngineError::MissingModelPart {
+                what: "tensor".into(),
+                detail: "qwen3 q_norm/k_norm weights".into(),
+            });
+        }
+        let norm = w.dense("model.norm.weight")?;
+        let lm_head = if w.map.contains_key("lm_head.weight") && !cfg.tie_word_embeddings {
+            w.linear("lm_head")?
+        } else if w.map.contains_key("lm_head.weight") {
+            w.map.remove("lm_head.weight");
+            Linear::Dense {
+                w: embed.clone(),
+                b: None,
+            }
+        } else {
+            Linear::Dense {
+                w: embed.clone(),
+                b: None,
+            }
+        };
+        let rope_freqs = cfg
+            .rope_freqs
+            .as_ref()
+            .map(|f| Array::from_slice(f, &[f.len() as i32]));
+
+        let mut all: Vec<&Array> = vec![&embed, &norm];
+        for l in &layers {
+            all.push(&l.attn_norm);
+            all.push(&l.ffn_norm);
+        }
+        mlx_rs::transforms::eval(all)?;
+        let mut model = Transformer {
+            info: ModelInfo {
+                architecture: cfg.architecture.clone(),
+                vocab_size: cfg.vocab_size,
+                context_length: cfg.context_length,
+                num_layers: cfg.num_layers,
+                hidden_size: cfg.hidden_size,
+                format: cfg.format.clone(),
+                quantization: cfg.quantization.clone(),
+                dtype: format!("{:?}", policy.dtype()).to_lowercase(),
+                device: match policy {
+                    DevicePolicy::Cpu => "cpu".into(),
+                    DevicePolicy::Gpu => "gpu".into(),
+                },
+                weight_bytes: 0,
+            },
+            cfg,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            rope_freqs,
+            dtype: policy.dtype(),
+        };
+        model.materialize()?;
+        Ok(model)
+    }
+
+    /// Forces every weight to be computed now (dequantization, fusion), so the
+    /// first request does not pay for it and memory use is known up front.
+    fn materialize(&mut self) -> Result<()> {
+        let mut bytes = self.embed.nbytes() + self.norm.nbytes();
+        for l in &self.layers {
+            let mut arrays: Vec<&Array> = Vec::new();
+            for p in [&l.qkv, &l.gate_up] {
+                match p {
+                    Projections::Fused(lin, _) => push_linear(&mut arrays, lin),
+                    Projections::Separate(ls) => ls.iter().for_each(|x| push_linear(&mut arrays, x)),
+                }
+            }
+            push_linear(&mut arrays, &l.o_proj);
+            push_linear(&mut arrays, &l.down);
+            mlx_rs::transforms::eval(arrays)?;
+            bytes += l.qkv.nbytes()
+                + l.gate_up.nbytes()
+                + l.o_proj.nbytes()
+                + l.down.nbytes()
+                + l.attn_norm.nbytes()
+                + l.ffn_norm.nbytes();
+        }
+        let mut head: Vec<&Array> = Vec::new();
+        push_linear(&mut head, &self.lm_head);
+        mlx_rs::transforms::eval(head)?;
+        if !self.cfg.tie_word_embeddings {
+            bytes += self.lm_head.nbytes();
+        }
+        self.info.weight_bytes = bytes;
+        Ok(())
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn rope(&self, x: &Array, offset: i32) -> Result<Array> {
+        let d = self.cfg.head_dim as i32;
+        Ok(match &self.rope_freqs {
+            Some(f) => fast::rope(x, d, self.cfg.rope_traditional, None, 1.0, offset, f)?,
+            None => fast::rope(
+                x,
+                d,
+                self.cfg.rope_traditional,
+                self.cfg.rope_theta,
+                1.0,
+                offset,
+                None,
+            )?,
+        })
+    }
+
+    fn forward_hidden(&self, tokens: &[u32], cache: &mut MlxCache) -> Result<Array> {
+        let n = tokens.len() as i32;
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        let ids = Array::from_slice(&ids, &[n]);
+        let mut h = self.embed.take_axis(&ids, 0)?.reshape(&[1, n, -1])?;
+        let (nh, nkv, hd) = (
+            self.cfg.num_heads as i32,
+            self.cfg.num_kv_heads as i32,
+            self.cfg.head_dim as i32,
+        );
+        let offset = cache.offset as i32;
+        cache.reserve(offset as usize + n as usize, nkv, hd, self.dtype, self.layers.len())?;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let eps = self.cfg.rms_norm_eps;
+        for (i, l) in self.layers.iter().enumerate() {
+            let x = fast::rms_norm(&h, Some(&l.attn_norm), eps)?;
+            let qkv = l.qkv.apply(&x)?;
+            let [q, k, v] = <[Array; 3]>::try_from(qkv)
+                .map_err(|_| EngineError::Backend("qkv split".into()))?;
+            let mut q = q.reshape(&[1, n, nh, hd])?;
+            let mut k = k.reshape(&[1, n, nkv, hd])?;
+            let v = v.reshape(&[1, n, nkv, hd])?.transpose_axes(&[0, 2, 1, 3])?;
+            if let Some(w) = &l.q_norm {
+                q = fast::rms_norm(&q, Some(w), eps)?;
+            }
+            if let Some(w) = &l.k_norm {
+                k = fast::rms_norm(&k, Some(w), eps)?;
+            }
+            let q = self.rope(&q.transpose_axes(&[0, 2, 1, 3])?, offset)?;
+            let k = self.rope(&k.transpose_axes(&[0, 2, 1, 3])?, offset)?;
+            let (keys, values) = cache.update(i, offset, &k, &v)?;
+            let mask = if n > 1 {
+                Some(ScaledDotProductAttentionMask::Causal)
+            } else {
+                None
+            };
+            let o = fast::scaled_dot_product_attention(&q, &keys, &values, scale, mask, None)?;
+            let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[1, n, nh * hd])?;
+            h = h.add(l.o_proj.apply(&o)?)?;
+            let x = fast::rms_norm(&h, Some(&l.ffn_norm), eps)?;
+            let gu = l.gate_up.apply(&x)?;
+            let [g, u] =
+                <[Array; 2]>::try_from(gu).map_err(|_| EngineError::Backend("gate/up split".into()))?;
+            let act = mlx_rs::nn::silu(&g)?.multiply(&u)?;
+            h = h.add(l.down.apply(&act)?)?;
+        }
+        cache.offset += n as usize;
+        Ok(h)
+    }
+}
+
+fn push_linear<'a>(out: &mut Vec<&'a Array>, l: &'a Linear) {
+    match l {
+        Linear::Dense { w, b } => {
+            out.push(w);
+            out.extend(b.iter());
+        }
+        Linear::Quantized {
+            w,
+            scales,
+            biases,
+            b,
+            ..
+        } => {
+            out.extend([w, scales, biases]);
+            out.extend(b.iter());
+        }
+    }
+}
+
+impl LanguageModel for Transformer {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn new_cache(&self) -> Result<Box<dyn KvCache>> {
+        Ok(Box::new(MlxCache::default()))
+    }
+
+    fn forward(&self, tokens: &[u32], cache: &mut dyn KvCache) -> Result<Vec<f32>> {
+        if tokens.is_empty() {
+            return Err(EngineError::InvalidRequest("no tokens to run".into()));
+        }
+        let cache = cache
+            .as_any_mut()
+            .downcast_mut::<MlxCache>()
+            .ok_or_else(|| EngineError::Backend("KV cache from another backend".into()))?;
+        if cache.offset + tokens.len() > self.cfg.context_length {
+            return Err(EngineError::ContextOverflow {
+                prompt_tokens: cache.offset + tokens.len(),
+                context: self.cfg.context_length,
+            });
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+            return Err(EngineError::InvalidRequest(format!(
+                "token id {bad} is outside the vocabulary of {}",
+                self.cfg.vocab_size
+            )));
+        }
+        let h = self.forward_hidden(tokens, cache)?;
+        let last = h.index((.., -1, ..));
+        let last = fast::rms_norm(&last, Some(&self.norm), self.cfg.rms_norm_eps)?;
+        let logits = self.lm_head.apply(&last)?.as_dtype(Dtype::Float32)?;
+        let mut outs: Vec<&Array> = vec![&logits];
+        outs.extend(cache.arrays());
+        mlx_rs::transforms::eval(outs)?;
+        Ok(logits.as_slice::<f32>().to_vec())
+    }
+}
+
+/// Preallocated per-layer key/value buffers, grown in steps so decode does not
+/// copy the whole history every token.
+#[derive(Default)]
+pub struct MlxCache {
+    layers: Vec<(Array, Array)>,
+    offset: usize,
+    capacity: usize,
+}
+
+const CACHE_STEP: usize = 256;
+
+impl MlxCache {
+    fn reserve(&mut self, needed: usize, nkv: i32, hd: i32, dtype: Dtype, n_layers: usize) -> Result<()> {
+        if needed <= self.capacity && self.layers.len() == n_layers {
+            return Ok(());
+        }
+        let cap = needed.div_ceil(CACHE_STEP) * CACHE_STEP;
+        let shape = [1, nkv, cap as i32, hd];
+        let mut layers = Vec::with_capacity(n_layers);
+        for i in 0..n_layers {
+            let mut k = ops::zeros_dtype(&shape, dtype)?;
+            let mut v = ops::zeros_dtype(&shape, dtype)?;
+            if let Some((ok, ov)) = self.layers.get(i) {
+                if self.offset > 0 {
+                    let keep = self.offset as i32;
+                    k.try_index_mut((.., .., 0..keep, ..), ok.index((.., .., 0..keep, ..)))?;
+                    v.try_index_mut((.., .., 0..keep, ..), ov.index((.., .., 0..keep, ..)))?;
+                }
+            }
+            layers.push((k, v));
+        }
+        let arrays: Vec<&Array> = layers.iter().flat_map(|(k, v)| [k, v]).collect();
+        mlx_rs::transforms::eval(arrays)?;
+        self.layers = layers;
+        self.capacity = cap;
+        Ok(())
+    }
+
+    fn update(&mut self, layer: usize, offset: i32, k: &Array, v: &Array) -> Result<(Array, Array)> {
+        let n = k.shape()[2];
+        let (kb, vb) = self
+            .layers
+            .get_mut(layer)
+            .ok_or_else(|| EngineError::Backend(format!("cache has no layer {layer}")))?;
+        kb.try_index_mut((.., .., offset..offset + n, ..), k)?;
+        vb.try_index_mut((.., .., offset..offset + n, ..), v)?;
+        let end = offset + n;
+        Ok((kb.index((.., .., 0..end, ..)), vb.index((.., .., 0..end, ..))))
+    }
+
+    fn arrays(&self) -> impl Iterator<Item = &Array> {
+        self.layers.iter().flat_map(|(k, v)| [k, v])
+    }
+}
+
+impl KvCache for MlxCache {
+    fn len(&self) -> usize {
+        self.offset
+    }
+    fn truncate(&mut self, len: usize) {
+        self.offset = self.offset.min(len);
+    }
+    fn nbytes(&self) -> usize {
+        self.arrays().map(Array::nbytes).sum()
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}

@@ -1,0 +1,95 @@
+//! `shoal bench`: prefill and decode speed, and time to first token.
+//!
+//! Each run feeds a fixed prompt of exactly `--prompt-tokens` tokens (a text
+//! repeated and cut to length), generates exactly `--gen-tokens` with EOS
+//! ignored, and takes the median over runs. Decode speed counts the tokens
+//! after the first over the time after the first, as mlx-lm and exo do.
+use anyhow::{Context, Result};
+use serde_json::json;
+use shoal_engine::{collect_blocking, Engine, EngineOptions, GenerateRequest, SamplingParams};
+
+use crate::ModelArgs;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[arg(long, default_value_t = 128)]
+    pub prompt_tokens: usize,
+    #[arg(long, default_value_t = 64)]
+    pub gen_tokens: usize,
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+const FILLER: &str = "The quick brown fox jumps over the lazy dog while the river runs past old mills, \
+and scholars in the library count the pages of a thousand forgotten books. ";
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+pub fn run(a: Args) -> Result<()> {
+    anyhow::ensure!(a.prompt_tokens > 0 && a.gen_tokens > 1 && a.runs > 0, "sizes must be positive (gen-tokens >= 2)");
+    let load_start = std::time::Instant::now();
+    let engine = Engine::start(&a.model.path(), &a.model.id(), EngineOptions::default())
+        .with_context(|| format!("loading {}", a.model.path().display()))?;
+    let load_s = load_start.elapsed().as_secs_f64();
+    let vocab = &engine.model.vocab;
+    let mut prompt = Vec::new();
+    while prompt.len() < a.prompt_tokens {
+        prompt.extend(vocab.encode(FILLER)?);
+    }
+    prompt.truncate(a.prompt_tokens);
+    let req = GenerateRequest {
+        prompt,
+        max_tokens: Some(a.gen_tokens),
+        sampling: SamplingParams { temperature: 0.0, ..SamplingParams::default() },
+        stop: vec![],
+        ignore_eos: true,
+    };
+    // One warm-up run so one-time allocation does not count.
+    collect_blocking(engine.submit(GenerateRequest { max_tokens: Some(2), ..req.clone() })?)?;
+    let (mut pre, mut dec, mut ttft) = (vec![], vec![], vec![]);
+    for _ in 0..a.runs {
+        let (_, c) = collect_blocking(engine.submit(req.clone())?)?;
+        anyhow::ensure!(c.usage.completion_tokens == a.gen_tokens, "run generated {} tokens", c.usage.completion_tokens);
+        pre.push(c.timings.prefill_tokens_per_s);
+        dec.push(c.timings.decode_tokens_per_s);
+        ttft.push(c.timings.ttft_ms);
+    }
+    let info = &engine.model.info;
+    let out = json!({
+        "engine": "shoal",
+        "model": engine.model.id,
+        "device": info.device,
+        "dtype": info.dtype,
+        "prompt_tokens": a.prompt_tokens,
+        "gen_tokens": a.gen_tokens,
+        "runs": a.runs,
+        "load_s": load_s,
+        "prefill_tok_s": median(pre),
+        "decode_tok_s": median(dec),
+        "ttft_ms": median(ttft),
+        "weight_mb": info.weight_bytes as f64 / (1 << 20) as f64,
+    });
+    if a.json {
+        println!("{out}");
+    } else {
+        println!(
+            "shoal {} ({} {}): prompt {} tok, gen {} tok, {} runs\n  prefill {:.1} tok/s | decode {:.1} tok/s | ttft {:.1} ms | load {:.2} s",
+            engine.model.id, info.device, info.dtype, a.prompt_tokens, a.gen_tokens, a.runs,
+            out["prefill_tok_s"].as_f64().unwrap_or(0.0), out["decode_tok_s"].as_f64().unwrap_or(0.0),
+            out["ttft_ms"].as_f64().unwrap_or(0.0), load_s
+        );
+    }
+    Ok(())
+}
