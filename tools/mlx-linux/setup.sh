@@ -86,10 +86,9 @@ rustc-env = { OUT_DIR = "$CACHE/bindings" }
 lib-dir = "$MLX_LIB"
 
 # rpath: binaries and tests find libmlx.so without LD_LIBRARY_PATH.
-# OpenBLAS is linked unconditionally so its sgemm is found ahead of the
-# reference BLAS the wheel bundles (about 30x faster matmul on CPU).
+# (OpenBLAS is loaded at run time by the engine; see cpu_blas.rs.)
 [target.$TRIPLE]
-rustflags = ["-C", "link-arg=-Wl,-rpath,$MLX_LIB", "-C", "link-arg=-Wl,--push-state,--no-as-needed,-lopenblas,--pop-state"]
+rustflags = ["-C", "link-arg=-Wl,-rpath,$MLX_LIB"]
 
 [env]
 SHOAL_MLX_SITE = "$SITE"

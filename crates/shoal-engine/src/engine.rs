@@ -2,6 +2,7 @@
 //! bounded queue, and streams [`Event`]s back. Dropping the receiver cancels.
 use std::path::Path;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -55,11 +56,25 @@ struct Job {
 /// The stream of events for one request. Dropping it cancels the generation.
 pub type EventStream = UnboundedReceiver<Event>;
 
+/// Counters the engine keeps for observability (and for tests to see
+/// cancellations that no client is left to hear about).
+#[derive(Debug, Default)]
+pub struct EngineStats {
+    pub completed: AtomicU64,
+    pub cancelled: AtomicU64,
+    pub errors: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub completion_tokens: AtomicU64,
+    /// Completion tokens of the most recent cancelled generation.
+    pub last_cancelled_tokens: AtomicU64,
+}
+
 /// A handle to a running engine; cheap to clone.
 #[derive(Clone)]
 pub struct Engine {
     jobs: SyncSender<Job>,
     pub model: Arc<ModelHandle>,
+    pub stats: Arc<EngineStats>,
 }
 
 /// What callers may know about the loaded model.
@@ -78,6 +93,8 @@ impl Engine {
         let (jobs_tx, jobs_rx) = sync_channel::<Job>(opts.queue_capacity);
         let path_buf = path.to_path_buf();
         let chunk = opts.prefill_chunk.max(1);
+        let stats = Arc::new(EngineStats::default());
+        let thread_stats = stats.clone();
         std::thread::Builder::new()
             .name("shoal-engine".into())
             .spawn(move || {
@@ -89,7 +106,7 @@ impl Engine {
                     }
                 };
                 let _ = ready_tx.send(Ok((loaded.model.info().clone(), loaded.vocab.clone())));
-                run(loaded.model, loaded.vocab, jobs_rx, chunk);
+                run(loaded.model, loaded.vocab, jobs_rx, chunk, &thread_stats);
             })?;
         let (info, vocab) = ready_rx
             .recv()
@@ -98,6 +115,7 @@ impl Engine {
               weight_mb = info.weight_bytes / (1 << 20), "model loaded");
         Ok(Engine {
             jobs: jobs_tx,
+            stats,
             model: Arc::new(ModelHandle {
                 id: id.to_string(),
                 path: path.to_path_buf(),
@@ -147,10 +165,18 @@ impl Engine {
     }
 }
 
-fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job>, chunk: usize) {
+fn run(
+    model: Box<dyn LanguageModel>,
+    vocab: Arc<Vocabulary>,
+    jobs: Receiver<Job>,
+    chunk: usize,
+    stats: &EngineStats,
+) {
     while let Ok(job) = jobs.recv() {
         if job.events.is_closed() {
             debug!("request cancelled while queued");
+            stats.cancelled.fetch_add(1, Ordering::Relaxed);
+            stats.last_cancelled_tokens.store(0, Ordering::Relaxed);
             continue;
         }
         let events = job.events.clone();
@@ -159,8 +185,24 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
             Ok(mut cache) => generate(model.as_ref(), &vocab, &job, cache.as_mut(), chunk, started),
             Err(e) => failed(&job, e, started),
         };
-        debug!(finish = completion.finish.as_str(), prompt = completion.usage.prompt_tokens,
-               completion = completion.usage.completion_tokens, "generation done");
+        let u = completion.usage;
+        stats.prompt_tokens.fetch_add(u.prompt_tokens as u64, Ordering::Relaxed);
+        stats.completion_tokens.fetch_add(u.completion_tokens as u64, Ordering::Relaxed);
+        match completion.finish {
+            FinishReason::Cancelled => {
+                info!(completion_tokens = u.completion_tokens, "generation cancelled by the caller");
+                stats.last_cancelled_tokens.store(u.completion_tokens as u64, Ordering::Relaxed);
+                stats.cancelled.fetch_add(1, Ordering::Relaxed);
+            }
+            FinishReason::Error(_) => {
+                stats.errors.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {
+                stats.completed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        debug!(finish = completion.finish.as_str(), prompt = u.prompt_tokens,
+               completion = u.completion_tokens, "generation done");
         let _ = events.send(Event::Done(completion));
     }
 }
@@ -242,7 +284,7 @@ fn generate(
     let want_logprobs = req.sampling.top_logprobs.is_some();
     let max_tokens = req.max_tokens.unwrap_or(usize::MAX);
     let mut first_token_at = None;
-    let mut last_token_at = prefill_done;
+    let mut last_token_at;
 
     let send_text = |text: String, lp: &mut Vec<TokenLogprob>| {
         if !text.is_empty() {

@@ -4,21 +4,23 @@
 //! reasons for every API adapter.
 pub mod backend;
 pub mod completion;
-// pub mod detok;  (enabled once written)
-// pub mod engine;
+#[cfg(target_os = "linux")]
+pub mod cpu_blas;
+pub mod detok;
+pub mod engine;
 pub mod error;
-// pub mod loader;
+pub mod loader;
 pub mod model;
-// pub mod sampler;  (enabled once written)
-// pub mod stop;  (enabled once written)
-// pub mod template;  (enabled once written)
+pub mod sampler;
+pub mod stop;
+pub mod template;
 pub mod tokenizer;
 
 pub use completion::{Completion, Event, FinishReason, Timings, TokenLogprob, Usage};
-// pub use engine::{collect_blocking, Engine, EngineOptions, EventStream, GenerateRequest, ModelHandle};
+pub use engine::{collect_blocking, Engine, EngineOptions, EngineStats, EventStream, GenerateRequest, ModelHandle};
 pub use error::{EngineError, Result};
-// pub use sampler::SamplingParams;
-// pub use template::ChatMessage;
+pub use sampler::SamplingParams;
+pub use template::ChatMessage;
 
 #[cfg(target_os = "linux")]
 mod linux_shim {

@@ -49,7 +49,7 @@ impl ModelConfig {
         if self.num_heads == 0 || self.num_kv_heads == 0 || self.head_dim == 0 {
             return bad("attention head counts must be positive".into());
         }
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return bad(format!(
                 "{} attention heads are not a multiple of {} key/value heads",
                 self.num_heads, self.num_kv_heads
@@ -337,6 +337,8 @@ impl Transformer {
         policy: DevicePolicy,
     ) -> Result<Self> {
         cfg.check()?;
+        #[cfg(target_os = "linux")]
+        crate::cpu_blas::init();
         let mut w = Weights {
             map,
             policy,

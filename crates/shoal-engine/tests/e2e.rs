@@ -1,0 +1,208 @@
+//! End-to-end tests on the real default model (SmolLM2-135M-Instruct GGUF).
+//! `make test` fetches it; the path comes from `SHOAL_TEST_GGUF`.
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use shoal_engine::{
+    collect_blocking, ChatMessage, Completion, Engine, EngineError, EngineOptions, Event, FinishReason,
+    GenerateRequest, SamplingParams,
+};
+
+pub fn gguf_path() -> PathBuf {
+    let p = std::env::var("SHOAL_TEST_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| shoal_engine::loader::default_model_path());
+    assert!(p.is_file(), "default model missing at {} — run `make models`", p.display());
+    p
+}
+
+fn engine() -> &'static Engine {
+    static E: OnceLock<Engine> = OnceLock::new();
+    E.get_or_init(|| Engine::start(&gguf_path(), "smollm2", EngineOptions::default()).expect("load default model"))
+}
+
+fn chat_prompt(e: &Engine, user: &str) -> Vec<u32> {
+    let msgs = [ChatMessage { role: "user".into(), content: user.into() }];
+    let text = e.model.vocab.render_chat(&msgs, true, &Default::default()).expect("render");
+    e.model.vocab.encode(&text).expect("encode")
+}
+
+fn greedy(prompt: Vec<u32>, max_tokens: Option<usize>, stop: Vec<String>) -> GenerateRequest {
+    GenerateRequest {
+        prompt,
+        max_tokens,
+        sampling: SamplingParams { temperature: 0.0, ..SamplingParams::default() },
+        stop,
+        ignore_eos: false,
+    }
+}
+
+fn run(req: GenerateRequest) -> (String, Completion) {
+    collect_blocking(engine().submit(req).expect("submit")).expect("complete")
+}
+
+#[test]
+fn france_greedy_answer_and_exact_usage() {
+    let e = engine();
+    let prompt = chat_prompt(e, "What is the capital of France?");
+    let n_prompt = prompt.len();
+    let (text, c) = run(greedy(prompt, Some(64), vec![]));
+    assert_eq!(text, "The capital of France is Paris.");
+    assert_eq!(c.finish, FinishReason::Stop);
+    assert_eq!(c.usage.prompt_tokens, n_prompt);
+    assert_eq!(c.usage.cached_tokens, 0);
+    // Every sampled token counts, the closing <|im_end|> included.
+    let text_tokens = e.model.vocab.encode(&text).unwrap().len();
+    assert_eq!(c.usage.completion_tokens, text_tokens + 1);
+    assert_eq!(c.usage.total_tokens(), n_prompt + c.usage.completion_tokens);
+    assert!(c.timings.ttft_ms > 0.0 && c.timings.decode_tokens_per_s > 0.0);
+}
+
+#[test]
+fn max_tokens_gives_length_with_exact_count() {
+    let e = engine();
+    let (text, c) = run(greedy(chat_prompt(e, "Tell me a long story about a dragon."), Some(3), vec![]));
+    assert_eq!(c.finish, FinishReason::Length);
+    assert_eq!(c.usage.completion_tokens, 3);
+    assert!(!text.is_empty());
+}
+
+#[test]
+fn stop_sequence_is_reported_and_excluded() {
+    let e = engine();
+    let (text, c) = run(greedy(chat_prompt(e, "What is the capital of France?"), Some(64), vec!["Paris".into()]));
+    assert_eq!(c.finish, FinishReason::StopSequence("Paris".into()));
+    assert_eq!(text, "The capital of France is ");
+    // The tokens that spelled the stop sequence were sampled, so they count.
+    let upto = e.model.vocab.encode("The capital of France is Paris").unwrap().len();
+    assert_eq!(c.usage.completion_tokens, upto);
+}
+
+#[test]
+fn stop_sequence_across_tokens() {
+    let e = engine();
+    // "of Fr" spans the tokens " of" and " France".
+    let (text, c) = run(greedy(chat_prompt(e, "What is the capital of France?"), Some(64), vec!["of Fr".into()]));
+    assert_eq!(c.finish, FinishReason::StopSequence("of Fr".into()));
+    assert_eq!(text, "The capital ");
+}
+
+#[test]
+fn seeded_sampling_is_reproducible() {
+    let e = engine();
+    let mk = |seed| GenerateRequest {
+        prompt: chat_prompt(e, "Write a short poem about the sea."),
+        max_tokens: Some(24),
+        sampling: SamplingParams { temperature: 1.0, top_p: 0.95, seed: Some(seed), ..SamplingParams::default() },
+        stop: vec![],
+        ignore_eos: false,
+    };
+    let (a, _) = run(mk(7));
+    let (b, _) = run(mk(7));
+    let (c, _) = run(mk(8));
+    let (d, _) = run(mk(9));
+    assert_eq!(a, b, "same seed, same prompt must give the same text");
+    assert!(a != c || a != d, "different seeds should not all agree");
+}
+
+#[test]
+fn prompt_longer_than_context_is_rejected_before_work() {
+    let e = engine();
+    let ctx = e.model.info.context_length;
+    let before = e.stats.completed.load(Ordering::Relaxed);
+    let err = e.submit(greedy(vec![1; ctx + 5], Some(4), vec![])).expect_err("must be refused");
+    assert!(matches!(err, EngineError::ContextOverflow { prompt_tokens, context } if prompt_tokens == ctx + 5 && context == ctx));
+    assert_eq!(e.stats.completed.load(Ordering::Relaxed), before);
+}
+
+#[test]
+fn dropping_the_receiver_cancels_promptly() {
+    let e = engine();
+    let before = e.stats.cancelled.load(Ordering::Relaxed);
+    let mut req = greedy(chat_prompt(e, "Count from one to two hundred in words."), Some(400), vec![]);
+    req.ignore_eos = true;
+    let mut rx = e.submit(req).unwrap();
+    // Wait for real output, then walk away.
+    loop {
+        match rx.blocking_recv() {
+            Some(Event::Delta { .. }) => break,
+            Some(_) => continue,
+            None => panic!("stream ended early"),
+        }
+    }
+    drop(rx);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while e.stats.cancelled.load(Ordering::Relaxed) == before {
+        assert!(Instant::now() < deadline, "generation was not cancelled");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let produced = e.stats.last_cancelled_tokens.load(Ordering::Relaxed);
+    assert!(produced < 400, "generation ran to the end ({produced} tokens) instead of stopping");
+    // The engine keeps serving.
+    let (_, c) = run(greedy(chat_prompt(e, "Hi"), Some(2), vec![]));
+    assert_eq!(c.usage.completion_tokens, 2);
+}
+
+#[test]
+fn utf8_never_broken_in_deltas() {
+    let e = engine();
+    let mut rx = e
+        .submit(GenerateRequest {
+            prompt: chat_prompt(e, "Reply with five different emoji and some Japanese words."),
+            max_tokens: Some(48),
+            sampling: SamplingParams { temperature: 0.9, seed: Some(3), ..SamplingParams::default() },
+            stop: vec![],
+            ignore_eos: false,
+        })
+        .unwrap();
+    let mut all = String::new();
+    while let Some(ev) = rx.blocking_recv() {
+        match ev {
+            Event::Delta { text, .. } => {
+                assert!(!text.contains('\u{FFFD}'), "broken character in delta {text:?}");
+                all.push_str(&text);
+            }
+            Event::Done(c) => {
+                assert!(c.usage.completion_tokens > 0);
+                break;
+            }
+            Event::Started { .. } => {}
+        }
+    }
+    assert!(!all.is_empty());
+}
+
+#[test]
+fn logprobs_are_reported_per_token() {
+    let e = engine();
+    let mut req = greedy(chat_prompt(e, "What is the capital of France?"), Some(5), vec![]);
+    req.sampling.top_logprobs = Some(3);
+    let mut rx = e.submit(req).unwrap();
+    let mut lps = Vec::new();
+    let mut text = String::new();
+    while let Some(ev) = rx.blocking_recv() {
+        match ev {
+            Event::Delta { text: t, logprobs } => {
+                text.push_str(&t);
+                lps.extend(logprobs);
+            }
+            Event::Done(c) => {
+                assert_eq!(c.usage.completion_tokens, 5);
+                break;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(lps.len(), 5);
+    let joined: String = lps.iter().map(|l| l.text.clone()).collect();
+    assert_eq!(joined, text);
+    for l in &lps {
+        assert!(l.logprob <= 0.0);
+        assert_eq!(l.top.len(), 3);
+        // Greedy: the chosen token is the most likely one.
+        assert_eq!(l.top[0].0, l.token);
+        assert!((l.top[0].2 - l.logprob).abs() < 1e-5);
+    }
+}
