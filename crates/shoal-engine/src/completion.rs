@@ -109,10 +109,16 @@ pub struct TokenLogprob {
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
     /// Prefill is done; the prompt's size is known exactly.
-    Started { prompt_tokens: usize, cached_tokens: usize },
+    Started {
+        prompt_tokens: usize,
+        cached_tokens: usize,
+    },
     /// New visible text (never a partial UTF-8 character, never part of a
     /// stop sequence), with logprobs for the tokens it came from when asked.
-    Delta { text: String, logprobs: Vec<TokenLogprob> },
+    Delta {
+        text: String,
+        logprobs: Vec<TokenLogprob>,
+    },
     /// Always the last event.
     Done(Completion),
 }

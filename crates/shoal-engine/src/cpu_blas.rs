@@ -23,17 +23,49 @@ const NO_TRANS: c_int = 111;
 const TRANS: c_int = 112;
 
 type Sgemv = unsafe extern "C" fn(
-    c_int, c_int, c_int, c_int, c_float, *const c_float, c_int, *const c_float, c_int, c_float,
-    *mut c_float, c_int,
+    c_int,
+    c_int,
+    c_int,
+    c_int,
+    c_float,
+    *const c_float,
+    c_int,
+    *const c_float,
+    c_int,
+    c_float,
+    *mut c_float,
+    c_int,
 );
 type FortranSgemm = unsafe extern "C" fn(
-    *const c_char, *const c_char, *const c_int, *const c_int, *const c_int, *const c_float,
-    *const c_float, *const c_int, *const c_float, *const c_int, *const c_float, *mut c_float,
+    *const c_char,
+    *const c_char,
+    *const c_int,
+    *const c_int,
+    *const c_int,
+    *const c_float,
+    *const c_float,
+    *const c_int,
+    *const c_float,
+    *const c_int,
+    *const c_float,
+    *mut c_float,
     *const c_int,
 );
 type CblasSgemm = unsafe extern "C" fn(
-    c_int, c_int, c_int, c_int, c_int, c_int, c_float, *const c_float, c_int, *const c_float,
-    c_int, c_float, *mut c_float, c_int,
+    c_int,
+    c_int,
+    c_int,
+    c_int,
+    c_int,
+    c_int,
+    c_float,
+    *const c_float,
+    c_int,
+    *const c_float,
+    c_int,
+    c_float,
+    *mut c_float,
+    c_int,
 );
 
 enum Blas {
@@ -81,7 +113,11 @@ fn load() -> Option<Blas> {
         };
         if let (Ok(sgemv), Ok(sgemm)) = syms {
             info!(coretype = ?std::env::var("OPENBLAS_CORETYPE").ok(), "using OpenBLAS for float32 matmul");
-            return Some(Blas::OpenBlas { sgemv, sgemm, _lib: lib });
+            return Some(Blas::OpenBlas {
+                sgemv,
+                sgemm,
+                _lib: lib,
+            });
         }
     }
     warn!("OpenBLAS not found (install libopenblas0-pthread); float32 matmul uses the slow reference BLAS");
@@ -90,7 +126,9 @@ fn load() -> Option<Blas> {
     if next.is_null() {
         None
     } else {
-        Some(Blas::Next(unsafe { std::mem::transmute::<*mut libc::c_void, CblasSgemm>(next) }))
+        Some(Blas::Next(unsafe {
+            std::mem::transmute::<*mut libc::c_void, CblasSgemm>(next)
+        }))
     }
 }
 
@@ -127,7 +165,9 @@ pub unsafe extern "C" fn cblas_sgemm(
     let (sgemv, sgemm) = match BLAS.get_or_init(load) {
         Some(Blas::OpenBlas { sgemv, sgemm, .. }) => (*sgemv, *sgemm),
         Some(Blas::Next(next)) => {
-            next(order, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+            next(
+                order, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+            );
             return;
         }
         None => return,
@@ -145,16 +185,34 @@ pub unsafe extern "C" fn cblas_sgemm(
         // c[m x 1] = op(a)[m x k] · b[k x 1]
         let incx = if tb { 1 } else { ldb };
         let (rows, cols, t) = if ta { (k, m, TRANS) } else { (m, k, NO_TRANS) };
-        sgemv(ROW_MAJOR, t, rows, cols, alpha, a, lda, b, incx, beta, c, ldc);
+        sgemv(
+            ROW_MAJOR, t, rows, cols, alpha, a, lda, b, incx, beta, c, ldc,
+        );
         return;
     }
     // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ.
-    let (fa, fb) = if order == ROW_MAJOR { (transb, transa) } else { (transa, transb) };
+    let (fa, fb) = if order == ROW_MAJOR {
+        (transb, transa)
+    } else {
+        (transa, transb)
+    };
     let (mm, nn) = if order == ROW_MAJOR { (n, m) } else { (m, n) };
-    let (pa, la, pb, lb) = if order == ROW_MAJOR { (b, ldb, a, lda) } else { (a, lda, b, ldb) };
-    let flag = |t: c_int| if t == TRANS { b'T' as c_char } else { b'N' as c_char };
+    let (pa, la, pb, lb) = if order == ROW_MAJOR {
+        (b, ldb, a, lda)
+    } else {
+        (a, lda, b, ldb)
+    };
+    let flag = |t: c_int| {
+        if t == TRANS {
+            b'T' as c_char
+        } else {
+            b'N' as c_char
+        }
+    };
     let (ca, cb) = (flag(fa), flag(fb));
-    sgemm(&ca, &cb, &mm, &nn, &k, &alpha, pa, &la, pb, &lb, &beta, c, &ldc);
+    sgemm(
+        &ca, &cb, &mm, &nn, &k, &alpha, pa, &la, pb, &lb, &beta, c, &ldc,
+    );
 }
 
 #[cfg(test)]
@@ -170,12 +228,19 @@ mod tests {
         let ac = a.contiguous().unwrap();
         let bc = b.contiguous().unwrap();
         mlx_rs::transforms::eval([&ac, &bc]).unwrap();
-        let (av, bv, cv) = (ac.as_slice::<f32>(), bc.as_slice::<f32>(), c.as_slice::<f32>());
+        let (av, bv, cv) = (
+            ac.as_slice::<f32>(),
+            bc.as_slice::<f32>(),
+            c.as_slice::<f32>(),
+        );
         for i in 0..m {
             for j in 0..n {
                 let want: f32 = (0..k).map(|p| av[i * k + p] * bv[p * n + j]).sum();
                 let got = cv[i * n + j];
-                assert!((want - got).abs() <= 1e-3 * (1.0 + want.abs()), "[{i},{j}] {got} != {want}");
+                assert!(
+                    (want - got).abs() <= 1e-3 * (1.0 + want.abs()),
+                    "[{i},{j}] {got} != {want}"
+                );
             }
         }
     }

@@ -1,8 +1,8 @@
 //! The engine thread: owns the model, runs one generation at a time from a
 //! bounded queue, and streams [`Event`]s back. Dropping the receiver cancels.
 use std::path::Path;
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -136,8 +136,12 @@ impl Engine {
         };
         match self.jobs.try_send(job) {
             Ok(()) => Ok(rx),
-            Err(TrySendError::Full(_)) => Err(EngineError::Unavailable("request queue is full".into())),
-            Err(TrySendError::Disconnected(_)) => Err(EngineError::Unavailable("engine has stopped".into())),
+            Err(TrySendError::Full(_)) => {
+                Err(EngineError::Unavailable("request queue is full".into()))
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                Err(EngineError::Unavailable("engine has stopped".into()))
+            }
         }
     }
 
@@ -153,7 +157,9 @@ impl Engine {
             });
         }
         if req.max_tokens == Some(0) {
-            return Err(EngineError::InvalidRequest("max_tokens must be at least 1".into()));
+            return Err(EngineError::InvalidRequest(
+                "max_tokens must be at least 1".into(),
+            ));
         }
         let vocab = self.model.info.vocab_size;
         if let Some(bad) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
@@ -186,12 +192,21 @@ fn run(
             Err(e) => failed(&job, e, started),
         };
         let u = completion.usage;
-        stats.prompt_tokens.fetch_add(u.prompt_tokens as u64, Ordering::Relaxed);
-        stats.completion_tokens.fetch_add(u.completion_tokens as u64, Ordering::Relaxed);
+        stats
+            .prompt_tokens
+            .fetch_add(u.prompt_tokens as u64, Ordering::Relaxed);
+        stats
+            .completion_tokens
+            .fetch_add(u.completion_tokens as u64, Ordering::Relaxed);
         match completion.finish {
             FinishReason::Cancelled => {
-                info!(completion_tokens = u.completion_tokens, "generation cancelled by the caller");
-                stats.last_cancelled_tokens.store(u.completion_tokens as u64, Ordering::Relaxed);
+                info!(
+                    completion_tokens = u.completion_tokens,
+                    "generation cancelled by the caller"
+                );
+                stats
+                    .last_cancelled_tokens
+                    .store(u.completion_tokens as u64, Ordering::Relaxed);
                 stats.cancelled.fetch_add(1, Ordering::Relaxed);
             }
             FinishReason::Error(_) => {
@@ -201,8 +216,12 @@ fn run(
                 stats.completed.fetch_add(1, Ordering::Relaxed);
             }
         }
-        debug!(finish = completion.finish.as_str(), prompt = u.prompt_tokens,
-               completion = u.completion_tokens, "generation done");
+        debug!(
+            finish = completion.finish.as_str(),
+            prompt = u.prompt_tokens,
+            completion = u.completion_tokens,
+            "generation done"
+        );
         let _ = events.send(Event::Done(completion));
     }
 }
@@ -269,7 +288,8 @@ fn generate(
     }
     let prefill_done = Instant::now();
     let computed = usage.prompt_tokens - usage.cached_tokens;
-    timings.prefill_tokens_per_s = computed as f64 / (prefill_done - started).as_secs_f64().max(1e-9);
+    timings.prefill_tokens_per_s =
+        computed as f64 / (prefill_done - started).as_secs_f64().max(1e-9);
     let _ = job.events.send(Event::Started {
         prompt_tokens: usage.prompt_tokens,
         cached_tokens: usage.cached_tokens,
@@ -338,7 +358,10 @@ fn generate(
     };
 
     // Release text held back for a possible stop sequence or an incomplete character.
-    if !matches!(reason, FinishReason::StopSequence(_) | FinishReason::Cancelled) {
+    if !matches!(
+        reason,
+        FinishReason::StopSequence(_) | FinishReason::Cancelled
+    ) {
         let tail = detok.flush(&vocab.tokenizer).unwrap_or_default();
         let mut rest = stops.push(&tail).emit;
         if stops_matched_none(&reason) {
@@ -349,7 +372,11 @@ fn generate(
     if let Some(first) = first_token_at {
         let n = usage.completion_tokens.saturating_sub(1);
         let secs = (last_token_at - first).as_secs_f64();
-        timings.decode_tokens_per_s = if n > 0 && secs > 0.0 { n as f64 / secs } else { 0.0 };
+        timings.decode_tokens_per_s = if n > 0 && secs > 0.0 {
+            n as f64 / secs
+        } else {
+            0.0
+        };
     }
     finish(reason, usage, timings)
 }
@@ -381,5 +408,7 @@ pub fn collect_blocking(mut rx: EventStream) -> Result<(String, Completion)> {
             Event::Started { .. } => {}
         }
     }
-    Err(EngineError::Unavailable("engine stopped mid-request".into()))
+    Err(EngineError::Unavailable(
+        "engine stopped mid-request".into(),
+    ))
 }

@@ -22,8 +22,13 @@ pub enum EngineError {
     #[error("{0}")]
     InvalidRequest(String),
     /// The rendered prompt does not fit the model's context window.
-    #[error("prompt has {prompt_tokens} tokens but the model's context window is {context} tokens")]
-    ContextOverflow { prompt_tokens: usize, context: usize },
+    #[error(
+        "prompt has {prompt_tokens} tokens but the model's context window is {context} tokens"
+    )]
+    ContextOverflow {
+        prompt_tokens: usize,
+        context: usize,
+    },
     /// MLX raised an error.
     #[error("MLX error: {0}")]
     Backend(String),

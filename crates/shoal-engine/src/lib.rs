@@ -17,7 +17,9 @@ pub mod template;
 pub mod tokenizer;
 
 pub use completion::{Completion, Event, FinishReason, Timings, TokenLogprob, Usage};
-pub use engine::{collect_blocking, Engine, EngineOptions, EngineStats, EventStream, GenerateRequest, ModelHandle};
+pub use engine::{
+    collect_blocking, Engine, EngineOptions, EngineStats, EventStream, GenerateRequest, ModelHandle,
+};
 pub use error::{EngineError, Result};
 pub use sampler::SamplingParams;
 pub use template::ChatMessage;

@@ -56,7 +56,9 @@ impl Vocabulary {
         extra: &serde_json::Map<String, Value>,
     ) -> Result<String> {
         let t = self.template.as_ref().ok_or_else(|| {
-            EngineError::InvalidRequest("this model has no chat template; use a raw completion".into())
+            EngineError::InvalidRequest(
+                "this model has no chat template; use a raw completion".into(),
+            )
         })?;
         t.render(messages, add_generation_prompt, extra)
     }
@@ -99,14 +101,24 @@ fn load_gguf(path: &Path, policy: DevicePolicy) -> Result<Loaded> {
     let tokenizer = tokenizer_from_gguf(&gv)?;
     let token_text = |id: Option<u32>| id.and_then(|i| gv.tokens.get(i as usize).cloned());
     let template = match gguf::meta_string(&file, "tokenizer.chat_template")? {
-        Some(src) => Some(ChatTemplate::new(&src, token_text(gv.bos), token_text(gv.eos))?),
+        Some(src) => Some(ChatTemplate::new(
+            &src,
+            token_text(gv.bos),
+            token_text(gv.eos),
+        )?),
         None => None,
     };
     let mut eos: Vec<u32> = gv.eos.into_iter().collect();
     // Chat models also end a turn with their end-of-turn marker.
-    for marker in ["<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>"] {
+    for marker in [
+        "<|im_end|>",
+        "<|eot_id|>",
+        "<|end_of_text|>",
+        "<|endoftext|>",
+    ] {
         if let Some(id) = tokenizer.token_to_id(marker) {
-            if gv.tokens.get(id as usize).is_some_and(|t| t == marker) && token_is_control(&gv, id) {
+            if gv.tokens.get(id as usize).is_some_and(|t| t == marker) && token_is_control(&gv, id)
+            {
                 eos.push(id);
             }
         }
@@ -142,7 +154,8 @@ fn load_hf(dir: &Path, policy: DevicePolicy) -> Result<Loaded> {
             detail: format!("{} (tokenizer)", tok_path.display()),
         });
     }
-    let tokenizer = Tokenizer::from_file(&tok_path).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+    let tokenizer =
+        Tokenizer::from_file(&tok_path).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
     let tok_cfg = match dir.join("tokenizer_config.json") {
         p if p.is_file() => hf::read_json(&p)?,
         _ => Value::Object(Default::default()),
@@ -160,7 +173,10 @@ fn load_hf(dir: &Path, policy: DevicePolicy) -> Result<Loaded> {
     eos.sort_unstable();
     eos.dedup();
     let bos = bos_text.as_deref().and_then(|t| tokenizer.token_to_id(t));
-    let add_bos = tok_cfg.get("add_bos_token").and_then(Value::as_bool).unwrap_or(false);
+    let add_bos = tok_cfg
+        .get("add_bos_token")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
     let tensors = hf::tensors(dir)?;
     let model = Transformer::new(cfg, tensors, group.unwrap_or(64), policy)?;
     Ok(Loaded {

@@ -6,26 +6,40 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use shoal_engine::{
-    collect_blocking, ChatMessage, Completion, Engine, EngineError, EngineOptions, Event, FinishReason,
-    GenerateRequest, SamplingParams,
+    collect_blocking, ChatMessage, Completion, Engine, EngineError, EngineOptions, Event,
+    FinishReason, GenerateRequest, SamplingParams,
 };
 
 pub fn gguf_path() -> PathBuf {
     let p = std::env::var("SHOAL_TEST_GGUF")
         .map(PathBuf::from)
         .unwrap_or_else(|_| shoal_engine::loader::default_model_path());
-    assert!(p.is_file(), "default model missing at {} — run `make models`", p.display());
+    assert!(
+        p.is_file(),
+        "default model missing at {} — run `make models`",
+        p.display()
+    );
     p
 }
 
 fn engine() -> &'static Engine {
     static E: OnceLock<Engine> = OnceLock::new();
-    E.get_or_init(|| Engine::start(&gguf_path(), "smollm2", EngineOptions::default()).expect("load default model"))
+    E.get_or_init(|| {
+        Engine::start(&gguf_path(), "smollm2", EngineOptions::default())
+            .expect("load default model")
+    })
 }
 
 fn chat_prompt(e: &Engine, user: &str) -> Vec<u32> {
-    let msgs = [ChatMessage { role: "user".into(), content: user.into() }];
-    let text = e.model.vocab.render_chat(&msgs, true, &Default::default()).expect("render");
+    let msgs = [ChatMessage {
+        role: "user".into(),
+        content: user.into(),
+    }];
+    let text = e
+        .model
+        .vocab
+        .render_chat(&msgs, true, &Default::default())
+        .expect("render");
     e.model.vocab.encode(&text).expect("encode")
 }
 
@@ -33,7 +47,10 @@ fn greedy(prompt: Vec<u32>, max_tokens: Option<usize>, stop: Vec<String>) -> Gen
     GenerateRequest {
         prompt,
         max_tokens,
-        sampling: SamplingParams { temperature: 0.0, ..SamplingParams::default() },
+        sampling: SamplingParams {
+            temperature: 0.0,
+            ..SamplingParams::default()
+        },
         stop,
         ignore_eos: false,
     }
@@ -63,7 +80,11 @@ fn france_greedy_answer_and_exact_usage() {
 #[test]
 fn max_tokens_gives_length_with_exact_count() {
     let e = engine();
-    let (text, c) = run(greedy(chat_prompt(e, "Tell me a long story about a dragon."), Some(3), vec![]));
+    let (text, c) = run(greedy(
+        chat_prompt(e, "Tell me a long story about a dragon."),
+        Some(3),
+        vec![],
+    ));
     assert_eq!(c.finish, FinishReason::Length);
     assert_eq!(c.usage.completion_tokens, 3);
     assert!(!text.is_empty());
@@ -72,11 +93,20 @@ fn max_tokens_gives_length_with_exact_count() {
 #[test]
 fn stop_sequence_is_reported_and_excluded() {
     let e = engine();
-    let (text, c) = run(greedy(chat_prompt(e, "What is the capital of France?"), Some(64), vec!["Paris".into()]));
+    let (text, c) = run(greedy(
+        chat_prompt(e, "What is the capital of France?"),
+        Some(64),
+        vec!["Paris".into()],
+    ));
     assert_eq!(c.finish, FinishReason::StopSequence("Paris".into()));
     assert_eq!(text, "The capital of France is ");
     // The tokens that spelled the stop sequence were sampled, so they count.
-    let upto = e.model.vocab.encode("The capital of France is Paris").unwrap().len();
+    let upto = e
+        .model
+        .vocab
+        .encode("The capital of France is Paris")
+        .unwrap()
+        .len();
     assert_eq!(c.usage.completion_tokens, upto);
 }
 
@@ -84,7 +114,11 @@ fn stop_sequence_is_reported_and_excluded() {
 fn stop_sequence_across_tokens() {
     let e = engine();
     // "of Fr" spans the tokens " of" and " France".
-    let (text, c) = run(greedy(chat_prompt(e, "What is the capital of France?"), Some(64), vec!["of Fr".into()]));
+    let (text, c) = run(greedy(
+        chat_prompt(e, "What is the capital of France?"),
+        Some(64),
+        vec!["of Fr".into()],
+    ));
     assert_eq!(c.finish, FinishReason::StopSequence("of Fr".into()));
     assert_eq!(text, "The capital ");
 }
@@ -95,7 +129,12 @@ fn seeded_sampling_is_reproducible() {
     let mk = |seed| GenerateRequest {
         prompt: chat_prompt(e, "Write a short poem about the sea."),
         max_tokens: Some(24),
-        sampling: SamplingParams { temperature: 1.0, top_p: 0.95, seed: Some(seed), ..SamplingParams::default() },
+        sampling: SamplingParams {
+            temperature: 1.0,
+            top_p: 0.95,
+            seed: Some(seed),
+            ..SamplingParams::default()
+        },
         stop: vec![],
         ignore_eos: false,
     };
@@ -112,8 +151,12 @@ fn prompt_longer_than_context_is_rejected_before_work() {
     let e = engine();
     let ctx = e.model.info.context_length;
     let before = e.stats.completed.load(Ordering::Relaxed);
-    let err = e.submit(greedy(vec![1; ctx + 5], Some(4), vec![])).expect_err("must be refused");
-    assert!(matches!(err, EngineError::ContextOverflow { prompt_tokens, context } if prompt_tokens == ctx + 5 && context == ctx));
+    let err = e
+        .submit(greedy(vec![1; ctx + 5], Some(4), vec![]))
+        .expect_err("must be refused");
+    assert!(
+        matches!(err, EngineError::ContextOverflow { prompt_tokens, context } if prompt_tokens == ctx + 5 && context == ctx)
+    );
     assert_eq!(e.stats.completed.load(Ordering::Relaxed), before);
 }
 
@@ -121,7 +164,11 @@ fn prompt_longer_than_context_is_rejected_before_work() {
 fn dropping_the_receiver_cancels_promptly() {
     let e = engine();
     let before = e.stats.cancelled.load(Ordering::Relaxed);
-    let mut req = greedy(chat_prompt(e, "Count from one to two hundred in words."), Some(400), vec![]);
+    let mut req = greedy(
+        chat_prompt(e, "Count from one to two hundred in words."),
+        Some(400),
+        vec![],
+    );
     req.ignore_eos = true;
     let mut rx = e.submit(req).unwrap();
     // Wait for real output, then walk away.
@@ -139,7 +186,10 @@ fn dropping_the_receiver_cancels_promptly() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let produced = e.stats.last_cancelled_tokens.load(Ordering::Relaxed);
-    assert!(produced < 400, "generation ran to the end ({produced} tokens) instead of stopping");
+    assert!(
+        produced < 400,
+        "generation ran to the end ({produced} tokens) instead of stopping"
+    );
     // The engine keeps serving.
     let (_, c) = run(greedy(chat_prompt(e, "Hi"), Some(2), vec![]));
     assert_eq!(c.usage.completion_tokens, 2);
@@ -150,9 +200,16 @@ fn utf8_never_broken_in_deltas() {
     let e = engine();
     let mut rx = e
         .submit(GenerateRequest {
-            prompt: chat_prompt(e, "Reply with five different emoji and some Japanese words."),
+            prompt: chat_prompt(
+                e,
+                "Reply with five different emoji and some Japanese words.",
+            ),
             max_tokens: Some(48),
-            sampling: SamplingParams { temperature: 0.9, seed: Some(3), ..SamplingParams::default() },
+            sampling: SamplingParams {
+                temperature: 0.9,
+                seed: Some(3),
+                ..SamplingParams::default()
+            },
             stop: vec![],
             ignore_eos: false,
         })
@@ -161,7 +218,10 @@ fn utf8_never_broken_in_deltas() {
     while let Some(ev) = rx.blocking_recv() {
         match ev {
             Event::Delta { text, .. } => {
-                assert!(!text.contains('\u{FFFD}'), "broken character in delta {text:?}");
+                assert!(
+                    !text.contains('\u{FFFD}'),
+                    "broken character in delta {text:?}"
+                );
                 all.push_str(&text);
             }
             Event::Done(c) => {
@@ -177,7 +237,11 @@ fn utf8_never_broken_in_deltas() {
 #[test]
 fn logprobs_are_reported_per_token() {
     let e = engine();
-    let mut req = greedy(chat_prompt(e, "What is the capital of France?"), Some(5), vec![]);
+    let mut req = greedy(
+        chat_prompt(e, "What is the capital of France?"),
+        Some(5),
+        vec![],
+    );
     req.sampling.top_logprobs = Some(3);
     let mut rx = e.submit(req).unwrap();
     let mut lps = Vec::new();

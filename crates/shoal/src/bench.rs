@@ -25,7 +25,8 @@ pub struct Args {
     pub json: bool,
 }
 
-const FILLER: &str = "The quick brown fox jumps over the lazy dog while the river runs past old mills, \
+const FILLER: &str =
+    "The quick brown fox jumps over the lazy dog while the river runs past old mills, \
 and scholars in the library count the pages of a thousand forgotten books. ";
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -38,7 +39,10 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    anyhow::ensure!(a.prompt_tokens > 0 && a.gen_tokens > 1 && a.runs > 0, "sizes must be positive (gen-tokens >= 2)");
+    anyhow::ensure!(
+        a.prompt_tokens > 0 && a.gen_tokens > 1 && a.runs > 0,
+        "sizes must be positive (gen-tokens >= 2)"
+    );
     let load_start = std::time::Instant::now();
     let engine = Engine::start(&a.model.path(), &a.model.id(), EngineOptions::default())
         .with_context(|| format!("loading {}", a.model.path().display()))?;
@@ -52,16 +56,26 @@ pub fn run(a: Args) -> Result<()> {
     let req = GenerateRequest {
         prompt,
         max_tokens: Some(a.gen_tokens),
-        sampling: SamplingParams { temperature: 0.0, ..SamplingParams::default() },
+        sampling: SamplingParams {
+            temperature: 0.0,
+            ..SamplingParams::default()
+        },
         stop: vec![],
         ignore_eos: true,
     };
     // One warm-up run so one-time allocation does not count.
-    collect_blocking(engine.submit(GenerateRequest { max_tokens: Some(2), ..req.clone() })?)?;
+    collect_blocking(engine.submit(GenerateRequest {
+        max_tokens: Some(2),
+        ..req.clone()
+    })?)?;
     let (mut pre, mut dec, mut ttft) = (vec![], vec![], vec![]);
     for _ in 0..a.runs {
         let (_, c) = collect_blocking(engine.submit(req.clone())?)?;
-        anyhow::ensure!(c.usage.completion_tokens == a.gen_tokens, "run generated {} tokens", c.usage.completion_tokens);
+        anyhow::ensure!(
+            c.usage.completion_tokens == a.gen_tokens,
+            "run generated {} tokens",
+            c.usage.completion_tokens
+        );
         pre.push(c.timings.prefill_tokens_per_s);
         dec.push(c.timings.decode_tokens_per_s);
         ttft.push(c.timings.ttft_ms);

@@ -3,7 +3,9 @@ use std::io::Write;
 
 use anyhow::{Context, Result};
 use serde_json::json;
-use shoal_engine::{ChatMessage, Engine, EngineOptions, Event, FinishReason, GenerateRequest, SamplingParams};
+use shoal_engine::{
+    ChatMessage, Engine, EngineOptions, Event, FinishReason, GenerateRequest, SamplingParams,
+};
 
 use crate::ModelArgs;
 
@@ -49,9 +51,15 @@ pub fn run(a: Args) -> Result<()> {
         .with_context(|| format!("loading {}", a.model.path().display()))?;
     let mut messages = Vec::new();
     if let Some(s) = &a.system {
-        messages.push(ChatMessage { role: "system".into(), content: s.clone() });
+        messages.push(ChatMessage {
+            role: "system".into(),
+            content: s.clone(),
+        });
     }
-    messages.push(ChatMessage { role: "user".into(), content: a.prompt.clone() });
+    messages.push(ChatMessage {
+        role: "user".into(),
+        content: a.prompt.clone(),
+    });
     let vocab = &engine.model.vocab;
     let text = vocab.render_chat(&messages, true, &Default::default())?;
     let prompt = vocab.encode(&text)?;

@@ -8,7 +8,11 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "shoal", version, about = "Local LLM engine and server with exact token accounting")]
+#[command(
+    name = "shoal",
+    version,
+    about = "Local LLM engine and server with exact token accounting"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -32,7 +36,9 @@ pub struct ModelArgs {
 
 impl ModelArgs {
     pub fn path(&self) -> PathBuf {
-        self.model.clone().unwrap_or_else(shoal_engine::loader::default_model_path)
+        self.model
+            .clone()
+            .unwrap_or_else(shoal_engine::loader::default_model_path)
     }
 
     /// The id clients see: the file or directory name without extension.

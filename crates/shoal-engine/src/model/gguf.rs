@@ -24,7 +24,9 @@ pub fn open(path: &Path) -> Result<GgufFile> {
 pub fn meta_string(f: &GgufFile, key: &str) -> Result<Option<String>> {
     match f.get_metadata(key) {
         Ok(Some(GgufMetadataValue::String(s))) => Ok(Some(s)),
-        Ok(Some(_)) => Err(EngineError::InvalidModel(format!("GGUF key {key} is not a string"))),
+        Ok(Some(_)) => Err(EngineError::InvalidModel(format!(
+            "GGUF key {key} is not a string"
+        ))),
         Ok(None) => Ok(None),
         Err(e) => Err(EngineError::InvalidModel(format!("GGUF key {key}: {e}"))),
     }
@@ -39,7 +41,9 @@ pub fn meta_numbers(f: &GgufFile, key: &str) -> Result<Option<Vec<f64>>> {
             a.eval()?;
             Ok(Some(a.as_slice::<f64>().to_vec()))
         }
-        Ok(Some(_)) => Err(EngineError::InvalidModel(format!("GGUF key {key} is not numeric"))),
+        Ok(Some(_)) => Err(EngineError::InvalidModel(format!(
+            "GGUF key {key} is not numeric"
+        ))),
         Ok(None) => Ok(None),
         Err(e) => Err(EngineError::InvalidModel(format!("GGUF key {key}: {e}"))),
     }
@@ -58,10 +62,11 @@ fn required(f: &GgufFile, key: &str) -> Result<f64> {
 
 /// Reads the architecture hyperparameters.
 pub fn config(f: &GgufFile, file_size: u64) -> Result<ModelConfig> {
-    let arch = meta_string(f, "general.architecture")?.ok_or_else(|| EngineError::MissingModelPart {
-        what: "GGUF metadata".into(),
-        detail: "general.architecture".into(),
-    })?;
+    let arch =
+        meta_string(f, "general.architecture")?.ok_or_else(|| EngineError::MissingModelPart {
+            what: "GGUF metadata".into(),
+            detail: "general.architecture".into(),
+        })?;
     if !matches!(arch.as_str(), "llama" | "qwen2" | "qwen3") {
         return Err(EngineError::Unsupported(format!(
             "GGUF architecture '{arch}' (supported: llama, qwen2, qwen3)"
@@ -109,7 +114,8 @@ pub fn config(f: &GgufFile, file_size: u64) -> Result<ModelConfig> {
         num_kv_heads: kv_heads,
         head_dim,
         vocab_size: vocab,
-        rms_norm_eps: meta_number(f, &k("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5) as f32,
+        rms_norm_eps: meta_number(f, &k("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5)
+            as f32,
         rope_theta: base,
         rope_traditional: arch == "llama",
         rope_freqs,
@@ -184,7 +190,10 @@ mod tests {
 
     #[test]
     fn names_map_to_hf() {
-        assert_eq!(hf_name("token_embd.scales").as_deref(), Some("model.embed_tokens.scales"));
+        assert_eq!(
+            hf_name("token_embd.scales").as_deref(),
+            Some("model.embed_tokens.scales")
+        );
         assert_eq!(
             hf_name("blk.12.attn_output.weight").as_deref(),
             Some("model.layers.12.self_attn.o_proj.weight")

@@ -18,8 +18,10 @@ fn missing(what: &str, detail: impl Into<String>) -> EngineError {
 }
 
 pub fn read_json(path: &Path) -> Result<Value> {
-    let text = std::fs::read_to_string(path).map_err(|e| missing("file", format!("{}: {e}", path.display())))?;
-    serde_json::from_str(&text).map_err(|e| EngineError::InvalidModel(format!("{}: {e}", path.display())))
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| missing("file", format!("{}: {e}", path.display())))?;
+    serde_json::from_str(&text)
+        .map_err(|e| EngineError::InvalidModel(format!("{}: {e}", path.display())))
 }
 
 fn num(cfg: &Value, key: &str) -> Option<f64> {
@@ -57,8 +59,13 @@ pub fn config(dir: &Path) -> Result<(ModelConfig, Option<i32>)> {
         Some(s) if s.is_object() => llama3_freqs(s, theta, head_dim)?,
         _ => None,
     };
-    let quant = cfg.get("quantization").or_else(|| cfg.get("quantization_config"));
-    let group = quant.and_then(|q| q.get("group_size")).and_then(Value::as_i64).map(|g| g as i32);
+    let quant = cfg
+        .get("quantization")
+        .or_else(|| cfg.get("quantization_config"));
+    let group = quant
+        .and_then(|q| q.get("group_size"))
+        .and_then(Value::as_i64)
+        .map(|g| g as i32);
     let quantization = quant.and_then(|q| {
         let bits = q.get("bits").and_then(Value::as_i64)?;
         Some(format!("{bits}-bit g{}", group.unwrap_or(64)))
@@ -77,7 +84,10 @@ pub fn config(dir: &Path) -> Result<(ModelConfig, Option<i32>)> {
         rope_traditional: false,
         rope_freqs,
         context_length: num(&cfg, "max_position_embeddings").map_or(4096, |v| v as usize),
-        tie_word_embeddings: cfg.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
+        tie_word_embeddings: cfg
+            .get("tie_word_embeddings")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
         quantization,
         format: "safetensors".into(),
     };
@@ -95,7 +105,9 @@ fn llama3_freqs(s: &Value, theta: f32, head_dim: usize) -> Result<Option<Vec<f32
         "llama3" => {}
         "default" | "" => return Ok(None),
         other => {
-            return Err(EngineError::Unsupported(format!("rope_scaling type '{other}'")));
+            return Err(EngineError::Unsupported(format!(
+                "rope_scaling type '{other}'"
+            )));
         }
     }
     let g = |k: &str, d: f64| s.get(k).and_then(Value::as_f64).unwrap_or(d) as f32;
@@ -132,7 +144,11 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
             .get("weight_map")
             .and_then(Value::as_object)
             .ok_or_else(|| missing("index field", "weight_map"))?;
-        let mut files: Vec<PathBuf> = map.values().filter_map(Value::as_str).map(|f| dir.join(f)).collect();
+        let mut files: Vec<PathBuf> = map
+            .values()
+            .filter_map(Value::as_str)
+            .map(|f| dir.join(f))
+            .collect();
         files.sort();
         files.dedup();
         for f in &files {
@@ -148,7 +164,10 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
         .collect();
     files.sort();
     if files.is_empty() {
-        return Err(missing("weights", format!("no *.safetensors in {}", dir.display())));
+        return Err(missing(
+            "weights",
+            format!("no *.safetensors in {}", dir.display()),
+        ));
     }
     Ok(files)
 }
@@ -174,7 +193,8 @@ pub fn chat_template(dir: &Path, tok_cfg: &Value) -> Result<Option<String>> {
         Some(Value::String(s)) => Some(s.clone()),
         Some(Value::Array(list)) => {
             let named = |n: &str| {
-                list.iter().find(|t| t.get("name").and_then(Value::as_str) == Some(n))
+                list.iter()
+                    .find(|t| t.get("name").and_then(Value::as_str) == Some(n))
             };
             named("default")
                 .or_else(|| list.first())
@@ -202,7 +222,9 @@ pub fn eos_ids(dir: &Path) -> Vec<u32> {
         if let Ok(v) = read_json(&dir.join(name)) {
             match v.get("eos_token_id") {
                 Some(Value::Number(n)) => ids.extend(n.as_u64().map(|x| x as u32)),
-                Some(Value::Array(a)) => ids.extend(a.iter().filter_map(Value::as_u64).map(|x| x as u32)),
+                Some(Value::Array(a)) => {
+                    ids.extend(a.iter().filter_map(Value::as_u64).map(|x| x as u32))
+                }
                 _ => {}
             }
         }

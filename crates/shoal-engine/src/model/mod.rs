@@ -141,10 +141,7 @@ impl Linear {
                 b,
                 ..
             } => {
-                w.nbytes()
-                    + scales.nbytes()
-                    + biases.nbytes()
-                    + b.as_ref().map_or(0, Array::nbytes)
+                w.nbytes() + scales.nbytes() + biases.nbytes() + b.as_ref().map_or(0, Array::nbytes)
             }
         }
     }
@@ -160,7 +157,9 @@ impl Linear {
         }
         let all_dense = parts.iter().all(|p| matches!(p, Linear::Dense { .. }));
         if !all_dense {
-            return Err(EngineError::Backend("only dense projections are fused".into()));
+            return Err(EngineError::Backend(
+                "only dense projections are fused".into(),
+            ));
         }
         let mut ws = Vec::new();
         let mut bs = Vec::new();
@@ -176,7 +175,11 @@ impl Linear {
             }
         }
         let w = concatenate(&ws, 0)?;
-        let b = if any_bias { Some(concatenate(&bs, 0)?) } else { None };
+        let b = if any_bias {
+            Some(concatenate(&bs, 0)?)
+        } else {
+            None
+        };
         Ok((Linear::Dense { w, b }, splits))
     }
 }
@@ -301,7 +304,8 @@ impl Weights {
                 group,
                 bits,
                 ..
-            } => Ok(ops::dequantize(&w, &scales, &biases, group, bits)?.as_dtype(self.policy.dtype())?),
+            } => Ok(ops::dequantize(&w, &scales, &biases, group, bits)?
+                .as_dtype(self.policy.dtype())?),
         }
     }
 
@@ -444,7 +448,9 @@ impl Transformer {
             for p in [&l.qkv, &l.gate_up] {
                 match p {
                     Projections::Fused(lin, _) => push_linear(&mut arrays, lin),
-                    Projections::Separate(ls) => ls.iter().for_each(|x| push_linear(&mut arrays, x)),
+                    Projections::Separate(ls) => {
+                        ls.iter().for_each(|x| push_linear(&mut arrays, x))
+                    }
                 }
             }
             push_linear(&mut arrays, &l.o_proj);
@@ -498,7 +504,13 @@ impl Transformer {
             self.cfg.head_dim as i32,
         );
         let offset = cache.offset as i32;
-        cache.reserve(offset as usize + n as usize, nkv, hd, self.dtype, self.layers.len())?;
+        cache.reserve(
+            offset as usize + n as usize,
+            nkv,
+            hd,
+            self.dtype,
+            self.layers.len(),
+        )?;
         let scale = 1.0 / (hd as f32).sqrt();
         let eps = self.cfg.rms_norm_eps;
         for (i, l) in self.layers.iter().enumerate() {
@@ -528,8 +540,8 @@ impl Transformer {
             h = h.add(l.o_proj.apply(&o)?)?;
             let x = fast::rms_norm(&h, Some(&l.ffn_norm), eps)?;
             let gu = l.gate_up.apply(&x)?;
-            let [g, u] =
-                <[Array; 2]>::try_from(gu).map_err(|_| EngineError::Backend("gate/up split".into()))?;
+            let [g, u] = <[Array; 2]>::try_from(gu)
+                .map_err(|_| EngineError::Backend("gate/up split".into()))?;
             let act = mlx_rs::nn::silu(&g)?.multiply(&u)?;
             h = h.add(l.down.apply(&act)?)?;
         }
@@ -609,7 +621,14 @@ pub struct MlxCache {
 const CACHE_STEP: usize = 256;
 
 impl MlxCache {
-    fn reserve(&mut self, needed: usize, nkv: i32, hd: i32, dtype: Dtype, n_layers: usize) -> Result<()> {
+    fn reserve(
+        &mut self,
+        needed: usize,
+        nkv: i32,
+        hd: i32,
+        dtype: Dtype,
+        n_layers: usize,
+    ) -> Result<()> {
         if needed <= self.capacity && self.layers.len() == n_layers {
             return Ok(());
         }
@@ -635,7 +654,13 @@ impl MlxCache {
         Ok(())
     }
 
-    fn update(&mut self, layer: usize, offset: i32, k: &Array, v: &Array) -> Result<(Array, Array)> {
+    fn update(
+        &mut self,
+        layer: usize,
+        offset: i32,
+        k: &Array,
+        v: &Array,
+    ) -> Result<(Array, Array)> {
         let n = k.shape()[2];
         let (kb, vb) = self
             .layers
@@ -644,7 +669,10 @@ impl MlxCache {
         kb.try_index_mut((.., .., offset..offset + n, ..), k)?;
         vb.try_index_mut((.., .., offset..offset + n, ..), v)?;
         let end = offset + n;
-        Ok((kb.index((.., .., 0..end, ..)), vb.index((.., .., 0..end, ..))))
+        Ok((
+            kb.index((.., .., 0..end, ..)),
+            vb.index((.., .., 0..end, ..)),
+        ))
     }
 
     fn arrays(&self) -> impl Iterator<Item = &Array> {
