@@ -27,6 +27,37 @@ pub struct GenerateRequest {
     pub stop: Vec<String>,
     /// Keep going past EOS (benchmarks).
     pub ignore_eos: bool,
+    /// Set to stop the generation early; it then ends with `Cancelled` and
+    /// still sends its final record (dropping the stream also cancels, but
+    /// then nobody hears the record).
+    pub cancel: CancelFlag,
+}
+
+/// A shared "please stop" flag for one request.
+#[derive(Clone, Debug, Default)]
+pub struct CancelFlag(Arc<std::sync::atomic::AtomicBool>);
+
+impl CancelFlag {
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+impl GenerateRequest {
+    /// A request with default sampling, no stops and no limit.
+    pub fn new(prompt: Vec<u32>) -> Self {
+        GenerateRequest {
+            prompt,
+            max_tokens: None,
+            sampling: SamplingParams::default(),
+            stop: Vec::new(),
+            ignore_eos: false,
+            cancel: CancelFlag::default(),
+        }
+    }
 }
 
 /// Engine options.
@@ -51,6 +82,12 @@ struct Job {
     req: GenerateRequest,
     events: UnboundedSender<Event>,
     submitted: Instant,
+}
+
+impl Job {
+    fn gone(&self) -> bool {
+        self.events.is_closed() || self.req.cancel.is_cancelled()
+    }
 }
 
 /// The stream of events for one request. Dropping it cancels the generation.
@@ -179,7 +216,7 @@ fn run(
     stats: &EngineStats,
 ) {
     while let Ok(job) = jobs.recv() {
-        if job.events.is_closed() {
+        if job.gone() {
             debug!("request cancelled while queued");
             stats.cancelled.fetch_add(1, Ordering::Relaxed);
             stats.last_cancelled_tokens.store(0, Ordering::Relaxed);
@@ -278,7 +315,7 @@ fn generate(
     // Prefill in chunks so a long prompt neither blows memory nor ignores cancellation.
     let mut logits = Vec::new();
     for part in req.prompt[cache.len()..].chunks(chunk) {
-        if job.events.is_closed() {
+        if job.gone() {
             return finish(FinishReason::Cancelled, usage, timings);
         }
         match model.forward(part, cache) {
@@ -348,7 +385,7 @@ fn generate(
         if context.len() >= ctx {
             break FinishReason::ContextWindow;
         }
-        if job.events.is_closed() {
+        if job.gone() {
             break FinishReason::Cancelled;
         }
         match model.forward(&[s.token], cache) {

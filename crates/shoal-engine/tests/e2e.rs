@@ -53,6 +53,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: Option<usize>, stop: Vec<String>) -> Gen
         },
         stop,
         ignore_eos: false,
+        cancel: Default::default(),
     }
 }
 
@@ -137,6 +138,7 @@ fn seeded_sampling_is_reproducible() {
         },
         stop: vec![],
         ignore_eos: false,
+        cancel: Default::default(),
     };
     let (a, _) = run(mk(7));
     let (b, _) = run(mk(7));
@@ -212,6 +214,7 @@ fn utf8_never_broken_in_deltas() {
             },
             stop: vec![],
             ignore_eos: false,
+            cancel: Default::default(),
         })
         .unwrap();
     let mut all = String::new();
@@ -269,4 +272,30 @@ fn logprobs_are_reported_per_token() {
         assert_eq!(l.top[0].0, l.token);
         assert!((l.top[0].2 - l.logprob).abs() < 1e-5);
     }
+}
+
+#[test]
+fn cancel_flag_ends_with_a_cancelled_record_and_exact_usage() {
+    let e = engine();
+    let mut req = greedy(chat_prompt(e, "Count from one to two hundred in words."), Some(400), vec![]);
+    req.ignore_eos = true;
+    let flag = req.cancel.clone();
+    let n_prompt = req.prompt.len();
+    let mut rx = e.submit(req).unwrap();
+    let mut deltas = 0;
+    let done = loop {
+        match rx.blocking_recv().expect("stream must end with Done") {
+            Event::Delta { .. } => {
+                deltas += 1;
+                if deltas == 3 {
+                    flag.cancel();
+                }
+            }
+            Event::Done(c) => break c,
+            Event::Started { .. } => {}
+        }
+    };
+    assert_eq!(done.finish, FinishReason::Cancelled);
+    assert_eq!(done.usage.prompt_tokens, n_prompt);
+    assert!(done.usage.completion_tokens >= 3 && done.usage.completion_tokens < 400);
 }

@@ -62,6 +62,7 @@ pub fn run(a: Args) -> Result<()> {
         },
         stop: vec![],
         ignore_eos: true,
+        cancel: Default::default(),
     };
     // One warm-up run so one-time allocation does not count.
     collect_blocking(engine.submit(GenerateRequest {

@@ -80,6 +80,7 @@ pub fn run(a: Args) -> Result<()> {
         sampling,
         stop: a.stop.clone(),
         ignore_eos: false,
+        cancel: Default::default(),
     })?;
     let mut out = String::new();
     let mut stdout = std::io::stdout().lock();
