@@ -18,7 +18,8 @@ pub mod tokenizer;
 
 pub use completion::{Completion, Event, FinishReason, Timings, TokenLogprob, Usage};
 pub use engine::{
-    collect_blocking, Engine, EngineOptions, EngineStats, EventStream, GenerateRequest, ModelHandle,
+    collect_blocking, CancelFlag, Engine, EngineOptions, EngineStats, EventStream, GenerateRequest,
+    ModelHandle,
 };
 pub use error::{EngineError, Result};
 pub use sampler::SamplingParams;

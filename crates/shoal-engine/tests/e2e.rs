@@ -277,7 +277,11 @@ fn logprobs_are_reported_per_token() {
 #[test]
 fn cancel_flag_ends_with_a_cancelled_record_and_exact_usage() {
     let e = engine();
-    let mut req = greedy(chat_prompt(e, "Count from one to two hundred in words."), Some(400), vec![]);
+    let mut req = greedy(
+        chat_prompt(e, "Count from one to two hundred in words."),
+        Some(400),
+        vec![],
+    );
     req.ignore_eos = true;
     let flag = req.cancel.clone();
     let n_prompt = req.prompt.len();

@@ -1,6 +1,7 @@
 //! `shoal`: the command-line front of the engine.
 mod bench;
 mod generate;
+mod serve;
 
 use std::path::PathBuf;
 
@@ -24,6 +25,8 @@ enum Command {
     Generate(generate::Args),
     /// Measure prefill and decode speed and time to first token.
     Bench(bench::Args),
+    /// Serve the OpenAI- and Anthropic-compatible HTTP API.
+    Serve(serve::Args),
 }
 
 /// Model path shared by every subcommand.
@@ -32,6 +35,9 @@ pub struct ModelArgs {
     /// A .gguf file or a Hugging Face / MLX model directory.
     #[arg(long, env = "SHOAL_MODEL")]
     pub model: Option<PathBuf>,
+    /// The name clients use for the model (default: the file or directory name).
+    #[arg(long, env = "SHOAL_MODEL_ID")]
+    pub model_id: Option<String>,
 }
 
 impl ModelArgs {
@@ -43,6 +49,9 @@ impl ModelArgs {
 
     /// The id clients see: the file or directory name without extension.
     pub fn id(&self) -> String {
+        if let Some(id) = &self.model_id {
+            return id.clone();
+        }
         let p = self.path();
         p.file_stem()
             .map(|s| s.to_string_lossy().into_owned())
@@ -54,12 +63,13 @@ fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("SHOAL_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
         Command::Generate(a) => generate::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Serve(a) => serve::run(a),
     }
 }

@@ -1,0 +1,163 @@
+//! Errors in each dialect's own shape and status.
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use shoal_engine::EngineError;
+
+/// Which API family a request belongs to; decides the error shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dialect {
+    OpenAi,
+    Anthropic,
+}
+
+/// What went wrong, independent of dialect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    InvalidRequest,
+    NotFound,
+    TooLarge,
+    Overloaded,
+    Internal,
+}
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub kind: ErrorKind,
+    pub message: String,
+    /// The offending parameter, when known (OpenAI's `param`).
+    pub param: Option<String>,
+    /// A machine-readable code (OpenAI's `code`).
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    pub fn invalid(message: impl Into<String>) -> Self {
+        ApiError {
+            kind: ErrorKind::InvalidRequest,
+            message: message.into(),
+            param: None,
+            code: None,
+        }
+    }
+    pub fn param(param: &str, message: impl Into<String>) -> Self {
+        ApiError {
+            param: Some(param.to_string()),
+            ..ApiError::invalid(message)
+        }
+    }
+    pub fn model_not_found(model: &str) -> Self {
+        ApiError {
+            kind: ErrorKind::NotFound,
+            message: format!("The model '{model}' does not exist or is not loaded"),
+            param: Some("model".into()),
+            code: Some("model_not_found"),
+        }
+    }
+    pub fn not_found(message: impl Into<String>) -> Self {
+        ApiError {
+            kind: ErrorKind::NotFound,
+            message: message.into(),
+            param: None,
+            code: None,
+        }
+    }
+    pub fn internal(message: impl Into<String>) -> Self {
+        ApiError {
+            kind: ErrorKind::Internal,
+            message: message.into(),
+            param: None,
+            code: None,
+        }
+    }
+
+    pub fn status(&self, dialect: Dialect) -> StatusCode {
+        match (self.kind, dialect) {
+            (ErrorKind::InvalidRequest, _) => StatusCode::BAD_REQUEST,
+            (ErrorKind::NotFound, _) => StatusCode::NOT_FOUND,
+            (ErrorKind::TooLarge, _) => StatusCode::PAYLOAD_TOO_LARGE,
+            (ErrorKind::Overloaded, Dialect::OpenAi) => StatusCode::TOO_MANY_REQUESTS,
+            // Anthropic's documented "overloaded" status.
+            (ErrorKind::Overloaded, Dialect::Anthropic) => {
+                StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
+            }
+            (ErrorKind::Internal, _) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The error object as it appears in a body or a stream event.
+    pub fn body(&self, dialect: Dialect) -> serde_json::Value {
+        match dialect {
+            Dialect::OpenAi => {
+                let kind = match self.kind {
+                    ErrorKind::InvalidRequest | ErrorKind::NotFound | ErrorKind::TooLarge => {
+                        "invalid_request_error"
+                    }
+                    ErrorKind::Overloaded => "rate_limit_error",
+                    ErrorKind::Internal => "server_error",
+                };
+                json!({"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}})
+            }
+            Dialect::Anthropic => {
+                let kind = match self.kind {
+                    ErrorKind::InvalidRequest => "invalid_request_error",
+                    ErrorKind::NotFound => "not_found_error",
+                    ErrorKind::TooLarge => "request_too_large",
+                    ErrorKind::Overloaded => "overloaded_error",
+                    ErrorKind::Internal => "api_error",
+                };
+                json!({"type": "error", "error": {"type": kind, "message": self.message}})
+            }
+        }
+    }
+
+    pub fn in_dialect(self, dialect: Dialect) -> DialectError {
+        DialectError {
+            dialect,
+            error: self,
+        }
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        match &e {
+            EngineError::InvalidRequest(_)
+            | EngineError::ContextOverflow { .. }
+            | EngineError::Template(_) => ApiError {
+                code: matches!(e, EngineError::ContextOverflow { .. })
+                    .then_some("context_length_exceeded"),
+                ..ApiError::invalid(e.to_string())
+            },
+            EngineError::Unavailable(_) => ApiError {
+                kind: ErrorKind::Overloaded,
+                message: format!("{e}; retry shortly"),
+                param: None,
+                code: Some("overloaded"),
+            },
+            _ => ApiError::internal(e.to_string()),
+        }
+    }
+}
+
+/// An error bound to the dialect it must be rendered in.
+#[derive(Debug)]
+pub struct DialectError {
+    pub dialect: Dialect,
+    pub error: ApiError,
+}
+
+/// Seconds a client should wait after an overload answer.
+pub const RETRY_AFTER_SECS: u64 = 1;
+
+impl IntoResponse for DialectError {
+    fn into_response(self) -> Response {
+        let status = self.error.status(self.dialect);
+        let mut resp = (status, axum::Json(self.error.body(self.dialect))).into_response();
+        if self.error.kind == ErrorKind::Overloaded {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+        }
+        resp
+    }
+}

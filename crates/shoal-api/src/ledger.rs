@@ -1,0 +1,54 @@
+//! `/v1/usage`: the last requests with exactly what was reported to the client.
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+use serde::Serialize;
+
+/// One served request.
+#[derive(Clone, Debug, Serialize)]
+pub struct LedgerEntry {
+    pub id: String,
+    pub dialect: &'static str,
+    pub model: String,
+    pub created: u64,
+    pub stream: bool,
+    /// Finish/stop reason per choice, in the dialect's words ("cancelled" when
+    /// the client left before the end and nothing was sent).
+    pub finish_reasons: Vec<String>,
+    /// The usage object exactly as sent (or as it would have been sent).
+    pub usage: serde_json::Value,
+    pub ttft_ms: f64,
+    pub decode_tokens_per_s: f64,
+    pub prefill_tokens_per_s: f64,
+}
+
+/// A bounded in-memory ring of recent entries.
+pub struct Ledger {
+    cap: usize,
+    entries: Mutex<VecDeque<LedgerEntry>>,
+}
+
+impl Ledger {
+    pub fn new(cap: usize) -> Self {
+        Ledger {
+            cap: cap.max(1),
+            entries: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    pub fn record(&self, e: LedgerEntry) {
+        tracing::info!(id = %e.id, dialect = e.dialect, model = %e.model, finish = ?e.finish_reasons,
+                       usage = %e.usage, ttft_ms = e.ttft_ms, "request finished");
+        let mut q = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        if q.len() == self.cap {
+            q.pop_front();
+        }
+        q.push_back(e);
+    }
+
+    /// Newest first.
+    pub fn recent(&self, limit: usize) -> Vec<LedgerEntry> {
+        let q = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        q.iter().rev().take(limit).cloned().collect()
+    }
+}

@@ -1,0 +1,132 @@
+//! Shoal's HTTP API: OpenAI Chat Completions, Completions and Responses, and
+//! Anthropic Messages, all rendered from the engine's one event stream and
+//! final `Completion` record.
+pub mod anthropic;
+pub mod body;
+pub mod error;
+pub mod ledger;
+pub mod openai_chat;
+pub mod openai_completions;
+pub mod openai_responses;
+pub mod run;
+pub mod sse;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+use shoal_engine::{ChatMessage, Engine};
+
+use crate::error::{ApiError, Dialect, DialectError};
+use crate::ledger::Ledger;
+
+/// Shared server state.
+#[derive(Clone)]
+pub struct AppState {
+    pub engine: Engine,
+    pub ledger: Arc<Ledger>,
+    pub responses: Arc<openai_responses::ResponseStore>,
+    /// Extra names that resolve to the loaded model.
+    pub aliases: Arc<Vec<String>>,
+}
+
+impl AppState {
+    pub fn new(engine: Engine) -> Self {
+        AppState {
+            engine,
+            ledger: Arc::new(Ledger::new(1000)),
+            responses: Arc::new(openai_responses::ResponseStore::new(256)),
+            aliases: Arc::new(Vec::new()),
+        }
+    }
+
+    /// Checks the requested model name; unknown names are a 404.
+    pub fn check_model(&self, requested: &str) -> Result<(), ApiError> {
+        if requested == self.engine.model.id || self.aliases.iter().any(|a| a == requested) {
+            Ok(())
+        } else {
+            Err(ApiError::model_not_found(requested))
+        }
+    }
+
+    /// Renders a conversation with the model's template and tokenizes it.
+    pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, ApiError> {
+        let vocab = &self.engine.model.vocab;
+        let text = vocab.render_chat(messages, true, &Default::default())?;
+        Ok(vocab.encode(&text)?)
+    }
+}
+
+/// Largest accepted request body.
+pub const MAX_BODY_BYTES: usize = 8 << 20;
+
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/v1/usage", get(usage))
+        .route("/v1/chat/completions", post(openai_chat::handle))
+        .route("/v1/completions", post(openai_completions::handle))
+        .route("/v1/responses", post(openai_responses::handle))
+        .route("/v1/responses/{id}", get(openai_responses::get_response))
+        .route("/v1/messages", post(anthropic::handle))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+async fn health(State(s): State<AppState>) -> impl IntoResponse {
+    Json(json!({"status": "ok", "model": s.engine.model.id}))
+}
+
+async fn models(State(s): State<AppState>) -> impl IntoResponse {
+    let m = &s.engine.model;
+    let created = std::fs::metadata(&m.path)
+        .and_then(|md| md.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_secs());
+    let mut data = vec![json!({
+        "id": m.id, "object": "model", "created": created, "owned_by": "shoal",
+        "shoal": {
+            "architecture": m.info.architecture, "context_length": m.info.context_length,
+            "format": m.info.format, "quantization": m.info.quantization, "dtype": m.info.dtype,
+            "device": m.info.device, "weight_bytes": m.info.weight_bytes,
+        }
+    })];
+    for a in s.aliases.iter() {
+        data.push(json!({"id": a, "object": "model", "created": created, "owned_by": "shoal"}));
+    }
+    Json(json!({"object": "list", "data": data}))
+}
+
+#[derive(serde::Deserialize)]
+struct UsageQuery {
+    limit: Option<usize>,
+}
+
+async fn usage(State(s): State<AppState>, Query(q): Query<UsageQuery>) -> impl IntoResponse {
+    let entries = s.ledger.recent(q.limit.unwrap_or(100));
+    Json(json!({"object": "list", "data": entries}))
+}
+
+async fn not_found(uri: axum::http::Uri) -> DialectError {
+    let dialect = if uri.path().starts_with("/v1/messages") {
+        Dialect::Anthropic
+    } else {
+        Dialect::OpenAi
+    };
+    ApiError::not_found(format!("no route for {}", uri.path())).in_dialect(dialect)
+}
+
+/// Binds and serves until the process ends.
+pub async fn serve(state: AppState, addr: SocketAddr) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    tracing::info!(%addr, model = %state.engine.model.id, "listening");
+    axum::serve(listener, router(state)).await
+}

@@ -1,0 +1,467 @@
+//! `POST /v1/chat/completions`.
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use shoal_engine::{
+    ChatMessage, Completion, Event, FinishReason, SamplingParams, TokenLogprob, Usage,
+};
+use tokio::sync::mpsc;
+
+use crate::body::{parse, OneOrMany};
+use crate::error::{ApiError, Dialect, DialectError};
+use crate::run::{self, Job, LedgerFormat};
+use crate::{sse, AppState};
+
+#[derive(Debug, Deserialize)]
+pub struct ChatRequest {
+    pub model: String,
+    pub messages: Vec<InMessage>,
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub n: Option<i64>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub stop: Option<OneOrMany<String>>,
+    pub seed: Option<i64>,
+    pub user: Option<String>,
+    #[serde(default)]
+    pub logprobs: bool,
+    pub top_logprobs: Option<i64>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub response_format: Option<ResponseFormat>,
+    pub tools: Option<Vec<Value>>,
+    pub tool_choice: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ResponseFormat {
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct InMessage {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<Content>,
+}
+
+/// Message content: a string or a list of typed parts.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Part {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+impl Content {
+    /// Joins text parts; other part types are refused rather than dropped.
+    pub fn text(&self, at: &str) -> Result<String, ApiError> {
+        match self {
+            Content::Text(s) => Ok(s.clone()),
+            Content::Parts(parts) => {
+                let mut out = String::new();
+                for (i, p) in parts.iter().enumerate() {
+                    match (p.kind.as_str(), &p.text) {
+                        ("text" | "input_text" | "output_text", Some(t)) => out.push_str(t),
+                        ("text" | "input_text" | "output_text", None) => {
+                            return Err(ApiError::param(at, format!("{at}[{i}] has no 'text'")))
+                        }
+                        (other, _) => {
+                            return Err(ApiError::param(
+                                at,
+                                format!("{at}[{i}]: content type '{other}' is not supported by this model (text only)"),
+                            ))
+                        }
+                    }
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
+/// Checks a value against an inclusive range, naming the parameter.
+pub fn check_range<T: PartialOrd + std::fmt::Display + Copy>(
+    name: &str,
+    v: Option<T>,
+    lo: T,
+    hi: T,
+) -> Result<(), ApiError> {
+    match v {
+        Some(x) if !(x >= lo && x <= hi) => Err(ApiError::param(
+            name,
+            format!("'{name}' must be between {lo} and {hi}, got {x}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `max_tokens`-style limits: positive and below the context window.
+pub fn check_max_tokens(
+    name: &str,
+    v: Option<i64>,
+    context: usize,
+) -> Result<Option<usize>, ApiError> {
+    match v {
+        None => Ok(None),
+        Some(x) if x < 1 => Err(ApiError::param(
+            name,
+            format!("'{name}' must be at least 1, got {x}"),
+        )),
+        Some(x) if x as u64 > context as u64 => Err(ApiError::param(
+            name,
+            format!("'{name}' is {x} but the model's context window is {context} tokens"),
+        )),
+        Some(x) => Ok(Some(x as usize)),
+    }
+}
+
+/// Stop strings: at most 4, as OpenAI allows.
+pub fn check_stop(stop: Option<OneOrMany<String>>) -> Result<Vec<String>, ApiError> {
+    let stops = stop.map(OneOrMany::into_vec).unwrap_or_default();
+    if stops.len() > 4 {
+        return Err(ApiError::param(
+            "stop",
+            format!("at most 4 stop sequences are allowed, got {}", stops.len()),
+        ));
+    }
+    Ok(stops.into_iter().filter(|s| !s.is_empty()).collect())
+}
+
+pub fn seed(v: Option<i64>) -> Option<u64> {
+    v.map(|s| s as u64)
+}
+
+/// The dialect's word for why a choice ended.
+pub fn finish_reason(f: &FinishReason) -> &'static str {
+    match f {
+        FinishReason::Stop | FinishReason::StopSequence(_) | FinishReason::Cancelled => "stop",
+        FinishReason::Length | FinishReason::ContextWindow => "length",
+        FinishReason::ToolCalls => "tool_calls",
+        FinishReason::ContentFilter => "content_filter",
+        FinishReason::Error(_) => "error",
+    }
+}
+
+/// The one usage builder for this dialect, streaming or not.
+pub fn usage_json(u: &Usage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.total_tokens(),
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
+    })
+}
+
+fn logprob_entry(l: &TokenLogprob) -> Value {
+    json!({
+        "token": l.text, "logprob": l.logprob, "bytes": l.bytes,
+        "top_logprobs": l.top.iter().map(|(_, t, lp)| json!({"token": t, "logprob": lp, "bytes": t.as_bytes()})).collect::<Vec<_>>(),
+    })
+}
+
+/// Renders chunks for one streamed request. Pure: events in, JSON out.
+pub struct ChunkRenderer {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    pub include_usage: bool,
+    pub logprobs: bool,
+}
+
+impl ChunkRenderer {
+    fn chunk(&self, choices: Value) -> Value {
+        let mut c = json!({
+            "id": self.id, "object": "chat.completion.chunk", "created": self.created,
+            "model": self.model, "system_fingerprint": null, "choices": choices,
+        });
+        if self.include_usage {
+            c["usage"] = Value::Null;
+        }
+        c
+    }
+
+    pub fn role(&self, index: usize) -> Value {
+        self.chunk(json!([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]))
+    }
+
+    pub fn delta(&self, index: usize, text: &str, logprobs: &[TokenLogprob]) -> Value {
+        let lp = if self.logprobs {
+            json!({"content": logprobs.iter().map(logprob_entry).collect::<Vec<_>>()})
+        } else {
+            Value::Null
+        };
+        self.chunk(json!([{"index": index, "delta": {"content": text}, "logprobs": lp, "finish_reason": null}]))
+    }
+
+    pub fn finish(&self, index: usize, f: &FinishReason) -> Value {
+        self.chunk(json!([{"index": index, "delta": {}, "logprobs": null, "finish_reason": finish_reason(f)}]))
+    }
+
+    /// The extra usage chunk (only when asked for), after every choice finished.
+    pub fn usage(&self, u: &Usage) -> Value {
+        json!({
+            "id": self.id, "object": "chat.completion.chunk", "created": self.created,
+            "model": self.model, "system_fingerprint": null, "choices": [], "usage": usage_json(u),
+        })
+    }
+
+    /// The `data:` payloads for a whole scripted stream, `[DONE]` included.
+    /// Used by the live handler step by step, and by tests over scripted events.
+    pub fn render_all(&self, n: usize, events: &[(usize, Event)]) -> Vec<String> {
+        let mut st = StreamState::new(n);
+        let mut out = Vec::new();
+        for (i, ev) in events {
+            out.extend(self.step(&mut st, *i, ev));
+        }
+        out
+    }
+
+    /// Renders one event; emits the usage chunk and `[DONE]` after the last choice ends.
+    pub fn step(&self, st: &mut StreamState, i: usize, ev: &Event) -> Vec<String> {
+        let mut out = Vec::new();
+        if !st.started[i] {
+            st.started[i] = true;
+            out.push(self.role(i).to_string());
+        }
+        match ev {
+            Event::Started { .. } => {}
+            Event::Delta { text, logprobs } => out.push(self.delta(i, text, logprobs).to_string()),
+            Event::Done(c) => {
+                st.done[i] = Some(c.clone());
+                if let FinishReason::Error(msg) = &c.finish {
+                    st.failed = true;
+                    out.push(
+                        ApiError::internal(format!("generation failed: {msg}"))
+                            .body(Dialect::OpenAi)
+                            .to_string(),
+                    );
+                } else {
+                    out.push(self.finish(i, &c.finish).to_string());
+                }
+                if st.done.iter().all(Option::is_some) {
+                    if self.include_usage && !st.failed {
+                        let all: Vec<Completion> = st.done.iter().flatten().cloned().collect();
+                        out.push(
+                            self.usage(&run::combined_usage(&all, st.done.len()))
+                                .to_string(),
+                        );
+                    }
+                    out.push("[DONE]".into());
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Progress of a stream across choices.
+pub struct StreamState {
+    started: Vec<bool>,
+    done: Vec<Option<Completion>>,
+    failed: bool,
+}
+
+impl StreamState {
+    pub fn new(n: usize) -> Self {
+        StreamState {
+            started: vec![false; n],
+            done: vec![None; n],
+            failed: false,
+        }
+    }
+}
+
+fn to_messages(msgs: &[InMessage]) -> Result<Vec<ChatMessage>, ApiError> {
+    if msgs.is_empty() {
+        return Err(ApiError::param(
+            "messages",
+            "'messages' must contain at least one message",
+        ));
+    }
+    msgs.iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let role = match m.role.as_str() {
+                "developer" => "system",
+                r @ ("system" | "user" | "assistant") => r,
+                "tool" | "function" => {
+                    return Err(ApiError::param(
+                        "messages",
+                        format!("messages[{i}]: tool messages are not supported yet"),
+                    ))
+                }
+                other => {
+                    return Err(ApiError::param(
+                        "messages",
+                        format!("messages[{i}].role '{other}' is not one of system, developer, user, assistant"),
+                    ))
+                }
+            };
+            let content = match &m.content {
+                Some(c) => c.text(&format!("messages[{i}].content"))?,
+                None if role == "assistant" => String::new(),
+                None => return Err(ApiError::param("messages", format!("messages[{i}] has no content"))),
+            };
+            Ok(ChatMessage {
+                role: role.into(),
+                content,
+            })
+        })
+        .collect()
+}
+
+/// Validates a request and turns it into an engine job.
+fn prepare(state: &AppState, req: &mut ChatRequest) -> Result<Job, ApiError> {
+    state.check_model(&req.model)?;
+    if req.tools.as_ref().is_some_and(|t| !t.is_empty()) || req.tool_choice.is_some() {
+        return Err(ApiError::param(
+            "tools",
+            "tool calling is not supported yet",
+        ));
+    }
+    if let Some(f) = &req.response_format {
+        match f.kind.as_str() {
+            "text" => {}
+            "json_object" | "json_schema" => {
+                return Err(ApiError::param(
+                    "response_format",
+                    format!("response_format '{}' is not supported yet (constrained decoding is not implemented)", f.kind),
+                ))
+            }
+            other => return Err(ApiError::param("response_format", format!("unknown response_format type '{other}'"))),
+        }
+    }
+    let ctx = state.engine.model.info.context_length;
+    let max_tokens = match (req.max_completion_tokens, req.max_tokens) {
+        (Some(v), _) => check_max_tokens("max_completion_tokens", Some(v), ctx)?,
+        (None, v) => check_max_tokens("max_tokens", v, ctx)?,
+    };
+    check_range("temperature", req.temperature, 0.0, 2.0)?;
+    check_range("top_p", req.top_p, 0.0, 1.0)?;
+    if req.top_p == Some(0.0) {
+        return Err(ApiError::param("top_p", "'top_p' must be greater than 0"));
+    }
+    check_range("n", req.n, 1, 16)?;
+    check_range("presence_penalty", req.presence_penalty, -2.0, 2.0)?;
+    check_range("frequency_penalty", req.frequency_penalty, -2.0, 2.0)?;
+    check_range("top_logprobs", req.top_logprobs, 0, 20)?;
+    if req.top_logprobs.is_some() && !req.logprobs {
+        return Err(ApiError::param(
+            "top_logprobs",
+            "'top_logprobs' requires 'logprobs': true",
+        ));
+    }
+    let messages = to_messages(&req.messages)?;
+    let prompt = state.chat_prompt(&messages)?;
+    let sampling = SamplingParams {
+        temperature: req.temperature.unwrap_or(1.0),
+        top_p: req.top_p.unwrap_or(1.0),
+        seed: seed(req.seed),
+        presence_penalty: req.presence_penalty.unwrap_or(0.0),
+        frequency_penalty: req.frequency_penalty.unwrap_or(0.0),
+        top_logprobs: req.logprobs.then(|| req.top_logprobs.unwrap_or(0) as usize),
+        ..SamplingParams::default()
+    };
+    Ok(Job {
+        prompts: vec![prompt],
+        max_tokens,
+        sampling,
+        stop: check_stop(req.stop.take())?,
+        n: req.n.unwrap_or(1) as usize,
+    })
+}
+
+pub async fn handle(State(state): State<AppState>, body: Bytes) -> Result<Response, DialectError> {
+    let d = Dialect::OpenAi;
+    let mut req: ChatRequest = parse(&body).map_err(|e| e.in_dialect(d))?;
+    let job = prepare(&state, &mut req).map_err(|e| e.in_dialect(d))?;
+    let id = run::new_id("chatcmpl-");
+    let created = run::now_secs();
+    let fmt = LedgerFormat {
+        id: id.clone(),
+        dialect: "openai.chat",
+        model: req.model.clone(),
+        stream: req.stream,
+        finish: |f| finish_reason(f).to_string(),
+        usage: |c, per| usage_json(&run::combined_usage(c, per)),
+    };
+    let n = job.n;
+    let choices = run::start(&state, job, fmt).map_err(|e| e.in_dialect(d))?;
+    if !req.stream {
+        let collected = choices.collect().await.map_err(|e| e.in_dialect(d))?;
+        let completions: Vec<Completion> =
+            collected.iter().map(|c| c.completion().clone()).collect();
+        if let Some(FinishReason::Error(msg)) = completions
+            .iter()
+            .map(|c| &c.finish)
+            .find(|f| matches!(f, FinishReason::Error(_)))
+        {
+            return Err(ApiError::internal(format!("generation failed: {msg}")).in_dialect(d));
+        }
+        let out: Vec<Value> = collected
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                json!({
+                    "index": i,
+                    "message": {"role": "assistant", "content": c.text, "refusal": null},
+                    "logprobs": if req.logprobs { json!({"content": c.logprobs.iter().map(logprob_entry).collect::<Vec<_>>()}) } else { Value::Null },
+                    "finish_reason": finish_reason(&c.completion().finish),
+                })
+            })
+            .collect();
+        return Ok(Json(json!({
+            "id": id, "object": "chat.completion", "created": created, "model": req.model,
+            "system_fingerprint": null, "choices": out,
+            "usage": usage_json(&run::combined_usage(&completions, n)),
+        }))
+        .into_response());
+    }
+    let renderer = ChunkRenderer {
+        id,
+        created,
+        model: req.model.clone(),
+        include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        logprobs: req.logprobs,
+    };
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut choices = choices;
+    tokio::spawn(async move {
+        let mut st = StreamState::new(n);
+        while let Some((i, ev)) = choices.rx.recv().await {
+            for data in renderer.step(&mut st, i, &ev) {
+                let last = data == "[DONE]";
+                if tx.send(sse::frame(None, &data)).is_err() {
+                    return; // client gone: dropping `choices` cancels the generation
+                }
+                if last {
+                    return;
+                }
+            }
+        }
+    });
+    Ok(sse::response(rx))
+}

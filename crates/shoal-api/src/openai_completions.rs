@@ -1,0 +1,282 @@
+//! `POST /v1/completions` (legacy text completions, no chat template).
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use shoal_engine::{Completion, Event, FinishReason, SamplingParams, TokenLogprob};
+use tokio::sync::mpsc;
+
+use crate::body::{parse, OneOrMany};
+use crate::error::{ApiError, Dialect, DialectError};
+use crate::openai_chat::{
+    check_max_tokens, check_range, check_stop, finish_reason, seed, usage_json, StreamOptions,
+};
+use crate::run::{self, Job, LedgerFormat};
+use crate::{sse, AppState};
+
+#[derive(Debug, Deserialize)]
+pub struct CompletionRequest {
+    pub model: String,
+    pub prompt: Option<Prompt>,
+    pub max_tokens: Option<i64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub n: Option<i64>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub stop: Option<OneOrMany<String>>,
+    pub seed: Option<i64>,
+    #[serde(default)]
+    pub echo: bool,
+    pub logprobs: Option<i64>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub suffix: Option<String>,
+    pub best_of: Option<i64>,
+    pub user: Option<String>,
+}
+
+/// A prompt: text, texts, token ids, or lists of token ids.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+/// OpenAI's default for this endpoint.
+const DEFAULT_MAX_TOKENS: i64 = 16;
+
+/// Legacy logprobs object for the tokens of one choice.
+fn logprobs_json(lps: &[TokenLogprob], offset: usize) -> Value {
+    let mut pos = offset;
+    let mut offsets = Vec::with_capacity(lps.len());
+    for l in lps {
+        offsets.push(pos);
+        pos += l.text.len();
+    }
+    json!({
+        "tokens": lps.iter().map(|l| l.text.clone()).collect::<Vec<_>>(),
+        "token_logprobs": lps.iter().map(|l| l.logprob).collect::<Vec<_>>(),
+        "top_logprobs": lps.iter().map(|l| {
+            let m: serde_json::Map<String, Value> = l.top.iter().map(|(_, t, lp)| (t.clone(), json!(lp))).collect();
+            Value::Object(m)
+        }).collect::<Vec<_>>(),
+        "text_offset": offsets,
+    })
+}
+
+struct Prepared {
+    job: Job,
+    texts: Vec<String>,
+}
+
+fn prepare(state: &AppState, req: &mut CompletionRequest) -> Result<Prepared, ApiError> {
+    state.check_model(&req.model)?;
+    if req.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::param(
+            "suffix",
+            "'suffix' (insertion) is not supported by this model",
+        ));
+    }
+    check_range("n", req.n, 1, 16)?;
+    if let Some(b) = req.best_of {
+        if b != req.n.unwrap_or(1) {
+            return Err(ApiError::param(
+                "best_of",
+                "'best_of' other than 'n' is not supported",
+            ));
+        }
+    }
+    check_range("temperature", req.temperature, 0.0, 2.0)?;
+    check_range("top_p", req.top_p, 0.0, 1.0)?;
+    check_range("presence_penalty", req.presence_penalty, -2.0, 2.0)?;
+    check_range("frequency_penalty", req.frequency_penalty, -2.0, 2.0)?;
+    check_range("logprobs", req.logprobs, 0, 5)?;
+    if req.echo && req.logprobs.is_some() {
+        return Err(ApiError::param(
+            "echo",
+            "'echo' together with 'logprobs' is not supported",
+        ));
+    }
+    let ctx = state.engine.model.info.context_length;
+    let max_tokens = check_max_tokens(
+        "max_tokens",
+        Some(req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)),
+        ctx,
+    )?;
+    let vocab = &state.engine.model.vocab;
+    let (prompts, texts): (Vec<Vec<u32>>, Vec<String>) = match req.prompt.take() {
+        None => return Err(ApiError::param("prompt", "'prompt' is required")),
+        Some(Prompt::Text(t)) => (vec![vocab.encode(&t)?], vec![t]),
+        Some(Prompt::Texts(ts)) => {
+            let ids = ts
+                .iter()
+                .map(|t| vocab.encode(t))
+                .collect::<Result<Vec<_>, _>>()?;
+            (ids, ts)
+        }
+        Some(Prompt::Tokens(ids)) => {
+            let t = vocab.decode(&ids, false)?;
+            (vec![ids], vec![t])
+        }
+        Some(Prompt::TokenLists(lists)) => {
+            let ts = lists
+                .iter()
+                .map(|ids| vocab.decode(ids, false))
+                .collect::<Result<Vec<_>, _>>()?;
+            (lists, ts)
+        }
+    };
+    if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
+        return Err(ApiError::param("prompt", "'prompt' must not be empty"));
+    }
+    let vocab_size = state.engine.model.info.vocab_size;
+    if prompts.iter().flatten().any(|&t| t as usize >= vocab_size) {
+        return Err(ApiError::param(
+            "prompt",
+            format!("token ids must be below {vocab_size}"),
+        ));
+    }
+    Ok(Prepared {
+        job: Job {
+            prompts,
+            max_tokens,
+            sampling: SamplingParams {
+                temperature: req.temperature.unwrap_or(1.0),
+                top_p: req.top_p.unwrap_or(1.0),
+                seed: seed(req.seed),
+                presence_penalty: req.presence_penalty.unwrap_or(0.0),
+                frequency_penalty: req.frequency_penalty.unwrap_or(0.0),
+                top_logprobs: req.logprobs.map(|n| n as usize),
+                ..SamplingParams::default()
+            },
+            stop: check_stop(req.stop.take())?,
+            n: req.n.unwrap_or(1) as usize,
+        },
+        texts,
+    })
+}
+
+pub async fn handle(State(state): State<AppState>, body: Bytes) -> Result<Response, DialectError> {
+    let d = Dialect::OpenAi;
+    let mut req: CompletionRequest = parse(&body).map_err(|e| e.in_dialect(d))?;
+    let Prepared { job, texts } = prepare(&state, &mut req).map_err(|e| e.in_dialect(d))?;
+    let per = job.n;
+    let id = run::new_id("cmpl-");
+    let created = run::now_secs();
+    let fmt = LedgerFormat {
+        id: id.clone(),
+        dialect: "openai.completions",
+        model: req.model.clone(),
+        stream: req.stream,
+        finish: |f| finish_reason(f).to_string(),
+        usage: |c, per| usage_json(&run::combined_usage(c, per)),
+    };
+    let want_lp = req.logprobs.is_some();
+    let mut choices = run::start(&state, job, fmt).map_err(|e| e.in_dialect(d))?;
+    let total = choices.n;
+    if !req.stream {
+        let collected = choices.collect().await.map_err(|e| e.in_dialect(d))?;
+        let completions: Vec<Completion> =
+            collected.iter().map(|c| c.completion().clone()).collect();
+        if let Some(FinishReason::Error(msg)) = completions
+            .iter()
+            .map(|c| &c.finish)
+            .find(|f| matches!(f, FinishReason::Error(_)))
+        {
+            return Err(ApiError::internal(format!("generation failed: {msg}")).in_dialect(d));
+        }
+        let out: Vec<Value> = collected
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let prefix = if req.echo { texts[i / per].as_str() } else { "" };
+                json!({
+                    "index": i, "text": format!("{prefix}{}", c.text),
+                    "logprobs": if want_lp { logprobs_json(&c.logprobs, prefix.len()) } else { Value::Null },
+                    "finish_reason": finish_reason(&c.completion().finish),
+                })
+            })
+            .collect();
+        return Ok(Json(json!({
+            "id": id, "object": "text_completion", "created": created, "model": req.model,
+            "system_fingerprint": null, "choices": out,
+            "usage": usage_json(&run::combined_usage(&completions, per)),
+        }))
+        .into_response());
+    }
+    let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
+    let model = req.model.clone();
+    let echo = req.echo;
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let chunk = |choices: Value| {
+            let mut c = json!({"id": id, "object": "text_completion", "created": created, "model": model,
+                               "system_fingerprint": null, "choices": choices});
+            if include_usage {
+                c["usage"] = Value::Null;
+            }
+            c
+        };
+        let mut done: Vec<Option<Completion>> = vec![None; total];
+        let mut echoed = vec![!echo; total];
+        let mut offsets = vec![0usize; total];
+        while let Some((i, ev)) = choices.rx.recv().await {
+            let mut frames = Vec::new();
+            if !echoed[i] {
+                echoed[i] = true;
+                offsets[i] = texts[i / per].len();
+                frames.push(chunk(json!([{"index": i, "text": texts[i / per], "logprobs": null, "finish_reason": null}])).to_string());
+            }
+            match ev {
+                Event::Started { .. } => {}
+                Event::Delta { text, logprobs } => {
+                    let lp = if want_lp {
+                        logprobs_json(&logprobs, offsets[i])
+                    } else {
+                        Value::Null
+                    };
+                    offsets[i] += text.len();
+                    frames.push(chunk(json!([{"index": i, "text": text, "logprobs": lp, "finish_reason": null}])).to_string());
+                }
+                Event::Done(c) => {
+                    if let FinishReason::Error(msg) = &c.finish {
+                        frames.push(
+                            ApiError::internal(format!("generation failed: {msg}"))
+                                .body(d)
+                                .to_string(),
+                        );
+                    } else {
+                        frames.push(chunk(json!([{"index": i, "text": "", "logprobs": null, "finish_reason": finish_reason(&c.finish)}])).to_string());
+                    }
+                    done[i] = Some(c);
+                    if done.iter().all(Option::is_some) {
+                        let all: Vec<Completion> = done.iter().flatten().cloned().collect();
+                        if include_usage
+                            && !all
+                                .iter()
+                                .any(|c| matches!(c.finish, FinishReason::Error(_)))
+                        {
+                            frames.push(json!({"id": id, "object": "text_completion", "created": created, "model": model,
+                                "system_fingerprint": null, "choices": [], "usage": usage_json(&run::combined_usage(&all, per))}).to_string());
+                        }
+                        frames.push("[DONE]".into());
+                    }
+                }
+            }
+            for f in frames {
+                let last = f == "[DONE]";
+                if tx.send(sse::frame(None, &f)).is_err() || last {
+                    return;
+                }
+            }
+        }
+    });
+    Ok(sse::response(rx))
+}

@@ -1,0 +1,499 @@
+//! `POST /v1/responses` and `GET /v1/responses/{id}` (OpenAI Responses).
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use shoal_engine::{ChatMessage, Completion, Event, FinishReason, SamplingParams, Usage};
+use tokio::sync::mpsc;
+
+use crate::body::parse;
+use crate::error::{ApiError, Dialect, DialectError};
+use crate::openai_chat::{check_max_tokens, check_range, Content};
+use crate::run::{self, Job, LedgerFormat};
+use crate::{sse, AppState};
+
+#[derive(Debug, Deserialize)]
+pub struct ResponsesRequest {
+    pub model: String,
+    pub input: Option<Input>,
+    pub instructions: Option<String>,
+    pub max_output_tokens: Option<i64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    #[serde(default)]
+    pub stream: bool,
+    pub previous_response_id: Option<String>,
+    pub store: Option<bool>,
+    pub text: Option<Value>,
+    pub tools: Option<Vec<Value>>,
+    pub tool_choice: Option<Value>,
+    pub metadata: Option<Value>,
+    pub user: Option<String>,
+    pub reasoning: Option<Value>,
+    pub truncation: Option<String>,
+    pub parallel_tool_calls: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Input {
+    Text(String),
+    Items(Vec<InputItem>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct InputItem {
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    pub role: Option<String>,
+    pub content: Option<Content>,
+}
+
+/// Conversations of earlier responses, for `previous_response_id`; bounded.
+pub struct ResponseStore {
+    cap: usize,
+    items: Mutex<VecDeque<(String, Vec<ChatMessage>, Value)>>,
+}
+
+impl ResponseStore {
+    pub fn new(cap: usize) -> Self {
+        ResponseStore {
+            cap: cap.max(1),
+            items: Mutex::new(VecDeque::new()),
+        }
+    }
+    fn put(&self, id: String, conversation: Vec<ChatMessage>, response: Value) {
+        let mut q = self.items.lock().unwrap_or_else(|p| p.into_inner());
+        if q.len() == self.cap {
+            q.pop_front();
+        }
+        q.push_back((id, conversation, response));
+    }
+    fn conversation(&self, id: &str) -> Option<Vec<ChatMessage>> {
+        let q = self.items.lock().unwrap_or_else(|p| p.into_inner());
+        q.iter()
+            .find(|(i, _, _)| i == id)
+            .map(|(_, c, _)| c.clone())
+    }
+    fn response(&self, id: &str) -> Option<Value> {
+        let q = self.items.lock().unwrap_or_else(|p| p.into_inner());
+        q.iter()
+            .find(|(i, _, _)| i == id)
+            .map(|(_, _, r)| r.clone())
+    }
+}
+
+/// The one usage builder for this dialect.
+pub fn usage_json(u: &Usage) -> Value {
+    json!({
+        "input_tokens": u.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": u.cached_tokens},
+        "output_tokens": u.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
+        "total_tokens": u.total_tokens(),
+    })
+}
+
+/// `status` and `incomplete_details` / `error` for a finish.
+pub fn status(f: &FinishReason) -> (&'static str, Value, Value) {
+    match f {
+        FinishReason::Stop | FinishReason::StopSequence(_) | FinishReason::ToolCalls => {
+            ("completed", Value::Null, Value::Null)
+        }
+        FinishReason::Length | FinishReason::ContextWindow => (
+            "incomplete",
+            json!({"reason": "max_output_tokens"}),
+            Value::Null,
+        ),
+        FinishReason::ContentFilter => (
+            "incomplete",
+            json!({"reason": "content_filter"}),
+            Value::Null,
+        ),
+        FinishReason::Cancelled => ("cancelled", Value::Null, Value::Null),
+        FinishReason::Error(m) => (
+            "failed",
+            Value::Null,
+            json!({"code": "server_error", "message": format!("generation failed: {m}")}),
+        ),
+    }
+}
+
+fn ledger_finish(f: &FinishReason) -> String {
+    let (s, inc, _) = status(f);
+    match inc.get("reason").and_then(Value::as_str) {
+        Some(r) => format!("{s}:{r}"),
+        None => s.to_string(),
+    }
+}
+
+/// Everything needed to render the response object at any stage.
+#[derive(Clone)]
+pub struct Shape {
+    pub id: String,
+    pub msg_id: String,
+    pub created: u64,
+    pub model: String,
+    pub instructions: Option<String>,
+    pub max_output_tokens: Option<i64>,
+    pub previous_response_id: Option<String>,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub store: bool,
+    pub metadata: Value,
+}
+
+impl Shape {
+    fn message(&self, text: &str, item_status: &str) -> Value {
+        json!({"type": "message", "id": self.msg_id, "status": item_status, "role": "assistant",
+               "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]})
+    }
+
+    /// The response object; `done` is `None` while in progress.
+    pub fn response(&self, text: &str, done: Option<&Completion>) -> Value {
+        let (st, incomplete, error, output, usage) = match done {
+            None => (
+                "in_progress",
+                Value::Null,
+                Value::Null,
+                json!([]),
+                Value::Null,
+            ),
+            Some(c) => {
+                let (st, inc, err) = status(&c.finish);
+                let item_status = if st == "completed" {
+                    "completed"
+                } else {
+                    "incomplete"
+                };
+                let output = if st == "failed" {
+                    json!([])
+                } else {
+                    json!([self.message(text, item_status)])
+                };
+                (st, inc, err, output, usage_json(&c.usage))
+            }
+        };
+        json!({
+            "id": self.id, "object": "response", "created_at": self.created, "status": st,
+            "error": error, "incomplete_details": incomplete, "instructions": self.instructions,
+            "max_output_tokens": self.max_output_tokens, "model": self.model, "output": output,
+            "parallel_tool_calls": true, "previous_response_id": self.previous_response_id,
+            "reasoning": {"effort": null, "summary": null}, "store": self.store,
+            "temperature": self.temperature, "text": {"format": {"type": "text"}},
+            "tool_choice": "auto", "tools": [], "top_p": self.top_p, "truncation": "disabled",
+            "usage": usage, "user": null, "metadata": self.metadata,
+        })
+    }
+}
+
+/// Renders the streamed events. Pure: engine events in, (name, data) out.
+pub struct StreamRenderer {
+    shape: Shape,
+    seq: u64,
+    text: String,
+    opened: bool,
+}
+
+impl StreamRenderer {
+    pub fn new(shape: Shape) -> Self {
+        StreamRenderer {
+            shape,
+            seq: 0,
+            text: String::new(),
+            opened: false,
+        }
+    }
+
+    fn push(&mut self, out: &mut Vec<(String, Value)>, kind: &str, mut data: Value) {
+        data["type"] = json!(kind);
+        data["sequence_number"] = json!(self.seq);
+        self.seq += 1;
+        out.push((kind.to_string(), data));
+    }
+
+    fn open(&mut self, out: &mut Vec<(String, Value)>) {
+        if self.opened {
+            return;
+        }
+        self.opened = true;
+        let r = self.shape.response("", None);
+        self.push(out, "response.created", json!({"response": r.clone()}));
+        self.push(out, "response.in_progress", json!({"response": r}));
+        let item = json!({"type": "message", "id": self.shape.msg_id, "status": "in_progress", "role": "assistant", "content": []});
+        self.push(
+            out,
+            "response.output_item.added",
+            json!({"output_index": 0, "item": item}),
+        );
+        let part = json!({"type": "output_text", "text": "", "annotations": [], "logprobs": []});
+        let id = self.shape.msg_id.clone();
+        self.push(
+            out,
+            "response.content_part.added",
+            json!({"item_id": id, "output_index": 0, "content_index": 0, "part": part}),
+        );
+    }
+
+    pub fn step(&mut self, ev: &Event) -> Vec<(String, Value)> {
+        let mut out = Vec::new();
+        self.open(&mut out);
+        let id = self.shape.msg_id.clone();
+        match ev {
+            Event::Started { .. } => {}
+            Event::Delta { text, .. } => {
+                self.text.push_str(text);
+                self.push(&mut out, "response.output_text.delta",
+                          json!({"item_id": id, "output_index": 0, "content_index": 0, "delta": text, "logprobs": []}));
+            }
+            Event::Done(c) => {
+                let (st, _, _) = status(&c.finish);
+                if st != "failed" {
+                    let text = self.text.clone();
+                    self.push(&mut out, "response.output_text.done",
+                              json!({"item_id": id, "output_index": 0, "content_index": 0, "text": text, "logprobs": []}));
+                    let part = json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []});
+                    self.push(
+                        &mut out,
+                        "response.content_part.done",
+                        json!({"item_id": id, "output_index": 0, "content_index": 0, "part": part}),
+                    );
+                    let item_status = if st == "completed" {
+                        "completed"
+                    } else {
+                        "incomplete"
+                    };
+                    let item = self.shape.message(&text, item_status);
+                    self.push(
+                        &mut out,
+                        "response.output_item.done",
+                        json!({"output_index": 0, "item": item}),
+                    );
+                }
+                let r = self.shape.response(&self.text.clone(), Some(c));
+                let kind = match st {
+                    "completed" => "response.completed",
+                    "failed" => "response.failed",
+                    _ => "response.incomplete",
+                };
+                self.push(&mut out, kind, json!({"response": r}));
+            }
+        }
+        out
+    }
+}
+
+fn conversation(
+    state: &AppState,
+    req: &mut ResponsesRequest,
+) -> Result<Vec<ChatMessage>, ApiError> {
+    let mut msgs = match &req.previous_response_id {
+        Some(prev) => state.responses.conversation(prev).ok_or_else(|| {
+            ApiError::param(
+                "previous_response_id",
+                format!("no stored response with id '{prev}'"),
+            )
+        })?,
+        None => Vec::new(),
+    };
+    // Instructions apply to this turn only, not to the stored history.
+    msgs.retain(|m| m.role != "system");
+    if let Some(i) = &req.instructions {
+        msgs.insert(
+            0,
+            ChatMessage {
+                role: "system".into(),
+                content: i.clone(),
+            },
+        );
+    }
+    match req.input.take() {
+        None => return Err(ApiError::param("input", "'input' is required")),
+        Some(Input::Text(t)) => msgs.push(ChatMessage {
+            role: "user".into(),
+            content: t,
+        }),
+        Some(Input::Items(items)) => {
+            if items.is_empty() {
+                return Err(ApiError::param(
+                    "input",
+                    "'input' must contain at least one item",
+                ));
+            }
+            for (i, it) in items.iter().enumerate() {
+                match it.kind.as_deref() {
+                    None | Some("message") => {}
+                    Some(other) => {
+                        return Err(ApiError::param(
+                            "input",
+                            format!("input[{i}]: item type '{other}' is not supported yet"),
+                        ))
+                    }
+                }
+                let role = match it.role.as_deref() {
+                    Some("developer") | Some("system") => "system",
+                    Some(r @ ("user" | "assistant")) => r,
+                    Some(other) => {
+                        return Err(ApiError::param(
+                            "input",
+                            format!("input[{i}].role '{other}' is not valid"),
+                        ))
+                    }
+                    None => {
+                        return Err(ApiError::param(
+                            "input",
+                            format!("input[{i}].role is required"),
+                        ))
+                    }
+                };
+                let content = it
+                    .content
+                    .as_ref()
+                    .ok_or_else(|| {
+                        ApiError::param("input", format!("input[{i}].content is required"))
+                    })?
+                    .text(&format!("input[{i}].content"))?;
+                msgs.push(ChatMessage {
+                    role: role.into(),
+                    content,
+                });
+            }
+        }
+    }
+    Ok(msgs)
+}
+
+fn prepare(
+    state: &AppState,
+    req: &mut ResponsesRequest,
+) -> Result<(Job, Vec<ChatMessage>), ApiError> {
+    state.check_model(&req.model)?;
+    if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+        return Err(ApiError::param("tools", "tools are not supported yet"));
+    }
+    if let Some(fmt) = req.text.as_ref().and_then(|t| t.get("format")) {
+        match fmt.get("type").and_then(Value::as_str) {
+            None | Some("text") => {}
+            Some(other) => {
+                return Err(ApiError::param(
+                    "text.format",
+                    format!("text.format '{other}' is not supported yet"),
+                ))
+            }
+        }
+    }
+    let ctx = state.engine.model.info.context_length;
+    let max_tokens = check_max_tokens("max_output_tokens", req.max_output_tokens, ctx)?;
+    check_range("temperature", req.temperature, 0.0, 2.0)?;
+    check_range("top_p", req.top_p, 0.0, 1.0)?;
+    let msgs = conversation(state, req)?;
+    let prompt = state.chat_prompt(&msgs)?;
+    Ok((
+        Job {
+            prompts: vec![prompt],
+            max_tokens,
+            sampling: SamplingParams {
+                temperature: req.temperature.unwrap_or(1.0),
+                top_p: req.top_p.unwrap_or(1.0),
+                ..SamplingParams::default()
+            },
+            stop: Vec::new(),
+            n: 1,
+        },
+        msgs,
+    ))
+}
+
+pub async fn handle(State(state): State<AppState>, body: Bytes) -> Result<Response, DialectError> {
+    let d = Dialect::OpenAi;
+    let mut req: ResponsesRequest = parse(&body).map_err(|e| e.in_dialect(d))?;
+    let (job, msgs) = prepare(&state, &mut req).map_err(|e| e.in_dialect(d))?;
+    let shape = Shape {
+        id: run::new_id("resp_"),
+        msg_id: run::new_id("msg_"),
+        created: run::now_secs(),
+        model: req.model.clone(),
+        instructions: req.instructions.clone(),
+        max_output_tokens: req.max_output_tokens,
+        previous_response_id: req.previous_response_id.clone(),
+        temperature: job.sampling.temperature,
+        top_p: job.sampling.top_p,
+        store: req.store.unwrap_or(true),
+        metadata: req.metadata.clone().unwrap_or_else(|| json!({})),
+    };
+    let fmt = LedgerFormat {
+        id: shape.id.clone(),
+        dialect: "openai.responses",
+        model: req.model.clone(),
+        stream: req.stream,
+        finish: ledger_finish,
+        usage: |c, per| usage_json(&run::combined_usage(c, per)),
+    };
+    let mut choices = run::start(&state, job, fmt).map_err(|e| e.in_dialect(d))?;
+    let store = shape.store;
+    if !req.stream {
+        let collected = choices.collect().await.map_err(|e| e.in_dialect(d))?;
+        let c = collected
+            .first()
+            .ok_or_else(|| ApiError::internal("no output").in_dialect(d))?;
+        let body = shape.response(&c.text, Some(c.completion()));
+        if store {
+            remember(&state, &shape, msgs, &c.text, &body);
+        }
+        return Ok(Json(body).into_response());
+    }
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut renderer = StreamRenderer::new(shape.clone());
+    tokio::spawn(async move {
+        let mut text = String::new();
+        while let Some((_, ev)) = choices.rx.recv().await {
+            if let Event::Delta { text: t, .. } = &ev {
+                text.push_str(t);
+            }
+            let done = match &ev {
+                Event::Done(c) => Some(c.clone()),
+                _ => None,
+            };
+            for (name, data) in renderer.step(&ev) {
+                if tx.send(sse::frame(Some(&name), &data.to_string())).is_err() {
+                    return;
+                }
+            }
+            if let Some(c) = done {
+                if store {
+                    let body = shape.response(&text, Some(&c));
+                    remember(&state, &shape, msgs, &text, &body);
+                }
+                return;
+            }
+        }
+    });
+    Ok(sse::response(rx))
+}
+
+fn remember(state: &AppState, shape: &Shape, mut msgs: Vec<ChatMessage>, text: &str, body: &Value) {
+    msgs.push(ChatMessage {
+        role: "assistant".into(),
+        content: text.to_string(),
+    });
+    state.responses.put(shape.id.clone(), msgs, body.clone());
+}
+
+pub async fn get_response(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, DialectError> {
+    state
+        .responses
+        .response(&id)
+        .map(|r| Json(r).into_response())
+        .ok_or_else(|| {
+            ApiError::not_found(format!("no stored response with id '{id}'"))
+                .in_dialect(Dialect::OpenAi)
+        })
+}

@@ -1,0 +1,205 @@
+//! Shared plumbing between HTTP handlers and the engine: submits one engine
+//! request per choice, merges their events, cancels them when the client
+//! leaves, and writes the ledger entry on every path.
+use futures::StreamExt;
+use shoal_engine::{CancelFlag, Completion, Event, FinishReason, GenerateRequest, SamplingParams};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use crate::error::ApiError;
+use crate::ledger::LedgerEntry;
+use crate::AppState;
+
+/// What to generate, after a dialect has parsed and validated its request.
+#[derive(Clone, Debug)]
+pub struct Job {
+    /// One or more prompts; each gets `n` choices, indexed `prompt * n + choice`.
+    pub prompts: Vec<Vec<u32>>,
+    pub max_tokens: Option<usize>,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub n: usize,
+}
+
+/// How the dialect words its ledger entry.
+pub struct LedgerFormat {
+    pub id: String,
+    pub dialect: &'static str,
+    pub model: String,
+    pub stream: bool,
+    pub finish: fn(&FinishReason) -> String,
+    /// Usage as sent, from the completions and the number of choices per prompt.
+    pub usage: fn(&[Completion], usize) -> serde_json::Value,
+}
+
+/// Merged events of all choices, tagged with the choice index.
+pub struct Choices {
+    pub rx: mpsc::UnboundedReceiver<(usize, Event)>,
+    pub n: usize,
+    pub prompt_tokens: usize,
+}
+
+impl Choices {
+    /// Waits for every choice to finish (non-streaming responses).
+    pub async fn collect(mut self) -> Result<Vec<Collected>, ApiError> {
+        let mut out: Vec<Collected> = (0..self.n).map(|_| Collected::default()).collect();
+        let mut remaining = self.n;
+        while let Some((i, ev)) = self.rx.recv().await {
+            let Some(slot) = out.get_mut(i) else { continue };
+            match ev {
+                Event::Delta { text, logprobs } => {
+                    slot.text.push_str(&text);
+                    slot.logprobs.extend(logprobs);
+                }
+                Event::Done(c) => {
+                    slot.completion = Some(c);
+                    remaining -= 1;
+                    if remaining == 0 {
+                        break;
+                    }
+                }
+                Event::Started { .. } => {}
+            }
+        }
+        if out.iter().any(|c| c.completion.is_none()) {
+            return Err(ApiError::internal(
+                "the engine stopped before finishing the request",
+            ));
+        }
+        Ok(out)
+    }
+}
+
+/// One choice, fully generated.
+#[derive(Default, Debug)]
+pub struct Collected {
+    pub text: String,
+    pub logprobs: Vec<shoal_engine::TokenLogprob>,
+    pub completion: Option<Completion>,
+}
+
+impl Collected {
+    pub fn completion(&self) -> &Completion {
+        // `collect` guarantees every slot is filled.
+        self.completion
+            .as_ref()
+            .expect("collected choice has a completion")
+    }
+}
+
+pub fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Submits the job and starts the forwarding task.
+pub fn start(state: &AppState, job: Job, fmt: LedgerFormat) -> Result<Choices, ApiError> {
+    let per = job.n.max(1);
+    let n = per * job.prompts.len();
+    let mut streams = Vec::with_capacity(n);
+    let mut flags = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut sampling = job.sampling.clone();
+        // Independent but reproducible choices.
+        sampling.seed = sampling.seed.map(|s| s.wrapping_add((i % per) as u64));
+        let req = GenerateRequest {
+            prompt: job.prompts[i / per].clone(),
+            max_tokens: job.max_tokens,
+            sampling,
+            stop: job.stop.clone(),
+            ignore_eos: false,
+            cancel: CancelFlag::default(),
+        };
+        let flag = req.cancel.clone();
+        match state.engine.submit(req) {
+            Ok(rx) => {
+                streams.push(
+                    UnboundedReceiverStream::new(rx)
+                        .map(move |ev| (i, ev))
+                        .boxed(),
+                );
+                flags.push(flag);
+            }
+            Err(e) => {
+                flags.iter().for_each(CancelFlag::cancel);
+                return Err(e.into());
+            }
+        }
+    }
+    let (tx, rx) = mpsc::unbounded_channel();
+    let ledger = state.ledger.clone();
+    let created = now_secs();
+    tokio::spawn(async move {
+        let mut merged = futures::stream::select_all(streams);
+        let mut done: Vec<Option<Completion>> = vec![None; n];
+        let mut client_gone = false;
+        while let Some((i, ev)) = merged.next().await {
+            if let Event::Done(c) = &ev {
+                if let Some(slot) = done.get_mut(i) {
+                    *slot = Some(c.clone());
+                }
+            }
+            if !client_gone && tx.send((i, ev)).is_err() {
+                client_gone = true;
+                tracing::info!(id = %fmt.id, "client disconnected; cancelling generation");
+                flags.iter().for_each(CancelFlag::cancel);
+            }
+        }
+        let completions: Vec<Completion> = done.into_iter().flatten().collect();
+        let first = completions.first().map(|c| c.timings).unwrap_or_default();
+        ledger.record(LedgerEntry {
+            id: fmt.id,
+            dialect: fmt.dialect,
+            model: fmt.model,
+            created,
+            stream: fmt.stream,
+            finish_reasons: completions
+                .iter()
+                .map(|c| match c.finish {
+                    FinishReason::Cancelled => "cancelled".to_string(),
+                    ref f => (fmt.finish)(f),
+                })
+                .collect(),
+            usage: (fmt.usage)(&completions, per),
+            ttft_ms: first.ttft_ms,
+            decode_tokens_per_s: first.decode_tokens_per_s,
+            prefill_tokens_per_s: first.prefill_tokens_per_s,
+        });
+    });
+    Ok(Choices {
+        rx,
+        n,
+        prompt_tokens: job.prompts.iter().map(Vec::len).sum(),
+    })
+}
+
+/// Random id suffix in the style the dialects use.
+pub fn new_id(prefix: &str) -> String {
+    use rand::Rng;
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let mut rng = rand::rng();
+    let tail: String = (0..24)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect();
+    format!("{prefix}{tail}")
+}
+
+/// Usage over choices: each prompt counts once (as the APIs define `n`),
+/// completion and reasoning tokens add up over every choice. `per_prompt` is
+/// the number of consecutive choices that share a prompt.
+pub fn combined_usage(completions: &[Completion], per_prompt: usize) -> shoal_engine::Usage {
+    let mut u = shoal_engine::Usage::default();
+    for group in completions.chunks(per_prompt.max(1)) {
+        if let Some(first) = group.first() {
+            u.prompt_tokens += first.usage.prompt_tokens;
+            u.cached_tokens += first.usage.cached_tokens;
+        }
+        for c in group {
+            u.completion_tokens += c.usage.completion_tokens;
+            u.reasoning_tokens += c.usage.reasoning_tokens;
+        }
+    }
+    u
+}
