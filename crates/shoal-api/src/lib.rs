@@ -9,6 +9,8 @@ pub mod openai_chat;
 pub mod openai_completions;
 pub mod openai_responses;
 pub mod run;
+#[cfg(test)]
+mod script_tests;
 pub mod sse;
 
 use std::net::SocketAddr;

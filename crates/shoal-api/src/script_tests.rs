@@ -1,0 +1,292 @@
+//! Adapter tests over scripted event streams: every finish reason, including
+//! the paths the small default model cannot reach on demand (tool calls,
+//! content filter, reasoning, an error mid-stream), must carry exact usage.
+use serde_json::Value;
+use shoal_engine::{Completion, Event, FinishReason, Timings, Usage};
+
+use crate::{anthropic, openai_chat, openai_responses};
+
+fn usage() -> Usage {
+    Usage {
+        prompt_tokens: 40,
+        cached_tokens: 10,
+        completion_tokens: 7,
+        reasoning_tokens: 3,
+    }
+}
+
+fn script(finish: FinishReason) -> Vec<Event> {
+    vec![
+        Event::Started {
+            prompt_tokens: 40,
+            cached_tokens: 10,
+        },
+        Event::Delta {
+            text: "Hel".into(),
+            logprobs: vec![],
+        },
+        Event::Delta {
+            text: "lo".into(),
+            logprobs: vec![],
+        },
+        Event::Done(Completion {
+            finish,
+            usage: usage(),
+            timings: Timings::default(),
+        }),
+    ]
+}
+
+fn chat(include_usage: bool, finish: FinishReason) -> Vec<String> {
+    let r = openai_chat::ChunkRenderer {
+        id: "chatcmpl-x".into(),
+        created: 1,
+        model: "m".into(),
+        include_usage,
+        logprobs: false,
+    };
+    let evs: Vec<(usize, Event)> = script(finish).into_iter().map(|e| (0, e)).collect();
+    r.render_all(1, &evs)
+}
+
+fn parse(s: &str) -> Value {
+    serde_json::from_str(s).expect("chunk is JSON")
+}
+
+#[test]
+fn chat_every_finish_reason_has_exact_usage() {
+    for (finish, word) in [
+        (FinishReason::Stop, "stop"),
+        (FinishReason::StopSequence("x".into()), "stop"),
+        (FinishReason::Length, "length"),
+        (FinishReason::ContextWindow, "length"),
+        (FinishReason::ToolCalls, "tool_calls"),
+        (FinishReason::ContentFilter, "content_filter"),
+    ] {
+        let out = chat(true, finish);
+        assert_eq!(out.last().map(String::as_str), Some("[DONE]"));
+        let fin = parse(&out[out.len() - 3]);
+        assert_eq!(fin["choices"][0]["finish_reason"], word);
+        assert!(
+            fin["usage"].is_null(),
+            "usage must be null on content chunks"
+        );
+        let u = parse(&out[out.len() - 2]);
+        assert_eq!(u["choices"].as_array().map(Vec::len), Some(0));
+        assert_eq!(u["usage"]["prompt_tokens"], 40);
+        assert_eq!(u["usage"]["completion_tokens"], 7);
+        assert_eq!(u["usage"]["total_tokens"], 47);
+        assert_eq!(u["usage"]["prompt_tokens_details"]["cached_tokens"], 10);
+        assert_eq!(
+            u["usage"]["completion_tokens_details"]["reasoning_tokens"],
+            3
+        );
+    }
+}
+
+#[test]
+fn chat_without_include_usage_leaks_no_usage_key() {
+    let out = chat(false, FinishReason::ToolCalls);
+    for data in &out[..out.len() - 1] {
+        assert!(
+            parse(data).get("usage").is_none(),
+            "unexpected usage in {data}"
+        );
+    }
+}
+
+#[test]
+fn chat_error_mid_stream_sends_error_then_done() {
+    let out = chat(true, FinishReason::Error("MLX blew up".into()));
+    assert_eq!(out.last().map(String::as_str), Some("[DONE]"));
+    let err = parse(&out[out.len() - 2]);
+    assert_eq!(err["error"]["type"], "server_error");
+    assert!(err["error"]["message"]
+        .as_str()
+        .unwrap_or("")
+        .contains("MLX blew up"));
+    // Text that did stream stays; no usage chunk claims success.
+    assert!(out
+        .iter()
+        .all(|d| d == "[DONE]" || parse(d)["choices"] != serde_json::json!([])));
+}
+
+#[test]
+fn chat_n2_each_choice_finishes_and_usage_sums_completions() {
+    let r = openai_chat::ChunkRenderer {
+        id: "c".into(),
+        created: 1,
+        model: "m".into(),
+        include_usage: true,
+        logprobs: false,
+    };
+    let mut evs = Vec::new();
+    for (i, f) in [(0, FinishReason::Stop), (1, FinishReason::Length)] {
+        for e in script(f) {
+            evs.push((i, e));
+        }
+    }
+    let out = r.render_all(2, &evs);
+    let finishes: Vec<(u64, String)> = out
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .map(|d| parse(d))
+        .filter_map(|v| {
+            let c = v["choices"].get(0)?.clone();
+            let f = c["finish_reason"].as_str()?.to_string();
+            Some((c["index"].as_u64()?, f))
+        })
+        .collect();
+    assert_eq!(finishes, vec![(0, "stop".into()), (1, "length".into())]);
+    let u = parse(&out[out.len() - 2]);
+    assert_eq!(u["usage"]["prompt_tokens"], 40);
+    assert_eq!(u["usage"]["completion_tokens"], 14);
+    assert_eq!(u["usage"]["total_tokens"], 54);
+}
+
+fn anthropic_frames(finish: FinishReason) -> Vec<(String, Value)> {
+    let mut r = anthropic::StreamRenderer::new("msg_x".into(), "m".into());
+    script(finish).iter().flat_map(|e| r.step(e)).collect()
+}
+
+#[test]
+fn anthropic_stream_order_and_usage_on_every_path() {
+    for (finish, word, seq) in [
+        (FinishReason::Stop, "end_turn", Value::Null),
+        (
+            FinishReason::StopSequence("END".into()),
+            "stop_sequence",
+            Value::String("END".into()),
+        ),
+        (FinishReason::Length, "max_tokens", Value::Null),
+        (FinishReason::ToolCalls, "tool_use", Value::Null),
+        (FinishReason::ContentFilter, "refusal", Value::Null),
+    ] {
+        let f = anthropic_frames(finish);
+        let names: Vec<&str> = f.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "message_start",
+                "content_block_start",
+                "ping",
+                "content_block_delta",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ]
+        );
+        let start = &f[0].1["message"]["usage"];
+        assert_eq!(start["input_tokens"], 30, "input excludes cached tokens");
+        assert_eq!(start["cache_read_input_tokens"], 10);
+        let delta = &f[6].1;
+        assert_eq!(delta["delta"]["stop_reason"], word);
+        assert_eq!(delta["delta"]["stop_sequence"], seq);
+        assert_eq!(delta["usage"]["output_tokens"], 7);
+        assert_eq!(delta["usage"]["input_tokens"], 30);
+        assert_eq!(delta["usage"]["cache_read_input_tokens"], 10);
+    }
+}
+
+#[test]
+fn anthropic_error_mid_stream_is_an_error_event() {
+    let f = anthropic_frames(FinishReason::Error("boom".into()));
+    let (name, data) = f.last().expect("frames");
+    assert_eq!(name, "error");
+    assert_eq!(data["type"], "error");
+    assert_eq!(data["error"]["type"], "api_error");
+    assert!(f.iter().all(|(n, _)| n != "message_stop"));
+}
+
+fn responses_frames(finish: FinishReason) -> Vec<(String, Value)> {
+    let shape = openai_responses::Shape {
+        id: "resp_x".into(),
+        msg_id: "msg_x".into(),
+        created: 1,
+        model: "m".into(),
+        instructions: None,
+        max_output_tokens: Some(7),
+        previous_response_id: None,
+        temperature: 1.0,
+        top_p: 1.0,
+        store: true,
+        metadata: serde_json::json!({}),
+    };
+    let mut r = openai_responses::StreamRenderer::new(shape);
+    script(finish).iter().flat_map(|e| r.step(e)).collect()
+}
+
+#[test]
+fn responses_event_order_status_and_usage() {
+    for (finish, last, status, reason) in [
+        (
+            FinishReason::Stop,
+            "response.completed",
+            "completed",
+            Value::Null,
+        ),
+        (
+            FinishReason::ToolCalls,
+            "response.completed",
+            "completed",
+            Value::Null,
+        ),
+        (
+            FinishReason::Length,
+            "response.incomplete",
+            "incomplete",
+            Value::String("max_output_tokens".into()),
+        ),
+        (
+            FinishReason::ContentFilter,
+            "response.incomplete",
+            "incomplete",
+            Value::String("content_filter".into()),
+        ),
+    ] {
+        let f = responses_frames(finish);
+        let names: Vec<&str> = f.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_text.delta",
+                "response.output_text.delta",
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                last
+            ]
+        );
+        for (i, (name, data)) in f.iter().enumerate() {
+            assert_eq!(data["sequence_number"], i as u64);
+            assert_eq!(data["type"], name.as_str());
+        }
+        let resp = &f[f.len() - 1].1["response"];
+        assert_eq!(resp["status"], status);
+        assert_eq!(resp["incomplete_details"]["reason"], reason);
+        assert_eq!(resp["usage"]["input_tokens"], 40);
+        assert_eq!(resp["usage"]["input_tokens_details"]["cached_tokens"], 10);
+        assert_eq!(resp["usage"]["output_tokens"], 7);
+        assert_eq!(
+            resp["usage"]["output_tokens_details"]["reasoning_tokens"],
+            3
+        );
+        assert_eq!(resp["usage"]["total_tokens"], 47);
+        assert_eq!(f[6].1["text"], "Hello");
+    }
+}
+
+#[test]
+fn responses_error_mid_stream_fails_with_usage() {
+    let f = responses_frames(FinishReason::Error("oom".into()));
+    let (name, data) = f.last().expect("frames");
+    assert_eq!(name, "response.failed");
+    assert_eq!(data["response"]["status"], "failed");
+    assert_eq!(data["response"]["error"]["code"], "server_error");
+    assert_eq!(data["response"]["usage"]["output_tokens"], 7);
+}

@@ -1,0 +1,374 @@
+//! HTTP tests against an in-process server on the real default model: raw
+//! SSE framing and order, and a table of malformed requests per dialect.
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use serde_json::{json, Value};
+use shoal_api::AppState;
+use shoal_engine::{Engine, EngineOptions};
+
+const MODEL: &str = "smollm2";
+
+fn gguf() -> PathBuf {
+    let p = std::env::var("SHOAL_TEST_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| shoal_engine::loader::default_model_path());
+    assert!(
+        p.is_file(),
+        "default model missing at {} — run `make models`",
+        p.display()
+    );
+    p
+}
+
+fn engine() -> Engine {
+    static E: OnceLock<Engine> = OnceLock::new();
+    E.get_or_init(|| Engine::start(&gguf(), MODEL, EngineOptions::default()).expect("load"))
+        .clone()
+}
+
+/// Starts a server on a free port and returns its base URL.
+async fn server(engine: Engine) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, shoal_api::router(AppState::new(engine))).await;
+    });
+    format!("http://{addr}")
+}
+
+/// Splits an SSE body into (event name, data) pairs.
+fn sse(body: &str) -> Vec<(Option<String>, String)> {
+    body.split("\n\n")
+        .filter(|b| !b.trim().is_empty())
+        .map(|block| {
+            let mut name = None;
+            let mut data = Vec::new();
+            for line in block.lines() {
+                if let Some(n) = line.strip_prefix("event: ") {
+                    name = Some(n.to_string());
+                } else if let Some(d) = line.strip_prefix("data: ") {
+                    data.push(d);
+                }
+            }
+            (name, data.join("\n"))
+        })
+        .collect()
+}
+
+async fn post(base: &str, path: &str, body: &str) -> (u16, String, reqwest::header::HeaderMap) {
+    let r = reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("request");
+    let status = r.status().as_u16();
+    let headers = r.headers().clone();
+    (status, r.text().await.expect("body"), headers)
+}
+
+fn france() -> Value {
+    json!([{"role": "user", "content": "What is the capital of France?"}])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_sse_order_and_usage_only_when_asked() {
+    let base = server(engine()).await;
+    for include in [false, true] {
+        let body = json!({"model": MODEL, "messages": france(), "temperature": 0, "max_tokens": 5,
+                          "stream": true, "stream_options": {"include_usage": include}});
+        let (status, text, headers) = post(&base, "/v1/chat/completions", &body.to_string()).await;
+        assert_eq!(status, 200);
+        assert_eq!(headers["content-type"], "text/event-stream");
+        let events = sse(&text);
+        assert_eq!(events.last().map(|e| e.1.as_str()), Some("[DONE]"));
+        let chunks: Vec<Value> = events[..events.len() - 1]
+            .iter()
+            .map(|(_, d)| serde_json::from_str(d).expect("json chunk"))
+            .collect();
+        assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+        let with_finish: Vec<&Value> = chunks
+            .iter()
+            .filter(|c| !c["choices"][0]["finish_reason"].is_null())
+            .collect();
+        assert_eq!(with_finish.len(), 1);
+        assert_eq!(with_finish[0]["choices"][0]["finish_reason"], "length");
+        if include {
+            let last = chunks.last().expect("usage chunk");
+            assert_eq!(last["choices"], json!([]));
+            assert_eq!(last["usage"]["completion_tokens"], 5);
+            assert_eq!(last["usage"]["prompt_tokens"], 37);
+            for c in &chunks[..chunks.len() - 1] {
+                assert!(
+                    c["usage"].is_null(),
+                    "usage must be null before the last chunk"
+                );
+                assert!(c.get("usage").is_some());
+            }
+        } else {
+            for c in &chunks {
+                assert!(c.get("usage").is_none(), "usage leaked: {c}");
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_and_responses_sse_order() {
+    let base = server(engine()).await;
+    let body = json!({"model": MODEL, "max_tokens": 20, "messages": france(), "temperature": 0,
+                      "stream": true, "stop_sequences": ["Paris"]});
+    let (status, text, _) = post(&base, "/v1/messages", &body.to_string()).await;
+    assert_eq!(status, 200);
+    let ev = sse(&text);
+    let names: Vec<&str> = ev.iter().map(|(n, _)| n.as_deref().unwrap_or("")).collect();
+    assert_eq!(names[..3], ["message_start", "content_block_start", "ping"]);
+    assert_eq!(
+        names[names.len() - 3..],
+        ["content_block_stop", "message_delta", "message_stop"]
+    );
+    assert!(names[3..names.len() - 3]
+        .iter()
+        .all(|n| *n == "content_block_delta"));
+    for (n, d) in &ev {
+        let v: Value = serde_json::from_str(d).expect("json");
+        assert_eq!(
+            v["type"],
+            n.as_deref().unwrap_or(""),
+            "data type matches event name"
+        );
+    }
+    let start: Value = serde_json::from_str(&ev[0].1).expect("json");
+    assert_eq!(start["message"]["usage"]["input_tokens"], 37);
+    let delta: Value = serde_json::from_str(&ev[ev.len() - 2].1).expect("json");
+    assert_eq!(delta["delta"]["stop_reason"], "stop_sequence");
+    assert_eq!(delta["delta"]["stop_sequence"], "Paris");
+    assert_eq!(delta["usage"]["output_tokens"], 6);
+
+    let body = json!({"model": MODEL, "input": "What is the capital of France?", "max_output_tokens": 3,
+                      "temperature": 0, "stream": true});
+    let (status, text, _) = post(&base, "/v1/responses", &body.to_string()).await;
+    assert_eq!(status, 200);
+    let ev = sse(&text);
+    let names: Vec<&str> = ev.iter().map(|(n, _)| n.as_deref().unwrap_or("")).collect();
+    assert_eq!(names[0], "response.created");
+    assert_eq!(names[1], "response.in_progress");
+    assert_eq!(*names.last().unwrap_or(&""), "response.incomplete");
+    let last: Value = serde_json::from_str(&ev[ev.len() - 1].1).expect("json");
+    assert_eq!(
+        last["response"]["incomplete_details"]["reason"],
+        "max_output_tokens"
+    );
+    assert_eq!(last["response"]["usage"]["output_tokens"], 3);
+    assert_eq!(last["response"]["usage"]["input_tokens"], 37);
+    for (i, (_, d)) in ev.iter().enumerate() {
+        let v: Value = serde_json::from_str(d).expect("json");
+        assert_eq!(v["sequence_number"], i as u64);
+    }
+}
+
+/// (path, body, expected status): bodies are raw text so malformed JSON can be sent.
+fn openai_bad() -> Vec<(&'static str, String, u16)> {
+    let m = MODEL;
+    let chat = "/v1/chat/completions";
+    let cmpl = "/v1/completions";
+    let resp = "/v1/responses";
+    vec![
+        (chat, "{not json".into(), 400),
+        (chat, "".into(), 400),
+        (chat, "[1,2]".into(), 400),
+        (chat, json!({"messages": france()}).to_string(), 400),
+        (chat, json!({"model": m}).to_string(), 400),
+        (chat, json!({"model": m, "messages": []}).to_string(), 400),
+        (chat, json!({"model": "nope", "messages": france()}).to_string(), 404),
+        (chat, json!({"model": m, "messages": "hi"}).to_string(), 400),
+        (chat, json!({"model": m, "messages": [{"role": "wizard", "content": "x"}]}).to_string(), 400),
+        (chat, json!({"model": m, "messages": france(), "max_tokens": -3}).to_string(), 400),
+        (chat, json!({"model": m, "messages": france(), "max_tokens": 10_000_000}).to_string(), 400),
+        (chat, json!({"model": m, "messages": france(), "max_tokens": "ten"}).to_string(), 400),
+        (chat, json!({"model": m, "messages": france(), "temperature": 5}).to_string(), 400),
+        (chat, json!({"model": m, "messages": france(), "top_p": 0}).to_string(), 400),
+        (chat, json!({"model": m, "messages": france(), "n": 0}).to_string(), 400),
+        (chat, json!({"model": m, "messages": france(), "stop": ["a", "b", "c", "d", "e"]}).to_string(), 400),
+        (chat, json!({"model": m, "messages": france(), "response_format": {"type": "json_schema", "json_schema": {}}}).to_string(), 400),
+        (chat, json!({"model": m, "messages": france(), "top_logprobs": 3}).to_string(), 400),
+        (chat, json!({"model": m, "messages": [{"role": "user", "content": "x".repeat(40_000)}]}).to_string(), 400),
+        (chat, json!({"model": m, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}).to_string(), 400),
+        (cmpl, json!({"model": m}).to_string(), 400),
+        (cmpl, json!({"model": m, "prompt": ""}).to_string(), 400),
+        (cmpl, json!({"model": m, "prompt": [999_999]}).to_string(), 400),
+        (cmpl, json!({"model": m, "prompt": "x", "logprobs": 9}).to_string(), 400),
+        (resp, json!({"model": m}).to_string(), 400),
+        (resp, json!({"model": m, "input": []}).to_string(), 400),
+        (resp, json!({"model": m, "input": "x", "previous_response_id": "resp_missing"}).to_string(), 400),
+        (resp, json!({"model": m, "input": "x", "max_output_tokens": 0}).to_string(), 400),
+        ("/v1/nope", "{}".into(), 404),
+    ]
+}
+
+fn anthropic_bad() -> Vec<(&'static str, String, u16)> {
+    let m = MODEL;
+    let msgs = "/v1/messages";
+    vec![
+        (msgs, "{oops".into(), 400),
+        (msgs, "".into(), 400),
+        (msgs, "42".into(), 400),
+        (msgs, json!({"max_tokens": 5, "messages": france()}).to_string(), 400),
+        (msgs, json!({"model": m, "messages": france()}).to_string(), 400),
+        (msgs, json!({"model": m, "max_tokens": 5}).to_string(), 400),
+        (msgs, json!({"model": m, "max_tokens": 5, "messages": []}).to_string(), 400),
+        (msgs, json!({"model": "claude-nope", "max_tokens": 5, "messages": france()}).to_string(), 404),
+        (msgs, json!({"model": m, "max_tokens": 0, "messages": france()}).to_string(), 400),
+        (msgs, json!({"model": m, "max_tokens": -1, "messages": france()}).to_string(), 400),
+        (msgs, json!({"model": m, "max_tokens": 99_999_999, "messages": france()}).to_string(), 400),
+        (msgs, json!({"model": m, "max_tokens": 5, "messages": france(), "temperature": 1.5}).to_string(), 400),
+        (msgs, json!({"model": m, "max_tokens": 5, "messages": [{"role": "robot", "content": "x"}]}).to_string(), 400),
+        (msgs, json!({"model": m, "max_tokens": 5, "messages": [{"role": "user"}]}).to_string(), 400),
+        (msgs, json!({"model": m, "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}).to_string(), 400),
+        (msgs, json!({"model": m, "max_tokens": 5, "messages": france(), "stop_sequences": "x"}).to_string(), 400),
+        (msgs, json!({"model": m, "max_tokens": 5, "messages": france(), "stop_sequences": [""]}).to_string(), 400),
+        (msgs, json!({"model": m, "max_tokens": 5, "messages": [{"role": "user", "content": "x".repeat(40_000)}]}).to_string(), 400),
+        ("/v1/messages/count_tokens", json!({"model": m}).to_string(), 400),
+        ("/v1/messages/count_tokens", json!({"model": "nope", "messages": france()}).to_string(), 404),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_table_openai_then_still_serving() {
+    let base = server(engine()).await;
+    let cases = openai_bad();
+    assert!(cases.len() >= 15);
+    for (path, body, want) in &cases {
+        let (status, text, _) = post(&base, path, body).await;
+        assert_eq!(status, *want, "{path} {body:.80} -> {text}");
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text}"));
+        let msg = v["error"]["message"].as_str().unwrap_or("");
+        assert!(!msg.is_empty(), "error without message: {text}");
+        assert!(v["error"]["type"].is_string(), "OpenAI error shape: {text}");
+        assert!(
+            v["error"].get("param").is_some() && v["error"].get("code").is_some(),
+            "{text}"
+        );
+    }
+    let body = json!({"model": MODEL, "messages": france(), "temperature": 0});
+    let (status, text, _) = post(&base, "/v1/chat/completions", &body.to_string()).await;
+    assert_eq!(status, 200);
+    let v: Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(
+        v["choices"][0]["message"]["content"],
+        "The capital of France is Paris."
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_table_anthropic_then_still_serving() {
+    let base = server(engine()).await;
+    let cases = anthropic_bad();
+    assert!(cases.len() >= 15);
+    for (path, body, want) in &cases {
+        let (status, text, _) = post(&base, path, body).await;
+        assert_eq!(status, *want, "{path} {body:.80} -> {text}");
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text}"));
+        assert_eq!(v["type"], "error", "{text}");
+        let kind = if *want == 404 {
+            "not_found_error"
+        } else {
+            "invalid_request_error"
+        };
+        assert_eq!(v["error"]["type"], kind, "{text}");
+        assert!(!v["error"]["message"].as_str().unwrap_or("").is_empty());
+    }
+    let body = json!({"model": MODEL, "max_tokens": 3, "messages": france()});
+    let (status, text, _) = post(&base, "/v1/messages", &body.to_string()).await;
+    assert_eq!(status, 200);
+    let v: Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(v["stop_reason"], "max_tokens");
+    assert_eq!(v["usage"]["output_tokens"], 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_overflow_is_429_and_529_with_retry_after() {
+    let small = Engine::start(
+        &gguf(),
+        MODEL,
+        EngineOptions {
+            queue_capacity: 1,
+            ..EngineOptions::default()
+        },
+    )
+    .expect("load");
+    let base = server(small).await;
+    let long = json!({"model": MODEL, "messages": france(), "max_tokens": 60, "temperature": 0});
+    // Fill the engine (1 running + 1 queued), then ask for more.
+    let mut busy = Vec::new();
+    for _ in 0..2 {
+        let (b, body) = (base.clone(), long.to_string());
+        busy.push(tokio::spawn(async move {
+            post(&b, "/v1/chat/completions", &body).await.0
+        }));
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+    let (s1, t1, h1) = post(&base, "/v1/chat/completions", &long.to_string()).await;
+    let anth = json!({"model": MODEL, "max_tokens": 5, "messages": france()});
+    let (s2, t2, h2) = post(&base, "/v1/messages", &anth.to_string()).await;
+    assert_eq!(s1, 429, "{t1}");
+    assert!(h1.contains_key("retry-after"));
+    assert_eq!(s2, 529, "{t2}");
+    assert!(h2.contains_key("retry-after"));
+    let v: Value = serde_json::from_str(&t2).expect("json");
+    assert_eq!(v["error"]["type"], "overloaded_error");
+    for b in busy {
+        assert_eq!(b.await.expect("join"), 200);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnect_mid_stream_is_cancelled_in_ledger() {
+    let base = server(engine()).await;
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "Count to one hundred in words."}],
+                      "max_tokens": 300, "temperature": 0, "stream": true});
+    let resp = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .expect("send");
+    let mut stream = resp.bytes_stream();
+    use futures::StreamExt;
+    let first = stream.next().await.expect("a chunk").expect("bytes");
+    assert!(!first.is_empty());
+    drop(stream);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let v: Value = reqwest::get(format!("{base}/v1/usage"))
+            .await
+            .expect("get")
+            .json()
+            .await
+            .expect("json");
+        let found = v["data"].as_array().and_then(|d| {
+            d.iter()
+                .find(|e| {
+                    e["finish_reasons"] == json!(["cancelled"]) && e["dialect"] == "openai.chat"
+                })
+                .cloned()
+        });
+        if let Some(e) = found {
+            let done = e["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+            assert!(
+                done < 300,
+                "generation was not stopped early ({done} tokens)"
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no cancelled entry in the ledger: {v}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
