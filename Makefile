@@ -16,9 +16,9 @@ APT_PKGS   := libopenblas-dev
 
 .PHONY: run test setup deps-apt mlx models pyenv build lint bench clean-cache
 
-## One chat turn on the default model (the server replaces this once it exists).
+## Serve the API (OpenAI + Anthropic dialects) on the default model at 127.0.0.1:8421.
 run: build
-	$(SHOAL) generate "What is the capital of France?"
+	$(SHOAL) serve
 
 ## Everything CI runs.
 test: setup lint

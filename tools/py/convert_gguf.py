@@ -340,6 +340,8 @@ def main() -> None:
     ap.add_argument("out_dir", type=Path, nargs="?", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
     ap.add_argument("--force", action="store_true", help="convert even if OUT_DIR is up to date")
     args = ap.parse_args()
+    if not args.gguf.is_file():
+        ap.error(f"no such file: {args.gguf}")
     convert(args.gguf.resolve(), args.out_dir.resolve(), args.force)
     print(args.out_dir.resolve())
 
