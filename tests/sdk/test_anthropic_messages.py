@@ -27,16 +27,20 @@ from support import (
 MESSAGES = [user(QUESTION)]
 
 
-def create(claude, model, **kw):
+def greedy(kw):
+    """This SDK version has no `temperature` argument; the server still takes it."""
     kw.setdefault("messages", MESSAGES)
-    kw.setdefault("temperature", 0)
-    return claude.messages.create(model=model, **kw)
+    kw.setdefault("extra_body", {"temperature": kw.pop("temperature", 0)})
+    return kw
+
+
+def create(claude, model, **kw):
+    return claude.messages.create(model=model, **greedy(kw))
 
 
 def streamed(claude, model, **kw):
     """Runs the SDK's stream helper; returns (events, final message)."""
-    kw.setdefault("messages", MESSAGES)
-    kw.setdefault("temperature", 0)
+    greedy(kw)
     with claude.messages.stream(model=model, **kw) as stream:
         events = list(stream)
         final = stream.get_final_message()
@@ -213,3 +217,22 @@ def test_bad_request_maps_to_sdk_error(claude, model):
         create(claude, model, max_tokens=1, temperature=1.5)
     assert e.value.status_code == 400
     assert e.value.body["error"]["type"] == "invalid_request_error"
+
+
+def test_stop_sequence_inside_a_token(claude, model):
+    m = create(claude, model, max_tokens=MAX, stop_sequences=["Par"])
+    assert m.stop_reason == "stop_sequence"
+    assert m.stop_sequence == "Par"
+    assert m.content[0].text == STOPPED_TEXT
+    check_usage(m.usage, PROMPT_TOKENS, STOPPED_TOKENS)
+
+
+@pytest.mark.parametrize(
+    "max_tokens,stop_reason",
+    [(ANSWER_TOKENS, "end_turn"), (ANSWER_TOKENS - 1, "max_tokens")],
+)
+def test_limit_at_the_natural_end(claude, model, max_tokens, stop_reason):
+    m = create(claude, model, max_tokens=max_tokens)
+    assert m.content[0].text == ANSWER
+    assert m.stop_reason == stop_reason
+    check_usage(m.usage, PROMPT_TOKENS, max_tokens)

@@ -243,3 +243,27 @@ def test_seeded_sampling_is_reproducible(oai, model):
     b = create(oai, model, **kw)
     assert a.choices[0].message.content == b.choices[0].message.content
     assert a.usage.model_dump() == b.usage.model_dump()
+
+
+def test_partial_stop_match_releases_held_back_text(oai, model):
+    # " Paris" is held back while it could still become "Paris!", then released.
+    plain = create(oai, model, max_tokens=MAX, stop=["Paris!"])
+    assert plain.choices[0].message.content == ANSWER
+    assert plain.choices[0].finish_reason == "stop"
+    check_usage(plain.usage, PROMPT_TOKENS, ANSWER_TOKENS)
+    chunks = stream_chunks(oai, model, max_tokens=MAX, stop=["Paris!"])
+    assert per_choice(chunks) == ({0: ANSWER}, {0: ["stop"]})
+    check_usage(usage_of_stream(chunks), PROMPT_TOKENS, ANSWER_TOKENS)
+
+
+@pytest.mark.parametrize(
+    "max_tokens,finish",
+    [(ANSWER_TOKENS, "stop"), (ANSWER_TOKENS - 1, "length")],
+)
+def test_limit_at_the_natural_end(oai, model, max_tokens, finish):
+    # With room for exactly the EOS the answer ends naturally; one less cuts it
+    # after the full text, before the EOS.
+    r = create(oai, model, max_tokens=max_tokens)
+    assert r.choices[0].message.content == ANSWER
+    assert r.choices[0].finish_reason == finish
+    check_usage(r.usage, PROMPT_TOKENS, max_tokens)

@@ -138,6 +138,27 @@ def test_previous_response_id_round_trip(oai, claude, model):
         assert got.usage.model_dump() == r.usage.model_dump()
 
 
+def test_instructions_do_not_carry_over(oai, claude, model):
+    first = create(oai, model, instructions="Answer in one short sentence.", max_output_tokens=MAX)
+    follow_up = "And of Germany?"
+    second = create(oai, model, input=follow_up, previous_response_id=first.id, max_output_tokens=1)
+    # The earlier turn's instructions are dropped, so the default system prompt is back.
+    convo = [user(QUESTION), {"role": "assistant", "content": first.output_text}, user(follow_up)]
+    assert second.usage.input_tokens == count_tokens(claude, model, convo)
+    third = create(
+        oai, model, input=follow_up, previous_response_id=first.id, instructions="Be brief.", max_output_tokens=1
+    )
+    assert third.usage.input_tokens == count_tokens(claude, model, convo, system="Be brief.")
+
+
+def test_stream_then_previous_response_id(oai, claude, model):
+    with oai.responses.stream(model=model, input=QUESTION, temperature=0, max_output_tokens=MAX) as stream:
+        first = stream.get_final_response()
+    second = create(oai, model, input="Thanks!", previous_response_id=first.id, max_output_tokens=1)
+    convo = [user(QUESTION), {"role": "assistant", "content": ANSWER}, user("Thanks!")]
+    assert second.usage.input_tokens == count_tokens(claude, model, convo)
+
+
 def test_unknown_previous_response_id_is_400(oai, model):
     with pytest.raises(openai.BadRequestError) as e:
         create(oai, model, previous_response_id="resp_doesnotexist", max_output_tokens=1)

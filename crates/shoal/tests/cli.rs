@@ -8,11 +8,23 @@ fn shoal() -> Command {
 }
 
 fn run_json(args: &[&str]) -> Value {
-    let out = shoal().args(["generate", "--json"]).args(args).output().expect("run shoal");
-    assert!(out.status.success(), "shoal failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out = shoal()
+        .args(["generate", "--json"])
+        .args(args)
+        .output()
+        .expect("run shoal");
+    assert!(
+        out.status.success(),
+        "shoal failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8(out.stdout).expect("utf8");
     let lines: Vec<&str> = stdout.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 1, "--json prints exactly one object, got {stdout:?}");
+    assert_eq!(
+        lines.len(),
+        1,
+        "--json prints exactly one object, got {stdout:?}"
+    );
     serde_json::from_str(lines[0]).expect("valid JSON")
 }
 
@@ -38,7 +50,13 @@ fn generate_json_max_tokens_and_stop_sequence() {
     assert_eq!(v["usage"]["completion_tokens"], 3);
     assert_eq!(v["text"], "The capital of");
 
-    let v = run_json(&["--stop", "Paris", "--stop", "Berlin", "What is the capital of France?"]);
+    let v = run_json(&[
+        "--stop",
+        "Paris",
+        "--stop",
+        "Berlin",
+        "What is the capital of France?",
+    ]);
     assert_eq!(v["finish_reason"], "stop_sequence");
     assert_eq!(v["stop_sequence"], "Paris");
     assert_eq!(v["text"], "The capital of France is ");
@@ -60,15 +78,30 @@ fn missing_and_unsupported_models_fail_clearly() {
         .expect("run");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("/nonexistent/model.gguf") && err.contains("does not exist"), "{err}");
+    assert!(
+        err.contains("/nonexistent/model.gguf") && err.contains("does not exist"),
+        "{err}"
+    );
 
     let dir = std::env::temp_dir().join(format!("shoal-cli-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("mkdir");
-    std::fs::write(dir.join("config.json"), r#"{"model_type": "gpt_neox", "hidden_size": 8}"#).expect("write");
-    let out = shoal().args(["generate", "--model"]).arg(&dir).arg("hi").output().expect("run");
+    std::fs::write(
+        dir.join("config.json"),
+        r#"{"model_type": "gpt_neox", "hidden_size": 8}"#,
+    )
+    .expect("write");
+    let out = shoal()
+        .args(["generate", "--model"])
+        .arg(&dir)
+        .arg("hi")
+        .output()
+        .expect("run");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("gpt_neox") && err.contains("unsupported"), "{err}");
+    assert!(
+        err.contains("gpt_neox") && err.contains("unsupported"),
+        "{err}"
+    );
 
     std::fs::write(
         dir.join("config.json"),
@@ -76,7 +109,12 @@ fn missing_and_unsupported_models_fail_clearly() {
             "num_attention_heads": 2, "vocab_size": 10}"#,
     )
     .expect("write");
-    let out = shoal().args(["generate", "--model"]).arg(&dir).arg("hi").output().expect("run");
+    let out = shoal()
+        .args(["generate", "--model"])
+        .arg(&dir)
+        .arg("hi")
+        .output()
+        .expect("run");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("tokenizer.json"), "{err}");
@@ -86,10 +124,23 @@ fn missing_and_unsupported_models_fail_clearly() {
 #[test]
 fn bench_reports_figures() {
     let out = shoal()
-        .args(["bench", "--prompt-tokens", "16", "--gen-tokens", "4", "--runs", "1", "--json"])
+        .args([
+            "bench",
+            "--prompt-tokens",
+            "16",
+            "--gen-tokens",
+            "4",
+            "--runs",
+            "1",
+            "--json",
+        ])
         .output()
         .expect("run");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v["prompt_tokens"], 16);
     assert_eq!(v["gen_tokens"], 4);

@@ -236,6 +236,20 @@ pub struct Transformer {
     dtype: Dtype,
 }
 
+/// Dequantizes with float32 scales: they are float16 on disk, and letting MLX
+/// compute in their dtype would round every weight to half precision.
+fn dequantize_f32(
+    w: &Array,
+    scales: &Array,
+    biases: &Array,
+    group: i32,
+    bits: i32,
+) -> Result<Array> {
+    let s = scales.as_dtype(Dtype::Float32)?;
+    let b = biases.as_dtype(Dtype::Float32)?;
+    Ok(ops::dequantize(w, &s, &b, group, bits)?)
+}
+
 /// Pulls tensors out of the loader's map by Hugging Face name.
 struct Weights {
     map: HashMap<String, Array>,
@@ -279,7 +293,7 @@ impl Weights {
         let (group, bits) = self.group_bits(prefix, &w, &scales)?;
         match self.policy {
             DevicePolicy::Cpu => {
-                let dense = ops::dequantize(&w, &scales, &biases, group, bits)?.as_dtype(dtype)?;
+                let dense = dequantize_f32(&w, &scales, &biases, group, bits)?.as_dtype(dtype)?;
                 Ok(Linear::Dense { w: dense, b })
             }
             DevicePolicy::Gpu => Ok(Linear::Quantized {
@@ -304,8 +318,10 @@ impl Weights {
                 group,
                 bits,
                 ..
-            } => Ok(ops::dequantize(&w, &scales, &biases, group, bits)?
-                .as_dtype(self.policy.dtype())?),
+            } => {
+                Ok(dequantize_f32(&w, &scales, &biases, group, bits)?
+                    .as_dtype(self.policy.dtype())?)
+            }
         }
     }
 

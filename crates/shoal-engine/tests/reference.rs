@@ -1,0 +1,192 @@
+//! Correctness against an independent implementation: mlx-lm (Python) on the
+//! same weights, converted to a Hugging Face directory by tools/py/convert_gguf.py.
+//!
+//! Tolerance: float32 logits from two implementations that sum in different
+//! orders (and, for the GGUF weights, a different rotary layout) must agree to
+//! within 1e-3 absolute (logits span roughly ±30; ~4e-5 is typical); greedy
+//! tokens must match exactly.
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+use shoal_engine::backend::LanguageModel;
+use shoal_engine::loader::{self, Loaded};
+use shoal_engine::ChatMessage;
+
+const LOGIT_TOL: f32 = 1e-3;
+const MAX_TOKENS: usize = 24;
+
+fn repo() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
+fn hf_dir() -> PathBuf {
+    let p = std::env::var("SHOAL_TEST_HF_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| repo().join(".cache/models/smollm2-135m-mlx-f32"));
+    assert!(
+        p.join("config.json").is_file(),
+        "converted model missing at {} — run `make models`",
+        p.display()
+    );
+    p
+}
+
+fn gguf() -> PathBuf {
+    let p = std::env::var("SHOAL_TEST_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| loader::default_model_path());
+    assert!(
+        p.is_file(),
+        "default model missing at {} — run `make models`",
+        p.display()
+    );
+    p
+}
+
+fn python() -> PathBuf {
+    let out = Command::new("bash")
+        .arg(repo().join("tools/setup-pyenv.sh"))
+        .output()
+        .expect("run tools/setup-pyenv.sh");
+    assert!(
+        out.status.success(),
+        "setup-pyenv failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("bin/python")
+}
+
+const PROMPTS: [&str; 3] = [
+    "What is the capital of France?",
+    "Write a haiku about the ocean.",
+    "List three prime numbers and explain why they are prime.",
+];
+const RAW_IDS: [u32; 8] = [504, 3458, 282, 4649, 314, 1345, 30, 216];
+
+/// Runs mlx-lm once for all prompts.
+fn reference() -> &'static Value {
+    static REF: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
+    REF.get_or_init(|| {
+        let mut cmd = Command::new(python());
+        cmd.arg(repo().join("tools/py/reference.py")).arg(hf_dir());
+        for p in PROMPTS {
+            cmd.args(["--prompt", p]);
+        }
+        let ids: Vec<String> = RAW_IDS.iter().map(u32::to_string).collect();
+        cmd.args(["--token-ids", &ids.join(",")]);
+        cmd.args(["--max-tokens", &MAX_TOKENS.to_string()]);
+        let out = cmd.output().expect("run reference.py");
+        assert!(
+            out.status.success(),
+            "reference.py failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("reference JSON")
+    })
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .expect("id list")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Our prompt ids, last-position logits and greedy continuation.
+fn ours(l: &Loaded, prompt: &[u32], eos: &[u32]) -> (Vec<f32>, Vec<u32>) {
+    let mut cache = l.model.new_cache().expect("cache");
+    let first = l.model.forward(prompt, cache.as_mut()).expect("forward");
+    let mut logits = first.clone();
+    let mut out = Vec::new();
+    while out.len() < MAX_TOKENS {
+        let t = argmax(&logits);
+        out.push(t);
+        if eos.contains(&t) {
+            break;
+        }
+        logits = l.model.forward(&[t], cache.as_mut()).expect("forward");
+    }
+    (first, out)
+}
+
+fn check_model(path: &Path) {
+    let r = reference();
+    let l = loader::load(path).expect("load model");
+    let results = r["results"].as_array().expect("results");
+    assert_eq!(results.len(), PROMPTS.len() + 1);
+    for (i, res) in results.iter().enumerate() {
+        let ref_prompt = ids(&res["prompt_ids"]);
+        let prompt = if i < PROMPTS.len() {
+            let msgs = [ChatMessage {
+                role: "user".into(),
+                content: PROMPTS[i].into(),
+            }];
+            let text = l
+                .vocab
+                .render_chat(&msgs, true, &Default::default())
+                .expect("render");
+            let p = l.vocab.encode(&text).expect("encode");
+            assert_eq!(
+                p, ref_prompt,
+                "prompt ids differ from transformers' template+tokenizer for {:?}",
+                PROMPTS[i]
+            );
+            p
+        } else {
+            RAW_IDS.to_vec()
+        };
+        let (logits, greedy) = ours(&l, &prompt, &l.vocab.eos);
+        let ref_logits: Vec<f32> = res["logits"]
+            .as_array()
+            .expect("full logits")
+            .iter()
+            .map(|x| x.as_f64().expect("float") as f32)
+            .collect();
+        assert_eq!(logits.len(), ref_logits.len());
+        let max_diff = logits
+            .iter()
+            .zip(&ref_logits)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            max_diff < LOGIT_TOL,
+            "{}: max |logit diff| {max_diff} ≥ {LOGIT_TOL} (prompt {i})",
+            path.display()
+        );
+        let ref_greedy = ids(&res["greedy_ids"]);
+        assert_eq!(
+            greedy,
+            ref_greedy,
+            "{}: greedy tokens differ for prompt {i}",
+            path.display()
+        );
+        eprintln!(
+            "{}: prompt {i}: max |Δlogit| = {max_diff:.2e}, {} greedy tokens match",
+            path.display(),
+            greedy.len()
+        );
+    }
+    assert_eq!(results[0]["greedy_text"], "The capital of France is Paris.");
+}
+
+#[test]
+fn gguf_matches_mlx_lm() {
+    check_model(&gguf());
+}
+
+#[test]
+fn hf_directory_matches_mlx_lm() {
+    check_model(&hf_dir());
+}
