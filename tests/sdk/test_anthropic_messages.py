@@ -236,3 +236,34 @@ def test_limit_at_the_natural_end(claude, model, max_tokens, stop_reason):
     assert m.content[0].text == ANSWER
     assert m.stop_reason == stop_reason
     check_usage(m.usage, PROMPT_TOKENS, max_tokens)
+
+
+def test_partial_stop_match_releases_held_back_text_stream(claude, model):
+    plain = create(claude, model, max_tokens=MAX, stop_sequences=["Paris!"])
+    events, final = streamed(claude, model, max_tokens=MAX, stop_sequences=["Paris!"])
+    check_stream(events, final, plain)
+    assert final.content[0].text == ANSWER
+    assert final.stop_reason == "end_turn"
+    assert final.stop_sequence is None
+    check_usage(final.usage, PROMPT_TOKENS, ANSWER_TOKENS)
+
+
+def test_context_overflow_is_400(claude, model):
+    long = [user("hi " * 9000)]
+    assert count_tokens(claude, model, long) > 8192  # counting works past the window
+    with pytest.raises(anthropic.BadRequestError) as e:
+        create(claude, model, max_tokens=1, messages=long)
+    assert e.value.body["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(
+    "max_tokens,stop_reason,text",
+    [(STOPPED_TOKENS, "stop_sequence", STOPPED_TEXT), (STOPPED_TOKENS - 1, "max_tokens", STOPPED_TEXT.rstrip())],
+)
+def test_stop_sequence_at_the_limit(claude, model, max_tokens, stop_reason, text):
+    # The token that completes the stop sequence is also the last one allowed:
+    # the stop sequence wins. One token less and the limit does.
+    m = create(claude, model, max_tokens=max_tokens, stop_sequences=[STOP])
+    assert (m.stop_reason, m.content[0].text) == (stop_reason, text)
+    assert m.stop_sequence == (STOP if stop_reason == "stop_sequence" else None)
+    check_usage(m.usage, PROMPT_TOKENS, max_tokens)

@@ -9,12 +9,17 @@ import openai
 import pytest
 
 from support import (
+    ANSWER,
+    ANSWER_TOKENS,
     CUT,
+    CUT_TEXT,
     LONG_PROMPT,
     MAX,
     PROMPT_TOKENS,
     QUESTION,
     STOP,
+    STOPPED_TEXT,
+    STOPPED_TOKENS,
     anthropic_client,
     assert_usage_as_sent,
     http_json,
@@ -140,6 +145,42 @@ def test_closed_responses_stream_is_cancelled(server, oai, model):
     e = ledger_entry(server, rid, timeout=5.0, want=_cancelled)
     assert e["dialect"] == "openai.responses"
     assert 1 <= e["usage"]["output_tokens"] < 400
+
+
+def test_closed_n2_stream_cancels_every_choice(server, oai, model):
+    """The ledger has one finish reason per choice, also when the client leaves
+    during the first choice and the second never gets to run."""
+    stream = oai.chat.completions.create(
+        model=model, messages=[user(LONG_PROMPT)], n=2, max_tokens=400, stream=True, **GREEDY
+    )
+    got, rid = 0, None
+    for chunk in stream:
+        rid = chunk.id
+        got += sum(1 for ch in chunk.choices if ch.delta.content)
+        if got >= 2:
+            break
+    stream.close()
+    e = ledger_entry(server, rid, timeout=5.0, want=lambda e: "cancelled" in e["finish_reasons"])
+    assert e["finish_reasons"] == ["cancelled", "cancelled"], e
+    assert 2 <= e["usage"]["completion_tokens"] < 400
+
+
+def test_abandoned_non_stream_request_is_cancelled(server, model):
+    """A non-streaming client that gives up (times out) cancels its generation."""
+    before = {e["id"] for e in ledger(server)}
+    impatient = openai.OpenAI(base_url=server.url + "/v1", api_key="shoal-test", max_retries=0, timeout=1.5)
+    with pytest.raises(openai.APITimeoutError):
+        impatient.chat.completions.create(model=model, messages=[user(LONG_PROMPT)], max_tokens=400, **GREEDY)
+    deadline = time.monotonic() + 5
+    while True:
+        new = [e for e in ledger(server) if e["id"] not in before]
+        if new or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert len(new) == 1, new
+    assert new[0]["stream"] is False
+    assert new[0]["finish_reasons"] == ["cancelled"]
+    assert new[0]["usage"]["completion_tokens"] < 400
 
 
 # ------------------------------------------------------------ unknown model
@@ -279,3 +320,41 @@ def test_queued_then_abandoned_stream_is_cancelled_in_ledger(small_queue_server)
         time.sleep(0.1)
     assert len(new) == 1, f"the abandoned queued request is missing from the ledger: {new}"
     assert new[0]["finish_reasons"] == ["cancelled"], new[0]
+
+
+def test_concurrent_requests_keep_their_own_numbers(oai, claude, model):
+    """Requests of different dialects in flight together each get their own exact usage."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def chat():
+        r = oai.chat.completions.create(model=model, messages=[user(QUESTION)], max_tokens=CUT, **GREEDY)
+        return r.choices[0].message.content, r.usage.prompt_tokens, r.usage.completion_tokens
+
+    def chat_stream():
+        with oai.chat.completions.create(
+            model=model, messages=[user(QUESTION)], max_tokens=MAX, stream=True,
+            stream_options={"include_usage": True}, **GREEDY,
+        ) as s:
+            chunks = list(s)
+        text = "".join(ch.delta.content or "" for c in chunks for ch in c.choices)
+        return text, chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens
+
+    def messages():
+        m = claude.messages.create(
+            model=model, messages=[user(QUESTION)], max_tokens=MAX, stop_sequences=[STOP], **ANTHROPIC_GREEDY
+        )
+        return m.content[0].text, m.usage.input_tokens, m.usage.output_tokens
+
+    def responses():
+        r = oai.responses.create(model=model, input=QUESTION, max_output_tokens=MAX, **GREEDY)
+        return r.output_text, r.usage.input_tokens, r.usage.output_tokens
+
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(f) for f in (chat, chat_stream, messages, responses)]
+        results = [f.result(timeout=120) for f in futures]
+    assert results == [
+        (CUT_TEXT, PROMPT_TOKENS, CUT),
+        (ANSWER, PROMPT_TOKENS, ANSWER_TOKENS),
+        (STOPPED_TEXT, PROMPT_TOKENS, STOPPED_TOKENS),
+        (ANSWER, PROMPT_TOKENS, ANSWER_TOKENS),
+    ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import openai
 import pytest
 
 from support import (
@@ -267,3 +268,48 @@ def test_limit_at_the_natural_end(oai, model, max_tokens, finish):
     assert r.choices[0].message.content == ANSWER
     assert r.choices[0].finish_reason == finish
     check_usage(r.usage, PROMPT_TOKENS, max_tokens)
+
+
+def test_sdk_stream_helper_final_completion(oai, model):
+    plain = create(oai, model, n=2, max_tokens=MAX)
+    with oai.chat.completions.stream(
+        model=model, messages=MESSAGES, temperature=0, n=2, max_tokens=MAX, stream_options={"include_usage": True}
+    ) as stream:
+        final = stream.get_final_completion()
+    assert [(c.index, c.message.content, c.finish_reason) for c in final.choices] == [
+        (0, ANSWER, "stop"),
+        (1, ANSWER, "stop"),
+    ]
+    assert final.usage.model_dump() == plain.usage.model_dump()
+    check_usage(final.usage, PROMPT_TOKENS, 2 * ANSWER_TOKENS)
+
+
+def test_stream_logprobs_count_matches_usage(oai, model):
+    chunks = stream_chunks(oai, model, max_tokens=CUT, logprobs=True, top_logprobs=1)
+    tokens = [t.token for c in chunks for ch in c.choices if ch.logprobs for t in ch.logprobs.content]
+    assert "".join(tokens) == CUT_TEXT
+    assert len(tokens) == usage_of_stream(chunks).completion_tokens == CUT
+
+
+def test_too_many_stop_sequences_is_400(oai, model):
+    with pytest.raises(openai.BadRequestError) as e:
+        create(oai, model, max_tokens=1, stop=["a", "b", "c", "d", "e"])
+    assert e.value.param == "stop"
+
+
+def test_context_overflow_is_400(oai, model):
+    with pytest.raises(openai.BadRequestError) as e:
+        create(oai, model, max_tokens=1, messages=[user("hi " * 9000)])
+    assert e.value.code == "context_length_exceeded"
+
+
+def test_logprob_bytes_rebuild_multibyte_text(oai, model):
+    """`bytes` is each token's own UTF-8 bytes, so that characters split over
+    several tokens can be put back together (the reason the field exists)."""
+    r = create(oai, model, messages=[user("Translate 'good morning' into Japanese.")], max_tokens=10, logprobs=True)
+    ch = r.choices[0]
+    content = ch.logprobs.content
+    assert len(content) == r.usage.completion_tokens == 10
+    assert any(ord(c) > 0x2FFF for c in ch.message.content), ch.message.content  # CJK text came out
+    joined = b"".join(bytes(t.bytes) for t in content)
+    assert joined.decode("utf-8", errors="replace") == ch.message.content, [(t.token, t.bytes) for t in content]

@@ -183,6 +183,20 @@ def test_prompt_array_counts_each_prompt(oai, model):
     check_usage(r.usage, ua.prompt_tokens + ub.prompt_tokens, 4)
 
 
+def test_prompt_array_with_n2(oai, model):
+    a, b = "Once upon a time", "The capital of France is"
+    pa = create(oai, model, prompt=a, max_tokens=1).usage.prompt_tokens
+    pb = create(oai, model, prompt=b, max_tokens=1).usage.prompt_tokens
+    r = create(oai, model, prompt=[a, b], n=2, max_tokens=2)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    # Choices 0-1 continue prompt a, 2-3 prompt b; greedy makes each pair equal.
+    assert r.choices[0].text == r.choices[1].text
+    assert r.choices[2].text == r.choices[3].text
+    assert r.choices[2].text == create(oai, model, prompt=b, max_tokens=2).choices[0].text
+    # Each prompt counts once, however many choices it has.
+    check_usage(r.usage, pa + pb, 8)
+
+
 @pytest.mark.parametrize("prompt,count", [([504, 3575, 282, 4649, 314], 5), ([[504, 3575], [282, 4649, 314]], 5)])
 def test_token_id_prompt(oai, model, prompt, count):
     r = create(oai, model, prompt=prompt, max_tokens=1)

@@ -159,6 +159,15 @@ def test_stream_then_previous_response_id(oai, claude, model):
     assert second.usage.input_tokens == count_tokens(claude, model, convo)
 
 
+def test_store_false_is_not_retrievable(oai, model):
+    r = create(oai, model, max_output_tokens=1, store=False)
+    assert r.store is False
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.retrieve(r.id)
+    with pytest.raises(openai.BadRequestError):
+        create(oai, model, input="Thanks!", previous_response_id=r.id, max_output_tokens=1)
+
+
 def test_unknown_previous_response_id_is_400(oai, model):
     with pytest.raises(openai.BadRequestError) as e:
         create(oai, model, previous_response_id="resp_doesnotexist", max_output_tokens=1)

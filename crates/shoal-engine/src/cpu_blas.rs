@@ -132,6 +132,18 @@ fn load() -> Option<Blas> {
     }
 }
 
+/// Which BLAS serves float32 matmuls, e.g. `openblas:SkylakeX` (for reports).
+pub fn describe() -> String {
+    match BLAS.get_or_init(load) {
+        Some(Blas::OpenBlas { .. }) => format!(
+            "openblas:{}",
+            std::env::var("OPENBLAS_CORETYPE").unwrap_or_else(|_| "auto".into())
+        ),
+        Some(Blas::Next(_)) => "bundled".into(),
+        None => "none".into(),
+    }
+}
+
 /// Loads OpenBLAS now rather than at the first matmul; also keeps this
 /// module's `cblas_sgemm` linked into every binary that uses the engine.
 pub fn init() {

@@ -73,7 +73,7 @@ impl Default for EngineOptions {
     fn default() -> Self {
         EngineOptions {
             queue_capacity: 64,
-            prefill_chunk: 512,
+            prefill_chunk: 2048,
         }
     }
 }

@@ -38,6 +38,17 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+fn blas() -> String {
+    #[cfg(target_os = "linux")]
+    {
+        shoal_engine::cpu_blas::describe()
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        "system".to_string()
+    }
+}
+
 pub fn run(a: Args) -> Result<()> {
     anyhow::ensure!(
         a.prompt_tokens > 0 && a.gen_tokens > 1 && a.runs > 0,
@@ -95,6 +106,7 @@ pub fn run(a: Args) -> Result<()> {
         "decode_tok_s": median(dec),
         "ttft_ms": median(ttft),
         "weight_mb": info.weight_bytes as f64 / (1 << 20) as f64,
+        "blas": blas(),
     });
     if a.json {
         println!("{out}");

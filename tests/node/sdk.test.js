@@ -1,0 +1,270 @@
+// The official OpenAI and Anthropic Node SDKs against one `shoal serve`.
+// Exact numbers are facts of the default model (SmolLM2-135M-Instruct) under
+// greedy decoding (temperature 0).
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+
+import Anthropic from '@anthropic-ai/sdk';
+import OpenAI from 'openai';
+
+import { ledgerEntry, startServer } from './shoal-server.js';
+
+const QUESTION = 'What is the capital of France?';
+const ANSWER = 'The capital of France is Paris.';
+const ANSWER_TOKENS = 8; // seven text tokens plus the closing <|im_end|>
+const PROMPT_TOKENS = 37; // QUESTION under the template's default system prompt
+const STOP = 'Paris';
+const STOPPED_TEXT = 'The capital of France is ';
+const STOPPED_TOKENS = 6;
+const CUT = 3;
+const CUT_TEXT = 'The capital of';
+const MAX = 24;
+const RAW_PROMPT =
+  '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' +
+  `<|im_start|>user\n${QUESTION}<|im_end|>\n<|im_start|>assistant\n`;
+const MESSAGES = [{ role: 'user', content: QUESTION }];
+
+let server;
+let openai;
+let anthropic;
+let model;
+
+before(async () => {
+  server = await startServer();
+  model = server.model;
+  openai = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'shoal-test', maxRetries: 0, timeout: 120_000 });
+  anthropic = new Anthropic({ baseURL: server.url, apiKey: 'shoal-test', maxRetries: 0, timeout: 120_000 });
+});
+
+after(async () => {
+  await server?.stop();
+});
+
+function chatUsage(u, prompt, completion) {
+  assert.equal(u.prompt_tokens, prompt);
+  assert.equal(u.completion_tokens, completion);
+  assert.equal(u.total_tokens, prompt + completion);
+}
+
+async function countTokens(messages, system) {
+  const body = { model, messages };
+  if (system !== undefined) body.system = system;
+  return (await anthropic.messages.countTokens(body)).input_tokens;
+}
+
+async function collect(stream) {
+  const out = [];
+  for await (const x of stream) out.push(x);
+  return out;
+}
+
+describe('chat completions', () => {
+  test('non-stream natural stop: exact usage, prompt equals count_tokens', async () => {
+    const r = await openai.chat.completions.create({ model, messages: MESSAGES, max_tokens: MAX, temperature: 0 });
+    assert.equal(r.choices.length, 1);
+    assert.equal(r.choices[0].message.content, ANSWER);
+    assert.equal(r.choices[0].finish_reason, 'stop');
+    assert.equal(await countTokens(MESSAGES), PROMPT_TOKENS);
+    chatUsage(r.usage, PROMPT_TOKENS, ANSWER_TOKENS);
+  });
+
+  test('stream with include_usage: one usage chunk, last, no choices; equals non-stream', async () => {
+    const plain = await openai.chat.completions.create({ model, messages: MESSAGES, max_tokens: MAX, temperature: 0 });
+    const chunks = await collect(
+      await openai.chat.completions.create({
+        model, messages: MESSAGES, max_tokens: MAX, temperature: 0, stream: true,
+        stream_options: { include_usage: true },
+      }),
+    );
+    const withUsage = chunks.filter((c) => c.usage != null);
+    assert.equal(withUsage.length, 1);
+    const last = chunks.at(-1);
+    assert.equal(last, withUsage[0]);
+    assert.deepEqual(last.choices, []);
+    assert.deepEqual(last.usage, plain.usage);
+    chatUsage(last.usage, PROMPT_TOKENS, ANSWER_TOKENS);
+    const text = chunks.flatMap((c) => c.choices.map((ch) => ch.delta.content ?? '')).join('');
+    assert.equal(text, ANSWER);
+    const finishes = chunks.flatMap((c) => c.choices.map((ch) => ch.finish_reason)).filter(Boolean);
+    assert.deepEqual(finishes, ['stop']);
+  });
+
+  test('stream without include_usage: no chunk carries usage', async () => {
+    const chunks = await collect(
+      await openai.chat.completions.create({ model, messages: MESSAGES, max_tokens: CUT, temperature: 0, stream: true }),
+    );
+    assert.ok(chunks.every((c) => c.usage == null));
+    assert.ok(chunks.every((c) => c.choices.length === 1));
+    const finishes = chunks.flatMap((c) => c.choices.map((ch) => ch.finish_reason)).filter(Boolean);
+    assert.deepEqual(finishes, ['length']);
+  });
+
+  test('stream helper with n=2 and a cut: per-choice text and finish, summed usage', async () => {
+    const stream = openai.chat.completions.stream({
+      model, messages: MESSAGES, max_tokens: CUT, temperature: 0, n: 2,
+      stream_options: { include_usage: true },
+    });
+    const final = await stream.finalChatCompletion();
+    assert.deepEqual(
+      final.choices.map((c) => [c.index, c.message.content, c.finish_reason]),
+      [[0, CUT_TEXT, 'length'], [1, CUT_TEXT, 'length']],
+    );
+    chatUsage(final.usage, PROMPT_TOKENS, 2 * CUT);
+  });
+
+  test('stop sequence', async () => {
+    const r = await openai.chat.completions.create({
+      model, messages: MESSAGES, max_tokens: MAX, temperature: 0, stop: [STOP],
+    });
+    assert.equal(r.choices[0].message.content, STOPPED_TEXT);
+    assert.equal(r.choices[0].finish_reason, 'stop');
+    chatUsage(r.usage, PROMPT_TOKENS, STOPPED_TOKENS);
+  });
+
+  test('closing a stream early is recorded as cancelled', async () => {
+    const stream = await openai.chat.completions.create({
+      model, messages: [{ role: 'user', content: 'Write a long story about a dragon who learns to bake bread.' }],
+      max_tokens: 400, temperature: 0, stream: true,
+    });
+    let id;
+    let deltas = 0;
+    for await (const c of stream) {
+      id = c.id;
+      if (c.choices[0]?.delta?.content) deltas += 1;
+      if (deltas >= 2) break; // leaving the loop aborts the request
+    }
+    const e = await ledgerEntry(server, id, (x) => x.finish_reasons[0] === 'cancelled');
+    assert.deepEqual(e.finish_reasons, ['cancelled']);
+    assert.ok(e.usage.completion_tokens >= 2 && e.usage.completion_tokens < 400);
+  });
+
+  test('unknown model is NotFoundError', async () => {
+    await assert.rejects(
+      openai.chat.completions.create({ model: 'no-such-model', messages: MESSAGES, max_tokens: 1 }),
+      (err) => err instanceof OpenAI.NotFoundError && err.status === 404 && err.code === 'model_not_found',
+    );
+  });
+});
+
+describe('anthropic messages', () => {
+  test('stream: finalMessage usage and stop_reason, message_start input usage', async () => {
+    const plain = await anthropic.messages.create({ model, messages: MESSAGES, max_tokens: MAX, temperature: 0 });
+    const stream = anthropic.messages.stream({ model, messages: MESSAGES, max_tokens: MAX, temperature: 0 });
+    const events = await collect(stream);
+    const final = await stream.finalMessage();
+    assert.equal(events[0].type, 'message_start');
+    assert.equal(events.at(-1).type, 'message_stop');
+    assert.equal(events[0].message.usage.input_tokens, final.usage.input_tokens);
+    assert.equal(final.stop_reason, 'end_turn');
+    assert.equal(final.stop_sequence, null);
+    assert.equal(final.content[0].text, ANSWER);
+    assert.equal(final.usage.input_tokens + final.usage.cache_read_input_tokens, PROMPT_TOKENS);
+    assert.equal(final.usage.output_tokens, ANSWER_TOKENS);
+    assert.deepEqual(final.usage, plain.usage);
+    assert.equal(plain.stop_reason, 'end_turn');
+  });
+
+  test('stream cut by max_tokens', async () => {
+    const final = await anthropic.messages
+      .stream({ model, messages: MESSAGES, max_tokens: CUT, temperature: 0 })
+      .finalMessage();
+    assert.equal(final.stop_reason, 'max_tokens');
+    assert.equal(final.content[0].text, CUT_TEXT);
+    assert.equal(final.usage.output_tokens, CUT);
+    assert.equal(final.usage.input_tokens, PROMPT_TOKENS);
+  });
+
+  test('non-stream stop_sequences: stop_sequence is the matched string', async () => {
+    const m = await anthropic.messages.create({
+      model, messages: MESSAGES, max_tokens: MAX, temperature: 0, stop_sequences: ['no such text', STOP],
+    });
+    assert.equal(m.stop_reason, 'stop_sequence');
+    assert.equal(m.stop_sequence, STOP);
+    assert.equal(m.content[0].text, STOPPED_TEXT);
+    assert.equal(m.usage.input_tokens + m.usage.cache_read_input_tokens, PROMPT_TOKENS);
+    assert.equal(m.usage.cache_creation_input_tokens, 0);
+    assert.equal(m.usage.output_tokens, STOPPED_TOKENS);
+  });
+
+  test('system prompt forms agree with count_tokens', async () => {
+    const system = 'You are terse.';
+    const expected = await countTokens(MESSAGES, system);
+    assert.notEqual(expected, PROMPT_TOKENS);
+    for (const body of [
+      { system, messages: MESSAGES },
+      { system: [{ type: 'text', text: system }], messages: MESSAGES },
+      { messages: [{ role: 'system', content: system }, ...MESSAGES] },
+    ]) {
+      const m = await anthropic.messages.create({ model, max_tokens: 1, temperature: 0, ...body });
+      assert.equal(m.usage.input_tokens, expected);
+      assert.equal(m.usage.output_tokens, 1);
+      assert.equal(m.stop_reason, 'max_tokens');
+    }
+  });
+
+  test('unknown model is NotFoundError', async () => {
+    await assert.rejects(
+      anthropic.messages.create({ model: 'no-such-model', messages: MESSAGES, max_tokens: 1 }),
+      (err) => err instanceof Anthropic.NotFoundError && err.status === 404 && err.error?.error?.type === 'not_found_error',
+    );
+  });
+});
+
+describe('responses', () => {
+  test('non-stream incomplete at max_output_tokens', async () => {
+    const r = await openai.responses.create({ model, input: QUESTION, max_output_tokens: CUT, temperature: 0 });
+    assert.equal(r.status, 'incomplete');
+    assert.equal(r.incomplete_details.reason, 'max_output_tokens');
+    assert.equal(r.output_text, CUT_TEXT);
+    assert.equal(r.usage.input_tokens, PROMPT_TOKENS);
+    assert.equal(r.usage.output_tokens, CUT);
+    assert.equal(r.usage.total_tokens, PROMPT_TOKENS + CUT);
+  });
+
+  test('non-stream completed, then previous_response_id grows the input', async () => {
+    const first = await openai.responses.create({ model, input: QUESTION, max_output_tokens: MAX, temperature: 0 });
+    assert.equal(first.status, 'completed');
+    assert.equal(first.output_text, ANSWER);
+    assert.equal(first.usage.output_tokens, ANSWER_TOKENS);
+    const second = await openai.responses.create({
+      model, input: 'Thanks!', previous_response_id: first.id, max_output_tokens: 1, temperature: 0,
+    });
+    assert.ok(second.usage.input_tokens > first.usage.input_tokens);
+    const convo = [...MESSAGES, { role: 'assistant', content: ANSWER }, { role: 'user', content: 'Thanks!' }];
+    assert.equal(second.usage.input_tokens, await countTokens(convo));
+  });
+});
+
+describe('completions', () => {
+  test('raw ChatML prompt: natural stop with the same numbers as chat', async () => {
+    const r = await openai.completions.create({ model, prompt: RAW_PROMPT, max_tokens: MAX, temperature: 0 });
+    assert.equal(r.choices[0].text, ANSWER);
+    assert.equal(r.choices[0].finish_reason, 'stop');
+    chatUsage(r.usage, PROMPT_TOKENS, ANSWER_TOKENS);
+  });
+
+  test('stream with include_usage and n=2, cut by max_tokens', async () => {
+    const plain = await openai.completions.create({ model, prompt: RAW_PROMPT, max_tokens: CUT, temperature: 0, n: 2 });
+    const chunks = await collect(
+      await openai.completions.create({
+        model, prompt: RAW_PROMPT, max_tokens: CUT, temperature: 0, n: 2, stream: true,
+        stream_options: { include_usage: true },
+      }),
+    );
+    const last = chunks.at(-1);
+    assert.deepEqual(last.choices, []);
+    assert.equal(chunks.filter((c) => c.usage != null).length, 1);
+    assert.deepEqual(last.usage, plain.usage);
+    chatUsage(last.usage, PROMPT_TOKENS, 2 * CUT);
+    const text = {};
+    const finish = {};
+    for (const c of chunks) {
+      for (const ch of c.choices) {
+        text[ch.index] = (text[ch.index] ?? '') + ch.text;
+        if (ch.finish_reason) finish[ch.index] = ch.finish_reason;
+      }
+    }
+    assert.deepEqual(text, { 0: CUT_TEXT, 1: CUT_TEXT });
+    assert.deepEqual(finish, { 0: 'length', 1: 'length' });
+  });
+});
