@@ -20,10 +20,12 @@ APT_PKGS   := libopenblas-dev
 run: build
 	$(SHOAL) serve
 
-## Everything CI runs.
+## Everything CI runs: lint, Rust unit/e2e/reference tests, then the official SDK suites.
 test: setup lint
-	$(CARGO) test --release --workspace 2>&1 | tee $(CACHE)/cargo-test.log
-	@grep -E "^test result:" $(CACHE)/cargo-test.log | awk '{p+=$$4; f+=$$6} END {print "rust suites: " p " passed, " f " failed"}'
+	@set -o pipefail; $(CARGO) test --release --workspace 2>&1 | tee $(CACHE)/cargo-test.log
+	@grep -E "^test result:" $(CACHE)/cargo-test.log | awk '{p+=$$4; f+=$$6} END {print "rust: " p " passed, " f " failed"; if (p == 0) exit 1}'
+	@$(CARGO) build --release -p shoal
+	@bash tests/run-sdk.sh
 
 setup: deps-apt mlx models
 
@@ -43,7 +45,7 @@ pyenv:
 $(MODEL_GGUF):
 	@bash tools/fetch-model.sh >/dev/null
 
-$(MODEL_MLX)/config.json: $(MODEL_GGUF) tools/py/convert_gguf.py | pyenv
+$(MODEL_MLX)/config.json: $(MODEL_GGUF) tools/py/convert_gguf.py
 	@"$$(bash tools/setup-pyenv.sh)/bin/python" tools/py/convert_gguf.py $(MODEL_GGUF) $(MODEL_MLX)
 
 ## The default GGUF and, for reference tests and benchmarks, the same weights as an MLX/HF directory.

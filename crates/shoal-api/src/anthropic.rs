@@ -318,7 +318,7 @@ pub async fn handle(State(state): State<AppState>, body: Bytes) -> Result<Respon
     let (tx, rx) = mpsc::unbounded_channel();
     let mut renderer = StreamRenderer::new(id, req.model.clone());
     tokio::spawn(async move {
-        while let Some((_, ev)) = choices.rx.recv().await {
+        while let Some((_, ev)) = choices.next_streamed(&tx).await {
             let last = matches!(ev, Event::Done(_));
             for (name, data) in renderer.step(&ev) {
                 if tx.send(sse::frame(Some(&name), &data.to_string())).is_err() {

@@ -70,6 +70,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/health", get(health))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
         .route("/v1/usage", get(usage))
         .route("/v1/chat/completions", post(openai_chat::handle))
         .route("/v1/completions", post(openai_completions::handle))
@@ -86,7 +87,24 @@ async fn health(State(s): State<AppState>) -> impl IntoResponse {
     Json(json!({"status": "ok", "model": s.engine.model.id}))
 }
 
+async fn model(
+    State(s): State<AppState>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Json<serde_json::Value>, DialectError> {
+    s.check_model(&id)
+        .map_err(|e| e.in_dialect(Dialect::OpenAi))?;
+    let list = model_list(&s);
+    let found = list.into_iter().find(|m| m["id"] == id.as_str());
+    found
+        .map(Json)
+        .ok_or_else(|| ApiError::model_not_found(&id).in_dialect(Dialect::OpenAi))
+}
+
 async fn models(State(s): State<AppState>) -> impl IntoResponse {
+    Json(json!({"object": "list", "data": model_list(&s)}))
+}
+
+fn model_list(s: &AppState) -> Vec<serde_json::Value> {
     let m = &s.engine.model;
     let created = std::fs::metadata(&m.path)
         .and_then(|md| md.modified())
@@ -104,7 +122,7 @@ async fn models(State(s): State<AppState>) -> impl IntoResponse {
     for a in s.aliases.iter() {
         data.push(json!({"id": a, "object": "model", "created": created, "owned_by": "shoal"}));
     }
-    Json(json!({"object": "list", "data": data}))
+    data
 }
 
 #[derive(serde::Deserialize)]

@@ -451,7 +451,7 @@ pub async fn handle(State(state): State<AppState>, body: Bytes) -> Result<Respon
     let mut choices = choices;
     tokio::spawn(async move {
         let mut st = StreamState::new(n);
-        while let Some((i, ev)) = choices.rx.recv().await {
+        while let Some((i, ev)) = choices.next_streamed(&tx).await {
             for data in renderer.step(&mut st, i, &ev) {
                 let last = data == "[DONE]";
                 if tx.send(sse::frame(None, &data)).is_err() {

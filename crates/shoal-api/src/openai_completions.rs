@@ -227,7 +227,7 @@ pub async fn handle(State(state): State<AppState>, body: Bytes) -> Result<Respon
         let mut done: Vec<Option<Completion>> = vec![None; total];
         let mut echoed = vec![!echo; total];
         let mut offsets = vec![0usize; total];
-        while let Some((i, ev)) = choices.rx.recv().await {
+        while let Some((i, ev)) = choices.next_streamed(&tx).await {
             let mut frames = Vec::new();
             if !echoed[i] {
                 echoed[i] = true;

@@ -451,7 +451,7 @@ pub async fn handle(State(state): State<AppState>, body: Bytes) -> Result<Respon
     let mut renderer = StreamRenderer::new(shape.clone());
     tokio::spawn(async move {
         let mut text = String::new();
-        while let Some((_, ev)) = choices.rx.recv().await {
+        while let Some((_, ev)) = choices.next_streamed(&tx).await {
             if let Event::Delta { text: t, .. } = &ev {
                 text.push_str(t);
             }

@@ -39,7 +39,30 @@ pub struct Choices {
     pub prompt_tokens: usize,
 }
 
+/// How often an idle stream writes an SSE comment. Writing is the only way to
+/// notice that a client left while its request waits in the queue or prefills.
+pub const KEEPALIVE: std::time::Duration = std::time::Duration::from_millis(500);
+
 impl Choices {
+    /// Next event for a streaming response, writing SSE comments to `tx` while
+    /// idle. `None` when the events end or the client is gone (dropping
+    /// `self` then cancels the generation).
+    pub async fn next_streamed(
+        &mut self,
+        tx: &mpsc::UnboundedSender<String>,
+    ) -> Option<(usize, Event)> {
+        loop {
+            tokio::select! {
+                ev = self.rx.recv() => return ev,
+                _ = tokio::time::sleep(KEEPALIVE) => {
+                    if tx.send(": keep-alive\n\n".to_string()).is_err() {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
     /// Waits for every choice to finish (non-streaming responses).
     pub async fn collect(mut self) -> Result<Vec<Collected>, ApiError> {
         let mut out: Vec<Collected> = (0..self.n).map(|_| Collected::default()).collect();

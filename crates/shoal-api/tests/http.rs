@@ -53,8 +53,11 @@ fn sse(body: &str) -> Vec<(Option<String>, String)> {
                     data.push(d);
                 }
             }
-            (name, data.join("\n"))
+            (name, data)
         })
+        // Comment-only blocks (keep-alives) carry no event.
+        .filter(|(_, data)| !data.is_empty())
+        .map(|(name, data)| (name, data.join("\n")))
         .collect()
 }
 

@@ -220,6 +220,19 @@ fn run(
             debug!("request cancelled while queued");
             stats.cancelled.fetch_add(1, Ordering::Relaxed);
             stats.last_cancelled_tokens.store(0, Ordering::Relaxed);
+            // Whoever still listens learns it never ran.
+            let _ = job.events.send(Event::Done(Completion {
+                finish: FinishReason::Cancelled,
+                usage: Usage {
+                    prompt_tokens: job.req.prompt.len(),
+                    ..Usage::default()
+                },
+                timings: Timings {
+                    queue_ms: ms(job.submitted.elapsed()),
+                    total_ms: ms(job.submitted.elapsed()),
+                    ..Timings::default()
+                },
+            }));
             continue;
         }
         let events = job.events.clone();
@@ -423,12 +436,11 @@ fn stops_matched_none(reason: &FinishReason) -> bool {
 }
 
 fn token_logprob(vocab: &Vocabulary, token: u32, logprob: f32, top: &[(u32, f32)]) -> TokenLogprob {
-    let text = |id: u32| vocab.tokenizer.decode(&[id], false).unwrap_or_default();
-    let t = text(token);
+    let text = |id: u32| String::from_utf8_lossy(&vocab.token_bytes(id)).into_owned();
     TokenLogprob {
         token,
-        bytes: t.as_bytes().to_vec(),
-        text: t,
+        bytes: vocab.token_bytes(token),
+        text: text(token),
         logprob,
         top: top.iter().map(|&(id, lp)| (id, text(id), lp)).collect(),
     }

@@ -42,6 +42,33 @@ impl Vocabulary {
         Ok(ids)
     }
 
+    /// The exact bytes a token stands for. A byte-level BPE piece may hold
+    /// part of a UTF-8 character, which any `String` would have replaced with
+    /// U+FFFD; clients rebuild such characters from these bytes (logprobs).
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        let Some(piece) = self.tokenizer.id_to_token(id) else {
+            return Vec::new();
+        };
+        if self
+            .tokenizer
+            .get_added_vocabulary()
+            .get_added_tokens_decoder()
+            .contains_key(&id)
+        {
+            return piece.into_bytes();
+        }
+        if let Some(bytes) = byte_level_bytes(&piece) {
+            return bytes;
+        }
+        // SentencePiece-style: `<0xNN>` byte pieces and `▁` for spaces.
+        if let Some(hex) = piece.strip_prefix("<0x").and_then(|h| h.strip_suffix('>')) {
+            if let Ok(b) = u8::from_str_radix(hex, 16) {
+                return vec![b];
+            }
+        }
+        piece.replace('\u{2581}', " ").into_bytes()
+    }
+
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
         self.tokenizer
             .decode(ids, skip_special)
@@ -62,6 +89,31 @@ impl Vocabulary {
         })?;
         t.render(messages, add_generation_prompt, extra)
     }
+}
+
+/// Inverts GPT-2's byte-to-printable-character table: bytes that are printable
+/// Latin-1 stand for themselves, the other 68 were shifted to U+0100.. in order.
+/// Returns `None` if a character is outside the table (not a byte-level piece).
+fn byte_level_bytes(piece: &str) -> Option<Vec<u8>> {
+    fn printable(b: u32) -> bool {
+        (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
+    }
+    let mut out = Vec::with_capacity(piece.len());
+    for c in piece.chars() {
+        let cp = c as u32;
+        if cp < 0x100 {
+            if !printable(cp) {
+                return None;
+            }
+            out.push(cp as u8);
+        } else {
+            // The n-th non-printable byte maps to U+0100 + n.
+            let n = cp - 0x100;
+            let b = (0u32..256).filter(|&b| !printable(b)).nth(n as usize)?;
+            out.push(b as u8);
+        }
+    }
+    Some(out)
 }
 
 /// A model as loaded from disk, before the engine takes the weights.
@@ -204,3 +256,35 @@ pub fn default_model_path() -> PathBuf {
 }
 
 pub use model::ModelConfig;
+
+#[cfg(test)]
+mod tests {
+    use super::byte_level_bytes;
+
+    #[test]
+    fn byte_level_table_inverts_for_every_byte() {
+        // Forward table as GPT-2 defines it: printable bytes map to themselves,
+        // the rest to U+0100 + n in ascending order.
+        let printable = |b: u32| {
+            (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
+        };
+        let mut n = 0;
+        for b in 0u32..256 {
+            let c = if printable(b) {
+                char::from_u32(b).unwrap_or('?')
+            } else {
+                n += 1;
+                char::from_u32(0x100 + n - 1).unwrap_or('?')
+            };
+            assert_eq!(
+                byte_level_bytes(&c.to_string()),
+                Some(vec![b as u8]),
+                "byte {b:#x}"
+            );
+        }
+        assert_eq!(byte_level_bytes("\u{120}the"), Some(b" the".to_vec()));
+        // Half of "わ" (E3 82 8F): a piece no String could hold.
+        assert_eq!(byte_level_bytes("\u{e3}\u{124}"), Some(vec![0xE3, 0x82]));
+        assert_eq!(byte_level_bytes("\u{2581}x"), None);
+    }
+}

@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
-use shoal_engine::backend::LanguageModel;
 use shoal_engine::loader::{self, Loaded};
 use shoal_engine::ChatMessage;
 
