@@ -30,7 +30,8 @@ let anthropic;
 let model;
 
 before(async () => {
-  server = await startServer();
+  // Usage is compared across repeated identical requests: no prefix cache here.
+  server = await startServer('--prefix-cache-mb', '0');
   model = server.model;
   openai = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'shoal-test', maxRetries: 0, timeout: 120_000 });
   anthropic = new Anthropic({ baseURL: server.url, apiKey: 'shoal-test', maxRetries: 0, timeout: 120_000 });

@@ -22,7 +22,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def server() -> Iterator[Server]:
-    srv = start_server()
+    # The conformance suite compares usage across repeated identical requests,
+    # so it runs without the prefix cache; test_prefix_cache.py covers it.
+    srv = start_server("--prefix-cache-mb", "0")
     try:
         yield srv
     finally:

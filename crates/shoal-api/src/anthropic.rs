@@ -1,5 +1,4 @@
 //! `POST /v1/messages` and `/v1/messages/count_tokens` (Anthropic Messages).
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -8,7 +7,7 @@ use serde_json::{json, Value};
 use shoal_engine::{ChatMessage, Completion, Event, FinishReason, SamplingParams, Usage};
 use tokio::sync::mpsc;
 
-use crate::body::parse;
+use crate::body::{parse, Body};
 use crate::error::{ApiError, Dialect, DialectError};
 use crate::openai_chat::{check_max_tokens, check_range};
 use crate::run::{self, Job, LedgerFormat};
@@ -291,7 +290,7 @@ fn message_body(id: &str, model: &str, text: &str, c: &Completion) -> Value {
     })
 }
 
-pub async fn handle(State(state): State<AppState>, body: Bytes) -> Result<Response, DialectError> {
+pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Response, DialectError> {
     let d = Dialect::Anthropic;
     let req: MessagesRequest = parse(&body).map_err(|e| e.in_dialect(d))?;
     let job = prepare(&state, &req).map_err(|e| e.in_dialect(d))?;
@@ -335,7 +334,7 @@ pub async fn handle(State(state): State<AppState>, body: Bytes) -> Result<Respon
 
 pub async fn count_tokens(
     State(state): State<AppState>,
-    body: Bytes,
+    body: Body,
 ) -> Result<Response, DialectError> {
     let d = Dialect::Anthropic;
     let req: CountRequest = parse(&body).map_err(|e| e.in_dialect(d))?;

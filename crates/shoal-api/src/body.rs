@@ -1,12 +1,33 @@
 //! Request bodies: JSON parsed with errors that name the offending field.
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use serde::de::DeserializeOwned;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorKind};
 
-/// Parses a request body, turning syntax and type errors into 400s that say
-/// where the problem is, instead of axum's plain-text rejections.
-pub fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+/// A request body as handlers receive it: reading can fail (too large, cut off).
+pub type Body = Result<Bytes, BytesRejection>;
+
+/// Parses a request body, turning read, syntax and type errors into 4xx
+/// errors that say where the problem is, instead of axum's plain-text rejections.
+pub fn parse<T: DeserializeOwned>(body: &Body) -> Result<T, ApiError> {
+    let body = match body {
+        Ok(b) => b,
+        Err(r) if r.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE => {
+            return Err(ApiError {
+                kind: ErrorKind::TooLarge,
+                message: format!("request body exceeds {} bytes", crate::MAX_BODY_BYTES),
+                param: None,
+                code: Some("request_too_large"),
+            })
+        }
+        Err(r) => {
+            return Err(ApiError::invalid(format!(
+                "could not read request body: {}",
+                r.body_text()
+            )))
+        }
+    };
     if body.is_empty() {
         return Err(ApiError::invalid(
             "request body is empty; expected a JSON object",

@@ -1,5 +1,4 @@
 //! `POST /v1/chat/completions`.
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -10,7 +9,7 @@ use shoal_engine::{
 };
 use tokio::sync::mpsc;
 
-use crate::body::{parse, OneOrMany};
+use crate::body::{parse, Body, OneOrMany};
 use crate::error::{ApiError, Dialect, DialectError};
 use crate::run::{self, Job, LedgerFormat};
 use crate::{sse, AppState};
@@ -394,7 +393,7 @@ fn prepare(state: &AppState, req: &mut ChatRequest) -> Result<Job, ApiError> {
     })
 }
 
-pub async fn handle(State(state): State<AppState>, body: Bytes) -> Result<Response, DialectError> {
+pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Response, DialectError> {
     let d = Dialect::OpenAi;
     let mut req: ChatRequest = parse(&body).map_err(|e| e.in_dialect(d))?;
     let job = prepare(&state, &mut req).map_err(|e| e.in_dialect(d))?;

@@ -1,5 +1,4 @@
 //! `POST /v1/completions` (legacy text completions, no chat template).
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -8,7 +7,7 @@ use serde_json::{json, Value};
 use shoal_engine::{Completion, Event, FinishReason, SamplingParams, TokenLogprob};
 use tokio::sync::mpsc;
 
-use crate::body::{parse, OneOrMany};
+use crate::body::{parse, Body, OneOrMany};
 use crate::error::{ApiError, Dialect, DialectError};
 use crate::openai_chat::{
     check_max_tokens, check_range, check_stop, finish_reason, seed, usage_json, StreamOptions,
@@ -163,7 +162,7 @@ fn prepare(state: &AppState, req: &mut CompletionRequest) -> Result<Prepared, Ap
     })
 }
 
-pub async fn handle(State(state): State<AppState>, body: Bytes) -> Result<Response, DialectError> {
+pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Response, DialectError> {
     let d = Dialect::OpenAi;
     let mut req: CompletionRequest = parse(&body).map_err(|e| e.in_dialect(d))?;
     let Prepared { job, texts } = prepare(&state, &mut req).map_err(|e| e.in_dialect(d))?;

@@ -2,7 +2,6 @@
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
-use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -11,7 +10,7 @@ use serde_json::{json, Value};
 use shoal_engine::{ChatMessage, Completion, Event, FinishReason, SamplingParams, Usage};
 use tokio::sync::mpsc;
 
-use crate::body::parse;
+use crate::body::{parse, Body};
 use crate::error::{ApiError, Dialect, DialectError};
 use crate::openai_chat::{check_max_tokens, check_range, Content};
 use crate::run::{self, Job, LedgerFormat};
@@ -409,7 +408,7 @@ fn prepare(
     ))
 }
 
-pub async fn handle(State(state): State<AppState>, body: Bytes) -> Result<Response, DialectError> {
+pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Response, DialectError> {
     let d = Dialect::OpenAi;
     let mut req: ResponsesRequest = parse(&body).map_err(|e| e.in_dialect(d))?;
     let (job, msgs) = prepare(&state, &mut req).map_err(|e| e.in_dialect(d))?;

@@ -23,8 +23,15 @@ fn gguf() -> PathBuf {
 
 fn engine() -> Engine {
     static E: OnceLock<Engine> = OnceLock::new();
-    E.get_or_init(|| Engine::start(&gguf(), MODEL, EngineOptions::default()).expect("load"))
-        .clone()
+    // No prefix cache: these tests compare usage across identical requests.
+    E.get_or_init(|| {
+        let opts = EngineOptions {
+            prefix_cache_bytes: 0,
+            ..EngineOptions::default()
+        };
+        Engine::start(&gguf(), MODEL, opts).expect("load")
+    })
+    .clone()
 }
 
 /// Starts a server on a free port and returns its base URL.
@@ -300,32 +307,52 @@ async fn queue_overflow_is_429_and_529_with_retry_after() {
         MODEL,
         EngineOptions {
             queue_capacity: 1,
+            prefix_cache_bytes: 0,
             ..EngineOptions::default()
         },
     )
     .expect("load");
-    let base = server(small).await;
-    let long = json!({"model": MODEL, "messages": france(), "max_tokens": 60, "temperature": 0});
-    // Fill the engine (1 running + 1 queued), then ask for more.
-    let mut busy = Vec::new();
-    for _ in 0..2 {
-        let (b, body) = (base.clone(), long.to_string());
-        busy.push(tokio::spawn(async move {
-            post(&b, "/v1/chat/completions", &body).await.0
-        }));
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    }
-    let (s1, t1, h1) = post(&base, "/v1/chat/completions", &long.to_string()).await;
+    // Occupy the engine deterministically: one long generation running, one waiting.
+    let long = |n: u32| {
+        let mut r = shoal_engine::GenerateRequest::new((1..=n).collect());
+        r.max_tokens = Some(2000);
+        r.ignore_eos = true;
+        r
+    };
+    let mut running = small.submit(long(20)).expect("first");
+    while !matches!(
+        running.recv().await,
+        Some(shoal_engine::Event::Started { .. })
+    ) {}
+    let waiting = small.submit(long(21)).expect("second waits in the queue");
+    let base = server(small.clone()).await;
+    let chat = json!({"model": MODEL, "messages": france(), "max_tokens": 5});
+    let (s1, t1, h1) = post(&base, "/v1/chat/completions", &chat.to_string()).await;
     let anth = json!({"model": MODEL, "max_tokens": 5, "messages": france()});
     let (s2, t2, h2) = post(&base, "/v1/messages", &anth.to_string()).await;
     assert_eq!(s1, 429, "{t1}");
-    assert!(h1.contains_key("retry-after"));
+    assert_eq!(h1["retry-after"], "1");
+    let v: Value = serde_json::from_str(&t1).expect("json");
+    assert_eq!(v["error"]["type"], "rate_limit_error");
     assert_eq!(s2, 529, "{t2}");
-    assert!(h2.contains_key("retry-after"));
+    assert_eq!(h2["retry-after"], "1");
     let v: Value = serde_json::from_str(&t2).expect("json");
     assert_eq!(v["error"]["type"], "overloaded_error");
-    for b in busy {
-        assert_eq!(b.await.expect("join"), 200);
+    // Once the engine frees up, the same request is served.
+    drop(running);
+    drop(waiting);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (s, t, _) = post(&base, "/v1/chat/completions", &chat.to_string()).await;
+        if s == 200 {
+            break;
+        }
+        assert_eq!(s, 429, "{t}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "engine never freed up"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }
 
@@ -374,4 +401,21 @@ async fn disconnect_mid_stream_is_cancelled_in_ledger() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_body_is_413_in_each_dialect() {
+    let base = server(engine()).await;
+    let huge = format!(
+        "{{\"model\": \"{MODEL}\", \"pad\": \"{}\"}}",
+        "x".repeat(shoal_api::MAX_BODY_BYTES + 10)
+    );
+    let (s, t, _) = post(&base, "/v1/chat/completions", &huge).await;
+    assert_eq!(s, 413, "{t:.200}");
+    let v: Value = serde_json::from_str(&t).expect("json");
+    assert_eq!(v["error"]["code"], "request_too_large");
+    let (s, t, _) = post(&base, "/v1/messages", &huge).await;
+    assert_eq!(s, 413);
+    let v: Value = serde_json::from_str(&t).expect("json");
+    assert_eq!(v["error"]["type"], "request_too_large");
 }

@@ -40,6 +40,8 @@ pub trait KvCache: Any + Send {
     /// Bytes currently reserved.
     fn nbytes(&self) -> usize;
     fn as_any_mut(&mut self) -> &mut dyn Any;
+    /// An independent copy (cheap where the backend's arrays are immutable).
+    fn clone_box(&self) -> Box<dyn KvCache>;
 }
 
 /// A causal language model that can be run token by token.

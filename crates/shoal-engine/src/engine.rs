@@ -14,6 +14,7 @@ use crate::completion::{Completion, Event, FinishReason, Timings, TokenLogprob, 
 use crate::detok::IncrementalDecoder;
 use crate::error::{EngineError, Result};
 use crate::loader::{self, Vocabulary};
+use crate::prefix_cache::PrefixCache;
 use crate::sampler::{Sampler, SamplingParams};
 use crate::stop::StopMatcher;
 
@@ -67,6 +68,8 @@ pub struct EngineOptions {
     pub queue_capacity: usize,
     /// Prompt tokens per forward pass during prefill (bounds memory).
     pub prefill_chunk: usize,
+    /// Memory for KV state kept between requests to reuse shared prefixes; 0 turns it off.
+    pub prefix_cache_bytes: usize,
 }
 
 impl Default for EngineOptions {
@@ -74,6 +77,7 @@ impl Default for EngineOptions {
         EngineOptions {
             queue_capacity: 64,
             prefill_chunk: 2048,
+            prefix_cache_bytes: 1 << 30,
         }
     }
 }
@@ -104,6 +108,10 @@ pub struct EngineStats {
     pub completion_tokens: AtomicU64,
     /// Completion tokens of the most recent cancelled generation.
     pub last_cancelled_tokens: AtomicU64,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: AtomicU64,
+    /// Bytes the prefix cache holds now.
+    pub prefix_cache_bytes: AtomicU64,
 }
 
 /// A handle to a running engine; cheap to clone.
@@ -130,6 +138,7 @@ impl Engine {
         let (jobs_tx, jobs_rx) = sync_channel::<Job>(opts.queue_capacity);
         let path_buf = path.to_path_buf();
         let chunk = opts.prefill_chunk.max(1);
+        let prefix_bytes = opts.prefix_cache_bytes;
         let stats = Arc::new(EngineStats::default());
         let thread_stats = stats.clone();
         std::thread::Builder::new()
@@ -143,7 +152,15 @@ impl Engine {
                     }
                 };
                 let _ = ready_tx.send(Ok((loaded.model.info().clone(), loaded.vocab.clone())));
-                run(loaded.model, loaded.vocab, jobs_rx, chunk, &thread_stats);
+                let prefixes = PrefixCache::new(prefix_bytes);
+                run(
+                    loaded.model,
+                    loaded.vocab,
+                    jobs_rx,
+                    chunk,
+                    &thread_stats,
+                    prefixes,
+                );
             })?;
         let (info, vocab) = ready_rx
             .recv()
@@ -214,6 +231,7 @@ fn run(
     jobs: Receiver<Job>,
     chunk: usize,
     stats: &EngineStats,
+    mut prefixes: PrefixCache,
 ) {
     while let Ok(job) = jobs.recv() {
         if job.gone() {
@@ -237,10 +255,27 @@ fn run(
         }
         let events = job.events.clone();
         let started = Instant::now();
-        let completion = match model.new_cache() {
-            Ok(mut cache) => generate(model.as_ref(), &vocab, &job, cache.as_mut(), chunk, started),
+        let cache = match prefixes.lookup(&job.req.prompt) {
+            Some(hit) => Ok(hit.cache),
+            None => model.new_cache(),
+        };
+        let completion = match cache {
+            Ok(mut cache) => {
+                let (c, context) =
+                    generate(model.as_ref(), &vocab, &job, cache.as_mut(), chunk, started);
+                if !matches!(c.finish, FinishReason::Error(_)) {
+                    prefixes.insert(&context, cache);
+                }
+                c
+            }
             Err(e) => failed(&job, e, started),
         };
+        stats
+            .prefix_cache_bytes
+            .store(prefixes.bytes() as u64, Ordering::Relaxed);
+        stats
+            .cached_tokens
+            .fetch_add(completion.usage.cached_tokens as u64, Ordering::Relaxed);
         let u = completion.usage;
         stats
             .prompt_tokens
@@ -297,6 +332,8 @@ fn ms(d: std::time::Duration) -> f64 {
 }
 
 /// Runs one request to completion. Every exit path reports exact usage.
+/// Also returns the tokens whose KV state the cache now holds (a prefix of
+/// prompt + output), for the prefix cache.
 fn generate(
     model: &dyn LanguageModel,
     vocab: &Vocabulary,
@@ -304,7 +341,7 @@ fn generate(
     cache: &mut dyn KvCache,
     chunk: usize,
     started: Instant,
-) -> Completion {
+) -> (Completion, Vec<u32>) {
     let req = &job.req;
     let ctx = model.info().context_length;
     let mut usage = Usage {
@@ -324,16 +361,25 @@ fn generate(
             timings,
         }
     };
+    let held = |cache: &dyn KvCache, ctx: &[u32]| ctx[..cache.len().min(ctx.len())].to_vec();
 
     // Prefill in chunks so a long prompt neither blows memory nor ignores cancellation.
     let mut logits = Vec::new();
     for part in req.prompt[cache.len()..].chunks(chunk) {
         if job.gone() {
-            return finish(FinishReason::Cancelled, usage, timings);
+            return (
+                finish(FinishReason::Cancelled, usage, timings),
+                held(cache, &req.prompt),
+            );
         }
         match model.forward(part, cache) {
             Ok(l) => logits = l,
-            Err(e) => return finish(FinishReason::Error(e.to_string()), usage, timings),
+            Err(e) => {
+                return (
+                    finish(FinishReason::Error(e.to_string()), usage, timings),
+                    Vec::new(),
+                )
+            }
         }
     }
     let prefill_done = Instant::now();
@@ -428,7 +474,8 @@ fn generate(
             0.0
         };
     }
-    finish(reason, usage, timings)
+    let kept = held(cache, &context);
+    (finish(reason, usage, timings), kept)
 }
 
 fn stops_matched_none(reason: &FinishReason) -> bool {

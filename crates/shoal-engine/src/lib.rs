@@ -11,6 +11,7 @@ pub mod engine;
 pub mod error;
 pub mod loader;
 pub mod model;
+pub mod prefix_cache;
 pub mod sampler;
 pub mod stop;
 pub mod template;

@@ -24,9 +24,13 @@ pub fn gguf_path() -> PathBuf {
 
 fn engine() -> &'static Engine {
     static E: OnceLock<Engine> = OnceLock::new();
+    // No prefix cache here: these tests assert usage of repeated prompts.
     E.get_or_init(|| {
-        Engine::start(&gguf_path(), "smollm2", EngineOptions::default())
-            .expect("load default model")
+        let opts = EngineOptions {
+            prefix_cache_bytes: 0,
+            ..EngineOptions::default()
+        };
+        Engine::start(&gguf_path(), "smollm2", opts).expect("load default model")
     })
 }
 
@@ -302,4 +306,67 @@ fn cancel_flag_ends_with_a_cancelled_record_and_exact_usage() {
     assert_eq!(done.finish, FinishReason::Cancelled);
     assert_eq!(done.usage.prompt_tokens, n_prompt);
     assert!(done.usage.completion_tokens >= 3 && done.usage.completion_tokens < 400);
+}
+
+#[test]
+fn prefix_cache_reuses_shared_prompts_with_identical_greedy_output() {
+    let e = Engine::start(&gguf_path(), "smollm2", EngineOptions::default()).expect("load");
+    let system = "You are a careful assistant who answers in one sentence. ".repeat(8);
+    let msgs = |user: &str| {
+        let m = [
+            ChatMessage {
+                role: "system".into(),
+                content: system.clone(),
+            },
+            ChatMessage {
+                role: "user".into(),
+                content: user.into(),
+            },
+        ];
+        let text = e
+            .model
+            .vocab
+            .render_chat(&m, true, &Default::default())
+            .expect("render");
+        e.model.vocab.encode(&text).expect("encode")
+    };
+    let run_on = |prompt: Vec<u32>| {
+        collect_blocking(e.submit(greedy(prompt, Some(16), vec![])).unwrap()).unwrap()
+    };
+    let a = msgs("What is the capital of France?");
+    let (cold_text, cold) = run_on(a.clone());
+    assert_eq!(cold.usage.cached_tokens, 0);
+    // Same prompt again: all but the last token come from the cache.
+    let (warm_text, warm) = run_on(a.clone());
+    assert_eq!(warm.usage.cached_tokens, a.len() - 1);
+    assert_eq!(
+        warm.usage.prompt_tokens,
+        a.len(),
+        "a cache hit never shortens the prompt"
+    );
+    assert_eq!(
+        warm_text, cold_text,
+        "greedy output must not depend on the cache"
+    );
+    assert_eq!(warm.usage.completion_tokens, cold.usage.completion_tokens);
+    // A different question after the same system prompt shares exactly the common prefix.
+    let b = msgs("What is the capital of Italy?");
+    let shared = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    let (_, c) = run_on(b.clone());
+    assert_eq!(c.usage.cached_tokens, shared);
+    // A second turn reuses the first turn's prompt and reply.
+    let mut turn2 = a.clone();
+    turn2.extend(e.model.vocab.encode(&format!("{cold_text}<|im_end|>\n<|im_start|>user\nAnd Italy?<|im_end|>\n<|im_start|>assistant\n")).unwrap());
+    let (_, t2) = run_on(turn2.clone());
+    assert!(
+        t2.usage.cached_tokens >= a.len(),
+        "second turn reused {} of {}",
+        t2.usage.cached_tokens,
+        a.len()
+    );
+    assert_eq!(t2.usage.prompt_tokens, turn2.len());
+    assert_eq!(
+        e.stats.cached_tokens.load(Ordering::Relaxed) as usize,
+        warm.usage.cached_tokens + c.usage.cached_tokens + t2.usage.cached_tokens
+    );
 }

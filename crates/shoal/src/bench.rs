@@ -59,14 +59,20 @@ pub fn run(a: Args) -> Result<()> {
         .with_context(|| format!("loading {}", a.model.path().display()))?;
     let load_s = load_start.elapsed().as_secs_f64();
     let vocab = &engine.model.vocab;
-    let mut prompt = Vec::new();
-    while prompt.len() < a.prompt_tokens {
-        prompt.extend(vocab.encode(FILLER)?);
+    let mut filler = Vec::new();
+    while filler.len() < a.prompt_tokens {
+        filler.extend(vocab.encode(FILLER)?);
     }
-    prompt.truncate(a.prompt_tokens);
-    let req = GenerateRequest {
+    filler.truncate(a.prompt_tokens);
+    // Each run gets its own first token so no run reuses another's prefix.
+    let prompt_for = |run: usize| {
+        let mut p = filler.clone();
+        p[0] = 1000 + run as u32;
+        p
+    };
+    let req = |prompt: Vec<u32>, max_tokens: usize| GenerateRequest {
         prompt,
-        max_tokens: Some(a.gen_tokens),
+        max_tokens: Some(max_tokens),
         sampling: SamplingParams {
             temperature: 0.0,
             ..SamplingParams::default()
@@ -76,21 +82,33 @@ pub fn run(a: Args) -> Result<()> {
         cancel: Default::default(),
     };
     // One warm-up run so one-time allocation does not count.
-    collect_blocking(engine.submit(GenerateRequest {
-        max_tokens: Some(2),
-        ..req.clone()
-    })?)?;
+    collect_blocking(engine.submit(req(prompt_for(a.runs + 1), 2))?)?;
     let (mut pre, mut dec, mut ttft) = (vec![], vec![], vec![]);
-    for _ in 0..a.runs {
-        let (_, c) = collect_blocking(engine.submit(req.clone())?)?;
+    for run in 0..a.runs {
+        let (_, c) = collect_blocking(engine.submit(req(prompt_for(run), a.gen_tokens))?)?;
         anyhow::ensure!(
             c.usage.completion_tokens == a.gen_tokens,
             "run generated {} tokens",
             c.usage.completion_tokens
         );
+        anyhow::ensure!(
+            c.usage.cached_tokens == 0,
+            "a timed run hit the prefix cache"
+        );
         pre.push(c.timings.prefill_tokens_per_s);
         dec.push(c.timings.decode_tokens_per_s);
         ttft.push(c.timings.ttft_ms);
+    }
+    // Prefix cache: the same prompt minus its last 1% (at least one token) is
+    // seen first; then the full prompt only computes the rest.
+    let (mut cached_ttft, mut cached_tokens) = (vec![], 0);
+    for run in 0..a.runs {
+        let full = prompt_for(a.runs + 2 + run);
+        let keep = a.prompt_tokens - (a.prompt_tokens / 100).max(1);
+        collect_blocking(engine.submit(req(full[..keep.max(1)].to_vec(), 1))?)?;
+        let (_, c) = collect_blocking(engine.submit(req(full, 1))?)?;
+        cached_tokens = c.usage.cached_tokens;
+        cached_ttft.push(c.timings.ttft_ms);
     }
     let info = &engine.model.info;
     let out = json!({
@@ -105,6 +123,8 @@ pub fn run(a: Args) -> Result<()> {
         "prefill_tok_s": median(pre),
         "decode_tok_s": median(dec),
         "ttft_ms": median(ttft),
+        "ttft_prefix_cached_ms": median(cached_ttft),
+        "prefix_cached_tokens": cached_tokens,
         "weight_mb": info.weight_bytes as f64 / (1 << 20) as f64,
         "blas": blas(),
     });
@@ -112,10 +132,11 @@ pub fn run(a: Args) -> Result<()> {
         println!("{out}");
     } else {
         println!(
-            "shoal {} ({} {}): prompt {} tok, gen {} tok, {} runs\n  prefill {:.1} tok/s | decode {:.1} tok/s | ttft {:.1} ms | load {:.2} s",
+            "shoal {} ({} {}): prompt {} tok, gen {} tok, {} runs\n  prefill {:.1} tok/s | decode {:.1} tok/s | ttft {:.1} ms | ttft with {} of {} prompt tokens cached {:.1} ms | load {:.2} s",
             engine.model.id, info.device, info.dtype, a.prompt_tokens, a.gen_tokens, a.runs,
             out["prefill_tok_s"].as_f64().unwrap_or(0.0), out["decode_tok_s"].as_f64().unwrap_or(0.0),
-            out["ttft_ms"].as_f64().unwrap_or(0.0), load_s
+            out["ttft_ms"].as_f64().unwrap_or(0.0), cached_tokens, a.prompt_tokens,
+            out["ttft_prefix_cached_ms"].as_f64().unwrap_or(0.0), load_s
         );
     }
     Ok(())

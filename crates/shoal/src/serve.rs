@@ -18,6 +18,9 @@ pub struct Args {
     /// Requests allowed to wait behind the running one; more get 429/529.
     #[arg(long, env = "SHOAL_QUEUE", default_value_t = 64)]
     pub queue: usize,
+    /// Memory for reusing KV state of shared prompt prefixes across requests (0 = off).
+    #[arg(long, env = "SHOAL_PREFIX_CACHE_MB", default_value_t = 1024)]
+    pub prefix_cache_mb: usize,
     /// Another name that resolves to the model (repeatable).
     #[arg(long = "alias")]
     pub aliases: Vec<String>,
@@ -30,6 +33,7 @@ pub fn run(a: Args) -> Result<()> {
         &a.model.id(),
         EngineOptions {
             queue_capacity: a.queue.max(1),
+            prefix_cache_bytes: a.prefix_cache_mb << 20,
             ..EngineOptions::default()
         },
     )

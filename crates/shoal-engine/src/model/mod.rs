@@ -627,7 +627,7 @@ impl LanguageModel for Transformer {
 
 /// Preallocated per-layer key/value buffers, grown in steps so decode does not
 /// copy the whole history every token.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct MlxCache {
     layers: Vec<(Array, Array)>,
     offset: usize,
@@ -708,5 +708,8 @@ impl KvCache for MlxCache {
     }
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
+    }
+    fn clone_box(&self) -> Box<dyn KvCache> {
+        Box::new(self.clone())
     }
 }
