@@ -419,3 +419,66 @@ async fn oversized_body_is_413_in_each_dialect() {
     let v: Value = serde_json::from_str(&t).expect("json");
     assert_eq!(v["error"]["type"], "request_too_large");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn content_filter_in_every_dialect_with_usage() {
+    let filtered = Engine::start(
+        &gguf(),
+        MODEL,
+        EngineOptions {
+            prefix_cache_bytes: 0,
+            blocked_phrases: vec!["Paris".into()],
+            ..EngineOptions::default()
+        },
+    )
+    .expect("load");
+    let base = server(filtered).await;
+    let chat = json!({"model": MODEL, "messages": france(), "temperature": 0, "max_tokens": 20});
+    let (s, t, _) = post(&base, "/v1/chat/completions", &chat.to_string()).await;
+    assert_eq!(s, 200, "{t}");
+    let v: Value = serde_json::from_str(&t).expect("json");
+    assert_eq!(v["choices"][0]["finish_reason"], "content_filter");
+    assert_eq!(
+        v["choices"][0]["message"]["content"],
+        "The capital of France is "
+    );
+    assert_eq!(
+        v["usage"]["completion_tokens"], 6,
+        "tokens spent before the filter fired still count"
+    );
+    assert_eq!(v["usage"]["prompt_tokens"], 37);
+
+    let mut streamed = chat.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let (_, t, _) = post(&base, "/v1/chat/completions", &streamed.to_string()).await;
+    let ev = sse(&t);
+    let fin: Vec<Value> = ev
+        .iter()
+        .filter(|(_, d)| d != "[DONE]")
+        .map(|(_, d)| serde_json::from_str::<Value>(d).expect("json"))
+        .collect();
+    assert!(fin
+        .iter()
+        .any(|c| c["choices"][0]["finish_reason"] == "content_filter"));
+    assert_eq!(fin.last().expect("usage")["usage"]["completion_tokens"], 6);
+
+    let anth = json!({"model": MODEL, "max_tokens": 20, "messages": france(), "temperature": 0});
+    let (_, t, _) = post(&base, "/v1/messages", &anth.to_string()).await;
+    let v: Value = serde_json::from_str(&t).expect("json");
+    assert_eq!(v["stop_reason"], "refusal");
+    assert_eq!(v["usage"]["output_tokens"], 6);
+
+    let resp = json!({"model": MODEL, "input": "What is the capital of France?", "temperature": 0});
+    let (_, t, _) = post(&base, "/v1/responses", &resp.to_string()).await;
+    let v: Value = serde_json::from_str(&t).expect("json");
+    assert_eq!(v["status"], "incomplete");
+    assert_eq!(v["incomplete_details"]["reason"], "content_filter");
+    assert_eq!(v["usage"]["output_tokens"], 6);
+
+    let cmpl = json!({"model": MODEL, "prompt": "The capital of France is", "temperature": 0, "max_tokens": 5});
+    let (_, t, _) = post(&base, "/v1/completions", &cmpl.to_string()).await;
+    let v: Value = serde_json::from_str(&t).expect("json");
+    assert_eq!(v["choices"][0]["finish_reason"], "content_filter");
+    assert_eq!(v["choices"][0]["text"], " ");
+}

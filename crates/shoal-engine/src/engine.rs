@@ -70,6 +70,9 @@ pub struct EngineOptions {
     pub prefill_chunk: usize,
     /// Memory for KV state kept between requests to reuse shared prefixes; 0 turns it off.
     pub prefix_cache_bytes: usize,
+    /// Content filter: output containing any of these phrases is cut before
+    /// the phrase and ends with `ContentFilter` (the tokens spent still count).
+    pub blocked_phrases: Vec<String>,
 }
 
 impl Default for EngineOptions {
@@ -78,6 +81,7 @@ impl Default for EngineOptions {
             queue_capacity: 64,
             prefill_chunk: 2048,
             prefix_cache_bytes: 1 << 30,
+            blocked_phrases: Vec::new(),
         }
     }
 }
@@ -139,6 +143,7 @@ impl Engine {
         let path_buf = path.to_path_buf();
         let chunk = opts.prefill_chunk.max(1);
         let prefix_bytes = opts.prefix_cache_bytes;
+        let blocked = opts.blocked_phrases.clone();
         let stats = Arc::new(EngineStats::default());
         let thread_stats = stats.clone();
         std::thread::Builder::new()
@@ -160,6 +165,7 @@ impl Engine {
                     chunk,
                     &thread_stats,
                     prefixes,
+                    &blocked,
                 );
             })?;
         let (info, vocab) = ready_rx
@@ -232,6 +238,7 @@ fn run(
     chunk: usize,
     stats: &EngineStats,
     mut prefixes: PrefixCache,
+    blocked: &[String],
 ) {
     while let Ok(job) = jobs.recv() {
         if job.gone() {
@@ -261,8 +268,15 @@ fn run(
         };
         let completion = match cache {
             Ok(mut cache) => {
-                let (c, context) =
-                    generate(model.as_ref(), &vocab, &job, cache.as_mut(), chunk, started);
+                let (c, context) = generate(
+                    model.as_ref(),
+                    &vocab,
+                    &job,
+                    cache.as_mut(),
+                    chunk,
+                    started,
+                    blocked,
+                );
                 if !matches!(c.finish, FinishReason::Error(_)) {
                     prefixes.insert(&context, cache);
                 }
@@ -341,6 +355,7 @@ fn generate(
     cache: &mut dyn KvCache,
     chunk: usize,
     started: Instant,
+    blocked: &[String],
 ) -> (Completion, Vec<u32>) {
     let req = &job.req;
     let ctx = model.info().context_length;
@@ -394,6 +409,9 @@ fn generate(
     let mut sampler = Sampler::new(req.sampling.clone());
     let mut detok = IncrementalDecoder::new(true);
     let mut stops = StopMatcher::new(req.stop.clone());
+    // The filter sees text before the stop matcher, so a blocked phrase is
+    // withheld even when a stop sequence would have matched later.
+    let mut filter = StopMatcher::new(blocked.to_vec());
     let mut context = req.prompt.clone();
     let mut generated: Vec<u32> = Vec::new();
     let mut pending_logprobs: Vec<TokenLogprob> = Vec::new();
@@ -433,10 +451,14 @@ fn generate(
             Ok(p) => p,
             Err(e) => break FinishReason::Error(e.to_string()),
         };
-        let step = stops.push(&piece);
+        let screened = filter.push(&piece);
+        let step = stops.push(&screened.emit);
         send_text(step.emit, &mut pending_logprobs);
         if let Some(i) = step.matched {
             break FinishReason::StopSequence(stops.stops()[i].clone());
+        }
+        if screened.matched.is_some() {
+            break FinishReason::ContentFilter;
         }
         if generated.len() >= max_tokens {
             break FinishReason::Length;
@@ -453,15 +475,26 @@ fn generate(
         }
     };
 
-    // Release text held back for a possible stop sequence or an incomplete character.
+    // Release text held back for a possible stop sequence, a blocked phrase
+    // or an incomplete character.
+    let mut reason = reason;
     if !matches!(
         reason,
-        FinishReason::StopSequence(_) | FinishReason::Cancelled
+        FinishReason::StopSequence(_) | FinishReason::Cancelled | FinishReason::ContentFilter
     ) {
         let tail = detok.flush(&vocab.tokenizer).unwrap_or_default();
-        let mut rest = stops.push(&tail).emit;
-        if stops_matched_none(&reason) {
-            rest.push_str(&stops.flush());
+        let screened = filter.push(&tail);
+        let mut text = screened.emit;
+        if screened.matched.is_some() {
+            reason = FinishReason::ContentFilter;
+        } else {
+            text.push_str(&filter.flush());
+        }
+        let step = stops.push(&text);
+        let mut rest = step.emit;
+        match step.matched {
+            Some(i) => reason = FinishReason::StopSequence(stops.stops()[i].clone()),
+            None => rest.push_str(&stops.flush()),
         }
         send_text(rest, &mut pending_logprobs);
     }
@@ -476,10 +509,6 @@ fn generate(
     }
     let kept = held(cache, &context);
     (finish(reason, usage, timings), kept)
-}
-
-fn stops_matched_none(reason: &FinishReason) -> bool {
-    !matches!(reason, FinishReason::StopSequence(_))
 }
 
 fn token_logprob(vocab: &Vocabulary, token: u32, logprob: f32, top: &[(u32, f32)]) -> TokenLogprob {

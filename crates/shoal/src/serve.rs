@@ -21,6 +21,10 @@ pub struct Args {
     /// Memory for reusing KV state of shared prompt prefixes across requests (0 = off).
     #[arg(long, env = "SHOAL_PREFIX_CACHE_MB", default_value_t = 1024)]
     pub prefix_cache_mb: usize,
+    /// Content filter: replies containing this phrase are cut before it and end
+    /// with finish reason content_filter / refusal (repeatable).
+    #[arg(long = "block", env = "SHOAL_BLOCK", value_delimiter = '\n')]
+    pub blocked: Vec<String>,
     /// Another name that resolves to the model (repeatable).
     #[arg(long = "alias")]
     pub aliases: Vec<String>,
@@ -34,6 +38,7 @@ pub fn run(a: Args) -> Result<()> {
         EngineOptions {
             queue_capacity: a.queue.max(1),
             prefix_cache_bytes: a.prefix_cache_mb << 20,
+            blocked_phrases: a.blocked.into_iter().filter(|p| !p.is_empty()).collect(),
             ..EngineOptions::default()
         },
     )
