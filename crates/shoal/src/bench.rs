@@ -38,6 +38,14 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// Peak resident memory of this process in MiB (Linux), for the memory figure.
+fn peak_rss_mb() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
 fn blas() -> String {
     #[cfg(target_os = "linux")]
     {
@@ -127,6 +135,7 @@ pub fn run(a: Args) -> Result<()> {
         "prefix_cached_tokens": cached_tokens,
         "weight_mb": info.weight_bytes as f64 / (1 << 20) as f64,
         "blas": blas(),
+        "peak_rss_mb": peak_rss_mb(),
     });
     if a.json {
         println!("{out}");
@@ -138,6 +147,12 @@ pub fn run(a: Args) -> Result<()> {
             out["ttft_ms"].as_f64().unwrap_or(0.0), cached_tokens, a.prompt_tokens,
             out["ttft_prefix_cached_ms"].as_f64().unwrap_or(0.0), load_s
         );
+        if let Some(rss) = peak_rss_mb() {
+            println!(
+                "  peak RSS {rss:.0} MiB (weights {:.0} MiB)",
+                info.weight_bytes as f64 / (1 << 20) as f64
+            );
+        }
     }
     Ok(())
 }
