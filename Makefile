@@ -49,8 +49,14 @@ $(MODEL_GGUF):
 $(MODEL_MLX)/config.json: $(MODEL_GGUF) tools/py/convert_gguf.py
 	@"$$(bash tools/setup-pyenv.sh)/bin/python" tools/py/convert_gguf.py $(MODEL_GGUF) $(MODEL_MLX)
 
-## The default GGUF and, for reference tests and benchmarks, the same weights as an MLX/HF directory.
-models: $(MODEL_GGUF) $(MODEL_MLX)/config.json
+MODEL_Q4   := $(CACHE)/models/smollm2-135m-mlx-q4-sharded
+
+$(MODEL_Q4)/config.json: $(MODEL_MLX)/config.json tools/py/quantize_mlx.py
+	@"$$(bash tools/setup-pyenv.sh)/bin/python" tools/py/quantize_mlx.py
+
+## The default GGUF and, for reference tests and benchmarks, the same weights as
+## an MLX/HF directory (float32, and 4-bit quantized in two shards).
+models: $(MODEL_GGUF) $(MODEL_MLX)/config.json $(MODEL_Q4)/config.json
 
 build: setup
 	$(CARGO) build --release -p shoal
