@@ -482,3 +482,37 @@ async fn content_filter_in_every_dialect_with_usage() {
     assert_eq!(v["choices"][0]["finish_reason"], "content_filter");
     assert_eq!(v["choices"][0]["text"], " ");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn content_filter_regex_on_the_real_model() {
+    let filtered = Engine::start(
+        &gguf(),
+        MODEL,
+        EngineOptions {
+            prefix_cache_bytes: 0,
+            blocked_patterns: vec![r"\bP[a-z]+s\b".into()],
+            ..EngineOptions::default()
+        },
+    )
+    .expect("load");
+    let base = server(filtered).await;
+    let chat = json!({"model": MODEL, "messages": france(), "temperature": 0, "max_tokens": 20});
+    let (s, t, _) = post(&base, "/v1/chat/completions", &chat.to_string()).await;
+    assert_eq!(s, 200, "{t}");
+    let v: Value = serde_json::from_str(&t).expect("json");
+    assert_eq!(v["choices"][0]["finish_reason"], "content_filter");
+    assert_eq!(
+        v["choices"][0]["message"]["content"],
+        "The capital of France is "
+    );
+    assert_eq!(v["usage"]["completion_tokens"], 6);
+    let bad = Engine::start(
+        &gguf(),
+        MODEL,
+        EngineOptions {
+            blocked_patterns: vec!["(oops".into()],
+            ..EngineOptions::default()
+        },
+    );
+    assert!(bad.is_err_and(|e| e.to_string().contains("(oops")));
+}

@@ -11,6 +11,7 @@ use tracing::{debug, info, warn};
 
 use crate::backend::{KvCache, LanguageModel, ModelInfo};
 use crate::completion::{Completion, Event, FinishReason, Timings, TokenLogprob, Usage};
+use crate::content_filter::ContentPolicy;
 use crate::detok::IncrementalDecoder;
 use crate::error::{EngineError, Result};
 use crate::loader::{self, Vocabulary};
@@ -73,6 +74,8 @@ pub struct EngineOptions {
     /// Content filter: output containing any of these phrases is cut before
     /// the phrase and ends with `ContentFilter` (the tokens spent still count).
     pub blocked_phrases: Vec<String>,
+    /// Content filter: regular expressions, checked like the phrases.
+    pub blocked_patterns: Vec<String>,
 }
 
 impl Default for EngineOptions {
@@ -82,6 +85,7 @@ impl Default for EngineOptions {
             prefill_chunk: 2048,
             prefix_cache_bytes: 1 << 30,
             blocked_phrases: Vec::new(),
+            blocked_patterns: Vec::new(),
         }
     }
 }
@@ -143,7 +147,7 @@ impl Engine {
         let path_buf = path.to_path_buf();
         let chunk = opts.prefill_chunk.max(1);
         let prefix_bytes = opts.prefix_cache_bytes;
-        let blocked = opts.blocked_phrases.clone();
+        let blocked = ContentPolicy::new(opts.blocked_phrases.clone(), &opts.blocked_patterns)?;
         let stats = Arc::new(EngineStats::default());
         let thread_stats = stats.clone();
         std::thread::Builder::new()
@@ -238,7 +242,7 @@ fn run(
     chunk: usize,
     stats: &EngineStats,
     mut prefixes: PrefixCache,
-    blocked: &[String],
+    blocked: &ContentPolicy,
 ) {
     while let Ok(job) = jobs.recv() {
         if job.gone() {
@@ -355,7 +359,7 @@ fn generate(
     cache: &mut dyn KvCache,
     chunk: usize,
     started: Instant,
-    blocked: &[String],
+    blocked: &ContentPolicy,
 ) -> (Completion, Vec<u32>) {
     let req = &job.req;
     let ctx = model.info().context_length;
@@ -411,7 +415,7 @@ fn generate(
     let mut stops = StopMatcher::new(req.stop.clone());
     // The filter sees text before the stop matcher, so a blocked phrase is
     // withheld even when a stop sequence would have matched later.
-    let mut filter = StopMatcher::new(blocked.to_vec());
+    let mut filter = blocked.screen();
     let mut context = req.prompt.clone();
     let mut generated: Vec<u32> = Vec::new();
     let mut pending_logprobs: Vec<TokenLogprob> = Vec::new();
@@ -488,7 +492,11 @@ fn generate(
         if screened.matched.is_some() {
             reason = FinishReason::ContentFilter;
         } else {
-            text.push_str(&filter.flush());
+            let last = filter.flush();
+            text.push_str(&last.emit);
+            if last.matched.is_some() {
+                reason = FinishReason::ContentFilter;
+            }
         }
         let step = stops.push(&text);
         let mut rest = step.emit;

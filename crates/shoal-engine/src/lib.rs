@@ -4,6 +4,7 @@
 //! reasons for every API adapter.
 pub mod backend;
 pub mod completion;
+pub mod content_filter;
 #[cfg(target_os = "linux")]
 pub mod cpu_blas;
 pub mod detok;

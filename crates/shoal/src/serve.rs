@@ -25,6 +25,13 @@ pub struct Args {
     /// with finish reason content_filter / refusal (repeatable).
     #[arg(long = "block", env = "SHOAL_BLOCK", value_delimiter = '\n')]
     pub blocked: Vec<String>,
+    /// Content filter: a regular expression that ends a reply the same way (repeatable).
+    #[arg(
+        long = "block-regex",
+        env = "SHOAL_BLOCK_REGEX",
+        value_delimiter = '\n'
+    )]
+    pub blocked_regex: Vec<String>,
     /// Another name that resolves to the model (repeatable).
     #[arg(long = "alias")]
     pub aliases: Vec<String>,
@@ -39,6 +46,11 @@ pub fn run(a: Args) -> Result<()> {
             queue_capacity: a.queue.max(1),
             prefix_cache_bytes: a.prefix_cache_mb << 20,
             blocked_phrases: a.blocked.into_iter().filter(|p| !p.is_empty()).collect(),
+            blocked_patterns: a
+                .blocked_regex
+                .into_iter()
+                .filter(|p| !p.is_empty())
+                .collect(),
             ..EngineOptions::default()
         },
     )
