@@ -153,6 +153,41 @@ fn refuse_tools(tools: &Option<Vec<Value>>) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// `thinking`: `{"type": "enabled", "budget_tokens": N}` (N below max_tokens),
+/// `{"type": "adaptive"}` (no budget) or `{"type": "disabled"}`.
+fn wanted_thinking(
+    thinking: Option<&Value>,
+    max_tokens: Option<usize>,
+) -> Result<Option<Option<usize>>, ApiError> {
+    let Some(t) = thinking else { return Ok(None) };
+    match t.get("type").and_then(Value::as_str) {
+        Some("disabled") => Ok(None),
+        Some("adaptive") => Ok(Some(None)),
+        Some("enabled") => {
+            let budget = t
+                .get("budget_tokens")
+                .and_then(Value::as_i64)
+                .ok_or_else(|| {
+                    ApiError::invalid("thinking.enabled.budget_tokens: Field required")
+                })?;
+            if budget < 1 {
+                return Err(ApiError::invalid(
+                    "thinking.budget_tokens: must be at least 1",
+                ));
+            }
+            if max_tokens.is_some_and(|m| budget as usize >= m) {
+                return Err(ApiError::invalid(
+                    "max_tokens must be greater than thinking.budget_tokens",
+                ));
+            }
+            Ok(Some(Some(budget as usize)))
+        }
+        _ => Err(ApiError::invalid(
+            "thinking.type: Input should be 'enabled', 'adaptive' or 'disabled'",
+        )),
+    }
+}
+
 fn prepare(state: &AppState, req: &MessagesRequest) -> Result<Job, ApiError> {
     state.check_model(&req.model)?;
     refuse_tools(&req.tools)?;
@@ -176,9 +211,11 @@ fn prepare(state: &AppState, req: &MessagesRequest) -> Result<Job, ApiError> {
             "stop_sequences: each stop sequence must be non-empty",
         ));
     }
+    let want = wanted_thinking(req.thinking.as_ref(), max_tokens)?;
     let messages = to_messages(req.system.as_ref(), &req.messages)?;
-    let prompt = state.chat_prompt(&messages)?;
+    let (prompt, reasoning) = state.chat_prompt_reasoning(&messages, want)?;
     Ok(Job {
+        reasoning,
         prompts: vec![prompt],
         max_tokens,
         sampling: SamplingParams {
@@ -197,7 +234,10 @@ pub struct StreamRenderer {
     pub id: String,
     pub model: String,
     started: bool,
-    block_open: bool,
+    pinged: bool,
+    /// Index and kind ("thinking" / "text") of the open content block.
+    open: Option<(usize, &'static str)>,
+    next_index: usize,
 }
 
 impl StreamRenderer {
@@ -206,7 +246,9 @@ impl StreamRenderer {
             id,
             model,
             started: false,
-            block_open: false,
+            pinged: false,
+            open: None,
+            next_index: 0,
         }
     }
 
@@ -231,12 +273,41 @@ impl StreamRenderer {
                 "id": self.id, "type": "message", "role": "assistant", "model": self.model,
                 "content": [], "stop_reason": null, "stop_sequence": null, "usage": usage}}),
         ));
+    }
+
+    fn close_block(&mut self, out: &mut Vec<(String, Value)>) {
+        if let Some((i, _)) = self.open.take() {
+            out.push(Self::ev(
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": i}),
+            ));
+        }
+    }
+
+    /// Makes sure a block of `kind` is open and returns its index.
+    fn block(&mut self, kind: &'static str, out: &mut Vec<(String, Value)>) -> usize {
+        if let Some((i, k)) = self.open {
+            if k == kind {
+                return i;
+            }
+            self.close_block(out);
+        }
+        let i = self.next_index;
+        self.next_index += 1;
+        let block = match kind {
+            "thinking" => json!({"type": "thinking", "thinking": "", "signature": ""}),
+            _ => json!({"type": "text", "text": ""}),
+        };
         out.push(Self::ev(
             "content_block_start",
-            json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+            json!({"type": "content_block_start", "index": i, "content_block": block}),
         ));
-        out.push(Self::ev("ping", json!({"type": "ping"})));
-        self.block_open = true;
+        if !self.pinged {
+            self.pinged = true;
+            out.push(Self::ev("ping", json!({"type": "ping"})));
+        }
+        self.open = Some((i, kind));
+        i
     }
 
     /// Frames (event name, data) for one engine event.
@@ -247,10 +318,18 @@ impl StreamRenderer {
                 prompt_tokens,
                 cached_tokens,
             } => self.start(*prompt_tokens, *cached_tokens, &mut out),
-            Event::Delta { text, .. } => {
+            Event::Reasoning { text } => {
+                let i = self.block("thinking", &mut out);
                 out.push(Self::ev(
                     "content_block_delta",
-                    json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}),
+                    json!({"type": "content_block_delta", "index": i, "delta": {"type": "thinking_delta", "thinking": text}}),
+                ));
+            }
+            Event::Delta { text, .. } => {
+                let i = self.block("text", &mut out);
+                out.push(Self::ev(
+                    "content_block_delta",
+                    json!({"type": "content_block_delta", "index": i, "delta": {"type": "text_delta", "text": text}}),
                 ));
             }
             Event::Done(c) => {
@@ -261,13 +340,10 @@ impl StreamRenderer {
                     return out;
                 }
                 self.start(c.usage.prompt_tokens, c.usage.cached_tokens, &mut out);
-                if self.block_open {
-                    out.push(Self::ev(
-                        "content_block_stop",
-                        json!({"type": "content_block_stop", "index": 0}),
-                    ));
-                    self.block_open = false;
+                if self.open.is_none() && self.next_index == 0 {
+                    self.block("text", &mut out);
                 }
+                self.close_block(&mut out);
                 out.push(Self::ev(
                     "message_delta",
                     json!({"type": "message_delta",
@@ -281,10 +357,15 @@ impl StreamRenderer {
     }
 }
 
-fn message_body(id: &str, model: &str, text: &str, c: &Completion) -> Value {
+fn message_body(id: &str, model: &str, reasoning: &str, text: &str, c: &Completion) -> Value {
+    let mut content = Vec::new();
+    if !reasoning.is_empty() {
+        content.push(json!({"type": "thinking", "thinking": reasoning, "signature": ""}));
+    }
+    content.push(json!({"type": "text", "text": text}));
     json!({
         "id": id, "type": "message", "role": "assistant", "model": model,
-        "content": [{"type": "text", "text": text}],
+        "content": content,
         "stop_reason": stop_reason(&c.finish), "stop_sequence": stop_sequence(&c.finish),
         "usage": usage_json(&c.usage),
     })
@@ -312,7 +393,14 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
         if let FinishReason::Error(msg) = &c.completion().finish {
             return Err(ApiError::internal(format!("generation failed: {msg}")).in_dialect(d));
         }
-        return Ok(Json(message_body(&id, &req.model, &c.text, c.completion())).into_response());
+        return Ok(Json(message_body(
+            &id,
+            &req.model,
+            &c.reasoning,
+            &c.text,
+            c.completion(),
+        ))
+        .into_response());
     }
     let (tx, rx) = mpsc::unbounded_channel();
     let mut renderer = StreamRenderer::new(id, req.model.clone());

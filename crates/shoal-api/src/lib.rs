@@ -21,6 +21,7 @@ use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
+use shoal_engine::reasoning::ReasoningSpec;
 use shoal_engine::{ChatMessage, Engine};
 
 use crate::error::{ApiError, Dialect, DialectError};
@@ -57,9 +58,40 @@ impl AppState {
 
     /// Renders a conversation with the model's template and tokenizes it.
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, ApiError> {
+        Ok(self.chat_prompt_reasoning(messages, None)?.0)
+    }
+
+    /// Like `chat_prompt`, also deciding how the reply reasons. `want` is
+    /// `None` when the request did not ask for reasoning, else its token
+    /// budget (`None` inside = unlimited). Templates with a thinking switch get
+    /// `enable_thinking`; for others the server opens the section itself after
+    /// the generation prompt, so any model can be asked to think.
+    pub fn chat_prompt_reasoning(
+        &self,
+        messages: &[ChatMessage],
+        want: Option<Option<usize>>,
+    ) -> Result<(Vec<u32>, Option<ReasoningSpec>), ApiError> {
         let vocab = &self.engine.model.vocab;
-        let text = vocab.render_chat(messages, true, &Default::default())?;
-        Ok(vocab.encode(&text)?)
+        let native = vocab
+            .template
+            .as_ref()
+            .is_some_and(|t| t.source().contains("<think>"));
+        let mut extra = serde_json::Map::new();
+        if native {
+            extra.insert("enable_thinking".into(), json!(want.is_some()));
+        }
+        let mut text = vocab.render_chat(messages, true, &extra)?;
+        let spec = match (want, native) {
+            (Some(budget), true) => Some(ReasoningSpec::think(false, budget)),
+            (Some(budget), false) => {
+                text.push_str("<think>\n");
+                Some(ReasoningSpec::think(true, budget))
+            }
+            // A thinking model may still open the section on its own.
+            (None, true) => Some(ReasoningSpec::think(false, None)),
+            (None, false) => None,
+        };
+        Ok((vocab.encode(&text)?, spec))
     }
 }
 

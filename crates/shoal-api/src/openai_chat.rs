@@ -37,6 +37,60 @@ pub struct ChatRequest {
     pub response_format: Option<ResponseFormat>,
     pub tools: Option<Vec<Value>>,
     pub tool_choice: Option<Value>,
+    /// OpenAI's effort levels, mapped to reasoning-token budgets.
+    pub reasoning_effort: Option<String>,
+    /// Finer control: `{"effort": ..}` or an explicit `{"max_tokens": N}` budget.
+    pub reasoning: Option<ReasoningOptions>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ReasoningOptions {
+    pub effort: Option<String>,
+    pub max_tokens: Option<i64>,
+    pub enabled: Option<bool>,
+}
+
+/// Budgets behind the effort levels (reasoning tokens).
+pub fn effort_budget(param: &str, effort: &str) -> Result<Option<Option<usize>>, ApiError> {
+    Ok(match effort {
+        "none" => None,
+        "minimal" => Some(Some(256)),
+        "low" => Some(Some(1024)),
+        "medium" => Some(Some(4096)),
+        "high" => Some(Some(16384)),
+        other => {
+            return Err(ApiError::param(
+                param,
+                format!("'{param}' must be one of none, minimal, low, medium, high; got '{other}'"),
+            ))
+        }
+    })
+}
+
+/// Whether (and with what budget) a chat request asked for reasoning.
+fn wanted_reasoning(req: &ChatRequest) -> Result<Option<Option<usize>>, ApiError> {
+    if let Some(r) = &req.reasoning {
+        if r.enabled == Some(false) {
+            return Ok(None);
+        }
+        if let Some(n) = r.max_tokens {
+            if n < 1 {
+                return Err(ApiError::param(
+                    "reasoning",
+                    "'reasoning.max_tokens' must be at least 1",
+                ));
+            }
+            return Ok(Some(Some(n as usize)));
+        }
+        if let Some(e) = &r.effort {
+            return effort_budget("reasoning.effort", e);
+        }
+        return Ok(Some(None));
+    }
+    match &req.reasoning_effort {
+        Some(e) => effort_budget("reasoning_effort", e),
+        None => Ok(None),
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -248,6 +302,10 @@ impl ChunkRenderer {
         match ev {
             Event::Started { .. } => {}
             Event::Delta { text, logprobs } => out.push(self.delta(i, text, logprobs).to_string()),
+            Event::Reasoning { text } => out.push(
+                self.chunk(json!([{"index": i, "delta": {"reasoning_content": text}, "logprobs": null, "finish_reason": null}]))
+                    .to_string(),
+            ),
             Event::Done(c) => {
                 st.done[i] = Some(c.clone());
                 if let FinishReason::Error(msg) = &c.finish {
@@ -374,7 +432,7 @@ fn prepare(state: &AppState, req: &mut ChatRequest) -> Result<Job, ApiError> {
         ));
     }
     let messages = to_messages(&req.messages)?;
-    let prompt = state.chat_prompt(&messages)?;
+    let (prompt, reasoning) = state.chat_prompt_reasoning(&messages, wanted_reasoning(req)?)?;
     let sampling = SamplingParams {
         temperature: req.temperature.unwrap_or(1.0),
         top_p: req.top_p.unwrap_or(1.0),
@@ -390,6 +448,7 @@ fn prepare(state: &AppState, req: &mut ChatRequest) -> Result<Job, ApiError> {
         sampling,
         stop: check_stop(req.stop.take())?,
         n: req.n.unwrap_or(1) as usize,
+        reasoning,
     })
 }
 
@@ -424,9 +483,13 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
             .iter()
             .enumerate()
             .map(|(i, c)| {
+                let mut message = json!({"role": "assistant", "content": c.text, "refusal": null});
+                if !c.reasoning.is_empty() {
+                    message["reasoning_content"] = json!(c.reasoning);
+                }
                 json!({
                     "index": i,
-                    "message": {"role": "assistant", "content": c.text, "refusal": null},
+                    "message": message,
                     "logprobs": if req.logprobs { json!({"content": c.logprobs.iter().map(logprob_entry).collect::<Vec<_>>()}) } else { Value::Null },
                     "finish_reason": finish_reason(&c.completion().finish),
                 })

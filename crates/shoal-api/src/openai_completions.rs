@@ -157,6 +157,7 @@ fn prepare(state: &AppState, req: &mut CompletionRequest) -> Result<Prepared, Ap
             },
             stop: check_stop(req.stop.take())?,
             n: req.n.unwrap_or(1) as usize,
+            reasoning: None,
         },
         texts,
     })
@@ -234,7 +235,7 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
                 frames.push(chunk(json!([{"index": i, "text": texts[i / per], "logprobs": null, "finish_reason": null}])).to_string());
             }
             match ev {
-                Event::Started { .. } => {}
+                Event::Started { .. } | Event::Reasoning { .. } => {}
                 Event::Delta { text, logprobs } => {
                     let lp = if want_lp {
                         logprobs_json(&logprobs, offsets[i])

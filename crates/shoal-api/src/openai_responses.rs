@@ -136,6 +136,7 @@ fn ledger_finish(f: &FinishReason) -> String {
 pub struct Shape {
     pub id: String,
     pub msg_id: String,
+    pub reasoning_id: String,
     pub created: u64,
     pub model: String,
     pub instructions: Option<String>,
@@ -148,6 +149,11 @@ pub struct Shape {
 }
 
 impl Shape {
+    fn reasoning_item(&self, text: &str) -> Value {
+        json!({"type": "reasoning", "id": self.reasoning_id, "summary": [],
+               "content": [{"type": "reasoning_text", "text": text}]})
+    }
+
     fn message(&self, text: &str, item_status: &str) -> Value {
         json!({"type": "message", "id": self.msg_id, "status": item_status, "role": "assistant",
                "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]})
@@ -155,6 +161,16 @@ impl Shape {
 
     /// The response object; `done` is `None` while in progress.
     pub fn response(&self, text: &str, done: Option<&Completion>) -> Value {
+        self.response_with(None, text, done)
+    }
+
+    /// The response object with a reasoning item before the message.
+    pub fn response_with(
+        &self,
+        reasoning: Option<&str>,
+        text: &str,
+        done: Option<&Completion>,
+    ) -> Value {
         let (st, incomplete, error, output, usage) = match done {
             None => (
                 "in_progress",
@@ -170,11 +186,14 @@ impl Shape {
                 } else {
                     "incomplete"
                 };
-                let output = if st == "failed" {
-                    json!([])
-                } else {
-                    json!([self.message(text, item_status)])
-                };
+                let mut items = Vec::new();
+                if let Some(r) = reasoning.filter(|r| !r.is_empty()) {
+                    items.push(self.reasoning_item(r));
+                }
+                if st != "failed" {
+                    items.push(self.message(text, item_status));
+                }
+                let output = Value::Array(items);
                 (st, inc, err, output, usage_json(&c.usage))
             }
         };
@@ -196,7 +215,12 @@ pub struct StreamRenderer {
     shape: Shape,
     seq: u64,
     text: String,
-    opened: bool,
+    reasoning: String,
+    created: bool,
+    /// Output index of the open reasoning item / message item.
+    reasoning_open: Option<u64>,
+    message_open: Option<u64>,
+    next_index: u64,
 }
 
 impl StreamRenderer {
@@ -205,7 +229,11 @@ impl StreamRenderer {
             shape,
             seq: 0,
             text: String::new(),
-            opened: false,
+            reasoning: String::new(),
+            created: false,
+            reasoning_open: None,
+            message_open: None,
+            next_index: 0,
         }
     }
 
@@ -216,51 +244,111 @@ impl StreamRenderer {
         out.push((kind.to_string(), data));
     }
 
-    fn open(&mut self, out: &mut Vec<(String, Value)>) {
-        if self.opened {
+    fn create(&mut self, out: &mut Vec<(String, Value)>) {
+        if self.created {
             return;
         }
-        self.opened = true;
+        self.created = true;
         let r = self.shape.response("", None);
         self.push(out, "response.created", json!({"response": r.clone()}));
         self.push(out, "response.in_progress", json!({"response": r}));
+    }
+
+    fn open_reasoning(&mut self, out: &mut Vec<(String, Value)>) -> u64 {
+        if let Some(i) = self.reasoning_open {
+            return i;
+        }
+        let i = self.next_index;
+        self.next_index += 1;
+        let item = json!({"type": "reasoning", "id": self.shape.reasoning_id, "summary": [], "content": []});
+        self.push(
+            out,
+            "response.output_item.added",
+            json!({"output_index": i, "item": item}),
+        );
+        self.reasoning_open = Some(i);
+        i
+    }
+
+    fn close_reasoning(&mut self, out: &mut Vec<(String, Value)>) {
+        if let Some(i) = self.reasoning_open.take() {
+            let id = self.shape.reasoning_id.clone();
+            let text = self.reasoning.clone();
+            self.push(
+                out,
+                "response.reasoning_text.done",
+                json!({"item_id": id, "output_index": i, "content_index": 0, "text": text}),
+            );
+            let item = self.shape.reasoning_item(&text);
+            self.push(
+                out,
+                "response.output_item.done",
+                json!({"output_index": i, "item": item}),
+            );
+        }
+    }
+
+    fn open_message(&mut self, out: &mut Vec<(String, Value)>) -> u64 {
+        if let Some(i) = self.message_open {
+            return i;
+        }
+        self.close_reasoning(out);
+        let i = self.next_index;
+        self.next_index += 1;
         let item = json!({"type": "message", "id": self.shape.msg_id, "status": "in_progress", "role": "assistant", "content": []});
         self.push(
             out,
             "response.output_item.added",
-            json!({"output_index": 0, "item": item}),
+            json!({"output_index": i, "item": item}),
         );
         let part = json!({"type": "output_text", "text": "", "annotations": [], "logprobs": []});
         let id = self.shape.msg_id.clone();
         self.push(
             out,
             "response.content_part.added",
-            json!({"item_id": id, "output_index": 0, "content_index": 0, "part": part}),
+            json!({"item_id": id, "output_index": i, "content_index": 0, "part": part}),
         );
+        self.message_open = Some(i);
+        i
     }
 
     pub fn step(&mut self, ev: &Event) -> Vec<(String, Value)> {
         let mut out = Vec::new();
-        self.open(&mut out);
-        let id = self.shape.msg_id.clone();
+        self.create(&mut out);
         match ev {
             Event::Started { .. } => {}
+            Event::Reasoning { text } => {
+                let i = self.open_reasoning(&mut out);
+                self.reasoning.push_str(text);
+                let id = self.shape.reasoning_id.clone();
+                self.push(
+                    &mut out,
+                    "response.reasoning_text.delta",
+                    json!({"item_id": id, "output_index": i, "content_index": 0, "delta": text}),
+                );
+            }
             Event::Delta { text, .. } => {
+                let i = self.open_message(&mut out);
                 self.text.push_str(text);
+                let id = self.shape.msg_id.clone();
                 self.push(&mut out, "response.output_text.delta",
-                          json!({"item_id": id, "output_index": 0, "content_index": 0, "delta": text, "logprobs": []}));
+                          json!({"item_id": id, "output_index": i, "content_index": 0, "delta": text, "logprobs": []}));
             }
             Event::Done(c) => {
                 let (st, _, _) = status(&c.finish);
-                if st != "failed" {
+                if st == "failed" {
+                    self.close_reasoning(&mut out);
+                } else {
+                    let i = self.open_message(&mut out);
+                    let id = self.shape.msg_id.clone();
                     let text = self.text.clone();
                     self.push(&mut out, "response.output_text.done",
-                              json!({"item_id": id, "output_index": 0, "content_index": 0, "text": text, "logprobs": []}));
+                              json!({"item_id": id, "output_index": i, "content_index": 0, "text": text, "logprobs": []}));
                     let part = json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []});
                     self.push(
                         &mut out,
                         "response.content_part.done",
-                        json!({"item_id": id, "output_index": 0, "content_index": 0, "part": part}),
+                        json!({"item_id": id, "output_index": i, "content_index": 0, "part": part}),
                     );
                     let item_status = if st == "completed" {
                         "completed"
@@ -271,10 +359,12 @@ impl StreamRenderer {
                     self.push(
                         &mut out,
                         "response.output_item.done",
-                        json!({"output_index": 0, "item": item}),
+                        json!({"output_index": i, "item": item}),
                     );
                 }
-                let r = self.shape.response(&self.text.clone(), Some(c));
+                let reasoning = self.reasoning.clone();
+                let text = self.text.clone();
+                let r = self.shape.response_with(Some(&reasoning), &text, Some(c));
                 let kind = match st {
                     "completed" => "response.completed",
                     "failed" => "response.failed",
@@ -390,8 +480,18 @@ fn prepare(
     let max_tokens = check_max_tokens("max_output_tokens", req.max_output_tokens, ctx)?;
     check_range("temperature", req.temperature, 0.0, 2.0)?;
     check_range("top_p", req.top_p, 0.0, 1.0)?;
+    let want = match req.reasoning.as_ref().and_then(|r| r.get("effort")) {
+        Some(Value::String(e)) => crate::openai_chat::effort_budget("reasoning.effort", e)?,
+        Some(Value::Null) | None => None,
+        Some(_) => {
+            return Err(ApiError::param(
+                "reasoning",
+                "'reasoning.effort' must be a string",
+            ))
+        }
+    };
     let msgs = conversation(state, req)?;
-    let prompt = state.chat_prompt(&msgs)?;
+    let (prompt, reasoning) = state.chat_prompt_reasoning(&msgs, want)?;
     Ok((
         Job {
             prompts: vec![prompt],
@@ -403,6 +503,7 @@ fn prepare(
             },
             stop: Vec::new(),
             n: 1,
+            reasoning,
         },
         msgs,
     ))
@@ -415,6 +516,7 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
     let shape = Shape {
         id: run::new_id("resp_"),
         msg_id: run::new_id("msg_"),
+        reasoning_id: run::new_id("rs_"),
         created: run::now_secs(),
         model: req.model.clone(),
         instructions: req.instructions.clone(),
@@ -440,7 +542,7 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
         let c = collected
             .first()
             .ok_or_else(|| ApiError::internal("no output").in_dialect(d))?;
-        let body = shape.response(&c.text, Some(c.completion()));
+        let body = shape.response_with(Some(&c.reasoning), &c.text, Some(c.completion()));
         if store {
             remember(&state, &shape, msgs, &c.text, &body);
         }
@@ -450,9 +552,12 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
     let mut renderer = StreamRenderer::new(shape.clone());
     tokio::spawn(async move {
         let mut text = String::new();
+        let mut reasoning = String::new();
         while let Some((_, ev)) = choices.next_streamed(&tx).await {
-            if let Event::Delta { text: t, .. } = &ev {
-                text.push_str(t);
+            match &ev {
+                Event::Delta { text: t, .. } => text.push_str(t),
+                Event::Reasoning { text: t } => reasoning.push_str(t),
+                _ => {}
             }
             let done = match &ev {
                 Event::Done(c) => Some(c.clone()),
@@ -465,7 +570,7 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
             }
             if let Some(c) = done {
                 if store {
-                    let body = shape.response(&text, Some(&c));
+                    let body = shape.response_with(Some(&reasoning), &text, Some(&c));
                     remember(&state, &shape, msgs, &text, &body);
                 }
                 return;

@@ -19,6 +19,7 @@ pub struct Job {
     pub sampling: SamplingParams,
     pub stop: Vec<String>,
     pub n: usize,
+    pub reasoning: Option<shoal_engine::reasoning::ReasoningSpec>,
 }
 
 /// How the dialect words its ledger entry.
@@ -74,6 +75,7 @@ impl Choices {
                     slot.text.push_str(&text);
                     slot.logprobs.extend(logprobs);
                 }
+                Event::Reasoning { text } => slot.reasoning.push_str(&text),
                 Event::Done(c) => {
                     slot.completion = Some(c);
                     remaining -= 1;
@@ -97,6 +99,7 @@ impl Choices {
 #[derive(Default, Debug)]
 pub struct Collected {
     pub text: String,
+    pub reasoning: String,
     pub logprobs: Vec<shoal_engine::TokenLogprob>,
     pub completion: Option<Completion>,
 }
@@ -134,6 +137,7 @@ pub fn start(state: &AppState, job: Job, fmt: LedgerFormat) -> Result<Choices, A
             stop: job.stop.clone(),
             ignore_eos: false,
             cancel: CancelFlag::default(),
+            reasoning: job.reasoning.clone(),
         };
         let flag = req.cancel.clone();
         match state.engine.submit(req) {

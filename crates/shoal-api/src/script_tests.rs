@@ -203,6 +203,7 @@ fn responses_frames(finish: FinishReason) -> Vec<(String, Value)> {
     let shape = openai_responses::Shape {
         id: "resp_x".into(),
         msg_id: "msg_x".into(),
+        reasoning_id: "rs_x".into(),
         created: 1,
         model: "m".into(),
         instructions: None,
@@ -289,4 +290,89 @@ fn responses_error_mid_stream_fails_with_usage() {
     assert_eq!(data["response"]["status"], "failed");
     assert_eq!(data["response"]["error"]["code"], "server_error");
     assert_eq!(data["response"]["usage"]["output_tokens"], 7);
+}
+
+#[test]
+fn responses_reasoning_item_streams_before_the_message() {
+    let shape = openai_responses::Shape {
+        id: "resp_x".into(),
+        msg_id: "msg_x".into(),
+        reasoning_id: "rs_x".into(),
+        created: 1,
+        model: "m".into(),
+        instructions: None,
+        max_output_tokens: None,
+        previous_response_id: None,
+        temperature: 1.0,
+        top_p: 1.0,
+        store: true,
+        metadata: serde_json::json!({}),
+    };
+    let mut r = openai_responses::StreamRenderer::new(shape);
+    let mut evs = vec![Event::Reasoning { text: "hmm".into() }];
+    evs.extend(script(FinishReason::Stop));
+    let f: Vec<(String, Value)> = evs.iter().flat_map(|e| r.step(e)).collect();
+    let names: Vec<&str> = f.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.reasoning_text.delta",
+            "response.reasoning_text.done",
+            "response.output_item.done",
+            "response.output_item.added",
+            "response.content_part.added",
+            "response.output_text.delta",
+            "response.output_text.delta",
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.completed"
+        ]
+    );
+    assert_eq!(f[2].1["item"]["type"], "reasoning");
+    assert_eq!(f[6].1["output_index"], 1);
+    let resp = &f[f.len() - 1].1["response"];
+    assert_eq!(resp["output"][0]["content"][0]["text"], "hmm");
+    assert_eq!(resp["output"][1]["content"][0]["text"], "Hello");
+    assert_eq!(
+        resp["usage"]["output_tokens_details"]["reasoning_tokens"],
+        3
+    );
+}
+
+#[test]
+fn anthropic_thinking_block_precedes_text_block() {
+    let mut r = anthropic::StreamRenderer::new("msg_x".into(), "m".into());
+    let mut evs = vec![
+        Event::Started {
+            prompt_tokens: 40,
+            cached_tokens: 10,
+        },
+        Event::Reasoning { text: "hmm".into() },
+    ];
+    evs.extend(script(FinishReason::Stop).into_iter().skip(1));
+    let f: Vec<(String, Value)> = evs.iter().flat_map(|e| r.step(e)).collect();
+    let names: Vec<&str> = f.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "message_start",
+            "content_block_start",
+            "ping",
+            "content_block_delta",
+            "content_block_stop",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop"
+        ]
+    );
+    assert_eq!(f[3].1["delta"]["type"], "thinking_delta");
+    assert_eq!(f[5].1["index"], 1);
+    assert_eq!(f[6].1["delta"]["type"], "text_delta");
 }

@@ -516,3 +516,93 @@ async fn content_filter_regex_on_the_real_model() {
     );
     assert!(bad.is_err_and(|e| e.to_string().contains("(oops")));
 }
+
+/// The server opens the thinking section for a model without one, so a budget
+/// of N gives exactly N reasoning tokens on the real 135M model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reasoning_budget_is_exact_in_every_dialect() {
+    let base = server(engine()).await;
+    let budget = 5;
+    let chat = json!({"model": MODEL, "messages": france(), "temperature": 0, "max_tokens": 30,
+                      "reasoning": {"max_tokens": budget}});
+    let (s, t, _) = post(&base, "/v1/chat/completions", &chat.to_string()).await;
+    assert_eq!(s, 200, "{t}");
+    let v: Value = serde_json::from_str(&t).expect("json");
+    let u = &v["usage"];
+    assert_eq!(u["completion_tokens_details"]["reasoning_tokens"], budget);
+    assert!(
+        u["completion_tokens"].as_u64() > Some(budget),
+        "the answer follows the closed section"
+    );
+    let reasoning = v["choices"][0]["message"]["reasoning_content"]
+        .as_str()
+        .expect("reasoning_content");
+    assert!(
+        !reasoning.is_empty() && !reasoning.contains("<think>") && !reasoning.contains("</think>")
+    );
+    let content = v["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content");
+    assert!(!content.contains("</think>"));
+
+    // Streaming: reasoning deltas first, then content; usage identical to non-streamed.
+    let mut streamed = chat.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let (_, t, _) = post(&base, "/v1/chat/completions", &streamed.to_string()).await;
+    let chunks: Vec<Value> = sse(&t)
+        .into_iter()
+        .filter(|(_, d)| d != "[DONE]")
+        .map(|(_, d)| serde_json::from_str(&d).expect("json"))
+        .collect();
+    let r: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["reasoning_content"].as_str())
+        .collect();
+    let c: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(r, reasoning);
+    assert_eq!(c, content);
+    assert_eq!(&chunks.last().expect("usage")["usage"], u);
+
+    // Anthropic: a thinking block before the text block; output_tokens covers both.
+    let anth = json!({"model": MODEL, "max_tokens": 30, "messages": france(), "temperature": 0,
+                      "thinking": {"type": "enabled", "budget_tokens": budget}});
+    let (_, t, _) = post(&base, "/v1/messages", &anth.to_string()).await;
+    let v: Value = serde_json::from_str(&t).expect("json");
+    assert_eq!(v["content"][0]["type"], "thinking");
+    assert_eq!(v["content"][0]["thinking"], reasoning);
+    assert_eq!(v["content"][1]["type"], "text");
+    let mut anth_stream = anth.clone();
+    anth_stream["stream"] = json!(true);
+    let (_, t, _) = post(&base, "/v1/messages", &anth_stream.to_string()).await;
+    let ev = sse(&t);
+    let starts: Vec<Value> = ev
+        .iter()
+        .filter(|(n, _)| n.as_deref() == Some("content_block_start"))
+        .map(|(_, d)| serde_json::from_str::<Value>(d).expect("json"))
+        .collect();
+    assert_eq!(starts.len(), 2);
+    assert_eq!(starts[0]["content_block"]["type"], "thinking");
+    assert_eq!(starts[1]["content_block"]["type"], "text");
+    assert_eq!(starts[1]["index"], 1);
+    let delta: Value = serde_json::from_str(&ev[ev.len() - 2].1).expect("json");
+    assert_eq!(delta["usage"]["output_tokens"], v["usage"]["output_tokens"]);
+    let bad = json!({"model": MODEL, "max_tokens": 5, "messages": france(),
+                     "thinking": {"type": "enabled", "budget_tokens": 5}});
+    let (s, _, _) = post(&base, "/v1/messages", &bad.to_string()).await;
+    assert_eq!(s, 400, "budget must be below max_tokens");
+
+    // Responses: a reasoning item before the message, reasoning_tokens in usage.
+    let resp = json!({"model": MODEL, "input": "What is the capital of France?", "temperature": 0,
+                      "max_output_tokens": 30, "reasoning": {"effort": "low"}});
+    let (_, t, _) = post(&base, "/v1/responses", &resp.to_string()).await;
+    let v: Value = serde_json::from_str(&t).expect("json");
+    assert_eq!(v["output"][0]["type"], "reasoning");
+    let rt = v["usage"]["output_tokens_details"]["reasoning_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(rt > 0 && rt <= v["usage"]["output_tokens"].as_u64().unwrap_or(0));
+}

@@ -119,6 +119,8 @@ pub enum Event {
         text: String,
         logprobs: Vec<TokenLogprob>,
     },
+    /// New reasoning text (inside the model's thinking section).
+    Reasoning { text: String },
     /// Always the last event.
     Done(Completion),
 }

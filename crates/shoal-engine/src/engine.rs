@@ -16,6 +16,7 @@ use crate::detok::IncrementalDecoder;
 use crate::error::{EngineError, Result};
 use crate::loader::{self, Vocabulary};
 use crate::prefix_cache::PrefixCache;
+use crate::reasoning::{Phase, ReasoningSpec, ReasoningSplitter};
 use crate::sampler::{Sampler, SamplingParams};
 use crate::stop::StopMatcher;
 
@@ -33,6 +34,8 @@ pub struct GenerateRequest {
     /// still sends its final record (dropping the stream also cancels, but
     /// then nobody hears the record).
     pub cancel: CancelFlag,
+    /// Split a thinking section off the reply (and cap it), if any.
+    pub reasoning: Option<ReasoningSpec>,
 }
 
 /// A shared "please stop" flag for one request.
@@ -58,6 +61,7 @@ impl GenerateRequest {
             stop: Vec::new(),
             ignore_eos: false,
             cancel: CancelFlag::default(),
+            reasoning: None,
         }
     }
 }
@@ -432,6 +436,15 @@ fn generate(
             });
         }
     };
+    let send_reasoning = |text: String| {
+        if !text.is_empty() {
+            let _ = job.events.send(Event::Reasoning { text });
+        }
+    };
+    let mut splitter = req.reasoning.as_ref().map(ReasoningSplitter::new);
+    let budget = req.reasoning.as_ref().and_then(|r| r.budget);
+    // Tokens sampled before we know whether the reply opens a thinking section.
+    let mut pending_tokens = 0;
 
     let reason = loop {
         let s = sampler.sample(&logits, &context, &generated);
@@ -444,6 +457,12 @@ fn generate(
         generated.push(s.token);
         context.push(s.token);
         usage.completion_tokens += 1;
+        let phase_before = splitter.as_ref().map(ReasoningSplitter::phase);
+        match phase_before {
+            Some(Phase::Thinking) => usage.reasoning_tokens += 1,
+            Some(Phase::Pending) => pending_tokens += 1,
+            _ => {}
+        }
 
         if !req.ignore_eos && vocab.eos.contains(&s.token) {
             break FinishReason::Stop;
@@ -456,13 +475,65 @@ fn generate(
             Err(e) => break FinishReason::Error(e.to_string()),
         };
         let screened = filter.push(&piece);
-        let step = stops.push(&screened.emit);
+        let content = match splitter.as_mut() {
+            Some(sp) => {
+                let split = sp.push(&screened.emit);
+                if phase_before == Some(Phase::Pending) && sp.phase() != Phase::Pending {
+                    if split.reasoning.is_empty() && sp.phase() == Phase::Answer {
+                        pending_tokens = 0;
+                    }
+                    usage.reasoning_tokens += pending_tokens;
+                    pending_tokens = 0;
+                }
+                send_reasoning(split.reasoning);
+                split.content
+            }
+            None => screened.emit,
+        };
+        let step = stops.push(&content);
         send_text(step.emit, &mut pending_logprobs);
         if let Some(i) = step.matched {
             break FinishReason::StopSequence(stops.stops()[i].clone());
         }
         if screened.matched.is_some() {
             break FinishReason::ContentFilter;
+        }
+        // Budget spent: close the section ourselves and let the answer follow.
+        if let (Some(sp), Some(b)) = (splitter.as_mut(), budget) {
+            if sp.phase() == Phase::Thinking
+                && usage.reasoning_tokens >= b
+                && generated.len() < max_tokens
+            {
+                send_reasoning(sp.close_now());
+                let close = req
+                    .reasoning
+                    .as_ref()
+                    .map(|r| format!("{}\n\n", r.close))
+                    .unwrap_or_default();
+                let forced = match vocab.tokenizer.encode(close.as_str(), false) {
+                    Ok(e) => e.get_ids().to_vec(),
+                    Err(e) => break FinishReason::Error(e.to_string()),
+                };
+                for &t in &forced {
+                    let _ = detok.push(&vocab.tokenizer, t);
+                }
+                // The forced marker is output the model's cache holds: it counts
+                // as completion, not as reasoning.
+                usage.completion_tokens += forced.len();
+                generated.extend_from_slice(&forced);
+                context.extend_from_slice(&forced);
+                if context.len() >= ctx {
+                    break FinishReason::ContextWindow;
+                }
+                match model.forward(&forced, cache) {
+                    Ok(l) => logits = l,
+                    Err(e) => break FinishReason::Error(e.to_string()),
+                }
+                if generated.len() >= max_tokens {
+                    break FinishReason::Length;
+                }
+                continue;
+            }
         }
         if generated.len() >= max_tokens {
             break FinishReason::Length;
@@ -486,7 +557,15 @@ fn generate(
         reason,
         FinishReason::StopSequence(_) | FinishReason::Cancelled | FinishReason::ContentFilter
     ) {
-        let tail = detok.flush(&vocab.tokenizer).unwrap_or_default();
+        let mut tail = detok.flush(&vocab.tokenizer).unwrap_or_default();
+        if let Some(sp) = splitter.as_mut() {
+            let mut split = sp.push(&tail);
+            let last = sp.flush();
+            split.reasoning.push_str(&last.reasoning);
+            split.content.push_str(&last.content);
+            send_reasoning(split.reasoning);
+            tail = split.content;
+        }
         let screened = filter.push(&tail);
         let mut text = screened.emit;
         if screened.matched.is_some() {
@@ -538,7 +617,7 @@ pub fn collect_blocking(mut rx: EventStream) -> Result<(String, Completion)> {
         match ev {
             Event::Delta { text: t, .. } => text.push_str(&t),
             Event::Done(c) => return Ok((text, c)),
-            Event::Started { .. } => {}
+            Event::Started { .. } | Event::Reasoning { .. } => {}
         }
     }
     Err(EngineError::Unavailable(

@@ -13,6 +13,7 @@ pub mod error;
 pub mod loader;
 pub mod model;
 pub mod prefix_cache;
+pub mod reasoning;
 pub mod sampler;
 pub mod stop;
 pub mod template;

@@ -33,6 +33,7 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: Option<String>,
     eos_token: Option<String>,
+    source: String,
 }
 
 /// Carries the message of `raise_exception` through minijinja so it can be reported verbatim.
@@ -48,6 +49,11 @@ impl std::fmt::Display for RaisedException {
 impl std::error::Error for RaisedException {}
 
 impl ChatTemplate {
+    /// The template text (e.g. to see whether it knows a thinking switch).
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
     /// Compiles `source` with the same whitespace rules and helpers as transformers.
     pub fn new(source: &str, bos_token: Option<String>, eos_token: Option<String>) -> Result<Self> {
         let mut env = Environment::new();
@@ -61,6 +67,7 @@ impl ChatTemplate {
         env.add_template_owned(TEMPLATE_NAME, source.to_owned())
             .map_err(template_error)?;
         Ok(Self {
+            source: source.to_owned(),
             env,
             bos_token,
             eos_token,

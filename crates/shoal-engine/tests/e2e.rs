@@ -58,6 +58,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: Option<usize>, stop: Vec<String>) -> Gen
         stop,
         ignore_eos: false,
         cancel: Default::default(),
+        reasoning: None,
     }
 }
 
@@ -143,6 +144,7 @@ fn seeded_sampling_is_reproducible() {
         stop: vec![],
         ignore_eos: false,
         cancel: Default::default(),
+        reasoning: None,
     };
     let (a, _) = run(mk(7));
     let (b, _) = run(mk(7));
@@ -219,6 +221,7 @@ fn utf8_never_broken_in_deltas() {
             stop: vec![],
             ignore_eos: false,
             cancel: Default::default(),
+            reasoning: None,
         })
         .unwrap();
     let mut all = String::new();
@@ -235,7 +238,7 @@ fn utf8_never_broken_in_deltas() {
                 assert!(c.usage.completion_tokens > 0);
                 break;
             }
-            Event::Started { .. } => {}
+            Event::Started { .. } | Event::Reasoning { .. } => {}
         }
     }
     assert!(!all.is_empty());
@@ -300,7 +303,7 @@ fn cancel_flag_ends_with_a_cancelled_record_and_exact_usage() {
                 }
             }
             Event::Done(c) => break c,
-            Event::Started { .. } => {}
+            Event::Started { .. } | Event::Reasoning { .. } => {}
         }
     };
     assert_eq!(done.finish, FinishReason::Cancelled);

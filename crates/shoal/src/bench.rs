@@ -88,6 +88,7 @@ pub fn run(a: Args) -> Result<()> {
         stop: vec![],
         ignore_eos: true,
         cancel: Default::default(),
+        reasoning: None,
     };
     // One warm-up run so one-time allocation does not count.
     collect_blocking(engine.submit(req(prompt_for(a.runs + 1), 2))?)?;

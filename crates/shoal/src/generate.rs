@@ -81,8 +81,10 @@ pub fn run(a: Args) -> Result<()> {
         stop: a.stop.clone(),
         ignore_eos: false,
         cancel: Default::default(),
+        reasoning: None,
     })?;
     let mut out = String::new();
+    let mut reasoning = String::new();
     let mut stdout = std::io::stdout().lock();
     let completion = loop {
         match rx.blocking_recv() {
@@ -92,6 +94,12 @@ pub fn run(a: Args) -> Result<()> {
                     stdout.flush()?;
                 }
                 out.push_str(&text);
+            }
+            Some(Event::Reasoning { text }) => {
+                if !a.json {
+                    eprint!("{text}");
+                }
+                reasoning.push_str(&text);
             }
             Some(Event::Done(c)) => break c,
             Some(Event::Started { .. }) => {}
@@ -110,6 +118,7 @@ pub fn run(a: Args) -> Result<()> {
     if a.json {
         let obj = json!({
             "text": out,
+            "reasoning": reasoning,
             "finish_reason": completion.finish.as_str(),
             "stop_sequence": stop_sequence,
             "error": error,
