@@ -334,8 +334,7 @@ impl StreamRenderer {
             }
             Event::Done(c) => {
                 if let FinishReason::Error(msg) = &c.finish {
-                    let err = ApiError::internal(format!("generation failed: {msg}"))
-                        .body(Dialect::Anthropic);
+                    let err = ApiError::generation_failed(msg).body(Dialect::Anthropic);
                     out.push(Self::ev("error", err));
                     return out;
                 }
@@ -391,7 +390,7 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
             .first()
             .ok_or_else(|| ApiError::internal("no output").in_dialect(d))?;
         if let FinishReason::Error(msg) = &c.completion().finish {
-            return Err(ApiError::internal(format!("generation failed: {msg}")).in_dialect(d));
+            return Err(ApiError::generation_failed(msg).in_dialect(d));
         }
         return Ok(Json(message_body(
             &id,

@@ -62,6 +62,10 @@ impl ApiError {
             code: None,
         }
     }
+    /// The engine failed part-way through a generation.
+    pub fn generation_failed(detail: &str) -> Self {
+        ApiError::internal(format!("generation failed: {detail}"))
+    }
     pub fn internal(message: impl Into<String>) -> Self {
         ApiError {
             kind: ErrorKind::Internal,

@@ -311,7 +311,7 @@ impl ChunkRenderer {
                 if let FinishReason::Error(msg) = &c.finish {
                     st.failed = true;
                     out.push(
-                        ApiError::internal(format!("generation failed: {msg}"))
+                        ApiError::generation_failed(msg)
                             .body(Dialect::OpenAi)
                             .to_string(),
                     );
@@ -472,13 +472,7 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
         let collected = choices.collect().await.map_err(|e| e.in_dialect(d))?;
         let completions: Vec<Completion> =
             collected.iter().map(|c| c.completion().clone()).collect();
-        if let Some(FinishReason::Error(msg)) = completions
-            .iter()
-            .map(|c| &c.finish)
-            .find(|f| matches!(f, FinishReason::Error(_)))
-        {
-            return Err(ApiError::internal(format!("generation failed: {msg}")).in_dialect(d));
-        }
+        run::check_failed(&completions).map_err(|e| e.in_dialect(d))?;
         let out: Vec<Value> = collected
             .iter()
             .enumerate()

@@ -185,13 +185,7 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
         let collected = choices.collect().await.map_err(|e| e.in_dialect(d))?;
         let completions: Vec<Completion> =
             collected.iter().map(|c| c.completion().clone()).collect();
-        if let Some(FinishReason::Error(msg)) = completions
-            .iter()
-            .map(|c| &c.finish)
-            .find(|f| matches!(f, FinishReason::Error(_)))
-        {
-            return Err(ApiError::internal(format!("generation failed: {msg}")).in_dialect(d));
-        }
+        run::check_failed(&completions).map_err(|e| e.in_dialect(d))?;
         let out: Vec<Value> = collected
             .iter()
             .enumerate()
@@ -247,11 +241,7 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
                 }
                 Event::Done(c) => {
                     if let FinishReason::Error(msg) = &c.finish {
-                        frames.push(
-                            ApiError::internal(format!("generation failed: {msg}"))
-                                .body(d)
-                                .to_string(),
-                        );
+                        frames.push(ApiError::generation_failed(msg).body(d).to_string());
                     } else {
                         frames.push(chunk(json!([{"index": i, "text": "", "logprobs": null, "finish_reason": finish_reason(&c.finish)}])).to_string());
                     }

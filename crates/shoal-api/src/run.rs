@@ -230,3 +230,14 @@ pub fn combined_usage(completions: &[Completion], per_prompt: usize) -> shoal_en
     }
     u
 }
+
+/// The first failed choice of a non-streamed response, as the error to send.
+pub fn check_failed(completions: &[Completion]) -> Result<(), ApiError> {
+    match completions.iter().find_map(|c| match &c.finish {
+        FinishReason::Error(m) => Some(m),
+        _ => None,
+    }) {
+        Some(m) => Err(ApiError::generation_failed(m)),
+        None => Ok(()),
+    }
+}
