@@ -13,7 +13,6 @@ pub mod run;
 mod script_tests;
 pub mod sse;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, Query, State};
@@ -174,11 +173,4 @@ async fn not_found(uri: axum::http::Uri) -> DialectError {
         Dialect::OpenAi
     };
     ApiError::not_found(format!("no route for {}", uri.path())).in_dialect(dialect)
-}
-
-/// Binds and serves until the process ends.
-pub async fn serve(state: AppState, addr: SocketAddr) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(%addr, model = %state.engine.model.id, "listening");
-    axum::serve(listener, router(state)).await
 }

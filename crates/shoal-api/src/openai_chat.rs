@@ -20,20 +20,16 @@ pub struct ChatRequest {
     pub messages: Vec<InMessage>,
     pub max_tokens: Option<i64>,
     pub max_completion_tokens: Option<i64>,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub n: Option<i64>,
+    #[serde(flatten)]
+    pub sampling: OpenAiSampling,
     #[serde(default)]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     pub stop: Option<OneOrMany<String>>,
-    pub seed: Option<i64>,
     pub user: Option<String>,
     #[serde(default)]
     pub logprobs: bool,
     pub top_logprobs: Option<i64>,
-    pub presence_penalty: Option<f32>,
-    pub frequency_penalty: Option<f32>,
     pub response_format: Option<ResponseFormat>,
     pub tools: Option<Vec<Value>>,
     pub tool_choice: Option<Value>,
@@ -202,8 +198,44 @@ pub fn check_stop(stop: Option<OneOrMany<String>>) -> Result<Vec<String>, ApiErr
     Ok(stops.into_iter().filter(|s| !s.is_empty()).collect())
 }
 
-pub fn seed(v: Option<i64>) -> Option<u64> {
-    v.map(|s| s as u64)
+/// Sampling parameters shared by Chat Completions and Completions, checked
+/// in one place so both endpoints accept and refuse the same values.
+#[derive(Debug, Deserialize)]
+pub struct OpenAiSampling {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub n: Option<i64>,
+    pub seed: Option<i64>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+}
+
+impl OpenAiSampling {
+    /// Choices per prompt.
+    pub fn n(&self) -> usize {
+        self.n.unwrap_or(1) as usize
+    }
+
+    /// Validates the ranges and builds the engine's parameters (OpenAI defaults).
+    pub fn params(&self, top_logprobs: Option<usize>) -> Result<SamplingParams, ApiError> {
+        check_range("temperature", self.temperature, 0.0, 2.0)?;
+        check_range("top_p", self.top_p, 0.0, 1.0)?;
+        if self.top_p == Some(0.0) {
+            return Err(ApiError::param("top_p", "'top_p' must be greater than 0"));
+        }
+        check_range("n", self.n, 1, 16)?;
+        check_range("presence_penalty", self.presence_penalty, -2.0, 2.0)?;
+        check_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)?;
+        Ok(SamplingParams {
+            temperature: self.temperature.unwrap_or(1.0),
+            top_p: self.top_p.unwrap_or(1.0),
+            seed: self.seed.map(|s| s as u64),
+            presence_penalty: self.presence_penalty.unwrap_or(0.0),
+            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
+            top_logprobs,
+            ..SamplingParams::default()
+        })
+    }
 }
 
 /// The dialect's word for why a choice ended.
@@ -416,14 +448,9 @@ fn prepare(state: &AppState, req: &mut ChatRequest) -> Result<Job, ApiError> {
         (Some(v), _) => check_max_tokens("max_completion_tokens", Some(v), ctx)?,
         (None, v) => check_max_tokens("max_tokens", v, ctx)?,
     };
-    check_range("temperature", req.temperature, 0.0, 2.0)?;
-    check_range("top_p", req.top_p, 0.0, 1.0)?;
-    if req.top_p == Some(0.0) {
-        return Err(ApiError::param("top_p", "'top_p' must be greater than 0"));
-    }
-    check_range("n", req.n, 1, 16)?;
-    check_range("presence_penalty", req.presence_penalty, -2.0, 2.0)?;
-    check_range("frequency_penalty", req.frequency_penalty, -2.0, 2.0)?;
+    let sampling = req
+        .sampling
+        .params(req.logprobs.then(|| req.top_logprobs.unwrap_or(0) as usize))?;
     check_range("top_logprobs", req.top_logprobs, 0, 20)?;
     if req.top_logprobs.is_some() && !req.logprobs {
         return Err(ApiError::param(
@@ -433,21 +460,12 @@ fn prepare(state: &AppState, req: &mut ChatRequest) -> Result<Job, ApiError> {
     }
     let messages = to_messages(&req.messages)?;
     let (prompt, reasoning) = state.chat_prompt_reasoning(&messages, wanted_reasoning(req)?)?;
-    let sampling = SamplingParams {
-        temperature: req.temperature.unwrap_or(1.0),
-        top_p: req.top_p.unwrap_or(1.0),
-        seed: seed(req.seed),
-        presence_penalty: req.presence_penalty.unwrap_or(0.0),
-        frequency_penalty: req.frequency_penalty.unwrap_or(0.0),
-        top_logprobs: req.logprobs.then(|| req.top_logprobs.unwrap_or(0) as usize),
-        ..SamplingParams::default()
-    };
     Ok(Job {
         prompts: vec![prompt],
         max_tokens,
         sampling,
         stop: check_stop(req.stop.take())?,
-        n: req.n.unwrap_or(1) as usize,
+        n: req.sampling.n(),
         reasoning,
     })
 }

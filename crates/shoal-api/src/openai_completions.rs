@@ -4,13 +4,14 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use shoal_engine::{Completion, Event, FinishReason, SamplingParams, TokenLogprob};
+use shoal_engine::{Completion, Event, FinishReason, TokenLogprob};
 use tokio::sync::mpsc;
 
 use crate::body::{parse, Body, OneOrMany};
 use crate::error::{ApiError, Dialect, DialectError};
 use crate::openai_chat::{
-    check_max_tokens, check_range, check_stop, finish_reason, seed, usage_json, StreamOptions,
+    check_max_tokens, check_range, check_stop, finish_reason, usage_json, OpenAiSampling,
+    StreamOptions,
 };
 use crate::run::{self, Job, LedgerFormat};
 use crate::{sse, AppState};
@@ -20,19 +21,15 @@ pub struct CompletionRequest {
     pub model: String,
     pub prompt: Option<Prompt>,
     pub max_tokens: Option<i64>,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub n: Option<i64>,
+    #[serde(flatten)]
+    pub sampling: OpenAiSampling,
     #[serde(default)]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     pub stop: Option<OneOrMany<String>>,
-    pub seed: Option<i64>,
     #[serde(default)]
     pub echo: bool,
     pub logprobs: Option<i64>,
-    pub presence_penalty: Option<f32>,
-    pub frequency_penalty: Option<f32>,
     pub suffix: Option<String>,
     pub best_of: Option<i64>,
     pub user: Option<String>,
@@ -83,19 +80,15 @@ fn prepare(state: &AppState, req: &mut CompletionRequest) -> Result<Prepared, Ap
             "'suffix' (insertion) is not supported by this model",
         ));
     }
-    check_range("n", req.n, 1, 16)?;
+    let sampling = req.sampling.params(req.logprobs.map(|n| n as usize))?;
     if let Some(b) = req.best_of {
-        if b != req.n.unwrap_or(1) {
+        if b != req.sampling.n() as i64 {
             return Err(ApiError::param(
                 "best_of",
                 "'best_of' other than 'n' is not supported",
             ));
         }
     }
-    check_range("temperature", req.temperature, 0.0, 2.0)?;
-    check_range("top_p", req.top_p, 0.0, 1.0)?;
-    check_range("presence_penalty", req.presence_penalty, -2.0, 2.0)?;
-    check_range("frequency_penalty", req.frequency_penalty, -2.0, 2.0)?;
     check_range("logprobs", req.logprobs, 0, 5)?;
     if req.echo && req.logprobs.is_some() {
         return Err(ApiError::param(
@@ -146,17 +139,9 @@ fn prepare(state: &AppState, req: &mut CompletionRequest) -> Result<Prepared, Ap
         job: Job {
             prompts,
             max_tokens,
-            sampling: SamplingParams {
-                temperature: req.temperature.unwrap_or(1.0),
-                top_p: req.top_p.unwrap_or(1.0),
-                seed: seed(req.seed),
-                presence_penalty: req.presence_penalty.unwrap_or(0.0),
-                frequency_penalty: req.frequency_penalty.unwrap_or(0.0),
-                top_logprobs: req.logprobs.map(|n| n as usize),
-                ..SamplingParams::default()
-            },
+            sampling,
             stop: check_stop(req.stop.take())?,
-            n: req.n.unwrap_or(1) as usize,
+            n: req.sampling.n(),
             reasoning: None,
         },
         texts,

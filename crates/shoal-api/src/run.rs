@@ -37,7 +37,6 @@ pub struct LedgerFormat {
 pub struct Choices {
     pub rx: mpsc::UnboundedReceiver<(usize, Event)>,
     pub n: usize,
-    pub prompt_tokens: usize,
 }
 
 /// How often an idle stream writes an SSE comment. Writing is the only way to
@@ -195,11 +194,7 @@ pub fn start(state: &AppState, job: Job, fmt: LedgerFormat) -> Result<Choices, A
             prefill_tokens_per_s: first.prefill_tokens_per_s,
         });
     });
-    Ok(Choices {
-        rx,
-        n,
-        prompt_tokens: job.prompts.iter().map(Vec::len).sum(),
-    })
+    Ok(Choices { rx, n })
 }
 
 /// Random id suffix in the style the dialects use.

@@ -212,6 +212,8 @@ fn openai_bad() -> Vec<(&'static str, String, u16)> {
         (cmpl, json!({"model": m, "prompt": ""}).to_string(), 400),
         (cmpl, json!({"model": m, "prompt": [999_999]}).to_string(), 400),
         (cmpl, json!({"model": m, "prompt": "x", "logprobs": 9}).to_string(), 400),
+        (cmpl, json!({"model": m, "prompt": "x", "top_p": 0}).to_string(), 400),
+        (cmpl, json!({"model": m, "prompt": "x", "temperature": "hot"}).to_string(), 400),
         (resp, json!({"model": m}).to_string(), 400),
         (resp, json!({"model": m, "input": []}).to_string(), 400),
         (resp, json!({"model": m, "input": "x", "previous_response_id": "resp_missing"}).to_string(), 400),

@@ -34,10 +34,6 @@ impl ContentPolicy {
         })
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.phrases.is_empty() && self.patterns.is_empty()
-    }
-
     /// A screen for one generation.
     pub fn screen(&self) -> Screen {
         Screen {

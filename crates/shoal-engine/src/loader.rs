@@ -146,9 +146,8 @@ pub fn load(path: &Path) -> Result<Loaded> {
 }
 
 fn load_gguf(path: &Path, policy: DevicePolicy) -> Result<Loaded> {
-    let size = std::fs::metadata(path)?.len();
     let file = gguf::open(path)?;
-    let cfg = gguf::config(&file, size)?;
+    let cfg = gguf::config(&file)?;
     let gv = GgufVocab::from_gguf(&file)?;
     let tokenizer = tokenizer_from_gguf(&gv)?;
     let token_text = |id: Option<u32>| id.and_then(|i| gv.tokens.get(i as usize).cloned());

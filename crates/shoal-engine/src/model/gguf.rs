@@ -61,7 +61,7 @@ fn required(f: &GgufFile, key: &str) -> Result<f64> {
 }
 
 /// Reads the architecture hyperparameters.
-pub fn config(f: &GgufFile, file_size: u64) -> Result<ModelConfig> {
+pub fn config(f: &GgufFile) -> Result<ModelConfig> {
     let arch =
         meta_string(f, "general.architecture")?.ok_or_else(|| EngineError::MissingModelPart {
             what: "GGUF metadata".into(),
@@ -121,12 +121,12 @@ pub fn config(f: &GgufFile, file_size: u64) -> Result<ModelConfig> {
         rope_freqs,
         context_length: meta_number(f, &k("context_length"))?.map_or(4096, |v| v as usize),
         tie_word_embeddings: !matches!(f.get_array("output.weight"), Ok(Some(_))),
-        quantization: Some(ftype_name(ftype, file_size)),
+        quantization: Some(ftype_name(ftype)),
         format: "gguf".into(),
     })
 }
 
-fn ftype_name(ftype: Option<f64>, _size: u64) -> String {
+fn ftype_name(ftype: Option<f64>) -> String {
     match ftype.map(|v| v as i64) {
         Some(0) => "F32".into(),
         Some(1) => "F16".into(),
