@@ -216,6 +216,7 @@ fn prepare(state: &AppState, req: &MessagesRequest) -> Result<Job, ApiError> {
     let (prompt, reasoning) = state.chat_prompt_reasoning(&messages, want)?;
     Ok(Job {
         reasoning,
+        grammar: None,
         prompts: vec![prompt],
         max_tokens,
         sampling: SamplingParams {

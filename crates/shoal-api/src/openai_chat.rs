@@ -467,6 +467,7 @@ fn prepare(state: &AppState, req: &mut ChatRequest) -> Result<Job, ApiError> {
         stop: check_stop(req.stop.take())?,
         n: req.sampling.n(),
         reasoning,
+        grammar: None,
     })
 }
 

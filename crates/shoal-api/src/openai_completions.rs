@@ -143,6 +143,7 @@ fn prepare(state: &AppState, req: &mut CompletionRequest) -> Result<Prepared, Ap
             stop: check_stop(req.stop.take())?,
             n: req.sampling.n(),
             reasoning: None,
+            grammar: None,
         },
         texts,
     })

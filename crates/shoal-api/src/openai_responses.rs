@@ -504,6 +504,7 @@ fn prepare(
             stop: Vec::new(),
             n: 1,
             reasoning,
+            grammar: None,
         },
         msgs,
     ))

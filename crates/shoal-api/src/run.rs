@@ -20,6 +20,8 @@ pub struct Job {
     pub stop: Vec<String>,
     pub n: usize,
     pub reasoning: Option<shoal_engine::reasoning::ReasoningSpec>,
+    /// Output grammar (structured output or a forced tool call).
+    pub grammar: Option<shoal_engine::Grammar>,
 }
 
 /// How the dialect words its ledger entry.
@@ -137,6 +139,7 @@ pub fn start(state: &AppState, job: Job, fmt: LedgerFormat) -> Result<Choices, A
             ignore_eos: false,
             cancel: CancelFlag::default(),
             reasoning: job.reasoning.clone(),
+            grammar: job.grammar.clone(),
         };
         let flag = req.cancel.clone();
         match state.engine.submit(req) {

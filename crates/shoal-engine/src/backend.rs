@@ -51,4 +51,20 @@ pub trait LanguageModel: Send {
     /// Runs `tokens` after whatever `cache` already holds and returns the
     /// logits (length `vocab_size`, float32) for the position after the last token.
     fn forward(&self, tokens: &[u32], cache: &mut dyn KvCache) -> Result<Vec<f32>>;
+
+    /// Runs one token for each of several sequences (token `i` after
+    /// `caches[i]`) and returns each one's next-token logits. Backends batch
+    /// this into one pass, so weights are read once for all sequences; this
+    /// default runs them one after another.
+    fn forward_batch(
+        &self,
+        tokens: &[u32],
+        caches: &mut [&mut dyn KvCache],
+    ) -> Result<Vec<Vec<f32>>> {
+        tokens
+            .iter()
+            .zip(caches.iter_mut())
+            .map(|(&t, c)| self.forward(&[t], &mut **c))
+            .collect()
+    }
 }

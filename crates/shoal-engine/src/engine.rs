@@ -1,24 +1,25 @@
-//! The engine thread: owns the model, runs one generation at a time from a
-//! bounded queue, and streams [`Event`]s back. Dropping the receiver cancels.
+//! The engine thread: owns the model, batches the requests of a bounded queue
+//! (continuous batching), and streams [`Event`]s back. Dropping the receiver
+//! cancels.
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
-use tracing::{debug, info, warn};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tracing::{debug, info};
 
 use crate::backend::{KvCache, LanguageModel, ModelInfo};
-use crate::completion::{Completion, Event, FinishReason, Timings, TokenLogprob, Usage};
+use crate::completion::{Completion, Event, FinishReason, Timings, Usage};
+use crate::constraint::{Grammar, GrammarCompiler};
 use crate::content_filter::ContentPolicy;
-use crate::detok::IncrementalDecoder;
 use crate::error::{EngineError, Result};
 use crate::loader::{self, Vocabulary};
 use crate::prefix_cache::PrefixCache;
-use crate::reasoning::{Phase, ReasoningSpec, ReasoningSplitter};
-use crate::sampler::{Sampler, SamplingParams};
-use crate::stop::StopMatcher;
+use crate::reasoning::ReasoningSpec;
+use crate::sampler::SamplingParams;
+use crate::sequence::{ms, record, Job, Next, Sequence};
 
 /// One generation request, already tokenized.
 #[derive(Clone, Debug)]
@@ -36,6 +37,8 @@ pub struct GenerateRequest {
     pub cancel: CancelFlag,
     /// Split a thinking section off the reply (and cap it), if any.
     pub reasoning: Option<ReasoningSpec>,
+    /// Constrain the output to a grammar (structured output, forced tool calls).
+    pub grammar: Option<Grammar>,
 }
 
 /// A shared "please stop" flag for one request.
@@ -62,6 +65,7 @@ impl GenerateRequest {
             ignore_eos: false,
             cancel: CancelFlag::default(),
             reasoning: None,
+            grammar: None,
         }
     }
 }
@@ -69,8 +73,10 @@ impl GenerateRequest {
 /// Engine options.
 #[derive(Clone, Debug)]
 pub struct EngineOptions {
-    /// Requests waiting beyond the running one; more are refused.
+    /// Requests waiting beyond the running ones; more are refused.
     pub queue_capacity: usize,
+    /// Sequences decoded together in one forward pass; later ones wait.
+    pub max_batch: usize,
     /// Prompt tokens per forward pass during prefill (bounds memory).
     pub prefill_chunk: usize,
     /// Memory for KV state kept between requests to reuse shared prefixes; 0 turns it off.
@@ -86,23 +92,12 @@ impl Default for EngineOptions {
     fn default() -> Self {
         EngineOptions {
             queue_capacity: 64,
+            max_batch: 16,
             prefill_chunk: 2048,
             prefix_cache_bytes: 1 << 30,
             blocked_phrases: Vec::new(),
             blocked_patterns: Vec::new(),
         }
-    }
-}
-
-struct Job {
-    req: GenerateRequest,
-    events: UnboundedSender<Event>,
-    submitted: Instant,
-}
-
-impl Job {
-    fn gone(&self) -> bool {
-        self.events.is_closed() || self.req.cancel.is_cancelled()
     }
 }
 
@@ -124,6 +119,12 @@ pub struct EngineStats {
     pub cached_tokens: AtomicU64,
     /// Bytes the prefix cache holds now.
     pub prefix_cache_bytes: AtomicU64,
+    /// Most sequences ever decoded in one forward pass.
+    pub peak_batch: AtomicU64,
+    /// Batched decode passes run, and the sequence-steps they covered
+    /// (their ratio is the mean batch size).
+    pub decode_passes: AtomicU64,
+    pub decode_steps: AtomicU64,
 }
 
 /// A handle to a running engine; cheap to clone.
@@ -141,6 +142,8 @@ pub struct ModelHandle {
     pub path: std::path::PathBuf,
     pub info: ModelInfo,
     pub vocab: Arc<Vocabulary>,
+    /// Compiles structured-output grammars against this model's vocabulary.
+    pub grammars: GrammarCompiler,
 }
 
 impl Engine {
@@ -151,6 +154,7 @@ impl Engine {
         let path_buf = path.to_path_buf();
         let chunk = opts.prefill_chunk.max(1);
         let prefix_bytes = opts.prefix_cache_bytes;
+        let max_batch = opts.max_batch.max(1);
         let blocked = ContentPolicy::new(opts.blocked_phrases.clone(), &opts.blocked_patterns)?;
         let stats = Arc::new(EngineStats::default());
         let thread_stats = stats.clone();
@@ -165,16 +169,14 @@ impl Engine {
                     }
                 };
                 let _ = ready_tx.send(Ok((loaded.model.info().clone(), loaded.vocab.clone())));
-                let prefixes = PrefixCache::new(prefix_bytes);
-                run(
-                    loaded.model,
-                    loaded.vocab,
-                    jobs_rx,
+                let cfg = RunConfig {
                     chunk,
-                    &thread_stats,
-                    prefixes,
-                    &blocked,
-                );
+                    max_batch,
+                    stats: thread_stats,
+                    prefixes: PrefixCache::new(prefix_bytes),
+                    blocked,
+                };
+                run(loaded.model, loaded.vocab, jobs_rx, cfg);
             })?;
         let (info, vocab) = ready_rx
             .recv()
@@ -187,6 +189,7 @@ impl Engine {
             model: Arc::new(ModelHandle {
                 id: id.to_string(),
                 path: path.to_path_buf(),
+                grammars: GrammarCompiler::new(vocab.clone(), info.vocab_size),
                 info,
                 vocab,
             }),
@@ -196,9 +199,14 @@ impl Engine {
     /// Queues a request. Fails at once if the prompt cannot fit or the queue is full.
     pub fn submit(&self, req: GenerateRequest) -> Result<EventStream> {
         self.validate(&req)?;
+        let constraint = match &req.grammar {
+            Some(g) => Some(self.model.grammars.compile(g)?),
+            None => None,
+        };
         let (tx, rx) = unbounded_channel();
         let job = Job {
             req,
+            constraint,
             events: tx,
             submitted: Instant::now(),
         };
@@ -239,373 +247,184 @@ impl Engine {
     }
 }
 
-fn run(
-    model: Box<dyn LanguageModel>,
-    vocab: Arc<Vocabulary>,
-    jobs: Receiver<Job>,
-    chunk: usize,
-    stats: &EngineStats,
-    mut prefixes: PrefixCache,
-    blocked: &ContentPolicy,
-) {
-    while let Ok(job) = jobs.recv() {
-        if job.gone() {
-            debug!("request cancelled while queued");
-            stats.cancelled.fetch_add(1, Ordering::Relaxed);
-            stats.last_cancelled_tokens.store(0, Ordering::Relaxed);
-            // Whoever still listens learns it never ran.
-            let _ = job.events.send(Event::Done(Completion {
-                finish: FinishReason::Cancelled,
-                usage: Usage {
-                    prompt_tokens: job.req.prompt.len(),
-                    ..Usage::default()
-                },
-                timings: Timings {
-                    queue_ms: ms(job.submitted.elapsed()),
-                    total_ms: ms(job.submitted.elapsed()),
-                    ..Timings::default()
-                },
-            }));
-            continue;
-        }
-        let events = job.events.clone();
-        let started = Instant::now();
-        let cache = match prefixes.lookup(&job.req.prompt) {
-            Some(hit) => Ok(hit.cache),
-            None => model.new_cache(),
-        };
-        let completion = match cache {
-            Ok(mut cache) => {
-                let (c, context) = generate(
-                    model.as_ref(),
-                    &vocab,
-                    &job,
-                    cache.as_mut(),
-                    chunk,
-                    started,
-                    blocked,
-                );
-                if !matches!(c.finish, FinishReason::Error(_)) {
-                    prefixes.insert(&context, cache);
-                }
-                c
-            }
-            Err(e) => failed(&job, e, started),
-        };
-        stats
-            .prefix_cache_bytes
-            .store(prefixes.bytes() as u64, Ordering::Relaxed);
-        stats
-            .cached_tokens
-            .fetch_add(completion.usage.cached_tokens as u64, Ordering::Relaxed);
-        let u = completion.usage;
-        stats
-            .prompt_tokens
-            .fetch_add(u.prompt_tokens as u64, Ordering::Relaxed);
-        stats
-            .completion_tokens
-            .fetch_add(u.completion_tokens as u64, Ordering::Relaxed);
-        match completion.finish {
-            FinishReason::Cancelled => {
-                info!(
-                    completion_tokens = u.completion_tokens,
-                    "generation cancelled by the caller"
-                );
-                stats
-                    .last_cancelled_tokens
-                    .store(u.completion_tokens as u64, Ordering::Relaxed);
-                stats.cancelled.fetch_add(1, Ordering::Relaxed);
-            }
-            FinishReason::Error(_) => {
-                stats.errors.fetch_add(1, Ordering::Relaxed);
-            }
-            _ => {
-                stats.completed.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        debug!(
-            finish = completion.finish.as_str(),
-            prompt = u.prompt_tokens,
-            completion = u.completion_tokens,
-            "generation done"
-        );
-        let _ = events.send(Event::Done(completion));
-    }
-}
-
-fn failed(job: &Job, e: EngineError, started: Instant) -> Completion {
-    warn!(error = %e, "generation failed");
-    Completion {
-        finish: FinishReason::Error(e.to_string()),
-        usage: Usage {
-            prompt_tokens: job.req.prompt.len(),
-            ..Usage::default()
-        },
-        timings: Timings {
-            queue_ms: ms(started - job.submitted),
-            total_ms: ms(job.submitted.elapsed()),
-            ..Timings::default()
-        },
-    }
-}
-
-fn ms(d: std::time::Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
-/// Runs one request to completion. Every exit path reports exact usage.
-/// Also returns the tokens whose KV state the cache now holds (a prefix of
-/// prompt + output), for the prefix cache.
-fn generate(
-    model: &dyn LanguageModel,
-    vocab: &Vocabulary,
-    job: &Job,
-    cache: &mut dyn KvCache,
-    chunk: usize,
-    started: Instant,
-    blocked: &ContentPolicy,
-) -> (Completion, Vec<u32>) {
-    let req = &job.req;
+/// The scheduler: admits queued requests in FIFO order up to `max_batch`,
+/// prefills each newcomer one chunk per round, then advances every decoding
+/// sequence by one token in a single batched forward pass. Finished
+/// sequences leave at once and their slots go to the next in line.
+fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job>, cfg: RunConfig) {
+    let RunConfig {
+        chunk,
+        max_batch,
+        stats,
+        mut prefixes,
+        blocked,
+    } = cfg;
     let ctx = model.info().context_length;
-    let mut usage = Usage {
-        prompt_tokens: req.prompt.len(),
-        cached_tokens: cache.len(),
-        ..Usage::default()
-    };
-    let mut timings = Timings {
-        queue_ms: ms(started - job.submitted),
-        ..Timings::default()
-    };
-    let finish = |finish: FinishReason, usage: Usage, mut timings: Timings| {
-        timings.total_ms = ms(job.submitted.elapsed());
-        Completion {
-            finish,
-            usage,
-            timings,
-        }
-    };
-    let held = |cache: &dyn KvCache, ctx: &[u32]| ctx[..cache.len().min(ctx.len())].to_vec();
-
-    // Prefill in chunks so a long prompt neither blows memory nor ignores cancellation.
-    let mut logits = Vec::new();
-    for part in req.prompt[cache.len()..].chunks(chunk) {
-        if job.gone() {
-            return (
-                finish(FinishReason::Cancelled, usage, timings),
-                held(cache, &req.prompt),
-            );
-        }
-        match model.forward(part, cache) {
-            Ok(l) => logits = l,
-            Err(e) => {
-                return (
-                    finish(FinishReason::Error(e.to_string()), usage, timings),
-                    Vec::new(),
-                )
-            }
-        }
-    }
-    let prefill_done = Instant::now();
-    let computed = usage.prompt_tokens - usage.cached_tokens;
-    timings.prefill_tokens_per_s =
-        computed as f64 / (prefill_done - started).as_secs_f64().max(1e-9);
-    let _ = job.events.send(Event::Started {
-        prompt_tokens: usage.prompt_tokens,
-        cached_tokens: usage.cached_tokens,
-    });
-
-    let mut sampler = Sampler::new(req.sampling.clone());
-    let mut detok = IncrementalDecoder::new(true);
-    let mut stops = StopMatcher::new(req.stop.clone());
-    // The filter sees text before the stop matcher, so a blocked phrase is
-    // withheld even when a stop sequence would have matched later.
-    let mut filter = blocked.screen();
-    let mut context = req.prompt.clone();
-    let mut generated: Vec<u32> = Vec::new();
-    let mut pending_logprobs: Vec<TokenLogprob> = Vec::new();
-    let want_logprobs = req.sampling.top_logprobs.is_some();
-    let max_tokens = req.max_tokens.unwrap_or(usize::MAX);
-    let mut first_token_at = None;
-    let mut last_token_at;
-
-    let send_text = |text: String, lp: &mut Vec<TokenLogprob>| {
-        if !text.is_empty() {
-            let _ = job.events.send(Event::Delta {
-                text,
-                logprobs: std::mem::take(lp),
-            });
-        }
-    };
-    let send_reasoning = |text: String| {
-        if !text.is_empty() {
-            let _ = job.events.send(Event::Reasoning { text });
-        }
-    };
-    let mut splitter = req.reasoning.as_ref().map(ReasoningSplitter::new);
-    let budget = req.reasoning.as_ref().and_then(|r| r.budget);
-    // Tokens sampled before we know whether the reply opens a thinking section.
-    let mut pending_tokens = 0;
-
-    let reason = loop {
-        let s = sampler.sample(&logits, &context, &generated);
-        let now = Instant::now();
-        if first_token_at.is_none() {
-            first_token_at = Some(now);
-            timings.ttft_ms = ms(now - job.submitted);
-        }
-        last_token_at = now;
-        generated.push(s.token);
-        context.push(s.token);
-        usage.completion_tokens += 1;
-        let phase_before = splitter.as_ref().map(ReasoningSplitter::phase);
-        match phase_before {
-            Some(Phase::Thinking) => usage.reasoning_tokens += 1,
-            Some(Phase::Pending) => pending_tokens += 1,
-            _ => {}
-        }
-
-        if !req.ignore_eos && vocab.eos.contains(&s.token) {
-            break FinishReason::Stop;
-        }
-        if want_logprobs {
-            pending_logprobs.push(token_logprob(vocab, s.token, s.logprob, &s.top));
-        }
-        let piece = match detok.push(&vocab.tokenizer, s.token) {
-            Ok(p) => p,
-            Err(e) => break FinishReason::Error(e.to_string()),
-        };
-        let screened = filter.push(&piece);
-        let content = match splitter.as_mut() {
-            Some(sp) => {
-                let split = sp.push(&screened.emit);
-                if phase_before == Some(Phase::Pending) && sp.phase() != Phase::Pending {
-                    if split.reasoning.is_empty() && sp.phase() == Phase::Answer {
-                        pending_tokens = 0;
+    let mut active: Vec<Sequence> = Vec::new();
+    let mut open = true;
+    while open || !active.is_empty() {
+        // Admission: block only when there is nothing else to do.
+        while open && active.len() < max_batch {
+            let job = if active.is_empty() {
+                match jobs.recv() {
+                    Ok(j) => j,
+                    Err(_) => {
+                        open = false;
+                        break;
                     }
-                    usage.reasoning_tokens += pending_tokens;
-                    pending_tokens = 0;
                 }
-                send_reasoning(split.reasoning);
-                split.content
-            }
-            None => screened.emit,
-        };
-        let step = stops.push(&content);
-        send_text(step.emit, &mut pending_logprobs);
-        if let Some(i) = step.matched {
-            break FinishReason::StopSequence(stops.stops()[i].clone());
-        }
-        if screened.matched.is_some() {
-            break FinishReason::ContentFilter;
-        }
-        // Budget spent: close the section ourselves and let the answer follow.
-        if let (Some(sp), Some(b)) = (splitter.as_mut(), budget) {
-            if sp.phase() == Phase::Thinking
-                && usage.reasoning_tokens >= b
-                && generated.len() < max_tokens
-            {
-                send_reasoning(sp.close_now());
-                let close = req
-                    .reasoning
-                    .as_ref()
-                    .map(|r| format!("{}\n\n", r.close))
-                    .unwrap_or_default();
-                let forced = match vocab.tokenizer.encode(close.as_str(), false) {
-                    Ok(e) => e.get_ids().to_vec(),
-                    Err(e) => break FinishReason::Error(e.to_string()),
+            } else {
+                match jobs.try_recv() {
+                    Ok(j) => j,
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        open = false;
+                        break;
+                    }
+                }
+            };
+            if job.gone() {
+                debug!("request cancelled while queued");
+                let prompt_tokens = job.req.prompt.len();
+                let waited = ms(job.submitted.elapsed());
+                let c = Completion {
+                    finish: FinishReason::Cancelled,
+                    usage: Usage {
+                        prompt_tokens,
+                        ..Usage::default()
+                    },
+                    timings: Timings {
+                        queue_ms: waited,
+                        total_ms: waited,
+                        ..Timings::default()
+                    },
                 };
-                for &t in &forced {
-                    let _ = detok.push(&vocab.tokenizer, t);
-                }
-                // The forced marker is output the model's cache holds: it counts
-                // as completion, not as reasoning.
-                usage.completion_tokens += forced.len();
-                generated.extend_from_slice(&forced);
-                context.extend_from_slice(&forced);
-                if context.len() >= ctx {
-                    break FinishReason::ContextWindow;
-                }
-                match model.forward(&forced, cache) {
-                    Ok(l) => logits = l,
-                    Err(e) => break FinishReason::Error(e.to_string()),
-                }
-                if generated.len() >= max_tokens {
-                    break FinishReason::Length;
-                }
+                record(&stats, &c);
+                stats.last_cancelled_tokens.store(0, Ordering::Relaxed);
+                // Whoever still listens learns it never ran.
+                let _ = job.events.send(Event::Done(c));
                 continue;
             }
-        }
-        if generated.len() >= max_tokens {
-            break FinishReason::Length;
-        }
-        if context.len() >= ctx {
-            break FinishReason::ContextWindow;
-        }
-        if job.gone() {
-            break FinishReason::Cancelled;
-        }
-        match model.forward(&[s.token], cache) {
-            Ok(l) => logits = l,
-            Err(e) => break FinishReason::Error(e.to_string()),
-        }
-    };
-
-    // Release text held back for a possible stop sequence, a blocked phrase
-    // or an incomplete character.
-    let mut reason = reason;
-    if !matches!(
-        reason,
-        FinishReason::StopSequence(_) | FinishReason::Cancelled | FinishReason::ContentFilter
-    ) {
-        let mut tail = detok.flush(&vocab.tokenizer).unwrap_or_default();
-        if let Some(sp) = splitter.as_mut() {
-            let mut split = sp.push(&tail);
-            let last = sp.flush();
-            split.reasoning.push_str(&last.reasoning);
-            split.content.push_str(&last.content);
-            send_reasoning(split.reasoning);
-            tail = split.content;
-        }
-        let screened = filter.push(&tail);
-        let mut text = screened.emit;
-        if screened.matched.is_some() {
-            reason = FinishReason::ContentFilter;
-        } else {
-            let last = filter.flush();
-            text.push_str(&last.emit);
-            if last.matched.is_some() {
-                reason = FinishReason::ContentFilter;
+            let cache = match prefixes.lookup(&job.req.prompt) {
+                Some(hit) => Ok(hit.cache),
+                None => model.new_cache(),
+            };
+            match cache {
+                Ok(cache) => active.push(Sequence::new(job, cache)),
+                Err(e) => {
+                    let events = job.events.clone();
+                    let mut seq = Sequence::new(job, Box::new(NoCache));
+                    let (c, _) = seq.finish(FinishReason::Error(e.to_string()), &vocab);
+                    record(&stats, &c);
+                    let _ = events.send(Event::Done(c));
+                }
             }
         }
-        let step = stops.push(&text);
-        let mut rest = step.emit;
-        match step.matched {
-            Some(i) => reason = FinishReason::StopSequence(stops.stops()[i].clone()),
-            None => rest.push_str(&stops.flush()),
+        if active.is_empty() {
+            continue;
         }
-        send_text(rest, &mut pending_logprobs);
+
+        // One round: a prefill chunk for newcomers, one token for the rest.
+        let mut outcome: Vec<Option<FinishReason>> = vec![None; active.len()];
+        let mut batch: Vec<(usize, u32)> = Vec::new();
+        for (i, seq) in active.iter_mut().enumerate() {
+            if !seq.is_decoding() {
+                match seq.prefill(model.as_ref(), chunk, &blocked) {
+                    Ok(true) => {}
+                    Ok(false) => continue,
+                    Err(r) => {
+                        outcome[i] = Some(r);
+                        continue;
+                    }
+                }
+            }
+            match seq.step(&vocab, ctx) {
+                Next::Finished(r) => outcome[i] = Some(r),
+                Next::Feed(tokens) if tokens.len() == 1 => batch.push((i, tokens[0])),
+                // Forced tokens (a closed reasoning section) run on their own.
+                Next::Feed(tokens) => match model.forward(&tokens, seq.cache.as_mut()) {
+                    Ok(l) => seq.set_logits(l),
+                    Err(e) => outcome[i] = Some(FinishReason::Error(e.to_string())),
+                },
+            }
+        }
+        if !batch.is_empty() {
+            let tokens: Vec<u32> = batch.iter().map(|&(_, t)| t).collect();
+            stats
+                .peak_batch
+                .fetch_max(tokens.len() as u64, Ordering::Relaxed);
+            stats.decode_passes.fetch_add(1, Ordering::Relaxed);
+            stats
+                .decode_steps
+                .fetch_add(tokens.len() as u64, Ordering::Relaxed);
+            let mut caches: Vec<&mut dyn KvCache> = Vec::with_capacity(batch.len());
+            let mut members = batch.iter().map(|&(i, _)| i).peekable();
+            for (i, seq) in active.iter_mut().enumerate() {
+                if members.peek() == Some(&i) {
+                    members.next();
+                    caches.push(seq.cache.as_mut());
+                }
+            }
+            match model.forward_batch(&tokens, &mut caches) {
+                Ok(all) => {
+                    for (&(i, _), l) in batch.iter().zip(all) {
+                        active[i].set_logits(l);
+                    }
+                }
+                Err(e) => {
+                    for &(i, _) in &batch {
+                        outcome[i] = Some(FinishReason::Error(e.to_string()));
+                    }
+                }
+            }
+        }
+
+        // Retire finished sequences, keeping the others in arrival order.
+        let mut i = 0;
+        active.retain_mut(|seq| {
+            let r = outcome[i].take();
+            i += 1;
+            let Some(reason) = r else { return true };
+            let (c, context) = seq.finish(reason, &vocab);
+            if !matches!(c.finish, FinishReason::Error(_)) {
+                let cache = std::mem::replace(&mut seq.cache, Box::new(NoCache));
+                prefixes.insert(&context, cache);
+            }
+            stats
+                .prefix_cache_bytes
+                .store(prefixes.bytes() as u64, Ordering::Relaxed);
+            record(&stats, &c);
+            let _ = seq.job.events.send(Event::Done(c));
+            false
+        });
     }
-    if let Some(first) = first_token_at {
-        let n = usage.completion_tokens.saturating_sub(1);
-        let secs = (last_token_at - first).as_secs_f64();
-        timings.decode_tokens_per_s = if n > 0 && secs > 0.0 {
-            n as f64 / secs
-        } else {
-            0.0
-        };
-    }
-    let kept = held(cache, &context);
-    (finish(reason, usage, timings), kept)
 }
 
-fn token_logprob(vocab: &Vocabulary, token: u32, logprob: f32, top: &[(u32, f32)]) -> TokenLogprob {
-    let text = |id: u32| String::from_utf8_lossy(&vocab.token_bytes(id)).into_owned();
-    TokenLogprob {
-        token,
-        bytes: vocab.token_bytes(token),
-        text: text(token),
-        logprob,
-        top: top.iter().map(|&(id, lp)| (id, text(id), lp)).collect(),
+/// What the engine thread needs besides the model.
+struct RunConfig {
+    chunk: usize,
+    max_batch: usize,
+    stats: Arc<EngineStats>,
+    prefixes: PrefixCache,
+    blocked: ContentPolicy,
+}
+
+/// Stands in for a cache that has been handed on (or never existed).
+struct NoCache;
+
+impl KvCache for NoCache {
+    fn len(&self) -> usize {
+        0
+    }
+    fn truncate(&mut self, _len: usize) {}
+    fn nbytes(&self) -> usize {
+        0
+    }
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+    fn clone_box(&self) -> Box<dyn KvCache> {
+        Box::new(NoCache)
     }
 }
 

@@ -4,6 +4,7 @@
 //! reasons for every API adapter.
 pub mod backend;
 pub mod completion;
+pub mod constraint;
 pub mod content_filter;
 #[cfg(target_os = "linux")]
 pub mod cpu_blas;
@@ -15,11 +16,13 @@ pub mod model;
 pub mod prefix_cache;
 pub mod reasoning;
 pub mod sampler;
+mod sequence;
 pub mod stop;
 pub mod template;
 pub mod tokenizer;
 
 pub use completion::{Completion, Event, FinishReason, Timings, TokenLogprob, Usage};
+pub use constraint::Grammar;
 pub use engine::{
     collect_blocking, CancelFlag, Engine, EngineOptions, EngineStats, EventStream, GenerateRequest,
     ModelHandle,

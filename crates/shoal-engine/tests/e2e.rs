@@ -59,6 +59,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: Option<usize>, stop: Vec<String>) -> Gen
         ignore_eos: false,
         cancel: Default::default(),
         reasoning: None,
+        grammar: None,
     }
 }
 
@@ -145,6 +146,7 @@ fn seeded_sampling_is_reproducible() {
         ignore_eos: false,
         cancel: Default::default(),
         reasoning: None,
+        grammar: None,
     };
     let (a, _) = run(mk(7));
     let (b, _) = run(mk(7));
@@ -222,6 +224,7 @@ fn utf8_never_broken_in_deltas() {
             ignore_eos: false,
             cancel: Default::default(),
             reasoning: None,
+            grammar: None,
         })
         .unwrap();
     let mut all = String::new();

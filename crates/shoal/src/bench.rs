@@ -89,6 +89,7 @@ pub fn run(a: Args) -> Result<()> {
         ignore_eos: true,
         cancel: Default::default(),
         reasoning: None,
+        grammar: None,
     };
     // One warm-up run so one-time allocation does not count.
     collect_blocking(engine.submit(req(prompt_for(a.runs + 1), 2))?)?;

@@ -82,6 +82,7 @@ pub fn run(a: Args) -> Result<()> {
         ignore_eos: false,
         cancel: Default::default(),
         reasoning: None,
+        grammar: None,
     })?;
     let mut out = String::new();
     let mut reasoning = String::new();

@@ -566,6 +566,72 @@ impl Transformer {
     }
 }
 
+impl Transformer {
+    /// One decode step for `B` sequences at once: the projections run as one
+    /// `[B, hidden]` matmul each (weights read once), attention runs per
+    /// sequence against its own cache and position.
+    fn forward_batch_hidden(&self, tokens: &[u32], caches: &mut [&mut MlxCache]) -> Result<Array> {
+        let b = tokens.len() as i32;
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        let ids = Array::from_slice(&ids, &[b]);
+        let mut h = self.embed.take_axis(&ids, 0)?.reshape(&[b, 1, -1])?;
+        let (nh, nkv, hd) = (
+            self.cfg.num_heads as i32,
+            self.cfg.num_kv_heads as i32,
+            self.cfg.head_dim as i32,
+        );
+        for c in caches.iter_mut() {
+            let need = c.offset + 1;
+            c.reserve(need, nkv, hd, self.dtype, self.layers.len())?;
+        }
+        let scale = 1.0 / (hd as f32).sqrt();
+        let eps = self.cfg.rms_norm_eps;
+        for (li, l) in self.layers.iter().enumerate() {
+            let x = fast::rms_norm(&h, Some(&l.attn_norm), eps)?;
+            let qkv = l.qkv.apply(&x)?;
+            let [q, k, v] = <[Array; 3]>::try_from(qkv)
+                .map_err(|_| EngineError::Backend("qkv split".into()))?;
+            let mut q = q.reshape(&[b, 1, nh, hd])?;
+            let mut k = k.reshape(&[b, 1, nkv, hd])?;
+            let v = v.reshape(&[b, 1, nkv, hd])?.transpose_axes(&[0, 2, 1, 3])?;
+            if let Some(w) = &l.q_norm {
+                q = fast::rms_norm(&q, Some(w), eps)?;
+            }
+            if let Some(w) = &l.k_norm {
+                k = fast::rms_norm(&k, Some(w), eps)?;
+            }
+            let q = q.transpose_axes(&[0, 2, 1, 3])?;
+            let k = k.transpose_axes(&[0, 2, 1, 3])?;
+            let mut outs = Vec::with_capacity(caches.len());
+            for (s, c) in caches.iter_mut().enumerate() {
+                let s = s as i32;
+                let offset = c.offset as i32;
+                let qs = self.rope(&q.index(s..s + 1), offset)?;
+                let ks = self.rope(&k.index(s..s + 1), offset)?;
+                let vs = v.index(s..s + 1);
+                let (keys, values) = c.update(li, offset, &ks, &vs)?;
+                outs.push(fast::scaled_dot_product_attention(
+                    &qs, &keys, &values, scale, None, None,
+                )?);
+            }
+            let o = concatenate(&outs, 0)?
+                .transpose_axes(&[0, 2, 1, 3])?
+                .reshape(&[b, 1, nh * hd])?;
+            h = h.add(l.o_proj.apply(&o)?)?;
+            let x = fast::rms_norm(&h, Some(&l.ffn_norm), eps)?;
+            let gu = l.gate_up.apply(&x)?;
+            let [g, u] = <[Array; 2]>::try_from(gu)
+                .map_err(|_| EngineError::Backend("gate/up split".into()))?;
+            let act = mlx_rs::nn::silu(&g)?.multiply(&u)?;
+            h = h.add(l.down.apply(&act)?)?;
+        }
+        for c in caches.iter_mut() {
+            c.offset += 1;
+        }
+        Ok(h)
+    }
+}
+
 fn push_linear<'a>(out: &mut Vec<&'a Array>, l: &'a Linear) {
     match l {
         Linear::Dense { w, b } => {
@@ -622,6 +688,53 @@ impl LanguageModel for Transformer {
         outs.extend(cache.arrays());
         mlx_rs::transforms::eval(outs)?;
         Ok(logits.as_slice::<f32>().to_vec())
+    }
+
+    fn forward_batch(
+        &self,
+        tokens: &[u32],
+        caches: &mut [&mut dyn KvCache],
+    ) -> Result<Vec<Vec<f32>>> {
+        if tokens.len() != caches.len() {
+            return Err(EngineError::Backend(
+                "one token per sequence is needed".into(),
+            ));
+        }
+        if tokens.len() == 1 {
+            return Ok(vec![self.forward(tokens, &mut *caches[0])?]);
+        }
+        let mut mlx: Vec<&mut MlxCache> = Vec::with_capacity(caches.len());
+        for c in caches.iter_mut() {
+            let c = c
+                .as_any_mut()
+                .downcast_mut::<MlxCache>()
+                .ok_or_else(|| EngineError::Backend("KV cache from another backend".into()))?;
+            if c.offset + 1 > self.cfg.context_length {
+                return Err(EngineError::ContextOverflow {
+                    prompt_tokens: c.offset + 1,
+                    context: self.cfg.context_length,
+                });
+            }
+            mlx.push(c);
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+            return Err(EngineError::InvalidRequest(format!(
+                "token id {bad} is outside the vocabulary of {}",
+                self.cfg.vocab_size
+            )));
+        }
+        let h = self.forward_batch_hidden(tokens, &mut mlx)?;
+        let last = h.index((.., -1, ..));
+        let last = fast::rms_norm(&last, Some(&self.norm), self.cfg.rms_norm_eps)?;
+        let logits = self.lm_head.apply(&last)?.as_dtype(Dtype::Float32)?;
+        let mut outs: Vec<&Array> = vec![&logits];
+        for c in &mlx {
+            outs.extend(c.arrays());
+        }
+        mlx_rs::transforms::eval(outs)?;
+        let v = self.cfg.vocab_size;
+        let flat = logits.as_slice::<f32>();
+        Ok(flat.chunks(v).map(<[f32]>::to_vec).collect())
     }
 }
 

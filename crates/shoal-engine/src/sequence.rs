@@ -1,0 +1,423 @@
+//! One request in flight: its KV cache, and the text-side state that turns
+//! sampled tokens into events — grammar, detokenizer, reasoning split,
+//! content filter, stop sequences — with exact usage on every exit. The
+//! scheduler in [`crate::engine`] advances many of these together, one
+//! batched forward pass per step; a sequence never runs the model itself
+//! except to prefill its own prompt.
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::backend::{KvCache, LanguageModel};
+use crate::completion::{Completion, Event, FinishReason, Timings, TokenLogprob, Usage};
+use crate::constraint::Constraint;
+use crate::content_filter::{ContentPolicy, Screen};
+use crate::detok::IncrementalDecoder;
+use crate::engine::GenerateRequest;
+use crate::loader::Vocabulary;
+use crate::reasoning::{Phase, ReasoningSplitter};
+use crate::sampler::Sampler;
+use crate::stop::StopMatcher;
+
+/// A queued request as the engine thread receives it.
+pub(crate) struct Job {
+    pub req: GenerateRequest,
+    pub constraint: Option<Constraint>,
+    pub events: UnboundedSender<Event>,
+    pub submitted: Instant,
+}
+
+impl Job {
+    /// The caller hung up or asked to stop.
+    pub fn gone(&self) -> bool {
+        self.events.is_closed() || self.req.cancel.is_cancelled()
+    }
+}
+
+pub(crate) fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// What a sequence needs after one step.
+pub(crate) enum Next {
+    /// Run these tokens (usually the one just sampled) and hand back the logits.
+    Feed(Vec<u32>),
+    /// The generation is over.
+    Finished(FinishReason),
+}
+
+/// Decoding state, created when prefill ends.
+struct Decode {
+    sampler: Sampler,
+    detok: IncrementalDecoder,
+    stops: StopMatcher,
+    filter: Screen,
+    splitter: Option<ReasoningSplitter>,
+    context: Vec<u32>,
+    generated: Vec<u32>,
+    pending_logprobs: Vec<TokenLogprob>,
+    /// Tokens sampled before it is known whether the reply opens a thinking section.
+    pending_reasoning: usize,
+    first_token_at: Option<Instant>,
+    last_token_at: Option<Instant>,
+}
+
+pub(crate) struct Sequence {
+    pub job: Job,
+    pub cache: Box<dyn KvCache>,
+    started: Instant,
+    usage: Usage,
+    timings: Timings,
+    logits: Vec<f32>,
+    decode: Option<Decode>,
+    constraint: Option<Constraint>,
+}
+
+impl Sequence {
+    pub fn new(mut job: Job, cache: Box<dyn KvCache>) -> Self {
+        let constraint = job.constraint.take();
+        let started = Instant::now();
+        let usage = Usage {
+            prompt_tokens: job.req.prompt.len(),
+            cached_tokens: cache.len(),
+            ..Usage::default()
+        };
+        let timings = Timings {
+            queue_ms: ms(started - job.submitted),
+            ..Timings::default()
+        };
+        Sequence {
+            job,
+            cache,
+            started,
+            usage,
+            timings,
+            logits: Vec::new(),
+            decode: None,
+            constraint,
+        }
+    }
+
+    pub fn is_decoding(&self) -> bool {
+        self.decode.is_some()
+    }
+
+    /// Computes the next `chunk` prompt tokens. Returns `Ok(true)` once the
+    /// whole prompt is in the cache and the first token can be sampled.
+    pub fn prefill(
+        &mut self,
+        model: &dyn LanguageModel,
+        chunk: usize,
+        blocked: &ContentPolicy,
+    ) -> Result<bool, FinishReason> {
+        if self.job.gone() {
+            return Err(FinishReason::Cancelled);
+        }
+        let prompt = &self.job.req.prompt;
+        let done = self.cache.len();
+        let end = (done + chunk).min(prompt.len());
+        self.logits = model
+            .forward(&prompt[done..end], self.cache.as_mut())
+            .map_err(|e| FinishReason::Error(e.to_string()))?;
+        if end < prompt.len() {
+            return Ok(false);
+        }
+        let now = Instant::now();
+        let computed = self.usage.prompt_tokens - self.usage.cached_tokens;
+        self.timings.prefill_tokens_per_s =
+            computed as f64 / (now - self.started).as_secs_f64().max(1e-9);
+        let _ = self.job.events.send(Event::Started {
+            prompt_tokens: self.usage.prompt_tokens,
+            cached_tokens: self.usage.cached_tokens,
+        });
+        let req = &self.job.req;
+        self.decode = Some(Decode {
+            sampler: Sampler::new(req.sampling.clone()),
+            detok: IncrementalDecoder::new(true),
+            stops: StopMatcher::new(req.stop.clone()),
+            // The filter sees text before the stop matcher, so a blocked phrase
+            // is withheld even when a stop sequence would have matched later.
+            filter: blocked.screen(),
+            splitter: req.reasoning.as_ref().map(ReasoningSplitter::new),
+            context: req.prompt.clone(),
+            generated: Vec::new(),
+            pending_logprobs: Vec::new(),
+            pending_reasoning: 0,
+            first_token_at: None,
+            last_token_at: None,
+        });
+        Ok(true)
+    }
+
+    /// Logits for the next position, from the last forward pass.
+    pub fn set_logits(&mut self, logits: Vec<f32>) {
+        self.logits = logits;
+    }
+
+    /// Samples one token and turns it into events; says what to run next.
+    pub fn step(&mut self, vocab: &Vocabulary, ctx: usize) -> Next {
+        let Some(d) = self.decode.as_mut() else {
+            return Next::Finished(FinishReason::Error("sampled before prefill".into()));
+        };
+        let job = &self.job;
+        let req = &job.req;
+        let usage = &mut self.usage;
+        let max_tokens = req.max_tokens.unwrap_or(usize::MAX);
+        let send_text = |text: String, lp: &mut Vec<TokenLogprob>| {
+            if !text.is_empty() {
+                let _ = job.events.send(Event::Delta {
+                    text,
+                    logprobs: std::mem::take(lp),
+                });
+            }
+        };
+        let send_reasoning = |text: String| {
+            if !text.is_empty() {
+                let _ = job.events.send(Event::Reasoning { text });
+            }
+        };
+
+        let s = match self.constraint.as_mut() {
+            None => d.sampler.sample(&self.logits, &d.context, &d.generated),
+            Some(c) => {
+                let mut masked = std::mem::take(&mut self.logits);
+                if let Err(e) = c.mask(&mut masked) {
+                    return Next::Finished(FinishReason::Error(e.to_string()));
+                }
+                d.sampler.sample(&masked, &d.context, &d.generated)
+            }
+        };
+        let now = Instant::now();
+        if d.first_token_at.is_none() {
+            d.first_token_at = Some(now);
+            self.timings.ttft_ms = ms(now - job.submitted);
+        }
+        d.last_token_at = Some(now);
+        d.generated.push(s.token);
+        d.context.push(s.token);
+        usage.completion_tokens += 1;
+        let phase_before = d.splitter.as_ref().map(ReasoningSplitter::phase);
+        match phase_before {
+            Some(Phase::Thinking) => usage.reasoning_tokens += 1,
+            Some(Phase::Pending) => d.pending_reasoning += 1,
+            _ => {}
+        }
+        if !req.ignore_eos && vocab.eos.contains(&s.token) {
+            return Next::Finished(FinishReason::Stop);
+        }
+        if let Some(c) = self.constraint.as_mut() {
+            if let Err(e) = c.commit(s.token) {
+                return Next::Finished(FinishReason::Error(e.to_string()));
+            }
+        }
+        if req.sampling.top_logprobs.is_some() {
+            d.pending_logprobs
+                .push(token_logprob(vocab, s.token, s.logprob, &s.top));
+        }
+        let piece = match d.detok.push(&vocab.tokenizer, s.token) {
+            Ok(p) => p,
+            Err(e) => return Next::Finished(FinishReason::Error(e.to_string())),
+        };
+        let screened = d.filter.push(&piece);
+        let content = match d.splitter.as_mut() {
+            Some(sp) => {
+                let split = sp.push(&screened.emit);
+                if phase_before == Some(Phase::Pending) && sp.phase() != Phase::Pending {
+                    if split.reasoning.is_empty() && sp.phase() == Phase::Answer {
+                        d.pending_reasoning = 0;
+                    }
+                    usage.reasoning_tokens += d.pending_reasoning;
+                    d.pending_reasoning = 0;
+                }
+                send_reasoning(split.reasoning);
+                split.content
+            }
+            None => screened.emit,
+        };
+        let stepped = d.stops.push(&content);
+        send_text(stepped.emit, &mut d.pending_logprobs);
+        if let Some(i) = stepped.matched {
+            return Next::Finished(FinishReason::StopSequence(d.stops.stops()[i].clone()));
+        }
+        if screened.matched.is_some() {
+            return Next::Finished(FinishReason::ContentFilter);
+        }
+        // Budget spent: close the section ourselves and let the answer follow.
+        let budget = req.reasoning.as_ref().and_then(|r| r.budget);
+        if let (Some(sp), Some(b)) = (d.splitter.as_mut(), budget) {
+            if sp.phase() == Phase::Thinking
+                && usage.reasoning_tokens >= b
+                && d.generated.len() < max_tokens
+            {
+                send_reasoning(sp.close_now());
+                let close = req
+                    .reasoning
+                    .as_ref()
+                    .map(|r| format!("{}\n\n", r.close))
+                    .unwrap_or_default();
+                let forced = match vocab.tokenizer.encode(close.as_str(), false) {
+                    Ok(e) => e.get_ids().to_vec(),
+                    Err(e) => return Next::Finished(FinishReason::Error(e.to_string())),
+                };
+                for &t in &forced {
+                    let _ = d.detok.push(&vocab.tokenizer, t);
+                }
+                // The forced marker is output the model's cache holds: it counts
+                // as completion, not as reasoning.
+                usage.completion_tokens += forced.len();
+                d.generated.extend_from_slice(&forced);
+                d.context.extend_from_slice(&forced);
+                // The model sees the sampled token, then the marker.
+                let mut feed = vec![s.token];
+                feed.extend_from_slice(&forced);
+                if d.context.len() >= ctx {
+                    return Next::Finished(FinishReason::ContextWindow);
+                }
+                if d.generated.len() >= max_tokens {
+                    return Next::Finished(FinishReason::Length);
+                }
+                return Next::Feed(feed);
+            }
+        }
+        if d.generated.len() >= max_tokens {
+            return Next::Finished(FinishReason::Length);
+        }
+        if d.context.len() >= ctx {
+            return Next::Finished(FinishReason::ContextWindow);
+        }
+        if job.gone() {
+            return Next::Finished(FinishReason::Cancelled);
+        }
+        Next::Feed(vec![s.token])
+    }
+
+    /// Ends the generation: releases text held back for a possible stop
+    /// sequence, blocked phrase or incomplete character, and builds the final
+    /// record. Also returns the tokens whose KV state the cache holds, for
+    /// the prefix cache (none after an error).
+    pub fn finish(&mut self, reason: FinishReason, vocab: &Vocabulary) -> (Completion, Vec<u32>) {
+        let mut reason = reason;
+        let job = &self.job;
+        if let Some(d) = self.decode.as_mut() {
+            if !matches!(
+                reason,
+                FinishReason::StopSequence(_)
+                    | FinishReason::Cancelled
+                    | FinishReason::ContentFilter
+                    | FinishReason::Error(_)
+            ) {
+                let mut tail = d.detok.flush(&vocab.tokenizer).unwrap_or_default();
+                if let Some(sp) = d.splitter.as_mut() {
+                    let mut split = sp.push(&tail);
+                    let last = sp.flush();
+                    split.reasoning.push_str(&last.reasoning);
+                    split.content.push_str(&last.content);
+                    if !split.reasoning.is_empty() {
+                        let _ = job.events.send(Event::Reasoning {
+                            text: split.reasoning,
+                        });
+                    }
+                    tail = split.content;
+                }
+                let screened = d.filter.push(&tail);
+                let mut text = screened.emit;
+                if screened.matched.is_some() {
+                    reason = FinishReason::ContentFilter;
+                } else {
+                    let last = d.filter.flush();
+                    text.push_str(&last.emit);
+                    if last.matched.is_some() {
+                        reason = FinishReason::ContentFilter;
+                    }
+                }
+                let stepped = d.stops.push(&text);
+                let mut rest = stepped.emit;
+                match stepped.matched {
+                    Some(i) => reason = FinishReason::StopSequence(d.stops.stops()[i].clone()),
+                    None => rest.push_str(&d.stops.flush()),
+                }
+                if !rest.is_empty() {
+                    let _ = job.events.send(Event::Delta {
+                        text: rest,
+                        logprobs: std::mem::take(&mut d.pending_logprobs),
+                    });
+                }
+            }
+            if let (Some(first), Some(last)) = (d.first_token_at, d.last_token_at) {
+                let n = self.usage.completion_tokens.saturating_sub(1);
+                let secs = (last - first).as_secs_f64();
+                self.timings.decode_tokens_per_s = if n > 0 && secs > 0.0 {
+                    n as f64 / secs
+                } else {
+                    0.0
+                };
+            }
+        }
+        let context = match (&reason, self.decode.as_ref()) {
+            (FinishReason::Error(_), _) => Vec::new(),
+            (_, Some(d)) => d.context.clone(),
+            (_, None) => job.req.prompt.clone(),
+        };
+        let kept = context[..self.cache.len().min(context.len())].to_vec();
+        self.timings.total_ms = ms(job.submitted.elapsed());
+        (
+            Completion {
+                finish: reason,
+                usage: self.usage,
+                timings: self.timings,
+            },
+            kept,
+        )
+    }
+}
+
+fn token_logprob(vocab: &Vocabulary, token: u32, logprob: f32, top: &[(u32, f32)]) -> TokenLogprob {
+    let text = |id: u32| String::from_utf8_lossy(&vocab.token_bytes(id)).into_owned();
+    TokenLogprob {
+        token,
+        bytes: vocab.token_bytes(token),
+        text: text(token),
+        logprob,
+        top: top.iter().map(|&(id, lp)| (id, text(id), lp)).collect(),
+    }
+}
+
+/// Counts a finished generation in the engine's statistics.
+pub(crate) fn record(stats: &crate::engine::EngineStats, c: &Completion) {
+    let u = c.usage;
+    stats
+        .cached_tokens
+        .fetch_add(u.cached_tokens as u64, Ordering::Relaxed);
+    stats
+        .prompt_tokens
+        .fetch_add(u.prompt_tokens as u64, Ordering::Relaxed);
+    stats
+        .completion_tokens
+        .fetch_add(u.completion_tokens as u64, Ordering::Relaxed);
+    match c.finish {
+        FinishReason::Cancelled => {
+            tracing::info!(
+                completion_tokens = u.completion_tokens,
+                "generation cancelled by the caller"
+            );
+            stats
+                .last_cancelled_tokens
+                .store(u.completion_tokens as u64, Ordering::Relaxed);
+            stats.cancelled.fetch_add(1, Ordering::Relaxed);
+        }
+        FinishReason::Error(ref e) => {
+            tracing::warn!(error = %e, "generation failed");
+            stats.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        _ => {
+            stats.completed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    tracing::debug!(
+        finish = c.finish.as_str(),
+        prompt = u.prompt_tokens,
+        completion = u.completion_tokens,
+        "generation done"
+    );
+}
