@@ -52,19 +52,21 @@ pub trait LanguageModel: Send {
     /// logits (length `vocab_size`, float32) for the position after the last token.
     fn forward(&self, tokens: &[u32], cache: &mut dyn KvCache) -> Result<Vec<f32>>;
 
-    /// Runs one token for each of several sequences (token `i` after
-    /// `caches[i]`) and returns each one's next-token logits. Backends batch
-    /// this into one pass, so weights are read once for all sequences; this
-    /// default runs them one after another.
-    fn forward_batch(
-        &self,
-        tokens: &[u32],
-        caches: &mut [&mut dyn KvCache],
-    ) -> Result<Vec<Vec<f32>>> {
-        tokens
-            .iter()
-            .zip(caches.iter_mut())
-            .map(|(&t, c)| self.forward(&[t], &mut **c))
-            .collect()
-    }
+    /// An empty set of sequences to decode together.
+    fn new_batch(&self) -> Result<Box<dyn DecodeBatch>>;
+
+    /// Runs one token for every row of `batch` (token `i` for row `i`) in a
+    /// single pass, so the weights are read once for all sequences, and
+    /// returns each row's next-token logits.
+    fn forward_batch(&self, tokens: &[u32], batch: &mut dyn DecodeBatch) -> Result<Vec<Vec<f32>>>;
+}
+
+/// Sequences decoding together, one token each per step. A prefilled
+/// sequence's cache joins as the last row; a finished one leaves with its
+/// cache (for the prefix cache). Backends downcast to their own type.
+pub trait DecodeBatch: Any + Send {
+    fn rows(&self) -> usize;
+    fn join(&mut self, cache: Box<dyn KvCache>) -> Result<()>;
+    fn leave(&mut self, row: usize) -> Result<Box<dyn KvCache>>;
+    fn as_any_mut(&mut self) -> &mut dyn Any;
 }

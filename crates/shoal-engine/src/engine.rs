@@ -10,7 +10,7 @@ use std::time::Instant;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tracing::{debug, info};
 
-use crate::backend::{KvCache, LanguageModel, ModelInfo};
+use crate::backend::{DecodeBatch, KvCache, LanguageModel, ModelInfo};
 use crate::completion::{Completion, Event, FinishReason, Timings, Usage};
 use crate::constraint::{Grammar, GrammarCompiler};
 use crate::content_filter::ContentPolicy;
@@ -125,6 +125,9 @@ pub struct EngineStats {
     /// (their ratio is the mean batch size).
     pub decode_passes: AtomicU64,
     pub decode_steps: AtomicU64,
+    /// Time spent sampling and running batched decode passes (prefill not
+    /// included): `decode_steps` over this is the aggregate decode speed.
+    pub decode_micros: AtomicU64,
 }
 
 /// A handle to a running engine; cheap to clone.
@@ -250,7 +253,7 @@ impl Engine {
 /// The scheduler: admits queued requests in FIFO order up to `max_batch`,
 /// prefills each newcomer one chunk per round, then advances every decoding
 /// sequence by one token in a single batched forward pass. Finished
-/// sequences leave at once and their slots go to the next in line.
+/// sequences leave at once and their places go to the next in line.
 fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job>, cfg: RunConfig) {
     let RunConfig {
         chunk,
@@ -260,12 +263,15 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
         blocked,
     } = cfg;
     let ctx = model.info().context_length;
-    let mut active: Vec<Sequence> = Vec::new();
+    let mut prefilling: Vec<Sequence> = Vec::new();
+    // Row `i` of `batch` is `decoding[i]`.
+    let mut decoding: Vec<Sequence> = Vec::new();
+    let mut batch = fresh_batch(model.as_ref());
     let mut open = true;
-    while open || !active.is_empty() {
+    while open || !prefilling.is_empty() || !decoding.is_empty() {
         // Admission: block only when there is nothing else to do.
-        while open && active.len() < max_batch {
-            let job = if active.is_empty() {
+        while open && prefilling.len() + decoding.len() < max_batch {
+            let job = if prefilling.is_empty() && decoding.is_empty() {
                 match jobs.recv() {
                     Ok(j) => j,
                     Err(_) => {
@@ -310,46 +316,90 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
                 None => model.new_cache(),
             };
             match cache {
-                Ok(cache) => active.push(Sequence::new(job, cache)),
-                Err(e) => {
-                    let events = job.events.clone();
-                    let mut seq = Sequence::new(job, Box::new(NoCache));
-                    let (c, _) = seq.finish(FinishReason::Error(e.to_string()), &vocab);
-                    record(&stats, &c);
-                    let _ = events.send(Event::Done(c));
-                }
+                Ok(cache) => prefilling.push(Sequence::new(job, cache)),
+                Err(e) => retire(
+                    Sequence::new(job, Box::new(NoCache)),
+                    FinishReason::Error(e.to_string()),
+                    &vocab,
+                    &stats,
+                    &mut prefixes,
+                ),
             }
         }
-        if active.is_empty() {
+        if prefilling.is_empty() && decoding.is_empty() {
             continue;
         }
 
-        // One round: a prefill chunk for newcomers, one token for the rest.
-        let mut outcome: Vec<Option<FinishReason>> = vec![None; active.len()];
-        let mut batch: Vec<(usize, u32)> = Vec::new();
-        for (i, seq) in active.iter_mut().enumerate() {
-            if !seq.is_decoding() {
-                match seq.prefill(model.as_ref(), chunk, &blocked) {
-                    Ok(true) => {}
-                    Ok(false) => continue,
-                    Err(r) => {
-                        outcome[i] = Some(r);
-                        continue;
-                    }
+        // 1. Every decoding sequence samples its next token; finished ones
+        //    leave the batch (taking their cache back for the prefix cache).
+        let sampling_started = Instant::now();
+        let mut tokens = Vec::with_capacity(decoding.len());
+        let mut finished = Vec::new();
+        for (row, seq) in decoding.iter_mut().enumerate() {
+            match seq.step(&vocab, ctx) {
+                Next::Feed(t) => tokens.push(t),
+                Next::Finished(r) => {
+                    finished.push((row, r));
+                    tokens.push(0);
                 }
             }
-            match seq.step(&vocab, ctx) {
-                Next::Finished(r) => outcome[i] = Some(r),
-                Next::Feed(tokens) if tokens.len() == 1 => batch.push((i, tokens[0])),
-                // Forced tokens (a closed reasoning section) run on their own.
-                Next::Feed(tokens) => match model.forward(&tokens, seq.cache.as_mut()) {
-                    Ok(l) => seq.set_logits(l),
-                    Err(e) => outcome[i] = Some(FinishReason::Error(e.to_string())),
+        }
+        let mut decode_time = sampling_started.elapsed();
+        for (row, reason) in finished.into_iter().rev() {
+            let mut seq = decoding.remove(row);
+            tokens.remove(row);
+            match batch.leave(row) {
+                Ok(cache) => seq.cache = cache,
+                Err(e) => {
+                    // The batch may be inconsistent: fail everyone in it.
+                    retire(
+                        seq,
+                        FinishReason::Error(e.to_string()),
+                        &vocab,
+                        &stats,
+                        &mut prefixes,
+                    );
+                    fail_all(&mut decoding, &e.to_string(), &vocab, &stats, &mut prefixes);
+                    tokens.clear();
+                    batch = fresh_batch(model.as_ref());
+                    break;
+                }
+            }
+            retire(seq, reason, &vocab, &stats, &mut prefixes);
+        }
+
+        // 2. Newcomers prefill one chunk each; a finished prefill samples its
+        //    first token and joins the batch.
+        let mut still = Vec::with_capacity(prefilling.len());
+        for mut seq in prefilling.drain(..) {
+            match seq.prefill(model.as_ref(), chunk, &blocked) {
+                Ok(false) => still.push(seq),
+                Err(r) => retire(seq, r, &vocab, &stats, &mut prefixes),
+                Ok(true) => match seq.step(&vocab, ctx) {
+                    Next::Finished(r) => retire(seq, r, &vocab, &stats, &mut prefixes),
+                    Next::Feed(t) => {
+                        let cache = std::mem::replace(&mut seq.cache, Box::new(NoCache));
+                        match batch.join(cache) {
+                            Ok(()) => {
+                                decoding.push(seq);
+                                tokens.push(t);
+                            }
+                            Err(e) => retire(
+                                seq,
+                                FinishReason::Error(e.to_string()),
+                                &vocab,
+                                &stats,
+                                &mut prefixes,
+                            ),
+                        }
+                    }
                 },
             }
         }
-        if !batch.is_empty() {
-            let tokens: Vec<u32> = batch.iter().map(|&(_, t)| t).collect();
+        prefilling = still;
+
+        // 3. One forward pass for the whole batch.
+        if !decoding.is_empty() {
             stats
                 .peak_batch
                 .fetch_max(tokens.len() as u64, Ordering::Relaxed);
@@ -357,46 +407,84 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
             stats
                 .decode_steps
                 .fetch_add(tokens.len() as u64, Ordering::Relaxed);
-            let mut caches: Vec<&mut dyn KvCache> = Vec::with_capacity(batch.len());
-            let mut members = batch.iter().map(|&(i, _)| i).peekable();
-            for (i, seq) in active.iter_mut().enumerate() {
-                if members.peek() == Some(&i) {
-                    members.next();
-                    caches.push(seq.cache.as_mut());
-                }
-            }
-            match model.forward_batch(&tokens, &mut caches) {
+            let pass = Instant::now();
+            match model.forward_batch(&tokens, batch.as_mut()) {
                 Ok(all) => {
-                    for (&(i, _), l) in batch.iter().zip(all) {
-                        active[i].set_logits(l);
+                    for (seq, l) in decoding.iter_mut().zip(all) {
+                        seq.set_logits(l);
                     }
                 }
                 Err(e) => {
-                    for &(i, _) in &batch {
-                        outcome[i] = Some(FinishReason::Error(e.to_string()));
-                    }
+                    fail_all(&mut decoding, &e.to_string(), &vocab, &stats, &mut prefixes);
+                    batch = fresh_batch(model.as_ref());
                 }
             }
+            decode_time += pass.elapsed();
         }
+        stats
+            .decode_micros
+            .fetch_add(decode_time.as_micros() as u64, Ordering::Relaxed);
+    }
+}
 
-        // Retire finished sequences, keeping the others in arrival order.
-        let mut i = 0;
-        active.retain_mut(|seq| {
-            let r = outcome[i].take();
-            i += 1;
-            let Some(reason) = r else { return true };
-            let (c, context) = seq.finish(reason, &vocab);
-            if !matches!(c.finish, FinishReason::Error(_)) {
-                let cache = std::mem::replace(&mut seq.cache, Box::new(NoCache));
-                prefixes.insert(&context, cache);
-            }
-            stats
-                .prefix_cache_bytes
-                .store(prefixes.bytes() as u64, Ordering::Relaxed);
-            record(&stats, &c);
-            let _ = seq.job.events.send(Event::Done(c));
-            false
-        });
+/// Ends a sequence: final record to its caller, statistics, and its cache
+/// to the prefix cache (unless it failed).
+fn retire(
+    mut seq: Sequence,
+    reason: FinishReason,
+    vocab: &Vocabulary,
+    stats: &EngineStats,
+    prefixes: &mut PrefixCache,
+) {
+    let (c, context) = seq.finish(reason, vocab);
+    if !matches!(c.finish, FinishReason::Error(_)) {
+        let cache = std::mem::replace(&mut seq.cache, Box::new(NoCache));
+        prefixes.insert(&context, cache);
+    }
+    stats
+        .prefix_cache_bytes
+        .store(prefixes.bytes() as u64, Ordering::Relaxed);
+    record(stats, &c);
+    let _ = seq.job.events.send(Event::Done(c));
+}
+
+fn fail_all(
+    decoding: &mut Vec<Sequence>,
+    error: &str,
+    vocab: &Vocabulary,
+    stats: &EngineStats,
+    prefixes: &mut PrefixCache,
+) {
+    for seq in decoding.drain(..) {
+        retire(
+            seq,
+            FinishReason::Error(error.to_string()),
+            vocab,
+            stats,
+            prefixes,
+        );
+    }
+}
+
+fn fresh_batch(model: &dyn LanguageModel) -> Box<dyn DecodeBatch> {
+    model.new_batch().unwrap_or_else(|_| Box::new(NoBatch))
+}
+
+/// A batch nobody can join (only if the backend cannot make one).
+struct NoBatch;
+
+impl DecodeBatch for NoBatch {
+    fn rows(&self) -> usize {
+        0
+    }
+    fn join(&mut self, _cache: Box<dyn KvCache>) -> Result<()> {
+        Err(EngineError::Backend("no decode batch available".into()))
+    }
+    fn leave(&mut self, row: usize) -> Result<Box<dyn KvCache>> {
+        Err(EngineError::Backend(format!("no batch row {row}")))
+    }
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
     }
 }
 

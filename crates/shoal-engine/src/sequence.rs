@@ -41,8 +41,9 @@ pub(crate) fn ms(d: std::time::Duration) -> f64 {
 
 /// What a sequence needs after one step.
 pub(crate) enum Next {
-    /// Run these tokens (usually the one just sampled) and hand back the logits.
-    Feed(Vec<u32>),
+    /// Run this token (the one just sampled, or one the engine forces) and
+    /// hand back the logits.
+    Feed(u32),
     /// The generation is over.
     Finished(FinishReason),
 }
@@ -59,6 +60,9 @@ struct Decode {
     pending_logprobs: Vec<TokenLogprob>,
     /// Tokens sampled before it is known whether the reply opens a thinking section.
     pending_reasoning: usize,
+    /// Tokens the engine inserts (a closing reasoning marker), fed one per
+    /// step before sampling resumes.
+    forced: std::collections::VecDeque<u32>,
     first_token_at: Option<Instant>,
     last_token_at: Option<Instant>,
 }
@@ -97,10 +101,6 @@ impl Sequence {
             decode: None,
             constraint,
         }
-    }
-
-    pub fn is_decoding(&self) -> bool {
-        self.decode.is_some()
     }
 
     /// Computes the next `chunk` prompt tokens. Returns `Ok(true)` once the
@@ -144,6 +144,7 @@ impl Sequence {
             generated: Vec::new(),
             pending_logprobs: Vec::new(),
             pending_reasoning: 0,
+            forced: Default::default(),
             first_token_at: None,
             last_token_at: None,
         });
@@ -164,6 +165,9 @@ impl Sequence {
         let req = &job.req;
         let usage = &mut self.usage;
         let max_tokens = req.max_tokens.unwrap_or(usize::MAX);
+        if let Some(t) = d.forced.pop_front() {
+            return Next::Feed(t);
+        }
         let send_text = |text: String, lp: &mut Vec<TokenLogprob>| {
             if !text.is_empty() {
                 let _ = job.events.send(Event::Delta {
@@ -269,15 +273,14 @@ impl Sequence {
                 d.generated.extend_from_slice(&forced);
                 d.context.extend_from_slice(&forced);
                 // The model sees the sampled token, then the marker.
-                let mut feed = vec![s.token];
-                feed.extend_from_slice(&forced);
+                d.forced.extend(forced);
                 if d.context.len() >= ctx {
                     return Next::Finished(FinishReason::ContextWindow);
                 }
                 if d.generated.len() >= max_tokens {
                     return Next::Finished(FinishReason::Length);
                 }
-                return Next::Feed(feed);
+                return Next::Feed(s.token);
             }
         }
         if d.generated.len() >= max_tokens {
@@ -289,7 +292,7 @@ impl Sequence {
         if job.gone() {
             return Next::Finished(FinishReason::Cancelled);
         }
-        Next::Feed(vec![s.token])
+        Next::Feed(s.token)
     }
 
     /// Ends the generation: releases text held back for a possible stop

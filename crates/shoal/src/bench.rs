@@ -20,6 +20,10 @@ pub struct Args {
     pub gen_tokens: usize,
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
+    /// Also run this many streams at once and report aggregate and
+    /// per-stream decode speed (continuous batching).
+    #[arg(long, default_value_t = 1)]
+    pub concurrency: usize,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -63,7 +67,12 @@ pub fn run(a: Args) -> Result<()> {
         "sizes must be positive (gen-tokens >= 2)"
     );
     let load_start = std::time::Instant::now();
-    let engine = Engine::start(&a.model.path(), &a.model.id(), EngineOptions::default())
+    let opts = EngineOptions {
+        max_batch: EngineOptions::default().max_batch.max(a.concurrency),
+        queue_capacity: EngineOptions::default().queue_capacity.max(a.concurrency),
+        ..EngineOptions::default()
+    };
+    let engine = Engine::start(&a.model.path(), &a.model.id(), opts)
         .with_context(|| format!("loading {}", a.model.path().display()))?;
     let load_s = load_start.elapsed().as_secs_f64();
     let vocab = &engine.model.vocab;
@@ -120,7 +129,53 @@ pub fn run(a: Args) -> Result<()> {
         cached_tokens = c.usage.cached_tokens;
         cached_ttft.push(c.timings.ttft_ms);
     }
+    // Concurrency: C streams submitted together. Aggregate decode speed is
+    // tokens decoded per second of the engine's decode passes (prefill
+    // excluded, as in the single-stream figure); the overall figure is
+    // every token over wall time, prefill included.
+    let (mut agg, mut per_stream, mut wall) = (vec![], vec![], vec![]);
+    let steps = || {
+        engine
+            .stats
+            .decode_steps
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let micros = || {
+        engine
+            .stats
+            .decode_micros
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    if a.concurrency > 1 {
+        for run in 0..a.runs {
+            let (s0, m0) = (steps(), micros());
+            let t0 = std::time::Instant::now();
+            let streams = (0..a.concurrency)
+                .map(|i| {
+                    engine.submit(req(
+                        prompt_for(1000 + run * a.concurrency + i),
+                        a.gen_tokens,
+                    ))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut tokens = 0;
+            for rx in streams {
+                let (_, c) = collect_blocking(rx)?;
+                anyhow::ensure!(
+                    c.usage.completion_tokens == a.gen_tokens,
+                    "a concurrent stream generated {} tokens",
+                    c.usage.completion_tokens
+                );
+                tokens += c.usage.completion_tokens;
+            }
+            wall.push(tokens as f64 / t0.elapsed().as_secs_f64());
+            let rate = (steps() - s0) as f64 / ((micros() - m0) as f64 / 1e6).max(1e-9);
+            agg.push(rate);
+            per_stream.push(rate / a.concurrency as f64);
+        }
+    }
     let info = &engine.model.info;
+    let single = median(dec.clone());
     let out = json!({
         "engine": "shoal",
         "model": engine.model.id,
@@ -138,6 +193,11 @@ pub fn run(a: Args) -> Result<()> {
         "weight_mb": info.weight_bytes as f64 / (1 << 20) as f64,
         "blas": blas(),
         "peak_rss_mb": peak_rss_mb(),
+        "concurrency": a.concurrency,
+        "concurrent_aggregate_decode_tok_s": (a.concurrency > 1).then(|| median(agg.clone())),
+        "concurrent_per_stream_decode_tok_s": (a.concurrency > 1).then(|| median(per_stream.clone())),
+        "concurrent_wall_tok_s": (a.concurrency > 1).then(|| median(wall.clone())),
+        "concurrent_speedup": (a.concurrency > 1 && single > 0.0).then(|| median(agg.clone()) / single),
     });
     if a.json {
         println!("{out}");
@@ -149,6 +209,17 @@ pub fn run(a: Args) -> Result<()> {
             out["ttft_ms"].as_f64().unwrap_or(0.0), cached_tokens, a.prompt_tokens,
             out["ttft_prefix_cached_ms"].as_f64().unwrap_or(0.0), load_s
         );
+        if a.concurrency > 1 {
+            let aggregate = median(agg);
+            println!(
+                "  {} concurrent streams: aggregate decode {:.1} tok/s ({:.2}x one stream) | per stream {:.1} tok/s | overall incl. prefill {:.1} tok/s",
+                a.concurrency,
+                aggregate,
+                if single > 0.0 { aggregate / single } else { 0.0 },
+                median(per_stream),
+                median(wall)
+            );
+        }
         if let Some(rss) = peak_rss_mb() {
             println!(
                 "  peak RSS {rss:.0} MiB (weights {:.0} MiB)",

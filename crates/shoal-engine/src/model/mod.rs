@@ -15,7 +15,7 @@ use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
 use mlx_rs::ops::{self, concatenate};
 use mlx_rs::{Array, Dtype};
 
-use crate::backend::{KvCache, LanguageModel, ModelInfo};
+use crate::backend::{DecodeBatch, KvCache, LanguageModel, ModelInfo};
 use crate::error::{EngineError, Result};
 
 /// Hyperparameters shared by the supported architectures.
@@ -567,23 +567,32 @@ impl Transformer {
 }
 
 impl Transformer {
-    /// One decode step for `B` sequences at once: the projections run as one
-    /// `[B, hidden]` matmul each (weights read once), attention runs per
-    /// sequence against its own cache and position.
-    fn forward_batch_hidden(&self, tokens: &[u32], caches: &mut [&mut MlxCache]) -> Result<Array> {
+    /// One decode step for every row of `batch`: the projections run as one
+    /// `[B, hidden]` matmul each (weights read once), attention runs over the
+    /// shared right-aligned buffers with each row's padding masked out and
+    /// each row's own rotary position.
+    fn forward_batch_hidden(&self, tokens: &[u32], batch: &mut MlxBatch) -> Result<Array> {
         let b = tokens.len() as i32;
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         let ids = Array::from_slice(&ids, &[b]);
-        let mut h = self.embed.take_axis(&ids, 0)?.reshape(&[b, 1, -1])?;
+        // Rows of one matrix, not a batch of 1-row matrices: the projections
+        // then run as one [B, hidden] matmul instead of B matrix-vector products.
+        let mut h = self.embed.take_axis(&ids, 0)?.reshape(&[1, b, -1])?;
         let (nh, nkv, hd) = (
             self.cfg.num_heads as i32,
             self.cfg.num_kv_heads as i32,
             self.cfg.head_dim as i32,
         );
-        for c in caches.iter_mut() {
-            let need = c.offset + 1;
-            c.reserve(need, nkv, hd, self.dtype, self.layers.len())?;
+        batch.make_room()?;
+        let col = batch.idx;
+        let t = col + 1;
+        let positions: Vec<i32> = batch.pads.iter().map(|&p| col - p).collect();
+        let positions = Array::from_slice(&positions, &[b]);
+        let mut mask = Vec::with_capacity((b * t) as usize);
+        for &p in &batch.pads {
+            mask.extend((0..t).map(|c| c >= p));
         }
+        let mask = Array::from_slice(&mask, &[b, 1, 1, t]);
         let scale = 1.0 / (hd as f32).sqrt();
         let eps = self.cfg.rms_norm_eps;
         for (li, l) in self.layers.iter().enumerate() {
@@ -600,23 +609,25 @@ impl Transformer {
             if let Some(w) = &l.k_norm {
                 k = fast::rms_norm(&k, Some(w), eps)?;
             }
-            let q = q.transpose_axes(&[0, 2, 1, 3])?;
-            let k = k.transpose_axes(&[0, 2, 1, 3])?;
-            let mut outs = Vec::with_capacity(caches.len());
-            for (s, c) in caches.iter_mut().enumerate() {
-                let s = s as i32;
-                let offset = c.offset as i32;
-                let qs = self.rope(&q.index(s..s + 1), offset)?;
-                let ks = self.rope(&k.index(s..s + 1), offset)?;
-                let vs = v.index(s..s + 1);
-                let (keys, values) = c.update(li, offset, &ks, &vs)?;
-                outs.push(fast::scaled_dot_product_attention(
-                    &qs, &keys, &values, scale, None, None,
-                )?);
-            }
-            let o = concatenate(&outs, 0)?
-                .transpose_axes(&[0, 2, 1, 3])?
-                .reshape(&[b, 1, nh * hd])?;
+            let q = self.rope_at(&q.transpose_axes(&[0, 2, 1, 3])?, &positions)?;
+            let k = self.rope_at(&k.transpose_axes(&[0, 2, 1, 3])?, &positions)?;
+            let (kb, vb) = batch
+                .layers
+                .get_mut(li)
+                .ok_or_else(|| EngineError::Backend(format!("batch has no layer {li}")))?;
+            kb.try_index_mut((.., .., col..t, ..), &k)?;
+            vb.try_index_mut((.., .., col..t, ..), &v)?;
+            let keys = kb.index((.., .., 0..t, ..));
+            let values = vb.index((.., .., 0..t, ..));
+            let o = fast::scaled_dot_product_attention(
+                &q,
+                &keys,
+                &values,
+                scale,
+                ScaledDotProductAttentionMask::Array(&mask),
+                None,
+            )?;
+            let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[1, b, nh * hd])?;
             h = h.add(l.o_proj.apply(&o)?)?;
             let x = fast::rms_norm(&h, Some(&l.ffn_norm), eps)?;
             let gu = l.gate_up.apply(&x)?;
@@ -625,10 +636,18 @@ impl Transformer {
             let act = mlx_rs::nn::silu(&g)?.multiply(&u)?;
             h = h.add(l.down.apply(&act)?)?;
         }
-        for c in caches.iter_mut() {
-            c.offset += 1;
-        }
+        batch.idx += 1;
         Ok(h)
+    }
+
+    /// Rotary embedding with a position per batch row.
+    fn rope_at(&self, x: &Array, positions: &Array) -> Result<Array> {
+        let d = self.cfg.head_dim as i32;
+        let trad = self.cfg.rope_traditional;
+        Ok(match &self.rope_freqs {
+            Some(f) => fast::rope_dynamic(x, d, trad, None, 1.0, positions, f)?,
+            None => fast::rope_dynamic(x, d, trad, self.cfg.rope_theta, 1.0, positions, None)?,
+        })
     }
 }
 
@@ -690,32 +709,21 @@ impl LanguageModel for Transformer {
         Ok(logits.as_slice::<f32>().to_vec())
     }
 
-    fn forward_batch(
-        &self,
-        tokens: &[u32],
-        caches: &mut [&mut dyn KvCache],
-    ) -> Result<Vec<Vec<f32>>> {
-        if tokens.len() != caches.len() {
-            return Err(EngineError::Backend(
-                "one token per sequence is needed".into(),
-            ));
-        }
-        if tokens.len() == 1 {
-            return Ok(vec![self.forward(tokens, &mut *caches[0])?]);
-        }
-        let mut mlx: Vec<&mut MlxCache> = Vec::with_capacity(caches.len());
-        for c in caches.iter_mut() {
-            let c = c
-                .as_any_mut()
-                .downcast_mut::<MlxCache>()
-                .ok_or_else(|| EngineError::Backend("KV cache from another backend".into()))?;
-            if c.offset + 1 > self.cfg.context_length {
-                return Err(EngineError::ContextOverflow {
-                    prompt_tokens: c.offset + 1,
-                    context: self.cfg.context_length,
-                });
-            }
-            mlx.push(c);
+    fn new_batch(&self) -> Result<Box<dyn DecodeBatch>> {
+        Ok(Box::new(MlxBatch::default()))
+    }
+
+    fn forward_batch(&self, tokens: &[u32], batch: &mut dyn DecodeBatch) -> Result<Vec<Vec<f32>>> {
+        let batch = batch
+            .as_any_mut()
+            .downcast_mut::<MlxBatch>()
+            .ok_or_else(|| EngineError::Backend("batch from another backend".into()))?;
+        if tokens.len() != batch.pads.len() || tokens.is_empty() {
+            return Err(EngineError::Backend(format!(
+                "{} tokens for a batch of {}",
+                tokens.len(),
+                batch.pads.len()
+            )));
         }
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
             return Err(EngineError::InvalidRequest(format!(
@@ -723,18 +731,202 @@ impl LanguageModel for Transformer {
                 self.cfg.vocab_size
             )));
         }
-        let h = self.forward_batch_hidden(tokens, &mut mlx)?;
-        let last = h.index((.., -1, ..));
+        if let Some(longest) = batch.pads.iter().map(|&p| batch.idx - p).max() {
+            if longest as usize + 1 > self.cfg.context_length {
+                return Err(EngineError::ContextOverflow {
+                    prompt_tokens: longest as usize + 1,
+                    context: self.cfg.context_length,
+                });
+            }
+        }
+        let h = self.forward_batch_hidden(tokens, batch)?;
+        let last = h.reshape(&[tokens.len() as i32, -1])?;
         let last = fast::rms_norm(&last, Some(&self.norm), self.cfg.rms_norm_eps)?;
         let logits = self.lm_head.apply(&last)?.as_dtype(Dtype::Float32)?;
         let mut outs: Vec<&Array> = vec![&logits];
-        for c in &mlx {
-            outs.extend(c.arrays());
-        }
+        outs.extend(batch.layers.iter().flat_map(|(k, v)| [k, v]));
         mlx_rs::transforms::eval(outs)?;
         let v = self.cfg.vocab_size;
         let flat = logits.as_slice::<f32>();
         Ok(flat.chunks(v).map(<[f32]>::to_vec).collect())
+    }
+}
+
+/// Several sequences' key/value state in shared `[rows, kv heads, columns,
+/// head dim]` buffers, right-aligned: every row's next token goes to the same
+/// column `idx`, so one slice update per layer writes them all; row `r`'s
+/// first `pads[r]` columns are padding, masked out of attention.
+#[derive(Default)]
+pub struct MlxBatch {
+    layers: Vec<(Array, Array)>,
+    pads: Vec<i32>,
+    idx: i32,
+    cap: i32,
+}
+
+impl MlxBatch {
+    fn eval(&self) -> Result<()> {
+        mlx_rs::transforms::eval(self.layers.iter().flat_map(|(k, v)| [k, v]))?;
+        Ok(())
+    }
+
+    /// Grows the buffers so column `idx` exists.
+    fn make_room(&mut self) -> Result<()> {
+        if self.idx < self.cap {
+            return Ok(());
+        }
+        let extra = CACHE_STEP as i32;
+        for (k, v) in &mut self.layers {
+            for a in [k, v] {
+                let mut shape = a.shape().to_vec();
+                shape[2] = extra;
+                let z = ops::zeros_dtype(&shape, a.dtype())?;
+                *a = concatenate(&[a.clone(), z], 2)?;
+            }
+        }
+        self.cap += extra;
+        self.eval()
+    }
+
+    /// `cols` zero columns shaped like `like`, with `rows` rows.
+    fn zeros_like_cols(like: &Array, rows: i32, cols: i32) -> Result<Array> {
+        let mut shape = like.shape().to_vec();
+        shape[0] = rows;
+        shape[2] = cols;
+        Ok(ops::zeros_dtype(&shape, like.dtype())?)
+    }
+}
+
+impl DecodeBatch for MlxBatch {
+    fn rows(&self) -> usize {
+        self.pads.len()
+    }
+
+    fn join(&mut self, mut cache: Box<dyn KvCache>) -> Result<()> {
+        let c = cache
+            .as_any_mut()
+            .downcast_mut::<MlxCache>()
+            .ok_or_else(|| EngineError::Backend("KV cache from another backend".into()))?;
+        let len = c.offset as i32;
+        if len == 0 || c.layers.is_empty() {
+            return Err(EngineError::Backend(
+                "an empty sequence cannot join a batch".into(),
+            ));
+        }
+        if self.pads.is_empty() {
+            self.layers.clear();
+            self.idx = 0;
+            self.cap = 0;
+        } else if c.layers.len() != self.layers.len() {
+            return Err(EngineError::Backend("cache layer count differs".into()));
+        }
+        // A longer newcomer shifts everyone right so all stay right-aligned.
+        if len > self.idx && !self.pads.is_empty() {
+            let shift = len - self.idx;
+            for (k, v) in &mut self.layers {
+                for a in [k, v] {
+                    let z = Self::zeros_like_cols(a, a.shape()[0], shift)?;
+                    *a = concatenate(&[z, a.clone()], 2)?;
+                }
+            }
+            self.pads.iter_mut().for_each(|p| *p += shift);
+            self.idx += shift;
+            self.cap += shift;
+        }
+        if self.pads.is_empty() {
+            self.idx = len;
+            self.cap = len;
+        }
+        let pad = self.idx - len;
+        let mut layers = Vec::with_capacity(c.layers.len());
+        for (i, (ck, cv)) in c.layers.iter().enumerate() {
+            let mut pair = [ck, cv].into_iter().map(|a| -> Result<Array> {
+                let own = a.index((.., .., 0..len, ..));
+                let mut parts = Vec::new();
+                if pad > 0 {
+                    parts.push(Self::zeros_like_cols(a, 1, pad)?);
+                }
+                parts.push(own);
+                if self.cap > self.idx {
+                    parts.push(Self::zeros_like_cols(a, 1, self.cap - self.idx)?);
+                }
+                Ok(concatenate(&parts, 2)?)
+            });
+            let (Some(k), Some(v)) = (pair.next(), pair.next()) else {
+                return Err(EngineError::Backend("cache layer".into()));
+            };
+            let (k, v) = (k?, v?);
+            match self.layers.get(i) {
+                Some((bk, bv)) if !self.pads.is_empty() => layers.push((
+                    concatenate(&[bk.clone(), k], 0)?,
+                    concatenate(&[bv.clone(), v], 0)?,
+                )),
+                _ => layers.push((k, v)),
+            }
+        }
+        self.layers = layers;
+        self.pads.push(pad);
+        self.eval()
+    }
+
+    fn leave(&mut self, row: usize) -> Result<Box<dyn KvCache>> {
+        let rows = self.pads.len();
+        if row >= rows {
+            return Err(EngineError::Backend(format!("no batch row {row}")));
+        }
+        let (r, pad) = (row as i32, self.pads[row]);
+        let len = self.idx - pad;
+        let mut own = Vec::with_capacity(self.layers.len());
+        let mut rest = Vec::with_capacity(self.layers.len());
+        for (k, v) in &self.layers {
+            // Copies, so the prefix cache does not pin the whole batch buffer.
+            own.push((
+                k.index((r..r + 1, .., pad..self.idx, ..)).contiguous()?,
+                v.index((r..r + 1, .., pad..self.idx, ..)).contiguous()?,
+            ));
+            let keep = |a: &Array| -> Result<Array> {
+                let mut parts = Vec::new();
+                if r > 0 {
+                    parts.push(a.index(0..r));
+                }
+                if r + 1 < rows as i32 {
+                    parts.push(a.index(r + 1..));
+                }
+                Ok(concatenate(&parts, 0)?)
+            };
+            if rows > 1 {
+                rest.push((keep(k)?, keep(v)?));
+            }
+        }
+        let cache = MlxCache {
+            layers: own,
+            offset: len as usize,
+            capacity: len as usize,
+        };
+        mlx_rs::transforms::eval(cache.arrays())?;
+        self.pads.remove(row);
+        self.layers = rest;
+        // Drop columns that are padding in every remaining row.
+        if let Some(&trim) = self.pads.iter().min() {
+            if trim > 0 {
+                for (k, v) in &mut self.layers {
+                    *k = k.index((.., .., trim.., ..));
+                    *v = v.index((.., .., trim.., ..));
+                }
+                self.pads.iter_mut().for_each(|p| *p -= trim);
+                self.idx -= trim;
+                self.cap -= trim;
+            }
+        } else {
+            self.idx = 0;
+            self.cap = 0;
+        }
+        self.eval()?;
+        Ok(Box::new(cache))
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
     }
 }
 
