@@ -4,14 +4,16 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use shoal_engine::{ChatMessage, Completion, Event, FinishReason, SamplingParams, Usage};
+use shoal_engine::{ChatMessage, Event, FinishReason, SamplingParams, Usage};
 use tokio::sync::mpsc;
 
 use crate::body::{parse, Body};
 use crate::error::{ApiError, Dialect, DialectError};
 use crate::openai_chat::{check_max_tokens, check_range};
 use crate::run::{self, Job, LedgerFormat};
+use crate::tools::{ToolChoice, ToolRequest};
 use crate::{sse, AppState};
+use shoal_engine::tools::ToolDef;
 
 #[derive(Debug, Deserialize)]
 pub struct MessagesRequest {
@@ -26,9 +28,20 @@ pub struct MessagesRequest {
     #[serde(default)]
     pub stream: bool,
     pub metadata: Option<Value>,
-    pub tools: Option<Vec<Value>>,
+    pub tools: Option<Vec<AnthropicTool>>,
     pub tool_choice: Option<Value>,
     pub thinking: Option<Value>,
+}
+
+/// A client tool: `{"name", "description", "input_schema"}`. Server tools
+/// (web search, code execution …) carry a `type` and are refused.
+#[derive(Debug, Deserialize)]
+pub struct AnthropicTool {
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    pub name: String,
+    pub description: Option<String>,
+    pub input_schema: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -36,7 +49,8 @@ pub struct CountRequest {
     pub model: String,
     pub messages: Vec<InMessage>,
     pub system: Option<TextOrBlocks>,
-    pub tools: Option<Vec<Value>>,
+    pub tools: Option<Vec<AnthropicTool>>,
+    pub tool_choice: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -57,6 +71,14 @@ pub struct Block {
     #[serde(rename = "type")]
     pub kind: String,
     pub text: Option<String>,
+    /// `tool_use`: the call's id, tool name and input.
+    pub id: Option<String>,
+    pub name: Option<String>,
+    pub input: Option<Value>,
+    /// `tool_result`: which call it answers, and the result.
+    pub tool_use_id: Option<String>,
+    pub content: Option<TextOrBlocks>,
+    pub is_error: Option<bool>,
 }
 
 impl TextOrBlocks {
@@ -112,6 +134,7 @@ pub fn usage_json(u: &Usage) -> Value {
 }
 
 fn to_messages(
+    state: &AppState,
     system: Option<&TextOrBlocks>,
     msgs: &[InMessage],
 ) -> Result<Vec<ChatMessage>, ApiError> {
@@ -122,10 +145,7 @@ fn to_messages(
     }
     let mut out = Vec::with_capacity(msgs.len() + 1);
     if let Some(s) = system {
-        out.push(ChatMessage {
-            role: "system".into(),
-            content: s.text("system")?,
-        });
+        out.push(ChatMessage::new("system", s.text("system")?));
     }
     for (i, m) in msgs.iter().enumerate() {
         let role = match m.role.as_str() {
@@ -138,19 +158,113 @@ fn to_messages(
                 )))
             }
         };
-        out.push(ChatMessage {
-            role: role.into(),
-            content: m.content.text(&format!("messages.{i}.content"))?,
-        });
+        let at = format!("messages.{i}.content");
+        let TextOrBlocks::Blocks(blocks) = &m.content else {
+            out.push(ChatMessage::new(role, m.content.text(&at)?));
+            continue;
+        };
+        // Tool blocks become their own turns; text blocks stay together.
+        let mut text = String::new();
+        let mut calls = Vec::new();
+        for (j, b) in blocks.iter().enumerate() {
+            let here = format!("{at}.{j}");
+            match (b.kind.as_str(), role) {
+                ("text", _) => match &b.text {
+                    Some(t) => text.push_str(t),
+                    None => return Err(ApiError::invalid(format!("{here}.text: Field required"))),
+                },
+                // Earlier thinking is not replayed to the model.
+                ("thinking" | "redacted_thinking", "assistant") => {}
+                ("tool_use", "assistant") => {
+                    let (Some(_), Some(name)) = (&b.id, &b.name) else {
+                        return Err(ApiError::invalid(format!(
+                            "{here}: a tool_use block needs 'id' and 'name'"
+                        )));
+                    };
+                    calls.push((name.clone(), b.input.clone().unwrap_or_else(|| json!({}))));
+                }
+                ("tool_result", "user") => {
+                    if b.tool_use_id.as_deref().is_none_or(str::is_empty) {
+                        return Err(ApiError::invalid(format!(
+                            "{here}.tool_use_id: Field required"
+                        )));
+                    }
+                    let result = match &b.content {
+                        Some(c) => c.text(&format!("{here}.content"))?,
+                        None => String::new(),
+                    };
+                    let result = if b.is_error == Some(true) {
+                        format!("Error: {result}")
+                    } else {
+                        result
+                    };
+                    out.push(state.tool_result(&result));
+                }
+                (kind, _) => {
+                    return Err(ApiError::invalid(format!(
+                        "{here}: content block type '{kind}' is not supported in a {role} message"
+                    )))
+                }
+            }
+        }
+        if role == "assistant" {
+            out.push(state.assistant_with_calls(&text, &calls));
+        } else if !text.is_empty() || !blocks.iter().any(|b| b.kind == "tool_result") {
+            out.push(ChatMessage::new(role, text));
+        }
     }
     Ok(out)
 }
 
-fn refuse_tools(tools: &Option<Vec<Value>>) -> Result<(), ApiError> {
-    if tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::invalid("tools: tool use is not supported yet"));
-    }
-    Ok(())
+/// `tools` and `tool_choice`: `{"type": "auto" | "any" | "tool" | "none", "name"}`.
+fn tool_request(
+    tools: Option<&Vec<AnthropicTool>>,
+    choice: Option<&Value>,
+) -> Result<Option<ToolRequest>, ApiError> {
+    let defs: Vec<ToolDef> = tools
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, t)| {
+            if let Some(k) = t.kind.as_deref().filter(|k| *k != "custom") {
+                return Err(ApiError::invalid(format!(
+                    "tools.{i}: server tool type '{k}' is not available on this server"
+                )));
+            }
+            let schema = t.input_schema.as_ref().ok_or_else(|| {
+                ApiError::invalid(format!("tools.{i}.input_schema: Field required"))
+            })?;
+            Ok(ToolDef {
+                name: t.name.clone(),
+                description: t.description.clone(),
+                parameters: schema.clone(),
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    let choice = match choice {
+        None if defs.is_empty() => return Ok(None),
+        None => ToolChoice::Auto,
+        Some(v) => match (
+            v.get("type").and_then(Value::as_str),
+            v.get("name").and_then(Value::as_str),
+        ) {
+            (Some("auto"), _) => ToolChoice::Auto,
+            (Some("any"), _) => ToolChoice::Required,
+            (Some("none"), _) => ToolChoice::None,
+            (Some("tool"), Some(name)) => ToolChoice::Named(name.to_string()),
+            (Some("tool"), None) => {
+                return Err(ApiError::invalid("tool_choice.tool.name: Field required"))
+            }
+            _ => {
+                return Err(ApiError::invalid(
+                    "tool_choice.type: Input should be 'auto', 'any', 'tool' or 'none'",
+                ))
+            }
+        },
+    };
+    ToolRequest::new(defs, choice, "tools")
+        .map(Some)
+        .map_err(|e| ApiError::invalid(e.message))
 }
 
 /// `thinking`: `{"type": "enabled", "budget_tokens": N}` (N below max_tokens),
@@ -190,7 +304,7 @@ fn wanted_thinking(
 
 fn prepare(state: &AppState, req: &MessagesRequest) -> Result<Job, ApiError> {
     state.check_model(&req.model)?;
-    refuse_tools(&req.tools)?;
+    let tools = tool_request(req.tools.as_ref(), req.tool_choice.as_ref())?;
     let ctx = state.engine.model.info.context_length;
     let max_tokens = match req.max_tokens {
         None => return Err(ApiError::invalid("max_tokens: Field required")),
@@ -212,12 +326,13 @@ fn prepare(state: &AppState, req: &MessagesRequest) -> Result<Job, ApiError> {
         ));
     }
     let want = wanted_thinking(req.thinking.as_ref(), max_tokens)?;
-    let messages = to_messages(req.system.as_ref(), &req.messages)?;
-    let (prompt, reasoning) = state.chat_prompt_reasoning(&messages, want)?;
+    let messages = to_messages(state, req.system.as_ref(), &req.messages)?;
+    let p = state.chat_prompt_full(&messages, want, tools.as_ref())?;
     Ok(Job {
-        reasoning,
-        grammar: None,
-        prompts: vec![prompt],
+        reasoning: p.reasoning,
+        grammar: p.grammar,
+        tools: p.tools,
+        prompts: vec![p.tokens],
         max_tokens,
         sampling: SamplingParams {
             temperature: req.temperature.unwrap_or(1.0),
@@ -236,9 +351,11 @@ pub struct StreamRenderer {
     pub model: String,
     started: bool,
     pinged: bool,
-    /// Index and kind ("thinking" / "text") of the open content block.
+    /// Index and kind ("thinking" / "text" / "tool_use") of the open content block.
     open: Option<(usize, &'static str)>,
     next_index: usize,
+    /// Content-block index of each tool call so far.
+    tool_blocks: Vec<usize>,
 }
 
 impl StreamRenderer {
@@ -250,6 +367,7 @@ impl StreamRenderer {
             pinged: false,
             open: None,
             next_index: 0,
+            tool_blocks: Vec::new(),
         }
     }
 
@@ -291,14 +409,24 @@ impl StreamRenderer {
             if k == kind {
                 return i;
             }
-            self.close_block(out);
         }
-        let i = self.next_index;
-        self.next_index += 1;
         let block = match kind {
             "thinking" => json!({"type": "thinking", "thinking": "", "signature": ""}),
             _ => json!({"type": "text", "text": ""}),
         };
+        self.open_block(kind, block, out)
+    }
+
+    /// Closes the open block and starts a new one.
+    fn open_block(
+        &mut self,
+        kind: &'static str,
+        block: Value,
+        out: &mut Vec<(String, Value)>,
+    ) -> usize {
+        self.close_block(out);
+        let i = self.next_index;
+        self.next_index += 1;
         out.push(Self::ev(
             "content_block_start",
             json!({"type": "content_block_start", "index": i, "content_block": block}),
@@ -333,6 +461,19 @@ impl StreamRenderer {
                     json!({"type": "content_block_delta", "index": i, "delta": {"type": "text_delta", "text": text}}),
                 ));
             }
+            Event::ToolCallStart { name, .. } => {
+                let block = json!({"type": "tool_use", "id": run::new_id("toolu_"), "name": name, "input": {}});
+                let i = self.open_block("tool_use", block, &mut out);
+                self.tool_blocks.push(i);
+            }
+            Event::ToolCallArgs { index, delta } => {
+                if let Some(&i) = self.tool_blocks.get(*index) {
+                    out.push(Self::ev(
+                        "content_block_delta",
+                        json!({"type": "content_block_delta", "index": i, "delta": {"type": "input_json_delta", "partial_json": delta}}),
+                    ));
+                }
+            }
             Event::Done(c) => {
                 if let FinishReason::Error(msg) = &c.finish {
                     let err = ApiError::generation_failed(msg).body(Dialect::Anthropic);
@@ -357,12 +498,24 @@ impl StreamRenderer {
     }
 }
 
-fn message_body(id: &str, model: &str, reasoning: &str, text: &str, c: &Completion) -> Value {
+fn message_body(id: &str, model: &str, c: &run::Collected) -> Value {
     let mut content = Vec::new();
-    if !reasoning.is_empty() {
-        content.push(json!({"type": "thinking", "thinking": reasoning, "signature": ""}));
+    if !c.reasoning.is_empty() {
+        content.push(json!({"type": "thinking", "thinking": c.reasoning, "signature": ""}));
     }
-    content.push(json!({"type": "text", "text": text}));
+    if !c.text.is_empty() || c.tool_calls.is_empty() {
+        content.push(json!({"type": "text", "text": c.text}));
+    }
+    for call in &c.tool_calls {
+        // `input` is an object; arguments that do not parse (a call cut
+        // short by max_tokens) are kept as text rather than dropped.
+        let input = match serde_json::from_str::<Value>(&call.arguments) {
+            Ok(v @ Value::Object(_)) => v,
+            _ => json!({"_raw_arguments": call.arguments}),
+        };
+        content.push(json!({"type": "tool_use", "id": run::new_id("toolu_"), "name": call.name, "input": input}));
+    }
+    let c = c.completion();
     json!({
         "id": id, "type": "message", "role": "assistant", "model": model,
         "content": content,
@@ -393,14 +546,7 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
         if let FinishReason::Error(msg) = &c.completion().finish {
             return Err(ApiError::generation_failed(msg).in_dialect(d));
         }
-        return Ok(Json(message_body(
-            &id,
-            &req.model,
-            &c.reasoning,
-            &c.text,
-            c.completion(),
-        ))
-        .into_response());
+        return Ok(Json(message_body(&id, &req.model, c)).into_response());
     }
     let (tx, rx) = mpsc::unbounded_channel();
     let mut renderer = StreamRenderer::new(id, req.model.clone());
@@ -427,8 +573,13 @@ pub async fn count_tokens(
     let d = Dialect::Anthropic;
     let req: CountRequest = parse(&body).map_err(|e| e.in_dialect(d))?;
     state.check_model(&req.model).map_err(|e| e.in_dialect(d))?;
-    refuse_tools(&req.tools).map_err(|e| e.in_dialect(d))?;
-    let messages = to_messages(req.system.as_ref(), &req.messages).map_err(|e| e.in_dialect(d))?;
-    let prompt = state.chat_prompt(&messages).map_err(|e| e.in_dialect(d))?;
-    Ok(Json(json!({"input_tokens": prompt.len()})).into_response())
+    let tools =
+        tool_request(req.tools.as_ref(), req.tool_choice.as_ref()).map_err(|e| e.in_dialect(d))?;
+    let messages =
+        to_messages(&state, req.system.as_ref(), &req.messages).map_err(|e| e.in_dialect(d))?;
+    // Tools take prompt space: they are counted as the request would render them.
+    let prompt = state
+        .chat_prompt_full(&messages, None, tools.as_ref())
+        .map_err(|e| e.in_dialect(d))?;
+    Ok(Json(json!({"input_tokens": prompt.tokens.len()})).into_response())
 }

@@ -12,6 +12,7 @@ pub mod run;
 #[cfg(test)]
 mod script_tests;
 pub mod sse;
+pub mod tools;
 
 use std::sync::Arc;
 
@@ -70,7 +71,19 @@ impl AppState {
         messages: &[ChatMessage],
         want: Option<Option<usize>>,
     ) -> Result<(Vec<u32>, Option<ReasoningSpec>), ApiError> {
+        let p = self.chat_prompt_full(messages, want, None)?;
+        Ok((p.tokens, p.reasoning))
+    }
+
+    /// The whole prompt decision: template, reasoning and offered tools.
+    pub fn chat_prompt_full(
+        &self,
+        messages: &[ChatMessage],
+        want: Option<Option<usize>>,
+        tools: Option<&tools::ToolRequest>,
+    ) -> Result<Prompt, ApiError> {
         let vocab = &self.engine.model.vocab;
+        let mut messages = messages.to_vec();
         let native = vocab
             .template
             .as_ref()
@@ -79,7 +92,8 @@ impl AppState {
         if native {
             extra.insert("enable_thinking".into(), json!(want.is_some()));
         }
-        let mut text = vocab.render_chat(messages, true, &extra)?;
+        let (tool_syntax, grammar) = self.offer_tools(&mut messages, &mut extra, tools);
+        let mut text = vocab.render_chat(&messages, true, &extra)?;
         let spec = match (want, native) {
             (Some(budget), true) => Some(ReasoningSpec::think(false, budget)),
             (Some(budget), false) => {
@@ -90,8 +104,23 @@ impl AppState {
             (None, true) => Some(ReasoningSpec::think(false, None)),
             (None, false) => None,
         };
-        Ok((vocab.encode(&text)?, spec))
+        Ok(Prompt {
+            tokens: vocab.encode(&text)?,
+            reasoning: spec,
+            tools: tool_syntax,
+            grammar,
+        })
     }
+}
+
+/// A rendered chat prompt and what the engine must know about its reply.
+pub struct Prompt {
+    pub tokens: Vec<u32>,
+    pub reasoning: Option<ReasoningSpec>,
+    /// Parse tool calls in this syntax.
+    pub tools: Option<shoal_engine::tools::ToolSyntax>,
+    /// A tool call is required: the grammar that forces it.
+    pub grammar: Option<shoal_engine::Grammar>,
 }
 
 /// Largest accepted request body.

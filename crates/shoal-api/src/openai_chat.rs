@@ -12,7 +12,10 @@ use tokio::sync::mpsc;
 use crate::body::{parse, Body, OneOrMany};
 use crate::error::{ApiError, Dialect, DialectError};
 use crate::run::{self, Job, LedgerFormat};
+use crate::tools::{self, ToolChoice, ToolRequest};
 use crate::{sse, AppState};
+use shoal_engine::tools::ToolDef;
+use shoal_engine::Grammar;
 
 #[derive(Debug, Deserialize)]
 pub struct ChatRequest {
@@ -31,8 +34,10 @@ pub struct ChatRequest {
     pub logprobs: bool,
     pub top_logprobs: Option<i64>,
     pub response_format: Option<ResponseFormat>,
-    pub tools: Option<Vec<Value>>,
+    pub tools: Option<Vec<ChatTool>>,
     pub tool_choice: Option<Value>,
+    /// Accepted for compatibility; the model makes at most what it writes.
+    pub parallel_tool_calls: Option<bool>,
     /// OpenAI's effort levels, mapped to reasoning-token budgets.
     pub reasoning_effort: Option<String>,
     /// Finer control: `{"effort": ..}` or an explicit `{"max_tokens": N}` budget.
@@ -99,6 +104,31 @@ pub struct StreamOptions {
 pub struct ResponseFormat {
     #[serde(rename = "type")]
     pub kind: String,
+    pub json_schema: Option<JsonSchemaFormat>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct JsonSchemaFormat {
+    pub name: String,
+    pub schema: Option<Value>,
+    pub description: Option<String>,
+    pub strict: Option<bool>,
+}
+
+/// `{"type": "function", "function": {...}}`.
+#[derive(Debug, Deserialize)]
+pub struct ChatTool {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionDef,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct FunctionDef {
+    pub name: String,
+    pub description: Option<String>,
+    pub parameters: Option<Value>,
+    pub strict: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -106,6 +136,25 @@ pub struct InMessage {
     pub role: String,
     #[serde(default)]
     pub content: Option<Content>,
+    /// An earlier assistant turn's calls.
+    pub tool_calls: Option<Vec<InToolCall>>,
+    /// A tool message answers this call.
+    pub tool_call_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct InToolCall {
+    pub id: Option<String>,
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    pub function: InFunctionCall,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct InFunctionCall {
+    pub name: String,
+    /// JSON text, as the API returned it.
+    pub arguments: String,
 }
 
 /// Message content: a string or a list of typed parts.
@@ -338,6 +387,17 @@ impl ChunkRenderer {
                 self.chunk(json!([{"index": i, "delta": {"reasoning_content": text}, "logprobs": null, "finish_reason": null}]))
                     .to_string(),
             ),
+            Event::ToolCallStart { index, name } => out.push(
+                self.chunk(json!([{"index": i, "delta": {"tool_calls": [{
+                    "index": index, "id": run::new_id("call_"), "type": "function",
+                    "function": {"name": name, "arguments": ""}}]}, "logprobs": null, "finish_reason": null}]))
+                    .to_string(),
+            ),
+            Event::ToolCallArgs { index, delta } => out.push(
+                self.chunk(json!([{"index": i, "delta": {"tool_calls": [{
+                    "index": index, "function": {"arguments": delta}}]}, "logprobs": null, "finish_reason": null}]))
+                    .to_string(),
+            ),
             Event::Done(c) => {
                 st.done[i] = Some(c.clone());
                 if let FinishReason::Error(msg) = &c.finish {
@@ -383,7 +443,7 @@ impl StreamState {
     }
 }
 
-fn to_messages(msgs: &[InMessage]) -> Result<Vec<ChatMessage>, ApiError> {
+fn to_messages(state: &AppState, msgs: &[InMessage]) -> Result<Vec<ChatMessage>, ApiError> {
     if msgs.is_empty() {
         return Err(ApiError::param(
             "messages",
@@ -393,56 +453,138 @@ fn to_messages(msgs: &[InMessage]) -> Result<Vec<ChatMessage>, ApiError> {
     msgs.iter()
         .enumerate()
         .map(|(i, m)| {
-            let role = match m.role.as_str() {
-                "developer" => "system",
-                r @ ("system" | "user" | "assistant") => r,
-                "tool" | "function" => {
-                    return Err(ApiError::param(
-                        "messages",
-                        format!("messages[{i}]: tool messages are not supported yet"),
-                    ))
-                }
-                other => {
-                    return Err(ApiError::param(
-                        "messages",
-                        format!("messages[{i}].role '{other}' is not one of system, developer, user, assistant"),
-                    ))
+            let at = format!("messages[{i}].content");
+            let text = |required: bool| -> Result<String, ApiError> {
+                match &m.content {
+                    Some(c) => c.text(&at),
+                    None if !required => Ok(String::new()),
+                    None => Err(ApiError::param("messages", format!("messages[{i}] has no content"))),
                 }
             };
-            let content = match &m.content {
-                Some(c) => c.text(&format!("messages[{i}].content"))?,
-                None if role == "assistant" => String::new(),
-                None => return Err(ApiError::param("messages", format!("messages[{i}] has no content"))),
-            };
-            Ok(ChatMessage {
-                role: role.into(),
-                content,
-            })
+            match m.role.as_str() {
+                "developer" => Ok(ChatMessage::new("system", text(true)?)),
+                r @ ("system" | "user") => Ok(ChatMessage::new(r, text(true)?)),
+                "assistant" => {
+                    let calls: Vec<(String, Value)> = m
+                        .tool_calls
+                        .iter()
+                        .flatten()
+                        .map(|c| (c.function.name.clone(), tools::arguments_value(&c.function.arguments)))
+                        .collect();
+                    Ok(state.assistant_with_calls(&text(false)?, &calls))
+                }
+                "tool" => {
+                    if m.tool_call_id.as_deref().is_none_or(str::is_empty) {
+                        return Err(ApiError::param(
+                            "messages",
+                            format!("messages[{i}]: a tool message needs 'tool_call_id'"),
+                        ));
+                    }
+                    Ok(state.tool_result(&text(true)?))
+                }
+                other => Err(ApiError::param(
+                    "messages",
+                    format!("messages[{i}].role '{other}' is not one of system, developer, user, assistant, tool"),
+                )),
+            }
         })
         .collect()
+}
+
+/// `tools` and `tool_choice` of a Chat request.
+fn tool_request(req: &ChatRequest) -> Result<Option<ToolRequest>, ApiError> {
+    let defs = match &req.tools {
+        None => Vec::new(),
+        Some(list) => list
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                if t.kind != "function" {
+                    return Err(ApiError::param(
+                        "tools",
+                        format!(
+                            "tools[{i}].type '{}' is not supported; use 'function'",
+                            t.kind
+                        ),
+                    ));
+                }
+                Ok(ToolDef {
+                    name: t.function.name.clone(),
+                    description: t.function.description.clone(),
+                    parameters: tools::parameters_or_empty(t.function.parameters.as_ref()),
+                })
+            })
+            .collect::<Result<_, _>>()?,
+    };
+    let choice = match &req.tool_choice {
+        None if defs.is_empty() => return Ok(None),
+        None => ToolChoice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "none" => ToolChoice::None,
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(ApiError::param(
+                    "tool_choice",
+                    format!("tool_choice '{other}' is not one of none, auto, required"),
+                ))
+            }
+        },
+        Some(v) => match v.pointer("/function/name").and_then(Value::as_str) {
+            Some(name) if v.get("type").and_then(Value::as_str) == Some("function") => {
+                ToolChoice::Named(name.to_string())
+            }
+            _ => {
+                return Err(ApiError::param(
+                    "tool_choice",
+                    "tool_choice must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                ))
+            }
+        },
+    };
+    ToolRequest::new(defs, choice, "tools").map(Some)
+}
+
+/// The grammar a `response_format` asks for.
+fn format_grammar(f: Option<&ResponseFormat>) -> Result<Option<Grammar>, ApiError> {
+    let Some(f) = f else { return Ok(None) };
+    match f.kind.as_str() {
+        "text" => Ok(None),
+        "json_object" => Ok(Some(Grammar::JsonObject)),
+        "json_schema" => {
+            let Some(js) = &f.json_schema else {
+                return Err(ApiError::param(
+                    "response_format",
+                    "response_format 'json_schema' needs a 'json_schema' object",
+                ));
+            };
+            if js.name.is_empty() {
+                return Err(ApiError::param(
+                    "response_format.json_schema.name",
+                    "'response_format.json_schema.name' must not be empty",
+                ));
+            }
+            match &js.schema {
+                Some(s @ Value::Object(_)) => Ok(Some(Grammar::JsonSchema(s.clone()))),
+                Some(_) => Err(ApiError::param(
+                    "response_format.json_schema.schema",
+                    "'response_format.json_schema.schema' must be a JSON Schema object",
+                )),
+                None => Ok(Some(Grammar::JsonObject)),
+            }
+        }
+        other => Err(ApiError::param(
+            "response_format",
+            format!("unknown response_format type '{other}'"),
+        )),
+    }
 }
 
 /// Validates a request and turns it into an engine job.
 fn prepare(state: &AppState, req: &mut ChatRequest) -> Result<Job, ApiError> {
     state.check_model(&req.model)?;
-    if req.tools.as_ref().is_some_and(|t| !t.is_empty()) || req.tool_choice.is_some() {
-        return Err(ApiError::param(
-            "tools",
-            "tool calling is not supported yet",
-        ));
-    }
-    if let Some(f) = &req.response_format {
-        match f.kind.as_str() {
-            "text" => {}
-            "json_object" | "json_schema" => {
-                return Err(ApiError::param(
-                    "response_format",
-                    format!("response_format '{}' is not supported yet (constrained decoding is not implemented)", f.kind),
-                ))
-            }
-            other => return Err(ApiError::param("response_format", format!("unknown response_format type '{other}'"))),
-        }
-    }
+    let tools = tool_request(req)?;
+    let format = format_grammar(req.response_format.as_ref())?;
     let ctx = state.engine.model.info.context_length;
     let max_tokens = match (req.max_completion_tokens, req.max_tokens) {
         (Some(v), _) => check_max_tokens("max_completion_tokens", Some(v), ctx)?,
@@ -458,16 +600,18 @@ fn prepare(state: &AppState, req: &mut ChatRequest) -> Result<Job, ApiError> {
             "'top_logprobs' requires 'logprobs': true",
         ));
     }
-    let messages = to_messages(&req.messages)?;
-    let (prompt, reasoning) = state.chat_prompt_reasoning(&messages, wanted_reasoning(req)?)?;
+    let messages = to_messages(state, &req.messages)?;
+    let p = state.chat_prompt_full(&messages, wanted_reasoning(req)?, tools.as_ref())?;
     Ok(Job {
-        prompts: vec![prompt],
+        prompts: vec![p.tokens],
         max_tokens,
         sampling,
         stop: check_stop(req.stop.take())?,
         n: req.sampling.n(),
-        reasoning,
-        grammar: None,
+        reasoning: p.reasoning,
+        // A required call outranks the reply format.
+        grammar: p.grammar.or(format),
+        tools: p.tools,
     })
 }
 
@@ -499,6 +643,17 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
                 let mut message = json!({"role": "assistant", "content": c.text, "refusal": null});
                 if !c.reasoning.is_empty() {
                     message["reasoning_content"] = json!(c.reasoning);
+                }
+                if !c.tool_calls.is_empty() {
+                    if c.text.is_empty() {
+                        message["content"] = Value::Null;
+                    }
+                    message["tool_calls"] = c
+                        .tool_calls
+                        .iter()
+                        .map(|t| json!({"id": run::new_id("call_"), "type": "function",
+                                        "function": {"name": t.name, "arguments": t.arguments}}))
+                        .collect();
                 }
                 json!({
                     "index": i,

@@ -144,6 +144,7 @@ fn prepare(state: &AppState, req: &mut CompletionRequest) -> Result<Prepared, Ap
             n: req.sampling.n(),
             reasoning: None,
             grammar: None,
+            tools: None,
         },
         texts,
     })
@@ -215,7 +216,10 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
                 frames.push(chunk(json!([{"index": i, "text": texts[i / per], "logprobs": null, "finish_reason": null}])).to_string());
             }
             match ev {
-                Event::Started { .. } | Event::Reasoning { .. } => {}
+                Event::Started { .. }
+                | Event::Reasoning { .. }
+                | Event::ToolCallStart { .. }
+                | Event::ToolCallArgs { .. } => {}
                 Event::Delta { text, logprobs } => {
                     let lp = if want_lp {
                         logprobs_json(&logprobs, offsets[i])

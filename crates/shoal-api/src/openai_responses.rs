@@ -14,7 +14,10 @@ use crate::body::{parse, Body};
 use crate::error::{ApiError, Dialect, DialectError};
 use crate::openai_chat::{check_max_tokens, check_range, Content};
 use crate::run::{self, Job, LedgerFormat};
+use crate::tools::{self, ToolChoice, ToolRequest};
 use crate::{sse, AppState};
+use shoal_engine::tools::ToolDef;
+use shoal_engine::Grammar;
 
 #[derive(Debug, Deserialize)]
 pub struct ResponsesRequest {
@@ -51,6 +54,36 @@ pub struct InputItem {
     pub kind: Option<String>,
     pub role: Option<String>,
     pub content: Option<Content>,
+    /// `function_call` / `function_call_output` items.
+    pub call_id: Option<String>,
+    pub name: Option<String>,
+    pub arguments: Option<String>,
+    pub output: Option<Value>,
+}
+
+/// A function call in the output.
+#[derive(Clone, Debug)]
+pub struct OutCall {
+    /// The item id (`fc_…`) and the id a `function_call_output` answers (`call_…`).
+    pub id: String,
+    pub call_id: String,
+    pub name: String,
+    pub arguments: String,
+}
+
+impl OutCall {
+    fn new(name: &str, arguments: &str) -> Self {
+        OutCall {
+            id: run::new_id("fc_"),
+            call_id: run::new_id("call_"),
+            name: name.to_string(),
+            arguments: arguments.to_string(),
+        }
+    }
+    fn item(&self, status: &str) -> Value {
+        json!({"type": "function_call", "id": self.id, "call_id": self.call_id, "name": self.name,
+               "arguments": self.arguments, "status": status})
+    }
 }
 
 /// Conversations of earlier responses, for `previous_response_id`; bounded.
@@ -146,6 +179,10 @@ pub struct Shape {
     pub top_p: f32,
     pub store: bool,
     pub metadata: Value,
+    /// Echoed request settings.
+    pub tools: Value,
+    pub tool_choice: Value,
+    pub text_format: Value,
 }
 
 impl Shape {
@@ -171,6 +208,18 @@ impl Shape {
         text: &str,
         done: Option<&Completion>,
     ) -> Value {
+        self.response_full(reasoning, text, &[], done)
+    }
+
+    /// The response object: reasoning item, message (unless the reply was
+    /// only tool calls) and function calls.
+    pub fn response_full(
+        &self,
+        reasoning: Option<&str>,
+        text: &str,
+        calls: &[OutCall],
+        done: Option<&Completion>,
+    ) -> Value {
         let (st, incomplete, error, output, usage) = match done {
             None => (
                 "in_progress",
@@ -191,7 +240,10 @@ impl Shape {
                     items.push(self.reasoning_item(r));
                 }
                 if st != "failed" {
-                    items.push(self.message(text, item_status));
+                    if !text.is_empty() || calls.is_empty() {
+                        items.push(self.message(text, item_status));
+                    }
+                    items.extend(calls.iter().map(|c| c.item("completed")));
                 }
                 let output = Value::Array(items);
                 (st, inc, err, output, usage_json(&c.usage))
@@ -203,8 +255,8 @@ impl Shape {
             "max_output_tokens": self.max_output_tokens, "model": self.model, "output": output,
             "parallel_tool_calls": true, "previous_response_id": self.previous_response_id,
             "reasoning": {"effort": null, "summary": null}, "store": self.store,
-            "temperature": self.temperature, "text": {"format": {"type": "text"}},
-            "tool_choice": "auto", "tools": [], "top_p": self.top_p, "truncation": "disabled",
+            "temperature": self.temperature, "text": {"format": self.text_format},
+            "tool_choice": self.tool_choice, "tools": self.tools, "top_p": self.top_p, "truncation": "disabled",
             "usage": usage, "user": null, "metadata": self.metadata,
         })
     }
@@ -220,6 +272,11 @@ pub struct StreamRenderer {
     /// Output index of the open reasoning item / message item.
     reasoning_open: Option<u64>,
     message_open: Option<u64>,
+    /// Whether a message item was ever opened (and so must be closed).
+    message_used: bool,
+    /// Function calls so far, with their output indexes; the last may be open.
+    calls: Vec<(u64, OutCall)>,
+    call_open: bool,
     next_index: u64,
 }
 
@@ -233,8 +290,58 @@ impl StreamRenderer {
             created: false,
             reasoning_open: None,
             message_open: None,
+            message_used: false,
+            calls: Vec::new(),
+            call_open: false,
             next_index: 0,
         }
+    }
+
+    /// The calls made so far.
+    pub fn calls(&self) -> Vec<OutCall> {
+        self.calls.iter().map(|(_, c)| c.clone()).collect()
+    }
+
+    fn close_call(&mut self, out: &mut Vec<(String, Value)>) {
+        if !self.call_open {
+            return;
+        }
+        self.call_open = false;
+        if let Some((i, c)) = self.calls.last().cloned() {
+            self.push(
+                out,
+                "response.function_call_arguments.done",
+                json!({"item_id": c.id, "output_index": i, "name": c.name, "arguments": c.arguments}),
+            );
+            self.push(
+                out,
+                "response.output_item.done",
+                json!({"output_index": i, "item": c.item("completed")}),
+            );
+        }
+    }
+
+    /// Ends the message item (text done, part done, item done).
+    fn close_message(&mut self, out: &mut Vec<(String, Value)>, item_status: &str) {
+        let Some(i) = self.message_open.take() else {
+            return;
+        };
+        let id = self.shape.msg_id.clone();
+        let text = self.text.clone();
+        self.push(out, "response.output_text.done",
+                  json!({"item_id": id, "output_index": i, "content_index": 0, "text": text, "logprobs": []}));
+        let part = json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []});
+        self.push(
+            out,
+            "response.content_part.done",
+            json!({"item_id": id, "output_index": i, "content_index": 0, "part": part}),
+        );
+        let item = self.shape.message(&text, item_status);
+        self.push(
+            out,
+            "response.output_item.done",
+            json!({"output_index": i, "item": item}),
+        );
     }
 
     fn push(&mut self, out: &mut Vec<(String, Value)>, kind: &str, mut data: Value) {
@@ -293,6 +400,8 @@ impl StreamRenderer {
             return i;
         }
         self.close_reasoning(out);
+        self.close_call(out);
+        self.message_used = true;
         let i = self.next_index;
         self.next_index += 1;
         let item = json!({"type": "message", "id": self.shape.msg_id, "status": "in_progress", "role": "assistant", "content": []});
@@ -334,37 +443,55 @@ impl StreamRenderer {
                 self.push(&mut out, "response.output_text.delta",
                           json!({"item_id": id, "output_index": i, "content_index": 0, "delta": text, "logprobs": []}));
             }
+            Event::ToolCallStart { name, .. } => {
+                self.close_reasoning(&mut out);
+                self.close_message(&mut out, "completed");
+                self.close_call(&mut out);
+                let i = self.next_index;
+                self.next_index += 1;
+                let call = OutCall::new(name, "");
+                self.push(
+                    &mut out,
+                    "response.output_item.added",
+                    json!({"output_index": i, "item": call.item("in_progress")}),
+                );
+                self.calls.push((i, call));
+                self.call_open = true;
+            }
+            Event::ToolCallArgs { delta, .. } => {
+                if let Some((i, c)) = self.calls.last_mut().filter(|_| self.call_open) {
+                    c.arguments.push_str(delta);
+                    let (i, id) = (*i, c.id.clone());
+                    self.push(
+                        &mut out,
+                        "response.function_call_arguments.delta",
+                        json!({"item_id": id, "output_index": i, "delta": delta}),
+                    );
+                }
+            }
             Event::Done(c) => {
                 let (st, _, _) = status(&c.finish);
+                let item_status = if st == "completed" {
+                    "completed"
+                } else {
+                    "incomplete"
+                };
                 if st == "failed" {
                     self.close_reasoning(&mut out);
                 } else {
-                    let i = self.open_message(&mut out);
-                    let id = self.shape.msg_id.clone();
-                    let text = self.text.clone();
-                    self.push(&mut out, "response.output_text.done",
-                              json!({"item_id": id, "output_index": i, "content_index": 0, "text": text, "logprobs": []}));
-                    let part = json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []});
-                    self.push(
-                        &mut out,
-                        "response.content_part.done",
-                        json!({"item_id": id, "output_index": i, "content_index": 0, "part": part}),
-                    );
-                    let item_status = if st == "completed" {
-                        "completed"
-                    } else {
-                        "incomplete"
-                    };
-                    let item = self.shape.message(&text, item_status);
-                    self.push(
-                        &mut out,
-                        "response.output_item.done",
-                        json!({"output_index": i, "item": item}),
-                    );
+                    if !self.message_used && self.calls.is_empty() {
+                        self.open_message(&mut out);
+                    }
+                    self.close_reasoning(&mut out);
+                    self.close_message(&mut out, item_status);
+                    self.close_call(&mut out);
                 }
                 let reasoning = self.reasoning.clone();
                 let text = self.text.clone();
-                let r = self.shape.response_with(Some(&reasoning), &text, Some(c));
+                let calls = self.calls();
+                let r = self
+                    .shape
+                    .response_full(Some(&reasoning), &text, &calls, Some(c));
                 let kind = match st {
                     "completed" => "response.completed",
                     "failed" => "response.failed",
@@ -417,10 +544,40 @@ fn conversation(
             for (i, it) in items.iter().enumerate() {
                 match it.kind.as_deref() {
                     None | Some("message") => {}
+                    Some("function_call") => {
+                        let (Some(_), Some(name)) = (&it.call_id, &it.name) else {
+                            return Err(ApiError::param(
+                                "input",
+                                format!(
+                                    "input[{i}]: a function_call item needs 'call_id' and 'name'"
+                                ),
+                            ));
+                        };
+                        let args = tools::arguments_value(it.arguments.as_deref().unwrap_or("{}"));
+                        msgs.push(state.assistant_with_calls("", &[(name.clone(), args)]));
+                        continue;
+                    }
+                    Some("function_call_output") => {
+                        if it.call_id.as_deref().is_none_or(str::is_empty) {
+                            return Err(ApiError::param(
+                                "input",
+                                format!("input[{i}]: a function_call_output item needs 'call_id'"),
+                            ));
+                        }
+                        let output = match &it.output {
+                            Some(Value::String(s)) => s.clone(),
+                            Some(other) => other.to_string(),
+                            None => String::new(),
+                        };
+                        msgs.push(state.tool_result(&output));
+                        continue;
+                    }
+                    // Earlier reasoning is not replayed to the model.
+                    Some("reasoning") => continue,
                     Some(other) => {
                         return Err(ApiError::param(
                             "input",
-                            format!("input[{i}]: item type '{other}' is not supported yet"),
+                            format!("input[{i}]: item type '{other}' is not supported"),
                         ))
                     }
                 }
@@ -462,20 +619,8 @@ fn prepare(
     req: &mut ResponsesRequest,
 ) -> Result<(Job, Vec<ChatMessage>), ApiError> {
     state.check_model(&req.model)?;
-    if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::param("tools", "tools are not supported yet"));
-    }
-    if let Some(fmt) = req.text.as_ref().and_then(|t| t.get("format")) {
-        match fmt.get("type").and_then(Value::as_str) {
-            None | Some("text") => {}
-            Some(other) => {
-                return Err(ApiError::param(
-                    "text.format",
-                    format!("text.format '{other}' is not supported yet"),
-                ))
-            }
-        }
-    }
+    let tools = tool_request(req)?;
+    let format = text_format(req.text.as_ref())?;
     let ctx = state.engine.model.info.context_length;
     let max_tokens = check_max_tokens("max_output_tokens", req.max_output_tokens, ctx)?;
     check_range("temperature", req.temperature, 0.0, 2.0)?;
@@ -491,10 +636,10 @@ fn prepare(
         }
     };
     let msgs = conversation(state, req)?;
-    let (prompt, reasoning) = state.chat_prompt_reasoning(&msgs, want)?;
+    let p = state.chat_prompt_full(&msgs, want, tools.as_ref())?;
     Ok((
         Job {
-            prompts: vec![prompt],
+            prompts: vec![p.tokens],
             max_tokens,
             sampling: SamplingParams {
                 temperature: req.temperature.unwrap_or(1.0),
@@ -503,11 +648,107 @@ fn prepare(
             },
             stop: Vec::new(),
             n: 1,
-            reasoning,
-            grammar: None,
+            reasoning: p.reasoning,
+            grammar: p.grammar.or(format),
+            tools: p.tools,
         },
         msgs,
     ))
+}
+
+/// Function tools and `tool_choice` of a Responses request.
+fn tool_request(req: &ResponsesRequest) -> Result<Option<ToolRequest>, ApiError> {
+    let defs: Vec<ToolDef> =
+        req.tools
+            .iter()
+            .flatten()
+            .enumerate()
+            .map(|(i, t)| {
+                match t.get("type").and_then(Value::as_str) {
+                    Some("function") => {}
+                    other => {
+                        return Err(ApiError::param(
+                            "tools",
+                            format!(
+                            "tools[{i}].type {other:?} is not supported; only 'function' tools are"
+                        ),
+                        ))
+                    }
+                }
+                let name = t.get("name").and_then(Value::as_str).ok_or_else(|| {
+                    ApiError::param("tools", format!("tools[{i}].name is required"))
+                })?;
+                Ok(ToolDef {
+                    name: name.to_string(),
+                    description: t
+                        .get("description")
+                        .and_then(Value::as_str)
+                        .map(str::to_string),
+                    parameters: tools::parameters_or_empty(
+                        t.get("parameters").filter(|p| !p.is_null()),
+                    ),
+                })
+            })
+            .collect::<Result<_, _>>()?;
+    let choice = match &req.tool_choice {
+        None if defs.is_empty() => return Ok(None),
+        None => ToolChoice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "none" => ToolChoice::None,
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(ApiError::param(
+                    "tool_choice",
+                    format!("tool_choice '{other}' is not one of none, auto, required"),
+                ))
+            }
+        },
+        Some(v) => match (v.get("type").and_then(Value::as_str), v.get("name").and_then(Value::as_str)) {
+            (Some("function"), Some(name)) => ToolChoice::Named(name.to_string()),
+            _ => {
+                return Err(ApiError::param(
+                    "tool_choice",
+                    "tool_choice must be 'none', 'auto', 'required' or {\"type\": \"function\", \"name\": ...}",
+                ))
+            }
+        },
+    };
+    ToolRequest::new(defs, choice, "tools").map(Some)
+}
+
+/// `text.format`: `text`, `json_object` or `{"type": "json_schema", "name", "schema"}`.
+fn text_format(text: Option<&Value>) -> Result<Option<Grammar>, ApiError> {
+    let Some(fmt) = text.and_then(|t| t.get("format")) else {
+        return Ok(None);
+    };
+    match fmt.get("type").and_then(Value::as_str) {
+        None | Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(Grammar::JsonObject)),
+        Some("json_schema") => {
+            if fmt
+                .get("name")
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty)
+            {
+                return Err(ApiError::param(
+                    "text.format.name",
+                    "'text.format.name' is required for json_schema",
+                ));
+            }
+            match fmt.get("schema") {
+                Some(s @ Value::Object(_)) => Ok(Some(Grammar::JsonSchema(s.clone()))),
+                _ => Err(ApiError::param(
+                    "text.format.schema",
+                    "'text.format.schema' must be a JSON Schema object",
+                )),
+            }
+        }
+        Some(other) => Err(ApiError::param(
+            "text.format",
+            format!("text.format type '{other}' is not one of text, json_object, json_schema"),
+        )),
+    }
 }
 
 pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Response, DialectError> {
@@ -527,6 +768,14 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
         top_p: job.sampling.top_p,
         store: req.store.unwrap_or(true),
         metadata: req.metadata.clone().unwrap_or_else(|| json!({})),
+        tools: json!(req.tools.clone().unwrap_or_default()),
+        tool_choice: req.tool_choice.clone().unwrap_or_else(|| json!("auto")),
+        text_format: req
+            .text
+            .as_ref()
+            .and_then(|t| t.get("format"))
+            .cloned()
+            .unwrap_or_else(|| json!({"type": "text"})),
     };
     let fmt = LedgerFormat {
         id: shape.id.clone(),
@@ -543,9 +792,14 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
         let c = collected
             .first()
             .ok_or_else(|| ApiError::internal("no output").in_dialect(d))?;
-        let body = shape.response_with(Some(&c.reasoning), &c.text, Some(c.completion()));
+        let calls: Vec<OutCall> = c
+            .tool_calls
+            .iter()
+            .map(|t| OutCall::new(&t.name, &t.arguments))
+            .collect();
+        let body = shape.response_full(Some(&c.reasoning), &c.text, &calls, Some(c.completion()));
         if store {
-            remember(&state, &shape, msgs, &c.text, &body);
+            remember(&state, &shape, msgs, &c.text, &calls, &body);
         }
         return Ok(Json(body).into_response());
     }
@@ -571,8 +825,9 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
             }
             if let Some(c) = done {
                 if store {
-                    let body = shape.response_with(Some(&reasoning), &text, Some(&c));
-                    remember(&state, &shape, msgs, &text, &body);
+                    let calls = renderer.calls();
+                    let body = shape.response_full(Some(&reasoning), &text, &calls, Some(&c));
+                    remember(&state, &shape, msgs, &text, &calls, &body);
                 }
                 return;
             }
@@ -581,11 +836,19 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
     Ok(sse::response(rx))
 }
 
-fn remember(state: &AppState, shape: &Shape, mut msgs: Vec<ChatMessage>, text: &str, body: &Value) {
-    msgs.push(ChatMessage {
-        role: "assistant".into(),
-        content: text.to_string(),
-    });
+fn remember(
+    state: &AppState,
+    shape: &Shape,
+    mut msgs: Vec<ChatMessage>,
+    text: &str,
+    calls: &[OutCall],
+    body: &Value,
+) {
+    let calls: Vec<(String, Value)> = calls
+        .iter()
+        .map(|c| (c.name.clone(), tools::arguments_value(&c.arguments)))
+        .collect();
+    msgs.push(state.assistant_with_calls(text, &calls));
     state.responses.put(shape.id.clone(), msgs, body.clone());
 }
 

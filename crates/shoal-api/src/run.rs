@@ -22,6 +22,8 @@ pub struct Job {
     pub reasoning: Option<shoal_engine::reasoning::ReasoningSpec>,
     /// Output grammar (structured output or a forced tool call).
     pub grammar: Option<shoal_engine::Grammar>,
+    /// Parse tool calls in this syntax out of the reply.
+    pub tools: Option<shoal_engine::tools::ToolSyntax>,
 }
 
 /// How the dialect words its ledger entry.
@@ -77,6 +79,15 @@ impl Choices {
                     slot.logprobs.extend(logprobs);
                 }
                 Event::Reasoning { text } => slot.reasoning.push_str(&text),
+                Event::ToolCallStart { name, .. } => slot.tool_calls.push(CollectedCall {
+                    name,
+                    arguments: String::new(),
+                }),
+                Event::ToolCallArgs { index, delta } => {
+                    if let Some(call) = slot.tool_calls.get_mut(index) {
+                        call.arguments.push_str(&delta);
+                    }
+                }
                 Event::Done(c) => {
                     slot.completion = Some(c);
                     remaining -= 1;
@@ -102,7 +113,15 @@ pub struct Collected {
     pub text: String,
     pub reasoning: String,
     pub logprobs: Vec<shoal_engine::TokenLogprob>,
+    pub tool_calls: Vec<CollectedCall>,
     pub completion: Option<Completion>,
+}
+
+/// A tool call as the model made it: name and arguments JSON text.
+#[derive(Debug, Clone)]
+pub struct CollectedCall {
+    pub name: String,
+    pub arguments: String,
 }
 
 impl Collected {
@@ -140,6 +159,7 @@ pub fn start(state: &AppState, job: Job, fmt: LedgerFormat) -> Result<Choices, A
             cancel: CancelFlag::default(),
             reasoning: job.reasoning.clone(),
             grammar: job.grammar.clone(),
+            tools: job.tools.clone(),
         };
         let flag = req.cancel.clone();
         match state.engine.submit(req) {

@@ -199,21 +199,29 @@ fn anthropic_error_mid_stream_is_an_error_event() {
     assert!(f.iter().all(|(n, _)| n != "message_stop"));
 }
 
-fn responses_frames(finish: FinishReason) -> Vec<(String, Value)> {
-    let shape = openai_responses::Shape {
+fn shape() -> openai_responses::Shape {
+    openai_responses::Shape {
         id: "resp_x".into(),
         msg_id: "msg_x".into(),
         reasoning_id: "rs_x".into(),
         created: 1,
         model: "m".into(),
         instructions: None,
-        max_output_tokens: Some(7),
+        max_output_tokens: None,
         previous_response_id: None,
         temperature: 1.0,
         top_p: 1.0,
         store: true,
         metadata: serde_json::json!({}),
-    };
+        tools: serde_json::json!([]),
+        tool_choice: serde_json::json!("auto"),
+        text_format: serde_json::json!({"type": "text"}),
+    }
+}
+
+fn responses_frames(finish: FinishReason) -> Vec<(String, Value)> {
+    let mut shape = shape();
+    shape.max_output_tokens = Some(7);
     let mut r = openai_responses::StreamRenderer::new(shape);
     script(finish).iter().flat_map(|e| r.step(e)).collect()
 }
@@ -294,20 +302,7 @@ fn responses_error_mid_stream_fails_with_usage() {
 
 #[test]
 fn responses_reasoning_item_streams_before_the_message() {
-    let shape = openai_responses::Shape {
-        id: "resp_x".into(),
-        msg_id: "msg_x".into(),
-        reasoning_id: "rs_x".into(),
-        created: 1,
-        model: "m".into(),
-        instructions: None,
-        max_output_tokens: None,
-        previous_response_id: None,
-        temperature: 1.0,
-        top_p: 1.0,
-        store: true,
-        metadata: serde_json::json!({}),
-    };
+    let shape = shape();
     let mut r = openai_responses::StreamRenderer::new(shape);
     let mut evs = vec![Event::Reasoning { text: "hmm".into() }];
     evs.extend(script(FinishReason::Stop));
@@ -375,4 +370,162 @@ fn anthropic_thinking_block_precedes_text_block() {
     assert_eq!(f[3].1["delta"]["type"], "thinking_delta");
     assert_eq!(f[5].1["index"], 1);
     assert_eq!(f[6].1["delta"]["type"], "text_delta");
+}
+
+/// Text, then one tool call whose arguments arrive in two pieces.
+fn tool_script() -> Vec<Event> {
+    vec![
+        Event::Started {
+            prompt_tokens: 40,
+            cached_tokens: 10,
+        },
+        Event::Delta {
+            text: "Checking.".into(),
+            logprobs: vec![],
+        },
+        Event::ToolCallStart {
+            index: 0,
+            name: "get_weather".into(),
+        },
+        Event::ToolCallArgs {
+            index: 0,
+            delta: "{\"city\": ".into(),
+        },
+        Event::ToolCallArgs {
+            index: 0,
+            delta: "\"Paris\"}".into(),
+        },
+        Event::Done(Completion {
+            finish: FinishReason::ToolCalls,
+            usage: usage(),
+            timings: Timings::default(),
+        }),
+    ]
+}
+
+#[test]
+fn chat_streams_tool_call_deltas_and_finishes_tool_calls() {
+    let r = openai_chat::ChunkRenderer {
+        id: "chatcmpl-x".into(),
+        created: 1,
+        model: "m".into(),
+        include_usage: true,
+        logprobs: false,
+    };
+    let evs: Vec<(usize, Event)> = tool_script().into_iter().map(|e| (0, e)).collect();
+    let out = r.render_all(1, &evs);
+    let chunks: Vec<Value> = out
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .map(|d| parse(d))
+        .collect();
+    let calls: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"].get("tool_calls"))
+        .collect();
+    assert_eq!(calls.len(), 3);
+    assert_eq!(calls[0][0]["function"]["name"], "get_weather");
+    assert_eq!(calls[0][0]["type"], "function");
+    assert!(calls[0][0]["id"]
+        .as_str()
+        .is_some_and(|s| s.starts_with("call_")));
+    let args: String = calls
+        .iter()
+        .filter_map(|c| c[0]["function"]["arguments"].as_str())
+        .collect();
+    assert_eq!(args, "{\"city\": \"Paris\"}");
+    let finish: Vec<&Value> = chunks
+        .iter()
+        .map(|c| &c["choices"][0]["finish_reason"])
+        .filter(|f| !f.is_null())
+        .collect();
+    assert_eq!(finish, vec!["tool_calls"]);
+    let last = chunks.last().expect("usage chunk");
+    assert_eq!(last["usage"]["completion_tokens"], 7);
+    assert_eq!(last["usage"]["prompt_tokens_details"]["cached_tokens"], 10);
+}
+
+#[test]
+fn anthropic_streams_a_tool_use_block_with_input_json_deltas() {
+    let mut r = anthropic::StreamRenderer::new("msg_x".into(), "m".into());
+    let f: Vec<(String, Value)> = tool_script().iter().flat_map(|e| r.step(e)).collect();
+    let starts: Vec<&Value> = f
+        .iter()
+        .filter(|(n, _)| n == "content_block_start")
+        .map(|(_, d)| d)
+        .collect();
+    assert_eq!(starts.len(), 2);
+    assert_eq!(starts[0]["content_block"]["type"], "text");
+    assert_eq!(starts[1]["content_block"]["type"], "tool_use");
+    assert_eq!(starts[1]["content_block"]["name"], "get_weather");
+    assert_eq!(starts[1]["index"], 1);
+    let json: String = f
+        .iter()
+        .filter(|(_, d)| d["delta"]["type"] == "input_json_delta")
+        .map(|(_, d)| {
+            assert_eq!(d["index"], 1);
+            d["delta"]["partial_json"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(json, "{\"city\": \"Paris\"}");
+    let stops = f.iter().filter(|(n, _)| n == "content_block_stop").count();
+    assert_eq!(stops, 2);
+    let delta = f
+        .iter()
+        .find(|(n, _)| n == "message_delta")
+        .expect("message_delta");
+    assert_eq!(delta.1["delta"]["stop_reason"], "tool_use");
+    assert_eq!(delta.1["usage"]["output_tokens"], 7);
+    assert_eq!(delta.1["usage"]["cache_read_input_tokens"], 10);
+}
+
+#[test]
+fn responses_stream_a_function_call_item() {
+    let mut r = openai_responses::StreamRenderer::new(shape());
+    let f: Vec<(String, Value)> = tool_script().iter().flat_map(|e| r.step(e)).collect();
+    let names: Vec<&str> = f.iter().map(|(n, _)| n.as_str()).collect();
+    let added: Vec<&Value> = f
+        .iter()
+        .filter(|(n, _)| n == "response.output_item.added")
+        .map(|(_, d)| &d["item"])
+        .collect();
+    assert_eq!(added.len(), 2);
+    assert_eq!(added[0]["type"], "message");
+    assert_eq!(added[1]["type"], "function_call");
+    assert_eq!(added[1]["name"], "get_weather");
+    let deltas: String = f
+        .iter()
+        .filter(|(n, _)| n == "response.function_call_arguments.delta")
+        .map(|(_, d)| d["delta"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(deltas, "{\"city\": \"Paris\"}");
+    let done = f
+        .iter()
+        .find(|(n, _)| n == "response.function_call_arguments.done")
+        .expect("arguments done");
+    assert_eq!(done.1["arguments"], "{\"city\": \"Paris\"}");
+    // The message closes before the call opens; the response completes last.
+    let msg_done = names
+        .iter()
+        .position(|n| *n == "response.output_text.done")
+        .expect("text done");
+    let call_added = names
+        .iter()
+        .rposition(|n| *n == "response.output_item.added")
+        .expect("call added");
+    assert!(msg_done < call_added);
+    let (last, data) = f.last().expect("frames");
+    assert_eq!(last, "response.completed");
+    let output = data["response"]["output"].as_array().expect("output");
+    assert_eq!(output.len(), 2);
+    assert_eq!(output[1]["type"], "function_call");
+    assert_eq!(output[1]["arguments"], "{\"city\": \"Paris\"}");
+    assert_eq!(data["response"]["usage"]["output_tokens"], 7);
+    // Sequence numbers count up without gaps.
+    for (i, (_, d)) in f.iter().enumerate() {
+        assert_eq!(d["sequence_number"], i as u64);
+    }
 }

@@ -121,6 +121,11 @@ pub enum Event {
     },
     /// New reasoning text (inside the model's thinking section).
     Reasoning { text: String },
+    /// A tool call begins; its name is known. Arguments follow.
+    ToolCallStart { index: usize, name: String },
+    /// More of tool call `index`'s arguments: JSON text whose deltas,
+    /// concatenated, are the whole arguments object.
+    ToolCallArgs { index: usize, delta: String },
     /// Always the last event.
     Done(Completion),
 }

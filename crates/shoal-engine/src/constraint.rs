@@ -26,13 +26,29 @@ pub enum Grammar {
 impl Grammar {
     fn top_level(&self) -> TopLevelGrammar {
         match self {
-            Grammar::JsonObject => TopLevelGrammar::from_json_schema(serde_json::json!({
-                "type": "object"
-            })),
-            Grammar::JsonSchema(s) => TopLevelGrammar::from_json_schema(s.clone()),
+            Grammar::JsonObject => TopLevelGrammar::from_json_schema(json_layout(
+                serde_json::json!({"type": "object"}),
+            )),
+            Grammar::JsonSchema(s) => TopLevelGrammar::from_json_schema(json_layout(s.clone())),
             Grammar::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
         }
     }
+}
+
+/// Fixes the JSON layout (`{"a": 1, "b": 2}`) unless the schema sets its own:
+/// with free whitespace a small model can spend its whole budget on newlines.
+pub fn json_layout(mut schema: Value) -> Value {
+    if let Some(obj) = schema.as_object_mut() {
+        obj.entry("x-guidance").or_insert_with(|| {
+            serde_json::json!({
+                "whitespace_flexible": false,
+                "key_separator": ": ",
+                "item_separator": ", ",
+                "coerce_one_of": true
+            })
+        });
+    }
+    schema
 }
 
 /// The model's vocabulary as llguidance sees it: token id → bytes, with

@@ -20,6 +20,7 @@ use crate::prefix_cache::PrefixCache;
 use crate::reasoning::ReasoningSpec;
 use crate::sampler::SamplingParams;
 use crate::sequence::{ms, record, Job, Next, Sequence};
+use crate::tools::ToolSyntax;
 
 /// One generation request, already tokenized.
 #[derive(Clone, Debug)]
@@ -39,6 +40,8 @@ pub struct GenerateRequest {
     pub reasoning: Option<ReasoningSpec>,
     /// Constrain the output to a grammar (structured output, forced tool calls).
     pub grammar: Option<Grammar>,
+    /// Parse tool calls written in this syntax out of the reply.
+    pub tools: Option<ToolSyntax>,
 }
 
 /// A shared "please stop" flag for one request.
@@ -66,6 +69,7 @@ impl GenerateRequest {
             cancel: CancelFlag::default(),
             reasoning: None,
             grammar: None,
+            tools: None,
         }
     }
 }
@@ -524,7 +528,10 @@ pub fn collect_blocking(mut rx: EventStream) -> Result<(String, Completion)> {
         match ev {
             Event::Delta { text: t, .. } => text.push_str(&t),
             Event::Done(c) => return Ok((text, c)),
-            Event::Started { .. } | Event::Reasoning { .. } => {}
+            Event::Started { .. }
+            | Event::Reasoning { .. }
+            | Event::ToolCallStart { .. }
+            | Event::ToolCallArgs { .. } => {}
         }
     }
     Err(EngineError::Unavailable(

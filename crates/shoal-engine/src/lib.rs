@@ -20,6 +20,7 @@ mod sequence;
 pub mod stop;
 pub mod template;
 pub mod tokenizer;
+pub mod tools;
 
 pub use completion::{Completion, Event, FinishReason, Timings, TokenLogprob, Usage};
 pub use constraint::Grammar;

@@ -19,6 +19,7 @@ use crate::loader::Vocabulary;
 use crate::reasoning::{Phase, ReasoningSplitter};
 use crate::sampler::Sampler;
 use crate::stop::StopMatcher;
+use crate::tools::{ToolOut, ToolParser};
 
 /// A queued request as the engine thread receives it.
 pub(crate) struct Job {
@@ -63,6 +64,7 @@ struct Decode {
     /// Tokens the engine inserts (a closing reasoning marker), fed one per
     /// step before sampling resumes.
     forced: std::collections::VecDeque<u32>,
+    tools: Option<ToolParser>,
     first_token_at: Option<Instant>,
     last_token_at: Option<Instant>,
 }
@@ -145,6 +147,7 @@ impl Sequence {
             pending_logprobs: Vec::new(),
             pending_reasoning: 0,
             forced: Default::default(),
+            tools: req.tools.clone().map(ToolParser::new),
             first_token_at: None,
             last_token_at: None,
         });
@@ -168,14 +171,10 @@ impl Sequence {
         if let Some(t) = d.forced.pop_front() {
             return Next::Feed(t);
         }
-        let send_text = |text: String, lp: &mut Vec<TokenLogprob>| {
-            if !text.is_empty() {
-                let _ = job.events.send(Event::Delta {
-                    text,
-                    logprobs: std::mem::take(lp),
-                });
-            }
-        };
+        let send_text =
+            |text: String, lp: &mut Vec<TokenLogprob>, tools: &mut Option<ToolParser>| {
+                emit(&job.events, text, lp, tools, false);
+            };
         let send_reasoning = |text: String| {
             if !text.is_empty() {
                 let _ = job.events.send(Event::Reasoning { text });
@@ -240,7 +239,7 @@ impl Sequence {
             None => screened.emit,
         };
         let stepped = d.stops.push(&content);
-        send_text(stepped.emit, &mut d.pending_logprobs);
+        send_text(stepped.emit, &mut d.pending_logprobs, &mut d.tools);
         if let Some(i) = stepped.matched {
             return Next::Finished(FinishReason::StopSequence(d.stops.stops()[i].clone()));
         }
@@ -340,12 +339,23 @@ impl Sequence {
                     Some(i) => reason = FinishReason::StopSequence(d.stops.stops()[i].clone()),
                     None => rest.push_str(&d.stops.flush()),
                 }
-                if !rest.is_empty() {
-                    let _ = job.events.send(Event::Delta {
-                        text: rest,
-                        logprobs: std::mem::take(&mut d.pending_logprobs),
-                    });
+                emit(
+                    &job.events,
+                    rest,
+                    &mut d.pending_logprobs,
+                    &mut d.tools,
+                    true,
+                );
+            } else if let Some(tp) = d.tools.as_mut() {
+                // Cut short: a call in progress still gets its end.
+                for o in tp.finish() {
+                    if let ToolOut::Args { index, delta } = o {
+                        let _ = job.events.send(Event::ToolCallArgs { index, delta });
+                    }
                 }
+            }
+            if reason == FinishReason::Stop && d.tools.as_ref().is_some_and(|t| t.calls() > 0) {
+                reason = FinishReason::ToolCalls;
             }
             if let (Some(first), Some(last)) = (d.first_token_at, d.last_token_at) {
                 let n = self.usage.completion_tokens.saturating_sub(1);
@@ -372,6 +382,42 @@ impl Sequence {
             },
             kept,
         )
+    }
+}
+
+/// Sends reply text, through the tool-call parser when there is one.
+fn emit(
+    events: &UnboundedSender<Event>,
+    text: String,
+    logprobs: &mut Vec<TokenLogprob>,
+    tools: &mut Option<ToolParser>,
+    at_end: bool,
+) {
+    let send = |ev: Event| {
+        let _ = events.send(ev);
+    };
+    let Some(tp) = tools.as_mut() else {
+        if !text.is_empty() {
+            send(Event::Delta {
+                text,
+                logprobs: std::mem::take(logprobs),
+            });
+        }
+        return;
+    };
+    let mut outs = tp.push(&text);
+    if at_end {
+        outs.extend(tp.finish());
+    }
+    for o in outs {
+        match o {
+            ToolOut::Text(text) => send(Event::Delta {
+                text,
+                logprobs: std::mem::take(logprobs),
+            }),
+            ToolOut::Start { index, name } => send(Event::ToolCallStart { index, name }),
+            ToolOut::Args { index, delta } => send(Event::ToolCallArgs { index, delta }),
+        }
     }
 }
 

@@ -60,6 +60,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: Option<usize>, stop: Vec<String>) -> Gen
         cancel: Default::default(),
         reasoning: None,
         grammar: None,
+        tools: None,
     }
 }
 
@@ -147,6 +148,7 @@ fn seeded_sampling_is_reproducible() {
         cancel: Default::default(),
         reasoning: None,
         grammar: None,
+        tools: None,
     };
     let (a, _) = run(mk(7));
     let (b, _) = run(mk(7));
@@ -225,6 +227,7 @@ fn utf8_never_broken_in_deltas() {
             cancel: Default::default(),
             reasoning: None,
             grammar: None,
+            tools: None,
         })
         .unwrap();
     let mut all = String::new();
@@ -241,7 +244,10 @@ fn utf8_never_broken_in_deltas() {
                 assert!(c.usage.completion_tokens > 0);
                 break;
             }
-            Event::Started { .. } | Event::Reasoning { .. } => {}
+            Event::Started { .. }
+            | Event::Reasoning { .. }
+            | Event::ToolCallStart { .. }
+            | Event::ToolCallArgs { .. } => {}
         }
     }
     assert!(!all.is_empty());
@@ -306,7 +312,10 @@ fn cancel_flag_ends_with_a_cancelled_record_and_exact_usage() {
                 }
             }
             Event::Done(c) => break c,
-            Event::Started { .. } | Event::Reasoning { .. } => {}
+            Event::Started { .. }
+            | Event::Reasoning { .. }
+            | Event::ToolCallStart { .. }
+            | Event::ToolCallArgs { .. } => {}
         }
     };
     assert_eq!(done.finish, FinishReason::Cancelled);

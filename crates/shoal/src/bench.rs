@@ -99,6 +99,7 @@ pub fn run(a: Args) -> Result<()> {
         cancel: Default::default(),
         reasoning: None,
         grammar: None,
+        tools: None,
     };
     // One warm-up run so one-time allocation does not count.
     collect_blocking(engine.submit(req(prompt_for(a.runs + 1), 2))?)?;

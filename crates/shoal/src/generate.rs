@@ -83,6 +83,7 @@ pub fn run(a: Args) -> Result<()> {
         cancel: Default::default(),
         reasoning: None,
         grammar: None,
+        tools: None,
     })?;
     let mut out = String::new();
     let mut reasoning = String::new();
@@ -103,7 +104,10 @@ pub fn run(a: Args) -> Result<()> {
                 reasoning.push_str(&text);
             }
             Some(Event::Done(c)) => break c,
-            Some(Event::Started { .. }) => {}
+            // Raw generation parses no tool calls.
+            Some(
+                Event::Started { .. } | Event::ToolCallStart { .. } | Event::ToolCallArgs { .. },
+            ) => {}
             None => anyhow::bail!("engine stopped mid-request"),
         }
     };

@@ -1,0 +1,191 @@
+//! Tool calling shared by the dialects: what a request offers and demands,
+//! how tools and earlier calls reach the prompt, and what the engine is told.
+use serde_json::{json, Value};
+use shoal_engine::tools::{tool_instructions, ToolDef, ToolSyntax};
+use shoal_engine::{ChatMessage, Grammar};
+
+use crate::error::ApiError;
+use crate::AppState;
+
+/// Whether and which tool the model must call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// Tools are not offered this turn.
+    None,
+    /// The model decides.
+    Auto,
+    /// The model must call one of the tools (decoding is constrained).
+    Required,
+    /// The model must call this tool (decoding is constrained).
+    Named(String),
+}
+
+/// Tools offered by a request, already validated.
+#[derive(Clone, Debug)]
+pub struct ToolRequest {
+    pub defs: Vec<ToolDef>,
+    pub choice: ToolChoice,
+}
+
+impl ToolRequest {
+    /// Checks names (OpenAI's and Anthropic's rule: `^[a-zA-Z0-9_-]{1,64}$`),
+    /// duplicates, parameter schemas and that a named choice exists.
+    /// `param` is where the tools were in the request, for error messages.
+    pub fn new(defs: Vec<ToolDef>, choice: ToolChoice, param: &str) -> Result<Self, ApiError> {
+        for (i, d) in defs.iter().enumerate() {
+            let ok = !d.name.is_empty()
+                && d.name.len() <= 64
+                && d.name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+            if !ok {
+                return Err(ApiError::param(
+                    param,
+                    format!(
+                        "{param}[{i}]: tool name '{}' must be 1-64 letters, digits, '_' or '-'",
+                        d.name
+                    ),
+                ));
+            }
+            if defs[..i].iter().any(|o| o.name == d.name) {
+                return Err(ApiError::param(
+                    param,
+                    format!("{param}[{i}]: tool name '{}' is used twice", d.name),
+                ));
+            }
+            if !d.parameters.is_object() {
+                return Err(ApiError::param(
+                    param,
+                    format!(
+                        "{param}[{i}]: the parameters of '{}' must be a JSON Schema object",
+                        d.name
+                    ),
+                ));
+            }
+        }
+        match &choice {
+            ToolChoice::Named(n) if !defs.iter().any(|d| &d.name == n) => {
+                return Err(ApiError::param(
+                    "tool_choice",
+                    format!("tool_choice names '{n}', which is not among the tools"),
+                ))
+            }
+            ToolChoice::Required | ToolChoice::Named(_) if defs.is_empty() => {
+                return Err(ApiError::param(
+                    "tool_choice",
+                    "tool_choice requires a tool call but no tools were given",
+                ))
+            }
+            _ => {}
+        }
+        Ok(ToolRequest { defs, choice })
+    }
+
+    fn active(&self) -> bool {
+        !self.defs.is_empty() && self.choice != ToolChoice::None
+    }
+}
+
+/// A parameters schema as given, or an empty object schema when omitted.
+pub fn parameters_or_empty(p: Option<&Value>) -> Value {
+    p.cloned()
+        .unwrap_or_else(|| json!({"type": "object", "properties": {}}))
+}
+
+impl AppState {
+    /// How the loaded model writes tool calls.
+    pub fn tool_syntax(&self) -> ToolSyntax {
+        self.engine
+            .model
+            .vocab
+            .template
+            .as_ref()
+            .map_or(ToolSyntax::Hermes, |t| ToolSyntax::for_template(t.source()))
+    }
+
+    /// Whether the chat template itself lays out a `tools` list.
+    fn native_tools(&self) -> bool {
+        self.engine
+            .model
+            .vocab
+            .template
+            .as_ref()
+            .is_some_and(|t| t.source().contains("tools"))
+    }
+
+    /// An earlier assistant turn's text with its tool calls written out the
+    /// way the model writes them.
+    pub fn assistant_with_calls(&self, text: &str, calls: &[(String, Value)]) -> ChatMessage {
+        let syntax = self.tool_syntax();
+        let mut content = text.to_string();
+        for (name, args) in calls {
+            if !content.is_empty() {
+                content.push('\n');
+            }
+            content.push_str(&syntax.render_call(name, args));
+        }
+        ChatMessage::new("assistant", content)
+    }
+
+    /// A tool's result as the next turn. Templates without tool support get
+    /// it wrapped the way the injected instructions describe.
+    pub fn tool_result(&self, content: &str) -> ChatMessage {
+        if self.native_tools() {
+            ChatMessage::new("tool", content)
+        } else {
+            ChatMessage::new(
+                "tool",
+                format!("<tool_response>\n{content}\n</tool_response>"),
+            )
+        }
+    }
+
+    /// Puts the offered tools into the prompt (the template's own `tools`
+    /// variable, or instructions in the system message) and says how the
+    /// engine should parse and, if a call is required, constrain the reply.
+    pub(crate) fn offer_tools(
+        &self,
+        messages: &mut Vec<ChatMessage>,
+        extra: &mut serde_json::Map<String, Value>,
+        tools: Option<&ToolRequest>,
+    ) -> (Option<ToolSyntax>, Option<Grammar>) {
+        let Some(req) = tools.filter(|t| t.active()) else {
+            return (None, None);
+        };
+        let syntax = self.tool_syntax();
+        if self.native_tools() {
+            let list: Vec<Value> = req
+                .defs
+                .iter()
+                .map(|d| {
+                    json!({"type": "function", "function": {
+                        "name": d.name, "description": d.description, "parameters": d.parameters}})
+                })
+                .collect();
+            extra.insert("tools".into(), Value::Array(list));
+        } else {
+            let text = tool_instructions(&req.defs);
+            match messages.first_mut() {
+                Some(m) if m.role == "system" => {
+                    m.content = format!("{}\n\n{text}", m.content);
+                }
+                _ => messages.insert(0, ChatMessage::new("system", text)),
+            }
+        }
+        let grammar = match &req.choice {
+            ToolChoice::Required => Some(syntax.forced_call(&req.defs)),
+            ToolChoice::Named(n) => {
+                let one: Vec<ToolDef> = req.defs.iter().filter(|d| &d.name == n).cloned().collect();
+                Some(syntax.forced_call(&one))
+            }
+            ToolChoice::Auto | ToolChoice::None => None,
+        };
+        (Some(syntax), grammar)
+    }
+}
+
+/// Arguments text as a JSON value for replaying a call (kept as a string if
+/// it does not parse, so nothing the client sent is lost).
+pub fn arguments_value(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_string()))
+}

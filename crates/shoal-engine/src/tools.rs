@@ -1,0 +1,457 @@
+//! Tool calls: how a model writes them, parsing them out of the reply as it
+//! streams (name first, then argument deltas), and the grammar that forces
+//! one when the caller requires it.
+use regex::Regex;
+use serde_json::{json, Value};
+
+use crate::constraint::{json_layout, Grammar};
+
+/// A function the model may call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolDef {
+    pub name: String,
+    pub description: Option<String>,
+    /// JSON Schema of the arguments object.
+    pub parameters: Value,
+}
+
+/// How the model writes a call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ToolSyntax {
+    /// Hermes / Qwen: `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>`.
+    Hermes,
+    /// Llama 3: the reply is one bare `{"name": …, "parameters": {…}}` object.
+    Llama3Json,
+}
+
+impl ToolSyntax {
+    /// Picks the syntax a chat template was trained on; templates without
+    /// tool support get Hermes, which the server then explains in the prompt.
+    pub fn for_template(source: &str) -> Self {
+        if source.contains("<tool_call>") {
+            ToolSyntax::Hermes
+        } else if source.contains("<|python_tag|>") || source.contains("\"parameters\"") {
+            ToolSyntax::Llama3Json
+        } else {
+            ToolSyntax::Hermes
+        }
+    }
+
+    fn args_key(&self) -> &'static str {
+        match self {
+            ToolSyntax::Hermes => "arguments",
+            ToolSyntax::Llama3Json => "parameters",
+        }
+    }
+
+    /// A call written out, for replaying an earlier assistant turn.
+    pub fn render_call(&self, name: &str, arguments: &Value) -> String {
+        let obj = json!({"name": name, self.args_key(): arguments});
+        match self {
+            ToolSyntax::Hermes => format!("<tool_call>\n{obj}\n</tool_call>"),
+            ToolSyntax::Llama3Json => obj.to_string(),
+        }
+    }
+
+    /// The grammar of exactly one call to one of `tools`.
+    pub fn forced_call(&self, tools: &[ToolDef]) -> Grammar {
+        let key = self.args_key();
+        let options: Vec<Value> = tools
+            .iter()
+            .map(|t| {
+                json!({
+                    "type": "object",
+                    "properties": {
+                        "name": {"const": t.name},
+                        key: t.parameters,
+                    },
+                    "required": ["name", key],
+                    "additionalProperties": false
+                })
+            })
+            .collect();
+        let schema = if options.len() == 1 {
+            options.into_iter().next().unwrap_or_default()
+        } else {
+            json!({ "anyOf": options })
+        };
+        let schema = json_layout(schema);
+        match self {
+            ToolSyntax::Hermes => Grammar::Lark(format!(
+                "start: \"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall: %json {schema}\n"
+            )),
+            ToolSyntax::Llama3Json => Grammar::JsonSchema(schema),
+        }
+    }
+}
+
+/// System-prompt text that teaches a model without native tool support the
+/// Hermes syntax.
+pub fn tool_instructions(tools: &[ToolDef]) -> String {
+    let mut out = String::from(
+        "You can call functions. Their signatures are listed inside <tools></tools>:\n<tools>\n",
+    );
+    for t in tools {
+        let sig = json!({
+            "type": "function",
+            "function": {"name": t.name, "description": t.description, "parameters": t.parameters}
+        });
+        out.push_str(&sig.to_string());
+        out.push('\n');
+    }
+    out.push_str(
+        "</tools>\nTo call a function, reply with a JSON object holding its name and arguments \
+inside <tool_call></tool_call> tags, like this:\n<tool_call>\n{\"name\": \"function_name\", \
+\"arguments\": {\"arg\": \"value\"}}\n</tool_call>",
+    );
+    out
+}
+
+/// What the parser found in a piece of reply text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ToolOut {
+    Text(String),
+    Start { index: usize, name: String },
+    Args { index: usize, delta: String },
+}
+
+enum State {
+    /// Ordinary text; `held` may be the start of an opening marker.
+    Text,
+    /// Inside a call, name not yet known.
+    Head,
+    /// Name sent; streaming the arguments.
+    Args { sent: usize },
+}
+
+/// Splits streamed reply text into plain text and tool calls.
+pub struct ToolParser {
+    syntax: ToolSyntax,
+    state: State,
+    buf: String,
+    calls: usize,
+    /// Whether any non-whitespace text has been seen (a bare Llama 3 call
+    /// must open the reply).
+    seen_text: bool,
+    head: Regex,
+}
+
+const OPEN: &str = "<tool_call>";
+const CLOSE: &str = "</tool_call>";
+
+impl ToolParser {
+    pub fn new(syntax: ToolSyntax) -> Self {
+        let head = Regex::new(&format!(
+            r#"^\s*\{{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"{}"\s*:\s*"#,
+            syntax.args_key()
+        ))
+        .unwrap_or_else(|_| unreachable!("static pattern"));
+        ToolParser {
+            syntax,
+            state: State::Text,
+            buf: String::new(),
+            calls: 0,
+            seen_text: false,
+            head,
+        }
+    }
+
+    /// Calls started so far.
+    pub fn calls(&self) -> usize {
+        self.calls
+    }
+
+    pub fn push(&mut self, text: &str) -> Vec<ToolOut> {
+        self.buf.push_str(text);
+        let mut out = Vec::new();
+        loop {
+            let progressed = match self.state {
+                State::Text => self.text_state(&mut out),
+                State::Head => self.head_state(&mut out),
+                State::Args { sent } => self.args_state(sent, &mut out, false),
+            };
+            if !progressed {
+                return out;
+            }
+        }
+    }
+
+    /// End of the reply: completes a call in progress, releases held text.
+    pub fn finish(&mut self) -> Vec<ToolOut> {
+        let mut out = Vec::new();
+        match self.state {
+            State::Args { sent } => {
+                self.args_state(sent, &mut out, true);
+            }
+            State::Head => {
+                let raw = std::mem::take(&mut self.buf);
+                match self.syntax {
+                    // A bare call may put its arguments first: parse it whole.
+                    ToolSyntax::Llama3Json => self.whole_call(raw.trim(), &mut out),
+                    // Never became a call: give the text back.
+                    ToolSyntax::Hermes => out.push(ToolOut::Text(format!("{OPEN}{raw}"))),
+                }
+            }
+            State::Text => {
+                let rest = std::mem::take(&mut self.buf);
+                self.emit_text(rest, &mut out);
+            }
+        }
+        self.state = State::Text;
+        out
+    }
+
+    fn text_state(&mut self, out: &mut Vec<ToolOut>) -> bool {
+        match self.syntax {
+            ToolSyntax::Hermes => {
+                if let Some(at) = self.buf.find(OPEN) {
+                    let before: String = self.buf[..at].to_string();
+                    self.emit_text(before, out);
+                    self.buf.drain(..at + OPEN.len());
+                    self.state = State::Head;
+                    return true;
+                }
+                // Hold back what could be the start of the marker.
+                let keep = partial_suffix(&self.buf, OPEN);
+                let cut = self.buf.len() - keep;
+                let before: String = self.buf.drain(..cut).collect();
+                self.emit_text(before, out);
+                false
+            }
+            ToolSyntax::Llama3Json => {
+                if self.seen_text || self.calls > 0 {
+                    let all = std::mem::take(&mut self.buf);
+                    self.emit_text(all, out);
+                    return false;
+                }
+                let trimmed = self.buf.trim_start();
+                if trimmed.is_empty() {
+                    return false;
+                }
+                if let Some(rest) = trimmed.strip_prefix("<|python_tag|>") {
+                    self.buf = rest.to_string();
+                    return true;
+                }
+                if trimmed.starts_with('{') {
+                    self.state = State::Head;
+                    return true;
+                }
+                self.seen_text = true;
+                true
+            }
+        }
+    }
+
+    fn emit_text(&mut self, text: String, out: &mut Vec<ToolOut>) {
+        if text.is_empty() {
+            return;
+        }
+        // Whitespace between or after calls is layout, not content.
+        if self.calls > 0 && text.trim().is_empty() {
+            return;
+        }
+        self.seen_text |= !text.trim().is_empty();
+        out.push(ToolOut::Text(text));
+    }
+
+    fn head_state(&mut self, out: &mut Vec<ToolOut>) -> bool {
+        let Some(m) = self.head.captures(&self.buf) else {
+            // Not name-first: wait for the whole call, then parse it.
+            if self.syntax == ToolSyntax::Hermes {
+                if let Some(at) = self.buf.find(CLOSE) {
+                    let body: String = self.buf[..at].to_string();
+                    self.buf.drain(..at + CLOSE.len());
+                    self.whole_call(&body, out);
+                    self.state = State::Text;
+                    return true;
+                }
+            }
+            return false;
+        };
+        let (Some(all), Some(name)) = (m.get(0), m.get(1)) else {
+            return false;
+        };
+        let name: String = serde_json::from_str(&format!("\"{}\"", name.as_str()))
+            .unwrap_or_else(|_| name.as_str().to_string());
+        let end = all.end();
+        self.buf.drain(..end);
+        out.push(ToolOut::Start {
+            index: self.calls,
+            name,
+        });
+        self.calls += 1;
+        self.state = State::Args { sent: 0 };
+        true
+    }
+
+    /// Streams argument text, holding back what may be the wrapper's closing
+    /// brace and the closing marker.
+    fn args_state(&mut self, sent: usize, out: &mut Vec<ToolOut>, at_end: bool) -> bool {
+        let index = self.calls - 1;
+        if sent == 0 {
+            // Whitespace before the arguments is layout.
+            let lead = self.buf.len() - self.buf.trim_start().len();
+            self.buf.drain(..lead);
+        }
+        let close = match self.syntax {
+            ToolSyntax::Hermes => self.buf.find(CLOSE),
+            ToolSyntax::Llama3Json => None,
+        };
+        let done = close.is_some() || at_end;
+        let body_end = close.unwrap_or(self.buf.len());
+        let body = &self.buf[..body_end];
+        let limit = if done {
+            // The arguments end before the wrapper's last brace.
+            let t = body.trim_end();
+            t.strip_suffix('}').map_or(t.len(), |s| s.trim_end().len())
+        } else {
+            let mut t = &body[..body.len() - partial_suffix(body, CLOSE)];
+            t = t.trim_end();
+            t = t.strip_suffix('}').unwrap_or(t);
+            t.trim_end().len()
+        };
+        if limit > sent {
+            out.push(ToolOut::Args {
+                index,
+                delta: self.buf[sent..limit].to_string(),
+            });
+        }
+        let sent = sent.max(limit);
+        if done {
+            let drop_to = close.map_or(self.buf.len(), |c| c + CLOSE.len());
+            self.buf.drain(..drop_to);
+            self.state = State::Text;
+            return close.is_some();
+        }
+        self.state = State::Args { sent };
+        false
+    }
+
+    /// A call whose name did not come first: parse it whole.
+    fn whole_call(&mut self, body: &str, out: &mut Vec<ToolOut>) {
+        let parsed: Option<(String, Value)> =
+            serde_json::from_str::<Value>(body).ok().and_then(|v| {
+                let name = v.get("name")?.as_str()?.to_string();
+                let args = v
+                    .get(self.syntax.args_key())
+                    .cloned()
+                    .unwrap_or_else(|| json!({}));
+                Some((name, args))
+            });
+        match parsed {
+            Some((name, args)) => {
+                let index = self.calls;
+                self.calls += 1;
+                out.push(ToolOut::Start { index, name });
+                out.push(ToolOut::Args {
+                    index,
+                    delta: args.to_string(),
+                });
+            }
+            None => out.push(ToolOut::Text(match self.syntax {
+                ToolSyntax::Hermes => format!("{OPEN}{body}{CLOSE}"),
+                ToolSyntax::Llama3Json => body.to_string(),
+            })),
+        }
+    }
+}
+
+/// Length of the longest suffix of `s` that is a proper prefix of `marker`.
+fn partial_suffix(s: &str, marker: &str) -> usize {
+    (1..marker.len())
+        .rev()
+        .find(|&n| {
+            s.len() >= n && s.is_char_boundary(s.len() - n) && marker.starts_with(&s[s.len() - n..])
+        })
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(syntax: ToolSyntax, pieces: &[&str]) -> (String, Vec<(String, String)>) {
+        let mut p = ToolParser::new(syntax);
+        let mut outs = Vec::new();
+        for piece in pieces {
+            outs.extend(p.push(piece));
+        }
+        outs.extend(p.finish());
+        let mut text = String::new();
+        let mut calls: Vec<(String, String)> = Vec::new();
+        for o in outs {
+            match o {
+                ToolOut::Text(t) => text.push_str(&t),
+                ToolOut::Start { index, name } => {
+                    assert_eq!(index, calls.len());
+                    calls.push((name, String::new()));
+                }
+                ToolOut::Args { index, delta } => calls[index].1.push_str(&delta),
+            }
+        }
+        (text, calls)
+    }
+
+    fn chars(s: &str) -> Vec<String> {
+        s.chars().map(|c| c.to_string()).collect()
+    }
+
+    #[test]
+    fn hermes_call_streamed_one_character_at_a_time() {
+        let reply = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": {\"n\": 2}}}\n</tool_call>";
+        let pieces = chars(reply);
+        let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
+        let (text, calls) = run(ToolSyntax::Hermes, &refs);
+        assert_eq!(text, "Let me check.\n");
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].0, "get_weather");
+        assert_eq!(calls[0].1, r#"{"city": "Paris", "days": {"n": 2}}"#);
+    }
+
+    #[test]
+    fn two_calls_and_arguments_first_order() {
+        let reply = "<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n<tool_call>{\"arguments\": {\"x\": 1}, \"name\": \"b\"}</tool_call>";
+        let (text, calls) = run(ToolSyntax::Hermes, &[reply]);
+        assert_eq!(text, "");
+        assert_eq!(
+            calls,
+            vec![("a".into(), "{}".into()), ("b".into(), r#"{"x":1}"#.into())]
+        );
+    }
+
+    #[test]
+    fn text_that_only_looks_like_a_marker_is_kept() {
+        let (text, calls) = run(ToolSyntax::Hermes, &["a <tool", "_ca", "t> b <"]);
+        assert_eq!(text, "a <tool_cat> b <");
+        assert!(calls.is_empty());
+        let (text, calls) = run(ToolSyntax::Hermes, &["x <tool_call>not json"]);
+        assert_eq!(text, "x <tool_call>not json");
+        assert!(calls.is_empty());
+    }
+
+    #[test]
+    fn llama3_bare_json_call() {
+        let reply = "{\"name\": \"lookup\", \"parameters\": {\"q\": \"rust\"}}";
+        let pieces = chars(reply);
+        let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
+        let (text, calls) = run(ToolSyntax::Llama3Json, &refs);
+        assert_eq!(text, "");
+        assert_eq!(calls, vec![("lookup".into(), r#"{"q": "rust"}"#.into())]);
+        let (text, calls) = run(ToolSyntax::Llama3Json, &["Hello {\"name\": 1}"]);
+        assert_eq!(text, "Hello {\"name\": 1}");
+        assert!(calls.is_empty());
+    }
+
+    #[test]
+    fn template_decides_the_syntax() {
+        assert_eq!(
+            ToolSyntax::for_template("{{ '<tool_call>' }}"),
+            ToolSyntax::Hermes
+        );
+        assert_eq!(
+            ToolSyntax::for_template("<|python_tag|>"),
+            ToolSyntax::Llama3Json
+        );
+        assert_eq!(ToolSyntax::for_template("<|im_start|>"), ToolSyntax::Hermes);
+    }
+}
