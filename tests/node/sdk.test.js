@@ -269,3 +269,48 @@ describe('completions', () => {
     assert.deepEqual(finish, { 0: 'length', 1: 'length' });
   });
 });
+
+describe('tools', () => {
+  const WEATHER = {
+    name: 'get_weather',
+    description: 'Current weather for a city',
+    parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] },
+  };
+  const ASK = [{ role: 'user', content: 'What is the weather in Paris?' }];
+
+  test('openai stream helper: forced call, finalChatCompletion equals non-stream', async () => {
+    const req = {
+      model, messages: ASK, temperature: 0, max_tokens: 80,
+      tools: [{ type: 'function', function: WEATHER }],
+      tool_choice: { type: 'function', function: { name: 'get_weather' } },
+    };
+    const plain = await openai.chat.completions.create(req);
+    assert.equal(plain.choices[0].finish_reason, 'tool_calls');
+    const call = plain.choices[0].message.tool_calls[0];
+    assert.equal(call.function.name, 'get_weather');
+    assert.equal(typeof JSON.parse(call.function.arguments).city, 'string');
+    const stream = openai.chat.completions.stream({ ...req, stream_options: { include_usage: true } });
+    const final = await stream.finalChatCompletion();
+    assert.equal(final.choices[0].finish_reason, 'tool_calls');
+    const fcall = final.choices[0].message.tool_calls[0];
+    assert.equal(fcall.function.name, call.function.name);
+    assert.equal(fcall.function.arguments, call.function.arguments);
+    assert.deepEqual(final.usage, plain.usage);
+  });
+
+  test('anthropic stream: tool_use block, input equals non-stream, stop_reason tool_use', async () => {
+    const req = {
+      model, max_tokens: 80, messages: ASK, temperature: 0,
+      tools: [{ name: WEATHER.name, description: WEATHER.description, input_schema: WEATHER.parameters }],
+      tool_choice: { type: 'tool', name: 'get_weather' },
+    };
+    const plain = await anthropic.messages.create(req);
+    assert.equal(plain.stop_reason, 'tool_use');
+    const use = plain.content.find((b) => b.type === 'tool_use');
+    assert.equal(use.name, 'get_weather');
+    const final = await anthropic.messages.stream(req).finalMessage();
+    assert.equal(final.stop_reason, 'tool_use');
+    assert.deepEqual(final.content.find((b) => b.type === 'tool_use').input, use.input);
+    assert.deepEqual(final.usage.output_tokens, plain.usage.output_tokens);
+  });
+});
