@@ -1,9 +1,10 @@
 //! `shoal`: the command-line front of the engine.
 mod bench;
+mod config;
 mod generate;
 mod serve;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -27,9 +28,11 @@ enum Command {
     Bench(bench::Args),
     /// Serve the OpenAI- and Anthropic-compatible HTTP API.
     Serve(serve::Args),
+    /// Print the settings `serve` would use, as TOML, with where each came from.
+    Config(config::Flags),
 }
 
-/// Model path shared by every subcommand.
+/// Model path for `generate` and `bench` (`serve` takes it from `config::Flags`).
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
     /// A .gguf file or a Hugging Face / MLX model directory.
@@ -47,16 +50,20 @@ impl ModelArgs {
             .unwrap_or_else(shoal_engine::loader::default_model_path)
     }
 
-    /// The id clients see: the file or directory name without extension.
+    /// The id clients see: `--model-id`, else the model's file or directory name.
     pub fn id(&self) -> String {
-        if let Some(id) = &self.model_id {
-            return id.clone();
+        match &self.model_id {
+            Some(id) => id.clone(),
+            None => id_from_path(&self.path()),
         }
-        let p = self.path();
-        p.file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "model".into())
     }
+}
+
+/// The model id clients see by default: the file or directory name without extension.
+pub fn id_from_path(p: &Path) -> String {
+    p.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into())
 }
 
 fn main() -> Result<()> {
@@ -71,5 +78,9 @@ fn main() -> Result<()> {
         Command::Generate(a) => generate::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Serve(a) => serve::run(a),
+        Command::Config(flags) => {
+            print!("{}", config::resolve(&flags)?.to_annotated_toml()?);
+            Ok(())
+        }
     }
 }

