@@ -143,8 +143,26 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// Liveness plus the engine's counters (batching, cache, outcomes).
 async fn health(State(s): State<AppState>) -> impl IntoResponse {
-    Json(json!({"status": "ok", "model": s.engine.model.id}))
+    use std::sync::atomic::Ordering::Relaxed;
+    let st = &s.engine.stats;
+    Json(json!({
+        "status": "ok",
+        "model": s.engine.model.id,
+        "engine": {
+            "completed": st.completed.load(Relaxed),
+            "cancelled": st.cancelled.load(Relaxed),
+            "errors": st.errors.load(Relaxed),
+            "prompt_tokens": st.prompt_tokens.load(Relaxed),
+            "cached_tokens": st.cached_tokens.load(Relaxed),
+            "completion_tokens": st.completion_tokens.load(Relaxed),
+            "prefix_cache_bytes": st.prefix_cache_bytes.load(Relaxed),
+            "peak_batch": st.peak_batch.load(Relaxed),
+            "decode_passes": st.decode_passes.load(Relaxed),
+            "decode_steps": st.decode_steps.load(Relaxed),
+        },
+    }))
 }
 
 async fn model(

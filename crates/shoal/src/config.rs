@@ -31,6 +31,8 @@ pub struct Server {
     pub port: u16,
     /// Requests allowed to wait behind the running ones; more get 429/529.
     pub queue: usize,
+    /// Requests decoded together in one batched forward pass.
+    pub max_batch: usize,
 }
 
 impl Default for Server {
@@ -39,6 +41,7 @@ impl Default for Server {
             host: IpAddr::V4(Ipv4Addr::LOCALHOST),
             port: 8421,
             queue: 64,
+            max_batch: 16,
         }
     }
 }
@@ -110,6 +113,12 @@ const SETTINGS: &[Setting] = &[
     setting("server", "host", Some("SHOAL_HOST"), "--host"),
     setting("server", "port", Some("SHOAL_PORT"), "--port"),
     setting("server", "queue", Some("SHOAL_QUEUE"), "--queue"),
+    setting(
+        "server",
+        "max_batch",
+        Some("SHOAL_MAX_BATCH"),
+        "--max-batch",
+    ),
     setting("model", "path", Some("SHOAL_MODEL"), "--model"),
     setting("model", "id", Some("SHOAL_MODEL_ID"), "--model-id"),
     setting("model", "aliases", None, "--alias"),
@@ -164,6 +173,10 @@ pub struct Flags {
     /// (default 64) [env: SHOAL_QUEUE].
     #[arg(long)]
     pub queue: Option<usize>,
+    /// Requests decoded together in one batched forward pass (continuous
+    /// batching; default 16) [env: SHOAL_MAX_BATCH].
+    #[arg(long)]
+    pub max_batch: Option<usize>,
     /// Memory for reusing KV state of shared prompt prefixes across requests,
     /// 0 = off (default 1024) [env: SHOAL_PREFIX_CACHE_MB].
     #[arg(long)]
@@ -190,6 +203,7 @@ struct Overrides {
     host: Option<IpAddr>,
     port: Option<u16>,
     queue: Option<usize>,
+    max_batch: Option<usize>,
     model_path: Option<PathBuf>,
     model_id: Option<String>,
     aliases: Option<Vec<String>>,
@@ -219,6 +233,7 @@ impl Overrides {
             host: parsed("SHOAL_HOST", var("SHOAL_HOST"))?,
             port: parsed("SHOAL_PORT", var("SHOAL_PORT"))?,
             queue: parsed("SHOAL_QUEUE", var("SHOAL_QUEUE"))?,
+            max_batch: parsed("SHOAL_MAX_BATCH", var("SHOAL_MAX_BATCH"))?,
             model_path: var("SHOAL_MODEL").map(PathBuf::from),
             model_id: var("SHOAL_MODEL_ID"),
             aliases: None,
@@ -234,6 +249,7 @@ impl Overrides {
             host: f.host,
             port: f.port,
             queue: f.queue,
+            max_batch: f.max_batch,
             model_path: f.model.clone(),
             model_id: f.model_id.clone(),
             aliases: list(&f.aliases),
@@ -366,6 +382,10 @@ impl Resolved {
         if let Some(v) = o.queue {
             c.server.queue = v;
             set("server.queue");
+        }
+        if let Some(v) = o.max_batch {
+            c.server.max_batch = v;
+            set("server.max_batch");
         }
         if let Some(v) = o.model_path {
             c.model.path = Some(v);
@@ -510,6 +530,7 @@ impl Config {
         let non_empty = |v: &[String]| v.iter().filter(|p| !p.is_empty()).cloned().collect();
         Ok(EngineOptions {
             queue_capacity: self.server.queue.max(1),
+            max_batch: self.server.max_batch.max(1),
             prefix_cache_bytes: self
                 .cache
                 .prefix_cache_mb

@@ -600,17 +600,19 @@ impl Transformer {
             let qkv = l.qkv.apply(&x)?;
             let [q, k, v] = <[Array; 3]>::try_from(qkv)
                 .map_err(|_| EngineError::Backend("qkv split".into()))?;
-            let mut q = q.reshape(&[b, 1, nh, hd])?;
-            let mut k = k.reshape(&[b, 1, nkv, hd])?;
-            let v = v.reshape(&[b, 1, nkv, hd])?.transpose_axes(&[0, 2, 1, 3])?;
+            // One position per row: [B, 1, heads, dim] and [B, heads, 1, dim]
+            // share a memory layout, so a reshape replaces the transpose.
+            let mut q = q.reshape(&[b, nh, 1, hd])?;
+            let mut k = k.reshape(&[b, nkv, 1, hd])?;
+            let v = v.reshape(&[b, nkv, 1, hd])?;
             if let Some(w) = &l.q_norm {
                 q = fast::rms_norm(&q, Some(w), eps)?;
             }
             if let Some(w) = &l.k_norm {
                 k = fast::rms_norm(&k, Some(w), eps)?;
             }
-            let q = self.rope_at(&q.transpose_axes(&[0, 2, 1, 3])?, &positions)?;
-            let k = self.rope_at(&k.transpose_axes(&[0, 2, 1, 3])?, &positions)?;
+            let q = self.rope_at(&q, &positions)?;
+            let k = self.rope_at(&k, &positions)?;
             let (kb, vb) = batch
                 .layers
                 .get_mut(li)
@@ -627,7 +629,7 @@ impl Transformer {
                 ScaledDotProductAttentionMask::Array(&mask),
                 None,
             )?;
-            let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[1, b, nh * hd])?;
+            let o = o.reshape(&[1, b, nh * hd])?;
             h = h.add(l.o_proj.apply(&o)?)?;
             let x = fast::rms_norm(&h, Some(&l.ffn_norm), eps)?;
             let gu = l.gate_up.apply(&x)?;
