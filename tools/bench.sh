@@ -27,3 +27,7 @@ print(f"{case:22s} {'ratio':8s} {s['prefill_tok_s']/m['prefill_tok_s']:11.2f}x {
       f"   (blas: shoal {s['blas']}, mlx-lm {m.get('blas')})")
 PY
 done
+
+# Continuous batching: 8 streams at once against one.
+"$SHOAL" bench --model "$GGUF" --prompt-tokens 100 --gen-tokens 64 --runs "$RUNS" --concurrency 8 2>/dev/null |
+  grep -E "concurrent|decode"
