@@ -13,6 +13,7 @@ pub mod run;
 mod script_tests;
 pub mod sse;
 pub mod tools;
+pub mod ui;
 
 use std::sync::Arc;
 
@@ -21,6 +22,7 @@ use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
+use shoal_cluster::{LocalNode, ModelLoad, NodeIdentity, Requests};
 use shoal_engine::reasoning::ReasoningSpec;
 use shoal_engine::{ChatMessage, Engine};
 
@@ -35,11 +37,19 @@ pub struct AppState {
     pub responses: Arc<openai_responses::ResponseStore>,
     /// Extra names that resolve to the loaded model.
     pub aliases: Arc<Vec<String>>,
+    /// This node's identity and live status.
+    pub node: Arc<LocalNode>,
 }
 
 impl AppState {
     pub fn new(engine: Engine) -> Self {
+        let backend = if engine.model.info.device == "gpu" {
+            "metal"
+        } else {
+            "cpu"
+        };
         AppState {
+            node: LocalNode::start(NodeIdentity::for_this_machine(), backend),
             engine,
             ledger: Arc::new(Ledger::new(1000)),
             responses: Arc::new(openai_responses::ResponseStore::new(256)),
@@ -123,6 +133,22 @@ pub struct Prompt {
     pub grammar: Option<shoal_engine::Grammar>,
 }
 
+/// Serves `router(state)` on `listener` until `shutdown` completes; then stops
+/// accepting and lets open responses finish (streams end with their final
+/// event). For embedding the server (the desktop app) as well as `shoal serve`.
+pub async fn serve_until(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    if let Ok(addr) = listener.local_addr() {
+        state.node.set_address(addr);
+    }
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
 /// Largest accepted request body.
 pub const MAX_BODY_BYTES: usize = 8 << 20;
 
@@ -138,7 +164,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/responses/{id}", get(openai_responses::get_response))
         .route("/v1/messages", post(anthropic::handle))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
-        .fallback(not_found)
+        .route("/v1/cluster/nodes", get(cluster_nodes))
+        .fallback(fallback)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
@@ -211,6 +238,34 @@ struct UsageQuery {
 async fn usage(State(s): State<AppState>, Query(q): Query<UsageQuery>) -> impl IntoResponse {
     let entries = s.ledger.recent(q.limit.unwrap_or(100));
     Json(json!({"object": "list", "data": entries}))
+}
+
+/// Every node of the cluster (for now: this one) with live figures.
+async fn cluster_nodes(State(s): State<AppState>) -> impl IntoResponse {
+    use std::sync::atomic::Ordering::Relaxed;
+    let st = &s.engine.stats;
+    let m = &s.engine.model;
+    let status = s.node.status(
+        vec![ModelLoad {
+            id: m.id.clone(),
+            memory_bytes: m.info.weight_bytes as u64,
+        }],
+        Requests {
+            in_flight: st.running.load(Relaxed),
+            queued: st.queued.load(Relaxed),
+        },
+    );
+    Json(json!({"nodes": [status]}))
+}
+
+/// API paths that match no route get the dialect's 404; everything else is
+/// the web UI.
+async fn fallback(method: axum::http::Method, uri: axum::http::Uri) -> axum::response::Response {
+    let path = uri.path();
+    if path.starts_with("/v1/") || path == "/v1" || method != axum::http::Method::GET {
+        return not_found(uri).await.into_response();
+    }
+    ui::serve(path)
 }
 
 async fn not_found(uri: axum::http::Uri) -> DialectError {

@@ -41,7 +41,8 @@ async fn server(engine: Engine) -> String {
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
-        let _ = axum::serve(listener, shoal_api::router(AppState::new(engine))).await;
+        let _ =
+            shoal_api::serve_until(listener, AppState::new(engine), std::future::pending()).await;
     });
     format!("http://{addr}")
 }
@@ -607,4 +608,54 @@ async fn reasoning_budget_is_exact_in_every_dialect() {
         .as_u64()
         .unwrap_or(0);
     assert!(rt > 0 && rt <= v["usage"]["output_tokens"].as_u64().unwrap_or(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_nodes_lists_this_node_with_live_figures_and_the_ui_is_served() {
+    let base = server(engine()).await;
+    let c = reqwest::Client::new();
+    let v: Value = c
+        .get(format!("{base}/v1/cluster/nodes"))
+        .send()
+        .await
+        .expect("nodes")
+        .json()
+        .await
+        .expect("json");
+    let nodes = v["nodes"].as_array().expect("nodes array");
+    assert_eq!(nodes.len(), 1);
+    let n = &nodes[0];
+    assert_eq!(n["self"], true);
+    assert_eq!(n["status"], "online");
+    assert_eq!(n["address"], base.trim_start_matches("http://"));
+    assert!(n["memory"]["total_bytes"].as_u64().is_some_and(|t| t > 0));
+    assert!(n["memory"]["used_bytes"].as_u64().is_some_and(|u| u > 0));
+    assert!(n["cpu"]["cores"].as_u64().is_some_and(|c| c > 0));
+    assert!(n["models"][0]["memory_bytes"]
+        .as_u64()
+        .is_some_and(|b| b > 1 << 20));
+    assert_eq!(n["requests"]["queued"], 0);
+
+    // `/` and UI routes are the web page; unknown API paths stay JSON 404s.
+    for path in ["/", "/chat/some-conversation"] {
+        let r = c.get(format!("{base}{path}")).send().await.expect("page");
+        assert_eq!(r.status(), 200, "{path}");
+        let ct = r.headers()["content-type"]
+            .to_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(ct.starts_with("text/html"), "{path}: {ct}");
+    }
+    let r = c.get(format!("{base}/v1/nope")).send().await.expect("404");
+    assert_eq!(r.status(), 404);
+    let body: Value = r.json().await.expect("json error");
+    assert!(body["error"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("/v1/nope")));
+    let r = c
+        .get(format!("{base}/missing.js"))
+        .send()
+        .await
+        .expect("404");
+    assert_eq!(r.status(), 404);
 }

@@ -123,6 +123,10 @@ pub struct EngineStats {
     pub cached_tokens: AtomicU64,
     /// Bytes the prefix cache holds now.
     pub prefix_cache_bytes: AtomicU64,
+    /// Requests waiting in the queue now.
+    pub queued: AtomicU64,
+    /// Requests being prefilled or decoded now.
+    pub running: AtomicU64,
     /// Most sequences ever decoded in one forward pass.
     pub peak_batch: AtomicU64,
     /// Batched decode passes run, and the sequence-steps they covered
@@ -217,12 +221,16 @@ impl Engine {
             events: tx,
             submitted: Instant::now(),
         };
+        // Counted before sending so the engine thread never sees it go negative.
+        self.stats.queued.fetch_add(1, Ordering::Relaxed);
         match self.jobs.try_send(job) {
             Ok(()) => Ok(rx),
             Err(TrySendError::Full(_)) => {
+                self.stats.queued.fetch_sub(1, Ordering::Relaxed);
                 Err(EngineError::Unavailable("request queue is full".into()))
             }
             Err(TrySendError::Disconnected(_)) => {
+                self.stats.queued.fetch_sub(1, Ordering::Relaxed);
                 Err(EngineError::Unavailable("engine has stopped".into()))
             }
         }
@@ -273,6 +281,10 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
     let mut batch = fresh_batch(model.as_ref());
     let mut open = true;
     while open || !prefilling.is_empty() || !decoding.is_empty() {
+        stats.running.store(
+            (prefilling.len() + decoding.len()) as u64,
+            Ordering::Relaxed,
+        );
         // Admission: block only when there is nothing else to do.
         while open && prefilling.len() + decoding.len() < max_batch {
             let job = if prefilling.is_empty() && decoding.is_empty() {
@@ -293,6 +305,7 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
                     }
                 }
             };
+            stats.queued.fetch_sub(1, Ordering::Relaxed);
             if job.gone() {
                 debug!("request cancelled while queued");
                 let prompt_tokens = job.req.prompt.len();
@@ -330,6 +343,10 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
                 ),
             }
         }
+        stats.running.store(
+            (prefilling.len() + decoding.len()) as u64,
+            Ordering::Relaxed,
+        );
         if prefilling.is_empty() && decoding.is_empty() {
             continue;
         }

@@ -38,11 +38,10 @@ pub fn run(a: Args) -> Result<()> {
             "shoal listening on http://{local} (model {})",
             state.engine.model.id
         );
-        axum::serve(listener, shoal_api::router(state))
-            .with_graceful_shutdown(async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
-            .await
-            .context("server error")
+        shoal_api::serve_until(listener, state, async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await
+        .context("server error")
     })
 }
