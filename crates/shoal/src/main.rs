@@ -1,13 +1,13 @@
 //! `shoal`: the command-line front of the engine.
 mod bench;
-mod config;
 mod generate;
 mod serve;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
+use shoal::{config, id_from_path};
 
 #[derive(Parser)]
 #[command(
@@ -57,13 +57,6 @@ impl ModelArgs {
             None => id_from_path(&self.path()),
         }
     }
-}
-
-/// The model id clients see by default: the file or directory name without extension.
-pub fn id_from_path(p: &Path) -> String {
-    p.file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "model".into())
 }
 
 fn main() -> Result<()> {

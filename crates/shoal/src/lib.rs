@@ -1,0 +1,12 @@
+//! The parts of the `shoal` command that other front ends share: the server
+//! settings (`config`) and the default model id.
+pub mod config;
+
+use std::path::Path;
+
+/// The model id clients see by default: the file or directory name without extension.
+pub fn id_from_path(p: &Path) -> String {
+    p.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into())
+}
