@@ -1,0 +1,188 @@
+// One streamed chat completion: POST /v1/chat/completions with stream: true,
+// read as SSE, turned into deltas, live counts and a final result.
+import { apiError, ledgerEntry, type Usage } from './api';
+import { finishFromApi, inferStopSequence, type Finish } from './finish';
+import { readSse } from './sse';
+import type { ChatSettings, Message, ReplyStats } from './store';
+
+export interface ChatRequest {
+  model: string;
+  messages: { role: 'system' | 'user' | 'assistant'; content: string }[];
+  stream: true;
+  stream_options: { include_usage: true };
+  temperature?: number;
+  max_tokens?: number;
+  stop?: string[];
+  reasoning_effort?: 'low';
+}
+
+export function buildRequest(settings: ChatSettings, history: Message[]): ChatRequest {
+  const messages: ChatRequest['messages'] = [];
+  if (settings.systemPrompt.trim()) messages.push({ role: 'system', content: settings.systemPrompt });
+  for (const m of history) {
+    // Failed replies carry no model text; they are not part of the conversation.
+    if (m.role === 'assistant' && (m.finish === 'error' || m.content === '')) continue;
+    messages.push({ role: m.role, content: m.content });
+  }
+  const req: ChatRequest = {
+    model: settings.model,
+    messages,
+    stream: true,
+    stream_options: { include_usage: true },
+  };
+  if (settings.temperature != null) req.temperature = settings.temperature;
+  if (settings.maxTokens != null) req.max_tokens = settings.maxTokens;
+  const stop = settings.stop.filter((s) => s !== '');
+  if (stop.length) req.stop = stop;
+  if (settings.reasoning) req.reasoning_effort = 'low';
+  return req;
+}
+
+export interface StreamHandlers {
+  onText(kind: 'content' | 'reasoning', text: string): void;
+  onStats(stats: ReplyStats): void;
+  onResponseId(id: string): void;
+}
+
+export interface StreamResult {
+  finish: Finish;
+  error?: string;
+  responseId?: string;
+  stats: ReplyStats;
+}
+
+function usageStats(u: Usage, ttftMs: number | null, spanMs: number | null, source: ReplyStats['source']): ReplyStats {
+  const completion = u.completion_tokens ?? 0;
+  return {
+    prompt: u.prompt_tokens ?? null,
+    cached: u.prompt_tokens_details?.cached_tokens ?? 0,
+    completion,
+    reasoning: u.completion_tokens_details?.reasoning_tokens ?? 0,
+    total: u.total_tokens ?? null,
+    live: false,
+    source,
+    ttftMs,
+    tokPerS: spanMs && spanMs > 0 && completion > 0 ? completion / (spanMs / 1000) : null,
+  };
+}
+
+/** Runs one request to its end; never throws (errors become an "error" result). */
+export async function streamChat(req: ChatRequest, signal: AbortSignal, h: StreamHandlers): Promise<StreamResult> {
+  const t0 = performance.now();
+  let first: number | null = null;
+  let last: number | null = null;
+  let deltas = 0;
+  let text = '';
+  let responseId: string | undefined;
+  let finishReason: string | null = null;
+  let usage: Usage | null = null;
+  let sawDone = false;
+
+  const ttft = () => (first == null ? null : first - t0);
+  const span = () => (first == null || last == null ? null : last - first);
+  const liveStats = (): ReplyStats => {
+    const s = span();
+    return {
+      prompt: null,
+      cached: null,
+      completion: deltas,
+      reasoning: null,
+      total: null,
+      live: true,
+      source: 'live',
+      ttftMs: ttft(),
+      tokPerS: s && s > 0 ? deltas / (s / 1000) : null,
+    };
+  };
+  const fail = (message: string): StreamResult => ({
+    finish: 'error',
+    error: message,
+    responseId,
+    stats: usage ? usageStats(usage, ttft(), span(), 'stream') : liveStats(),
+  });
+
+  let res: Response;
+  try {
+    res = await fetch('/v1/chat/completions', {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', accept: 'text/event-stream' },
+      body: JSON.stringify(req),
+      signal,
+    });
+  } catch (e) {
+    if (signal.aborted) return { finish: 'cancelled', stats: liveStats() };
+    return fail(`cannot reach the server (${(e as Error).message})`);
+  }
+  if (!res.ok) return fail((await apiError(res)).message);
+  if (!res.body) return fail('the server sent no body');
+
+  try {
+    for await (const ev of readSse(res.body)) {
+      if (ev.data === '[DONE]') {
+        sawDone = true;
+        break;
+      }
+      let chunk: any;
+      try {
+        chunk = JSON.parse(ev.data);
+      } catch {
+        continue;
+      }
+      if (ev.event === 'error' || chunk?.error) {
+        const m = chunk?.error?.message ?? chunk?.message ?? ev.data;
+        return fail(String(m));
+      }
+      if (!responseId && typeof chunk.id === 'string') {
+        responseId = chunk.id;
+        h.onResponseId(chunk.id);
+      }
+      if (chunk.usage) usage = chunk.usage as Usage;
+      const choice = Array.isArray(chunk.choices) ? chunk.choices[0] : undefined;
+      if (choice) {
+        const d = choice.delta ?? {};
+        for (const kind of ['reasoning', 'content'] as const) {
+          const piece = kind === 'content' ? d.content : d.reasoning_content;
+          if (typeof piece === 'string' && piece !== '') {
+            const now = performance.now();
+            if (first == null) first = now;
+            last = now;
+            deltas += 1;
+            if (kind === 'content') text += piece;
+            h.onText(kind, piece);
+          }
+        }
+        if (choice.finish_reason) finishReason = choice.finish_reason;
+      }
+      h.onStats(usage ? usageStats(usage, ttft(), span(), 'stream') : liveStats());
+    }
+  } catch (e) {
+    if (signal.aborted) return cancelled();
+    return fail(`the stream broke off (${(e as Error).message})`);
+  }
+  if (signal.aborted && !finishReason) return cancelled();
+  if (!finishReason && !sawDone) return fail('the stream ended before the reply finished');
+
+  const stats = usage ? usageStats(usage, ttft(), span(), 'stream') : liveStats();
+  let finish = finishFromApi(finishReason);
+  if (finish === 'stop' && req.stop?.length) {
+    const entry = responseId ? await ledgerEntry(responseId, 1500) : null;
+    const exact = entry && (entry.stop_sequence != null || entry.finish_reasons.includes('stop_sequence'));
+    if (exact || inferStopSequence({ stops: req.stop, text, textDeltas: deltas, completionTokens: usage?.completion_tokens ?? null })) {
+      finish = 'stop_sequence';
+    }
+  }
+  return { finish, responseId, stats };
+
+  // The server records what a cancelled request used in its ledger; show
+  // those exact numbers rather than the live count when they arrive.
+  async function cancelled(): Promise<StreamResult> {
+    const live = liveStats();
+    if (responseId) {
+      const entry = await ledgerEntry(responseId, 3000);
+      if (entry?.usage && typeof (entry.usage as any).completion_tokens === 'number') {
+        return { finish: 'cancelled', responseId, stats: usageStats(entry.usage as unknown as Usage, ttft(), span(), 'ledger') };
+      }
+    }
+    return { finish: 'cancelled', responseId, stats: live };
+  }
+}

@@ -1,0 +1,49 @@
+import { Show } from 'solid-js';
+import { fmtInt, fmtMs, fmtRate } from '../format';
+import type { ReplyStats } from '../store';
+
+/**
+ * Token counts and speed of one reply. While streaming, completion is the
+ * number of deltas seen so far (approximate); once the server's usage arrives
+ * every figure is exactly what the API reported.
+ */
+export function UsageStats(props: { stats: ReplyStats }) {
+  const s = () => props.stats;
+  const item = (id: string, label: string, value: number | null, text: string, hint: string) => (
+    <span class="stat" data-testid={`usage-${id}`} data-value={value ?? ''} title={hint}>
+      <span class="muted">{label}</span> <b>{text}</b>
+    </span>
+  );
+  return (
+    <div
+      class="stats"
+      data-testid="reply-usage"
+      data-live={s().live ? 'true' : 'false'}
+      data-source={s().source}
+    >
+      <Show when={s().live}>
+        <span class="tag live" data-testid="usage-live" title="Counted from the stream so far: one per text delta. Replaced by the server's exact usage when the reply ends.">
+          live ≈
+        </span>
+      </Show>
+      <Show when={s().source === 'ledger'}>
+        <span class="tag" title="The stream was stopped before its usage chunk; these are the numbers the server recorded in its ledger for this request.">
+          ledger
+        </span>
+      </Show>
+      {item('prompt', 'prompt', s().prompt, fmtInt(s().prompt), 'Prompt tokens')}
+      {item('cached', 'cached', s().cached, fmtInt(s().cached), 'Prompt tokens served from the prefix cache')}
+      {item(
+        'completion',
+        s().live ? 'completion ≈' : 'completion',
+        s().completion,
+        fmtInt(s().completion),
+        s().live ? 'Live count of deltas received (approximate)' : 'Completion tokens (includes reasoning)',
+      )}
+      {item('reasoning', 'reasoning', s().reasoning, fmtInt(s().reasoning), 'Reasoning tokens (part of completion)')}
+      {item('total', 'total', s().total, fmtInt(s().total), 'Prompt + completion tokens')}
+      {item('ttft', 'TTFT', s().ttftMs, fmtMs(s().ttftMs), 'Time from send to the first delta')}
+      {item('tps', 'tok/s', s().tokPerS, fmtRate(s().tokPerS), 'Completion tokens / time between first and last delta')}
+    </div>
+  );
+}

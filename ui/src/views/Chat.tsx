@@ -1,0 +1,367 @@
+import { createEffect, createSignal, For, on, onCleanup, onMount, Show, untrack } from 'solid-js';
+import {
+  chat,
+  current,
+  effectiveModel,
+  initChat,
+  loadModels,
+  newChat,
+  removeChat,
+  retryLast,
+  selectChat,
+  sendMessage,
+  stopReply,
+  updateSettings,
+} from '../chatState';
+import { FinishBadge } from '../components/FinishBadge';
+import { UsageStats } from '../components/UsageStats';
+import { renderMarkdown } from '../markdown';
+import type { Conversation, Message } from '../store';
+
+export function ChatView() {
+  const [draft, setDraft] = createSignal('');
+  const [settingsOpen, setSettingsOpen] = createSignal(false);
+  const [sidebarOpen, setSidebarOpen] = createSignal(false);
+  let input!: HTMLTextAreaElement;
+  let scroller!: HTMLDivElement;
+
+  onMount(() => {
+    void initChat();
+    input.focus();
+  });
+
+  const onKey = (e: KeyboardEvent) => {
+    if (e.key === 'Escape' && chat.streaming) {
+      e.preventDefault();
+      stopReply();
+    }
+  };
+  document.addEventListener('keydown', onKey);
+  onCleanup(() => document.removeEventListener('keydown', onKey));
+
+  const send = () => {
+    const text = draft();
+    if (!text.trim() || chat.streaming) return;
+    setDraft('');
+    void sendMessage(text);
+  };
+
+  // Follow the reply as it grows, unless the reader scrolled up.
+  let pinned = true;
+  const onScroll = () => {
+    pinned = scroller.scrollHeight - scroller.scrollTop - scroller.clientHeight < 80;
+  };
+  createEffect(() => {
+    const c = current();
+    const last = c?.messages[c.messages.length - 1];
+    void (last?.content.length, last?.reasoning?.length, last?.finish, c?.id);
+    if (pinned) queueMicrotask(() => (scroller.scrollTop = scroller.scrollHeight));
+  });
+  createEffect(on(() => chat.currentId, () => (pinned = true)));
+
+  return (
+    <div class="chat" classList={{ 'sidebar-open': sidebarOpen() }} data-testid="chat-view">
+      <aside class="sidebar" data-testid="conversation-list">
+        <button
+          class="btn primary wide"
+          data-testid="new-chat"
+          onClick={() => {
+            newChat();
+            setSidebarOpen(false);
+            input.focus();
+          }}
+        >
+          + New chat
+        </button>
+        <ul class="conv-list">
+          <For each={chat.conversations}>
+            {(c) => (
+              <li
+                class="conv"
+                classList={{ active: c.id === chat.currentId }}
+                data-testid="conversation-item"
+                data-id={c.id}
+              >
+                <button
+                  class="conv-title"
+                  title={c.title}
+                  onClick={() => {
+                    selectChat(c.id);
+                    setSidebarOpen(false);
+                  }}
+                >
+                  {c.title}
+                </button>
+                <button
+                  class="icon-btn small"
+                  title="Delete this chat"
+                  aria-label="Delete this chat"
+                  data-testid="delete-conversation"
+                  onClick={() => removeChat(c.id)}
+                >
+                  ×
+                </button>
+              </li>
+            )}
+          </For>
+        </ul>
+      </aside>
+      <div class="sidebar-scrim" onClick={() => setSidebarOpen(false)} />
+
+      <section class="chat-main">
+        <div class="chat-toolbar">
+          <button
+            class="icon-btn sidebar-toggle"
+            data-testid="sidebar-toggle"
+            title="Chats"
+            aria-label="Chats"
+            onClick={() => setSidebarOpen(!sidebarOpen())}
+          >
+            ☰
+          </button>
+          <label class="model-pick">
+            <span class="muted">Model</span>
+            <select
+              data-testid="model-picker"
+              value={effectiveModel(current())}
+              disabled={chat.models.length === 0}
+              onChange={(e) => updateSettings({ model: e.currentTarget.value })}
+            >
+              <Show when={chat.models.length === 0}>
+                <option value="">{chat.modelsError ? 'unavailable' : 'loading…'}</option>
+              </Show>
+              <For each={chat.models}>{(m) => <option value={m.id}>{m.id}</option>}</For>
+            </select>
+          </label>
+          <span class="spacer" />
+          <button
+            class="btn"
+            classList={{ active: settingsOpen() }}
+            data-testid="settings-toggle"
+            aria-expanded={settingsOpen()}
+            onClick={() => {
+              if (!current()) newChat();
+              setSettingsOpen(!settingsOpen());
+            }}
+          >
+            Settings
+          </button>
+        </div>
+
+        <Show when={settingsOpen()}>
+          <Show when={current()} keyed>
+            {(c) => <SettingsPanel conv={c} />}
+          </Show>
+        </Show>
+
+        <Show when={chat.modelsError}>
+          <div class="banner error" role="alert" data-testid="models-error">
+            {chat.modelsError}{' '}
+            <button class="btn small" onClick={() => void loadModels()}>
+              Retry
+            </button>
+          </div>
+        </Show>
+
+        <div class="messages" ref={scroller} onScroll={onScroll} data-testid="messages">
+          <Show
+            when={(current()?.messages.length ?? 0) > 0}
+            fallback={
+              <div class="empty" data-testid="empty-chat">
+                <p>Ask the model something.</p>
+                <p class="muted">Enter sends · Shift+Enter adds a line · Esc stops a reply</p>
+              </div>
+            }
+          >
+            <For each={current()?.messages}>
+              {(m) => <MessageView msg={m} streaming={chat.streaming?.messageId === m.id} />}
+            </For>
+          </Show>
+        </div>
+
+        <form
+          class="composer"
+          onSubmit={(e) => {
+            e.preventDefault();
+            send();
+          }}
+        >
+          <textarea
+            ref={input}
+            data-testid="composer-input"
+            rows={2}
+            placeholder="Message (Enter to send, Shift+Enter for a new line)"
+            value={draft()}
+            onInput={(e) => setDraft(e.currentTarget.value)}
+            onKeyDown={(e) => {
+              if (e.key === 'Enter' && !e.shiftKey && !e.isComposing) {
+                e.preventDefault();
+                send();
+              }
+            }}
+          />
+          <Show
+            when={chat.streaming}
+            fallback={
+              <button class="btn primary" type="submit" data-testid="send-button" disabled={!draft().trim()}>
+                Send
+              </button>
+            }
+          >
+            <button class="btn danger" type="button" data-testid="stop-button" title="Stop (Esc)" onClick={stopReply}>
+              Stop
+            </button>
+          </Show>
+        </form>
+      </section>
+    </div>
+  );
+}
+
+function MessageView(props: { msg: Message; streaming: boolean }) {
+  const m = () => props.msg;
+  return (
+    <Show
+      when={m().role === 'assistant'}
+      fallback={
+        <div class="msg user" data-testid="message-user">
+          <div class="bubble">{m().content}</div>
+        </div>
+      }
+    >
+      <div
+        class="msg assistant"
+        data-testid="message-assistant"
+        data-streaming={props.streaming ? 'true' : 'false'}
+        data-response-id={m().responseId ?? ''}
+      >
+        <Show when={m().reasoning}>
+          <details class="reasoning" data-testid="reasoning-block" open={props.streaming && !m().content}>
+            <summary>
+              Reasoning
+              <Show when={m().stats?.reasoning != null && !m().stats?.live}>
+                {' '}
+                <span class="muted">({m().stats!.reasoning} tokens)</span>
+              </Show>
+            </summary>
+            <div class="reasoning-text" data-testid="reasoning-content">
+              {m().reasoning}
+            </div>
+          </details>
+        </Show>
+        <div class="bubble">
+          <Show when={m().content || !props.streaming} fallback={<span class="typing" data-testid="waiting">…</span>}>
+            <div class="md" data-testid="assistant-content" innerHTML={renderMarkdown(m().content)} />
+            <Show when={!m().content && !m().error}>
+              <span class="muted" data-testid="no-answer">
+                {m().reasoning ? '(no answer after the reasoning)' : '(no text)'}
+              </span>
+            </Show>
+          </Show>
+          <Show when={m().error}>
+            <div class="error-text" role="alert" data-testid="error-message">
+              {m().error}
+            </div>
+          </Show>
+        </div>
+        <div class="msg-foot">
+          <Show when={m().finish}>
+            <FinishBadge finish={m().finish!} />
+          </Show>
+          <Show when={m().stats && !(m().finish === 'error' && m().stats!.completion === 0)}>
+            <UsageStats stats={m().stats!} />
+          </Show>
+          <Show when={(m().finish === 'error' || m().finish === 'cancelled') && !props.streaming}>
+            <button class="btn small" data-testid="retry" onClick={retryLast}>
+              Retry
+            </button>
+          </Show>
+        </div>
+      </div>
+    </Show>
+  );
+}
+
+function decodeStop(line: string): string {
+  return line.replace(/\\(n|t|\\)/g, (_, c) => (c === 'n' ? '\n' : c === 't' ? '\t' : '\\'));
+}
+
+function encodeStop(s: string): string {
+  return s.replace(/\\/g, '\\\\').replace(/\n/g, '\\n').replace(/\t/g, '\\t');
+}
+
+function numberOrNull(v: string): number | null {
+  if (v.trim() === '') return null;
+  const n = Number(v);
+  return Number.isFinite(n) ? n : null;
+}
+
+/** Per-chat settings; inputs start from the chat's saved values and write back as you type. */
+function SettingsPanel(props: { conv: Conversation }) {
+  const s = untrack(() => props.conv.settings);
+  return (
+    <div class="settings" data-testid="settings-panel">
+      <label class="field span2">
+        <span>System prompt</span>
+        <textarea
+          data-testid="setting-system"
+          rows={2}
+          placeholder="Empty: the model's default"
+          value={s.systemPrompt}
+          onInput={(e) => updateSettings({ systemPrompt: e.currentTarget.value })}
+        />
+      </label>
+      <label class="field">
+        <span>Temperature</span>
+        <input
+          data-testid="setting-temperature"
+          type="number"
+          min="0"
+          max="2"
+          step="0.1"
+          placeholder="server default"
+          value={s.temperature ?? ''}
+          onInput={(e) => updateSettings({ temperature: numberOrNull(e.currentTarget.value) })}
+        />
+      </label>
+      <label class="field">
+        <span>Max tokens</span>
+        <input
+          data-testid="setting-max-tokens"
+          type="number"
+          min="1"
+          step="1"
+          placeholder="server default"
+          value={s.maxTokens ?? ''}
+          onInput={(e) => updateSettings({ maxTokens: numberOrNull(e.currentTarget.value) })}
+        />
+      </label>
+      <label class="field">
+        <span>Stop sequences</span>
+        <textarea
+          data-testid="setting-stop"
+          rows={2}
+          placeholder={'one per line (\\n for a newline)'}
+          value={s.stop.map(encodeStop).join('\n')}
+          onInput={(e) =>
+            updateSettings({
+              stop: e.currentTarget.value
+                .split('\n')
+                .filter((l) => l !== '')
+                .map(decodeStop),
+            })
+          }
+        />
+      </label>
+      <label class="field check">
+        <input
+          data-testid="setting-reasoning"
+          type="checkbox"
+          checked={s.reasoning}
+          onChange={(e) => updateSettings({ reasoning: e.currentTarget.checked })}
+        />
+        <span title='Sends reasoning_effort: "low"; the thinking shows in a collapsible block above the answer'>Reasoning</span>
+      </label>
+    </div>
+  );
+}
