@@ -12,20 +12,22 @@ export SHOAL_TEST_GGUF ?= $(MODEL_GGUF)
 export SHOAL_TEST_HF_DIR ?= $(MODEL_MLX)
 CARGO      := cargo
 SHOAL      := $(ROOT)/target/release/shoal
-APT_PKGS   := libopenblas-dev
+APT_PKGS   := libopenblas-dev chromium
 
-.PHONY: run test setup deps-apt mlx models pyenv build lint bench clean-cache
+.PHONY: run test test-ui ui setup deps-apt mlx models pyenv build lint bench clean-cache
 
 ## Serve the API (OpenAI + Anthropic dialects) on the default model at 127.0.0.1:8421.
 run: build
 	$(SHOAL) serve
 
-## Everything CI runs: lint, Rust unit/e2e/reference tests, then the official SDK suites.
-test: setup lint
+## Everything CI runs: lint, Rust unit/e2e/reference tests, the official SDK suites,
+## then the web UI in a real browser.
+test: setup ui lint
 	@set -o pipefail; $(CARGO) test --release --workspace 2>&1 | tee $(CACHE)/cargo-test.log
 	@grep -E "^test result:" $(CACHE)/cargo-test.log | awk '{p+=$$4; f+=$$6} END {print "rust: " p " passed, " f " failed"; if (p == 0) exit 1}'
 	@$(CARGO) build --release -p shoal
 	@bash tests/run-sdk.sh
+	@bash tests/run-ui.sh
 
 setup: deps-apt mlx models
 
@@ -58,8 +60,22 @@ $(MODEL_Q4)/config.json: $(MODEL_MLX)/config.json tools/py/quantize_mlx.py
 ## an MLX/HF directory (float32, and 4-bit quantized in two shards).
 models: $(MODEL_GGUF) $(MODEL_MLX)/config.json $(MODEL_Q4)/config.json
 
-build: setup
+build: setup ui
 	$(CARGO) build --release -p shoal
+
+## The web UI (ui/dist, embedded into the binary by the build); rebuilt only when its sources change.
+UI_SRC := $(shell find ui/src -type f 2>/dev/null) ui/index.html ui/package.json ui/package-lock.json ui/vite.config.ts ui/tsconfig.json
+
+ui: ui/dist/index.html
+
+ui/dist/index.html: $(UI_SRC)
+	cd ui && npm ci --no-audit --no-fund && npm run build
+	@touch $@
+
+## The web UI's browser tests (Debian chromium via playwright-core) against the built binary.
+test-ui: setup ui
+	$(CARGO) build --release -p shoal
+	@bash tests/run-ui.sh
 
 lint: mlx
 	$(CARGO) fmt --all -- --check
