@@ -1,5 +1,6 @@
 //! `shoal`: the command-line front of the engine.
 mod bench;
+mod chat;
 mod generate;
 mod serve;
 
@@ -30,6 +31,11 @@ enum Command {
     Serve(serve::Args),
     /// Print the settings `serve` would use, as TOML, with where each came from.
     Config(config::Flags),
+    /// Chat with any provider (four dialects); every reply is stored with its
+    /// stop reason and usage.
+    Chat(chat::Args),
+    /// Stored conversations with per-reply reasons and usage, and totals per model.
+    History(chat::HistoryArgs),
 }
 
 /// Model path for `generate` and `bench` (`serve` takes it from `config::Flags`).
@@ -71,6 +77,8 @@ fn main() -> Result<()> {
         Command::Generate(a) => generate::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Serve(a) => serve::run(a),
+        Command::Chat(a) => chat::run(a),
+        Command::History(a) => chat::history(a),
         Command::Config(flags) => {
             print!("{}", config::resolve(&flags)?.to_annotated_toml()?);
             Ok(())

@@ -3,7 +3,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 fn shoal() -> Command {
     Command::new(env!("CARGO_BIN_EXE_shoal"))
@@ -427,5 +427,153 @@ fn serve_applies_content_filter_from_config_file() {
         "{v}"
     );
     drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A minimal HTTP/1.1 GET returning the JSON body.
+fn get_json(addr: &str, path: &str) -> Value {
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    let (_, body) = response.split_once("\r\n\r\n").expect("HTTP response");
+    serde_json::from_str(body).expect("JSON body")
+}
+
+/// `shoal chat --once` against a live server in all four dialects, streamed
+/// and not: the stored usage and stop reason equal what the server recorded
+/// sending (its `/v1/usage` ledger), and forged reserved keys are gone.
+#[test]
+fn chat_records_what_the_server_sent_in_every_dialect() {
+    let dir = temp_dir("chat-live");
+    let log = dir.join("stderr.log");
+    let child = shoal_isolated(&dir)
+        .args(["serve", "--port", "0", "--prefix-cache-mb", "0", "--model"])
+        .arg(gguf())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("spawn shoal serve");
+    let mut server = Server(child);
+    let stdout = server.0.stdout.take().expect("stdout");
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).expect("read");
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no listening line: {line:?}"))
+        .to_owned();
+    let db = dir.join("conversations.sqlite");
+    let n = |v: &Value, p: &str| v.pointer(p).cloned().unwrap_or(Value::Null);
+    let mut completion_sum = 0;
+    for target in ["chat", "completions", "responses", "messages"] {
+        for stream in [true, false] {
+            let mut cmd = shoal_isolated(&dir);
+            cmd.args(["chat", "--target", target, "--base-url"])
+                .arg(format!("http://{addr}"))
+                .arg("--db")
+                .arg(&db)
+                .args([
+                    "--once",
+                    "What is the capital of France?",
+                    "--max-tokens",
+                    "5",
+                ])
+                .args(["--temperature", "0", "--json"])
+                .args([
+                    "--metadata",
+                    "finish_reason=forged",
+                    "--metadata",
+                    "token_usage_total_tokens=1",
+                ])
+                .args(["--metadata", "stop_reason=forged", "--metadata", "run=live"]);
+            if !stream {
+                cmd.arg("--no-stream");
+            }
+            let (ok, out, err) = output(&mut cmd);
+            assert!(ok, "{target}: {err}");
+            let v: Value = serde_json::from_str(&out).expect("chat --json output");
+            let meta = &v["pieces"][0]["metadata"];
+            assert_eq!(meta["run"], "live", "{target}");
+            let entry = get_json(&addr, "/v1/usage?limit=1")["data"][0].clone();
+            assert_eq!(
+                entry["stream"], stream,
+                "{target}: ledger entry is this request"
+            );
+            let u = &entry["usage"];
+            let finish = entry["finish_reasons"][0]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            match target {
+                "chat" | "completions" => {
+                    assert_eq!(meta["finish_reason"], json!(finish), "{target}");
+                    assert_eq!(meta["token_usage_prompt_tokens"], n(u, "/prompt_tokens"));
+                    assert_eq!(
+                        meta["token_usage_completion_tokens"],
+                        n(u, "/completion_tokens")
+                    );
+                    assert_eq!(meta["token_usage_total_tokens"], n(u, "/total_tokens"));
+                    assert_eq!(
+                        meta["token_usage_cached_tokens"],
+                        n(u, "/prompt_tokens_details/cached_tokens")
+                    );
+                    assert!(meta.get("stop_reason").is_none());
+                }
+                "responses" => {
+                    assert_eq!(finish, "incomplete:max_output_tokens");
+                    assert_eq!(meta["status"], "incomplete");
+                    assert_eq!(meta["incomplete_reason"], "max_output_tokens");
+                    assert_eq!(meta["token_usage_prompt_tokens"], n(u, "/input_tokens"));
+                    assert_eq!(
+                        meta["token_usage_completion_tokens"],
+                        n(u, "/output_tokens")
+                    );
+                    assert_eq!(meta["token_usage_total_tokens"], n(u, "/total_tokens"));
+                    assert!(
+                        meta.get("finish_reason").is_none() && meta.get("stop_reason").is_none()
+                    );
+                }
+                _ => {
+                    assert_eq!(meta["stop_reason"], json!(finish));
+                    assert_eq!(meta["token_usage_input_tokens"], n(u, "/input_tokens"));
+                    assert_eq!(
+                        meta["token_usage_cached_tokens"],
+                        n(u, "/cache_read_input_tokens")
+                    );
+                    assert_eq!(
+                        meta["token_usage_completion_tokens"],
+                        n(u, "/output_tokens")
+                    );
+                    assert!(meta.get("finish_reason").is_none());
+                }
+            }
+            let completion = meta["token_usage_completion_tokens"]
+                .as_u64()
+                .expect("completion");
+            // A raw completion of the bare question ends at once; chat turns hit max tokens.
+            if target != "completions" {
+                assert_eq!(completion, 5, "{target}: cut at max tokens");
+            }
+            completion_sum += completion;
+        }
+    }
+    let (ok, out, err) = output(
+        shoal_isolated(&dir)
+            .args(["history", "--json", "--db"])
+            .arg(&db),
+    );
+    assert!(ok, "{err}");
+    let h: Value = serde_json::from_str(&out).expect("history json");
+    assert_eq!(h["conversations"].as_array().map(Vec::len), Some(8));
+    let totals = h["totals"].as_object().expect("totals");
+    let t = totals.values().next().expect("one model");
+    assert_eq!(t["replies"], 8);
+    assert_eq!(t["completion_tokens"], completion_sum);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,0 +1,135 @@
+//! Server-sent events, as the providers send them: `event:` and `data:`
+//! fields, events separated by a blank line, `:` comment lines ignored.
+use futures::{Stream, StreamExt};
+
+/// One event: its name (if any) and its data lines joined by `\n`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SseEvent {
+    pub event: Option<String>,
+    pub data: String,
+}
+
+/// Incremental parser over arbitrary byte chunks.
+#[derive(Default)]
+pub struct SseParser {
+    buf: Vec<u8>,
+    event: Option<String>,
+    data: Vec<String>,
+}
+
+impl SseParser {
+    pub fn push(&mut self, bytes: &[u8]) -> Vec<SseEvent> {
+        self.buf.extend_from_slice(bytes);
+        let mut out = Vec::new();
+        while let Some(nl) = self.buf.iter().position(|&b| b == b'\n') {
+            let mut line: Vec<u8> = self.buf.drain(..=nl).collect();
+            line.pop();
+            if line.last() == Some(&b'\r') {
+                line.pop();
+            }
+            let line = String::from_utf8_lossy(&line).into_owned();
+            self.line(&line, &mut out);
+        }
+        out
+    }
+
+    /// The stream ended: an event without its closing blank line still counts.
+    pub fn finish(&mut self) -> Vec<SseEvent> {
+        let mut out = Vec::new();
+        if !self.buf.is_empty() {
+            let rest = String::from_utf8_lossy(&std::mem::take(&mut self.buf)).into_owned();
+            self.line(rest.trim_end_matches('\r'), &mut out);
+        }
+        self.line("", &mut out);
+        out
+    }
+
+    fn line(&mut self, line: &str, out: &mut Vec<SseEvent>) {
+        if line.is_empty() {
+            if !self.data.is_empty() || self.event.is_some() {
+                out.push(SseEvent {
+                    event: self.event.take(),
+                    data: std::mem::take(&mut self.data).join("\n"),
+                });
+            }
+            return;
+        }
+        if line.starts_with(':') {
+            return;
+        }
+        let (field, value) = match line.split_once(':') {
+            Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
+            None => (line, ""),
+        };
+        match field {
+            "event" => self.event = Some(value.to_string()),
+            "data" => self.data.push(value.to_string()),
+            _ => {}
+        }
+    }
+}
+
+/// Events from a response body. A transport error ends the stream with `Err`.
+pub fn events(
+    body: impl Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin,
+) -> impl Stream<Item = Result<SseEvent, String>> {
+    futures::stream::unfold(
+        (
+            body,
+            SseParser::default(),
+            std::collections::VecDeque::new(),
+            false,
+        ),
+        |(mut body, mut parser, mut queue, mut ended)| async move {
+            loop {
+                if let Some(ev) = queue.pop_front() {
+                    return Some((Ok(ev), (body, parser, queue, ended)));
+                }
+                if ended {
+                    return None;
+                }
+                match body.next().await {
+                    Some(Ok(chunk)) => queue.extend(parser.push(&chunk)),
+                    Some(Err(e)) => {
+                        ended = true;
+                        return Some((Err(e.to_string()), (body, parser, queue, ended)));
+                    }
+                    None => {
+                        ended = true;
+                        queue.extend(parser.finish());
+                    }
+                }
+            }
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_split_across_chunks_with_comments_and_crlf() {
+        let mut p = SseParser::default();
+        let mut all = p.push(b": keep-alive\n\nevent: message_start\r\ndata: {\"a\"");
+        all.extend(p.push(b":1}\r\n\r\ndata: x\ndata: y\n\ndata: [DONE]"));
+        all.extend(p.finish());
+        assert_eq!(
+            all,
+            vec![
+                SseEvent {
+                    event: Some("message_start".into()),
+                    data: "{\"a\":1}".into()
+                },
+                SseEvent {
+                    event: None,
+                    data: "x\ny".into()
+                },
+                SseEvent {
+                    event: None,
+                    data: "[DONE]".into()
+                },
+            ]
+        );
+    }
+}

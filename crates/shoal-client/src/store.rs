@@ -1,0 +1,331 @@
+//! The conversation store: SQLite in WAL mode, one transaction per message,
+//! so a process killed mid-write loses at most the message being written.
+//! Schema changes are numbered migrations tracked in `PRAGMA user_version`.
+use std::path::Path;
+
+use rusqlite::{params, Connection, OptionalExtension};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::error::{ClientError, Result};
+use crate::metadata::Metadata;
+use crate::target::{Piece, PieceKind};
+
+/// Migrations in order; `user_version` is how many have run.
+const MIGRATIONS: &[&str] = &["CREATE TABLE conversations (
+        id INTEGER PRIMARY KEY,
+        title TEXT NOT NULL,
+        created_ms INTEGER NOT NULL
+    );
+    CREATE TABLE messages (
+        id INTEGER PRIMARY KEY,
+        conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+        seq INTEGER NOT NULL,
+        role TEXT NOT NULL,
+        target TEXT,
+        model TEXT,
+        created_ms INTEGER NOT NULL,
+        UNIQUE (conversation_id, seq)
+    );
+    CREATE TABLE pieces (
+        id INTEGER PRIMARY KEY,
+        message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+        idx INTEGER NOT NULL,
+        kind TEXT NOT NULL,
+        content TEXT NOT NULL,
+        tool_calls TEXT,
+        UNIQUE (message_id, idx)
+    );
+    CREATE TABLE metadata (
+        piece_id INTEGER NOT NULL REFERENCES pieces(id) ON DELETE CASCADE,
+        key TEXT NOT NULL,
+        value TEXT NOT NULL,
+        PRIMARY KEY (piece_id, key)
+    );"];
+
+/// A stored message with its pieces.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StoredMessage {
+    pub id: i64,
+    pub conversation_id: i64,
+    pub seq: i64,
+    pub role: String,
+    pub target: Option<String>,
+    pub model: Option<String>,
+    pub pieces: Vec<Piece>,
+}
+
+/// A conversation summary.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Conversation {
+    pub id: i64,
+    pub title: String,
+    pub created_ms: i64,
+    pub messages: Vec<StoredMessage>,
+}
+
+pub struct Store {
+    conn: Connection,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+impl Store {
+    /// Opens (creating if needed) and migrates the store at `path`.
+    pub fn open(path: &Path) -> Result<Self> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| ClientError::StoreData(format!("{}: {e}", dir.display())))?;
+        }
+        let conn = Connection::open(path)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        // A commit is on disk before it returns: a killed process loses nothing committed.
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        let mut store = Store { conn };
+        store.migrate()?;
+        Ok(store)
+    }
+
+    fn migrate(&mut self) -> Result<()> {
+        let version: i64 = self
+            .conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))?;
+        if version as usize > MIGRATIONS.len() {
+            return Err(ClientError::StoreData(format!(
+                "the store is schema version {version}, newer than this program ({})",
+                MIGRATIONS.len()
+            )));
+        }
+        for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+            let tx = self.conn.transaction()?;
+            tx.execute_batch(sql)?;
+            tx.pragma_update(None, "user_version", (i + 1) as i64)?;
+            tx.commit()?;
+        }
+        Ok(())
+    }
+
+    pub fn schema_version(&self) -> Result<i64> {
+        Ok(self
+            .conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))?)
+    }
+
+    pub fn create_conversation(&self, title: &str) -> Result<i64> {
+        self.conn.execute(
+            "INSERT INTO conversations (title, created_ms) VALUES (?1, ?2)",
+            params![title, now_ms()],
+        )?;
+        Ok(self.conn.last_insert_rowid())
+    }
+
+    /// Appends a message and its pieces in one transaction; returns its id.
+    pub fn add_message(
+        &mut self,
+        conversation_id: i64,
+        role: &str,
+        target: Option<&str>,
+        model: Option<&str>,
+        pieces: &[Piece],
+    ) -> Result<i64> {
+        let tx = self.conn.transaction()?;
+        let seq: i64 = tx.query_row(
+            "SELECT COALESCE(MAX(seq), -1) + 1 FROM messages WHERE conversation_id = ?1",
+            params![conversation_id],
+            |r| r.get(0),
+        )?;
+        tx.execute(
+            "INSERT INTO messages (conversation_id, seq, role, target, model, created_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![conversation_id, seq, role, target, model, now_ms()],
+        )?;
+        let message_id = tx.last_insert_rowid();
+        for (idx, p) in pieces.iter().enumerate() {
+            let kind = match p.kind {
+                PieceKind::Text => "text",
+                PieceKind::Error => "error",
+            };
+            let calls = (!p.tool_calls.is_empty())
+                .then(|| serde_json::to_string(&p.tool_calls))
+                .transpose()
+                .map_err(|e| ClientError::StoreData(e.to_string()))?;
+            tx.execute(
+                "INSERT INTO pieces (message_id, idx, kind, content, tool_calls) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![message_id, idx as i64, kind, p.text, calls],
+            )?;
+            let piece_id = tx.last_insert_rowid();
+            for (k, v) in &p.metadata {
+                tx.execute(
+                    "INSERT INTO metadata (piece_id, key, value) VALUES (?1, ?2, ?3)",
+                    params![piece_id, k, v.to_string()],
+                )?;
+            }
+        }
+        tx.commit()?;
+        Ok(message_id)
+    }
+
+    /// One message with its pieces and their metadata, as stored.
+    pub fn message(&self, id: i64) -> Result<Option<StoredMessage>> {
+        let row = self
+            .conn
+            .query_row(
+                "SELECT id, conversation_id, seq, role, target, model FROM messages WHERE id = ?1",
+                params![id],
+                |r| {
+                    Ok(StoredMessage {
+                        id: r.get(0)?,
+                        conversation_id: r.get(1)?,
+                        seq: r.get(2)?,
+                        role: r.get(3)?,
+                        target: r.get(4)?,
+                        model: r.get(5)?,
+                        pieces: Vec::new(),
+                    })
+                },
+            )
+            .optional()?;
+        let Some(mut m) = row else { return Ok(None) };
+        let mut stmt = self.conn.prepare(
+            "SELECT id, kind, content, tool_calls FROM pieces WHERE message_id = ?1 ORDER BY idx",
+        )?;
+        let pieces: Vec<(i64, String, String, Option<String>)> = stmt
+            .query_map(params![id], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+            })?
+            .collect::<std::result::Result<_, _>>()?;
+        let mut meta_stmt = self
+            .conn
+            .prepare("SELECT key, value FROM metadata WHERE piece_id = ?1 ORDER BY rowid")?;
+        for (pid, kind, content, calls) in pieces {
+            let mut metadata = Metadata::new();
+            let rows: Vec<(String, String)> = meta_stmt
+                .query_map(params![pid], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<std::result::Result<_, _>>()?;
+            for (k, v) in rows {
+                let value: Value = serde_json::from_str(&v)
+                    .map_err(|e| ClientError::StoreData(format!("metadata {k}: {e}")))?;
+                metadata.insert(k, value);
+            }
+            let tool_calls = match calls {
+                Some(c) => {
+                    serde_json::from_str(&c).map_err(|e| ClientError::StoreData(e.to_string()))?
+                }
+                None => Vec::new(),
+            };
+            m.pieces.push(Piece {
+                kind: if kind == "error" {
+                    PieceKind::Error
+                } else {
+                    PieceKind::Text
+                },
+                text: content,
+                tool_calls,
+                metadata,
+            });
+        }
+        Ok(Some(m))
+    }
+
+    /// Every conversation with its messages, oldest first.
+    pub fn conversations(&self) -> Result<Vec<Conversation>> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT id, title, created_ms FROM conversations ORDER BY id")?;
+        let convs: Vec<(i64, String, i64)> = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+            .collect::<std::result::Result<_, _>>()?;
+        let mut mstmt = self
+            .conn
+            .prepare("SELECT id FROM messages WHERE conversation_id = ?1 ORDER BY seq")?;
+        let mut out = Vec::with_capacity(convs.len());
+        for (id, title, created_ms) in convs {
+            let ids: Vec<i64> = mstmt
+                .query_map(params![id], |r| r.get(0))?
+                .collect::<std::result::Result<_, _>>()?;
+            let mut messages = Vec::with_capacity(ids.len());
+            for mid in ids {
+                if let Some(m) = self.message(mid)? {
+                    messages.push(m);
+                }
+            }
+            out.push(Conversation {
+                id,
+                title,
+                created_ms,
+                messages,
+            });
+        }
+        Ok(out)
+    }
+
+    /// `PRAGMA integrity_check`: `ok` when the file is sound.
+    pub fn integrity_check(&self) -> Result<String> {
+        Ok(self
+            .conn
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn temp_db(name: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("shoal-store-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d.join("store.sqlite")
+    }
+
+    #[test]
+    fn a_reply_round_trips_with_its_metadata_exactly() {
+        let path = temp_db("roundtrip");
+        let mut s = Store::open(&path).expect("open");
+        assert_eq!(
+            s.schema_version().expect("version"),
+            MIGRATIONS.len() as i64
+        );
+        let c = s.create_conversation("t").expect("conv");
+        let mut meta = Metadata::new();
+        meta.insert("finish_reason".into(), json!("length"));
+        meta.insert("token_usage_prompt_tokens".into(), json!(37));
+        meta.insert("response_cost_usd".into(), json!(0.000123));
+        meta.insert("nested".into(), json!({"a": [1, "x", null]}));
+        meta.insert("unicode".into(), json!("héllo ✓"));
+        let pieces = vec![
+            Piece {
+                kind: PieceKind::Text,
+                text: "The capital".into(),
+                tool_calls: vec![json!({"id": "c1", "name": "f", "arguments": "{}"})],
+                metadata: meta.clone(),
+            },
+            Piece {
+                kind: PieceKind::Error,
+                text: String::new(),
+                tool_calls: vec![],
+                metadata: Metadata::new(),
+            },
+        ];
+        let id = s
+            .add_message(c, "assistant", Some("chat"), Some("m"), &pieces)
+            .expect("add");
+        drop(s);
+        let s = Store::open(&path).expect("reopen");
+        let m = s.message(id).expect("read").expect("present");
+        assert_eq!(m.pieces, pieces);
+        assert_eq!(m.role, "assistant");
+        assert_eq!(m.target.as_deref(), Some("chat"));
+        assert_eq!(s.integrity_check().expect("check"), "ok");
+        let all = s.conversations().expect("list");
+        assert_eq!(all.len(), 1);
+        assert_eq!(all[0].messages.len(), 1);
+    }
+}

@@ -1,0 +1,389 @@
+//! `shoal chat` and `shoal history`: talk to any provider in any of the four
+//! dialects and keep every reply, with the provider's stop reason and usage,
+//! in the conversation store.
+use std::collections::BTreeMap;
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+use shoal_client::store::StoredMessage;
+use shoal_client::target::{Dialect, Message, Piece, PieceKind, Request, Target, TargetConfig};
+use shoal_client::{Metadata, Store};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// API dialect: chat, completions, responses or messages.
+    #[arg(long, default_value = "chat")]
+    pub target: String,
+    /// Server root (a trailing /v1 is fine).
+    #[arg(long, env = "SHOAL_BASE_URL", default_value = "http://127.0.0.1:8421")]
+    pub base_url: String,
+    /// Model name (default: the server's first model from /v1/models).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// API key (default: SHOAL_API_KEY, else OPENAI_API_KEY / ANTHROPIC_API_KEY by dialect).
+    #[arg(long, hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Extra request header `NAME: VALUE` (repeatable).
+    #[arg(long = "header", value_name = "NAME: VALUE")]
+    pub headers: Vec<String>,
+    /// Conversation store (default: the platform data directory) [env: SHOAL_DB].
+    #[arg(long)]
+    pub db: Option<PathBuf>,
+    /// Send this one message, store and print the reply, and exit.
+    #[arg(long)]
+    pub once: Option<String>,
+    #[arg(long)]
+    pub max_tokens: Option<u64>,
+    #[arg(long)]
+    pub temperature: Option<f64>,
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Stop sequence (repeatable).
+    #[arg(long = "stop")]
+    pub stop: Vec<String>,
+    /// Choices per request (chat and completions).
+    #[arg(long)]
+    pub n: Option<u32>,
+    /// Request metadata `KEY=VALUE` (value parsed as JSON when it is JSON; repeatable).
+    #[arg(long = "metadata", value_name = "KEY=VALUE")]
+    pub metadata: Vec<String>,
+    /// Wait for whole replies instead of streaming.
+    #[arg(long)]
+    pub no_stream: bool,
+    /// With --once: print the stored pieces and metadata as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct HistoryArgs {
+    #[arg(long)]
+    pub db: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn db_path(flag: &Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(p) = flag {
+        return Ok(p.clone());
+    }
+    if let Some(p) = std::env::var_os("SHOAL_DB").filter(|p| !p.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
+    let dirs = directories::ProjectDirs::from("", "", "shoal")
+        .context("no home directory for the conversation store; pass --db")?;
+    Ok(dirs.data_dir().join("conversations.sqlite"))
+}
+
+fn parse_metadata(items: &[String]) -> Result<Metadata> {
+    let mut m = Metadata::new();
+    for it in items {
+        let Some((k, v)) = it.split_once('=') else {
+            bail!("--metadata expects KEY=VALUE, got '{it}'");
+        };
+        let value = serde_json::from_str(v).unwrap_or_else(|_| Value::String(v.to_string()));
+        m.insert(k.to_string(), value);
+    }
+    Ok(m)
+}
+
+fn api_key(a: &Args, dialect: Dialect) -> Option<String> {
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    a.api_key
+        .clone()
+        .or_else(|| env("SHOAL_API_KEY"))
+        .or_else(|| match dialect {
+            Dialect::Messages => env("ANTHROPIC_API_KEY"),
+            _ => env("OPENAI_API_KEY"),
+        })
+}
+
+/// One line per piece: finish reason and usage, as the provider put them.
+fn summary(p: &Piece) -> String {
+    let m = &p.metadata;
+    let get = |k: &str| {
+        m.get(k)
+            .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string))
+    };
+    let reason = ["finish_reason", "stop_reason", "status"]
+        .iter()
+        .find_map(|k| get(k))
+        .unwrap_or_else(|| "not reported".into());
+    let mut out = format!("[{reason}");
+    if let Some(r) = get("incomplete_reason") {
+        out.push_str(&format!(": {r}"));
+    }
+    if let Some(s) = get("stop_sequence") {
+        out.push_str(&format!(" {s:?}"));
+    }
+    out.push(']');
+    let mut usage = Vec::new();
+    for (k, label) in [
+        ("token_usage_prompt_tokens", "prompt"),
+        ("token_usage_cached_tokens", "cached"),
+        ("token_usage_completion_tokens", "completion"),
+        ("token_usage_reasoning_tokens", "reasoning"),
+        ("token_usage_total_tokens", "total"),
+    ] {
+        if let Some(v) = get(k) {
+            usage.push(format!("{label} {v}"));
+        }
+    }
+    if !usage.is_empty() {
+        out.push_str(&format!(" {}", usage.join(", ")));
+    }
+    if let Some(c) = get("response_cost_usd") {
+        out.push_str(&format!(" ${c}"));
+    }
+    if p.kind == PieceKind::Error {
+        out.push_str(&format!(" error: {}", get("error").unwrap_or_default()));
+    }
+    out
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let dialect = Dialect::parse(&a.target).with_context(|| {
+        format!(
+            "--target must be chat, completions, responses or messages, not '{}'",
+            a.target
+        )
+    })?;
+    let metadata = parse_metadata(&a.metadata)?;
+    let headers = a
+        .headers
+        .iter()
+        .map(|h| {
+            h.split_once(':')
+                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                .with_context(|| format!("--header expects 'NAME: VALUE', got '{h}'"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut store = Store::open(&db_path(&a.db)?)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let key = api_key(&a, dialect);
+        let model = match &a.model {
+            Some(m) => m.clone(),
+            None => shoal_client::target::first_model(&a.base_url, key.as_deref())
+                .await
+                .context("finding the server's model (pass --model to name one)")?,
+        };
+        let target = Target::new(TargetConfig {
+            dialect,
+            base_url: a.base_url.clone(),
+            model: model.clone(),
+            api_key: key,
+            headers,
+            stream: !a.no_stream,
+            price: None,
+        })?;
+        let mut history: Vec<Message> = Vec::new();
+        if let Some(s) = &a.system {
+            history.push(Message {
+                role: "system".into(),
+                content: s.clone(),
+            });
+        }
+        let title = a
+            .once
+            .clone()
+            .unwrap_or_else(|| format!("chat with {model}"));
+        let conv = store.create_conversation(&title.chars().take(80).collect::<String>())?;
+        let turn = |text: String, history: &mut Vec<Message>, store: &mut Store| {
+            let user = Piece {
+                kind: PieceKind::Text,
+                text: text.clone(),
+                tool_calls: vec![],
+                metadata: shoal_client::metadata::merge(&metadata, &Default::default()),
+            };
+            history.push(Message {
+                role: "user".into(),
+                content: text,
+            });
+            store.add_message(conv, "user", Some(dialect.name()), Some(&model), &[user])?;
+            let req = Request {
+                messages: history.clone(),
+                max_tokens: a.max_tokens,
+                temperature: a.temperature,
+                n: a.n,
+                stop: a.stop.clone(),
+                metadata: metadata.clone(),
+                extra: Default::default(),
+            };
+            anyhow::Ok(req)
+        };
+        if let Some(text) = a.once.clone() {
+            let req = turn(text, &mut history, &mut store)?;
+            let quiet = a.json;
+            let reply = target
+                .send_streaming(&req, &mut |i, t| {
+                    if !quiet && i == 0 {
+                        print!("{t}");
+                        let _ = std::io::stdout().flush();
+                    }
+                })
+                .await;
+            let id = store.add_message(
+                conv,
+                "assistant",
+                Some(dialect.name()),
+                Some(&model),
+                &reply.pieces,
+            )?;
+            let stored = store
+                .message(id)?
+                .context("the reply just stored is missing")?;
+            if a.json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&json!({
+                        "conversation_id": conv, "message_id": id, "target": dialect.name(),
+                        "model": model, "pieces": stored.pieces,
+                    }))?
+                );
+            } else {
+                if !a.no_stream {
+                    println!();
+                }
+                for (i, p) in stored.pieces.iter().enumerate() {
+                    if a.no_stream || i > 0 {
+                        println!("{}", p.text);
+                    }
+                    eprintln!("{}", summary(p));
+                }
+            }
+            return Ok(());
+        }
+        let stdin = std::io::stdin();
+        eprintln!(
+            "chatting with {model} via {} at {} (Ctrl-D to end)",
+            dialect.name(),
+            target.url()
+        );
+        loop {
+            eprint!("> ");
+            let mut line = String::new();
+            if stdin.lock().read_line(&mut line)? == 0 {
+                break;
+            }
+            let text = line.trim_end().to_string();
+            if text.is_empty() {
+                continue;
+            }
+            let req = turn(text, &mut history, &mut store)?;
+            let reply = target
+                .send_streaming(&req, &mut |i, t| {
+                    if i == 0 {
+                        print!("{t}");
+                        let _ = std::io::stdout().flush();
+                    }
+                })
+                .await;
+            println!();
+            store.add_message(
+                conv,
+                "assistant",
+                Some(dialect.name()),
+                Some(&model),
+                &reply.pieces,
+            )?;
+            for p in &reply.pieces {
+                eprintln!("{}", summary(p));
+            }
+            if let Some(first) = reply.pieces.first().filter(|p| p.kind == PieceKind::Text) {
+                history.push(Message {
+                    role: "assistant".into(),
+                    content: first.text.clone(),
+                });
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Totals of the reported usage per model.
+#[derive(Default, serde::Serialize)]
+struct Totals {
+    replies: u64,
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    total_tokens: u64,
+    cost_usd: f64,
+}
+
+pub fn history(a: HistoryArgs) -> Result<()> {
+    let store = Store::open(&db_path(&a.db)?)?;
+    let convs = store.conversations()?;
+    let mut totals: BTreeMap<String, Totals> = BTreeMap::new();
+    let num = |m: &Metadata, k: &str| m.get(k).and_then(Value::as_u64).unwrap_or(0);
+    for c in &convs {
+        for m in c.messages.iter().filter(|m| m.role == "assistant") {
+            let t = totals
+                .entry(m.model.clone().unwrap_or_default())
+                .or_default();
+            for p in &m.pieces {
+                t.replies += 1;
+                t.cost_usd += p
+                    .metadata
+                    .get("response_cost_usd")
+                    .and_then(Value::as_f64)
+                    .unwrap_or(0.0);
+            }
+            // Usage is per response: counted once even with several pieces.
+            if let Some(p) = m.pieces.first() {
+                t.prompt_tokens += num(&p.metadata, "token_usage_prompt_tokens");
+                t.completion_tokens += num(&p.metadata, "token_usage_completion_tokens");
+                t.total_tokens += num(&p.metadata, "token_usage_total_tokens");
+            }
+        }
+    }
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({"conversations": convs, "totals": totals}))?
+        );
+        return Ok(());
+    }
+    for c in &convs {
+        println!("#{} {}", c.id, c.title);
+        for m in &c.messages {
+            print_message(m);
+        }
+    }
+    println!("\ntotals per model:");
+    for (model, t) in &totals {
+        println!(
+            "  {model}: {} replies, prompt {}, completion {}, total {}{}",
+            t.replies,
+            t.prompt_tokens,
+            t.completion_tokens,
+            t.total_tokens,
+            if t.cost_usd > 0.0 {
+                format!(", ${:.6}", t.cost_usd)
+            } else {
+                String::new()
+            }
+        );
+    }
+    Ok(())
+}
+
+fn print_message(m: &StoredMessage) {
+    for p in &m.pieces {
+        let text: String = p.text.chars().take(60).collect();
+        if m.role == "assistant" {
+            println!(
+                "  {} ({}): {text:?} {}",
+                m.role,
+                m.target.as_deref().unwrap_or("?"),
+                summary(p)
+            );
+        } else {
+            println!("  {}: {text:?}", m.role);
+        }
+    }
+}
