@@ -13,12 +13,19 @@ use shoal_client::{Metadata, Store};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// API dialect: chat, completions, responses or messages.
-    #[arg(long, default_value = "chat")]
-    pub target: String,
-    /// Server root (a trailing /v1 is fine).
-    #[arg(long, env = "SHOAL_BASE_URL", default_value = "http://127.0.0.1:8421")]
-    pub base_url: String,
+    /// A provider from the providers file (its dialect, URL, model, key,
+    /// headers and prices); flags given too override it.
+    #[arg(long)]
+    pub provider: Option<String>,
+    /// Providers file (default: providers.toml in the platform config directory).
+    #[arg(long)]
+    pub providers: Option<PathBuf>,
+    /// API dialect: chat, completions, responses or messages (default chat).
+    #[arg(long)]
+    pub target: Option<String>,
+    /// Server root, a trailing /v1 is fine (default http://127.0.0.1:8421) [env: SHOAL_BASE_URL].
+    #[arg(long)]
+    pub base_url: Option<String>,
     /// Model name (default: the server's first model from /v1/models).
     #[arg(long)]
     pub model: Option<String>,
@@ -65,6 +72,52 @@ pub struct HistoryArgs {
     pub json: bool,
 }
 
+/// One provider in the providers file. The key may be inline (the file is
+/// the user's own, outside any keychain) or read from a named variable; it
+/// is never printed or logged.
+#[derive(serde::Deserialize, Debug, Default, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct Provider {
+    pub target: Option<String>,
+    pub base_url: Option<String>,
+    pub model: Option<String>,
+    pub api_key: Option<String>,
+    pub api_key_env: Option<String>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Per-model prices (USD per million tokens) for `response_cost_usd`.
+    #[serde(default)]
+    pub prices: BTreeMap<String, shoal_client::metadata::Price>,
+}
+
+#[derive(serde::Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct ProvidersFile {
+    #[serde(default)]
+    providers: BTreeMap<String, Provider>,
+}
+
+/// The named provider from the providers file.
+fn provider(a: &Args) -> Result<Provider> {
+    let Some(name) = &a.provider else {
+        return Ok(Provider::default());
+    };
+    let path = match &a.providers {
+        Some(p) => p.clone(),
+        None => directories::ProjectDirs::from("", "", "shoal")
+            .context("no config directory; pass --providers")?
+            .config_dir()
+            .join("providers.toml"),
+    };
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("reading providers file {}", path.display()))?;
+    let mut file: ProvidersFile = toml::from_str(&text)
+        .with_context(|| format!("invalid providers file {}", path.display()))?;
+    file.providers
+        .remove(name)
+        .with_context(|| format!("no provider '{name}' in {}", path.display()))
+}
+
 fn db_path(flag: &Option<PathBuf>) -> Result<PathBuf> {
     if let Some(p) = flag {
         return Ok(p.clone());
@@ -89,10 +142,12 @@ fn parse_metadata(items: &[String]) -> Result<Metadata> {
     Ok(m)
 }
 
-fn api_key(a: &Args, dialect: Dialect) -> Option<String> {
+fn api_key(a: &Args, p: &Provider, dialect: Dialect) -> Option<String> {
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
     a.api_key
         .clone()
+        .or_else(|| p.api_key_env.as_deref().and_then(env))
+        .or_else(|| p.api_key.clone())
         .or_else(|| env("SHOAL_API_KEY"))
         .or_else(|| match dialect {
             Dialect::Messages => env("ANTHROPIC_API_KEY"),
@@ -144,42 +199,53 @@ fn summary(p: &Piece) -> String {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let dialect = Dialect::parse(&a.target).with_context(|| {
-        format!(
-            "--target must be chat, completions, responses or messages, not '{}'",
-            a.target
-        )
+    let prov = provider(&a)?;
+    let target_name = a
+        .target
+        .clone()
+        .or_else(|| prov.target.clone())
+        .unwrap_or_else(|| "chat".into());
+    let dialect = Dialect::parse(&target_name).with_context(|| {
+        format!("--target must be chat, completions, responses or messages, not '{target_name}'")
     })?;
-    let metadata = parse_metadata(&a.metadata)?;
-    let headers = a
-        .headers
-        .iter()
-        .map(|h| {
-            h.split_once(':')
-                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-                .with_context(|| format!("--header expects 'NAME: VALUE', got '{h}'"))
+    let base_url = a
+        .base_url
+        .clone()
+        .or_else(|| {
+            std::env::var("SHOAL_BASE_URL")
+                .ok()
+                .filter(|v| !v.is_empty())
         })
-        .collect::<Result<Vec<_>>>()?;
+        .or_else(|| prov.base_url.clone())
+        .unwrap_or_else(|| "http://127.0.0.1:8421".into());
+    let metadata = parse_metadata(&a.metadata)?;
+    let mut headers: Vec<(String, String)> = prov.headers.clone().into_iter().collect();
+    for h in &a.headers {
+        let (k, v) = h
+            .split_once(':')
+            .with_context(|| format!("--header expects 'NAME: VALUE', got '{h}'"))?;
+        headers.push((k.trim().to_string(), v.trim().to_string()));
+    }
     let mut store = Store::open(&db_path(&a.db)?)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        let key = api_key(&a, dialect);
-        let model = match &a.model {
-            Some(m) => m.clone(),
-            None => shoal_client::target::first_model(&a.base_url, key.as_deref())
+        let key = api_key(&a, &prov, dialect);
+        let model = match a.model.clone().or_else(|| prov.model.clone()) {
+            Some(m) => m,
+            None => shoal_client::target::first_model(&base_url, key.as_deref())
                 .await
                 .context("finding the server's model (pass --model to name one)")?,
         };
         let target = Target::new(TargetConfig {
             dialect,
-            base_url: a.base_url.clone(),
+            base_url,
             model: model.clone(),
             api_key: key,
             headers,
             stream: !a.no_stream,
-            price: None,
+            price: prov.prices.get(&model).cloned(),
         })?;
         let mut history: Vec<Message> = Vec::new();
         if let Some(s) = &a.system {

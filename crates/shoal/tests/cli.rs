@@ -563,6 +563,56 @@ fn chat_records_what_the_server_sent_in_every_dialect() {
             completion_sum += completion;
         }
     }
+    // A provider from the providers file, with a price for its model.
+    let providers = dir.join("providers.toml");
+    std::fs::write(
+        &providers,
+        format!(
+            "[providers.local]\ntarget = \"chat\"\nbase_url = \"http://{addr}/v1\"\n\
+             api_key_env = \"SHOAL_TEST_UNSET_KEY\"\nheaders = {{ \"x-trace\" = \"1\" }}\n\
+             [providers.local.prices.{:?}]\ninput_per_mtok = 1.0\noutput_per_mtok = 2.0\n",
+            crate_model_id()
+        ),
+    )
+    .expect("write providers");
+    let (ok, out, err) = output(
+        shoal_isolated(&dir)
+            .args(["chat", "--provider", "local", "--providers"])
+            .arg(&providers)
+            .arg("--db")
+            .arg(&db)
+            .args([
+                "--once",
+                "Say hi",
+                "--max-tokens",
+                "4",
+                "--temperature",
+                "0",
+                "--json",
+            ])
+            .args(["--metadata", "response_cost_usd=0"]),
+    );
+    assert!(ok, "{err}");
+    let v: Value = serde_json::from_str(&out).expect("json");
+    let m = &v["pieces"][0]["metadata"];
+    let prompt = m["token_usage_prompt_tokens"].as_f64().expect("prompt");
+    let completion = m["token_usage_completion_tokens"]
+        .as_f64()
+        .expect("completion");
+    let cost = m["response_cost_usd"].as_f64().expect("cost");
+    assert!(
+        (cost - (prompt + 2.0 * completion) / 1e6).abs() < 1e-12,
+        "{m}"
+    );
+    completion_sum += completion as u64;
+    let (ok, _, err) = output(
+        shoal_isolated(&dir)
+            .args(["chat", "--provider", "nope", "--providers"])
+            .arg(&providers)
+            .args(["--once", "x"]),
+    );
+    assert!(!ok && err.contains("no provider 'nope'"), "{err}");
+
     let (ok, out, err) = output(
         shoal_isolated(&dir)
             .args(["history", "--json", "--db"])
@@ -570,10 +620,18 @@ fn chat_records_what_the_server_sent_in_every_dialect() {
     );
     assert!(ok, "{err}");
     let h: Value = serde_json::from_str(&out).expect("history json");
-    assert_eq!(h["conversations"].as_array().map(Vec::len), Some(8));
+    assert_eq!(h["conversations"].as_array().map(Vec::len), Some(9));
     let totals = h["totals"].as_object().expect("totals");
     let t = totals.values().next().expect("one model");
-    assert_eq!(t["replies"], 8);
+    assert_eq!(t["replies"], 9);
     assert_eq!(t["completion_tokens"], completion_sum);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The id `serve` gives the default test model (its file name).
+fn crate_model_id() -> String {
+    gguf()
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
