@@ -1,4 +1,4 @@
-import { createSignal, For, Match, onCleanup, onMount, Switch } from 'solid-js';
+import { createSignal, ErrorBoundary, For, Match, onCleanup, onMount, Switch } from 'solid-js';
 import { ChatView } from './views/Chat';
 import { ClusterView } from './views/Cluster';
 import { UsageView } from './views/Usage';
@@ -77,17 +77,28 @@ export function App() {
         </button>
       </header>
       <main class="content">
-        <Switch>
-          <Match when={route() === 'chat'}>
-            <ChatView />
-          </Match>
-          <Match when={route() === 'usage'}>
-            <UsageView />
-          </Match>
-          <Match when={route() === 'cluster'}>
-            <ClusterView />
-          </Match>
-        </Switch>
+        <ErrorBoundary
+          fallback={(err, reset) => (
+            <div class="banner error" role="alert" data-testid="app-error">
+              Something went wrong showing this page: {String(err?.message ?? err)}{' '}
+              <button class="btn small" onClick={reset}>
+                Try again
+              </button>
+            </div>
+          )}
+        >
+          <Switch>
+            <Match when={route() === 'chat'}>
+              <ChatView />
+            </Match>
+            <Match when={route() === 'usage'}>
+              <UsageView />
+            </Match>
+            <Match when={route() === 'cluster'}>
+              <ClusterView />
+            </Match>
+          </Switch>
+        </ErrorBoundary>
       </main>
     </div>
   );
