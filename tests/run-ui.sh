@@ -60,6 +60,9 @@ if [[ -z "$URL" ]]; then
 fi
 echo "run-ui: $line"
 if ! curl -fsS "$URL/" | grep -q '<div id="root">'; then
+  if [[ -f "$ROOT/ui/dist/index.html" ]]; then
+    fail "$URL/ does not serve the web UI although ui/dist exists: $SHOAL_BIN was built before ui/dist or without embedding it"
+  fi
   fail "$URL/ does not serve the web UI: build it (make ui) before building shoal"
 fi
 
