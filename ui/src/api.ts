@@ -25,8 +25,10 @@ export interface LedgerEntry {
   ttft_ms: number;
   decode_tokens_per_s: number;
   prefill_tokens_per_s: number;
-  /** Not sent by the server today; read when present. */
-  stop_sequence?: string | null;
+  /** The engine's own reason per choice (`stop_sequence`, `cancelled`, …). */
+  engine_finish_reasons?: string[];
+  /** The stop sequence that matched, per choice. */
+  stop_sequences?: (string | null)[];
 }
 
 export interface ClusterNode {

@@ -1,7 +1,7 @@
 // One streamed chat completion: POST /v1/chat/completions with stream: true,
 // read as SSE, turned into deltas, live counts and a final result.
 import { apiError, ledgerEntry, type Usage } from './api';
-import { finishFromApi, inferStopSequence, type Finish } from './finish';
+import { finishFromApi, type Finish } from './finish';
 import { readSse } from './sse';
 import type { ChatSettings, Message, ReplyStats } from './store';
 
@@ -164,12 +164,11 @@ export async function streamChat(req: ChatRequest, signal: AbortSignal, h: Strea
 
   const stats = usage ? usageStats(usage, ttft(), span(), 'stream') : liveStats();
   let finish = finishFromApi(finishReason);
+  // The OpenAI dialect says "stop" for both an end of turn and a matched stop
+  // sequence; the server's ledger keeps the engine's own reason.
   if (finish === 'stop' && req.stop?.length) {
-    const entry = responseId ? await ledgerEntry(responseId, 1500) : null;
-    const exact = entry && (entry.stop_sequence != null || entry.finish_reasons.includes('stop_sequence'));
-    if (exact || inferStopSequence({ stops: req.stop, text, textDeltas: deltas, completionTokens: usage?.completion_tokens ?? null })) {
-      finish = 'stop_sequence';
-    }
+    const entry = responseId ? await ledgerEntry(responseId, 3000) : null;
+    if (entry?.engine_finish_reasons?.[0] === 'stop_sequence') finish = 'stop_sequence';
   }
   return { finish, responseId, stats };
 

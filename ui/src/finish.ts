@@ -66,24 +66,3 @@ export function finishFromApi(reason: string | null | undefined): Finish {
   }
 }
 
-// The OpenAI dialect reports both the model's own end of turn and a matched
-// stop sequence as "stop", and so does the server's ledger for it. When the
-// ledger names the sequence (`stop_sequence`, or a "stop_sequence" reason) it
-// is taken as is; otherwise the reply is told apart from an end of turn:
-//  - an end of turn spends one completion token (the end-of-turn token) that
-//    produces no text, so if every counted token produced a text delta, no
-//    end-of-turn token was generated and a stop sequence ended the reply;
-//  - else a reply that breaks off mid-sentence (no closing punctuation) while
-//    stop sequences are set was cut by one of them.
-export function inferStopSequence(opts: {
-  stops: string[];
-  text: string;
-  textDeltas: number;
-  completionTokens: number | null;
-}): boolean {
-  if (opts.stops.length === 0) return false;
-  if (opts.completionTokens != null && opts.completionTokens > 0 && opts.textDeltas >= opts.completionTokens) return true;
-  const t = opts.text.replace(/\s+$/, '');
-  if (t === '') return true;
-  return !/[.!?…。！？:;)\]}>"'`»”’*_~|]$/.test(t);
-}

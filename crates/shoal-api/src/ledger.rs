@@ -15,6 +15,11 @@ pub struct LedgerEntry {
     /// Finish/stop reason per choice, in the dialect's words ("cancelled" when
     /// the client left before the end and nothing was sent).
     pub finish_reasons: Vec<String>,
+    /// The engine's own reason per choice, finer than some dialects
+    /// (`stop_sequence`, `context_window`, `cancelled` …).
+    pub engine_finish_reasons: Vec<&'static str>,
+    /// The stop sequence that matched, per choice (null where none did).
+    pub stop_sequences: Vec<Option<String>>,
     /// The usage object exactly as sent (or as it would have been sent).
     pub usage: serde_json::Value,
     pub ttft_ms: f64,

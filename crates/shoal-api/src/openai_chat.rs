@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use crate::body::{parse, Body, OneOrMany};
 use crate::error::{ApiError, Dialect, DialectError};
 use crate::run::{self, Job, LedgerFormat};
-use crate::tools::{self, ToolChoice, ToolRequest};
+use crate::tools::{self, ToolRequest};
 use crate::{sse, AppState};
 use shoal_engine::tools::ToolDef;
 use shoal_engine::Grammar;
@@ -516,31 +516,14 @@ fn tool_request(req: &ChatRequest) -> Result<Option<ToolRequest>, ApiError> {
             })
             .collect::<Result<_, _>>()?,
     };
-    let choice = match &req.tool_choice {
-        None if defs.is_empty() => return Ok(None),
-        None => ToolChoice::Auto,
-        Some(Value::String(s)) => match s.as_str() {
-            "none" => ToolChoice::None,
-            "auto" => ToolChoice::Auto,
-            "required" => ToolChoice::Required,
-            other => {
-                return Err(ApiError::param(
-                    "tool_choice",
-                    format!("tool_choice '{other}' is not one of none, auto, required"),
-                ))
-            }
-        },
-        Some(v) => match v.pointer("/function/name").and_then(Value::as_str) {
-            Some(name) if v.get("type").and_then(Value::as_str) == Some("function") => {
-                ToolChoice::Named(name.to_string())
-            }
-            _ => {
-                return Err(ApiError::param(
-                    "tool_choice",
-                    "tool_choice must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}",
-                ))
-            }
-        },
+    let Some(choice) = tools::openai_tool_choice(
+        req.tool_choice.as_ref(),
+        !defs.is_empty(),
+        "/function/name",
+        r#"{"type": "function", "function": {"name": ...}}"#,
+    )?
+    else {
+        return Ok(None);
     };
     ToolRequest::new(defs, choice, "tools").map(Some)
 }

@@ -211,6 +211,14 @@ pub fn start(state: &AppState, job: Job, fmt: LedgerFormat) -> Result<Choices, A
                     ref f => (fmt.finish)(f),
                 })
                 .collect(),
+            engine_finish_reasons: completions.iter().map(|c| c.finish.as_str()).collect(),
+            stop_sequences: completions
+                .iter()
+                .map(|c| match &c.finish {
+                    FinishReason::StopSequence(s) => Some(s.clone()),
+                    _ => None,
+                })
+                .collect(),
             usage: (fmt.usage)(&completions, per),
             ttft_ms: first.ttft_ms,
             decode_tokens_per_s: first.decode_tokens_per_s,

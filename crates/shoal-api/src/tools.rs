@@ -86,6 +86,44 @@ impl ToolRequest {
     }
 }
 
+/// OpenAI's `tool_choice`: `"none" | "auto" | "required"` or an object
+/// naming a function — Chat nests the name (`{"type": "function",
+/// "function": {"name"}}`), Responses does not (`{"type": "function", "name"}`);
+/// `name_at` is where the name sits and `shape` how the error describes it.
+pub fn openai_tool_choice(
+    v: Option<&Value>,
+    have_tools: bool,
+    name_at: &str,
+    shape: &str,
+) -> Result<Option<ToolChoice>, ApiError> {
+    Ok(Some(match v {
+        None if !have_tools => return Ok(None),
+        None => ToolChoice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "none" => ToolChoice::None,
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(ApiError::param(
+                    "tool_choice",
+                    format!("tool_choice '{other}' is not one of none, auto, required"),
+                ))
+            }
+        },
+        Some(v) => match v.pointer(name_at).and_then(Value::as_str) {
+            Some(name) if v.get("type").and_then(Value::as_str) == Some("function") => {
+                ToolChoice::Named(name.to_string())
+            }
+            _ => {
+                return Err(ApiError::param(
+                    "tool_choice",
+                    format!("tool_choice must be 'none', 'auto', 'required' or {shape}"),
+                ))
+            }
+        },
+    }))
+}
+
 /// A parameters schema as given, or an empty object schema when omitted.
 pub fn parameters_or_empty(p: Option<&Value>) -> Value {
     p.cloned()

@@ -5,7 +5,8 @@ use axum::response::{Html, IntoResponse, Response};
 use rust_embed::RustEmbed;
 
 #[derive(RustEmbed)]
-#[folder = "$CARGO_MANIFEST_DIR/../../ui/dist"]
+// Relative to this crate's directory.
+#[folder = "../../ui/dist"]
 #[allow_missing = true]
 struct Assets;
 

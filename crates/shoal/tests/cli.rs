@@ -337,6 +337,35 @@ impl Drop for Server {
     }
 }
 
+/// Starts `shoal serve` (arguments from `args`) and waits for its listening
+/// line; returns the guard that stops it and its address.
+fn start_server(dir: &Path, args: impl FnOnce(&mut Command)) -> (Server, String) {
+    let log = dir.join("stderr.log");
+    let mut cmd = shoal_isolated(dir);
+    args(&mut cmd);
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("spawn shoal serve");
+    let mut server = Server(child);
+    let stdout = server.0.stdout.take().expect("stdout");
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).expect("read");
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| {
+            panic!(
+                "no listening line: {line:?}\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            )
+        })
+        .to_owned();
+    (server, addr)
+}
+
 /// A minimal HTTP/1.1 POST (the server closes after one response).
 fn post_json(addr: &str, path: &str, body: &str) -> (u16, Value) {
     let mut stream = std::net::TcpStream::connect(addr).expect("connect");
@@ -385,29 +414,9 @@ fn serve_applies_content_filter_from_config_file() {
         ),
     )
     .expect("write");
-    let log = dir.join("stderr.log");
-    let child = shoal_isolated(&dir)
-        .args(["serve", "--config"])
-        .arg(&file)
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).expect("log"))
-        .spawn()
-        .expect("spawn shoal serve");
-    let mut server = Server(child);
-    let stdout = server.0.stdout.take().expect("stdout");
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).expect("read");
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or_else(|| {
-            panic!(
-                "no listening line: {line:?}\n{}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            )
-        })
-        .to_owned();
+    let (server, addr) = start_server(&dir, |c| {
+        c.args(["serve", "--config"]).arg(&file);
+    });
 
     let body = serde_json::json!({
         "model": "filtered",
@@ -450,24 +459,10 @@ fn get_json(addr: &str, path: &str) -> Value {
 #[test]
 fn chat_records_what_the_server_sent_in_every_dialect() {
     let dir = temp_dir("chat-live");
-    let log = dir.join("stderr.log");
-    let child = shoal_isolated(&dir)
-        .args(["serve", "--port", "0", "--prefix-cache-mb", "0", "--model"])
-        .arg(gguf())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).expect("log"))
-        .spawn()
-        .expect("spawn shoal serve");
-    let mut server = Server(child);
-    let stdout = server.0.stdout.take().expect("stdout");
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).expect("read");
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no listening line: {line:?}"))
-        .to_owned();
+    let (_server, addr) = start_server(&dir, |c| {
+        c.args(["serve", "--port", "0", "--prefix-cache-mb", "0", "--model"])
+            .arg(gguf());
+    });
     let db = dir.join("conversations.sqlite");
     let n = |v: &Value, p: &str| v.pointer(p).cloned().unwrap_or(Value::Null);
     let mut completion_sum = 0;
