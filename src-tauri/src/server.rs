@@ -1,0 +1,241 @@
+//! The engine and the HTTP API, run in-process: loaded once, the server
+//! started and stopped on demand from the tray, and shut down cleanly on quit.
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use shoal::config::Config;
+use shoal_api::AppState;
+use shoal_engine::Engine;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// How long open responses get to finish (with their final event) once the
+/// server stops accepting; after that they are cut.
+pub const GRACE: Duration = Duration::from_secs(10);
+
+/// What the tray shows and the menu acts on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Status {
+    Loading,
+    Failed(String),
+    Stopped {
+        model: String,
+    },
+    Serving {
+        url: String,
+        model: String,
+        in_flight: u64,
+        queued: u64,
+    },
+}
+
+impl Status {
+    /// The tray's status line.
+    pub fn line(&self) -> String {
+        match self {
+            Status::Loading => "Loading model…".to_string(),
+            Status::Failed(e) => format!("Error: {e}"),
+            Status::Stopped { model } => format!("Server stopped · {model}"),
+            Status::Serving {
+                url,
+                model,
+                in_flight,
+                queued,
+            } => {
+                let mut line = format!("{url} · {model} · {in_flight} in flight");
+                if *queued > 0 {
+                    line.push_str(&format!(", {queued} queued"));
+                }
+                line
+            }
+        }
+    }
+}
+
+struct Running {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+#[derive(Default)]
+struct Inner {
+    state: Option<AppState>,
+    failed: Option<String>,
+    /// Where the server listens; fixed after the first start so the URL stays
+    /// the same across stop/start (even when the config asked for port 0).
+    addr: Option<SocketAddr>,
+    running: Option<Running>,
+}
+
+/// The in-process server. Cheap to clone.
+#[derive(Clone)]
+pub struct Server {
+    config: Arc<Config>,
+    inner: Arc<Mutex<Inner>>,
+    /// Serializes start and stop (both await).
+    op: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Server {
+    pub fn new(config: Config) -> Self {
+        Server {
+            config: Arc::new(config),
+            inner: Arc::default(),
+            op: Arc::default(),
+        }
+    }
+
+    fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves plain data behind; keep going.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Loads the model (blocking; run it off the UI thread).
+    pub fn load(&self) -> Result<()> {
+        let cfg = &self.config;
+        let path = cfg.model_path();
+        let loaded = Engine::start(&path, &cfg.model_id(), cfg.engine_options()?)
+            .with_context(|| format!("loading {}", path.display()));
+        let mut inner = self.inner();
+        match loaded {
+            Ok(engine) => {
+                let mut state = AppState::new(engine);
+                state.aliases = Arc::new(cfg.model.aliases.clone());
+                inner.state = Some(state);
+                Ok(())
+            }
+            Err(e) => {
+                inner.failed = Some(format!("{e:#}"));
+                Err(e)
+            }
+        }
+    }
+
+    /// Starts serving; returns the URL. Does nothing if already serving.
+    pub async fn start(&self) -> Result<String> {
+        let _op = self.op.lock().await;
+        let (state, addr) = {
+            let inner = self.inner();
+            if let (Some(_), Some(addr)) = (&inner.running, inner.addr) {
+                return Ok(url(addr));
+            }
+            let state = inner.state.clone().context("the model is not loaded")?;
+            let addr = inner.addr.unwrap_or(SocketAddr::new(
+                self.config.server.host,
+                self.config.server.port,
+            ));
+            (state, addr)
+        };
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        let local = listener.local_addr()?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(shoal_api::serve_until(listener, state, async move {
+            let _ = stopped.await;
+        }));
+        let mut inner = self.inner();
+        inner.addr = Some(local);
+        inner.running = Some(Running { stop, task });
+        tracing::info!(url = %url(local), "server started");
+        Ok(url(local))
+    }
+
+    /// Stops accepting, lets open responses finish for up to [`GRACE`], then
+    /// cuts the rest. Does nothing if not serving.
+    pub async fn stop(&self) {
+        let _op = self.op.lock().await;
+        let Some(Running { stop, mut task }) = self.inner().running.take() else {
+            return;
+        };
+        let _ = stop.send(());
+        match tokio::time::timeout(GRACE, &mut task).await {
+            Ok(Ok(Ok(()))) => tracing::info!("server stopped"),
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "server ended with an error"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "server task failed"),
+            Err(_) => {
+                tracing::warn!(
+                    grace_secs = GRACE.as_secs(),
+                    "open responses did not finish in time; closing them"
+                );
+                task.abort();
+                let _ = task.await;
+            }
+        }
+    }
+
+    /// The server's URL once it has listened (stays known while stopped).
+    pub fn url(&self) -> Option<String> {
+        self.inner().addr.map(url)
+    }
+
+    pub fn status(&self) -> Status {
+        let inner = self.inner();
+        if let Some(e) = &inner.failed {
+            return Status::Failed(e.clone());
+        }
+        let Some(state) = &inner.state else {
+            return Status::Loading;
+        };
+        let model = state.engine.model.id.clone();
+        match (&inner.running, inner.addr) {
+            (Some(_), Some(addr)) => {
+                let stats = &state.engine.stats;
+                Status::Serving {
+                    url: url(addr),
+                    model,
+                    in_flight: stats.running.load(Relaxed),
+                    queued: stats.queued.load(Relaxed),
+                }
+            }
+            _ => Status::Stopped { model },
+        }
+    }
+}
+
+/// The address clients and the chat window use (the UI is served at `/`).
+fn url(addr: SocketAddr) -> String {
+    format!("http://{addr}/")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_lines() {
+        let serving = Status::Serving {
+            url: "http://127.0.0.1:8421/".into(),
+            model: "smollm2".into(),
+            in_flight: 2,
+            queued: 0,
+        };
+        assert_eq!(
+            serving.line(),
+            "http://127.0.0.1:8421/ · smollm2 · 2 in flight"
+        );
+        let busy = Status::Serving {
+            url: "http://127.0.0.1:8421/".into(),
+            model: "m".into(),
+            in_flight: 16,
+            queued: 3,
+        };
+        assert_eq!(
+            busy.line(),
+            "http://127.0.0.1:8421/ · m · 16 in flight, 3 queued"
+        );
+        assert_eq!(
+            Status::Stopped { model: "m".into() }.line(),
+            "Server stopped · m"
+        );
+    }
+
+    #[test]
+    fn url_is_the_root() {
+        let addr: SocketAddr = ([127, 0, 0, 1], 8421).into();
+        assert_eq!(url(addr), "http://127.0.0.1:8421/");
+    }
+}
