@@ -14,7 +14,7 @@ CARGO      := cargo
 SHOAL      := $(ROOT)/target/release/shoal
 APT_PKGS   := libopenblas-dev chromium
 
-.PHONY: run test test-ui ui setup deps-apt mlx models pyenv build lint bench clean-cache
+.PHONY: run test test-ui ui setup deps-apt mlx models pyenv build lint bench clean-cache desktop deps-desktop
 
 ## Serve the API (OpenAI + Anthropic dialects) on the default model at 127.0.0.1:8421.
 run: build
@@ -23,7 +23,7 @@ run: build
 ## Everything CI runs: lint, Rust unit/e2e/reference tests, the official SDK suites,
 ## then the web UI in a real browser.
 test: setup ui lint
-	@set -o pipefail; $(CARGO) test --release --workspace 2>&1 | tee $(CACHE)/cargo-test.log
+	@set -o pipefail; $(CARGO) test --release --workspace --exclude shoal-desktop 2>&1 | tee $(CACHE)/cargo-test.log
 	@grep -E "^test result:" $(CACHE)/cargo-test.log | awk '{p+=$$4; f+=$$6} END {print "rust: " p " passed, " f " failed"; if (p == 0) exit 1}'
 	@$(CARGO) build --release -p shoal
 	@bash tests/run-sdk.sh
@@ -79,7 +79,30 @@ test-ui: setup ui
 
 lint: mlx
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --release --workspace --exclude shoal-desktop --all-targets -- -D warnings
+
+## The desktop app (src-tauri, Tauri 2): lint, .deb bundle, and a smoke test that drives
+## the window through tauri-driver/WebKitWebDriver and the tray menu over D-Bus, under Xvfb.
+DESKTOP_PKGS := xvfb xauth dbus-x11 libwebkit2gtk-4.1-dev libayatana-appindicator3-dev webkit2gtk-driver librsvg2-dev xclip
+TAURI_DRIVER_VERSION := 2.1.0
+TAURI_DRIVER := $(CACHE)/tauri-driver-$(TAURI_DRIVER_VERSION)/bin/tauri-driver
+
+desktop: mlx $(MODEL_GGUF) ui deps-desktop $(TAURI_DRIVER) src-tauri/node_modules/.package-lock.json
+	@bash src-tauri/desktop.sh $(TAURI_DRIVER) $(CACHE)/desktop
+
+deps-desktop:
+	@missing=""; for p in $(DESKTOP_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "[apt] installing$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+$(TAURI_DRIVER):
+	$(CARGO) install tauri-driver --version $(TAURI_DRIVER_VERSION) --locked --root $(CACHE)/tauri-driver-$(TAURI_DRIVER_VERSION)
+
+## The Tauri CLI (npm's prebuilt binary, pinned by the lock file).
+src-tauri/node_modules/.package-lock.json: src-tauri/package.json src-tauri/package-lock.json
+	cd src-tauri && npm ci --no-audit --no-fund
 
 ## Shoal vs mlx-lm on the same weights, side by side.
 bench: build models

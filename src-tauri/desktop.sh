@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# `make desktop` after its installs: lint and unit-test the desktop crate,
+# bundle the app as a .deb with the Tauri CLI, then run the smoke test
+# (smoke/smoke.mjs) on the bundled binary under Xvfb and a D-Bus session.
+# Prints each step's time; the last line is the smoke test's tally.
+#
+# usage: desktop.sh TAURI_DRIVER OUT_DIR   (SHOAL_MODEL names the model)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+driver=$1
+out=$2
+mkdir -p "$out"
+
+steps=()
+step() {
+  local name=$1
+  shift
+  local t0=$SECONDS rc=0
+  echo "[desktop] $name: $*"
+  "$@" || rc=$?
+  steps+=("$(printf '%-28s %4ds%s' "$name" $((SECONDS - t0)) "$([ $rc = 0 ] || echo " (failed: $rc)")")")
+  return $rc
+}
+
+# MLX's shared library and the libraries it links, taken from the wheel the
+# build linked against, go into the package beside the binary's rpath
+# (/usr/lib/shoal/mlx/lib, see build.rs), keeping the wheel's layout that
+# libmlx's own $ORIGIN runpath expects.
+bundle_config() {
+  local site
+  site=$(sed -n 's/^SHOAL_MLX_SITE = "\(.*\)"$/\1/p' .cargo/config.toml)
+  [ -d "$site/mlx/lib" ] || { echo "no MLX wheel found (run make mlx)" >&2; return 1; }
+  node - "$site" "$out/bundle.json" <<'EOF'
+const fs = require('node:fs');
+const path = require('node:path');
+const [site, dest] = process.argv.slice(2);
+const files = {};
+for (const dir of ['mlx/lib', 'mlx_cpu.libs']) {
+  const full = path.join(site, dir);
+  if (!fs.existsSync(full)) continue;
+  for (const f of fs.readdirSync(full)) {
+    if (f.includes('.so')) files[`/usr/lib/shoal/${dir}/${f}`] = path.join(full, f);
+  }
+}
+fs.writeFileSync(dest, JSON.stringify({ bundle: { linux: { deb: { files } } } }, null, 2));
+console.log(Object.keys(files).join('\n'));
+EOF
+}
+
+step "fmt (shoal-desktop)" cargo fmt -p shoal-desktop -- --check
+step "clippy (shoal-desktop)" cargo clippy --release -p shoal-desktop --all-targets -- -D warnings
+step "unit tests (shoal-desktop)" cargo test --release -p shoal-desktop
+step "deb contents" bundle_config
+step "tauri build --bundles deb" bash -c "cd src-tauri && npx --no-install tauri build --bundles deb --ci --config '$out/bundle.json'"
+
+deb=$(ls -t target/release/bundle/deb/*.deb | head -1)
+check_deb() {
+  dpkg-deb -I "$deb" | sed -n 's/^ \(Package\|Version\|Depends\):/  \1:/p'
+  dpkg-deb -c "$deb" | awk '{print "  " $NF}' | grep -E 'usr/bin/|\.desktop$|/icons/.*32x32|libmlx'
+  # The packaged libmlx must find its own BLAS/LAPACK inside the package.
+  rm -rf "$out/deb-root" && dpkg-deb -x "$deb" "$out/deb-root"
+  local lib="$out/deb-root/usr/lib/shoal/mlx/lib/libmlx.so"
+  if ldd "$lib" | grep -q 'not found'; then
+    ldd "$lib"
+    return 1
+  fi
+  ldd "$lib" | grep -E 'blas|lapack' | sed "s|$out/deb-root||; s/^\s*/  /"
+  readelf -d "$out/deb-root/usr/bin/shoal-desktop" | grep -o 'runpath: .*' | sed 's/^/  /'
+}
+step "check .deb" check_deb
+
+status=0
+step "smoke test (xvfb, dbus)" xvfb-run -a dbus-run-session -- \
+  node src-tauri/smoke/smoke.mjs target/release/shoal-desktop "$driver" "$out" \
+  > >(tee "$out/smoke.log" | grep -E '^(ok|FAIL|     |desktop:)') 2> "$out/smoke-stderr.log" || status=$?
+sleep 1
+echo "[desktop] package: $deb ($(du -h "$deb" | cut -f1))"
+echo "[desktop] screenshot: $out/chat.png; logs: $out/smoke.log, $out/smoke-stderr.log"
+echo "[desktop] step times:"
+printf '  %s\n' "${steps[@]}"
+grep -E '^desktop: [0-9]+ passed, [0-9]+ failed' "$out/smoke.log" | tail -1 || echo "desktop: 0 passed, 1 failed"
+exit $status

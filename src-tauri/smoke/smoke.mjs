@@ -1,0 +1,406 @@
+// Desktop smoke test: drives the built app through tauri-driver (W3C
+// WebDriver over WebKitWebDriver) and its tray menu over D-Bus.
+//
+// Run inside an X server and a D-Bus session, e.g.
+//   xvfb-run -a dbus-run-session -- node smoke.mjs APP TAURI_DRIVER OUT_DIR
+//
+// It checks that: the window shows the chat UI served by the in-process
+// server; one chat message gets a reply with a finish badge; the tray menu is
+// exported over D-Bus (StatusNotifierItem + com.canonical.dbusmenu) with the
+// status line and items; Stop/Start Server work from the menu; Copy API URL
+// fills the clipboard; closing the window keeps the server up; Quit lets an
+// open stream finish with its final event, then the process exits.
+import { spawn, execFileSync } from 'node:child_process';
+import { mkdirSync, readFileSync, readlinkSync, writeFileSync, existsSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const here = dirname(fileURLToPath(import.meta.url));
+
+const [app, driver, outDir] = process.argv.slice(2).map((p) => resolve(p));
+if (!app || !driver || !outDir) {
+  console.error('usage: node smoke.mjs APP TAURI_DRIVER OUT_DIR');
+  process.exit(2);
+}
+mkdirSync(outDir, { recursive: true });
+
+const checks = [];
+let failed = 0;
+function pass(name, detail = '') {
+  checks.push(name);
+  console.log(`ok   ${name}${detail ? ` — ${detail}` : ''}`);
+}
+function fail(name, detail) {
+  failed += 1;
+  console.log(`FAIL ${name} — ${detail}`);
+}
+function check(name, cond, detail = '') {
+  if (cond) pass(name, detail);
+  else fail(name, detail || 'condition false');
+  return cond;
+}
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+async function waitFor(what, fn, timeoutMs, everyMs = 250) {
+  const until = Date.now() + timeoutMs;
+  let last;
+  while (Date.now() < until) {
+    try {
+      const v = await fn();
+      if (v) return v;
+    } catch (e) {
+      last = e;
+    }
+    await sleep(everyMs);
+  }
+  throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${last ? `: ${last.message}` : ''}`);
+}
+
+function freePort() {
+  return new Promise((res, rej) => {
+    const s = createServer();
+    s.once('error', rej);
+    s.listen(0, '127.0.0.1', () => {
+      const { port } = s.address();
+      s.close(() => res(port));
+    });
+  });
+}
+
+// ---- WebDriver (W3C) over plain HTTP ----
+let wd;
+async function wdCall(method, path, body) {
+  const r = await fetch(`${wd}${path}`, {
+    method,
+    headers: body ? { 'content-type': 'application/json' } : {},
+    body: body ? JSON.stringify(body) : undefined,
+  });
+  const json = await r.json().catch(() => ({}));
+  if (!r.ok) {
+    const v = json.value ?? {};
+    throw new Error(`${method} ${path}: ${r.status} ${v.error ?? ''} ${v.message ?? ''}`.trim());
+  }
+  return json.value;
+}
+const ELEMENT = 'element-6066-11e4-a52e-4f735466cecf';
+async function find(session, testid) {
+  const v = await wdCall('POST', `/session/${session}/element`, {
+    using: 'css selector',
+    value: `[data-testid="${testid}"]`,
+  });
+  return v[ELEMENT];
+}
+async function findAll(session, testid) {
+  const v = await wdCall('POST', `/session/${session}/elements`, {
+    using: 'css selector',
+    value: `[data-testid="${testid}"]`,
+  });
+  return v.map((e) => e[ELEMENT]);
+}
+
+// ---- D-Bus through gdbus ----
+function gdbus(args) {
+  return execFileSync('gdbus', args, { encoding: 'utf8', timeout: 10_000 });
+}
+/** The app's connections to the session bus (GTK, accessibility, ... each has one). */
+function busNamesOfPid(pid) {
+  const found = [];
+  const names = gdbus([
+    'call', '--session', '--dest', 'org.freedesktop.DBus', '--object-path', '/org/freedesktop/DBus',
+    '--method', 'org.freedesktop.DBus.ListNames',
+  ]).match(/':[0-9.]+'/g) ?? [];
+  for (const quoted of names) {
+    const name = quoted.slice(1, -1);
+    try {
+      const out = gdbus([
+        'call', '--session', '--dest', 'org.freedesktop.DBus', '--object-path', '/org/freedesktop/DBus',
+        '--method', 'org.freedesktop.DBus.GetConnectionUnixProcessID', name,
+      ]);
+      const m = out.match(/uint32 (\d+)/);
+      if (m && Number(m[1]) === pid) found.push(name);
+    } catch {
+      // The connection went away meanwhile.
+    }
+  }
+  return found;
+}
+function objectPaths(dest, path = '/', found = []) {
+  let xml;
+  try {
+    xml = gdbus(['introspect', '--session', '--dest', dest, '--object-path', path, '--xml']);
+  } catch {
+    // Not every connection answers introspection.
+    return found;
+  }
+  found.push({ path, xml });
+  for (const m of xml.matchAll(/<node name="([^"]+)"/g)) {
+    objectPaths(dest, path === '/' ? `/${m[1]}` : `${path}/${m[1]}`, found);
+  }
+  return found;
+}
+/** The menu's items as {id, label, enabled}, from com.canonical.dbusmenu.GetLayout. */
+function menuItems(dest, menuPath) {
+  const out = gdbus([
+    'call', '--session', '--dest', dest, '--object-path', menuPath,
+    '--method', 'com.canonical.dbusmenu.GetLayout', '--', '0', '-1', '@as []',
+  ]);
+  const items = [];
+  for (const m of out.matchAll(/\((\d+), \{([^}]*)\}/g)) {
+    const props = m[2];
+    const label = props.match(/'label': <'((?:[^'\\]|\\.)*)'>/);
+    const enabled = props.match(/'enabled': <(true|false)>/);
+    const type = props.match(/'type': <'([^']*)'>/);
+    items.push({
+      id: Number(m[1]),
+      // GTK labels mark mnemonics with `_` and escape a literal one as `__`.
+      label: label ? label[1].replace(/_(.)/g, '$1') : '',
+      enabled: enabled ? enabled[1] === 'true' : true,
+      type: type ? type[1] : 'standard',
+    });
+  }
+  return items;
+}
+function clickMenu(dest, menuPath, id) {
+  gdbus([
+    'call', '--session', '--dest', dest, '--object-path', menuPath,
+    '--method', 'com.canonical.dbusmenu.Event', String(id), 'clicked', '<int32 0>', '0',
+  ]);
+}
+
+function pidOfApp() {
+  const out = execFileSync('ps', ['-eo', 'pid='], { encoding: 'utf8' });
+  for (const line of out.split('\n')) {
+    const pid = Number(line.trim());
+    if (!pid) continue;
+    try {
+      if (readlinkSync(`/proc/${pid}/exe`) === app) return pid;
+    } catch {
+      // Not ours to read, or gone.
+    }
+  }
+  return null;
+}
+const alive = (pid) => existsSync(`/proc/${pid}`) && !/\) Z /.test(readFileSync(`/proc/${pid}/stat`, 'utf8'));
+
+async function health(base) {
+  try {
+    const r = await fetch(`${base}health`, { signal: AbortSignal.timeout(3000) });
+    return r.ok;
+  } catch {
+    return false;
+  }
+}
+
+// ---- the run ----
+const t0 = Date.now();
+const port = await freePort();
+const nativePort = await freePort();
+const config = join(outDir, 'config.toml');
+// Isolated settings: a free port, the model from SHOAL_MODEL (set by make).
+writeFileSync(config, '[server]\nport = 0\n');
+const driverLog = join(outDir, 'tauri-driver.log');
+const driverProc = spawn(driver, ['--port', String(port), '--native-port', String(nativePort)], {
+  stdio: ['ignore', 'pipe', 'pipe'],
+});
+const logChunks = [];
+driverProc.stdout.on('data', (d) => logChunks.push(d));
+driverProc.stderr.on('data', (d) => logChunks.push(d));
+wd = `http://127.0.0.1:${port}`;
+let session;
+try {
+  await waitFor('tauri-driver', async () => (await fetch(`${wd}/status`)).ok, 20_000);
+  session = (
+    await wdCall('POST', '/session', {
+      capabilities: {
+        alwaysMatch: {
+          'tauri:options': { application: app, args: ['--config', config] },
+        },
+      },
+    })
+  ).sessionId;
+  pass('session', `tauri-driver on :${port} launched ${app}`);
+
+  // The window starts on the bundled loading page and moves to the server.
+  const url = await waitFor(
+    'the chat window to load the server URL',
+    async () => {
+      const u = await wdCall('GET', `/session/${session}/url`);
+      return /^http:\/\/127\.0\.0\.1:\d+\/$/.test(u) ? u : null;
+    },
+    120_000,
+  );
+  pass('window loads the in-process server', url);
+  const title = await wdCall('GET', `/session/${session}/title`);
+  check('page title', /shoal/i.test(title), JSON.stringify(title));
+
+  const input = await waitFor('the composer', () => find(session, 'composer-input'), 30_000);
+  // The model list must be loaded before a message can go out.
+  await waitFor(
+    'a model to be picked',
+    async () => {
+      const picker = await find(session, 'model-picker');
+      const v = await wdCall('GET', `/session/${session}/element/${picker}/property/value`);
+      return v ? v : null;
+    },
+    30_000,
+  );
+  await wdCall('POST', `/session/${session}/element/${input}/value`, {
+    text: 'What is the capital of France? Answer in one sentence.',
+  });
+  const send = await waitFor('the send button to be enabled', async () => {
+    const b = await find(session, 'send-button');
+    return (await wdCall('GET', `/session/${session}/element/${b}/enabled`)) ? b : null;
+  }, 10_000);
+  const sentAt = Date.now();
+  await wdCall('POST', `/session/${session}/element/${send}/click`, {});
+  const badge = await waitFor('the finish badge', async () => (await findAll(session, 'finish-badge'))[0], 180_000, 500);
+  const finish = await wdCall('GET', `/session/${session}/element/${badge}/attribute/data-finish`);
+  const label = await wdCall('GET', `/session/${session}/element/${badge}/text`);
+  const replies = await findAll(session, 'assistant-content');
+  const reply = replies.length
+    ? await wdCall('GET', `/session/${session}/element/${replies[replies.length - 1]}/text`)
+    : '';
+  check(
+    'chat reply with finish badge',
+    Boolean(finish) && reply.trim().length > 0,
+    `finish=${finish} badge=${JSON.stringify(label)} in ${((Date.now() - sentAt) / 1000).toFixed(1)} s; reply=${JSON.stringify(reply.slice(0, 80))}`,
+  );
+  const shot = await wdCall('GET', `/session/${session}/screenshot`);
+  writeFileSync(join(outDir, 'chat.png'), Buffer.from(shot, 'base64'));
+  pass('screenshot', join(outDir, 'chat.png'));
+
+  // ---- tray over D-Bus ----
+  const pid = pidOfApp();
+  check('app process found', Boolean(pid), `pid ${pid}`);
+  const names = busNamesOfPid(pid);
+  check('app is on the session bus', names.length > 0, names.join(' ') || 'no connection with its pid');
+  let bus;
+  let item;
+  for (const name of names) {
+    item = objectPaths(name).find((p) => /interface name="org\.kde\.StatusNotifierItem"/.test(p.xml));
+    if (item) {
+      bus = name;
+      break;
+    }
+  }
+  if (!check('StatusNotifierItem exported', Boolean(item), item ? `${bus} ${item.path}` : names.join(' '))) {
+    throw new Error('no tray item on the bus');
+  }
+  const props = gdbus([
+    'call', '--session', '--dest', bus, '--object-path', item.path,
+    '--method', 'org.freedesktop.DBus.Properties.GetAll', 'org.kde.StatusNotifierItem',
+  ]);
+  const menuPath = props.match(/'Menu': <objectpath '([^']+)'>/)?.[1];
+  if (!check('item names its dbusmenu', Boolean(menuPath), menuPath ?? props.slice(0, 200))) {
+    throw new Error('no menu path');
+  }
+  let items = menuItems(bus, menuPath);
+  const byLabel = (re) => items.find((i) => re.test(i.label));
+  const status = items.find((i) => i.type !== 'separator' && i.label);
+  const base = url;
+  check(
+    'status line: address, model, in flight',
+    status && status.label.includes(base) && /in flight/.test(status.label) && !status.enabled,
+    JSON.stringify(status?.label),
+  );
+  for (const re of [/^Open Chat$/, /^Stop Server$/, /^Copy API URL$/, /^Quit Shoal$/]) {
+    check(`menu item ${re.source}`, Boolean(byLabel(re)), items.map((i) => i.label).join(' | '));
+  }
+
+  // Copy API URL → clipboard.
+  clickMenu(bus, menuPath, byLabel(/^Copy API URL$/).id);
+  const clip = await waitFor('the clipboard', async () => {
+    const c = execFileSync('xclip', ['-selection', 'clipboard', '-o'], { encoding: 'utf8', timeout: 5000 });
+    return c.trim() ? c.trim() : null;
+  }, 10_000).catch((e) => e.message);
+  check('Copy API URL', clip === `${base}v1`, JSON.stringify(clip));
+
+  // Stop, then start again on the same address.
+  clickMenu(bus, menuPath, byLabel(/^Stop Server$/).id);
+  await waitFor('the server to stop', async () => !(await health(base)), 20_000);
+  items = menuItems(bus, menuPath);
+  check('Stop Server', Boolean(byLabel(/^Start Server$/)), items.map((i) => i.label).join(' | '));
+  clickMenu(bus, menuPath, byLabel(/^Start Server$/).id);
+  await waitFor('the server to start again', () => health(base), 20_000);
+  items = menuItems(bus, menuPath);
+  check('Start Server (same address)', Boolean(byLabel(/^Stop Server$/)), base);
+
+  // Closing the window leaves the server and the tray.
+  // Asked like a window manager's close button does. (WebDriver's Close
+  // Window would end the session, and the driver then ends the app.)
+  const asked = execFileSync('python3', [join(here, 'close_window.py'), 'Shoal'], { encoding: 'utf8' }).trim();
+  await waitFor('the window to close', async () => {
+    try {
+      await wdCall('GET', `/session/${session}/title`);
+      return false;
+    } catch {
+      return true;
+    }
+  }, 10_000);
+  pass('window closed', `WM_DELETE_WINDOW sent to ${asked} window(s)`);
+  await sleep(1000);
+  check('window closed, app still running', alive(pid), `pid ${pid}`);
+  check('window closed, server still serving', await health(base), base);
+  check('window closed, tray still exported', menuItems(bus, menuPath).length > 0, menuPath);
+  const windows = () =>
+    Number(execFileSync('python3', [join(here, 'close_window.py'), '--count', 'Shoal'], { encoding: 'utf8' }).trim());
+  check('no window left', windows() === 0, `${windows()} window(s) titled Shoal`);
+  clickMenu(bus, menuPath, byLabel(/^Open Chat$/).id);
+  await waitFor('Open Chat to open a window', async () => windows() === 1, 10_000);
+  pass('Open Chat reopens the window');
+
+  // Quit during a streamed reply: it ends with its final event, then the app exits.
+  const models = await (await fetch(`${base}v1/models`)).json();
+  const stream = await fetch(`${base}v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({
+      model: models.data[0].id,
+      stream: true,
+      max_tokens: 48,
+      messages: [{ role: 'user', content: 'Count from one to one hundred.' }],
+    }),
+  });
+  const reader = stream.body.getReader();
+  const first = await reader.read();
+  const quitAt = Date.now();
+  clickMenu(bus, menuPath, byLabel(/^Quit Shoal$/).id);
+  let text = new TextDecoder().decode(first.value ?? new Uint8Array());
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    text += new TextDecoder().decode(value);
+  }
+  const finishes = [...text.matchAll(/"finish_reason":"([a-z_]+)"/g)].map((m) => m[1]);
+  check(
+    'Quit: open stream gets its final event',
+    finishes.length > 0 && text.includes('data: [DONE]'),
+    `finish_reason=${finishes.join(',')}`,
+  );
+  await waitFor('the app to exit', async () => !alive(pid), 30_000);
+  check('Quit: app exited', !alive(pid), `${((Date.now() - quitAt) / 1000).toFixed(1)} s after Quit`);
+  check('Quit: server no longer accepts', !(await health(base)), base);
+} catch (e) {
+  fail('smoke', e.stack ?? String(e));
+  // Leave what the window showed for whoever reads the failure.
+  if (session) {
+    try {
+      const shot = await wdCall('GET', `/session/${session}/screenshot`);
+      writeFileSync(join(outDir, 'failure.png'), Buffer.from(shot, 'base64'));
+      writeFileSync(join(outDir, 'failure.html'), await wdCall('GET', `/session/${session}/source`));
+      console.log(`     window at failure: ${join(outDir, 'failure.png')}, failure.html`);
+    } catch {
+      // The window may be gone by now.
+    }
+  }
+} finally {
+  if (session) await wdCall('DELETE', `/session/${session}`).catch(() => {});
+  driverProc.kill('SIGTERM');
+  await sleep(500);
+  writeFileSync(driverLog, Buffer.concat(logChunks));
+}
+console.log(`smoke test took ${((Date.now() - t0) / 1000).toFixed(1)} s`);
+console.log(`desktop: ${checks.length} passed, ${failed} failed`);
+process.exit(failed ? 1 : 0);
