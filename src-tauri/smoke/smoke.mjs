@@ -193,6 +193,37 @@ async function health(base) {
   }
 }
 
+/** The app's tray item and menu on the session bus, checked on the way. */
+async function findTray(pid) {
+  const names = await waitFor('the app on the session bus', async () => {
+    const n = busNamesOfPid(pid);
+    return n.length ? n : null;
+  }, 10_000);
+  pass('app is on the session bus', names.join(' '));
+  let bus;
+  let item;
+  await waitFor('the tray item', async () => {
+    for (const name of names) {
+      item = objectPaths(name).find((p) => /interface name="org\.kde\.StatusNotifierItem"/.test(p.xml));
+      if (item) {
+        bus = name;
+        return true;
+      }
+    }
+    return false;
+  }, 10_000, 500);
+  pass('StatusNotifierItem exported', `${bus} ${item.path}`);
+  const props = gdbus([
+    'call', '--session', '--dest', bus, '--object-path', item.path,
+    '--method', 'org.freedesktop.DBus.Properties.GetAll', 'org.kde.StatusNotifierItem',
+  ]);
+  const menuPath = props.match(/'Menu': <objectpath '([^']+)'>/)?.[1];
+  if (!check('item names its dbusmenu', Boolean(menuPath), menuPath ?? props.slice(0, 200))) {
+    throw new Error('no menu path');
+  }
+  return { bus, menuPath };
+}
+
 // ---- the run ----
 const t0 = Date.now();
 const port = await freePort();
@@ -273,29 +304,8 @@ try {
 
   // ---- tray over D-Bus ----
   const pid = pidOfApp();
-  check('app process found', Boolean(pid), `pid ${pid}`);
-  const names = busNamesOfPid(pid);
-  check('app is on the session bus', names.length > 0, names.join(' ') || 'no connection with its pid');
-  let bus;
-  let item;
-  for (const name of names) {
-    item = objectPaths(name).find((p) => /interface name="org\.kde\.StatusNotifierItem"/.test(p.xml));
-    if (item) {
-      bus = name;
-      break;
-    }
-  }
-  if (!check('StatusNotifierItem exported', Boolean(item), item ? `${bus} ${item.path}` : names.join(' '))) {
-    throw new Error('no tray item on the bus');
-  }
-  const props = gdbus([
-    'call', '--session', '--dest', bus, '--object-path', item.path,
-    '--method', 'org.freedesktop.DBus.Properties.GetAll', 'org.kde.StatusNotifierItem',
-  ]);
-  const menuPath = props.match(/'Menu': <objectpath '([^']+)'>/)?.[1];
-  if (!check('item names its dbusmenu', Boolean(menuPath), menuPath ?? props.slice(0, 200))) {
-    throw new Error('no menu path');
-  }
+  if (!check('app process found', Boolean(pid), `pid ${pid}`)) throw new Error('no app process');
+  const { bus, menuPath } = await findTray(pid);
   let items = menuItems(bus, menuPath);
   const byLabel = (re) => items.find((i) => re.test(i.label));
   const status = items.find((i) => i.type !== 'separator' && i.label);
@@ -359,15 +369,21 @@ try {
     body: JSON.stringify({
       model: models.data[0].id,
       stream: true,
-      max_tokens: 48,
+      max_tokens: 16,
       messages: [{ role: 'user', content: 'Count from one to one hundred.' }],
     }),
   });
+  // Quit once the first token is out (the reply is short enough to end
+  // within the app's 10 s grace even on a slow machine).
   const reader = stream.body.getReader();
-  const first = await reader.read();
+  let text = '';
+  while (!text.includes('data: {')) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    text += new TextDecoder().decode(value);
+  }
   const quitAt = Date.now();
   clickMenu(bus, menuPath, byLabel(/^Quit Shoal$/).id);
-  let text = new TextDecoder().decode(first.value ?? new Uint8Array());
   for (;;) {
     const { value, done } = await reader.read();
     if (done) break;
@@ -382,6 +398,32 @@ try {
   await waitFor('the app to exit', async () => !alive(pid), 30_000);
   check('Quit: app exited', !alive(pid), `${((Date.now() - quitAt) / 1000).toFixed(1)} s after Quit`);
   check('Quit: server no longer accepts', !(await health(base)), base);
+  await wdCall('DELETE', `/session/${session}`).catch(() => {});
+  session = null;
+
+  // A model that cannot load: the window and the tray say so.
+  session = (
+    await wdCall('POST', '/session', {
+      capabilities: {
+        alwaysMatch: {
+          'tauri:options': { application: app, args: ['--config', config, '--model', join(outDir, 'missing.gguf')] },
+        },
+      },
+    })
+  ).sessionId;
+  const shown = await waitFor('the load error in the window', async () => {
+    const p = await find(session, 'desktop-loading');
+    const t = await wdCall('GET', `/session/${session}/element/${p}/text`);
+    return /could not load the model/.test(t) ? t : null;
+  }, 30_000);
+  pass('missing model: the window says so', JSON.stringify(shown.slice(0, 100)));
+  const badPid = pidOfApp();
+  const bad = await findTray(badPid);
+  const badStatus = await waitFor('the tray error line', async () => {
+    const first = menuItems(bad.bus, bad.menuPath).find((i) => i.type !== 'separator' && i.label);
+    return first && /^Error: /.test(first.label) ? first.label : null;
+  }, 10_000);
+  pass('missing model: the tray says so', JSON.stringify(badStatus.slice(0, 100)));
 } catch (e) {
   fail('smoke', e.stack ?? String(e));
   // Leave what the window showed for whoever reads the failure.

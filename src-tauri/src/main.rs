@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Parser;
+use tauri::webview::PageLoadEvent;
 use tauri::{AppHandle, Manager, RunEvent, WebviewUrl, WebviewWindowBuilder};
 
 use crate::server::Server;
@@ -115,7 +116,11 @@ fn boot(app: AppHandle) {
         match loaded {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
-                tracing::error!(error = format!("{e:#}"), "could not load the model");
+                let message = format!("{e:#}");
+                tracing::error!(error = message, "could not load the model");
+                if let Some(window) = app.get_webview_window(WINDOW) {
+                    show_error(&window, &message);
+                }
                 tray::refresh(&app);
                 return;
             }
@@ -142,6 +147,21 @@ pub async fn start_server(app: &AppHandle) {
         Err(e) => tracing::error!(error = format!("{e:#}"), "could not start the server"),
     }
     tray::refresh(app);
+}
+
+/// Puts a model-loading failure on the loading page (the window has
+/// nothing else to show).
+fn show_error(window: &tauri::WebviewWindow, message: &str) {
+    let Ok(text) = serde_json::to_string(&format!("Shoal could not load the model: {message}"))
+    else {
+        return;
+    };
+    let script = format!(
+        "{{ const p = document.querySelector('[data-testid=desktop-loading]'); if (p) p.textContent = {text}; }}"
+    );
+    if let Err(e) = window.eval(script) {
+        tracing::warn!(error = %e, "could not show the error in the window");
+    }
 }
 
 fn navigate(window: &tauri::WebviewWindow, url: &str) {
@@ -173,6 +193,15 @@ pub fn open_chat(app: &AppHandle) {
         .title("Shoal")
         .inner_size(960.0, 760.0)
         .min_inner_size(420.0, 420.0)
+        .on_page_load(|window, load| {
+            // The loading page, once loaded, shows a failure that came first.
+            if load.event() == PageLoadEvent::Finished {
+                let shell = window.state::<Arc<Shell>>();
+                if let server::Status::Failed(e) = shell.server.status() {
+                    show_error(&window, &e);
+                }
+            }
+        })
         .build();
     if let Err(e) = built {
         tracing::error!(error = %e, "could not open the chat window");

@@ -37,7 +37,7 @@ impl Status {
     pub fn line(&self) -> String {
         match self {
             Status::Loading => "Loading model…".to_string(),
-            Status::Failed(e) => format!("Error: {e}"),
+            Status::Failed(e) => format!("Error: {}", shorten(e, 80)),
             Status::Stopped { model } => format!("Server stopped · {model}"),
             Status::Serving {
                 url,
@@ -196,6 +196,16 @@ impl Server {
     }
 }
 
+/// `text` cut to `max` characters, marked with an ellipsis when cut.
+fn shorten(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_string();
+    }
+    let mut cut: String = text.chars().take(max.saturating_sub(1)).collect();
+    cut.push('…');
+    cut
+}
+
 /// The address clients and the chat window use (the UI is served at `/`).
 fn url(addr: SocketAddr) -> String {
     format!("http://{addr}/")
@@ -231,6 +241,14 @@ mod tests {
             Status::Stopped { model: "m".into() }.line(),
             "Server stopped · m"
         );
+    }
+
+    #[test]
+    fn long_errors_are_shortened() {
+        let line = Status::Failed("é".repeat(200)).line();
+        assert_eq!(line.chars().count(), "Error: ".len() + 80);
+        assert!(line.ends_with('…'));
+        assert_eq!(Status::Failed("no model".into()).line(), "Error: no model");
     }
 
     #[test]
