@@ -39,6 +39,8 @@ pub struct AppState {
     pub aliases: Arc<Vec<String>>,
     /// This node's identity and live status.
     pub node: Arc<LocalNode>,
+    /// Generations in progress (cancelled when the server shuts down).
+    pub running: Arc<run::Running>,
 }
 
 impl AppState {
@@ -54,6 +56,7 @@ impl AppState {
             ledger: Arc::new(Ledger::new(1000)),
             responses: Arc::new(openai_responses::ResponseStore::new(256)),
             aliases: Arc::new(Vec::new()),
+            running: Arc::new(run::Running::default()),
         }
     }
 
@@ -144,6 +147,14 @@ pub async fn serve_until(
     if let Ok(addr) = listener.local_addr() {
         state.node.set_address(addr);
     }
+    let running = state.running.clone();
+    // Stop accepting, then cancel what is running so every open stream ends
+    // with its final event promptly and the graceful wait is short.
+    let shutdown = async move {
+        shutdown.await;
+        let n = running.cancel_all();
+        tracing::info!(cancelled = n, "shutting down");
+    };
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
         .await

@@ -180,6 +180,8 @@ pub fn start(state: &AppState, job: Job, fmt: LedgerFormat) -> Result<Choices, A
     let (tx, rx) = mpsc::unbounded_channel();
     let ledger = state.ledger.clone();
     let created = now_secs();
+    // Registered so a server shutdown can end it with a proper final event.
+    let running = state.running.register(flags.clone());
     tokio::spawn(async move {
         let mut merged = futures::stream::select_all(streams);
         let mut done: Vec<Option<Completion>> = vec![None; n];
@@ -196,6 +198,7 @@ pub fn start(state: &AppState, job: Job, fmt: LedgerFormat) -> Result<Choices, A
                 flags.iter().for_each(CancelFlag::cancel);
             }
         }
+        drop(running);
         let completions: Vec<Completion> = done.into_iter().flatten().collect();
         let first = completions.first().map(|c| c.timings).unwrap_or_default();
         ledger.record(LedgerEntry {
@@ -265,5 +268,50 @@ pub fn check_failed(completions: &[Completion]) -> Result<(), ApiError> {
     }) {
         Some(m) => Err(ApiError::generation_failed(m)),
         None => Ok(()),
+    }
+}
+
+/// The generations in progress, so that shutting the server down can cancel
+/// them: each then ends with its final event instead of being cut off.
+#[derive(Default)]
+pub struct Running {
+    next: std::sync::atomic::AtomicU64,
+    flags: std::sync::Mutex<std::collections::HashMap<u64, Vec<CancelFlag>>>,
+}
+
+/// Unregisters a request's flags when dropped.
+pub struct RunningGuard {
+    set: std::sync::Arc<Running>,
+    id: u64,
+}
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        self.set
+            .flags
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.id);
+    }
+}
+
+impl Running {
+    pub fn register(self: &std::sync::Arc<Self>, flags: Vec<CancelFlag>) -> RunningGuard {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.flags
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, flags);
+        RunningGuard {
+            set: self.clone(),
+            id,
+        }
+    }
+
+    /// Cancels every generation in progress; returns how many requests.
+    pub fn cancel_all(&self) -> usize {
+        let map = self.flags.lock().unwrap_or_else(|p| p.into_inner());
+        map.values().flatten().for_each(CancelFlag::cancel);
+        map.len()
     }
 }

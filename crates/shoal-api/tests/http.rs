@@ -659,3 +659,52 @@ async fn cluster_nodes_lists_this_node_with_live_figures_and_the_ui_is_served() 
         .expect("404");
     assert_eq!(r.status(), 404);
 }
+
+/// Shutting the server down cancels a streaming generation: the stream ends
+/// with its final chunk and `[DONE]`, and the server returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_open_streams_with_their_final_event() {
+    use futures::StreamExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(shoal_api::serve_until(
+        listener,
+        AppState::new(engine()),
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    let body = json!({"model": engine().model.id, "stream": true, "max_tokens": 2000, "temperature": 0,
+                      "messages": [{"role": "user", "content": "Write a long story about a dragon."}]});
+    let resp = reqwest::Client::new()
+        .post(format!("http://{addr}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .expect("request");
+    let mut stream = resp.bytes_stream();
+    let mut text = String::new();
+    // Wait for the first content, then shut down.
+    while !text.contains("\"content\"") {
+        let chunk = stream.next().await.expect("chunk").expect("bytes");
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let _ = stop_tx.send(());
+    let rest = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        while let Some(Ok(chunk)) = stream.next().await {
+            text.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    })
+    .await;
+    assert!(rest.is_ok(), "the stream did not end after shutdown");
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    assert!(
+        text.contains("\"finish_reason\":\"stop\""),
+        "a final chunk: {text}"
+    );
+    let done = tokio::time::timeout(std::time::Duration::from_secs(20), server).await;
+    assert!(matches!(done, Ok(Ok(Ok(())))), "server did not return");
+}
