@@ -44,13 +44,7 @@ pub struct Shell {
 }
 
 fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SHOAL_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    shoal::init_logging();
     // WebKitGTK's WebDriver launches the app with `--automation`; it is
     // handled by the webview, not by us.
     let cli = Cli::parse_from(std::env::args_os().filter(|a| a != "--automation"));

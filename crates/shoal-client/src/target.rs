@@ -146,10 +146,6 @@ impl Target {
         Ok(Target { cfg, http })
     }
 
-    pub fn config(&self) -> &TargetConfig {
-        &self.cfg
-    }
-
     /// The full endpoint URL.
     pub fn url(&self) -> String {
         let base = self.cfg.base_url.trim_end_matches('/');

@@ -141,10 +141,6 @@ impl LocalNode {
         node
     }
 
-    pub fn identity(&self) -> &NodeIdentity {
-        &self.identity
-    }
-
     /// Records the address the API listens on.
     pub fn set_address(&self, addr: SocketAddr) {
         *self.address.lock().unwrap_or_else(|p| p.into_inner()) = Some(addr);

@@ -2,17 +2,17 @@
 use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
 
+mod common;
+use common::{chat_prompt, gguf_path};
 use shoal_engine::{
-    collect_blocking, ChatMessage, Completion, Engine, EngineError, EngineOptions, FinishReason,
+    collect_blocking, Completion, Engine, EngineError, EngineOptions, FinishReason,
     GenerateRequest, Grammar, SamplingParams,
 };
 
 fn engine() -> &'static Engine {
     static E: OnceLock<Engine> = OnceLock::new();
     E.get_or_init(|| {
-        let path = std::env::var("SHOAL_TEST_GGUF")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|_| shoal_engine::loader::default_model_path());
+        let path = gguf_path();
         let opts = EngineOptions {
             prefix_cache_bytes: 0,
             max_batch: 8,
@@ -22,21 +22,8 @@ fn engine() -> &'static Engine {
     })
 }
 
-fn chat(e: &Engine, user: &str) -> Vec<u32> {
-    let msgs = [ChatMessage {
-        role: "user".into(),
-        content: user.into(),
-    }];
-    let text = e
-        .model
-        .vocab
-        .render_chat(&msgs, true, &Default::default())
-        .expect("render");
-    e.model.vocab.encode(&text).expect("encode")
-}
-
 fn request(e: &Engine, user: &str, max_tokens: usize) -> GenerateRequest {
-    let mut r = GenerateRequest::new(chat(e, user));
+    let mut r = GenerateRequest::new(chat_prompt(e, user));
     r.max_tokens = Some(max_tokens);
     r.sampling = SamplingParams::greedy();
     r

@@ -1,26 +1,15 @@
 //! End-to-end tests on the real default model (SmolLM2-135M-Instruct GGUF).
 //! `make test` fetches it; the path comes from `SHOAL_TEST_GGUF`.
-use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+mod common;
+use common::{chat_prompt, gguf_path};
 use shoal_engine::{
     collect_blocking, ChatMessage, Completion, Engine, EngineError, EngineOptions, Event,
     FinishReason, GenerateRequest, SamplingParams,
 };
-
-pub fn gguf_path() -> PathBuf {
-    let p = std::env::var("SHOAL_TEST_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| shoal_engine::loader::default_model_path());
-    assert!(
-        p.is_file(),
-        "default model missing at {} — run `make models`",
-        p.display()
-    );
-    p
-}
 
 fn engine() -> &'static Engine {
     static E: OnceLock<Engine> = OnceLock::new();
@@ -32,19 +21,6 @@ fn engine() -> &'static Engine {
         };
         Engine::start(&gguf_path(), "smollm2", opts).expect("load default model")
     })
-}
-
-fn chat_prompt(e: &Engine, user: &str) -> Vec<u32> {
-    let msgs = [ChatMessage {
-        role: "user".into(),
-        content: user.into(),
-    }];
-    let text = e
-        .model
-        .vocab
-        .render_chat(&msgs, true, &Default::default())
-        .expect("render");
-    e.model.vocab.encode(&text).expect("encode")
 }
 
 fn greedy(prompt: Vec<u32>, max_tokens: Option<usize>, stop: Vec<String>) -> GenerateRequest {

@@ -155,6 +155,14 @@ fn api_key(a: &Args, p: &Provider, dialect: Dialect) -> Option<String> {
         })
 }
 
+/// Prints streamed text of the first choice as it arrives.
+fn print_first_choice(choice: usize, text: &str) {
+    if choice == 0 {
+        print!("{text}");
+        let _ = std::io::stdout().flush();
+    }
+}
+
 /// One line per piece: finish reason and usage, as the provider put them.
 fn summary(p: &Piece) -> String {
     let m = &p.metadata;
@@ -287,9 +295,8 @@ pub fn run(a: Args) -> Result<()> {
             let quiet = a.json;
             let reply = target
                 .send_streaming(&req, &mut |i, t| {
-                    if !quiet && i == 0 {
-                        print!("{t}");
-                        let _ = std::io::stdout().flush();
+                    if !quiet {
+                        print_first_choice(i, t)
                     }
                 })
                 .await;
@@ -341,14 +348,7 @@ pub fn run(a: Args) -> Result<()> {
                 continue;
             }
             let req = turn(text, &mut history, &mut store)?;
-            let reply = target
-                .send_streaming(&req, &mut |i, t| {
-                    if i == 0 {
-                        print!("{t}");
-                        let _ = std::io::stdout().flush();
-                    }
-                })
-                .await;
+            let reply = target.send_streaming(&req, &mut print_first_choice).await;
             println!();
             store.add_message(
                 conv,

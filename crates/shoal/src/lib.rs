@@ -10,3 +10,15 @@ pub fn id_from_path(p: &Path) -> String {
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into())
 }
+
+/// Logs to stderr, filtered by `SHOAL_LOG` (default `info`); shared by the
+/// CLI and the desktop app so both log alike.
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SHOAL_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}

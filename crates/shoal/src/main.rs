@@ -66,13 +66,7 @@ impl ModelArgs {
 }
 
 fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SHOAL_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    shoal::init_logging();
     match Cli::parse().command {
         Command::Generate(a) => generate::run(a),
         Command::Bench(a) => bench::run(a),

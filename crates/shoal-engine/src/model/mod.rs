@@ -224,6 +224,26 @@ struct Layer {
     down: Linear,
 }
 
+impl Layer {
+    /// Query, key and value projections of the normed input (flat heads).
+    fn qkv(&self, h: &Array, eps: f32) -> Result<[Array; 3]> {
+        let x = fast::rms_norm(h, Some(&self.attn_norm), eps)?;
+        <[Array; 3]>::try_from(self.qkv.apply(&x)?)
+            .map_err(|_| EngineError::Backend("qkv split".into()))
+    }
+
+    /// The rest of the layer after attention: output projection and the
+    /// gated MLP, each added to the residual stream.
+    fn finish(&self, h: Array, attn: &Array, eps: f32) -> Result<Array> {
+        let h = h.add(self.o_proj.apply(attn)?)?;
+        let x = fast::rms_norm(&h, Some(&self.ffn_norm), eps)?;
+        let [g, u] = <[Array; 2]>::try_from(self.gate_up.apply(&x)?)
+            .map_err(|_| EngineError::Backend("gate/up split".into()))?;
+        let act = mlx_rs::nn::silu(&g)?.multiply(&u)?;
+        Ok(h.add(self.down.apply(&act)?)?)
+    }
+}
+
 /// A loaded decoder-only transformer.
 pub struct Transformer {
     cfg: ModelConfig,
@@ -530,10 +550,7 @@ impl Transformer {
         let scale = 1.0 / (hd as f32).sqrt();
         let eps = self.cfg.rms_norm_eps;
         for (i, l) in self.layers.iter().enumerate() {
-            let x = fast::rms_norm(&h, Some(&l.attn_norm), eps)?;
-            let qkv = l.qkv.apply(&x)?;
-            let [q, k, v] = <[Array; 3]>::try_from(qkv)
-                .map_err(|_| EngineError::Backend("qkv split".into()))?;
+            let [q, k, v] = l.qkv(&h, eps)?;
             let mut q = q.reshape(&[1, n, nh, hd])?;
             let mut k = k.reshape(&[1, n, nkv, hd])?;
             let v = v.reshape(&[1, n, nkv, hd])?.transpose_axes(&[0, 2, 1, 3])?;
@@ -553,13 +570,7 @@ impl Transformer {
             };
             let o = fast::scaled_dot_product_attention(&q, &keys, &values, scale, mask, None)?;
             let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[1, n, nh * hd])?;
-            h = h.add(l.o_proj.apply(&o)?)?;
-            let x = fast::rms_norm(&h, Some(&l.ffn_norm), eps)?;
-            let gu = l.gate_up.apply(&x)?;
-            let [g, u] = <[Array; 2]>::try_from(gu)
-                .map_err(|_| EngineError::Backend("gate/up split".into()))?;
-            let act = mlx_rs::nn::silu(&g)?.multiply(&u)?;
-            h = h.add(l.down.apply(&act)?)?;
+            h = l.finish(h, &o, eps)?;
         }
         cache.offset += n as usize;
         Ok(h)
@@ -596,10 +607,7 @@ impl Transformer {
         let scale = 1.0 / (hd as f32).sqrt();
         let eps = self.cfg.rms_norm_eps;
         for (li, l) in self.layers.iter().enumerate() {
-            let x = fast::rms_norm(&h, Some(&l.attn_norm), eps)?;
-            let qkv = l.qkv.apply(&x)?;
-            let [q, k, v] = <[Array; 3]>::try_from(qkv)
-                .map_err(|_| EngineError::Backend("qkv split".into()))?;
+            let [q, k, v] = l.qkv(&h, eps)?;
             // One position per row: [B, 1, heads, dim] and [B, heads, 1, dim]
             // share a memory layout, so a reshape replaces the transpose.
             let mut q = q.reshape(&[b, nh, 1, hd])?;
@@ -630,13 +638,7 @@ impl Transformer {
                 None,
             )?;
             let o = o.reshape(&[1, b, nh * hd])?;
-            h = h.add(l.o_proj.apply(&o)?)?;
-            let x = fast::rms_norm(&h, Some(&l.ffn_norm), eps)?;
-            let gu = l.gate_up.apply(&x)?;
-            let [g, u] = <[Array; 2]>::try_from(gu)
-                .map_err(|_| EngineError::Backend("gate/up split".into()))?;
-            let act = mlx_rs::nn::silu(&g)?.multiply(&u)?;
-            h = h.add(l.down.apply(&act)?)?;
+            h = l.finish(h, &o, eps)?;
         }
         batch.idx += 1;
         Ok(h)

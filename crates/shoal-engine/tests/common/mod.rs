@@ -1,0 +1,31 @@
+//! Helpers shared by the engine's end-to-end test files.
+use std::path::PathBuf;
+
+use shoal_engine::{ChatMessage, Engine};
+
+/// The default model: `SHOAL_TEST_GGUF`, else where `make` fetches it.
+pub fn gguf_path() -> PathBuf {
+    let p = std::env::var("SHOAL_TEST_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| shoal_engine::loader::default_model_path());
+    assert!(
+        p.is_file(),
+        "default model missing at {} — run `make models`",
+        p.display()
+    );
+    p
+}
+
+/// A one-message chat prompt through the model's own template.
+pub fn chat_prompt(e: &Engine, user: &str) -> Vec<u32> {
+    let msgs = [ChatMessage {
+        role: "user".into(),
+        content: user.into(),
+    }];
+    let text = e
+        .model
+        .vocab
+        .render_chat(&msgs, true, &Default::default())
+        .expect("render");
+    e.model.vocab.encode(&text).expect("encode")
+}
