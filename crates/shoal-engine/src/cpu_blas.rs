@@ -6,8 +6,10 @@
 //! - so that `OPENBLAS_CORETYPE` can be set before OpenBLAS initialises — the
 //!   Debian 12 build does not recognise recent Xeons and falls back to SSE3
 //!   kernels, 5–10x slower than its AVX2/AVX-512 ones on the same CPU;
-//! - and so that decode-time single-row products go to `sgemv`, which streams
-//!   the weights once, where OpenBLAS 0.3.21's `sgemm` packs them first.
+//! - and so that decode-time products go where they are fastest: one row to
+//!   `sgemv`, which streams the weights once where OpenBLAS 0.3.21's `sgemm`
+//!   packs them first; a batch of up to 16 rows, and small products such as
+//!   attention over a short context, to [`skinny`].
 //!
 //! Without OpenBLAS the call goes on to the next `cblas_sgemm` in lookup order
 //! (the wheel's), so results never depend on which one is found.
@@ -17,6 +19,8 @@ use std::os::raw::{c_char, c_float, c_int};
 use std::sync::OnceLock;
 
 use tracing::{info, warn};
+
+mod skinny;
 
 const ROW_MAJOR: c_int = 101;
 const NO_TRANS: c_int = 111;
@@ -174,6 +178,46 @@ pub unsafe extern "C" fn cblas_sgemm(
     c: *mut c_float,
     ldc: c_int,
 ) {
+    let ta = transa == TRANS;
+    let tb = transb == TRANS;
+    let (mu, nu, ku) = (m as usize, n as usize, k as usize);
+    if order == ROW_MAJOR && !ta && m > 0 && n > 0 && k > 0 && mu <= skinny::MAX_ROWS {
+        // Small products (attention over a short context) stay on this thread:
+        // waking OpenBLAS's threads would cost more than the arithmetic.
+        let small = nu * ku < skinny::PARALLEL_MIN;
+        if tb && (mu > 1 || small) {
+            skinny::gemm_nt(
+                mu,
+                nu,
+                ku,
+                alpha,
+                a,
+                lda as usize,
+                b,
+                ldb as usize,
+                beta,
+                c,
+                ldc as usize,
+            );
+            return;
+        }
+        if !tb && small {
+            skinny::gemm_nn_small(
+                mu,
+                nu,
+                ku,
+                alpha,
+                a,
+                lda as usize,
+                b,
+                ldb as usize,
+                beta,
+                c,
+                ldc as usize,
+            );
+            return;
+        }
+    }
     let (sgemv, sgemm) = match BLAS.get_or_init(load) {
         Some(Blas::OpenBlas { sgemv, sgemm, .. }) => (*sgemv, *sgemm),
         Some(Blas::Next(next)) => {
@@ -184,8 +228,6 @@ pub unsafe extern "C" fn cblas_sgemm(
         }
         None => return,
     };
-    let ta = transa == TRANS;
-    let tb = transb == TRANS;
     if order == ROW_MAJOR && m == 1 && k > 0 {
         // c[1 x n] = a[1 x k] · op(b)[k x n]  ⇔  c = op(b)ᵀ · aᵀ
         let incx = if ta { lda } else { 1 };
