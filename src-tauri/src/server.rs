@@ -102,7 +102,7 @@ impl Server {
         let mut inner = self.inner();
         match loaded {
             Ok(engine) => {
-                let mut state = AppState::new(engine);
+                let mut state = shoal::open_store(AppState::new(engine), cfg);
                 state.aliases = Arc::new(cfg.model.aliases.clone());
                 inner.state = Some(state);
                 Ok(())

@@ -18,6 +18,8 @@ pub enum ErrorKind {
     NotFound,
     TooLarge,
     Overloaded,
+    /// A feature this server runs without (e.g. no conversation store).
+    Unavailable,
     Internal,
 }
 
@@ -62,6 +64,14 @@ impl ApiError {
             code: None,
         }
     }
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        ApiError {
+            kind: ErrorKind::Unavailable,
+            message: message.into(),
+            param: None,
+            code: None,
+        }
+    }
     /// The engine failed part-way through a generation.
     pub fn generation_failed(detail: &str) -> Self {
         ApiError::internal(format!("generation failed: {detail}"))
@@ -85,6 +95,7 @@ impl ApiError {
             (ErrorKind::Overloaded, Dialect::Anthropic) => {
                 StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
             }
+            (ErrorKind::Unavailable, _) => StatusCode::SERVICE_UNAVAILABLE,
             (ErrorKind::Internal, _) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -98,7 +109,7 @@ impl ApiError {
                         "invalid_request_error"
                     }
                     ErrorKind::Overloaded => "rate_limit_error",
-                    ErrorKind::Internal => "server_error",
+                    ErrorKind::Unavailable | ErrorKind::Internal => "server_error",
                 };
                 json!({"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}})
             }
@@ -108,7 +119,7 @@ impl ApiError {
                     ErrorKind::NotFound => "not_found_error",
                     ErrorKind::TooLarge => "request_too_large",
                     ErrorKind::Overloaded => "overloaded_error",
-                    ErrorKind::Internal => "api_error",
+                    ErrorKind::Unavailable | ErrorKind::Internal => "api_error",
                 };
                 json!({"type": "error", "error": {"type": kind, "message": self.message}})
             }

@@ -51,6 +51,28 @@ impl Ledger {
         q.push_back(e);
     }
 
+    /// The entry for a response id, if it is still in the ring.
+    pub fn get(&self, id: &str) -> Option<LedgerEntry> {
+        let q = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        q.iter().rev().find(|e| e.id == id).cloned()
+    }
+
+    /// Like [`Ledger::get`], waiting up to `timeout` for a request that is
+    /// still winding down (a client that hung up is recorded once the engine
+    /// has stopped its generation).
+    pub async fn wait_for(&self, id: &str, timeout: std::time::Duration) -> Option<LedgerEntry> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(e) = self.get(id) {
+                return Some(e);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
     /// Newest first.
     pub fn recent(&self, limit: usize) -> Vec<LedgerEntry> {
         let q = self.entries.lock().unwrap_or_else(|p| p.into_inner());

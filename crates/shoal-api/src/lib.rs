@@ -3,6 +3,7 @@
 //! final `Completion` record.
 pub mod anthropic;
 pub mod body;
+pub mod conversations;
 pub mod error;
 pub mod ledger;
 pub mod openai_chat;
@@ -41,6 +42,8 @@ pub struct AppState {
     pub node: Arc<LocalNode>,
     /// Generations in progress (cancelled when the server shuts down).
     pub running: Arc<run::Running>,
+    /// Conversation history for `/v1/conversations`; `None` serves 503s.
+    pub store: Option<conversations::SharedStore>,
 }
 
 impl AppState {
@@ -57,7 +60,15 @@ impl AppState {
             responses: Arc::new(openai_responses::ResponseStore::new(256)),
             aliases: Arc::new(Vec::new()),
             running: Arc::new(run::Running::default()),
+            store: None,
         }
+    }
+
+    /// Opens (creating or migrating) the conversation store at `path`.
+    pub fn with_store(mut self, path: &std::path::Path) -> Result<Self, shoal_client::ClientError> {
+        let store = shoal_client::Store::open(path)?;
+        self.store = Some(Arc::new(std::sync::Mutex::new(store)));
+        Ok(self)
     }
 
     /// Checks the requested model name; unknown names are a 404.
@@ -176,6 +187,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/messages", post(anthropic::handle))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/cluster/nodes", get(cluster_nodes))
+        .merge(conversations::routes())
         .fallback(fallback)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)

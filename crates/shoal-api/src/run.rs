@@ -186,10 +186,47 @@ pub fn start(state: &AppState, job: Job, fmt: LedgerFormat) -> Result<Choices, A
         let mut merged = futures::stream::select_all(streams);
         let mut done: Vec<Option<Completion>> = vec![None; n];
         let mut client_gone = false;
+        let mut recorded = false;
+        // Records the request; called before the last choice's final event is
+        // forwarded, so a client that has seen the end finds the entry.
+        let record = |done: &[Option<Completion>]| {
+            let completions: Vec<Completion> = done.iter().flatten().cloned().collect();
+            let first = completions.first().map(|c| c.timings).unwrap_or_default();
+            ledger.record(LedgerEntry {
+                id: fmt.id.clone(),
+                dialect: fmt.dialect,
+                model: fmt.model.clone(),
+                created,
+                stream: fmt.stream,
+                finish_reasons: completions
+                    .iter()
+                    .map(|c| match c.finish {
+                        FinishReason::Cancelled => "cancelled".to_string(),
+                        ref f => (fmt.finish)(f),
+                    })
+                    .collect(),
+                engine_finish_reasons: completions.iter().map(|c| c.finish.as_str()).collect(),
+                stop_sequences: completions
+                    .iter()
+                    .map(|c| match &c.finish {
+                        FinishReason::StopSequence(s) => Some(s.clone()),
+                        _ => None,
+                    })
+                    .collect(),
+                usage: (fmt.usage)(&completions, per),
+                ttft_ms: first.ttft_ms,
+                decode_tokens_per_s: first.decode_tokens_per_s,
+                prefill_tokens_per_s: first.prefill_tokens_per_s,
+            });
+        };
         while let Some((i, ev)) = merged.next().await {
             if let Event::Done(c) = &ev {
                 if let Some(slot) = done.get_mut(i) {
                     *slot = Some(c.clone());
+                }
+                if !recorded && done.iter().all(Option::is_some) {
+                    record(&done);
+                    recorded = true;
                 }
             }
             if !client_gone && tx.send((i, ev)).is_err() {
@@ -199,34 +236,9 @@ pub fn start(state: &AppState, job: Job, fmt: LedgerFormat) -> Result<Choices, A
             }
         }
         drop(running);
-        let completions: Vec<Completion> = done.into_iter().flatten().collect();
-        let first = completions.first().map(|c| c.timings).unwrap_or_default();
-        ledger.record(LedgerEntry {
-            id: fmt.id,
-            dialect: fmt.dialect,
-            model: fmt.model,
-            created,
-            stream: fmt.stream,
-            finish_reasons: completions
-                .iter()
-                .map(|c| match c.finish {
-                    FinishReason::Cancelled => "cancelled".to_string(),
-                    ref f => (fmt.finish)(f),
-                })
-                .collect(),
-            engine_finish_reasons: completions.iter().map(|c| c.finish.as_str()).collect(),
-            stop_sequences: completions
-                .iter()
-                .map(|c| match &c.finish {
-                    FinishReason::StopSequence(s) => Some(s.clone()),
-                    _ => None,
-                })
-                .collect(),
-            usage: (fmt.usage)(&completions, per),
-            ttft_ms: first.ttft_ms,
-            decode_tokens_per_s: first.decode_tokens_per_s,
-            prefill_tokens_per_s: first.prefill_tokens_per_s,
-        });
+        if !recorded {
+            record(&done);
+        }
     });
     Ok(Choices { rx, n })
 }

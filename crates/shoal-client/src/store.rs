@@ -12,7 +12,8 @@ use crate::metadata::Metadata;
 use crate::target::{Piece, PieceKind};
 
 /// Migrations in order; `user_version` is how many have run.
-const MIGRATIONS: &[&str] = &["CREATE TABLE conversations (
+const MIGRATIONS: &[&str] = &[
+    "CREATE TABLE conversations (
         id INTEGER PRIMARY KEY,
         title TEXT NOT NULL,
         created_ms INTEGER NOT NULL
@@ -41,7 +42,12 @@ const MIGRATIONS: &[&str] = &["CREATE TABLE conversations (
         key TEXT NOT NULL,
         value TEXT NOT NULL,
         PRIMARY KEY (piece_id, key)
-    );"];
+    );",
+    // 2: per-conversation settings (the UI's model, prompt, sampling) and last activity.
+    "ALTER TABLE conversations ADD COLUMN settings TEXT NOT NULL DEFAULT '{}';
+    ALTER TABLE conversations ADD COLUMN updated_ms INTEGER NOT NULL DEFAULT 0;
+    UPDATE conversations SET updated_ms = created_ms;",
+];
 
 /// A stored message with its pieces.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -55,12 +61,16 @@ pub struct StoredMessage {
     pub pieces: Vec<Piece>,
 }
 
-/// A conversation summary.
+/// A conversation with its messages.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Conversation {
     pub id: i64,
     pub title: String,
     pub created_ms: i64,
+    /// Time of the last change (message added, title or settings edited).
+    pub updated_ms: i64,
+    /// Free-form settings of the front end that owns the chat (a JSON object).
+    pub settings: Value,
     pub messages: Vec<StoredMessage>,
 }
 
@@ -119,11 +129,65 @@ impl Store {
     }
 
     pub fn create_conversation(&self, title: &str) -> Result<i64> {
+        self.create_conversation_with(title, &Value::Object(Default::default()))
+    }
+
+    /// A new conversation with the given settings object.
+    pub fn create_conversation_with(&self, title: &str, settings: &Value) -> Result<i64> {
+        let now = now_ms();
         self.conn.execute(
-            "INSERT INTO conversations (title, created_ms) VALUES (?1, ?2)",
-            params![title, now_ms()],
+            "INSERT INTO conversations (title, created_ms, updated_ms, settings) VALUES (?1, ?2, ?2, ?3)",
+            params![title, now, settings.to_string()],
         )?;
         Ok(self.conn.last_insert_rowid())
+    }
+
+    /// Changes the title and/or settings; false if there is no such conversation.
+    pub fn update_conversation(
+        &self,
+        id: i64,
+        title: Option<&str>,
+        settings: Option<&Value>,
+    ) -> Result<bool> {
+        let n = self.conn.execute(
+            "UPDATE conversations SET title = COALESCE(?2, title),
+                 settings = COALESCE(?3, settings), updated_ms = ?4 WHERE id = ?1",
+            params![id, title, settings.map(Value::to_string), now_ms()],
+        )?;
+        Ok(n > 0)
+    }
+
+    /// Deletes a conversation with its messages; false if there was none.
+    pub fn delete_conversation(&self, id: i64) -> Result<bool> {
+        Ok(self
+            .conn
+            .execute("DELETE FROM conversations WHERE id = ?1", params![id])?
+            > 0)
+    }
+
+    /// Deletes `message_id` and every later message of its conversation (a
+    /// retried turn); returns how many went. Zero if the message is not in
+    /// `conversation_id`.
+    pub fn truncate_from(&mut self, conversation_id: i64, message_id: i64) -> Result<usize> {
+        let tx = self.conn.transaction()?;
+        let seq: Option<i64> = tx
+            .query_row(
+                "SELECT seq FROM messages WHERE id = ?1 AND conversation_id = ?2",
+                params![message_id, conversation_id],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let Some(seq) = seq else { return Ok(0) };
+        let n = tx.execute(
+            "DELETE FROM messages WHERE conversation_id = ?1 AND seq >= ?2",
+            params![conversation_id, seq],
+        )?;
+        tx.execute(
+            "UPDATE conversations SET updated_ms = ?2 WHERE id = ?1",
+            params![conversation_id, now_ms()],
+        )?;
+        tx.commit()?;
+        Ok(n)
     }
 
     /// Appends a message and its pieces in one transaction; returns its id.
@@ -147,6 +211,10 @@ impl Store {
             params![conversation_id, seq, role, target, model, now_ms()],
         )?;
         let message_id = tx.last_insert_rowid();
+        tx.execute(
+            "UPDATE conversations SET updated_ms = ?2 WHERE id = ?1",
+            params![conversation_id, now_ms()],
+        )?;
         for (idx, p) in pieces.iter().enumerate() {
             let kind = match p.kind {
                 PieceKind::Text => "text",
@@ -236,34 +304,61 @@ impl Store {
 
     /// Every conversation with its messages, oldest first.
     pub fn conversations(&self) -> Result<Vec<Conversation>> {
-        let mut stmt = self
+        let ids: Vec<i64> = self
             .conn
-            .prepare("SELECT id, title, created_ms FROM conversations ORDER BY id")?;
-        let convs: Vec<(i64, String, i64)> = stmt
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+            .prepare("SELECT id FROM conversations ORDER BY id")?
+            .query_map([], |r| r.get(0))?
             .collect::<std::result::Result<_, _>>()?;
-        let mut mstmt = self
-            .conn
-            .prepare("SELECT id FROM messages WHERE conversation_id = ?1 ORDER BY seq")?;
-        let mut out = Vec::with_capacity(convs.len());
-        for (id, title, created_ms) in convs {
-            let ids: Vec<i64> = mstmt
-                .query_map(params![id], |r| r.get(0))?
-                .collect::<std::result::Result<_, _>>()?;
-            let mut messages = Vec::with_capacity(ids.len());
-            for mid in ids {
-                if let Some(m) = self.message(mid)? {
-                    messages.push(m);
-                }
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some(c) = self.conversation(id)? {
+                out.push(c);
             }
-            out.push(Conversation {
-                id,
-                title,
-                created_ms,
-                messages,
-            });
         }
         Ok(out)
+    }
+
+    /// One conversation with its messages in order.
+    pub fn conversation(&self, id: i64) -> Result<Option<Conversation>> {
+        let head = self
+            .conn
+            .query_row(
+                "SELECT title, created_ms, updated_ms, settings FROM conversations WHERE id = ?1",
+                params![id],
+                |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, i64>(2)?,
+                        r.get::<_, String>(3)?,
+                    ))
+                },
+            )
+            .optional()?;
+        let Some((title, created_ms, updated_ms, settings)) = head else {
+            return Ok(None);
+        };
+        let settings: Value = serde_json::from_str(&settings)
+            .map_err(|e| ClientError::StoreData(format!("conversation {id} settings: {e}")))?;
+        let ids: Vec<i64> = self
+            .conn
+            .prepare("SELECT id FROM messages WHERE conversation_id = ?1 ORDER BY seq")?
+            .query_map(params![id], |r| r.get(0))?
+            .collect::<std::result::Result<_, _>>()?;
+        let mut messages = Vec::with_capacity(ids.len());
+        for mid in ids {
+            if let Some(m) = self.message(mid)? {
+                messages.push(m);
+            }
+        }
+        Ok(Some(Conversation {
+            id,
+            title,
+            created_ms,
+            updated_ms,
+            settings,
+            messages,
+        }))
     }
 
     /// `PRAGMA integrity_check`: `ok` when the file is sound.
@@ -327,5 +422,85 @@ mod tests {
         let all = s.conversations().expect("list");
         assert_eq!(all.len(), 1);
         assert_eq!(all[0].messages.len(), 1);
+    }
+
+    #[test]
+    fn a_version_1_store_migrates_keeping_its_data() {
+        let path = temp_db("migrate");
+        std::fs::create_dir_all(path.parent().expect("dir")).expect("mkdir");
+        {
+            let conn = Connection::open(&path).expect("open v1");
+            conn.execute_batch(MIGRATIONS[0]).expect("v1 schema");
+            conn.pragma_update(None, "user_version", 1)
+                .expect("version");
+            conn.execute(
+                "INSERT INTO conversations (title, created_ms) VALUES ('old', 1234)",
+                [],
+            )
+            .expect("row");
+        }
+        let s = Store::open(&path).expect("migrate");
+        assert_eq!(
+            s.schema_version().expect("version"),
+            MIGRATIONS.len() as i64
+        );
+        let all = s.conversations().expect("list");
+        assert_eq!(all.len(), 1);
+        assert_eq!(all[0].title, "old");
+        assert_eq!(all[0].updated_ms, 1234, "last activity starts at creation");
+        assert_eq!(all[0].settings, json!({}));
+    }
+
+    #[test]
+    fn conversations_are_edited_truncated_and_deleted() {
+        let path = temp_db("edit");
+        let mut s = Store::open(&path).expect("open");
+        let c = s
+            .create_conversation_with("New chat", &json!({"model": "m", "stop": ["END"]}))
+            .expect("create");
+        let other = s.create_conversation("other").expect("create");
+        let text = |t: &str| Piece {
+            kind: PieceKind::Text,
+            text: t.into(),
+            tool_calls: vec![],
+            metadata: Metadata::new(),
+        };
+        let m1 = s
+            .add_message(c, "user", None, None, &[text("a")])
+            .expect("m1");
+        let m2 = s
+            .add_message(c, "assistant", None, None, &[text("b")])
+            .expect("m2");
+        s.add_message(c, "user", None, None, &[text("c")])
+            .expect("m3");
+        assert!(s
+            .update_conversation(c, Some("Renamed"), None)
+            .expect("rename"));
+        assert!(!s
+            .update_conversation(9999, Some("x"), None)
+            .expect("missing"));
+        let got = s.conversation(c).expect("read").expect("present");
+        assert_eq!(got.title, "Renamed");
+        assert_eq!(
+            got.settings,
+            json!({"model": "m", "stop": ["END"]}),
+            "settings kept"
+        );
+        assert_eq!(got.messages.len(), 3);
+        assert_eq!(s.truncate_from(other, m2).expect("wrong conv"), 0);
+        assert_eq!(s.truncate_from(c, m2).expect("truncate"), 2);
+        let got = s.conversation(c).expect("read").expect("present");
+        assert_eq!(
+            got.messages.iter().map(|m| m.id).collect::<Vec<_>>(),
+            vec![m1]
+        );
+        assert!(s.delete_conversation(c).expect("delete"));
+        assert!(s.conversation(c).expect("read").is_none());
+        assert!(
+            s.message(m1).expect("read").is_none(),
+            "messages go with it"
+        );
+        assert!(!s.delete_conversation(c).expect("again"));
+        assert_eq!(s.conversations().expect("list").len(), 1);
     }
 }

@@ -45,6 +45,58 @@ impl Dialect {
             Dialect::Messages => "messages",
         }
     }
+    /// Reads a usage object in this dialect's field names onto the typed
+    /// capture; fields not reported stay `None`.
+    pub fn read_usage(self, u: &Value, m: &mut ProviderMeta) {
+        match self {
+            Dialect::Chat | Dialect::Completions => {
+                m.token_usage_prompt_tokens = count(u.get("prompt_tokens"));
+                m.token_usage_completion_tokens = count(u.get("completion_tokens"));
+                m.token_usage_total_tokens = count(u.get("total_tokens"));
+                m.token_usage_cached_tokens =
+                    count(u.pointer("/prompt_tokens_details/cached_tokens"));
+                m.token_usage_reasoning_tokens =
+                    count(u.pointer("/completion_tokens_details/reasoning_tokens"));
+            }
+            Dialect::Responses => {
+                m.token_usage_prompt_tokens = count(u.get("input_tokens"));
+                m.token_usage_completion_tokens = count(u.get("output_tokens"));
+                m.token_usage_total_tokens = count(u.get("total_tokens"));
+                m.token_usage_cached_tokens =
+                    count(u.pointer("/input_tokens_details/cached_tokens"));
+                m.token_usage_reasoning_tokens =
+                    count(u.pointer("/output_tokens_details/reasoning_tokens"));
+            }
+            Dialect::Messages => {
+                // `input_tokens` excludes cache reads and writes; the prompt is all three.
+                let input = count(u.get("input_tokens"));
+                let read = count(u.get("cache_read_input_tokens"));
+                let created = count(u.get("cache_creation_input_tokens"));
+                let output = count(u.get("output_tokens"));
+                if input.is_some() {
+                    m.token_usage_input_tokens = input;
+                }
+                if read.is_some() {
+                    m.token_usage_cached_tokens = read;
+                }
+                if created.is_some() {
+                    m.token_usage_cache_creation_tokens = created;
+                }
+                if output.is_some() {
+                    m.token_usage_completion_tokens = output;
+                }
+                if let Some(i) = m.token_usage_input_tokens {
+                    let prompt = i
+                        + m.token_usage_cached_tokens.unwrap_or(0)
+                        + m.token_usage_cache_creation_tokens.unwrap_or(0);
+                    m.token_usage_prompt_tokens = Some(prompt);
+                    m.token_usage_total_tokens =
+                        m.token_usage_completion_tokens.map(|o| prompt + o);
+                }
+            }
+        }
+    }
+
     fn path(self) -> &'static str {
         match self {
             Dialect::Chat => "chat/completions",
@@ -350,53 +402,7 @@ impl Target {
 
     /// Usage in this dialect's field names, onto the typed capture.
     fn usage(&self, u: &Value, m: &mut ProviderMeta) {
-        match self.cfg.dialect {
-            Dialect::Chat | Dialect::Completions => {
-                m.token_usage_prompt_tokens = count(u.get("prompt_tokens"));
-                m.token_usage_completion_tokens = count(u.get("completion_tokens"));
-                m.token_usage_total_tokens = count(u.get("total_tokens"));
-                m.token_usage_cached_tokens =
-                    count(u.pointer("/prompt_tokens_details/cached_tokens"));
-                m.token_usage_reasoning_tokens =
-                    count(u.pointer("/completion_tokens_details/reasoning_tokens"));
-            }
-            Dialect::Responses => {
-                m.token_usage_prompt_tokens = count(u.get("input_tokens"));
-                m.token_usage_completion_tokens = count(u.get("output_tokens"));
-                m.token_usage_total_tokens = count(u.get("total_tokens"));
-                m.token_usage_cached_tokens =
-                    count(u.pointer("/input_tokens_details/cached_tokens"));
-                m.token_usage_reasoning_tokens =
-                    count(u.pointer("/output_tokens_details/reasoning_tokens"));
-            }
-            Dialect::Messages => {
-                // `input_tokens` excludes cache reads and writes; the prompt is all three.
-                let input = count(u.get("input_tokens"));
-                let read = count(u.get("cache_read_input_tokens"));
-                let created = count(u.get("cache_creation_input_tokens"));
-                let output = count(u.get("output_tokens"));
-                if input.is_some() {
-                    m.token_usage_input_tokens = input;
-                }
-                if read.is_some() {
-                    m.token_usage_cached_tokens = read;
-                }
-                if created.is_some() {
-                    m.token_usage_cache_creation_tokens = created;
-                }
-                if output.is_some() {
-                    m.token_usage_completion_tokens = output;
-                }
-                if let Some(i) = m.token_usage_input_tokens {
-                    let prompt = i
-                        + m.token_usage_cached_tokens.unwrap_or(0)
-                        + m.token_usage_cache_creation_tokens.unwrap_or(0);
-                    m.token_usage_prompt_tokens = Some(prompt);
-                    m.token_usage_total_tokens =
-                        m.token_usage_completion_tokens.map(|o| prompt + o);
-                }
-            }
-        }
+        self.cfg.dialect.read_usage(u, m);
     }
 
     /// A non-streamed response body.

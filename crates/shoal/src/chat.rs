@@ -125,9 +125,7 @@ fn db_path(flag: &Option<PathBuf>) -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("SHOAL_DB").filter(|p| !p.is_empty()) {
         return Ok(PathBuf::from(p));
     }
-    let dirs = directories::ProjectDirs::from("", "", "shoal")
-        .context("no home directory for the conversation store; pass --db")?;
-    Ok(dirs.data_dir().join("conversations.sqlite"))
+    shoal::default_db_path()
 }
 
 fn parse_metadata(items: &[String]) -> Result<Metadata> {

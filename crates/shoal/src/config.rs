@@ -33,6 +33,10 @@ pub struct Server {
     pub queue: usize,
     /// Requests decoded together in one batched forward pass.
     pub max_batch: usize,
+    /// Conversation store behind /v1/conversations (the one `shoal chat` and
+    /// `shoal history` use); the platform data directory when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub db: Option<PathBuf>,
 }
 
 impl Default for Server {
@@ -42,6 +46,7 @@ impl Default for Server {
             port: 8421,
             queue: 64,
             max_batch: 16,
+            db: None,
         }
     }
 }
@@ -119,6 +124,7 @@ const SETTINGS: &[Setting] = &[
         Some("SHOAL_MAX_BATCH"),
         "--max-batch",
     ),
+    setting("server", "db", Some("SHOAL_DB"), "--db"),
     setting("model", "path", Some("SHOAL_MODEL"), "--model"),
     setting("model", "id", Some("SHOAL_MODEL_ID"), "--model-id"),
     setting("model", "aliases", None, "--alias"),
@@ -177,6 +183,10 @@ pub struct Flags {
     /// batching; default 16) [env: SHOAL_MAX_BATCH].
     #[arg(long)]
     pub max_batch: Option<usize>,
+    /// Conversation store for the web UI's history, shared with `shoal chat`
+    /// (default: the platform data directory) [env: SHOAL_DB].
+    #[arg(long, value_name = "PATH")]
+    pub db: Option<PathBuf>,
     /// Memory for reusing KV state of shared prompt prefixes across requests,
     /// 0 = off (default 1024) [env: SHOAL_PREFIX_CACHE_MB].
     #[arg(long)]
@@ -204,6 +214,7 @@ struct Overrides {
     port: Option<u16>,
     queue: Option<usize>,
     max_batch: Option<usize>,
+    db: Option<PathBuf>,
     model_path: Option<PathBuf>,
     model_id: Option<String>,
     aliases: Option<Vec<String>>,
@@ -234,6 +245,7 @@ impl Overrides {
             port: parsed("SHOAL_PORT", var("SHOAL_PORT"))?,
             queue: parsed("SHOAL_QUEUE", var("SHOAL_QUEUE"))?,
             max_batch: parsed("SHOAL_MAX_BATCH", var("SHOAL_MAX_BATCH"))?,
+            db: var("SHOAL_DB").map(PathBuf::from),
             model_path: var("SHOAL_MODEL").map(PathBuf::from),
             model_id: var("SHOAL_MODEL_ID"),
             aliases: None,
@@ -250,6 +262,7 @@ impl Overrides {
             port: f.port,
             queue: f.queue,
             max_batch: f.max_batch,
+            db: f.db.clone(),
             model_path: f.model.clone(),
             model_id: f.model_id.clone(),
             aliases: list(&f.aliases),
@@ -357,9 +370,14 @@ fn parse_file(text: &str, path: &Path) -> Result<(Config, Vec<String>)> {
             }
         }
     }
-    if let (Some(model), Some(dir)) = (config.model.path.as_mut(), path.parent()) {
-        if model.is_relative() {
-            *model = dir.join(&*model);
+    if let Some(dir) = path.parent() {
+        for p in [config.model.path.as_mut(), config.server.db.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            if p.is_relative() {
+                *p = dir.join(&*p);
+            }
         }
     }
     Ok((config, keys))
@@ -386,6 +404,10 @@ impl Resolved {
         if let Some(v) = o.max_batch {
             c.server.max_batch = v;
             set("server.max_batch");
+        }
+        if let Some(v) = o.db {
+            c.server.db = Some(v);
+            set("server.db");
         }
         if let Some(v) = o.model_path {
             c.model.path = Some(v);
@@ -471,6 +493,7 @@ impl Resolved {
         let mut shown = self.config.clone();
         shown.model.path = Some(self.config.model_path());
         shown.model.id = Some(self.config.model_id());
+        shown.server.db = self.config.db_path().ok();
         let table = toml::Table::try_from(&shown).context("rendering the config as TOML")?;
         let mut out = String::from("# Effective settings for `shoal serve`");
         match &self.file {
@@ -515,6 +538,14 @@ impl Config {
             .path
             .clone()
             .unwrap_or_else(shoal_engine::loader::default_model_path)
+    }
+
+    /// The conversation store file: the configured one or the default.
+    pub fn db_path(&self) -> Result<PathBuf> {
+        match &self.server.db {
+            Some(p) => Ok(p.clone()),
+            None => crate::default_db_path(),
+        }
     }
 
     pub fn model_id(&self) -> String {

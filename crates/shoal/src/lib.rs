@@ -2,7 +2,40 @@
 //! settings (`config`) and the default model id.
 pub mod config;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+/// The conversation store `shoal chat`, `shoal history` and the server's
+/// `/v1/conversations` share unless told otherwise.
+pub fn default_db_path() -> anyhow::Result<PathBuf> {
+    let dirs = directories::ProjectDirs::from("", "", "shoal")
+        .context("no home directory for the conversation store; pass --db")?;
+    Ok(dirs.data_dir().join("conversations.sqlite"))
+}
+
+/// Attaches the configured conversation store to the server state. A store
+/// that cannot be opened is logged and left out: the API then serves without
+/// history (503 on /v1/conversations) rather than not at all.
+pub fn open_store(state: shoal_api::AppState, cfg: &config::Config) -> shoal_api::AppState {
+    let db = match cfg.db_path() {
+        Ok(db) => db,
+        Err(e) => {
+            tracing::warn!(error = %e, "conversation store unavailable");
+            return state;
+        }
+    };
+    match state.clone().with_store(&db) {
+        Ok(with) => {
+            tracing::info!(db = %db.display(), "conversation store");
+            with
+        }
+        Err(e) => {
+            tracing::warn!(db = %db.display(), error = %e, "conversation store unavailable");
+            state
+        }
+    }
+}
 
 /// The model id clients see by default: the file or directory name without extension.
 pub fn id_from_path(p: &Path) -> String {

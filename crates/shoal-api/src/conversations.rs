@@ -1,0 +1,388 @@
+//! `/v1/conversations`: the chat history of the web UI and the desktop app,
+//! kept in the same SQLite store as `shoal chat` / `shoal history`.
+//!
+//! An assistant reply is stored with what *this server* recorded for it: the
+//! reserved keys (finish reason, every `token_usage_` figure) come from the
+//! request ledger by response id, never from the posting client, which can
+//! only add keys of its own.
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use shoal_client::metadata::{is_reserved, merge};
+use shoal_client::{Dialect as WireDialect, Metadata, Piece, PieceKind, ProviderMeta, Store};
+
+use crate::error::{ApiError, Dialect, DialectError};
+use crate::ledger::LedgerEntry;
+use crate::AppState;
+
+/// The store behind the routes; one writer at a time.
+pub type SharedStore = Arc<Mutex<Store>>;
+
+/// Metadata keys written by the server besides the reserved ones; a client
+/// cannot set them either.
+const SERVER_KEYS: &[&str] = &[
+    "response_id",
+    "engine_finish_reason",
+    "ttft_ms",
+    "decode_tokens_per_s",
+    "reasoning_content",
+    "error",
+];
+
+/// How long a reply's ledger entry may lag behind the client's post (a
+/// generation the client cancelled is recorded once the engine has stopped).
+const LEDGER_WAIT: Duration = Duration::from_secs(3);
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/v1/conversations", get(list).post(create))
+        .route(
+            "/v1/conversations/{id}",
+            get(one).patch(update).delete(remove),
+        )
+        .route("/v1/conversations/{id}/messages", post(add_message))
+        .route(
+            "/v1/conversations/{id}/messages/{message_id}",
+            delete(truncate),
+        )
+}
+
+type Reply = Result<Json<Value>, DialectError>;
+
+fn err(e: ApiError) -> DialectError {
+    e.in_dialect(Dialect::OpenAi)
+}
+
+/// Runs `f` on the store off the async runtime.
+async fn with_store<T: Send + 'static>(
+    s: &AppState,
+    f: impl FnOnce(&mut Store) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, DialectError> {
+    let store = s.store.clone().ok_or_else(|| {
+        err(ApiError::unavailable(
+            "this server runs without a conversation store",
+        ))
+    })?;
+    tokio::task::spawn_blocking(move || {
+        let mut guard = store.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut guard)
+    })
+    .await
+    .map_err(|e| err(ApiError::internal(format!("store task failed: {e}"))))?
+    .map_err(err)
+}
+
+fn store_err(e: shoal_client::ClientError) -> ApiError {
+    tracing::error!(error = %e, "conversation store");
+    ApiError::internal(format!("conversation store: {e}"))
+}
+
+fn missing(id: i64) -> ApiError {
+    ApiError::not_found(format!("no conversation {id}"))
+}
+
+fn conversation_json(store: &Store, id: i64) -> Result<Value, ApiError> {
+    let c = store
+        .conversation(id)
+        .map_err(store_err)?
+        .ok_or_else(|| missing(id))?;
+    serde_json::to_value(c).map_err(|e| ApiError::internal(e.to_string()))
+}
+
+async fn list(State(s): State<AppState>) -> Reply {
+    let mut all = with_store(&s, |st| st.conversations().map_err(store_err)).await?;
+    all.sort_by(|a, b| b.updated_ms.cmp(&a.updated_ms).then(b.id.cmp(&a.id)));
+    Ok(Json(json!({"object": "list", "data": all})))
+}
+
+async fn one(State(s): State<AppState>, Path(id): Path<i64>) -> Reply {
+    Ok(Json(
+        with_store(&s, move |st| conversation_json(st, id)).await?,
+    ))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Edit {
+    title: Option<String>,
+    settings: Option<Map<String, Value>>,
+}
+
+/// Parses an optional JSON body into `T`, with a 400 naming the problem.
+fn parse<T: for<'de> Deserialize<'de> + Default>(body: &[u8]) -> Result<T, DialectError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body).map_err(|e| err(ApiError::invalid(format!("bad body: {e}"))))
+}
+
+async fn create(State(s): State<AppState>, body: axum::body::Bytes) -> Reply {
+    let edit: Edit = parse(&body)?;
+    let title = edit.title.unwrap_or_else(|| "New chat".into());
+    let settings = Value::Object(edit.settings.unwrap_or_default());
+    let v = with_store(&s, move |st| {
+        let id = st
+            .create_conversation_with(&title, &settings)
+            .map_err(store_err)?;
+        conversation_json(st, id)
+    })
+    .await?;
+    Ok(Json(v))
+}
+
+async fn update(State(s): State<AppState>, Path(id): Path<i64>, body: axum::body::Bytes) -> Reply {
+    let edit: Edit = parse(&body)?;
+    let v = with_store(&s, move |st| {
+        let settings = edit.settings.map(Value::Object);
+        if !st
+            .update_conversation(id, edit.title.as_deref(), settings.as_ref())
+            .map_err(store_err)?
+        {
+            return Err(missing(id));
+        }
+        conversation_json(st, id)
+    })
+    .await?;
+    Ok(Json(v))
+}
+
+async fn remove(State(s): State<AppState>, Path(id): Path<i64>) -> Reply {
+    let gone = with_store(&s, move |st| st.delete_conversation(id).map_err(store_err)).await?;
+    if !gone {
+        return Err(err(missing(id)));
+    }
+    Ok(Json(json!({"id": id, "deleted": true})))
+}
+
+async fn truncate(State(s): State<AppState>, Path((id, message_id)): Path<(i64, i64)>) -> Reply {
+    let n = with_store(&s, move |st| {
+        if st.conversation(id).map_err(store_err)?.is_none() {
+            return Err(missing(id));
+        }
+        let n = st.truncate_from(id, message_id).map_err(store_err)?;
+        if n == 0 {
+            return Err(ApiError::not_found(format!(
+                "no message {message_id} in conversation {id}"
+            )));
+        }
+        Ok(n)
+    })
+    .await?;
+    Ok(Json(json!({"deleted": n})))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct NewMessage {
+    role: String,
+    content: String,
+    reasoning: Option<String>,
+    response_id: Option<String>,
+    error: Option<String>,
+    #[serde(default)]
+    metadata: Metadata,
+}
+
+async fn add_message(
+    State(s): State<AppState>,
+    Path(id): Path<i64>,
+    body: axum::body::Bytes,
+) -> Reply {
+    let m: NewMessage = serde_json::from_slice(&body)
+        .map_err(|e| err(ApiError::invalid(format!("bad body: {e}"))))?;
+    let (piece, target, model) = match m.role.as_str() {
+        "user" => {
+            if m.response_id.is_some() || m.reasoning.is_some() || m.error.is_some() {
+                return Err(err(ApiError::invalid(
+                    "a user message has only content and metadata",
+                )));
+            }
+            let piece = Piece {
+                kind: PieceKind::Text,
+                text: m.content,
+                tool_calls: Vec::new(),
+                metadata: client_keys(&m.metadata),
+            };
+            (piece, None, None)
+        }
+        "assistant" => {
+            let entry = match &m.response_id {
+                Some(rid) => s.ledger.wait_for(rid, LEDGER_WAIT).await,
+                None => None,
+            };
+            let mut metadata = match &entry {
+                Some(e) => merge(&client_keys(&m.metadata), &provider_meta(e)),
+                None => client_keys(&m.metadata),
+            };
+            if let Some(e) = &entry {
+                metadata.insert("response_id".into(), json!(e.id));
+                if let Some(f) = e.engine_finish_reasons.first() {
+                    metadata.insert("engine_finish_reason".into(), json!(f));
+                }
+                metadata.insert("ttft_ms".into(), json!(e.ttft_ms));
+                metadata.insert("decode_tokens_per_s".into(), json!(e.decode_tokens_per_s));
+            }
+            if let Some(r) = m.reasoning.filter(|r| !r.is_empty()) {
+                metadata.insert("reasoning_content".into(), json!(r));
+            }
+            let kind = if let Some(e) = m.error.filter(|e| !e.is_empty()) {
+                metadata.insert("error".into(), json!(e));
+                PieceKind::Error
+            } else {
+                PieceKind::Text
+            };
+            let piece = Piece {
+                kind,
+                text: m.content,
+                tool_calls: Vec::new(),
+                metadata,
+            };
+            let target = entry.as_ref().map(|e| e.dialect.to_string());
+            let model = entry.map(|e| e.model);
+            (piece, target, model)
+        }
+        other => {
+            return Err(err(ApiError::param(
+                "role",
+                format!("role must be \"user\" or \"assistant\", not {other:?}"),
+            )))
+        }
+    };
+    let role = m.role;
+    let v = with_store(&s, move |st| {
+        if st.conversation(id).map_err(store_err)?.is_none() {
+            return Err(missing(id));
+        }
+        let mid = st
+            .add_message(id, &role, target.as_deref(), model.as_deref(), &[piece])
+            .map_err(store_err)?;
+        let stored = st.message(mid).map_err(store_err)?;
+        serde_json::to_value(stored).map_err(|e| ApiError::internal(e.to_string()))
+    })
+    .await?;
+    Ok(Json(v))
+}
+
+/// The client's own metadata: everything but reserved and server keys.
+fn client_keys(m: &Metadata) -> Metadata {
+    m.iter()
+        .filter(|(k, _)| !is_reserved(k) && !SERVER_KEYS.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// What the ledger says about a request's first choice, under the reserved
+/// keys of the dialect it was served in.
+fn provider_meta(e: &LedgerEntry) -> ProviderMeta {
+    let mut p = ProviderMeta::default();
+    let finish = e.finish_reasons.first().cloned();
+    let wire = match e.dialect {
+        "openai.responses" => {
+            if let Some(f) = finish {
+                let (status, reason) = match f.split_once(':') {
+                    Some((s, r)) => (s.to_string(), Some(r.to_string())),
+                    None => (f, None),
+                };
+                p.status = Some(status);
+                p.incomplete_reason = reason;
+            }
+            WireDialect::Responses
+        }
+        "anthropic.messages" => {
+            p.stop_reason = finish;
+            WireDialect::Messages
+        }
+        "openai.completions" => {
+            p.finish_reason = finish;
+            WireDialect::Completions
+        }
+        _ => {
+            p.finish_reason = finish;
+            WireDialect::Chat
+        }
+    };
+    // The matched stop string, whatever the dialect: the server knows it.
+    p.stop_sequence = e.stop_sequences.first().cloned().flatten();
+    wire.read_usage(&e.usage, &mut p);
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(dialect: &'static str, finish: &str, usage: Value) -> LedgerEntry {
+        LedgerEntry {
+            id: "r1".into(),
+            dialect,
+            model: "m".into(),
+            created: 0,
+            stream: true,
+            finish_reasons: vec![finish.into()],
+            engine_finish_reasons: vec!["stop_sequence"],
+            stop_sequences: vec![Some("END".into())],
+            usage,
+            ttft_ms: 1.0,
+            decode_tokens_per_s: 2.0,
+            prefill_tokens_per_s: 3.0,
+        }
+    }
+
+    #[test]
+    fn ledger_usage_maps_to_reserved_keys_per_dialect() {
+        let chat = provider_meta(&entry(
+            "openai.chat",
+            "stop",
+            json!({"prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14,
+                   "prompt_tokens_details": {"cached_tokens": 6},
+                   "completion_tokens_details": {"reasoning_tokens": 0}}),
+        ));
+        assert_eq!(chat.finish_reason.as_deref(), Some("stop"));
+        assert_eq!(chat.stop_sequence.as_deref(), Some("END"));
+        assert_eq!(
+            (
+                chat.token_usage_prompt_tokens,
+                chat.token_usage_cached_tokens,
+                chat.token_usage_total_tokens
+            ),
+            (Some(10), Some(6), Some(14))
+        );
+        let resp = provider_meta(&entry(
+            "openai.responses",
+            "incomplete:max_output_tokens",
+            json!({"input_tokens": 3, "output_tokens": 2, "total_tokens": 5}),
+        ));
+        assert_eq!(resp.status.as_deref(), Some("incomplete"));
+        assert_eq!(resp.incomplete_reason.as_deref(), Some("max_output_tokens"));
+        assert_eq!(resp.token_usage_completion_tokens, Some(2));
+        let msg = provider_meta(&entry(
+            "anthropic.messages",
+            "stop_sequence",
+            json!({"input_tokens": 3, "cache_read_input_tokens": 5, "output_tokens": 2}),
+        ));
+        assert_eq!(msg.stop_reason.as_deref(), Some("stop_sequence"));
+        assert_eq!(msg.token_usage_prompt_tokens, Some(8));
+    }
+
+    #[test]
+    fn client_metadata_cannot_carry_server_or_reserved_keys() {
+        let mut m = Metadata::new();
+        for k in [
+            "finish_reason",
+            "token_usage_prompt_tokens",
+            "ttft_ms",
+            "response_id",
+        ] {
+            m.insert(k.into(), json!(1));
+        }
+        m.insert("client_finish".into(), json!("cancelled"));
+        let kept = client_keys(&m);
+        assert_eq!(kept.len(), 1, "{kept:?}");
+        assert_eq!(kept["client_finish"], "cancelled");
+    }
+}
