@@ -70,6 +70,9 @@ check_deb() {
 step "check .deb" check_deb
 
 status=0
+# The app's conversation store for this run, not the user's.
+export SHOAL_DB="$out/conversations.sqlite"
+rm -f "$SHOAL_DB" "$SHOAL_DB-wal" "$SHOAL_DB-shm"
 step "smoke test (xvfb, dbus)" xvfb-run -a dbus-run-session -- \
   node src-tauri/smoke/smoke.mjs target/release/shoal-desktop "$driver" "$out" \
   > >(tee "$out/smoke.log" | grep -E '^(ok|FAIL|     |desktop:)') 2> "$out/smoke-stderr.log" || status=$?

@@ -18,9 +18,11 @@ export async function startServer(...extra) {
   } catch {
     throw new Error(`shoal binary not found or not executable: ${SHOAL_BIN} (set SHOAL_BIN)`);
   }
-  const logPath = join(mkdtempSync(join(tmpdir(), 'shoal-node-sdk-')), 'server.log');
+  const dir = mkdtempSync(join(tmpdir(), 'shoal-node-sdk-'));
+  const logPath = join(dir, 'server.log');
   const log = createWriteStream(logPath);
-  const proc = spawn(SHOAL_BIN, ['serve', '--port', '0', ...extra], {
+  // A store of its own, never the user's.
+  const proc = spawn(SHOAL_BIN, ['serve', '--port', '0', '--db', join(dir, 'conversations.sqlite'), ...extra], {
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   proc.stderr.pipe(log);

@@ -70,8 +70,10 @@ def start_server(*extra: str) -> Server:
         raise RuntimeError(f"shoal binary not found or not executable: {SHOAL_BIN}")
     log = Path(tempfile.mkstemp(prefix="shoal-sdk-server-", suffix=".log")[1])
     log_fh = open(log, "wb")
+    # A store of its own, never the user's.
+    db = Path(tempfile.mkdtemp(prefix="shoal-sdk-db-")) / "conversations.sqlite"
     proc = subprocess.Popen(
-        [str(SHOAL_BIN), "serve", "--port", "0", *extra],
+        [str(SHOAL_BIN), "serve", "--port", "0", "--db", str(db), *extra],
         stdout=subprocess.PIPE,
         stderr=log_fh,
         stdin=subprocess.DEVNULL,

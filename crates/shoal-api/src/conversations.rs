@@ -82,6 +82,15 @@ fn store_err(e: shoal_client::ClientError) -> ApiError {
     ApiError::internal(format!("conversation store: {e}"))
 }
 
+/// Ids in paths are the store's integers; anything else is a 400 in our shape.
+fn parse_id(raw: &str) -> Result<i64, DialectError> {
+    raw.parse().map_err(|_| {
+        err(ApiError::invalid(format!(
+            "{raw:?} is not a conversation or message id"
+        )))
+    })
+}
+
 fn missing(id: i64) -> ApiError {
     ApiError::not_found(format!("no conversation {id}"))
 }
@@ -100,7 +109,8 @@ async fn list(State(s): State<AppState>) -> Reply {
     Ok(Json(json!({"object": "list", "data": all})))
 }
 
-async fn one(State(s): State<AppState>, Path(id): Path<i64>) -> Reply {
+async fn one(State(s): State<AppState>, Path(id): Path<String>) -> Reply {
+    let id = parse_id(&id)?;
     Ok(Json(
         with_store(&s, move |st| conversation_json(st, id)).await?,
     ))
@@ -135,7 +145,12 @@ async fn create(State(s): State<AppState>, body: axum::body::Bytes) -> Reply {
     Ok(Json(v))
 }
 
-async fn update(State(s): State<AppState>, Path(id): Path<i64>, body: axum::body::Bytes) -> Reply {
+async fn update(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Reply {
+    let id = parse_id(&id)?;
     let edit: Edit = parse(&body)?;
     let v = with_store(&s, move |st| {
         let settings = edit.settings.map(Value::Object);
@@ -151,7 +166,8 @@ async fn update(State(s): State<AppState>, Path(id): Path<i64>, body: axum::body
     Ok(Json(v))
 }
 
-async fn remove(State(s): State<AppState>, Path(id): Path<i64>) -> Reply {
+async fn remove(State(s): State<AppState>, Path(id): Path<String>) -> Reply {
+    let id = parse_id(&id)?;
     let gone = with_store(&s, move |st| st.delete_conversation(id).map_err(store_err)).await?;
     if !gone {
         return Err(err(missing(id)));
@@ -159,7 +175,11 @@ async fn remove(State(s): State<AppState>, Path(id): Path<i64>) -> Reply {
     Ok(Json(json!({"id": id, "deleted": true})))
 }
 
-async fn truncate(State(s): State<AppState>, Path((id, message_id)): Path<(i64, i64)>) -> Reply {
+async fn truncate(
+    State(s): State<AppState>,
+    Path((id, message_id)): Path<(String, String)>,
+) -> Reply {
+    let (id, message_id) = (parse_id(&id)?, parse_id(&message_id)?);
     let n = with_store(&s, move |st| {
         if st.conversation(id).map_err(store_err)?.is_none() {
             return Err(missing(id));
@@ -190,9 +210,10 @@ struct NewMessage {
 
 async fn add_message(
     State(s): State<AppState>,
-    Path(id): Path<i64>,
+    Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Reply {
+    let id = parse_id(&id)?;
     let m: NewMessage = serde_json::from_slice(&body)
         .map_err(|e| err(ApiError::invalid(format!("bad body: {e}"))))?;
     let (piece, target, model) = match m.role.as_str() {

@@ -708,3 +708,274 @@ async fn shutdown_ends_open_streams_with_their_final_event() {
     let done = tokio::time::timeout(std::time::Duration::from_secs(20), server).await;
     assert!(matches!(done, Ok(Ok(Ok(())))), "server did not return");
 }
+
+/// Starts a server with a fresh conversation store; returns its base URL.
+async fn server_with_store(name: &str) -> String {
+    let dir = std::env::temp_dir().join(format!("shoal-http-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let state = AppState::new(engine())
+        .with_store(&dir.join("store.sqlite"))
+        .expect("store");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = shoal_api::serve_until(listener, state, std::future::pending()).await;
+    });
+    format!("http://{addr}")
+}
+
+async fn send(method: reqwest::Method, url: String, body: Option<Value>) -> (u16, Value) {
+    let mut r = reqwest::Client::new().request(method, url);
+    if let Some(b) = body {
+        r = r.json(&b);
+    }
+    let resp = r.send().await.expect("request");
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conversations_store_replies_with_the_ledger_metadata_not_the_clients() {
+    use reqwest::Method;
+    let base = server_with_store("conv").await;
+    let (st, conv) = send(
+        Method::POST,
+        format!("{base}/v1/conversations"),
+        Some(json!({"settings": {"model": MODEL, "stop": ["."]}})),
+    )
+    .await;
+    assert_eq!(st, 200, "{conv}");
+    let cid = conv["id"].as_i64().expect("id");
+    let (st, user) = send(
+        Method::POST,
+        format!("{base}/v1/conversations/{cid}/messages"),
+        Some(json!({"role": "user", "content": "What is the capital of France?"})),
+    )
+    .await;
+    assert_eq!((st, user["role"].as_str()), (200, Some("user")), "{user}");
+
+    // A streamed reply cut by a stop sequence, then stored with forged keys.
+    let (_, body, _) = post(
+        &base,
+        "/v1/chat/completions",
+        &json!({"model": MODEL, "messages": [{"role": "user", "content": "What is the capital of France?"}],
+                "max_tokens": 40, "temperature": 0, "stop": ["."], "stream": true,
+                "stream_options": {"include_usage": true}})
+        .to_string(),
+    )
+    .await;
+    let events = sse(&body);
+    let chunks: Vec<Value> = events
+        .iter()
+        .filter(|(_, d)| d != "[DONE]")
+        .map(|(_, d)| serde_json::from_str(d).expect("json"))
+        .collect();
+    let rid = chunks[0]["id"].as_str().expect("id").to_string();
+    let usage = chunks.last().expect("usage chunk")["usage"].clone();
+    let finish = chunks
+        .iter()
+        .find_map(|c| c["choices"][0]["finish_reason"].as_str())
+        .expect("finish")
+        .to_string();
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    let (st, reply) = send(
+        Method::POST,
+        format!("{base}/v1/conversations/{cid}/messages"),
+        Some(
+            json!({"role": "assistant", "content": text, "response_id": rid,
+                    "metadata": {"finish_reason": "forged", "token_usage_prompt_tokens": 1,
+                                 "token_usage_made_up": 7, "ttft_ms": 0.5, "run": "r1"}}),
+        ),
+    )
+    .await;
+    assert_eq!(st, 200, "{reply}");
+    let meta = &reply["pieces"][0]["metadata"];
+    assert_eq!(meta["finish_reason"], json!(finish), "{meta}");
+    assert_eq!(meta["finish_reason"], "stop");
+    assert_eq!(meta["engine_finish_reason"], "stop_sequence");
+    assert_eq!(meta["stop_sequence"], ".");
+    assert_eq!(meta["token_usage_prompt_tokens"], usage["prompt_tokens"]);
+    assert_eq!(
+        meta["token_usage_completion_tokens"],
+        usage["completion_tokens"]
+    );
+    assert_eq!(meta["token_usage_total_tokens"], usage["total_tokens"]);
+    assert_eq!(
+        meta["token_usage_cached_tokens"],
+        usage["prompt_tokens_details"]["cached_tokens"]
+    );
+    assert!(meta.get("token_usage_made_up").is_none(), "{meta}");
+    assert_ne!(meta["ttft_ms"], 0.5, "server keys are the server's");
+    assert_eq!(meta["run"], "r1", "the client's own keys are kept");
+    assert_eq!(meta["response_id"], json!(rid));
+    assert_eq!(reply["target"], "openai.chat");
+    assert_eq!(reply["model"], MODEL);
+
+    // An unknown response id stores no provider keys at all (absent, not 0).
+    let (st, orphan) = send(
+        Method::POST,
+        format!("{base}/v1/conversations/{cid}/messages"),
+        Some(
+            json!({"role": "assistant", "content": "", "response_id": "chatcmpl-none",
+                    "error": "network down", "metadata": {"finish_reason": "stop"}}),
+        ),
+    )
+    .await;
+    assert_eq!(st, 200, "{orphan}");
+    assert_eq!(orphan["pieces"][0]["kind"], "error");
+    let om = orphan["pieces"][0]["metadata"].as_object().expect("meta");
+    assert_eq!(om.keys().collect::<Vec<_>>(), vec!["error"], "{om:?}");
+
+    // Listed, retried (truncated) and deleted.
+    let (_, list) = send(Method::GET, format!("{base}/v1/conversations"), None).await;
+    let listed = &list["data"][0];
+    assert_eq!(listed["id"], cid);
+    assert_eq!(listed["settings"]["stop"], json!(["."]));
+    assert_eq!(listed["messages"].as_array().map(Vec::len), Some(3));
+    let orphan_id = orphan["id"].as_i64().expect("id");
+    let (st, gone) = send(
+        Method::DELETE,
+        format!("{base}/v1/conversations/{cid}/messages/{orphan_id}"),
+        None,
+    )
+    .await;
+    assert_eq!((st, gone["deleted"].as_u64()), (200, Some(1)));
+    let (st, renamed) = send(
+        Method::PATCH,
+        format!("{base}/v1/conversations/{cid}"),
+        Some(json!({"title": "France"})),
+    )
+    .await;
+    assert_eq!((st, renamed["title"].as_str()), (200, Some("France")));
+    assert_eq!(renamed["messages"].as_array().map(Vec::len), Some(2));
+
+    // Bad input: the OpenAI error shape, never a 500.
+    for (method, path, body, want) in [
+        (
+            Method::POST,
+            format!("/v1/conversations/{cid}/messages"),
+            Some(json!({"role": "bot", "content": ""})),
+            400,
+        ),
+        (
+            Method::POST,
+            format!("/v1/conversations/{cid}/messages"),
+            Some(json!({"content": "no role"})),
+            400,
+        ),
+        (
+            Method::POST,
+            format!("/v1/conversations/{cid}/messages"),
+            Some(json!({"role": "user", "content": "x", "response_id": "r"})),
+            400,
+        ),
+        (
+            Method::POST,
+            "/v1/conversations/999/messages".to_string(),
+            Some(json!({"role": "user", "content": "x"})),
+            404,
+        ),
+        (
+            Method::PATCH,
+            format!("/v1/conversations/{cid}"),
+            Some(json!({"settings": "not an object"})),
+            400,
+        ),
+        (
+            Method::PATCH,
+            "/v1/conversations/999".to_string(),
+            Some(json!({"title": "x"})),
+            404,
+        ),
+        (
+            Method::DELETE,
+            format!("/v1/conversations/{cid}/messages/999"),
+            None,
+            404,
+        ),
+        (Method::GET, "/v1/conversations/abc".to_string(), None, 400),
+    ] {
+        let (st, err) = send(method.clone(), format!("{base}{path}"), body).await;
+        assert_eq!(st, want, "{method} {path}: {err}");
+        assert!(
+            err["error"]["message"].is_string(),
+            "{method} {path}: {err}"
+        );
+    }
+    let (st, _) = send(
+        Method::DELETE,
+        format!("{base}/v1/conversations/{cid}"),
+        None,
+    )
+    .await;
+    assert_eq!(st, 200);
+    let (_, list) = send(Method::GET, format!("{base}/v1/conversations"), None).await;
+    assert_eq!(list["data"], json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_reply_is_stored_as_cancelled_from_the_ledger() {
+    use futures::StreamExt;
+    use reqwest::Method;
+    let base = server_with_store("cancel").await;
+    let (_, conv) = send(Method::POST, format!("{base}/v1/conversations"), None).await;
+    let cid = conv["id"].as_i64().expect("id");
+    let resp = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&json!({"model": MODEL, "messages": [{"role": "user", "content": "Count to one hundred in words."}],
+                      "max_tokens": 300, "temperature": 0, "stream": true}))
+        .send()
+        .await
+        .expect("send");
+    let mut stream = resp.bytes_stream();
+    // Read until the first complete event (the id comes with it).
+    let mut seen = String::new();
+    let chunk: Value = loop {
+        let bytes = stream.next().await.expect("a chunk").expect("bytes");
+        seen.push_str(&String::from_utf8_lossy(&bytes));
+        if let Some((_, d)) = seen
+            .contains("\n\n")
+            .then(|| sse(&seen))
+            .and_then(|e| e.into_iter().next())
+        {
+            break serde_json::from_str(&d).expect("json");
+        }
+    };
+    let rid = chunk["id"].as_str().expect("id").to_string();
+    drop(stream);
+    // Posted at once: the server waits for the generation to wind down.
+    let (st, reply) = send(
+        Method::POST,
+        format!("{base}/v1/conversations/{cid}/messages"),
+        Some(json!({"role": "assistant", "content": "One", "response_id": rid})),
+    )
+    .await;
+    assert_eq!(st, 200, "{reply}");
+    let meta = &reply["pieces"][0]["metadata"];
+    assert_eq!(meta["finish_reason"], "cancelled", "{meta}");
+    assert_eq!(meta["engine_finish_reason"], "cancelled");
+    let done = meta["token_usage_completion_tokens"]
+        .as_u64()
+        .expect("counted");
+    assert!(done < 300, "{meta}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_store_conversations_are_503() {
+    let base = server(engine()).await;
+    let (st, err) = send(
+        reqwest::Method::GET,
+        format!("{base}/v1/conversations"),
+        None,
+    )
+    .await;
+    assert_eq!(st, 503, "{err}");
+    assert!(err["error"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("store")));
+}

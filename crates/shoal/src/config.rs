@@ -759,9 +759,21 @@ phrases = ["Paris", "Rome"]
     #[test]
     fn relative_model_path_is_taken_from_the_file_directory() {
         let dir = temp_dir("relative");
-        let path = write(&dir, "[model]\npath = \"m.gguf\"\naliases = [\"x\"]\n");
+        let path = write(
+            &dir,
+            "[server]\ndb = \"h.sqlite\"\n[model]\npath = \"m.gguf\"\naliases = [\"x\"]\n",
+        );
         let r = resolve_with(&flags_with(&path), &env_of(&[]), None).expect("resolve");
         assert_eq!(r.config.model_path(), dir.join("m.gguf"));
+        assert_eq!(r.config.db_path().expect("db"), dir.join("h.sqlite"));
+        let r = resolve_with(
+            &flags_with(&path),
+            &env_of(&[("SHOAL_DB", "/e.sqlite")]),
+            None,
+        )
+        .expect("resolve");
+        assert_eq!(r.config.db_path().expect("db"), PathBuf::from("/e.sqlite"));
+        assert_eq!(r.source("server.db"), Source::Env);
         assert_eq!(r.config.model_id(), "m");
         assert_eq!(r.config.model.aliases, ["x"]);
     }
@@ -784,7 +796,9 @@ phrases = ["Paris", "Rome"]
             "{text}"
         );
         let back: Config = toml::from_str(&text).expect("output is a valid config");
-        assert_eq!(back.server, r.config.server);
+        let mut effective = r.config.server.clone();
+        effective.db = r.config.db_path().ok();
+        assert_eq!(back.server, effective, "the default store path is shown");
         assert_eq!(back.content_filter, r.config.content_filter);
         assert_eq!(back.model.id.as_deref(), Some(r.config.model_id().as_str()));
     }

@@ -156,6 +156,7 @@ const SETTING_VARS: &[&str] = &[
     "SHOAL_HOST",
     "SHOAL_PORT",
     "SHOAL_QUEUE",
+    "SHOAL_DB",
     "SHOAL_MODEL",
     "SHOAL_MODEL_ID",
     "SHOAL_PREFIX_CACHE_MB",
@@ -173,6 +174,8 @@ fn shoal_isolated(dir: &Path) -> Command {
     let xdg = dir.join("xdg");
     std::fs::create_dir_all(&xdg).expect("mkdir");
     cmd.env("XDG_CONFIG_HOME", xdg);
+    // The default conversation store lands here, not in the user's home.
+    cmd.env("XDG_DATA_HOME", dir.join("xdg-data"));
     cmd
 }
 
