@@ -3,7 +3,8 @@
 # Debian's chromium) against an already built shoal binary serving the UI at /.
 # Builds nothing: SHOAL_BIN (default <repo>/target/release/shoal) must exist and
 # must have been built after `make ui`. SHOAL_MODEL, if set, is passed through.
-# Starts `shoal serve --port 0 --prefix-cache-mb 0`, saves screenshots to
+# Starts `shoal serve --port 0 --prefix-cache-mb 0 --db <temp dir>/ui.db` (a fresh
+# conversation store, never the user's; removed afterwards), saves screenshots to
 # target/ui-artifacts/, prints "ui: N passed, M failed" and exits non-zero if a
 # test failed or none ran.
 set -uo pipefail
@@ -42,7 +43,7 @@ rm -f "$UI_ARTIFACTS"/*.png
 mkdir -p "$UI_ARTIFACTS"
 
 start=$SECONDS
-"$SHOAL_BIN" serve --port 0 --prefix-cache-mb 0 >"$LOGDIR/server.out" 2>"$LOGDIR/server.err" &
+"$SHOAL_BIN" serve --port 0 --prefix-cache-mb 0 --db "$LOGDIR/ui.db" >"$LOGDIR/server.out" 2>"$LOGDIR/server.err" &
 SERVER_PID=$!
 URL=""
 while ((SECONDS - start < STARTUP_TIMEOUT)); do

@@ -27,15 +27,18 @@ export function launch() {
 }
 
 /**
- * A fresh browser context (own localStorage) and page. Uncaught page errors
- * are collected in `errors`; a test ends by asserting there were none.
+ * A fresh browser context (own localStorage) and page; conversations come from
+ * the server's store, shared by every page. `setup(page)` runs before the
+ * first navigation (e.g. to route requests). Uncaught page errors are
+ * collected in `errors`; a test ends by asserting there were none.
  */
-export async function openPage(browser, { width = 1280, height = 800, colorScheme = 'light', path = '/' } = {}) {
+export async function openPage(browser, { width = 1280, height = 800, colorScheme = 'light', path = '/', setup } = {}) {
   const context = await browser.newContext({ viewport: { width, height }, colorScheme });
   const page = await context.newPage();
   page.setDefaultTimeout(30_000);
   const errors = [];
   page.on('pageerror', (e) => errors.push(e.message));
+  if (setup) await setup(page);
   await page.goto(BASE + path);
   return { context, page, errors };
 }
@@ -44,9 +47,9 @@ export async function screenshot(page, name) {
   await page.screenshot({ path: join(ARTIFACTS, `${name}.png`) });
 }
 
-export async function api(path, body) {
-  const res = await fetch(BASE + path, body === undefined ? {} : {
-    method: 'POST',
+export async function api(path, body, method = body === undefined ? 'GET' : 'POST') {
+  const res = await fetch(BASE + path, body === undefined ? { method } : {
+    method,
     headers: { 'content-type': 'application/json' },
     body: JSON.stringify(body),
   });
@@ -115,11 +118,41 @@ export function lastReply(page) {
   return page.getByTestId('message-assistant').last();
 }
 
-/** Waits for the last reply's finish badge and returns its finish reason. */
-export async function waitFinish(page, timeout = 120_000) {
-  const badge = lastReply(page).getByTestId('finish-badge');
+/**
+ * Waits for the last reply's finish badge and, unless `saved` is false, for
+ * the reply to be written to the server's store; returns its finish reason.
+ */
+export async function waitFinish(page, timeout = 120_000, { saved = true } = {}) {
+  const reply = lastReply(page);
+  const badge = reply.getByTestId('finish-badge');
   await badge.waitFor({ timeout });
+  if (saved) {
+    await page.waitForFunction(
+      () => [...document.querySelectorAll('[data-testid=message-assistant]')].pop()?.dataset.saved !== 'pending',
+      null,
+      { timeout: 15_000 },
+    );
+    const state = await reply.getAttribute('data-saved');
+    if (state !== 'saved') {
+      const why = await page.getByTestId('store-error').innerText().catch(() => '(no store error shown)');
+      throw new Error(`the reply was not saved (${state}): ${why}`);
+    }
+  }
   return badge.getAttribute('data-finish');
+}
+
+/** The server id of the conversation shown (the active one in the list). */
+export async function currentServerId(page) {
+  const item = page.locator('[data-testid=conversation-item].active');
+  await page.waitForFunction(() => document.querySelector('[data-testid=conversation-item].active')?.dataset.serverId);
+  return Number(await item.getAttribute('data-server-id'));
+}
+
+/** One conversation as the server's store has it (GET /v1/conversations), or undefined. */
+export async function storedConversation(id) {
+  const { status, text, json } = await api('/v1/conversations');
+  if (status !== 200) throw new Error(`GET /v1/conversations: ${status} ${text}`);
+  return json.data.find((c) => c.id === id);
 }
 
 /** The figures shown under a reply, as numbers (null when shown as "—"). */

@@ -5,6 +5,7 @@ import { after, before, test } from 'node:test';
 import {
   api,
   BASE,
+  currentServerId,
   launch,
   lastReply,
   ledgerEntry,
@@ -13,6 +14,7 @@ import {
   screenshot,
   send,
   shownStats,
+  storedConversation,
   streamChat,
   traceReplies,
   usageFigures,
@@ -135,13 +137,27 @@ test('a stop sequence ends with the stop-sequence badge', async () => {
     assert.equal(await waitFinish(page), 'stop_sequence');
     const text = (await lastReply(page).getByTestId('assistant-content').innerText()).trim();
     assert.equal(text, 'The capital of France is');
-    assert.match(await lastReply(page).getByTestId('finish-badge').getAttribute('title'), /stop sequence/i);
+    const badge = lastReply(page).getByTestId('finish-badge');
+    assert.match(await badge.getAttribute('title'), /stop sequence/i);
+    assert.equal(await badge.getAttribute('data-stop-sequence'), 'Paris');
+    assert.equal(await badge.getByTestId('finish-stop-sequence').innerText(), '"Paris"');
 
     // Without the stop sequence the same chat ends naturally: plain "stop".
     await page.getByTestId('setting-stop').fill('');
     await send(page, FRANCE);
     await page.getByTestId('message-assistant').nth(1).getByTestId('finish-badge').waitFor({ timeout: 120_000 });
-    assert.equal(await lastReply(page).getByTestId('finish-badge').getAttribute('data-finish'), 'stop');
+    assert.equal(await waitFinish(page), 'stop');
+
+    // Both badges come back from the store after a reload.
+    const id = await currentServerId(page);
+    await page.reload();
+    await page.locator(`[data-testid=conversation-item][data-server-id="${id}"]`).waitFor();
+    const badges = page.getByTestId('message-assistant').getByTestId('finish-badge');
+    await badges.nth(1).waitFor();
+    assert.equal(await badges.nth(0).getAttribute('data-finish'), 'stop_sequence');
+    assert.equal(await badges.nth(0).getAttribute('data-stop-sequence'), 'Paris');
+    assert.equal(await badges.nth(1).getAttribute('data-finish'), 'stop');
+    assert.equal(await badges.nth(1).getAttribute('data-stop-sequence'), null);
   });
 });
 
@@ -174,6 +190,22 @@ test('Stop during a long reply cancels it on the server and shows cancelled', as
     // Nothing is left running on the server.
     const nodes = (await api('/v1/cluster/nodes')).json.nodes;
     assert.equal(nodes.find((n) => n.self).requests.in_flight, 0);
+
+    // After a reload: the same badge and figures, from the store.
+    const text = await reply.getByTestId('assistant-content').innerText();
+    await page.reload();
+    const again = lastReply(page);
+    await again.getByTestId('finish-badge').waitFor();
+    assert.equal(await again.getAttribute('data-response-id'), id);
+    assert.equal(await again.getByTestId('finish-badge').getAttribute('data-finish'), 'cancelled');
+    assert.equal(await again.getByTestId('assistant-content').innerText(), text);
+    const reloaded = await shownStats(again);
+    assert.equal(reloaded.live, false);
+    assert.equal(reloaded.source, 'ledger');
+    assert.deepEqual(
+      { prompt: reloaded.prompt, completion: reloaded.completion, total: reloaded.total },
+      { prompt: shown.prompt, completion: shown.completion, total: shown.total },
+    );
   });
 });
 
@@ -248,6 +280,13 @@ test('a server error is shown plainly, not as a blank page', async () => {
     await lastReply(page).getByTestId('retry').click();
     assert.equal(await waitFinish(page), 'stop');
     assert.equal(await page.getByTestId('message-assistant').count(), 1);
+    // The store dropped the failed exchange too: one question, one answer.
+    const stored = await storedConversation(await currentServerId(page));
+    assert.deepEqual(
+      stored.messages.map((m) => [m.role, m.pieces[0].kind]),
+      [['user', 'text'], ['assistant', 'text']],
+    );
+    assert.equal(stored.messages[1].pieces[0].metadata.finish_reason, 'stop');
   });
 });
 
@@ -332,42 +371,264 @@ test('conversations and their settings persist across reloads and can be deleted
     await page.getByTestId('settings-toggle').click();
     assert.equal(await page.getByTestId('setting-max-tokens').inputValue(), '3');
     assert.equal(await page.getByTestId('setting-system').inputValue(), 'You are terse.');
+    const id = Number(await item.getAttribute('data-server-id'));
+    const stored = await storedConversation(id);
+    assert.equal(stored.title, 'Hello there');
+    assert.equal(stored.settings.maxTokens, 3);
+    assert.equal(stored.settings.systemPrompt, 'You are terse.');
+
+    // Deleting it removes it from the list, from the store, and so after a reload.
     const before = await page.getByTestId('conversation-item').count();
     await item.hover();
     await item.getByTestId('delete-conversation').click();
     assert.equal(await page.getByTestId('conversation-item').count(), before - 1);
+    const deadline = Date.now() + 10_000;
+    while (await storedConversation(id)) {
+      assert.ok(Date.now() < deadline, `conversation ${id} still in the store`);
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    await page.reload();
+    await page.locator('[data-testid=conversation-list][data-loaded=true]').waitFor();
+    assert.equal(await page.locator(`[data-testid=conversation-item][data-server-id="${id}"]`).count(), 0);
+    assert.equal(await page.getByTestId('conversation-item').count(), before - 1);
+    assert.equal((await api(`/v1/conversations/${id}`, undefined, 'DELETE')).status, 404);
   });
 });
 
 test('markdown renders code blocks and strips active content', async () => {
-  const conv = {
-    id: 'c_md',
+  // A conversation written to the store by another client (this test).
+  const conv = await api('/v1/conversations', {
     title: 'markdown',
-    created: 1,
-    updated: Date.now(),
     settings: { model: '', systemPrompt: '', temperature: 0, maxTokens: null, stop: [], reasoning: false },
-    messages: [
-      { id: 'm1', role: 'user', content: 'show code' },
-      {
-        id: 'm2',
-        role: 'assistant',
-        content:
-          'Here is **bold** and `inline`.\n\n```python\nprint("<b>hi</b>")\n```\n\n<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>[link](javascript:window.__pwned=3)',
-        finish: 'stop',
-      },
-    ],
-  };
+  });
+  assert.equal(conv.status, 200, conv.text);
+  const id = conv.json.id;
+  const user = await api(`/v1/conversations/${id}/messages`, { role: 'user', content: 'show code' });
+  assert.equal(user.status, 200, user.text);
+  const reply = await api(`/v1/conversations/${id}/messages`, {
+    role: 'assistant',
+    content:
+      'Here is **bold** and `inline`.\n\n```python\nprint("<b>hi</b>")\n```\n\n<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>[link](javascript:window.__pwned=3)',
+    metadata: { client_finish: 'stop' },
+  });
+  assert.equal(reply.status, 200, reply.text);
   await withPage('markdown', {}, async (page) => {
-    await page.evaluate((c) => localStorage.setItem('shoal.conversations.v1', JSON.stringify([c])), conv);
-    await page.reload();
+    const item = page.locator(`[data-testid=conversation-item][data-server-id="${id}"]`);
+    await item.locator('.conv-title').click();
     const md = lastReply(page).getByTestId('assistant-content');
     await md.waitFor();
+    assert.equal(await lastReply(page).getByTestId('finish-badge').getAttribute('data-finish'), 'stop');
     assert.equal(await md.locator('strong').innerText(), 'bold');
     assert.equal((await md.locator('pre code').innerText()).trim(), 'print("<b>hi</b>")');
     assert.equal(await md.locator('img, script').count(), 0);
     const hrefs = await md.locator('a').evaluateAll((as) => as.map((a) => a.getAttribute('href') ?? ''));
     assert.ok(hrefs.every((h) => !h.startsWith('javascript:')), JSON.stringify(hrefs));
     assert.equal(await page.evaluate(() => window.__pwned), undefined);
+  });
+});
+
+test('a reply keeps its usage figures and finish badge across a reload', async () => {
+  await withPage('reload', {}, async (page) => {
+    await newChat(page, { maxTokens: '5' });
+    await send(page, FRANCE);
+    assert.equal(await waitFinish(page), 'length');
+    const id = await currentServerId(page);
+    const reply = lastReply(page);
+    const responseId = await reply.getAttribute('data-response-id');
+    const before = await shownStats(reply);
+    assert.equal(before.live, false);
+    assert.equal(before.completion, 5);
+    const entry = await ledgerEntry(responseId);
+    assert.deepEqual(
+      { prompt: before.prompt, cached: before.cached, completion: before.completion, reasoning: before.reasoning, total: before.total },
+      usageFigures(entry.usage),
+    );
+
+    await page.reload();
+    const item = page.locator(`[data-testid=conversation-item][data-server-id="${id}"]`);
+    await item.waitFor();
+    assert.equal(await item.evaluate((el) => el.classList.contains('active')), true, 'the newest chat is shown');
+    assert.equal(await item.locator('.conv-title').innerText(), FRANCE);
+    const again = lastReply(page);
+    await again.getByTestId('finish-badge').waitFor();
+    assert.equal(await again.getAttribute('data-response-id'), responseId);
+    assert.equal(await again.getByTestId('finish-badge').getAttribute('data-finish'), 'length');
+    assert.equal(await page.getByTestId('message-user').innerText(), FRANCE);
+    const after = await shownStats(again);
+    assert.deepEqual(after, before, 'the same figures as before the reload');
+    await screenshot(page, 'reload-restored');
+
+    // The settings came back too, and the chat goes on from there.
+    await page.getByTestId('settings-toggle').click();
+    assert.equal(await page.getByTestId('setting-max-tokens').inputValue(), '5');
+    assert.equal(await page.getByTestId('setting-temperature').inputValue(), '0');
+    const body = await send(page, 'And of Germany?');
+    assert.deepEqual(body.messages.map((m) => m.role), ['user', 'assistant', 'user']);
+    assert.equal(body.max_tokens, 5);
+    await waitFinish(page);
+    assert.equal((await storedConversation(id)).messages.length, 4);
+  });
+});
+
+test('the store keeps what the server recorded for a reply, not what a client claims', async () => {
+  await withPage('store-metadata', {}, async (page) => {
+    await newChat(page, { maxTokens: '3' });
+    await send(page, 'Tell me a story');
+    assert.equal(await waitFinish(page), 'length');
+    const responseId = await lastReply(page).getAttribute('data-response-id');
+    const id = await currentServerId(page);
+    const entry = await ledgerEntry(responseId);
+
+    const conv = await storedConversation(id);
+    assert.ok(conv, `conversation ${id} listed by GET /v1/conversations`);
+    assert.equal(conv.title, 'Tell me a story');
+    assert.equal(conv.settings.maxTokens, 3);
+    assert.deepEqual(conv.messages.map((m) => m.role), ['user', 'assistant']);
+    assert.equal(conv.messages[0].pieces[0].text, 'Tell me a story');
+    const stored = conv.messages[1];
+    assert.equal(stored.target, 'openai.chat');
+    assert.equal(stored.model, model);
+    const meta = stored.pieces[0].metadata;
+    const usage = {
+      prompt: entry.usage.prompt_tokens,
+      completion: entry.usage.completion_tokens,
+      total: entry.usage.total_tokens,
+      cached: entry.usage.prompt_tokens_details?.cached_tokens,
+      reasoning: entry.usage.completion_tokens_details?.reasoning_tokens,
+    };
+    assert.deepEqual(
+      {
+        prompt: meta.token_usage_prompt_tokens,
+        completion: meta.token_usage_completion_tokens,
+        total: meta.token_usage_total_tokens,
+        cached: meta.token_usage_cached_tokens,
+        reasoning: meta.token_usage_reasoning_tokens,
+      },
+      usage,
+    );
+    assert.equal(usage.completion, 3);
+    assert.equal(meta.finish_reason, entry.finish_reasons[0]);
+    assert.equal(meta.finish_reason, 'length');
+    assert.equal(meta.engine_finish_reason, entry.engine_finish_reasons[0]);
+    assert.equal(meta.response_id, responseId);
+    assert.equal(meta.client_finish, 'length', 'the UI adds what it saw under its own keys');
+
+    // A client posting the same response id with forged reserved keys: the
+    // server's own figures win, the client's own keys are kept.
+    const forged = await api(`/v1/conversations/${id}/messages`, {
+      role: 'assistant',
+      content: 'forged',
+      response_id: responseId,
+      metadata: {
+        finish_reason: 'stop',
+        token_usage_prompt_tokens: 99999,
+        token_usage_completion_tokens: 1,
+        engine_finish_reason: 'stop',
+        ttft_ms: 0.001,
+        client_note: 'kept',
+      },
+    });
+    assert.equal(forged.status, 200, forged.text);
+    const fm = forged.json.pieces[0].metadata;
+    assert.equal(fm.finish_reason, 'length');
+    assert.equal(fm.token_usage_prompt_tokens, usage.prompt);
+    assert.equal(fm.token_usage_completion_tokens, usage.completion);
+    assert.equal(fm.engine_finish_reason, entry.engine_finish_reasons[0]);
+    assert.notEqual(fm.ttft_ms, 0.001);
+    assert.equal(fm.client_note, 'kept');
+    // Without a response id the forged keys are dropped and nothing takes their place.
+    const bare = await api(`/v1/conversations/${id}/messages`, {
+      role: 'assistant',
+      content: 'forged too',
+      metadata: { finish_reason: 'stop', token_usage_prompt_tokens: 99999, client_note: 'kept' },
+    });
+    assert.equal(bare.status, 200, bare.text);
+    const bm = bare.json.pieces[0].metadata;
+    assert.deepEqual(Object.keys(bm).filter((k) => k === 'finish_reason' || k.startsWith('token_usage_')), []);
+    assert.equal(bm.client_note, 'kept');
+    const listed = (await storedConversation(id)).messages.map((m) => m.pieces[0].metadata);
+    assert.equal(listed[2].token_usage_prompt_tokens, usage.prompt);
+    assert.equal(listed[3].token_usage_prompt_tokens, undefined);
+
+    // Deleting from the first forged message drops both.
+    const cut = await api(`/v1/conversations/${id}/messages/${forged.json.id}`, undefined, 'DELETE');
+    assert.equal(cut.status, 200, cut.text);
+    assert.deepEqual(cut.json, { deleted: 2 });
+    assert.equal((await storedConversation(id)).messages.length, 2);
+  });
+});
+
+test('a reply stopped before the server answered keeps the finish the UI saw', async () => {
+  // The chat request is held (never answered), so the server has no ledger
+  // entry for it: the store keeps the UI's own `client_finish`.
+  const held = [];
+  const setup = (page) => page.route(/\/v1\/chat\/completions$/, (route) => void held.push(route));
+  await withPage('cancel-before-reply', { setup }, async (page) => {
+    await newChat(page);
+    await send(page, FRANCE);
+    await page.getByTestId('stop-button').click();
+    assert.equal(await waitFinish(page), 'cancelled');
+    const reply = lastReply(page);
+    assert.equal(await reply.getAttribute('data-response-id'), '');
+    const before = await shownStats(reply);
+    const id = await currentServerId(page);
+    const meta = (await storedConversation(id)).messages[1].pieces[0].metadata;
+    assert.equal(meta.client_finish, 'cancelled');
+    assert.equal(meta.finish_reason, undefined);
+    assert.equal(meta.response_id, undefined);
+
+    await page.reload();
+    await page.locator(`[data-testid=conversation-item][data-server-id="${id}"].active`).waitFor();
+    await lastReply(page).getByTestId('finish-badge').waitFor();
+    assert.equal(await lastReply(page).getByTestId('finish-badge').getAttribute('data-finish'), 'cancelled');
+    assert.deepEqual(await shownStats(lastReply(page)), before);
+  });
+  for (const r of held) await r.abort().catch(() => {});
+});
+
+test('a store that fails is said so plainly, the chat goes on and is saved once it works again', async () => {
+  let failing = true;
+  const setup = (page) =>
+    page.route(/\/v1\/conversations/, (route) =>
+      failing
+        ? route.fulfill({
+            status: 503,
+            contentType: 'application/json',
+            body: JSON.stringify({ error: { message: 'store offline (test)', type: 'server_error', code: null } }),
+          })
+        : route.continue(),
+    );
+  await withPage('store-error', { setup }, async (page) => {
+    await page.getByTestId('store-load-error').waitFor();
+    assert.match(await page.getByTestId('store-load-error').innerText(), /Cannot load your conversations: 503: store offline \(test\)/);
+    await newChat(page);
+    await send(page, FRANCE);
+    assert.equal(await waitFinish(page, 120_000, { saved: false }), 'stop');
+    assert.equal(await lastReply(page).getByTestId('assistant-content').innerText(), 'The capital of France is Paris.');
+    await page.getByTestId('store-error').waitFor();
+    assert.match(await page.getByTestId('store-error').innerText(), /503: store offline \(test\)/);
+    await page.getByTestId('not-saved').first().waitFor();
+    await screenshot(page, 'store-error-shown');
+
+    // The store is back: the next message writes the chat and everything before it.
+    failing = false;
+    await page.getByTestId('store-load-error').getByRole('button', { name: 'Retry' }).click();
+    await page.getByTestId('store-load-error').waitFor({ state: 'detached' });
+    await send(page, 'And of Germany?');
+    await waitFinish(page);
+    assert.equal(await page.getByTestId('not-saved').count(), 0);
+    const id = await currentServerId(page);
+    const stored = await storedConversation(id);
+    assert.equal(stored.title, FRANCE);
+    assert.deepEqual(
+      stored.messages.map((m) => [m.role, m.pieces[0].text]),
+      [
+        ['user', FRANCE],
+        ['assistant', 'The capital of France is Paris.'],
+        ['user', 'And of Germany?'],
+        ['assistant', await lastReply(page).getByTestId('assistant-content').innerText()],
+      ],
+    );
   });
 });
 

@@ -46,6 +46,8 @@ export interface StreamHandlers {
 
 export interface StreamResult {
   finish: Finish;
+  /** The stop sequence that matched (finish `stop_sequence`), from the server's ledger. */
+  stopSequence?: string;
   error?: string;
   responseId?: string;
   stats: ReplyStats;
@@ -164,13 +166,17 @@ export async function streamChat(req: ChatRequest, signal: AbortSignal, h: Strea
 
   const stats = usage ? usageStats(usage, ttft(), span(), 'stream') : liveStats();
   let finish = finishFromApi(finishReason);
+  let stopSequence: string | undefined;
   // The OpenAI dialect says "stop" for both an end of turn and a matched stop
   // sequence; the server's ledger keeps the engine's own reason.
   if (finish === 'stop' && req.stop?.length) {
     const entry = responseId ? await ledgerEntry(responseId, 3000) : null;
-    if (entry?.engine_finish_reasons?.[0] === 'stop_sequence') finish = 'stop_sequence';
+    if (entry?.engine_finish_reasons?.[0] === 'stop_sequence') {
+      finish = 'stop_sequence';
+      stopSequence = entry.stop_sequences?.[0] ?? undefined;
+    }
   }
-  return { finish, responseId, stats };
+  return { finish, stopSequence, responseId, stats };
 
   // The server records what a cancelled request used in its ledger; show
   // those exact numbers rather than the live count when they arrive.

@@ -1,15 +1,26 @@
 // The chat's state, kept outside the view so a reply keeps streaming into its
 // conversation while another tab is shown.
+//
+// The page's state is the working copy; the server's conversation store
+// (`store.ts`) is written behind it, one conversation's writes at a time and
+// in order, so the page never waits on the store and nothing is written out
+// of order (a chat is created before its messages, a user message before its
+// reply). A write that fails is shown and tried again with the next one.
 import { batch } from 'solid-js';
 import { createStore, produce } from 'solid-js/store';
 import { listModels, type ModelInfo } from './api';
-import { buildRequest, streamChat } from './chat';
+import { buildRequest, streamChat, type StreamResult } from './chat';
 import {
+  addAssistantMessage,
+  addUserMessage,
   createConversation,
+  DEFAULT_SETTINGS,
   deleteConversation,
+  deleteMessagesFrom,
   listConversations,
-  newId,
-  saveConversation,
+  NEW_TITLE,
+  updateConversation,
+  type AssistantRecord,
   type ChatSettings,
   type Conversation,
   type Message,
@@ -17,6 +28,10 @@ import {
 
 interface ChatState {
   loaded: boolean;
+  /** The conversations could not be loaded from the store. */
+  loadError: string | null;
+  /** The last write to the store that failed. */
+  storeError: string | null;
   conversations: Conversation[];
   currentId: string | null;
   models: ModelInfo[];
@@ -27,6 +42,8 @@ interface ChatState {
 
 const [state, setState] = createStore<ChatState>({
   loaded: false,
+  loadError: null,
+  storeError: null,
   conversations: [],
   currentId: null,
   models: [],
@@ -43,15 +60,157 @@ export function current(): Conversation | undefined {
   return state.conversations.find((c) => c.id === state.currentId);
 }
 
+function find(id: string): Conversation | undefined {
+  return state.conversations.find((x) => x.id === id);
+}
+
 function snapshot(id: string): Conversation | undefined {
-  const c = state.conversations.find((x) => x.id === id);
+  const c = find(id);
   return c ? (JSON.parse(JSON.stringify(c)) as Conversation) : undefined;
 }
 
-function persist(id: string): void {
-  const c = snapshot(id);
-  if (c) void saveConversation(c);
+function newKey(prefix: string): string {
+  const r = crypto.getRandomValues(new Uint32Array(2));
+  return `${prefix}-${Date.now().toString(36)}${r[0].toString(36)}${r[1].toString(36)}`;
 }
+
+// ---- Writing to the store ---------------------------------------------------
+
+/** One conversation's link to the store. */
+interface Sync {
+  /** The store's id, once created. */
+  serverId: number | null;
+  /** Its writes, one after another. */
+  chain: Promise<void>;
+  /** A settings write is queued and will read the settings when it runs. */
+  settingsQueued: boolean;
+  /** UI message key → store id, kept after a message leaves the page (retry). */
+  messageIds: Map<string, number>;
+}
+
+const syncs = new Map<string, Sync>();
+/** Store ids of conversations deleted on this page (a list still in flight must not bring them back). */
+const removed = new Set<number>();
+
+function syncOf(convId: string): Sync {
+  let s = syncs.get(convId);
+  if (!s) {
+    s = { serverId: find(convId)?.serverId ?? null, chain: Promise.resolve(), settingsQueued: false, messageIds: new Map() };
+    syncs.set(convId, s);
+  }
+  return s;
+}
+
+function storeFailed(e: unknown): void {
+  setState('storeError', `Could not save to the conversation store: ${(e as Error)?.message ?? String(e)}`);
+}
+
+/** Queues a write for one conversation; a failure is shown and does not stop later writes. */
+function enqueue(convId: string, task: (s: Sync) => Promise<void>): Promise<void> {
+  const s = syncOf(convId);
+  const run = s.chain.then(() => task(s)).catch(storeFailed);
+  s.chain = run;
+  return run;
+}
+
+/** The conversation's store id, creating it first if needed; null if it left the page before that. */
+async function ensureCreated(convId: string, s: Sync): Promise<number | null> {
+  if (s.serverId != null) return s.serverId;
+  const c = snapshot(convId);
+  if (!c) return null;
+  const made = await createConversation(c.title, c.settings);
+  s.serverId = made.serverId;
+  setState('conversations', (x) => x.id === convId, 'serverId', made.serverId);
+  return s.serverId;
+}
+
+function saveTitle(convId: string): void {
+  void enqueue(convId, async (s) => {
+    const had = s.serverId != null;
+    const id = await ensureCreated(convId, s);
+    const c = find(convId);
+    // A conversation created just now already has its title.
+    if (id == null || !c || !had) return;
+    await updateConversation(id, { title: c.title });
+  });
+}
+
+function saveSettings(convId: string): void {
+  const s = syncOf(convId);
+  if (s.settingsQueued) return;
+  s.settingsQueued = true;
+  void enqueue(convId, async () => {
+    s.settingsQueued = false;
+    const had = s.serverId != null;
+    const id = await ensureCreated(convId, s);
+    const c = snapshot(convId);
+    if (id == null || !c || !had) return;
+    await updateConversation(id, { settings: c.settings });
+  });
+}
+
+function assistantRecord(m: Message): AssistantRecord {
+  const st = m.stats;
+  return {
+    content: m.content,
+    reasoning: m.reasoning || undefined,
+    responseId: m.responseId,
+    error: m.error,
+    metadata: {
+      client_finish: m.finish ?? 'error',
+      client_ttft_ms: st?.ttftMs ?? undefined,
+      client_tok_per_s: st?.tokPerS ?? undefined,
+      client_usage_source: st && !st.live && st.source !== 'live' ? st.source : undefined,
+      client_live_completion: st?.live ? st.completion : undefined,
+    },
+  };
+}
+
+/** Takes what the store recorded for a message: its id, and for a reply the server's usage and finish. */
+function applyStored(m: Message, stored: Message): void {
+  m.serverId = stored.serverId;
+  m.saved = 'saved';
+  if (m.role !== 'assistant') return;
+  if (stored.finish) m.finish = stored.finish;
+  if (stored.stopSequence) m.stopSequence = stored.stopSequence;
+  if (stored.stats && !stored.stats.live) m.stats = stored.stats;
+  if (!m.responseId && stored.responseId) m.responseId = stored.responseId;
+  if (!m.model && stored.model) m.model = stored.model;
+}
+
+/** Writes the conversation's unsaved messages in order, stopping at the reply still streaming. */
+function flush(convId: string): Promise<void> {
+  return enqueue(convId, async (s) => {
+    for (;;) {
+      const c = find(convId);
+      const m = c?.messages.find((x) => x.saved !== 'saved');
+      if (!m || state.streaming?.messageId === m.id) return;
+      const key = m.id;
+      try {
+        const id = await ensureCreated(convId, s);
+        if (id == null) return;
+        const plain = JSON.parse(JSON.stringify(m)) as Message;
+        const stored =
+          plain.role === 'user' ? await addUserMessage(id, plain.content) : await addAssistantMessage(id, assistantRecord(plain));
+        if (stored.serverId != null) s.messageIds.set(key, stored.serverId);
+        patchMessage(convId, key, (x) => applyStored(x, stored));
+      } catch (e) {
+        // This one and every finished one after it wait for the next write.
+        setState(
+          'conversations',
+          (x) => x.id === convId,
+          'messages',
+          (x) => x.saved !== 'saved' && state.streaming?.messageId !== x.id,
+          'saved',
+          'failed',
+        );
+        throw e;
+      }
+    }
+  });
+}
+
+// ---- Loading ------------------------------------------------------------------
 
 export async function loadModels(): Promise<void> {
   try {
@@ -62,15 +221,33 @@ export async function loadModels(): Promise<void> {
   }
 }
 
+/** Loads the stored conversations; chats started on this page meanwhile are kept. */
+export async function loadConversations(): Promise<void> {
+  try {
+    const list = await listConversations();
+    batch(() => {
+      const known = new Set(state.conversations.map((c) => c.serverId));
+      const fresh = list.filter((c) => !known.has(c.serverId) && !removed.has(c.serverId!));
+      const merged = [...state.conversations, ...fresh];
+      setState({ conversations: merged, loadError: null, loaded: true });
+      if (!state.currentId || !find(state.currentId)) setState('currentId', merged[0]?.id ?? null);
+    });
+  } catch (e) {
+    setState({ loadError: `Cannot load your conversations: ${(e as Error).message}`, loaded: true });
+  }
+}
+
 export async function initChat(): Promise<void> {
   if (initStarted) return;
   initStarted = true;
-  const list = await listConversations();
-  batch(() => {
-    setState({ conversations: list, currentId: list[0]?.id ?? null, loaded: true });
-  });
-  await loadModels();
+  await Promise.all([loadConversations(), loadModels()]);
 }
+
+export function dismissStoreError(): void {
+  setState('storeError', null);
+}
+
+// ---- Actions --------------------------------------------------------------------
 
 /** The model a conversation will use: its own if the server has it, else the first one. */
 export function effectiveModel(c: Conversation | undefined): string {
@@ -79,13 +256,28 @@ export function effectiveModel(c: Conversation | undefined): string {
   return ids[0] ?? c?.settings.model ?? '';
 }
 
+/** Starts a chat at once; the store creates it in the background. */
 export function newChat(): Conversation {
   const prev = current();
   // A new chat starts from the previous chat's settings (model, prompt, sampling).
-  const c = createConversation(prev ? { ...prev.settings } : { model: state.models[0]?.id ?? '' });
-  setState('conversations', (list) => [c, ...list]);
-  setState('currentId', c.id);
-  persist(c.id);
+  const settings: ChatSettings = prev
+    ? { ...prev.settings, stop: [...prev.settings.stop] }
+    : { ...DEFAULT_SETTINGS, model: state.models[0]?.id ?? '' };
+  const now = Date.now();
+  const c: Conversation = {
+    id: newKey('new'),
+    serverId: null,
+    title: NEW_TITLE,
+    created: now,
+    updated: now,
+    settings,
+    messages: [],
+  };
+  batch(() => {
+    setState('conversations', (list) => [c, ...list]);
+    setState('currentId', c.id);
+  });
+  void enqueue(c.id, async (s) => void (await ensureCreated(c.id, s)));
   return c;
 }
 
@@ -95,18 +287,24 @@ export function selectChat(id: string): void {
 
 export function removeChat(id: string): void {
   if (state.streaming?.conversationId === id) stopReply();
+  const s = syncOf(id); // takes the store id while the conversation is still on the page
+  if (s.serverId != null) removed.add(s.serverId);
   batch(() => {
     const rest = state.conversations.filter((c) => c.id !== id);
     setState('conversations', rest);
     if (state.currentId === id) setState('currentId', rest[0]?.id ?? null);
   });
-  void deleteConversation(id);
+  void enqueue(id, async () => {
+    if (s.serverId == null) return;
+    removed.add(s.serverId);
+    await deleteConversation(s.serverId);
+  });
 }
 
 export function updateSettings(patch: Partial<ChatSettings>): void {
   const c = current() ?? newChat();
   setState('conversations', (x) => x.id === c.id, 'settings', (s) => ({ ...s, ...patch }));
-  persist(c.id);
+  saveSettings(c.id);
 }
 
 export function stopReply(): void {
@@ -126,13 +324,15 @@ function patchMessage(convId: string, msgId: string, fn: (m: Message) => void): 
 export async function sendMessage(text: string): Promise<void> {
   if (state.streaming || text.trim() === '') return;
   const conv = current() ?? newChat();
+  const convId = conv.id;
   const model = effectiveModel(conv);
-  if (model !== conv.settings.model) {
-    setState('conversations', (x) => x.id === conv.id, 'settings', 'model', model);
-  }
-  const user: Message = { id: newId('m_'), role: 'user', content: text };
+  const modelChanged = model !== conv.settings.model;
+  if (modelChanged) setState('conversations', (x) => x.id === convId, 'settings', 'model', model);
+  const first = conv.messages.length === 0;
+  const user: Message = { id: newKey('m'), saved: 'pending', role: 'user', content: text };
   const reply: Message = {
-    id: newId('m_'),
+    id: newKey('m'),
+    saved: 'pending',
     role: 'assistant',
     content: '',
     reasoning: '',
@@ -149,24 +349,28 @@ export async function sendMessage(text: string): Promise<void> {
       tokPerS: null,
     },
   };
-  const convId = conv.id;
-  setState(
-    'conversations',
-    (x) => x.id === convId,
-    produce((c) => {
-      if (c.messages.length === 0) c.title = text.trim().replace(/\s+/g, ' ').slice(0, 48);
-      c.messages.push(user, reply);
-      c.updated = Date.now();
-    }),
-  );
-  persist(convId);
+  batch(() => {
+    setState(
+      'conversations',
+      (x) => x.id === convId,
+      produce((c) => {
+        if (first) c.title = text.trim().replace(/\s+/g, ' ').slice(0, 48);
+        c.messages.push(user, reply);
+        c.updated = Date.now();
+      }),
+    );
+    setState('streaming', { conversationId: convId, messageId: reply.id });
+  });
+  if (modelChanged) saveSettings(convId);
+  if (first) saveTitle(convId);
+  void flush(convId);
 
   const live = snapshot(convId)!;
   const req = buildRequest(live.settings, live.messages.slice(0, -1));
   controller = new AbortController();
-  setState('streaming', { conversationId: convId, messageId: reply.id });
+  let result: StreamResult | null = null;
   try {
-    const result = await streamChat(req, controller.signal, {
+    result = await streamChat(req, controller.signal, {
       onText: (kind, piece) =>
         patchMessage(convId, reply.id, (m) => {
           if (kind === 'content') m.content += piece;
@@ -175,17 +379,26 @@ export async function sendMessage(text: string): Promise<void> {
       onStats: (stats) => patchMessage(convId, reply.id, (m) => void (m.stats = stats)),
       onResponseId: (id) => patchMessage(convId, reply.id, (m) => void (m.responseId = id)),
     });
-    patchMessage(convId, reply.id, (m) => {
-      m.finish = result.finish;
-      m.stats = result.stats;
-      if (result.error) m.error = result.error;
-      if (result.responseId) m.responseId = result.responseId;
-    });
   } finally {
-    controller = null;
-    setState('streaming', null);
-    setState('conversations', (x) => x.id === convId, 'updated', Date.now());
-    persist(convId);
+    const r = result;
+    batch(() => {
+      patchMessage(convId, reply.id, (m) => {
+        if (!r) {
+          m.finish = 'error';
+          m.error = 'the reply could not be read';
+          return;
+        }
+        m.finish = r.finish;
+        m.stats = r.stats;
+        if (r.stopSequence) m.stopSequence = r.stopSequence;
+        if (r.error) m.error = r.error;
+        if (r.responseId) m.responseId = r.responseId;
+      });
+      controller = null;
+      setState('streaming', null);
+      setState('conversations', (x) => x.id === convId, 'updated', Date.now());
+    });
+    void flush(convId);
   }
 }
 
@@ -193,10 +406,17 @@ export async function sendMessage(text: string): Promise<void> {
 export function retryLast(): void {
   const c = current();
   if (!c || state.streaming) return;
-  const lastUser = [...c.messages].reverse().find((m) => m.role === 'user');
-  if (!lastUser) return;
-  const idx = c.messages.lastIndexOf(lastUser);
-  // Drop the last exchange and send it again.
-  setState('conversations', (x) => x.id === c.id, 'messages', (ms) => ms.slice(0, idx));
-  void sendMessage(lastUser.content);
+  const idx = c.messages.map((m) => m.role).lastIndexOf('user');
+  if (idx < 0) return;
+  const convId = c.id;
+  const lastUser = c.messages[idx];
+  const key = lastUser.id;
+  const content = lastUser.content;
+  // Drop the last exchange, here and in the store, and send it again.
+  setState('conversations', (x) => x.id === convId, 'messages', (ms) => ms.slice(0, idx));
+  void enqueue(convId, async (s) => {
+    const mid = s.messageIds.get(key) ?? lastUser.serverId;
+    if (s.serverId != null && mid != null) await deleteMessagesFrom(s.serverId, mid);
+  });
+  void sendMessage(content);
 }

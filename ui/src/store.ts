@@ -1,7 +1,10 @@
 // Conversations and their per-chat settings. The only module that knows where
-// they live (the browser's localStorage for now); everything else goes through
-// the async functions below, so moving to a server-side store swaps this file.
-import type { Finish } from './finish';
+// they live: the server's conversation store (SQLite, shared with `shoal chat`
+// and `shoal history`) behind /v1/conversations. It maps the server's records
+// to the UI's types below and back; everything else goes through the async
+// functions at the end.
+import { apiError, ApiError } from './api';
+import { finishFromApi, type Finish } from './finish';
 
 export interface ChatSettings {
   model: string;
@@ -28,8 +31,15 @@ export interface ReplyStats {
   tokPerS: number | null;
 }
 
+/** Where a message stands in the store: being written, written, or the write failed. */
+export type SaveState = 'pending' | 'saved' | 'failed';
+
 export interface Message {
+  /** The UI's key; the server's id as a string for messages loaded from the store. */
   id: string;
+  /** The store's id, once written. */
+  serverId?: number;
+  saved: SaveState;
   role: 'user' | 'assistant';
   content: string;
   reasoning?: string;
@@ -37,12 +47,17 @@ export interface Message {
   responseId?: string;
   model?: string;
   finish?: Finish;
+  /** The stop sequence that ended the reply (finish `stop_sequence`), when known. */
+  stopSequence?: string;
   error?: string;
   stats?: ReplyStats;
 }
 
 export interface Conversation {
+  /** The UI's key; the server's id as a string for conversations loaded from the store. */
   id: string;
+  /** The store's id, once created. */
+  serverId: number | null;
   title: string;
   created: number;
   updated: number;
@@ -59,62 +74,237 @@ export const DEFAULT_SETTINGS: ChatSettings = {
   reasoning: false,
 };
 
-const KEY = 'shoal.conversations.v1';
+export const NEW_TITLE = 'New chat';
 
-function readAll(): Conversation[] {
-  try {
-    const raw = localStorage.getItem(KEY);
-    const list = raw ? (JSON.parse(raw) as Conversation[]) : [];
-    return Array.isArray(list) ? list.map(normalize) : [];
-  } catch {
-    return [];
-  }
+// ---- The server's records -------------------------------------------------
+
+interface StoredPiece {
+  kind: 'text' | 'error' | string;
+  text: string;
+  metadata?: Record<string, unknown> | null;
 }
 
-function writeAll(list: Conversation[]): void {
+interface StoredMessage {
+  id: number;
+  conversation_id: number;
+  seq: number;
+  role: 'user' | 'assistant' | string;
+  target: string | null;
+  model: string | null;
+  pieces: StoredPiece[];
+}
+
+interface StoredConversation {
+  id: number;
+  title: string;
+  created_ms: number;
+  updated_ms: number;
+  settings: Record<string, unknown> | null;
+  messages?: StoredMessage[];
+}
+
+/**
+ * Keys the UI writes into an assistant piece's metadata for what only the
+ * browser knows. The server writes the reserved keys (`finish_reason`,
+ * `token_usage_*`, …) itself from its request ledger.
+ */
+export interface ClientMetadata {
+  /** Why the reply ended as the UI saw it; used when the server has no ledger entry. */
+  client_finish: Finish;
+  client_ttft_ms?: number;
+  client_tok_per_s?: number;
+  /** Where the figures shown came from (`stream`: the usage chunk, `ledger`: looked up after a cancel). */
+  client_usage_source?: 'stream' | 'ledger';
+  /** The live count of deltas, kept only when no usage was known. */
+  client_live_completion?: number;
+}
+
+export interface AssistantRecord {
+  content: string;
+  reasoning?: string;
+  responseId?: string;
+  error?: string;
+  metadata: ClientMetadata;
+}
+
+// ---- Mapping --------------------------------------------------------------
+
+const num = (v: unknown): number | null => (typeof v === 'number' && Number.isFinite(v) ? v : null);
+const str = (v: unknown): string | null => (typeof v === 'string' && v !== '' ? v : null);
+
+function toSettings(raw: unknown): ChatSettings {
+  const s = raw && typeof raw === 'object' ? (raw as Record<string, unknown>) : {};
+  return {
+    model: typeof s.model === 'string' ? s.model : DEFAULT_SETTINGS.model,
+    systemPrompt: typeof s.systemPrompt === 'string' ? s.systemPrompt : DEFAULT_SETTINGS.systemPrompt,
+    temperature: num(s.temperature),
+    maxTokens: num(s.maxTokens),
+    stop: Array.isArray(s.stop) ? s.stop.filter((x): x is string => typeof x === 'string') : [],
+    reasoning: s.reasoning === true,
+  };
+}
+
+/**
+ * Why a stored reply ended: the engine's own reason when the server had a
+ * ledger entry for it, else the dialect's word, else what the UI saw.
+ */
+function storedFinish(meta: Record<string, unknown>, kind: string): Finish {
+  if (str(meta.error) || kind === 'error') return 'error';
+  const engine = str(meta.engine_finish_reason);
+  if (engine === 'context_window') return 'length';
+  if (engine) return finishFromApi(engine);
+  const reason = str(meta.finish_reason);
+  if (reason) return str(meta.stop_sequence) && reason === 'stop' ? 'stop_sequence' : finishFromApi(reason);
+  return finishFromApi(str(meta.client_finish));
+}
+
+function storedStats(meta: Record<string, unknown>): ReplyStats | undefined {
+  const prompt = num(meta.token_usage_prompt_tokens);
+  const completion = num(meta.token_usage_completion_tokens);
+  const ttftMs = num(meta.client_ttft_ms) ?? num(meta.ttft_ms);
+  const tokPerS = num(meta.client_tok_per_s) ?? num(meta.decode_tokens_per_s);
+  if (completion != null) {
+    return {
+      prompt,
+      // The API always reports these two (0 when none); absent here means not reported.
+      cached: num(meta.token_usage_cached_tokens) ?? (prompt != null ? 0 : null),
+      completion,
+      reasoning: num(meta.token_usage_reasoning_tokens) ?? 0,
+      total: num(meta.token_usage_total_tokens),
+      live: false,
+      source: meta.client_usage_source === 'stream' ? 'stream' : 'ledger',
+      ttftMs,
+      tokPerS,
+    };
+  }
+  const liveCount = num(meta.client_live_completion);
+  if (liveCount == null) return undefined;
+  return {
+    prompt: null,
+    cached: null,
+    completion: liveCount,
+    reasoning: null,
+    total: null,
+    live: true,
+    source: 'live',
+    ttftMs,
+    tokPerS,
+  };
+}
+
+function toMessage(m: StoredMessage): Message {
+  const piece: StoredPiece = m.pieces?.[0] ?? { kind: 'text', text: '', metadata: {} };
+  const meta = piece.metadata && typeof piece.metadata === 'object' ? piece.metadata : {};
+  const base: Message = {
+    id: String(m.id),
+    serverId: m.id,
+    saved: 'saved',
+    role: m.role === 'assistant' ? 'assistant' : 'user',
+    content: piece.text ?? '',
+  };
+  if (base.role === 'user') return base;
+  const error = str(meta.error) ?? (piece.kind === 'error' ? str(piece.text) : null);
+  const finish = storedFinish(meta, piece.kind);
+  const msg: Message = {
+    ...base,
+    // An error piece whose text is the error itself carries no reply text.
+    content: error && piece.text === error ? '' : base.content,
+    reasoning: str(meta.reasoning_content) ?? '',
+    responseId: str(meta.response_id) ?? undefined,
+    model: m.model ?? undefined,
+    finish,
+    stats: storedStats(meta),
+  };
+  if (error) msg.error = error;
+  const seq = str(meta.stop_sequence);
+  if (finish === 'stop_sequence' && seq) msg.stopSequence = seq;
+  return msg;
+}
+
+function toConversation(c: StoredConversation): Conversation {
+  const messages = Array.isArray(c.messages) ? [...c.messages].sort((a, b) => a.seq - b.seq) : [];
+  return {
+    id: String(c.id),
+    serverId: c.id,
+    title: c.title || NEW_TITLE,
+    created: c.created_ms,
+    updated: c.updated_ms,
+    settings: toSettings(c.settings),
+    messages: messages.map(toMessage),
+  };
+}
+
+// ---- HTTP -------------------------------------------------------------------
+
+/** An error from the conversation store, worded for the page. */
+export class StoreError extends ApiError {}
+
+async function call<T>(method: string, url: string, body?: unknown): Promise<T> {
+  let res: Response;
   try {
-    localStorage.setItem(KEY, JSON.stringify(list));
+    res = await fetch(url, {
+      method,
+      headers: body === undefined ? { accept: 'application/json' } : { accept: 'application/json', 'content-type': 'application/json' },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
   } catch (e) {
-    console.warn('could not save conversations', e);
+    throw new StoreError(`cannot reach the server (${(e as Error).message})`, null);
+  }
+  if (!res.ok) {
+    const e = await apiError(res);
+    throw new StoreError(e.message, e.status);
+  }
+  try {
+    return (await res.json()) as T;
+  } catch {
+    throw new StoreError(`${method} ${url}: the server's answer is not JSON`, res.status);
   }
 }
 
-function normalize(c: Conversation): Conversation {
-  return {
-    ...c,
-    settings: { ...DEFAULT_SETTINGS, ...(c.settings ?? {}) },
-    messages: Array.isArray(c.messages) ? c.messages : [],
-  };
-}
+// ---- The store --------------------------------------------------------------
 
-export function newId(prefix: string): string {
-  const r = crypto.getRandomValues(new Uint32Array(2));
-  return `${prefix}${Date.now().toString(36)}${r[0].toString(36)}${r[1].toString(36)}`;
-}
-
-/** All conversations, most recently updated first. */
+/** All conversations with their messages, most recently updated first. */
 export async function listConversations(): Promise<Conversation[]> {
-  return readAll().sort((a, b) => b.updated - a.updated);
+  const r = await call<{ data: StoredConversation[] }>('GET', '/v1/conversations');
+  return (Array.isArray(r?.data) ? r.data : []).map(toConversation).sort((a, b) => b.updated - a.updated);
 }
 
-export async function saveConversation(c: Conversation): Promise<void> {
-  const list = readAll().filter((x) => x.id !== c.id);
-  list.push(c);
-  writeAll(list);
+/** Creates a conversation; resolves with the store's copy (no messages). */
+export async function createConversation(title: string, settings: ChatSettings): Promise<Conversation> {
+  return toConversation(await call<StoredConversation>('POST', '/v1/conversations', { title, settings }));
 }
 
-export async function deleteConversation(id: string): Promise<void> {
-  writeAll(readAll().filter((x) => x.id !== id));
+export async function updateConversation(
+  serverId: number,
+  patch: { title?: string; settings?: ChatSettings },
+): Promise<Conversation> {
+  return toConversation(await call<StoredConversation>('PATCH', `/v1/conversations/${serverId}`, patch));
 }
 
-export function createConversation(settings: Partial<ChatSettings> = {}): Conversation {
-  const now = Date.now();
-  return {
-    id: newId('c_'),
-    title: 'New chat',
-    created: now,
-    updated: now,
-    settings: { ...DEFAULT_SETTINGS, ...settings },
-    messages: [],
-  };
+export async function deleteConversation(serverId: number): Promise<void> {
+  await call('DELETE', `/v1/conversations/${serverId}`);
+}
+
+export async function addUserMessage(serverId: number, content: string): Promise<Message> {
+  return toMessage(
+    await call<StoredMessage>('POST', `/v1/conversations/${serverId}/messages`, { role: 'user', content }),
+  );
+}
+
+/**
+ * Stores a finished reply. The server fills its usage and finish reason from
+ * its own ledger by response id; the returned message carries them.
+ */
+export async function addAssistantMessage(serverId: number, r: AssistantRecord): Promise<Message> {
+  const body: Record<string, unknown> = { role: 'assistant', content: r.content, metadata: r.metadata };
+  if (r.reasoning) body.reasoning = r.reasoning;
+  if (r.responseId) body.response_id = r.responseId;
+  if (r.error) body.error = r.error;
+  return toMessage(await call<StoredMessage>('POST', `/v1/conversations/${serverId}/messages`, body));
+}
+
+/** Deletes a message and every later one in its conversation. */
+export async function deleteMessagesFrom(serverId: number, messageServerId: number): Promise<number> {
+  const r = await call<{ deleted?: number }>('DELETE', `/v1/conversations/${serverId}/messages/${messageServerId}`);
+  return typeof r?.deleted === 'number' ? r.deleted : 0;
 }

@@ -27,7 +27,7 @@ export function UsageStats(props: { stats: ReplyStats }) {
         </span>
       </Show>
       <Show when={s().source === 'ledger'}>
-        <span class="tag" title="The stream was stopped before its usage chunk; these are the numbers the server recorded in its ledger for this request.">
+        <span class="tag" title="The numbers the server recorded in its ledger for this request (the stream was stopped before its usage chunk, or another client stored the reply).">
           ledger
         </span>
       </Show>

@@ -2,8 +2,10 @@ import { createEffect, createSignal, For, on, onCleanup, onMount, Show, untrack 
 import {
   chat,
   current,
+  dismissStoreError,
   effectiveModel,
   initChat,
+  loadConversations,
   loadModels,
   newChat,
   removeChat,
@@ -61,7 +63,7 @@ export function ChatView() {
 
   return (
     <div class="chat" classList={{ 'sidebar-open': sidebarOpen() }} data-testid="chat-view">
-      <aside class="sidebar" data-testid="conversation-list">
+      <aside class="sidebar" data-testid="conversation-list" data-loaded={chat.loaded ? 'true' : 'false'}>
         <button
           class="btn primary wide"
           data-testid="new-chat"
@@ -81,6 +83,7 @@ export function ChatView() {
                 classList={{ active: c.id === chat.currentId }}
                 data-testid="conversation-item"
                 data-id={c.id}
+                data-server-id={c.serverId ?? ''}
               >
                 <button
                   class="conv-title"
@@ -163,6 +166,24 @@ export function ChatView() {
           </div>
         </Show>
 
+        <Show when={chat.loadError}>
+          <div class="banner error" role="alert" data-testid="store-load-error">
+            {chat.loadError}{' '}
+            <button class="btn small" onClick={() => void loadConversations()}>
+              Retry
+            </button>
+          </div>
+        </Show>
+
+        <Show when={chat.storeError}>
+          <div class="banner error" role="alert" data-testid="store-error">
+            {chat.storeError}{' '}
+            <button class="btn small" title="Dismiss" onClick={dismissStoreError}>
+              Dismiss
+            </button>
+          </div>
+        </Show>
+
         <div class="messages" ref={scroller} onScroll={onScroll} data-testid="messages">
           <Show
             when={(current()?.messages.length ?? 0) > 0}
@@ -224,8 +245,11 @@ function MessageView(props: { msg: Message; streaming: boolean }) {
     <Show
       when={m().role === 'assistant'}
       fallback={
-        <div class="msg user" data-testid="message-user">
+        <div class="msg user" data-testid="message-user" data-saved={m().saved}>
           <div class="bubble">{m().content}</div>
+          <Show when={m().saved === 'failed'}>
+            <NotSaved />
+          </Show>
         </div>
       }
     >
@@ -234,6 +258,7 @@ function MessageView(props: { msg: Message; streaming: boolean }) {
         data-testid="message-assistant"
         data-streaming={props.streaming ? 'true' : 'false'}
         data-response-id={m().responseId ?? ''}
+        data-saved={m().saved}
       >
         <Show when={m().reasoning}>
           <details class="reasoning" data-testid="reasoning-block" open={props.streaming && !m().content}>
@@ -266,7 +291,7 @@ function MessageView(props: { msg: Message; streaming: boolean }) {
         </div>
         <div class="msg-foot">
           <Show when={m().finish}>
-            <FinishBadge finish={m().finish!} />
+            <FinishBadge finish={m().finish!} stopSequence={m().stopSequence} />
           </Show>
           <Show when={m().stats && !(m().finish === 'error' && m().stats!.completion === 0)}>
             <UsageStats stats={m().stats!} />
@@ -276,9 +301,24 @@ function MessageView(props: { msg: Message; streaming: boolean }) {
               Retry
             </button>
           </Show>
+          <Show when={m().saved === 'failed'}>
+            <NotSaved />
+          </Show>
         </div>
       </div>
     </Show>
+  );
+}
+
+function NotSaved() {
+  return (
+    <span
+      class="tag warn"
+      data-testid="not-saved"
+      title="The conversation store did not take this message yet; it is written again with the next one. Reloading the page now loses it."
+    >
+      not saved
+    </span>
   );
 }
 
