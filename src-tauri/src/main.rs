@@ -44,7 +44,7 @@ pub struct Shell {
 }
 
 fn main() -> Result<()> {
-    shoal::init_logging();
+    shoal::init_logging(shoal::LogFormat::Text);
     // WebKitGTK's WebDriver launches the app with `--automation`; it is
     // handled by the webview, not by us.
     let cli = Cli::parse_from(std::env::args_os().filter(|a| a != "--automation"));

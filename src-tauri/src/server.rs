@@ -103,6 +103,7 @@ impl Server {
         match loaded {
             Ok(engine) => {
                 let mut state = shoal::open_store(AppState::new(engine), cfg);
+                state.log_prompts = cfg.server.log_prompts;
                 state.aliases = Arc::new(cfg.model.aliases.clone());
                 inner.state = Some(state);
                 Ok(())

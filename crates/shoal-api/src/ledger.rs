@@ -42,8 +42,6 @@ impl Ledger {
     }
 
     pub fn record(&self, e: LedgerEntry) {
-        tracing::info!(id = %e.id, dialect = e.dialect, model = %e.model, finish = ?e.finish_reasons,
-                       usage = %e.usage, ttft_ms = e.ttft_ms, "request finished");
         let mut q = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         if q.len() == self.cap {
             q.pop_front();

@@ -6,6 +6,7 @@ pub mod body;
 pub mod conversations;
 pub mod error;
 pub mod ledger;
+pub mod metrics;
 pub mod openai_chat;
 pub mod openai_completions;
 pub mod openai_responses;
@@ -42,6 +43,10 @@ pub struct AppState {
     pub node: Arc<LocalNode>,
     /// Generations in progress (cancelled when the server shuts down).
     pub running: Arc<run::Running>,
+    /// Log each request's prompt text (off by default: prompts are private).
+    pub log_prompts: bool,
+    /// Counters and histograms behind `/metrics`.
+    pub metrics: Arc<metrics::Metrics>,
     /// Conversation history for `/v1/conversations`; `None` serves 503s.
     pub store: Option<conversations::SharedStore>,
 }
@@ -61,6 +66,8 @@ impl AppState {
             aliases: Arc::new(Vec::new()),
             running: Arc::new(run::Running::default()),
             store: None,
+            metrics: Arc::new(metrics::Metrics::new()),
+            log_prompts: false,
         }
     }
 
@@ -180,6 +187,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route("/v1/usage", get(usage))
+        .route("/metrics", get(metrics::handle))
         .route("/v1/chat/completions", post(openai_chat::handle))
         .route("/v1/completions", post(openai_completions::handle))
         .route("/v1/responses", post(openai_responses::handle))

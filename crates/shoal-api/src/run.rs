@@ -5,6 +5,7 @@ use futures::StreamExt;
 use shoal_engine::{CancelFlag, Completion, Event, FinishReason, GenerateRequest, SamplingParams};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
+use tracing::Instrument;
 
 use crate::error::ApiError;
 use crate::ledger::LedgerEntry;
@@ -179,67 +180,103 @@ pub fn start(state: &AppState, job: Job, fmt: LedgerFormat) -> Result<Choices, A
     }
     let (tx, rx) = mpsc::unbounded_channel();
     let ledger = state.ledger.clone();
+    let metrics = state.metrics.clone();
+    // One span per request; its outcome is recorded on it when it ends.
+    let span = tracing::info_span!(
+        "request",
+        id = %fmt.id,
+        dialect = fmt.dialect,
+        model = %fmt.model,
+        stream = fmt.stream,
+        finish_reason = tracing::field::Empty,
+        usage = tracing::field::Empty,
+    );
+    if state.log_prompts {
+        for p in &job.prompts {
+            let text = state
+                .engine
+                .model
+                .vocab
+                .decode(p, false)
+                .unwrap_or_default();
+            span.in_scope(|| tracing::info!(prompt = %text, "prompt"));
+        }
+    }
     let created = now_secs();
     // Registered so a server shutdown can end it with a proper final event.
     let running = state.running.register(flags.clone());
-    tokio::spawn(async move {
-        let mut merged = futures::stream::select_all(streams);
-        let mut done: Vec<Option<Completion>> = vec![None; n];
-        let mut client_gone = false;
-        let mut recorded = false;
-        // Records the request; called before the last choice's final event is
-        // forwarded, so a client that has seen the end finds the entry.
-        let record = |done: &[Option<Completion>]| {
-            let completions: Vec<Completion> = done.iter().flatten().cloned().collect();
-            let first = completions.first().map(|c| c.timings).unwrap_or_default();
-            ledger.record(LedgerEntry {
-                id: fmt.id.clone(),
-                dialect: fmt.dialect,
-                model: fmt.model.clone(),
-                created,
-                stream: fmt.stream,
-                finish_reasons: completions
+    tokio::spawn(
+        async move {
+            let mut merged = futures::stream::select_all(streams);
+            let mut done: Vec<Option<Completion>> = vec![None; n];
+            let mut client_gone = false;
+            let mut recorded = false;
+            // Records the request; called before the last choice's final event is
+            // forwarded, so a client that has seen the end finds the entry.
+            let record = |done: &[Option<Completion>]| {
+                let completions: Vec<Completion> = done.iter().flatten().cloned().collect();
+                let first = completions.first().map(|c| c.timings).unwrap_or_default();
+                let finish_reasons: Vec<String> = completions
                     .iter()
                     .map(|c| match c.finish {
                         FinishReason::Cancelled => "cancelled".to_string(),
                         ref f => (fmt.finish)(f),
                     })
-                    .collect(),
-                engine_finish_reasons: completions.iter().map(|c| c.finish.as_str()).collect(),
-                stop_sequences: completions
-                    .iter()
-                    .map(|c| match &c.finish {
-                        FinishReason::StopSequence(s) => Some(s.clone()),
-                        _ => None,
-                    })
-                    .collect(),
-                usage: (fmt.usage)(&completions, per),
-                ttft_ms: first.ttft_ms,
-                decode_tokens_per_s: first.decode_tokens_per_s,
-                prefill_tokens_per_s: first.prefill_tokens_per_s,
-            });
-        };
-        while let Some((i, ev)) = merged.next().await {
-            if let Event::Done(c) = &ev {
-                if let Some(slot) = done.get_mut(i) {
-                    *slot = Some(c.clone());
+                    .collect();
+                metrics.observe(fmt.dialect, &finish_reasons, &completions);
+                let usage = (fmt.usage)(&completions, per);
+                let span = tracing::Span::current();
+                span.record("finish_reason", tracing::field::debug(&finish_reasons));
+                span.record("usage", tracing::field::display(&usage));
+                tracing::info!(
+                    ttft_ms = first.ttft_ms,
+                    decode_tokens_per_s = first.decode_tokens_per_s,
+                    "request finished"
+                );
+                ledger.record(LedgerEntry {
+                    id: fmt.id.clone(),
+                    dialect: fmt.dialect,
+                    model: fmt.model.clone(),
+                    created,
+                    stream: fmt.stream,
+                    finish_reasons,
+                    engine_finish_reasons: completions.iter().map(|c| c.finish.as_str()).collect(),
+                    stop_sequences: completions
+                        .iter()
+                        .map(|c| match &c.finish {
+                            FinishReason::StopSequence(s) => Some(s.clone()),
+                            _ => None,
+                        })
+                        .collect(),
+                    usage,
+                    ttft_ms: first.ttft_ms,
+                    decode_tokens_per_s: first.decode_tokens_per_s,
+                    prefill_tokens_per_s: first.prefill_tokens_per_s,
+                });
+            };
+            while let Some((i, ev)) = merged.next().await {
+                if let Event::Done(c) = &ev {
+                    if let Some(slot) = done.get_mut(i) {
+                        *slot = Some(c.clone());
+                    }
+                    if !recorded && done.iter().all(Option::is_some) {
+                        record(&done);
+                        recorded = true;
+                    }
                 }
-                if !recorded && done.iter().all(Option::is_some) {
-                    record(&done);
-                    recorded = true;
+                if !client_gone && tx.send((i, ev)).is_err() {
+                    client_gone = true;
+                    tracing::info!("client disconnected; cancelling generation");
+                    flags.iter().for_each(CancelFlag::cancel);
                 }
             }
-            if !client_gone && tx.send((i, ev)).is_err() {
-                client_gone = true;
-                tracing::info!(id = %fmt.id, "client disconnected; cancelling generation");
-                flags.iter().for_each(CancelFlag::cancel);
+            drop(running);
+            if !recorded {
+                record(&done);
             }
         }
-        drop(running);
-        if !recorded {
-            record(&done);
-        }
-    });
+        .instrument(span),
+    );
     Ok(Choices { rx, n })
 }
 

@@ -979,3 +979,137 @@ async fn without_a_store_conversations_are_503() {
         .as_str()
         .is_some_and(|m| m.contains("store")));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_counters_match_the_usage_of_the_requests_made() {
+    let base = server(engine()).await;
+    let (st, chat, _) = post(
+        &base,
+        "/v1/chat/completions",
+        &json!({"model": MODEL, "messages": [{"role": "user", "content": "Say hi."}],
+                "max_tokens": 5, "temperature": 0, "n": 2})
+        .to_string(),
+    )
+    .await;
+    assert_eq!(st, 200, "{chat}");
+    let chat: Value = serde_json::from_str(&chat).expect("json");
+    let (st, msg, _) = post(
+        &base,
+        "/v1/messages",
+        &json!({"model": MODEL, "messages": [{"role": "user", "content": "Name a colour."}],
+                "max_tokens": 7, "temperature": 0, "stream": true})
+        .to_string(),
+    )
+    .await;
+    assert_eq!(st, 200);
+    let events = sse(&msg);
+    let start: Value = serde_json::from_str(&events[0].1).expect("json");
+    let delta: Value = events
+        .iter()
+        .filter(|(n, _)| n.as_deref() == Some("message_delta"))
+        .map(|(_, d)| serde_json::from_str(d).expect("json"))
+        .next_back()
+        .expect("message_delta");
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .expect("get")
+        .text()
+        .await
+        .expect("text");
+    let lines = text.lines().map(|l| Ok(l.to_string()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("Prometheus text");
+    let value = |name: &str, labels: &[(&str, &str)]| -> f64 {
+        scrape
+            .samples
+            .iter()
+            .filter(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+            .map(|s| match s.value {
+                prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Untyped(v) => v,
+                _ => f64::NAN,
+            })
+            .sum()
+    };
+    let chat_finish = chat["choices"][0]["finish_reason"]
+        .as_str()
+        .expect("finish");
+    let same_finish = chat["choices"]
+        .as_array()
+        .expect("choices")
+        .iter()
+        .filter(|c| c["finish_reason"] == chat_finish)
+        .count();
+    assert_eq!(
+        value(
+            "shoal_requests_total",
+            &[("dialect", "openai.chat"), ("finish_reason", chat_finish)]
+        ),
+        same_finish as f64,
+        "{text}"
+    );
+    let u = &chat["usage"];
+    // n = 2: OpenAI counts the prompt once; the engine ran it per choice.
+    let n = |v: &Value| v.as_f64().expect("number");
+    assert_eq!(
+        value(
+            "shoal_tokens_total",
+            &[("dialect", "openai.chat"), ("kind", "completion")]
+        ),
+        n(&u["completion_tokens"])
+    );
+    assert_eq!(
+        value(
+            "shoal_tokens_total",
+            &[("dialect", "openai.chat"), ("kind", "prompt")]
+        ),
+        2.0 * n(&u["prompt_tokens"])
+    );
+    let stop = delta["delta"]["stop_reason"].as_str().expect("stop_reason");
+    assert_eq!(
+        value(
+            "shoal_requests_total",
+            &[("dialect", "anthropic.messages"), ("finish_reason", stop)]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            "shoal_tokens_total",
+            &[("dialect", "anthropic.messages"), ("kind", "completion")]
+        ),
+        n(&delta["usage"]["output_tokens"])
+    );
+    assert_eq!(
+        value(
+            "shoal_tokens_total",
+            &[("dialect", "anthropic.messages"), ("kind", "prompt")]
+        ),
+        n(&start["message"]["usage"]["input_tokens"])
+            + n(&start["message"]["usage"]["cache_read_input_tokens"])
+    );
+    let ttft_count: f64 = scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == "shoal_time_to_first_token_seconds")
+        .map(|s| match &s.value {
+            prometheus_parse::Value::Histogram(h) => h.iter().map(|b| b.count).fold(0.0, f64::max),
+            _ => 0.0,
+        })
+        .sum();
+    assert_eq!(ttft_count, 3.0, "one TTFT per generated choice: {text}");
+    assert_eq!(value("shoal_model_loaded", &[("model", MODEL)]), 1.0);
+    assert!(value("shoal_model_memory_bytes", &[("model", MODEL)]) > 1e6);
+    // The engine is shared with the other tests here: its gauges exist, their
+    // values depend on what else is running.
+    for gauge in [
+        "shoal_requests_in_flight",
+        "shoal_queue_depth",
+        "shoal_prefix_cache_hit_ratio",
+    ] {
+        assert!(
+            scrape.samples.iter().any(|s| s.metric == gauge),
+            "{gauge}: {text}"
+        );
+    }
+}

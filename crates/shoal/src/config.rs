@@ -37,6 +37,8 @@ pub struct Server {
     /// `shoal history` use); the platform data directory when absent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub db: Option<PathBuf>,
+    /// Log each request's prompt text (off: prompts stay out of the logs).
+    pub log_prompts: bool,
 }
 
 impl Default for Server {
@@ -47,6 +49,7 @@ impl Default for Server {
             queue: 64,
             max_batch: 16,
             db: None,
+            log_prompts: false,
         }
     }
 }
@@ -125,6 +128,12 @@ const SETTINGS: &[Setting] = &[
         "--max-batch",
     ),
     setting("server", "db", Some("SHOAL_DB"), "--db"),
+    setting(
+        "server",
+        "log_prompts",
+        Some("SHOAL_LOG_PROMPTS"),
+        "--log-prompts",
+    ),
     setting("model", "path", Some("SHOAL_MODEL"), "--model"),
     setting("model", "id", Some("SHOAL_MODEL_ID"), "--model-id"),
     setting("model", "aliases", None, "--alias"),
@@ -187,6 +196,10 @@ pub struct Flags {
     /// (default: the platform data directory) [env: SHOAL_DB].
     #[arg(long, value_name = "PATH")]
     pub db: Option<PathBuf>,
+    /// Log each request's prompt text; off by default so prompts stay out of
+    /// the logs [env: SHOAL_LOG_PROMPTS=true].
+    #[arg(long)]
+    pub log_prompts: bool,
     /// Memory for reusing KV state of shared prompt prefixes across requests,
     /// 0 = off (default 1024) [env: SHOAL_PREFIX_CACHE_MB].
     #[arg(long)]
@@ -215,6 +228,7 @@ struct Overrides {
     queue: Option<usize>,
     max_batch: Option<usize>,
     db: Option<PathBuf>,
+    log_prompts: Option<bool>,
     model_path: Option<PathBuf>,
     model_id: Option<String>,
     aliases: Option<Vec<String>>,
@@ -246,6 +260,7 @@ impl Overrides {
             queue: parsed("SHOAL_QUEUE", var("SHOAL_QUEUE"))?,
             max_batch: parsed("SHOAL_MAX_BATCH", var("SHOAL_MAX_BATCH"))?,
             db: var("SHOAL_DB").map(PathBuf::from),
+            log_prompts: parsed("SHOAL_LOG_PROMPTS", var("SHOAL_LOG_PROMPTS"))?,
             model_path: var("SHOAL_MODEL").map(PathBuf::from),
             model_id: var("SHOAL_MODEL_ID"),
             aliases: None,
@@ -263,6 +278,7 @@ impl Overrides {
             queue: f.queue,
             max_batch: f.max_batch,
             db: f.db.clone(),
+            log_prompts: f.log_prompts.then_some(true),
             model_path: f.model.clone(),
             model_id: f.model_id.clone(),
             aliases: list(&f.aliases),
@@ -408,6 +424,10 @@ impl Resolved {
         if let Some(v) = o.db {
             c.server.db = Some(v);
             set("server.db");
+        }
+        if let Some(v) = o.log_prompts {
+            c.server.log_prompts = v;
+            set("server.log_prompts");
         }
         if let Some(v) = o.model_path {
             c.model.path = Some(v);

@@ -17,6 +17,9 @@ use shoal::{config, id_from_path};
     about = "Local LLM engine and server with exact token accounting"
 )]
 struct Cli {
+    /// Log lines as human-readable text or as one JSON object per line.
+    #[arg(long, global = true, value_enum, env = "SHOAL_LOG_FORMAT", default_value_t = shoal::LogFormat::Text)]
+    log_format: shoal::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -66,8 +69,9 @@ impl ModelArgs {
 }
 
 fn main() -> Result<()> {
-    shoal::init_logging();
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    shoal::init_logging(cli.log_format);
+    match cli.command {
         Command::Generate(a) => generate::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Serve(a) => serve::run(a),

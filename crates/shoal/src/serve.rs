@@ -23,6 +23,7 @@ pub fn run(a: Args) -> Result<()> {
     let engine = Engine::start(&path, &cfg.model_id(), cfg.engine_options()?)
         .with_context(|| format!("loading {}", path.display()))?;
     let mut state = shoal::open_store(AppState::new(engine), &cfg);
+    state.log_prompts = cfg.server.log_prompts;
     state.aliases = std::sync::Arc::new(cfg.model.aliases);
     let addr = SocketAddr::new(cfg.server.host, cfg.server.port);
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -157,6 +157,8 @@ const SETTING_VARS: &[&str] = &[
     "SHOAL_PORT",
     "SHOAL_QUEUE",
     "SHOAL_DB",
+    "SHOAL_LOG_PROMPTS",
+    "SHOAL_LOG_FORMAT",
     "SHOAL_MODEL",
     "SHOAL_MODEL_ID",
     "SHOAL_PREFIX_CACHE_MB",
@@ -632,4 +634,59 @@ fn crate_model_id() -> String {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default()
+}
+
+/// `--log-format json`: every line is a JSON object; a request's line carries
+/// its span (id, dialect, model, finish reason, usage); the prompt's text is
+/// logged only with `--log-prompts`.
+#[test]
+fn json_logs_carry_the_request_span_and_prompts_only_when_asked() {
+    for log_prompts in [false, true] {
+        let dir = temp_dir(&format!("json-logs-{log_prompts}"));
+        let (server, addr) = start_server(&dir, |c| {
+            c.args([
+                "--log-format",
+                "json",
+                "serve",
+                "--port",
+                "0",
+                "--prefix-cache-mb",
+                "0",
+            ])
+            .arg("--db")
+            .arg(dir.join("c.sqlite"));
+            if log_prompts {
+                c.arg("--log-prompts");
+            }
+            c.arg("--model").arg(gguf()).env("SHOAL_LOG", "info");
+        });
+        let secret = "zebra-umbrella-42";
+        let (status, reply) = post_json(
+            &addr,
+            "/v1/chat/completions",
+            &json!({"model": shoal::id_from_path(&gguf()), "messages": [{"role": "user", "content": secret}],
+                    "max_tokens": 3})
+            .to_string(),
+        );
+        assert_eq!(status, 200, "{reply}");
+        drop(server);
+        let log = std::fs::read_to_string(dir.join("stderr.log")).expect("log");
+        let lines: Vec<Value> = log
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+            .collect();
+        let done = lines
+            .iter()
+            .find(|l| l["fields"]["message"] == "request finished")
+            .unwrap_or_else(|| panic!("no request line in {log}"));
+        let span = &done["span"];
+        assert_eq!(span["id"], reply["id"], "{done}");
+        assert_eq!(span["dialect"], "openai.chat");
+        assert_eq!(span["model"], reply["model"]);
+        assert_eq!(span["finish_reason"], "[\"length\"]");
+        let usage: Value =
+            serde_json::from_str(span["usage"].as_str().expect("usage text")).expect("usage JSON");
+        assert_eq!(usage, reply["usage"], "the span's usage is what was sent");
+        assert_eq!(log.contains(secret), log_prompts, "{log}");
+    }
 }

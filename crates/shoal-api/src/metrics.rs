@@ -1,0 +1,236 @@
+//! `GET /metrics`: Prometheus (OpenMetrics text) counters and histograms of
+//! what the server did, fed from the same completion records as the ledger,
+//! plus gauges read from the engine at scrape time.
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use shoal_engine::Completion;
+
+use crate::AppState;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    dialect: String,
+    /// In the dialect's own words (`stop`, `end_turn`, `incomplete:max_output_tokens`, `cancelled` …).
+    finish_reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TokenLabels {
+    dialect: String,
+    /// `prompt`, `cached`, `completion` or `reasoning`.
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DialectLabels {
+    dialect: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModelLabels {
+    model: String,
+}
+
+fn ttft_histogram() -> Histogram {
+    // 5 ms … ~82 s.
+    Histogram::new(exponential_buckets(0.005, 2.0, 15))
+}
+
+fn rate_histogram() -> Histogram {
+    // 0.5 … ~2000 tokens/s.
+    Histogram::new(exponential_buckets(0.5, 2.0, 13))
+}
+
+/// The server's metrics.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    tokens: Family<TokenLabels, Counter>,
+    ttft: Family<DialectLabels, Histogram, fn() -> Histogram>,
+    decode_rate: Family<DialectLabels, Histogram, fn() -> Histogram>,
+    queued: Gauge,
+    in_flight: Gauge,
+    model_loaded: Family<ModelLabels, Gauge>,
+    model_memory: Family<ModelLabels, Gauge>,
+    prefix_cache_bytes: Gauge,
+    cache_hit_ratio: Gauge<f64, AtomicU64>,
+    /// Serialises scrapes (gauges are set, then the registry encoded).
+    scrape: Mutex<()>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("shoal");
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "requests",
+            "Requests served, by API dialect and finish reason (per choice)",
+            requests.clone(),
+        );
+        let tokens = Family::<TokenLabels, Counter>::default();
+        registry.register(
+            "tokens",
+            "Tokens by kind: prompt (all of it), cached (prompt tokens reused from the prefix cache), completion, reasoning (part of completion)",
+            tokens.clone(),
+        );
+        let ttft: Family<DialectLabels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(ttft_histogram);
+        registry.register(
+            "time_to_first_token_seconds",
+            "Time from submission to the first generated token (queue wait included)",
+            ttft.clone(),
+        );
+        let decode_rate: Family<DialectLabels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(rate_histogram);
+        registry.register(
+            "decode_tokens_per_second",
+            "Decode speed of each request",
+            decode_rate.clone(),
+        );
+        let queued = Gauge::default();
+        registry.register("queue_depth", "Requests waiting to start", queued.clone());
+        let in_flight = Gauge::default();
+        registry.register(
+            "requests_in_flight",
+            "Requests being prefilled or decoded",
+            in_flight.clone(),
+        );
+        let model_loaded = Family::<ModelLabels, Gauge>::default();
+        registry.register(
+            "model_loaded",
+            "1 for each loaded model",
+            model_loaded.clone(),
+        );
+        let model_memory = Family::<ModelLabels, Gauge>::default();
+        registry.register(
+            "model_memory_bytes",
+            "Weight memory of each loaded model",
+            model_memory.clone(),
+        );
+        let prefix_cache_bytes = Gauge::default();
+        registry.register(
+            "prefix_cache_bytes",
+            "Bytes held by the prefix cache",
+            prefix_cache_bytes.clone(),
+        );
+        let cache_hit_ratio = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "prefix_cache_hit_ratio",
+            "Share of all prompt tokens served from the prefix cache since start",
+            cache_hit_ratio.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            tokens,
+            ttft,
+            decode_rate,
+            queued,
+            in_flight,
+            model_loaded,
+            model_memory,
+            prefix_cache_bytes,
+            cache_hit_ratio,
+            scrape: Mutex::new(()),
+        }
+    }
+
+    /// Counts one finished request: its choices' finish reasons (dialect
+    /// words) and the usage of each choice, exactly as the engine recorded it.
+    pub fn observe(&self, dialect: &str, finish_reasons: &[String], completions: &[Completion]) {
+        for f in finish_reasons {
+            self.requests
+                .get_or_create(&RequestLabels {
+                    dialect: dialect.to_string(),
+                    finish_reason: f.clone(),
+                })
+                .inc();
+        }
+        let add = |kind: &str, n: usize| {
+            self.tokens
+                .get_or_create(&TokenLabels {
+                    dialect: dialect.to_string(),
+                    kind: kind.to_string(),
+                })
+                .inc_by(n as u64);
+        };
+        for c in completions {
+            add("prompt", c.usage.prompt_tokens);
+            add("cached", c.usage.cached_tokens);
+            add("completion", c.usage.completion_tokens);
+            add("reasoning", c.usage.reasoning_tokens);
+        }
+        let labels = DialectLabels {
+            dialect: dialect.to_string(),
+        };
+        for c in completions.iter().filter(|c| c.usage.completion_tokens > 0) {
+            self.ttft
+                .get_or_create(&labels)
+                .observe(c.timings.ttft_ms / 1000.0);
+            if c.timings.decode_tokens_per_s.is_finite() && c.timings.decode_tokens_per_s > 0.0 {
+                self.decode_rate
+                    .get_or_create(&labels)
+                    .observe(c.timings.decode_tokens_per_s);
+            }
+        }
+    }
+
+    /// The exposition text, with the engine's gauges read now.
+    fn render(&self, s: &AppState) -> Result<String, std::fmt::Error> {
+        let _one = self.scrape.lock().unwrap_or_else(|p| p.into_inner());
+        let st = &s.engine.stats;
+        self.queued.set(st.queued.load(Relaxed) as i64);
+        self.in_flight.set(st.running.load(Relaxed) as i64);
+        self.prefix_cache_bytes
+            .set(st.prefix_cache_bytes.load(Relaxed) as i64);
+        let prompt = st.prompt_tokens.load(Relaxed);
+        let cached = st.cached_tokens.load(Relaxed);
+        self.cache_hit_ratio.set(if prompt == 0 {
+            0.0
+        } else {
+            cached as f64 / prompt as f64
+        });
+        let model = ModelLabels {
+            model: s.engine.model.id.clone(),
+        };
+        self.model_loaded.get_or_create(&model).set(1);
+        self.model_memory
+            .get_or_create(&model)
+            .set(s.engine.model.info.weight_bytes as i64);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+pub async fn handle(State(s): State<AppState>) -> axum::response::Response {
+    match s.metrics.render(&s) {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(e) => crate::error::ApiError::internal(format!("metrics: {e}"))
+            .in_dialect(crate::error::Dialect::OpenAi)
+            .into_response(),
+    }
+}
