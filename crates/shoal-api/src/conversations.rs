@@ -95,6 +95,15 @@ fn missing(id: i64) -> ApiError {
     ApiError::not_found(format!("no conversation {id}"))
 }
 
+/// A 404 unless conversation `id` exists.
+fn require(st: &Store, id: i64) -> Result<(), ApiError> {
+    if st.has_conversation(id).map_err(store_err)? {
+        Ok(())
+    } else {
+        Err(missing(id))
+    }
+}
+
 fn conversation_json(store: &Store, id: i64) -> Result<Value, ApiError> {
     let c = store
         .conversation(id)
@@ -181,9 +190,7 @@ async fn truncate(
 ) -> Reply {
     let (id, message_id) = (parse_id(&id)?, parse_id(&message_id)?);
     let n = with_store(&s, move |st| {
-        if st.conversation(id).map_err(store_err)?.is_none() {
-            return Err(missing(id));
-        }
+        require(st, id)?;
         let n = st.truncate_from(id, message_id).map_err(store_err)?;
         if n == 0 {
             return Err(ApiError::not_found(format!(
@@ -276,9 +283,7 @@ async fn add_message(
     };
     let role = m.role;
     let v = with_store(&s, move |st| {
-        if st.conversation(id).map_err(store_err)?.is_none() {
-            return Err(missing(id));
-        }
+        require(st, id)?;
         let mid = st
             .add_message(id, &role, target.as_deref(), model.as_deref(), &[piece])
             .map_err(store_err)?;
@@ -304,6 +309,8 @@ fn provider_meta(e: &LedgerEntry) -> ProviderMeta {
     let finish = e.finish_reasons.first().cloned();
     let wire = match e.dialect {
         "openai.responses" => {
+            // The ledger writes a Responses finish as `status` or
+            // `status:reason` (`openai_responses::ledger_finish`).
             if let Some(f) = finish {
                 let (status, reason) = match f.split_once(':') {
                     Some((s, r)) => (s.to_string(), Some(r.to_string())),

@@ -36,13 +36,17 @@ fn engine() -> Engine {
 
 /// Starts a server on a free port and returns its base URL.
 async fn server(engine: Engine) -> String {
+    serve_state(AppState::new(engine)).await
+}
+
+/// Serves `state` on a free port; returns the base URL.
+async fn serve_state(state: AppState) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
-        let _ =
-            shoal_api::serve_until(listener, AppState::new(engine), std::future::pending()).await;
+        let _ = shoal_api::serve_until(listener, state, std::future::pending()).await;
     });
     format!("http://{addr}")
 }
@@ -716,14 +720,7 @@ async fn server_with_store(name: &str) -> String {
     let state = AppState::new(engine())
         .with_store(&dir.join("store.sqlite"))
         .expect("store");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        let _ = shoal_api::serve_until(listener, state, std::future::pending()).await;
-    });
-    format!("http://{addr}")
+    serve_state(state).await
 }
 
 async fn send(method: reqwest::Method, url: String, body: Option<Value>) -> (u16, Value) {

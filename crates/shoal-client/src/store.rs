@@ -142,6 +142,19 @@ impl Store {
         Ok(self.conn.last_insert_rowid())
     }
 
+    /// Whether conversation `id` exists (without reading its messages).
+    pub fn has_conversation(&self, id: i64) -> Result<bool> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT 1 FROM conversations WHERE id = ?1",
+                params![id],
+                |_| Ok(()),
+            )
+            .optional()?
+            .is_some())
+    }
+
     /// Changes the title and/or settings; false if there is no such conversation.
     pub fn update_conversation(
         &self,
@@ -494,7 +507,9 @@ mod tests {
             got.messages.iter().map(|m| m.id).collect::<Vec<_>>(),
             vec![m1]
         );
+        assert!(s.has_conversation(c).expect("has"));
         assert!(s.delete_conversation(c).expect("delete"));
+        assert!(!s.has_conversation(c).expect("has"));
         assert!(s.conversation(c).expect("read").is_none());
         assert!(
             s.message(m1).expect("read").is_none(),

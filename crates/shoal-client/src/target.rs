@@ -49,24 +49,30 @@ impl Dialect {
     /// capture; fields not reported stay `None`.
     pub fn read_usage(self, u: &Value, m: &mut ProviderMeta) {
         match self {
-            Dialect::Chat | Dialect::Completions => {
-                m.token_usage_prompt_tokens = count(u.get("prompt_tokens"));
-                m.token_usage_completion_tokens = count(u.get("completion_tokens"));
-                m.token_usage_total_tokens = count(u.get("total_tokens"));
-                m.token_usage_cached_tokens =
-                    count(u.pointer("/prompt_tokens_details/cached_tokens"));
-                m.token_usage_reasoning_tokens =
-                    count(u.pointer("/completion_tokens_details/reasoning_tokens"));
-            }
-            Dialect::Responses => {
-                m.token_usage_prompt_tokens = count(u.get("input_tokens"));
-                m.token_usage_completion_tokens = count(u.get("output_tokens"));
-                m.token_usage_total_tokens = count(u.get("total_tokens"));
-                m.token_usage_cached_tokens =
-                    count(u.pointer("/input_tokens_details/cached_tokens"));
-                m.token_usage_reasoning_tokens =
-                    count(u.pointer("/output_tokens_details/reasoning_tokens"));
-            }
+            // The two OpenAI shapes differ only in names:
+            // [prompt, completion, total, cached, reasoning].
+            Dialect::Chat | Dialect::Completions => read_openai_usage(
+                u,
+                m,
+                [
+                    "/prompt_tokens",
+                    "/completion_tokens",
+                    "/total_tokens",
+                    "/prompt_tokens_details/cached_tokens",
+                    "/completion_tokens_details/reasoning_tokens",
+                ],
+            ),
+            Dialect::Responses => read_openai_usage(
+                u,
+                m,
+                [
+                    "/input_tokens",
+                    "/output_tokens",
+                    "/total_tokens",
+                    "/input_tokens_details/cached_tokens",
+                    "/output_tokens_details/reasoning_tokens",
+                ],
+            ),
             Dialect::Messages => {
                 // `input_tokens` excludes cache reads and writes; the prompt is all three.
                 let input = count(u.get("input_tokens"));
@@ -105,6 +111,16 @@ impl Dialect {
             Dialect::Messages => "messages",
         }
     }
+}
+
+/// Usage fields at `paths` (prompt, completion, total, cached, reasoning).
+fn read_openai_usage(u: &Value, m: &mut ProviderMeta, paths: [&str; 5]) {
+    let [prompt, completion, total, cached, reasoning] = paths.map(|p| count(u.pointer(p)));
+    m.token_usage_prompt_tokens = prompt;
+    m.token_usage_completion_tokens = completion;
+    m.token_usage_total_tokens = total;
+    m.token_usage_cached_tokens = cached;
+    m.token_usage_reasoning_tokens = reasoning;
 }
 
 /// Where and how to send.

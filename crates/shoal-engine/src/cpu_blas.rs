@@ -185,36 +185,25 @@ pub unsafe extern "C" fn cblas_sgemm(
         // Small products (attention over a short context) stay on this thread:
         // waking OpenBLAS's threads would cost more than the arithmetic.
         let small = nu * ku < skinny::PARALLEL_MIN;
+        let product = skinny::Product {
+            m: mu,
+            n: nu,
+            k: ku,
+            alpha,
+            a,
+            lda: lda as usize,
+            b,
+            ldb: ldb as usize,
+            beta,
+            c,
+            ldc: ldc as usize,
+        };
         if tb && (mu > 1 || small) {
-            skinny::gemm_nt(
-                mu,
-                nu,
-                ku,
-                alpha,
-                a,
-                lda as usize,
-                b,
-                ldb as usize,
-                beta,
-                c,
-                ldc as usize,
-            );
+            skinny::gemm_nt(product);
             return;
         }
         if !tb && small {
-            skinny::gemm_nn_small(
-                mu,
-                nu,
-                ku,
-                alpha,
-                a,
-                lda as usize,
-                b,
-                ldb as usize,
-                beta,
-                c,
-                ldc as usize,
-            );
+            skinny::gemm_nn_small(product);
             return;
         }
     }

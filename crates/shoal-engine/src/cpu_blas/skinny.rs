@@ -23,95 +23,81 @@ const ROWS_PER_TASK: usize = 32;
 /// context) costs less than waking another thread.
 pub const PARALLEL_MIN: usize = 1 << 16;
 
-/// Raw matrix pointers shared across the worker threads.
-#[derive(Clone, Copy)]
-struct Shared {
-    a: *const f32,
-    b: *const f32,
-    c: *mut f32,
+/// One row-major product `C = alpha·A·op(B) + beta·C`, as BLAS describes it.
+///
+/// Raw pointers so it can cross into worker threads; see [`gemm_nt`] and
+/// [`gemm_nn_small`] for what each must point to.
+#[derive(Clone, Copy, Debug)]
+pub struct Product {
+    /// Rows of `A` and `C`.
+    pub m: usize,
+    /// Columns of `C`.
+    pub n: usize,
+    /// The summed dimension.
+    pub k: usize,
+    pub alpha: f32,
+    pub a: *const f32,
+    pub lda: usize,
+    pub b: *const f32,
+    pub ldb: usize,
+    pub beta: f32,
+    pub c: *mut f32,
+    pub ldc: usize,
 }
-// SAFETY: tasks read `a` and `b` and write disjoint columns of `c`.
-unsafe impl Send for Shared {}
-unsafe impl Sync for Shared {}
 
-/// `c[i][j] = alpha · Σₚ a[i][p]·b[j][p] + beta · c[i][j]` for `i < m`, `j < n`,
-/// all row-major.
+// SAFETY: tasks read `a` and `b` and write disjoint columns of `c`.
+unsafe impl Send for Product {}
+unsafe impl Sync for Product {}
+
+impl Product {
+    /// `c[i][j] = alpha·dot + beta·c[i][j]`.
+    #[inline(always)]
+    unsafe fn store(&self, i: usize, j: usize, dot: f32) {
+        let dst = self.c.add(i * self.ldc + j);
+        *dst = if self.beta == 0.0 {
+            self.alpha * dot
+        } else {
+            self.alpha * dot + self.beta * *dst
+        };
+    }
+}
+
+/// `c[i][j] = alpha · Σₚ a[i][p]·b[j][p] + beta · c[i][j]` for `i < m`, `j < n`.
 ///
 /// # Safety
 /// `a` must hold `m` rows of `k` floats `lda` apart, `b` `n` rows of `k`
 /// floats `ldb` apart and `c` `m` rows of `n` floats `ldc` apart; `c` must not
 /// overlap `a` or `b`; `1 ≤ m ≤ MAX_ROWS`.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn gemm_nt(
-    m: usize,
-    n: usize,
-    k: usize,
-    alpha: f32,
-    a: *const f32,
-    lda: usize,
-    b: *const f32,
-    ldb: usize,
-    beta: f32,
-    c: *mut f32,
-    ldc: usize,
-) {
-    debug_assert!((1..=MAX_ROWS).contains(&m));
-    let p = Shared { a, b, c };
+pub unsafe fn gemm_nt(p: Product) {
+    debug_assert!((1..=MAX_ROWS).contains(&p.m));
     let run = move |js: std::ops::Range<usize>| {
-        let p = p;
-        // SAFETY: forwarded from the caller; each thread gets its own `j` range.
-        unsafe { columns(m, js, k, alpha, p.a, lda, p.b, ldb, beta, p.c, ldc) }
+        // SAFETY: forwarded from the caller; each task gets its own `j` range.
+        unsafe { columns(&p, js) }
     };
-    let tasks = n.div_ceil(ROWS_PER_TASK);
-    if tasks <= 1 || n * k < PARALLEL_MIN {
-        return run(0..n);
+    let tasks = p.n.div_ceil(ROWS_PER_TASK);
+    if tasks <= 1 || p.n * p.k < PARALLEL_MIN {
+        return run(0..p.n);
     }
     (0..tasks)
         .into_par_iter()
-        .for_each(|t| run(t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(n)));
+        .for_each(|t| run(t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(p.n)));
 }
 
 /// Computes output columns `js` with the widest vector unit the CPU has.
-#[allow(clippy::too_many_arguments)]
-unsafe fn columns(
-    m: usize,
-    js: std::ops::Range<usize>,
-    k: usize,
-    alpha: f32,
-    a: *const f32,
-    lda: usize,
-    b: *const f32,
-    ldb: usize,
-    beta: f32,
-    c: *mut f32,
-    ldc: usize,
-) {
+unsafe fn columns(p: &Product, js: std::ops::Range<usize>) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            return columns_fma(m, js, k, alpha, a, lda, b, ldb, beta, c, ldc);
+            return columns_fma(p, js);
         }
     }
-    columns_with::<Portable>(m, js, k, alpha, a, lda, b, ldb, beta, c, ldc)
+    columns_with::<Portable>(p, js)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn columns_fma(
-    m: usize,
-    js: std::ops::Range<usize>,
-    k: usize,
-    alpha: f32,
-    a: *const f32,
-    lda: usize,
-    b: *const f32,
-    ldb: usize,
-    beta: f32,
-    c: *mut f32,
-    ldc: usize,
-) {
-    columns_with::<Fma>(m, js, k, alpha, a, lda, b, ldb, beta, c, ldc)
+unsafe fn columns_fma(p: &Product, js: std::ops::Range<usize>) {
+    columns_with::<Fma>(p, js)
 }
 
 /// Dot products of up to four rows with one weight row.
@@ -129,44 +115,26 @@ trait Dots {
 }
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn columns_with<D: Dots>(
-    m: usize,
-    js: std::ops::Range<usize>,
-    k: usize,
-    alpha: f32,
-    a: *const f32,
-    lda: usize,
-    b: *const f32,
-    ldb: usize,
-    beta: f32,
-    c: *mut f32,
-    ldc: usize,
-) {
-    let row = |i: usize| a.add(i * lda);
+unsafe fn columns_with<D: Dots>(p: &Product, js: std::ops::Range<usize>) {
+    let row = |i: usize| p.a.add(i * p.lda);
     let mut out = [0f32; MAX_ROWS];
     for j in js {
-        let w = b.add(j * ldb);
+        let w = p.b.add(j * p.ldb);
         let mut i = 0;
-        while i < m {
+        while i < p.m {
             // Row groups of at most 4 keep the accumulators in registers.
-            let g = (m - i).min(4);
+            let g = (p.m - i).min(4);
             let o = &mut out[i..i + g];
             match g {
-                4 => D::dots::<4>(&[row(i), row(i + 1), row(i + 2), row(i + 3)], w, k, o),
-                3 => D::dots::<3>(&[row(i), row(i + 1), row(i + 2)], w, k, o),
-                2 => D::dots::<2>(&[row(i), row(i + 1)], w, k, o),
-                _ => D::dots::<1>(&[row(i)], w, k, o),
+                4 => D::dots::<4>(&[row(i), row(i + 1), row(i + 2), row(i + 3)], w, p.k, o),
+                3 => D::dots::<3>(&[row(i), row(i + 1), row(i + 2)], w, p.k, o),
+                2 => D::dots::<2>(&[row(i), row(i + 1)], w, p.k, o),
+                _ => D::dots::<1>(&[row(i)], w, p.k, o),
             }
             i += g;
         }
-        for (i, &dot) in out.iter().enumerate().take(m) {
-            let dst = c.add(i * ldc + j);
-            *dst = if beta == 0.0 {
-                alpha * dot
-            } else {
-                alpha * dot + beta * *dst
-            };
+        for (i, &dot) in out.iter().enumerate().take(p.m) {
+            p.store(i, j, dot);
         }
     }
 }
@@ -260,106 +228,58 @@ impl Dots for Fma {
 /// `a` must hold `m` rows of `k` floats `lda` apart, `b` `k` rows of `n`
 /// floats `ldb` apart and `c` `m` rows of `n` floats `ldc` apart; `c` must not
 /// overlap `a` or `b`.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn gemm_nn_small(
-    m: usize,
-    n: usize,
-    k: usize,
-    alpha: f32,
-    a: *const f32,
-    lda: usize,
-    b: *const f32,
-    ldb: usize,
-    beta: f32,
-    c: *mut f32,
-    ldc: usize,
-) {
+pub unsafe fn gemm_nn_small(p: Product) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            return nn_fma(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+            return nn_fma(&p);
         }
     }
-    nn_portable(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+    nn_portable(&p)
 }
 
-#[inline(always)]
-unsafe fn store(c: *mut f32, alpha: f32, beta: f32, dot: f32) {
-    *c = if beta == 0.0 {
-        alpha * dot
-    } else {
-        alpha * dot + beta * *c
-    };
-}
-
-#[allow(clippy::too_many_arguments)]
-unsafe fn nn_portable(
-    m: usize,
-    n: usize,
-    k: usize,
-    alpha: f32,
-    a: *const f32,
-    lda: usize,
-    b: *const f32,
-    ldb: usize,
-    beta: f32,
-    c: *mut f32,
-    ldc: usize,
-) {
-    for i in 0..m {
-        for j in 0..n {
+unsafe fn nn_portable(p: &Product) {
+    for i in 0..p.m {
+        for j in 0..p.n {
             let mut dot = 0f32;
-            for p in 0..k {
-                dot += *a.add(i * lda + p) * *b.add(p * ldb + j);
+            for q in 0..p.k {
+                dot += *p.a.add(i * p.lda + q) * *p.b.add(q * p.ldb + j);
             }
-            store(c.add(i * ldc + j), alpha, beta, dot);
+            p.store(i, j, dot);
         }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn nn_fma(
-    m: usize,
-    n: usize,
-    k: usize,
-    alpha: f32,
-    a: *const f32,
-    lda: usize,
-    b: *const f32,
-    ldb: usize,
-    beta: f32,
-    c: *mut f32,
-    ldc: usize,
-) {
+unsafe fn nn_fma(p: &Product) {
     use std::arch::x86_64::*;
-    let body = n - n % 8;
-    for i in 0..m {
-        let row = a.add(i * lda);
+    let body = p.n - p.n % 8;
+    for i in 0..p.m {
+        let row = p.a.add(i * p.lda);
         let mut j = 0;
         while j < body {
             let mut acc = _mm256_setzero_ps();
-            for p in 0..k {
+            for q in 0..p.k {
                 acc = _mm256_fmadd_ps(
-                    _mm256_set1_ps(*row.add(p)),
-                    _mm256_loadu_ps(b.add(p * ldb + j)),
+                    _mm256_set1_ps(*row.add(q)),
+                    _mm256_loadu_ps(p.b.add(q * p.ldb + j)),
                     acc,
                 );
             }
             let mut lanes = [0f32; 8];
             _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
             for (l, &dot) in lanes.iter().enumerate() {
-                store(c.add(i * ldc + j + l), alpha, beta, dot);
+                p.store(i, j + l, dot);
             }
             j += 8;
         }
-        for j in body..n {
+        for j in body..p.n {
             let mut dot = 0f32;
-            for p in 0..k {
-                dot = (*row.add(p)).mul_add(*b.add(p * ldb + j), dot);
+            for q in 0..p.k {
+                dot = (*row.add(q)).mul_add(*p.b.add(q * p.ldb + j), dot);
             }
-            store(c.add(i * ldc + j), alpha, beta, dot);
+            p.store(i, j, dot);
         }
     }
 }
@@ -368,6 +288,32 @@ unsafe fn nn_fma(
 mod tests {
     use super::*;
 
+    /// Row-major, unit alpha, zero beta, rows packed.
+    fn plain(
+        m: usize,
+        n: usize,
+        k: usize,
+        a: &[f32],
+        b: &[f32],
+        c: &mut [f32],
+        ldb: usize,
+    ) -> Product {
+        Product {
+            m,
+            n,
+            k,
+            alpha: 1.0,
+            a: a.as_ptr(),
+            lda: k,
+            b: b.as_ptr(),
+            ldb,
+            beta: 0.0,
+            c: c.as_mut_ptr(),
+            ldc: n,
+        }
+    }
+
+    /// `A·Bᵀ` in f64, `b` holding `n` rows of `k`.
     fn reference(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
         let mut c = vec![0.0; m * n];
         for i in 0..m {
@@ -390,38 +336,49 @@ mod tests {
             .collect()
     }
 
+    fn assert_close(got: &[f32], want: &[f32], what: &str) {
+        assert_eq!(got.len(), want.len(), "{what}");
+        for (g, w) in got.iter().zip(want) {
+            assert!(
+                (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                "{what}: {g} != {w}"
+            );
+        }
+    }
+
+    /// Shapes on both sides of `PARALLEL_MIN` (8×300×577 runs on the pool).
+    const SHAPES: &[(usize, usize, usize)] = &[
+        (1, 1, 1),
+        (3, 70, 17),
+        (5, 33, 64),
+        (8, 130, 577),
+        (8, 300, 577),
+        (16, 65, 31),
+    ];
+
     #[test]
     fn matches_reference_for_odd_shapes() {
-        for &(m, n, k) in &[
-            (1, 1, 1),
-            (3, 70, 17),
-            (5, 33, 64),
-            (8, 130, 577),
-            (16, 65, 31),
-        ] {
+        for &(m, n, k) in SHAPES {
             let (a, b) = (values(m * k, 1), values(n * k, 2));
             let mut c = vec![0.0; m * n];
-            unsafe {
-                gemm_nt(
-                    m,
-                    n,
-                    k,
-                    1.0,
-                    a.as_ptr(),
-                    k,
-                    b.as_ptr(),
-                    k,
-                    0.0,
-                    c.as_mut_ptr(),
-                    n,
-                )
-            };
-            for (got, want) in c.iter().zip(reference(m, n, k, &a, &b)) {
-                assert!(
-                    (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
-                    "{m}x{n}x{k}: {got} != {want}"
-                );
-            }
+            unsafe { gemm_nt(plain(m, n, k, &a, &b, &mut c, k)) };
+            assert_close(&c, &reference(m, n, k, &a, &b), &format!("{m}x{n}x{k}"));
+        }
+    }
+
+    #[test]
+    fn the_portable_kernels_match_reference_too() {
+        for &(m, n, k) in SHAPES {
+            let (a, b) = (values(m * k, 9), values(n * k, 10));
+            let mut c = vec![0.0; m * n];
+            let p = plain(m, n, k, &a, &b, &mut c, k);
+            unsafe { columns_with::<Portable>(&p, 0..n) };
+            assert_close(&c, &reference(m, n, k, &a, &b), &format!("nt {m}x{n}x{k}"));
+            // The same b read as [k, n] is the transpose of a [n, k] matrix.
+            let bt: Vec<f32> = (0..n * k).map(|x| b[(x % n) * k + x / n]).collect();
+            let mut c = vec![0.0; m * n];
+            unsafe { nn_portable(&plain(m, n, k, &a, &bt, &mut c, n)) };
+            assert_close(&c, &reference(m, n, k, &a, &b), &format!("nn {m}x{n}x{k}"));
         }
     }
 
@@ -431,21 +388,14 @@ mod tests {
         let (a, b) = (values(m * (k + 3), 3), values(n * (k + 5), 4));
         let ldc = n + 7;
         let mut c = vec![2.0; m * ldc];
-        unsafe {
-            gemm_nt(
-                m,
-                n,
-                k,
-                0.5,
-                a.as_ptr(),
-                k + 3,
-                b.as_ptr(),
-                k + 5,
-                3.0,
-                c.as_mut_ptr(),
-                ldc,
-            )
+        let p = Product {
+            alpha: 0.5,
+            lda: k + 3,
+            beta: 3.0,
+            ldc,
+            ..plain(m, n, k, &a, &b, &mut c, k + 5)
         };
+        unsafe { gemm_nt(p) };
         for i in 0..m {
             for j in 0..n {
                 let dot: f64 = (0..k)
@@ -465,75 +415,33 @@ mod tests {
     #[test]
     fn small_plain_products_match_reference() {
         for &(m, n, k) in &[(1, 1, 1), (3, 70, 17), (4, 64, 150), (16, 9, 33)] {
-            let (a, b) = (values(m * k, 7), values(k * n, 8));
-            // b is [k, n]; the reference wants rows of length k.
-            let bt: Vec<f32> = (0..n)
-                .flat_map(|j| (0..k).map(move |p| (j, p)))
-                .map(|(j, p)| b[p * n + j])
-                .collect();
+            let (a, b) = (values(m * k, 7), values(n * k, 8));
+            let bt: Vec<f32> = (0..n * k).map(|x| b[(x % n) * k + x / n]).collect();
             let mut c = vec![1.0; m * n];
-            unsafe {
-                gemm_nn_small(
-                    m,
-                    n,
-                    k,
-                    2.0,
-                    a.as_ptr(),
-                    k,
-                    b.as_ptr(),
-                    n,
-                    0.5,
-                    c.as_mut_ptr(),
-                    n,
-                )
+            let p = Product {
+                alpha: 2.0,
+                beta: 0.5,
+                ..plain(m, n, k, &a, &bt, &mut c, n)
             };
-            for (got, want) in c.iter().zip(reference(m, n, k, &a, &bt)) {
-                let want = 2.0 * want + 0.5;
-                assert!(
-                    (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
-                    "{m}x{n}x{k}: {got} != {want}"
-                );
-            }
+            unsafe { gemm_nn_small(p) };
+            let want: Vec<f32> = reference(m, n, k, &a, &b)
+                .iter()
+                .map(|w| 2.0 * w + 0.5)
+                .collect();
+            assert_close(&c, &want, &format!("{m}x{n}x{k}"));
         }
     }
 
     #[test]
     fn a_row_gets_the_same_bits_alone_or_in_a_batch() {
-        let (n, k) = (50, 300);
+        // Large enough to take the parallel path.
+        let (n, k) = (300, 577);
         let (a, b) = (values(8 * k, 5), values(n * k, 6));
         let mut batched = vec![0.0; 8 * n];
-        unsafe {
-            gemm_nt(
-                8,
-                n,
-                k,
-                1.0,
-                a.as_ptr(),
-                k,
-                b.as_ptr(),
-                k,
-                0.0,
-                batched.as_mut_ptr(),
-                n,
-            )
-        };
+        unsafe { gemm_nt(plain(8, n, k, &a, &b, &mut batched, k)) };
         for i in 0..8 {
             let mut alone = vec![0.0; n];
-            unsafe {
-                gemm_nt(
-                    1,
-                    n,
-                    k,
-                    1.0,
-                    a[i * k..].as_ptr(),
-                    k,
-                    b.as_ptr(),
-                    k,
-                    0.0,
-                    alone.as_mut_ptr(),
-                    n,
-                )
-            };
+            unsafe { gemm_nt(plain(1, n, k, &a[i * k..], &b, &mut alone, k)) };
             assert_eq!(alone[..], batched[i * n..(i + 1) * n], "row {i}");
         }
     }
