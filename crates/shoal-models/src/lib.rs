@@ -1,0 +1,15 @@
+//! Local models: pulling them from a Hugging Face hub with progress and
+//! checksums (`hub`), listing and removing them (`library`), and reading what
+//! each one is without loading it (`card`). No MLX here: the server and the
+//! CLI decide what to load.
+pub mod card;
+pub mod error;
+#[cfg(feature = "fixture")]
+pub mod fixture;
+pub mod hub;
+pub mod library;
+
+pub use card::ModelCard;
+pub use error::{ModelsError, Result};
+pub use hub::{pull, HubOptions, PullEvent, PullSpec};
+pub use library::{Library, LocalModel, Source};
