@@ -290,7 +290,7 @@ async fn resolve(
     let shared = s.clone();
     let pieces: Vec<bytes::Bytes> = part
         .chunks(16 << 10)
-        .map(|c| bytes::Bytes::copy_from_slice(c))
+        .map(bytes::Bytes::copy_from_slice)
         .collect();
     // Each piece draws on the cut budget; once it runs out the stream
     // errors and the connection drops mid-body, as a flaky network would.

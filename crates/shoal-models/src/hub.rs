@@ -274,11 +274,7 @@ impl FileProgress {
     fn report(&self, force: bool) {
         let t = &self.tally;
         let done = t.done.load(Ordering::Relaxed);
-        let permille = if t.total == 0 {
-            1000
-        } else {
-            done * 1000 / t.total
-        };
+        let permille = (done * 1000).checked_div(t.total).unwrap_or(1000);
         let last = t.reported.load(Ordering::Relaxed);
         if (force || permille > last) && t.sent.fetch_max(done, Ordering::Relaxed) <= done {
             t.reported.fetch_max(permille, Ordering::Relaxed);
