@@ -1,7 +1,6 @@
 //! The engine and the HTTP API, run in-process: loaded once, the server
 //! started and stopped on demand from the tray, and shut down cleanly on quit.
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -102,9 +101,10 @@ impl Server {
         let mut inner = self.inner();
         match loaded {
             Ok(engine) => {
-                let mut state = shoal::open_store(AppState::new(engine), cfg);
+                let pool = shoal_api::models::ModelPool::new(cfg.pool_options()?);
+                pool.insert(engine, cfg.model.aliases.clone());
+                let mut state = shoal::open_store(AppState::with_pool(pool), cfg);
                 state.log_prompts = cfg.server.log_prompts;
-                state.aliases = Arc::new(cfg.model.aliases.clone());
                 inner.state = Some(state);
                 Ok(())
             }
@@ -181,15 +181,15 @@ impl Server {
         let Some(state) = &inner.state else {
             return Status::Loading;
         };
-        let model = state.engine.model.id.clone();
+        let model = self.config.model_id();
         match (&inner.running, inner.addr) {
             (Some(_), Some(addr)) => {
-                let stats = &state.engine.stats;
+                let (in_flight, queued) = state.busy();
                 Status::Serving {
                     url: url(addr),
                     model,
-                    in_flight: stats.running.load(Relaxed),
-                    queued: stats.queued.load(Relaxed),
+                    in_flight,
+                    queued,
                 }
             }
             _ => Status::Stopped { model },

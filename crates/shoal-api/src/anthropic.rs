@@ -12,7 +12,7 @@ use crate::error::{ApiError, Dialect, DialectError};
 use crate::openai_chat::{check_max_tokens, check_range};
 use crate::run::{self, Job, LedgerFormat};
 use crate::tools::{ToolChoice, ToolRequest};
-use crate::{sse, AppState};
+use crate::{sse, AppState, Served};
 use shoal_engine::tools::ToolDef;
 
 #[derive(Debug, Deserialize)]
@@ -134,7 +134,7 @@ pub fn usage_json(u: &Usage) -> Value {
 }
 
 fn to_messages(
-    state: &AppState,
+    state: &Served,
     system: Option<&TextOrBlocks>,
     msgs: &[InMessage],
 ) -> Result<Vec<ChatMessage>, ApiError> {
@@ -302,8 +302,7 @@ fn wanted_thinking(
     }
 }
 
-fn prepare(state: &AppState, req: &MessagesRequest) -> Result<Job, ApiError> {
-    state.check_model(&req.model)?;
+fn prepare(state: &Served, req: &MessagesRequest) -> Result<Job, ApiError> {
     let tools = tool_request(req.tools.as_ref(), req.tool_choice.as_ref())?;
     let ctx = state.engine.model.info.context_length;
     let max_tokens = match req.max_tokens {
@@ -527,6 +526,7 @@ fn message_body(id: &str, model: &str, c: &run::Collected) -> Value {
 pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Response, DialectError> {
     let d = Dialect::Anthropic;
     let req: MessagesRequest = parse(&body).map_err(|e| e.in_dialect(d))?;
+    let state = state.serve(&req.model).await.map_err(|e| e.in_dialect(d))?;
     let job = prepare(&state, &req).map_err(|e| e.in_dialect(d))?;
     let id = run::new_id("msg_");
     let fmt = LedgerFormat {
@@ -572,7 +572,7 @@ pub async fn count_tokens(
 ) -> Result<Response, DialectError> {
     let d = Dialect::Anthropic;
     let req: CountRequest = parse(&body).map_err(|e| e.in_dialect(d))?;
-    state.check_model(&req.model).map_err(|e| e.in_dialect(d))?;
+    let state = state.serve(&req.model).await.map_err(|e| e.in_dialect(d))?;
     let tools =
         tool_request(req.tools.as_ref(), req.tool_choice.as_ref()).map_err(|e| e.in_dialect(d))?;
     let messages =

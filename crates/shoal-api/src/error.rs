@@ -20,6 +20,8 @@ pub enum ErrorKind {
     Overloaded,
     /// A feature this server runs without (e.g. no conversation store).
     Unavailable,
+    /// A server this one relies on failed (the model hub).
+    Upstream,
     Internal,
 }
 
@@ -96,6 +98,7 @@ impl ApiError {
                 StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
             }
             (ErrorKind::Unavailable, _) => StatusCode::SERVICE_UNAVAILABLE,
+            (ErrorKind::Upstream, _) => StatusCode::BAD_GATEWAY,
             (ErrorKind::Internal, _) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -109,7 +112,9 @@ impl ApiError {
                         "invalid_request_error"
                     }
                     ErrorKind::Overloaded => "rate_limit_error",
-                    ErrorKind::Unavailable | ErrorKind::Internal => "server_error",
+                    ErrorKind::Unavailable | ErrorKind::Upstream | ErrorKind::Internal => {
+                        "server_error"
+                    }
                 };
                 json!({"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}})
             }
@@ -119,7 +124,9 @@ impl ApiError {
                     ErrorKind::NotFound => "not_found_error",
                     ErrorKind::TooLarge => "request_too_large",
                     ErrorKind::Overloaded => "overloaded_error",
-                    ErrorKind::Unavailable | ErrorKind::Internal => "api_error",
+                    ErrorKind::Unavailable | ErrorKind::Upstream | ErrorKind::Internal => {
+                        "api_error"
+                    }
                 };
                 json!({"type": "error", "error": {"type": kind, "message": self.message}})
             }

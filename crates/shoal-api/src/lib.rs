@@ -7,6 +7,7 @@ pub mod conversations;
 pub mod error;
 pub mod ledger;
 pub mod metrics;
+pub mod models;
 pub mod openai_chat;
 pub mod openai_completions;
 pub mod openai_responses;
@@ -34,11 +35,10 @@ use crate::ledger::Ledger;
 /// Shared server state.
 #[derive(Clone)]
 pub struct AppState {
-    pub engine: Engine,
+    /// The models this server answers with, loaded on demand.
+    pub pool: Arc<models::ModelPool>,
     pub ledger: Arc<Ledger>,
     pub responses: Arc<openai_responses::ResponseStore>,
-    /// Extra names that resolve to the loaded model.
-    pub aliases: Arc<Vec<String>>,
     /// This node's identity and live status.
     pub node: Arc<LocalNode>,
     /// Generations in progress (cancelled when the server shuts down).
@@ -51,19 +51,41 @@ pub struct AppState {
     pub store: Option<conversations::SharedStore>,
 }
 
+/// One request's view of the server: the shared state and the engine of
+/// the model the request named.
+#[derive(Clone)]
+pub struct Served {
+    pub state: AppState,
+    pub engine: Engine,
+}
+
+impl std::ops::Deref for Served {
+    type Target = AppState;
+    fn deref(&self) -> &AppState {
+        &self.state
+    }
+}
+
 impl AppState {
+    /// A server on one already started engine (kept loaded).
     pub fn new(engine: Engine) -> Self {
-        let backend = if engine.model.info.device == "gpu" {
+        let pool = models::ModelPool::new(models::PoolOptions::default());
+        pool.insert(engine, Vec::new());
+        AppState::with_pool(pool)
+    }
+
+    /// A server on a pool of models.
+    pub fn with_pool(pool: Arc<models::ModelPool>) -> Self {
+        let backend = if cfg!(target_os = "macos") {
             "metal"
         } else {
             "cpu"
         };
         AppState {
             node: LocalNode::start(NodeIdentity::for_this_machine(), backend),
-            engine,
+            pool,
             ledger: Arc::new(Ledger::new(1000)),
             responses: Arc::new(openai_responses::ResponseStore::new(256)),
-            aliases: Arc::new(Vec::new()),
             running: Arc::new(run::Running::default()),
             store: None,
             metrics: Arc::new(metrics::Metrics::new()),
@@ -78,15 +100,28 @@ impl AppState {
         Ok(self)
     }
 
-    /// Checks the requested model name; unknown names are a 404.
-    pub fn check_model(&self, requested: &str) -> Result<(), ApiError> {
-        if requested == self.engine.model.id || self.aliases.iter().any(|a| a == requested) {
-            Ok(())
-        } else {
-            Err(ApiError::model_not_found(requested))
-        }
+    /// The requested model's engine (loading it if needed); unknown names are a 404.
+    pub async fn serve(&self, model: &str) -> Result<Served, ApiError> {
+        let engine = self.pool.engine(model).await?;
+        Ok(Served {
+            state: self.clone(),
+            engine,
+        })
     }
 
+    /// Requests running and queued over every loaded model.
+    pub fn busy(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.pool.loaded().iter().fold((0, 0), |(r, q), e| {
+            (
+                r + e.stats.running.load(Relaxed),
+                q + e.stats.queued.load(Relaxed),
+            )
+        })
+    }
+}
+
+impl Served {
     /// Renders a conversation with the model's template and tokenizes it.
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, ApiError> {
         Ok(self.chat_prompt_reasoning(messages, None)?.0)
@@ -165,6 +200,7 @@ pub async fn serve_until(
     if let Ok(addr) = listener.local_addr() {
         state.node.set_address(addr);
     }
+    models::ModelPool::start_sweeper(&state.pool);
     let running = state.running.clone();
     // Stop accepting, then cancel what is running so every open stream ends
     // with its final event promptly and the graceful wait is short.
@@ -184,8 +220,6 @@ pub const MAX_BODY_BYTES: usize = 8 << 20;
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/health", get(health))
-        .route("/v1/models", get(models))
-        .route("/v1/models/{id}", get(model))
         .route("/v1/usage", get(usage))
         .route("/metrics", get(metrics::handle))
         .route("/v1/chat/completions", post(openai_chat::handle))
@@ -196,6 +230,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/cluster/nodes", get(cluster_nodes))
         .merge(conversations::routes())
+        .merge(models::routes())
         .fallback(fallback)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
@@ -204,61 +239,33 @@ pub fn router(state: AppState) -> Router {
 /// Liveness plus the engine's counters (batching, cache, outcomes).
 async fn health(State(s): State<AppState>) -> impl IntoResponse {
     use std::sync::atomic::Ordering::Relaxed;
-    let st = &s.engine.stats;
+    let engines = s.pool.loaded();
+    // Counters summed over the loaded models.
+    let sum = |f: fn(&shoal_engine::EngineStats) -> &std::sync::atomic::AtomicU64| -> u64 {
+        engines.iter().map(|e| f(&e.stats).load(Relaxed)).sum()
+    };
+    let peak = engines
+        .iter()
+        .map(|e| e.stats.peak_batch.load(Relaxed))
+        .max()
+        .unwrap_or(0);
     Json(json!({
         "status": "ok",
-        "model": s.engine.model.id,
+        "model": engines.first().map(|e| e.model.id.clone()),
+        "loaded": engines.iter().map(|e| e.model.id.clone()).collect::<Vec<_>>(),
         "engine": {
-            "completed": st.completed.load(Relaxed),
-            "cancelled": st.cancelled.load(Relaxed),
-            "errors": st.errors.load(Relaxed),
-            "prompt_tokens": st.prompt_tokens.load(Relaxed),
-            "cached_tokens": st.cached_tokens.load(Relaxed),
-            "completion_tokens": st.completion_tokens.load(Relaxed),
-            "prefix_cache_bytes": st.prefix_cache_bytes.load(Relaxed),
-            "peak_batch": st.peak_batch.load(Relaxed),
-            "decode_passes": st.decode_passes.load(Relaxed),
-            "decode_steps": st.decode_steps.load(Relaxed),
+            "completed": sum(|s| &s.completed),
+            "cancelled": sum(|s| &s.cancelled),
+            "errors": sum(|s| &s.errors),
+            "prompt_tokens": sum(|s| &s.prompt_tokens),
+            "cached_tokens": sum(|s| &s.cached_tokens),
+            "completion_tokens": sum(|s| &s.completion_tokens),
+            "prefix_cache_bytes": sum(|s| &s.prefix_cache_bytes),
+            "peak_batch": peak,
+            "decode_passes": sum(|s| &s.decode_passes),
+            "decode_steps": sum(|s| &s.decode_steps),
         },
     }))
-}
-
-async fn model(
-    State(s): State<AppState>,
-    axum::extract::Path(id): axum::extract::Path<String>,
-) -> Result<Json<serde_json::Value>, DialectError> {
-    s.check_model(&id)
-        .map_err(|e| e.in_dialect(Dialect::OpenAi))?;
-    let list = model_list(&s);
-    let found = list.into_iter().find(|m| m["id"] == id.as_str());
-    found
-        .map(Json)
-        .ok_or_else(|| ApiError::model_not_found(&id).in_dialect(Dialect::OpenAi))
-}
-
-async fn models(State(s): State<AppState>) -> impl IntoResponse {
-    Json(json!({"object": "list", "data": model_list(&s)}))
-}
-
-fn model_list(s: &AppState) -> Vec<serde_json::Value> {
-    let m = &s.engine.model;
-    let created = std::fs::metadata(&m.path)
-        .and_then(|md| md.modified())
-        .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_secs());
-    let mut data = vec![json!({
-        "id": m.id, "object": "model", "created": created, "owned_by": "shoal",
-        "shoal": {
-            "architecture": m.info.architecture, "context_length": m.info.context_length,
-            "format": m.info.format, "quantization": m.info.quantization, "dtype": m.info.dtype,
-            "device": m.info.device, "weight_bytes": m.info.weight_bytes,
-        }
-    })];
-    for a in s.aliases.iter() {
-        data.push(json!({"id": a, "object": "model", "created": created, "owned_by": "shoal"}));
-    }
-    data
 }
 
 #[derive(serde::Deserialize)]
@@ -273,19 +280,17 @@ async fn usage(State(s): State<AppState>, Query(q): Query<UsageQuery>) -> impl I
 
 /// Every node of the cluster (for now: this one) with live figures.
 async fn cluster_nodes(State(s): State<AppState>) -> impl IntoResponse {
-    use std::sync::atomic::Ordering::Relaxed;
-    let st = &s.engine.stats;
-    let m = &s.engine.model;
-    let status = s.node.status(
-        vec![ModelLoad {
-            id: m.id.clone(),
-            memory_bytes: m.info.weight_bytes as u64,
-        }],
-        Requests {
-            in_flight: st.running.load(Relaxed),
-            queued: st.queued.load(Relaxed),
-        },
-    );
+    let models = s
+        .pool
+        .loaded()
+        .iter()
+        .map(|e| ModelLoad {
+            id: e.model.id.clone(),
+            memory_bytes: e.model.info.weight_bytes as u64,
+        })
+        .collect();
+    let (in_flight, queued) = s.busy();
+    let status = s.node.status(models, Requests { in_flight, queued });
     Json(json!({"nodes": [status]}))
 }
 

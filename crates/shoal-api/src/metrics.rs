@@ -194,25 +194,33 @@ impl Metrics {
     /// The exposition text, with the engine's gauges read now.
     fn render(&self, s: &AppState) -> Result<String, std::fmt::Error> {
         let _one = self.scrape.lock().unwrap_or_else(|p| p.into_inner());
-        let st = &s.engine.stats;
-        self.queued.set(st.queued.load(Relaxed) as i64);
-        self.in_flight.set(st.running.load(Relaxed) as i64);
+        let engines = s.pool.loaded();
+        let sum = |f: fn(&shoal_engine::EngineStats) -> &std::sync::atomic::AtomicU64| -> u64 {
+            engines.iter().map(|e| f(&e.stats).load(Relaxed)).sum()
+        };
+        self.queued.set(sum(|s| &s.queued) as i64);
+        self.in_flight.set(sum(|s| &s.running) as i64);
         self.prefix_cache_bytes
-            .set(st.prefix_cache_bytes.load(Relaxed) as i64);
-        let prompt = st.prompt_tokens.load(Relaxed);
-        let cached = st.cached_tokens.load(Relaxed);
+            .set(sum(|s| &s.prefix_cache_bytes) as i64);
+        let prompt = sum(|s| &s.prompt_tokens);
+        let cached = sum(|s| &s.cached_tokens);
         self.cache_hit_ratio.set(if prompt == 0 {
             0.0
         } else {
             cached as f64 / prompt as f64
         });
-        let model = ModelLabels {
-            model: s.engine.model.id.clone(),
-        };
-        self.model_loaded.get_or_create(&model).set(1);
-        self.model_memory
-            .get_or_create(&model)
-            .set(s.engine.model.info.weight_bytes as i64);
+        // Models unloaded since the last scrape drop to 0.
+        self.model_loaded.clear();
+        self.model_memory.clear();
+        for e in &engines {
+            let model = ModelLabels {
+                model: e.model.id.clone(),
+            };
+            self.model_loaded.get_or_create(&model).set(1);
+            self.model_memory
+                .get_or_create(&model)
+                .set(e.model.info.weight_bytes as i64);
+        }
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)

@@ -13,7 +13,7 @@ use crate::body::{parse, Body, OneOrMany};
 use crate::error::{ApiError, Dialect, DialectError};
 use crate::run::{self, Job, LedgerFormat};
 use crate::tools::{self, ToolRequest};
-use crate::{sse, AppState};
+use crate::{sse, AppState, Served};
 use shoal_engine::tools::ToolDef;
 use shoal_engine::Grammar;
 
@@ -443,7 +443,7 @@ impl StreamState {
     }
 }
 
-fn to_messages(state: &AppState, msgs: &[InMessage]) -> Result<Vec<ChatMessage>, ApiError> {
+fn to_messages(state: &Served, msgs: &[InMessage]) -> Result<Vec<ChatMessage>, ApiError> {
     if msgs.is_empty() {
         return Err(ApiError::param(
             "messages",
@@ -564,8 +564,7 @@ fn format_grammar(f: Option<&ResponseFormat>) -> Result<Option<Grammar>, ApiErro
 }
 
 /// Validates a request and turns it into an engine job.
-fn prepare(state: &AppState, req: &mut ChatRequest) -> Result<Job, ApiError> {
-    state.check_model(&req.model)?;
+fn prepare(state: &Served, req: &mut ChatRequest) -> Result<Job, ApiError> {
     let tools = tool_request(req)?;
     let format = format_grammar(req.response_format.as_ref())?;
     let ctx = state.engine.model.info.context_length;
@@ -601,6 +600,7 @@ fn prepare(state: &AppState, req: &mut ChatRequest) -> Result<Job, ApiError> {
 pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Response, DialectError> {
     let d = Dialect::OpenAi;
     let mut req: ChatRequest = parse(&body).map_err(|e| e.in_dialect(d))?;
+    let state = state.serve(&req.model).await.map_err(|e| e.in_dialect(d))?;
     let job = prepare(&state, &mut req).map_err(|e| e.in_dialect(d))?;
     let id = run::new_id("chatcmpl-");
     let created = run::now_secs();

@@ -14,7 +14,7 @@ use crate::openai_chat::{
     StreamOptions,
 };
 use crate::run::{self, Job, LedgerFormat};
-use crate::{sse, AppState};
+use crate::{sse, AppState, Served};
 
 #[derive(Debug, Deserialize)]
 pub struct CompletionRequest {
@@ -72,8 +72,7 @@ struct Prepared {
     texts: Vec<String>,
 }
 
-fn prepare(state: &AppState, req: &mut CompletionRequest) -> Result<Prepared, ApiError> {
-    state.check_model(&req.model)?;
+fn prepare(state: &Served, req: &mut CompletionRequest) -> Result<Prepared, ApiError> {
     if req.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::param(
             "suffix",
@@ -153,6 +152,7 @@ fn prepare(state: &AppState, req: &mut CompletionRequest) -> Result<Prepared, Ap
 pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Response, DialectError> {
     let d = Dialect::OpenAi;
     let mut req: CompletionRequest = parse(&body).map_err(|e| e.in_dialect(d))?;
+    let state = state.serve(&req.model).await.map_err(|e| e.in_dialect(d))?;
     let Prepared { job, texts } = prepare(&state, &mut req).map_err(|e| e.in_dialect(d))?;
     let per = job.n;
     let id = run::new_id("cmpl-");

@@ -15,7 +15,7 @@ use crate::error::{ApiError, Dialect, DialectError};
 use crate::openai_chat::{check_max_tokens, check_range, Content};
 use crate::run::{self, Job, LedgerFormat};
 use crate::tools::{self, ToolRequest};
-use crate::{sse, AppState};
+use crate::{sse, AppState, Served};
 use shoal_engine::tools::ToolDef;
 use shoal_engine::Grammar;
 
@@ -504,10 +504,7 @@ impl StreamRenderer {
     }
 }
 
-fn conversation(
-    state: &AppState,
-    req: &mut ResponsesRequest,
-) -> Result<Vec<ChatMessage>, ApiError> {
+fn conversation(state: &Served, req: &mut ResponsesRequest) -> Result<Vec<ChatMessage>, ApiError> {
     let mut msgs = match &req.previous_response_id {
         Some(prev) => state.responses.conversation(prev).ok_or_else(|| {
             ApiError::param(
@@ -615,10 +612,9 @@ fn conversation(
 }
 
 fn prepare(
-    state: &AppState,
+    state: &Served,
     req: &mut ResponsesRequest,
 ) -> Result<(Job, Vec<ChatMessage>), ApiError> {
-    state.check_model(&req.model)?;
     let tools = tool_request(req)?;
     let format = text_format(req.text.as_ref())?;
     let ctx = state.engine.model.info.context_length;
@@ -739,6 +735,7 @@ fn text_format(text: Option<&Value>) -> Result<Option<Grammar>, ApiError> {
 pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Response, DialectError> {
     let d = Dialect::OpenAi;
     let mut req: ResponsesRequest = parse(&body).map_err(|e| e.in_dialect(d))?;
+    let state = state.serve(&req.model).await.map_err(|e| e.in_dialect(d))?;
     let (job, msgs) = prepare(&state, &mut req).map_err(|e| e.in_dialect(d))?;
     let shape = Shape {
         id: run::new_id("resp_"),
@@ -822,7 +819,7 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
 }
 
 fn remember(
-    state: &AppState,
+    state: &Served,
     shape: &Shape,
     mut msgs: Vec<ChatMessage>,
     text: &str,

@@ -9,7 +9,7 @@ use tracing::Instrument;
 
 use crate::error::ApiError;
 use crate::ledger::LedgerEntry;
-use crate::AppState;
+use crate::Served;
 
 /// What to generate, after a dialect has parsed and validated its request.
 #[derive(Clone, Debug)]
@@ -142,7 +142,7 @@ pub fn now_secs() -> u64 {
 }
 
 /// Submits the job and starts the forwarding task.
-pub fn start(state: &AppState, job: Job, fmt: LedgerFormat) -> Result<Choices, ApiError> {
+pub fn start(state: &Served, job: Job, fmt: LedgerFormat) -> Result<Choices, ApiError> {
     let per = job.n.max(1);
     let n = per * job.prompts.len();
     let mut streams = Vec::with_capacity(n);

@@ -5,7 +5,7 @@ use shoal_engine::tools::{tool_instructions, ToolDef, ToolSyntax};
 use shoal_engine::{ChatMessage, Grammar};
 
 use crate::error::ApiError;
-use crate::AppState;
+use crate::Served;
 
 /// Whether and which tool the model must call.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -130,7 +130,7 @@ pub fn parameters_or_empty(p: Option<&Value>) -> Value {
         .unwrap_or_else(|| json!({"type": "object", "properties": {}}))
 }
 
-impl AppState {
+impl Served {
     /// How the loaded model writes tool calls.
     pub fn tool_syntax(&self) -> ToolSyntax {
         self.engine

@@ -6,4 +6,4 @@ pub mod identity;
 pub mod status;
 
 pub use identity::NodeIdentity;
-pub use status::{LocalNode, ModelLoad, NodeStatus, Requests};
+pub use status::{memory_now, LocalNode, ModelLoad, NodeStatus, Requests};

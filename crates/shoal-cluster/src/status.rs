@@ -83,6 +83,16 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// RAM now: (total, available to a new allocation) in bytes, read fresh so
+/// a load decision sees memory freed a moment ago.
+pub fn memory_now() -> (u64, u64) {
+    let mut sys = System::new_with_specifics(
+        RefreshKind::nothing().with_memory(MemoryRefreshKind::nothing().with_ram()),
+    );
+    sys.refresh_memory();
+    (sys.total_memory(), sys.available_memory())
+}
+
 fn refresh_kind() -> RefreshKind {
     RefreshKind::nothing()
         .with_cpu(CpuRefreshKind::nothing().with_cpu_usage())

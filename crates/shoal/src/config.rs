@@ -21,7 +21,28 @@ pub struct Config {
     pub server: Server,
     pub model: Model,
     pub cache: Cache,
+    pub models: Models,
     pub content_filter: ContentFilter,
+}
+
+/// Which models stay in memory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Models {
+    /// Memory all loaded models may take together (0 = three quarters of RAM).
+    /// A model that would not fit unloads idle ones first, else is refused.
+    pub memory_budget_mb: u64,
+    /// Unload a model nobody has used for this many seconds (0 = never).
+    pub idle_unload_secs: u64,
+}
+
+impl Default for Models {
+    fn default() -> Self {
+        Models {
+            memory_budget_mb: 0,
+            idle_unload_secs: 1800,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -39,6 +60,8 @@ pub struct Server {
     pub db: Option<PathBuf>,
     /// Log each request's prompt text (off: prompts stay out of the logs).
     pub log_prompts: bool,
+    /// `text` (human-readable) or `json` (one object per line).
+    pub log_format: crate::LogFormat,
 }
 
 impl Default for Server {
@@ -50,6 +73,7 @@ impl Default for Server {
             max_batch: 16,
             db: None,
             log_prompts: false,
+            log_format: crate::LogFormat::Text,
         }
     }
 }
@@ -134,6 +158,12 @@ const SETTINGS: &[Setting] = &[
         Some("SHOAL_LOG_PROMPTS"),
         "--log-prompts",
     ),
+    setting(
+        "server",
+        "log_format",
+        Some("SHOAL_LOG_FORMAT"),
+        "--log-format",
+    ),
     setting("model", "path", Some("SHOAL_MODEL"), "--model"),
     setting("model", "id", Some("SHOAL_MODEL_ID"), "--model-id"),
     setting("model", "aliases", None, "--alias"),
@@ -142,6 +172,18 @@ const SETTINGS: &[Setting] = &[
         "prefix_cache_mb",
         Some("SHOAL_PREFIX_CACHE_MB"),
         "--prefix-cache-mb",
+    ),
+    setting(
+        "models",
+        "memory_budget_mb",
+        Some("SHOAL_MEMORY_BUDGET_MB"),
+        "--memory-budget-mb",
+    ),
+    setting(
+        "models",
+        "idle_unload_secs",
+        Some("SHOAL_IDLE_UNLOAD_SECS"),
+        "--idle-unload-secs",
     ),
     setting("content_filter", "phrases", Some("SHOAL_BLOCK"), "--block"),
     setting(
@@ -218,6 +260,15 @@ pub struct Flags {
     /// file's aliases).
     #[arg(long = "alias", value_name = "NAME")]
     pub aliases: Vec<String>,
+    /// Memory all loaded models may take together; a model that would not fit
+    /// unloads idle ones first, else is refused (0 = three quarters of RAM,
+    /// the default) [env: SHOAL_MEMORY_BUDGET_MB].
+    #[arg(long)]
+    pub memory_budget_mb: Option<u64>,
+    /// Unload a model nobody has used for this many seconds (0 = never;
+    /// default 1800) [env: SHOAL_IDLE_UNLOAD_SECS].
+    #[arg(long)]
+    pub idle_unload_secs: Option<u64>,
 }
 
 /// Values one layer (environment or flags) sets; `None` leaves the value below.
@@ -235,6 +286,9 @@ struct Overrides {
     prefix_cache_mb: Option<usize>,
     phrases: Option<Vec<String>>,
     patterns: Option<Vec<String>>,
+    memory_budget_mb: Option<u64>,
+    idle_unload_secs: Option<u64>,
+    log_format: Option<crate::LogFormat>,
 }
 
 impl Overrides {
@@ -267,6 +321,14 @@ impl Overrides {
             prefix_cache_mb: parsed("SHOAL_PREFIX_CACHE_MB", var("SHOAL_PREFIX_CACHE_MB"))?,
             phrases: var("SHOAL_BLOCK").map(lines),
             patterns: var("SHOAL_BLOCK_REGEX").map(lines),
+            memory_budget_mb: parsed("SHOAL_MEMORY_BUDGET_MB", var("SHOAL_MEMORY_BUDGET_MB"))?,
+            idle_unload_secs: parsed("SHOAL_IDLE_UNLOAD_SECS", var("SHOAL_IDLE_UNLOAD_SECS"))?,
+            log_format: var("SHOAL_LOG_FORMAT")
+                .map(|v| {
+                    <crate::LogFormat as clap::ValueEnum>::from_str(&v, true)
+                        .map_err(|e| anyhow!("environment variable SHOAL_LOG_FORMAT={v:?}: {e}"))
+                })
+                .transpose()?,
         })
     }
 
@@ -285,6 +347,9 @@ impl Overrides {
             prefix_cache_mb: f.prefix_cache_mb,
             phrases: list(&f.blocked),
             patterns: list(&f.blocked_regex),
+            memory_budget_mb: f.memory_budget_mb,
+            idle_unload_secs: f.idle_unload_secs,
+            log_format: None,
         }
     }
 }
@@ -453,6 +518,25 @@ impl Resolved {
             c.content_filter.patterns = v;
             set("content_filter.patterns");
         }
+        if let Some(v) = o.memory_budget_mb {
+            c.models.memory_budget_mb = v;
+            set("models.memory_budget_mb");
+        }
+        if let Some(v) = o.idle_unload_secs {
+            c.models.idle_unload_secs = v;
+            set("models.idle_unload_secs");
+        }
+        if let Some(v) = o.log_format {
+            c.server.log_format = v;
+            set("server.log_format");
+        }
+    }
+
+    /// The global `--log-format` flag, which is parsed before the settings.
+    pub fn set_log_format_flag(&mut self, format: crate::LogFormat) {
+        self.config.server.log_format = format;
+        self.sources
+            .insert("server.log_format".into(), Source::Flag);
     }
 
     /// Where `key` (`section.key`) got its value.
@@ -558,6 +642,21 @@ impl Config {
             .path
             .clone()
             .unwrap_or_else(shoal_engine::loader::default_model_path)
+    }
+
+    /// How the model pool loads, budgets and unloads models.
+    pub fn pool_options(&self) -> Result<shoal_api::models::PoolOptions> {
+        let budget = self.models.memory_budget_mb;
+        Ok(shoal_api::models::PoolOptions {
+            engine: self.engine_options()?,
+            budget_bytes: (budget > 0)
+                .then(|| budget.checked_mul(1 << 20))
+                .map(|b| b.context("models.memory_budget_mb is too large"))
+                .transpose()?,
+            idle_unload: (self.models.idle_unload_secs > 0)
+                .then(|| std::time::Duration::from_secs(self.models.idle_unload_secs)),
+            hub: shoal_models::HubOptions::from_env(),
+        })
     }
 
     /// The conversation store file: the configured one or the default.

@@ -2,6 +2,7 @@
 mod bench;
 mod chat;
 mod generate;
+mod models;
 mod serve;
 
 use std::path::PathBuf;
@@ -17,9 +18,10 @@ use shoal::{config, id_from_path};
     about = "Local LLM engine and server with exact token accounting"
 )]
 struct Cli {
-    /// Log lines as human-readable text or as one JSON object per line.
-    #[arg(long, global = true, value_enum, env = "SHOAL_LOG_FORMAT", default_value_t = shoal::LogFormat::Text)]
-    log_format: shoal::LogFormat,
+    /// Log lines as human-readable text or as one JSON object per line
+    /// (default: the config file's server.log_format, else text).
+    #[arg(long, global = true, value_enum, env = "SHOAL_LOG_FORMAT")]
+    log_format: Option<shoal::LogFormat>,
     #[command(subcommand)]
     command: Command,
 }
@@ -39,6 +41,13 @@ enum Command {
     Chat(chat::Args),
     /// Stored conversations with per-reply reasons and usage, and totals per model.
     History(chat::HistoryArgs),
+    /// Download a model from the Hugging Face hub (HF_ENDPOINT, HF_TOKEN and
+    /// HF_HOME are honoured); an interrupted pull resumes.
+    Pull(models::PullArgs),
+    /// List local models: pulled ones and the configured one.
+    Models(models::ListArgs),
+    /// Delete a pulled model's files.
+    Rm(models::RmArgs),
 }
 
 /// Model path for `generate` and `bench` (`serve` takes it from `config::Flags`).
@@ -70,15 +79,32 @@ impl ModelArgs {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    shoal::init_logging(cli.log_format);
+    let flags = match &cli.command {
+        Command::Serve(a) => a.settings.clone(),
+        Command::Config(f) => f.clone(),
+        _ => config::Flags::default(),
+    };
+    // The config file may set the format; a broken file is reported by the
+    // command itself, with the format's default meanwhile.
+    let format = cli.log_format.unwrap_or_else(|| {
+        config::resolve(&flags).map_or(shoal::LogFormat::Text, |r| r.config.server.log_format)
+    });
+    shoal::init_logging(format);
     match cli.command {
         Command::Generate(a) => generate::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Serve(a) => serve::run(a),
         Command::Chat(a) => chat::run(a),
         Command::History(a) => chat::history(a),
+        Command::Pull(a) => models::pull(a),
+        Command::Models(a) => models::list(a),
+        Command::Rm(a) => models::rm(a),
         Command::Config(flags) => {
-            print!("{}", config::resolve(&flags)?.to_annotated_toml()?);
+            let mut resolved = config::resolve(&flags)?;
+            if let Some(f) = cli.log_format {
+                resolved.set_log_format_flag(f);
+            }
+            print!("{}", resolved.to_annotated_toml()?);
             Ok(())
         }
     }

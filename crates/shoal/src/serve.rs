@@ -2,6 +2,7 @@
 use std::net::SocketAddr;
 
 use anyhow::{Context, Result};
+use shoal_api::models::ModelPool;
 use shoal_api::AppState;
 use shoal_engine::Engine;
 
@@ -20,11 +21,15 @@ pub fn run(a: Args) -> Result<()> {
     }
     let cfg = resolved.config;
     let path = cfg.model_path();
+    // The configured model loads now, so a broken one fails at start; others
+    // load on first use.
     let engine = Engine::start(&path, &cfg.model_id(), cfg.engine_options()?)
         .with_context(|| format!("loading {}", path.display()))?;
-    let mut state = shoal::open_store(AppState::new(engine), &cfg);
+    let model_id = engine.model.id.clone();
+    let pool = ModelPool::new(cfg.pool_options()?);
+    pool.insert(engine, cfg.model.aliases.clone());
+    let mut state = shoal::open_store(AppState::with_pool(pool), &cfg);
     state.log_prompts = cfg.server.log_prompts;
-    state.aliases = std::sync::Arc::new(cfg.model.aliases);
     let addr = SocketAddr::new(cfg.server.host, cfg.server.port);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -35,10 +40,7 @@ pub fn run(a: Args) -> Result<()> {
             .with_context(|| format!("binding {addr}"))?;
         let local = listener.local_addr()?;
         // Tests and scripts wait for this line.
-        println!(
-            "shoal listening on http://{local} (model {})",
-            state.engine.model.id
-        );
+        println!("shoal listening on http://{local} (model {model_id})");
         shoal_api::serve_until(listener, state, async {
             let _ = tokio::signal::ctrl_c().await;
         })

@@ -1,0 +1,396 @@
+//! The model pool over HTTP on the real default model: `/v1/models` with
+//! local metadata, `POST /v1/models/pull` streaming progress from a loopback
+//! hub fixture, load on first use, the memory budget, idle unload, explicit
+//! load / unload and deletion.
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use shoal_api::models::{ModelPool, PoolOptions};
+use shoal_api::AppState;
+use shoal_engine::EngineOptions;
+use shoal_models::fixture::{FixtureFile, FixtureRepo, HubFixture};
+use shoal_models::{HubOptions, Library};
+
+const DEFAULT: &str = "smollm2";
+const PULLED: &str = "test/SmolLM2-GGUF";
+
+fn gguf() -> PathBuf {
+    let p = std::env::var("SHOAL_TEST_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| shoal_engine::loader::default_model_path());
+    assert!(
+        p.is_file(),
+        "default model missing at {} — run `make models`",
+        p.display()
+    );
+    p
+}
+
+fn temp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("shoal-models-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A hub serving the default model's GGUF file as `test/SmolLM2-GGUF`.
+fn hub() -> HubFixture {
+    let bytes = std::fs::read(gguf()).unwrap();
+    HubFixture::start(vec![FixtureRepo {
+        id: PULLED.into(),
+        commit: "1111111111111111111111111111111111111111".into(),
+        files: vec![
+            FixtureFile::new("SmolLM2-135M-Instruct.Q4_1.gguf", bytes, true),
+            FixtureFile::new("README.md", b"# SmolLM2".to_vec(), false),
+        ],
+        token: None,
+    }])
+}
+
+fn options(hub: &HubFixture, home: &Path) -> PoolOptions {
+    PoolOptions {
+        engine: EngineOptions {
+            prefix_cache_bytes: 0,
+            ..EngineOptions::default()
+        },
+        budget_bytes: None,
+        idle_unload: None,
+        hub: HubOptions {
+            endpoint: hub.endpoint.clone(),
+            token: None,
+            library: Library::at(home.join("hub")),
+            chunk_bytes: 10 << 20,
+            retries: 0,
+        },
+    }
+}
+
+async fn serve(pool: Arc<ModelPool>) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let state = AppState::with_pool(pool);
+    tokio::spawn(async move {
+        let _ = shoal_api::serve_until(listener, state, std::future::pending()).await;
+    });
+    format!("http://{addr}")
+}
+
+async fn send(method: reqwest::Method, url: String, body: Option<Value>) -> (u16, String) {
+    let mut r = reqwest::Client::new().request(method, url);
+    if let Some(b) = body {
+        r = r.json(&b);
+    }
+    let resp = r.send().await.unwrap();
+    (resp.status().as_u16(), resp.text().await.unwrap())
+}
+
+async fn get_json(base: &str, path: &str) -> Value {
+    let (status, text) = send(reqwest::Method::GET, format!("{base}{path}"), None).await;
+    assert_eq!(status, 200, "{path}: {text}");
+    serde_json::from_str(&text).unwrap()
+}
+
+async fn post_json(base: &str, path: &str, body: Value) -> (u16, Value) {
+    let (status, text) = send(reqwest::Method::POST, format!("{base}{path}"), Some(body)).await;
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+fn entry<'a>(list: &'a Value, id: &str) -> &'a Value {
+    list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["id"] == id)
+        .unwrap_or_else(|| panic!("{id} not in {list}"))
+}
+
+/// Splits an SSE body into (event, data) pairs.
+fn events(body: &str) -> Vec<(String, Value)> {
+    body.split("\n\n")
+        .filter_map(|block| {
+            let mut name = String::new();
+            let mut data = String::new();
+            for line in block.lines() {
+                if let Some(n) = line.strip_prefix("event: ") {
+                    name = n.into();
+                } else if let Some(d) = line.strip_prefix("data: ") {
+                    data.push_str(d);
+                }
+            }
+            (!data.is_empty()).then(|| (name, serde_json::from_str(&data).unwrap()))
+        })
+        .collect()
+}
+
+async fn chat(base: &str, model: &str) -> (u16, Value) {
+    post_json(
+        base,
+        "/v1/chat/completions",
+        json!({"model": model, "max_tokens": 12, "temperature": 0,
+               "messages": [{"role": "user", "content": "Name a colour."}]}),
+    )
+    .await
+}
+
+/// Waits (bounded) until `model`'s `loaded` flag is `want`.
+async fn until_loaded(base: &str, model: &str, want: bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let list = get_json(base, "/v1/models").await;
+        if entry(&list, model)["shoal"]["loaded"] == want || Instant::now() > deadline {
+            return list;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn pull_lists_loads_on_demand_and_answers_like_the_same_weights() {
+    let hub = hub();
+    let home = temp("pull");
+    let pool = ModelPool::new(options(&hub, &home));
+    pool.add_named(DEFAULT, gguf(), vec!["default".into()]);
+    let base = serve(pool).await;
+
+    // Nothing is loaded until asked; the alias is listed after the models.
+    let list = get_json(&base, "/v1/models").await;
+    let d = entry(&list, DEFAULT);
+    assert_eq!(d["shoal"]["loaded"], false);
+    assert_eq!(d["shoal"]["architecture"], "llama");
+    assert_eq!(d["shoal"]["quantization"], "Q4_1");
+    assert_eq!(d["shoal"]["context_length"], 8192);
+    assert_eq!(d["shoal"]["source"]["kind"], "path");
+    assert_eq!(entry(&list, "default")["shoal"]["alias_of"], DEFAULT);
+
+    let (status, text) = send(
+        reqwest::Method::POST,
+        format!("{base}/v1/models/pull"),
+        Some(json!({"model": PULLED})),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let evs = events(&text);
+    let names: Vec<&str> = evs.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names.first(), Some(&"plan"), "{names:?}");
+    assert_eq!(names.last(), Some(&"done"), "{names:?}");
+    let plan = &evs[0].1;
+    assert_eq!(
+        plan["files"].as_array().unwrap().len(),
+        1,
+        "README is not pulled: {plan}"
+    );
+    let total = plan["total_bytes"].as_u64().unwrap();
+    assert_eq!(total, std::fs::metadata(gguf()).unwrap().len());
+    let progress: Vec<u64> = evs
+        .iter()
+        .filter(|(n, _)| n == "progress")
+        .map(|(_, v)| v["bytes"].as_u64().unwrap())
+        .collect();
+    assert!(progress.windows(2).all(|w| w[0] <= w[1]), "{progress:?}");
+    assert_eq!(progress.last(), Some(&total));
+    assert!(evs
+        .iter()
+        .any(|(n, v)| n == "file_done" && v["verified"] == true));
+    let done = &evs.last().unwrap().1;
+    let id = done["model"]["id"].as_str().unwrap().to_string();
+    assert_eq!(id, format!("{PULLED}/SmolLM2-135M-Instruct.Q4_1.gguf"));
+
+    let list = get_json(&base, "/v1/models").await;
+    let p = entry(&list, &id);
+    assert_eq!(p["shoal"]["source"]["kind"], "hub");
+    assert_eq!(p["shoal"]["source"]["repo"], PULLED);
+    assert_eq!(p["shoal"]["size_bytes"], total);
+    assert_eq!(p["shoal"]["loaded"], false);
+    assert_eq!(list["shoal"]["library_bytes"], total);
+
+    // Both names load on first use and, being the same weights, answer alike.
+    let (s1, a) = chat(&base, DEFAULT).await;
+    assert_eq!(s1, 200, "{a}");
+    let (s2, b) = chat(&base, PULLED).await;
+    assert_eq!(s2, 200, "{b}");
+    assert_eq!(
+        a["choices"][0]["message"]["content"],
+        b["choices"][0]["message"]["content"]
+    );
+    assert_eq!(a["usage"], b["usage"]);
+    assert_eq!(b["model"], PULLED);
+
+    let list = get_json(&base, "/v1/models").await;
+    for m in [DEFAULT, id.as_str()] {
+        let e = &entry(&list, m)["shoal"];
+        assert_eq!(e["loaded"], true, "{m}");
+        let actual = e["memory_bytes"].as_f64().unwrap();
+        let estimate = e["estimated_memory_bytes"].as_f64().unwrap();
+        assert!(
+            (estimate / actual - 1.0).abs() < 0.25,
+            "{m}: estimated {estimate} for {actual}"
+        );
+    }
+    let health = get_json(&base, "/health").await;
+    assert_eq!(health["loaded"].as_array().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn the_budget_unloads_idle_models_and_refuses_what_cannot_fit() {
+    let hub = hub();
+    let home = temp("budget");
+    let mut opts = options(&hub, &home);
+    let card = shoal_models::ModelCard::read(&gguf()).unwrap();
+    let one = card.weight_memory(cfg!(target_os = "macos"));
+    // Room for one copy, not two.
+    opts.budget_bytes = Some(one * 3 / 2);
+    let pool = ModelPool::new(opts);
+    pool.add_named(DEFAULT, gguf(), vec![]);
+    pool.add_named("copy", gguf(), vec![]);
+    let base = serve(pool).await;
+
+    assert_eq!(chat(&base, DEFAULT).await.0, 200);
+    assert_eq!(chat(&base, "copy").await.0, 200);
+    let list = get_json(&base, "/v1/models").await;
+    assert_eq!(entry(&list, "copy")["shoal"]["loaded"], true);
+    assert_eq!(
+        entry(&list, DEFAULT)["shoal"]["loaded"],
+        false,
+        "idle model kept over budget"
+    );
+    assert!(list["shoal"]["memory_loaded_bytes"].as_u64().unwrap() <= one * 3 / 2);
+
+    // Explicit unload and load.
+    let (status, v) = post_json(&base, "/v1/models/copy/unload", json!({})).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["shoal"]["loaded"], false);
+    let (status, v) = post_json(&base, &format!("/v1/models/{DEFAULT}/load"), json!({})).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["shoal"]["loaded"], true);
+    let (status, v) = post_json(&base, "/v1/models/nope/load", json!({})).await;
+    assert_eq!(status, 404, "{v}");
+    assert_eq!(v["error"]["code"], "model_not_found");
+
+    // A budget smaller than the model: refused with the figures.
+    let mut small = options(&hub, &home);
+    small.budget_bytes = Some(one / 2);
+    let pool = ModelPool::new(small);
+    pool.add_named(DEFAULT, gguf(), vec![]);
+    let tight = serve(pool).await;
+    let (status, v) = chat(&tight, DEFAULT).await;
+    assert_eq!(status, 503, "{v}");
+    assert_eq!(v["error"]["code"], "insufficient_memory");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("budget") && msg.contains("GiB"), "{msg}");
+    // The server keeps serving.
+    assert_eq!(
+        get_json(&tight, "/v1/models").await["data"][0]["shoal"]["loaded"],
+        false
+    );
+}
+
+#[tokio::test]
+async fn idle_models_unload_and_come_back_on_the_next_request() {
+    let hub = hub();
+    let home = temp("idle");
+    let mut opts = options(&hub, &home);
+    opts.idle_unload = Some(Duration::from_secs(1));
+    let pool = ModelPool::new(opts);
+    pool.add_named(DEFAULT, gguf(), vec![]);
+    let base = serve(pool).await;
+    let (status, first) = chat(&base, DEFAULT).await;
+    assert_eq!(status, 200);
+    let list = until_loaded(&base, DEFAULT, false).await;
+    assert_eq!(
+        entry(&list, DEFAULT)["shoal"]["loaded"],
+        false,
+        "never unloaded"
+    );
+    let (status, again) = chat(&base, DEFAULT).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        first["choices"][0]["message"],
+        again["choices"][0]["message"]
+    );
+}
+
+#[tokio::test]
+async fn deleting_and_pull_errors_answer_in_the_openai_shape() {
+    let hub = hub();
+    let home = temp("delete");
+    let pool = ModelPool::new(options(&hub, &home));
+    pool.add_named(DEFAULT, gguf(), vec![]);
+    let base = serve(pool).await;
+
+    let (status, v) = post_json(&base, "/v1/models/pull", json!({"model": "not a repo"})).await;
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["param"], "model");
+    let (status, v) = post_json(
+        &base,
+        "/v1/models/pull",
+        json!({"model": PULLED, "bogus": 1}),
+    )
+    .await;
+    assert_eq!(status, 400, "{v}");
+    let (_, text) = send(
+        reqwest::Method::POST,
+        format!("{base}/v1/models/pull"),
+        Some(json!({"model": "test/absent"})),
+    )
+    .await;
+    let evs = events(&text);
+    let (name, err) = evs.last().unwrap();
+    assert_eq!(name, "error", "{text}");
+    assert_eq!(err["error"]["code"], "hub_not_found");
+    let (status, v) = post_json(
+        &base,
+        "/v1/models/pull",
+        json!({"model": PULLED, "file": "missing.gguf", "stream": false}),
+    )
+    .await;
+    assert_eq!(status, 404, "{v}");
+
+    let (status, v) = post_json(
+        &base,
+        "/v1/models/pull",
+        json!({"model": PULLED, "stream": false}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    // The repo id finds its only GGUF file.
+    assert_eq!(chat(&base, PULLED).await.0, 200);
+    let (status, text) = send(
+        reqwest::Method::DELETE,
+        format!("{base}/v1/models/{PULLED}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        (v["id"].as_str(), v["deleted"].as_bool()),
+        (Some(id.as_str()), Some(true))
+    );
+    let list = get_json(&base, "/v1/models").await;
+    assert!(list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|m| m["id"] != id.as_str()));
+    assert_eq!(chat(&base, PULLED).await.0, 404);
+    let (status, _) = send(
+        reqwest::Method::DELETE,
+        format!("{base}/v1/models/{PULLED}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+    let (status, text) = send(
+        reqwest::Method::DELETE,
+        format!("{base}/v1/models/{DEFAULT}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 400, "{text}");
+}
