@@ -29,6 +29,11 @@ test: setup ui lint
 	@bash tests/run-sdk.sh
 	@bash tests/run-ui.sh
 
+# Test runs keep to an empty model library of their own and never reach a hub.
+test test-ui: export HF_HOME := $(ROOT)/target/hf-home-test
+test test-ui: export HF_ENDPOINT := http://127.0.0.1:9
+test test-ui: export HF_TOKEN :=
+
 setup: deps-apt mlx models
 
 deps-apt:

@@ -15,7 +15,8 @@ pub struct PullArgs {
     /// quantization the engine loads natively: Q4_0, Q4_1, Q8_0, F16…).
     #[arg(long)]
     pub file: Option<String>,
-    /// No progress bars; one line per finished file.
+    /// No progress bars; one line per finished file (also when stderr is
+    /// not a terminal).
     #[arg(long)]
     pub quiet: bool,
 }
@@ -77,8 +78,10 @@ struct PullView {
 
 impl PullView {
     fn new(quiet: bool) -> Self {
+        use std::io::IsTerminal;
         PullView {
-            quiet,
+            // Bars only make sense on a terminal; logs get a line per file.
+            quiet: quiet || !std::io::stderr().is_terminal(),
             bars: MultiProgress::new(),
             overall: None,
             files: HashMap::new(),

@@ -164,6 +164,10 @@ const SETTING_VARS: &[&str] = &[
     "SHOAL_PREFIX_CACHE_MB",
     "SHOAL_BLOCK",
     "SHOAL_BLOCK_REGEX",
+    "SHOAL_MEMORY_BUDGET_MB",
+    "SHOAL_IDLE_UNLOAD_SECS",
+    "HF_ENDPOINT",
+    "HF_TOKEN",
 ];
 
 /// `shoal` with no setting from the environment and an empty platform config
@@ -178,6 +182,8 @@ fn shoal_isolated(dir: &Path) -> Command {
     cmd.env("XDG_CONFIG_HOME", xdg);
     // The default conversation store lands here, not in the user's home.
     cmd.env("XDG_DATA_HOME", dir.join("xdg-data"));
+    // So does the model library.
+    cmd.env("HF_HOME", dir.join("hf-home"));
     cmd
 }
 
@@ -689,4 +695,95 @@ fn json_logs_carry_the_request_span_and_prompts_only_when_asked() {
         assert_eq!(usage, reply["usage"], "the span's usage is what was sent");
         assert_eq!(log.contains(secret), log_prompts, "{log}");
     }
+}
+
+/// `shoal pull`, `shoal models` and `shoal rm` against a loopback hub that
+/// serves the default model's file.
+#[test]
+fn pull_list_and_remove_models_from_a_fixture_hub() {
+    use shoal_models::fixture::{FixtureFile, FixtureRepo, HubFixture};
+    let dir = temp_dir("pull");
+    let bytes = std::fs::read(gguf()).expect("model");
+    let size = bytes.len() as u64;
+    let hub = HubFixture::start(vec![FixtureRepo {
+        id: "test/SmolLM2-GGUF".into(),
+        commit: "2222222222222222222222222222222222222222".into(),
+        files: vec![FixtureFile::new("SmolLM2-135M-Instruct.Q4_1.gguf", bytes, true)],
+        token: None,
+    }]);
+    let cli = |args: &[&str]| {
+        let mut c = shoal_isolated(&dir);
+        c.env("HF_ENDPOINT", &hub.endpoint).arg("--log-format").arg("text");
+        c.args(args);
+        output(&mut c)
+    };
+    let (ok, out, err) = cli(&["pull", "test/SmolLM2-GGUF"]);
+    assert!(ok, "{err}");
+    let id = "test/SmolLM2-GGUF/SmolLM2-135M-Instruct.Q4_1.gguf";
+    assert!(out.starts_with(id), "{out}");
+    assert!(err.contains("checksum ok"), "{err}");
+    // A second pull finds the file in place.
+    let (ok, _, err) = cli(&["pull", "test/SmolLM2-GGUF"]);
+    assert!(ok && err.contains("already here"), "{err}");
+
+    let model = gguf();
+    let model_arg = model.to_str().expect("utf8 path");
+    let (ok, out, err) = cli(&["models", "--json", "--model", model_arg]);
+    assert!(ok, "{err}");
+    let list: Vec<Value> = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(list.len(), 2, "{out}");
+    for m in &list {
+        assert_eq!(m["architecture"], "llama");
+        assert_eq!(m["quantization"], "Q4_1");
+        assert_eq!(m["context_length"], 8192);
+        assert_eq!(m["size_bytes"], size);
+        assert!(m["parameters"].as_u64().unwrap_or(0) > 100_000_000, "{m}");
+    }
+    assert_eq!(list[0]["source"]["kind"], "path");
+    assert_eq!(list[1]["id"], id);
+    assert_eq!(list[1]["source"]["repo"], "test/SmolLM2-GGUF");
+    let (ok, table, _) = cli(&["models", "--model", model_arg]);
+    assert!(ok);
+    assert!(table.starts_with("ID"), "{table}");
+    assert!(table.lines().any(|l| l.starts_with(id) && l.contains("Q4_1")), "{table}");
+
+    let (ok, _, err) = cli(&["pull", "test/absent"]);
+    assert!(!ok);
+    assert!(err.contains("test/absent@main was not found on the hub"), "{err}");
+    let (ok, _, err) = cli(&["pull", "not a repo"]);
+    assert!(!ok && err.contains("ORG/NAME"), "{err}");
+
+    let (ok, out, err) = cli(&["rm", id]);
+    assert!(ok, "{err}");
+    assert!(out.contains("removed"), "{out}");
+    let (_, out, _) = cli(&["models", "--json", "--model", model_arg]);
+    let list: Vec<Value> = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(list.len(), 1, "{out}");
+    let (ok, _, err) = cli(&["rm", id]);
+    assert!(!ok && err.contains("no local model"), "{err}");
+}
+
+/// The config file's `server.log_format` is used when no flag says otherwise.
+#[test]
+fn log_format_comes_from_the_config_file() {
+    let dir = temp_dir("log-format-file");
+    let file = dir.join("shoal.toml");
+    std::fs::write(&file, "[server]\nlog_format = \"json\"\n\n[models]\nidle_unload_secs = 60\n").expect("write");
+    let (ok, out, err) = output(shoal_isolated(&dir).args(["config", "--config"]).arg(&file));
+    assert!(ok, "{err}");
+    assert!(out.contains("log_format = \"json\"  # config file"), "{out}");
+    assert!(out.contains("idle_unload_secs = 60  # config file"), "{out}");
+    assert!(out.contains("memory_budget_mb = 0  # default"), "{out}");
+    let (server, _) = start_server(&dir, |c| {
+        c.args(["serve", "--port", "0", "--config"])
+            .arg(&file)
+            .arg("--model")
+            .arg(gguf())
+            .env("SHOAL_LOG", "info");
+    });
+    drop(server);
+    let log = std::fs::read_to_string(dir.join("stderr.log")).expect("log");
+    let first = log.lines().next().expect("a log line");
+    let v: Value = serde_json::from_str(first).unwrap_or_else(|e| panic!("not JSON ({e}): {log}"));
+    assert!(v["fields"]["message"].is_string(), "{v}");
 }
