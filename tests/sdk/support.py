@@ -72,8 +72,11 @@ def start_server(*extra: str) -> Server:
     log_fh = open(log, "wb")
     # A store of its own, never the user's.
     db = Path(tempfile.mkdtemp(prefix="shoal-sdk-db-")) / "conversations.sqlite"
+    # An empty model library, so the listed models are only the test's.
+    env = {**os.environ, "HF_HOME": tempfile.mkdtemp(prefix="shoal-sdk-hf-")}
     proc = subprocess.Popen(
         [str(SHOAL_BIN), "serve", "--port", "0", "--db", str(db), *extra],
+        env=env,
         stdout=subprocess.PIPE,
         stderr=log_fh,
         stdin=subprocess.DEVNULL,

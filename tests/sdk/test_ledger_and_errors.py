@@ -40,6 +40,20 @@ def test_health_and_models(server, oai, model):
     assert status == 200 and body["status"] == "ok" and body["model"] == model
     ids = [m.id for m in oai.models.list().data]
     assert ids == [model]
+    # The local metadata rides in the `shoal` extension field.
+    m = oai.models.retrieve(model)
+    assert m.id == model and m.owned_by == "shoal"
+    meta = m.model_extra["shoal"]
+    assert meta["architecture"] == "llama" and meta["quantization"] == "Q4_1"
+    assert meta["context_length"] == 8192 and meta["loaded"] is True
+    assert meta["memory_bytes"] > meta["size_bytes"] > 0  # dense float32 on the CPU backend
+    assert meta["source"] == {"kind": "path"}
+    with pytest.raises(openai.NotFoundError) as e:
+        oai.models.retrieve("no-such/model")
+    assert e.value.body["code"] == "model_not_found"
+    # The configured model is a file of the user's, not the library's to delete.
+    with pytest.raises(openai.BadRequestError):
+        oai.models.delete(model)
 
 
 def test_ledger_records_ids_finish_reasons_and_usage_as_sent(server, oai, claude, model):
