@@ -105,6 +105,7 @@ impl Server {
                 pool.insert(engine, cfg.model.aliases.clone());
                 let mut state = shoal::open_store(AppState::with_pool(pool), cfg);
                 state.log_prompts = cfg.server.log_prompts;
+                state.cluster_options = cfg.cluster_options();
                 inner.state = Some(state);
                 Ok(())
             }

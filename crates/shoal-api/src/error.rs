@@ -22,6 +22,8 @@ pub enum ErrorKind {
     Unavailable,
     /// A server this one relies on failed (the model hub).
     Upstream,
+    /// Missing or wrong credentials (API key, cluster signature).
+    Unauthorized,
     Internal,
 }
 
@@ -74,6 +76,14 @@ impl ApiError {
             code: None,
         }
     }
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        ApiError {
+            kind: ErrorKind::Unauthorized,
+            message: message.into(),
+            param: None,
+            code: Some("unauthorized"),
+        }
+    }
     /// The engine failed part-way through a generation.
     pub fn generation_failed(detail: &str) -> Self {
         ApiError::internal(format!("generation failed: {detail}"))
@@ -99,6 +109,7 @@ impl ApiError {
             }
             (ErrorKind::Unavailable, _) => StatusCode::SERVICE_UNAVAILABLE,
             (ErrorKind::Upstream, _) => StatusCode::BAD_GATEWAY,
+            (ErrorKind::Unauthorized, _) => StatusCode::UNAUTHORIZED,
             (ErrorKind::Internal, _) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -112,6 +123,7 @@ impl ApiError {
                         "invalid_request_error"
                     }
                     ErrorKind::Overloaded => "rate_limit_error",
+                    ErrorKind::Unauthorized => "authentication_error",
                     ErrorKind::Unavailable | ErrorKind::Upstream | ErrorKind::Internal => {
                         "server_error"
                     }
@@ -124,6 +136,7 @@ impl ApiError {
                     ErrorKind::NotFound => "not_found_error",
                     ErrorKind::TooLarge => "request_too_large",
                     ErrorKind::Overloaded => "overloaded_error",
+                    ErrorKind::Unauthorized => "authentication_error",
                     ErrorKind::Unavailable | ErrorKind::Upstream | ErrorKind::Internal => {
                         "api_error"
                     }

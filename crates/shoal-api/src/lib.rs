@@ -3,6 +3,7 @@
 //! final `Completion` record.
 pub mod anthropic;
 pub mod body;
+pub mod cluster;
 pub mod conversations;
 pub mod error;
 pub mod ledger;
@@ -25,7 +26,7 @@ use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
-use shoal_cluster::{LocalNode, ModelLoad, NodeIdentity, Requests};
+use shoal_cluster::{LocalNode, NodeIdentity};
 use shoal_engine::reasoning::ReasoningSpec;
 use shoal_engine::{ChatMessage, Engine};
 
@@ -49,6 +50,10 @@ pub struct AppState {
     pub metrics: Arc<metrics::Metrics>,
     /// Conversation history for `/v1/conversations`; `None` serves 503s.
     pub store: Option<conversations::SharedStore>,
+    /// Join a cluster with these settings once listening (`None`: alone).
+    pub cluster_options: Option<shoal_cluster::ClusterOptions>,
+    /// The cluster, set when serving starts.
+    pub cluster: Arc<std::sync::OnceLock<Arc<shoal_cluster::Cluster>>>,
 }
 
 /// One request's view of the server: the shared state and the engine of
@@ -88,6 +93,8 @@ impl AppState {
             responses: Arc::new(openai_responses::ResponseStore::new(256)),
             running: Arc::new(run::Running::default()),
             store: None,
+            cluster_options: None,
+            cluster: Arc::default(),
             metrics: Arc::new(metrics::Metrics::new()),
             log_prompts: false,
         }
@@ -200,6 +207,10 @@ pub async fn serve_until(
     if let Ok(addr) = listener.local_addr() {
         state.node.set_address(addr);
     }
+    if let Some(opts) = state.cluster_options.clone() {
+        let cluster = shoal_cluster::Cluster::start(state.node.clone(), opts);
+        let _ = state.cluster.set(cluster);
+    }
     models::ModelPool::start_sweeper(&state.pool);
     let running = state.running.clone();
     // Stop accepting, then cancel what is running so every open stream ends
@@ -228,9 +239,9 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/responses/{id}", get(openai_responses::get_response))
         .route("/v1/messages", post(anthropic::handle))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
-        .route("/v1/cluster/nodes", get(cluster_nodes))
         .merge(conversations::routes())
         .merge(models::routes())
+        .merge(cluster::routes())
         .fallback(fallback)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
@@ -276,22 +287,6 @@ struct UsageQuery {
 async fn usage(State(s): State<AppState>, Query(q): Query<UsageQuery>) -> impl IntoResponse {
     let entries = s.ledger.recent(q.limit.unwrap_or(100));
     Json(json!({"object": "list", "data": entries}))
-}
-
-/// Every node of the cluster (for now: this one) with live figures.
-async fn cluster_nodes(State(s): State<AppState>) -> impl IntoResponse {
-    let models = s
-        .pool
-        .loaded()
-        .iter()
-        .map(|e| ModelLoad {
-            id: e.model.id.clone(),
-            memory_bytes: e.model.info.weight_bytes as u64,
-        })
-        .collect();
-    let (in_flight, queued) = s.busy();
-    let status = s.node.status(models, Requests { in_flight, queued });
-    Json(json!({"nodes": [status]}))
 }
 
 /// API paths that match no route get the dialect's 404; everything else is

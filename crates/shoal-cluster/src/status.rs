@@ -4,40 +4,40 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sysinfo::{CpuRefreshKind, MemoryRefreshKind, RefreshKind, System};
 
 use crate::identity::NodeIdentity;
 
 /// A model a node holds.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelLoad {
     pub id: String,
     pub memory_bytes: u64,
 }
 
 /// Requests a node is working on.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Requests {
     pub in_flight: u64,
     pub queued: u64,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Cpu {
     pub model: String,
     pub cores: usize,
     pub usage_percent: f32,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Memory {
     pub total_bytes: u64,
     pub used_bytes: u64,
 }
 
 /// One node as `GET /v1/cluster/nodes` reports it.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NodeStatus {
     pub id: String,
     pub name: String,
@@ -46,7 +46,7 @@ pub struct NodeStatus {
     #[serde(rename = "self")]
     pub is_self: bool,
     /// `online` or `unreachable`.
-    pub status: &'static str,
+    pub status: String,
     pub os: String,
     pub cpu: Cpu,
     pub memory: Memory,
@@ -156,6 +156,15 @@ impl LocalNode {
         *self.address.lock().unwrap_or_else(|p| p.into_inner()) = Some(addr);
     }
 
+    pub fn identity(&self) -> &NodeIdentity {
+        &self.identity
+    }
+
+    /// The API address, once listening.
+    pub fn address(&self) -> Option<SocketAddr> {
+        *self.address.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// This node's status now.
     pub fn status(&self, models: Vec<ModelLoad>, requests: Requests) -> NodeStatus {
         let s = self.sample.lock().unwrap_or_else(|p| p.into_inner());
@@ -169,7 +178,7 @@ impl LocalNode {
             name: self.identity.name.clone(),
             address,
             is_self: true,
-            status: "online",
+            status: "online".into(),
             os: self.os.clone(),
             cpu: Cpu {
                 model: self.cpu_model.clone(),

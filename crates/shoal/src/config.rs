@@ -23,6 +23,35 @@ pub struct Config {
     pub cache: Cache,
     pub models: Models,
     pub content_filter: ContentFilter,
+    pub cluster: ClusterSettings,
+}
+
+/// Joining a cluster: off unless a secret is set.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterSettings {
+    /// Shared by every node; signs all control messages. Empty: no cluster.
+    pub secret: String,
+    /// Other nodes' API addresses (`host:port`) for networks without multicast.
+    pub peers: Vec<String>,
+    /// Announce and find nodes on the LAN with mDNS.
+    pub mdns: bool,
+    /// Seconds without a heartbeat before a node shows as unreachable.
+    pub unreachable_after_secs: u64,
+    /// Seconds without a heartbeat before a node is dropped.
+    pub remove_after_secs: u64,
+}
+
+impl Default for ClusterSettings {
+    fn default() -> Self {
+        ClusterSettings {
+            secret: String::new(),
+            peers: Vec::new(),
+            mdns: true,
+            unreachable_after_secs: 3,
+            remove_after_secs: 20,
+        }
+    }
 }
 
 /// Which models stay in memory.
@@ -187,6 +216,16 @@ const SETTINGS: &[Setting] = &[
     ),
     setting("content_filter", "phrases", Some("SHOAL_BLOCK"), "--block"),
     setting(
+        "cluster",
+        "secret",
+        Some("SHOAL_CLUSTER_SECRET"),
+        "--cluster-secret",
+    ),
+    setting("cluster", "peers", Some("SHOAL_PEERS"), "--peer"),
+    setting("cluster", "mdns", Some("SHOAL_MDNS"), "--no-mdns"),
+    setting("cluster", "unreachable_after_secs", None, "(file only)"),
+    setting("cluster", "remove_after_secs", None, "(file only)"),
+    setting(
         "content_filter",
         "patterns",
         Some("SHOAL_BLOCK_REGEX"),
@@ -269,6 +308,17 @@ pub struct Flags {
     /// default 1800) [env: SHOAL_IDLE_UNLOAD_SECS].
     #[arg(long)]
     pub idle_unload_secs: Option<u64>,
+    /// Join a cluster: the secret every node shares (signs heartbeats and
+    /// control requests) [env: SHOAL_CLUSTER_SECRET].
+    #[arg(long, value_name = "SECRET")]
+    pub cluster_secret: Option<String>,
+    /// Another node's API address, HOST:PORT (repeatable; for networks without
+    /// multicast) [env: SHOAL_PEERS, comma-separated].
+    #[arg(long = "peer", value_name = "HOST:PORT")]
+    pub peers: Vec<String>,
+    /// Do not announce or look for nodes with mDNS [env: SHOAL_MDNS=false].
+    #[arg(long)]
+    pub no_mdns: bool,
 }
 
 /// Values one layer (environment or flags) sets; `None` leaves the value below.
@@ -289,6 +339,9 @@ struct Overrides {
     memory_budget_mb: Option<u64>,
     idle_unload_secs: Option<u64>,
     log_format: Option<crate::LogFormat>,
+    cluster_secret: Option<String>,
+    peers: Option<Vec<String>>,
+    mdns: Option<bool>,
 }
 
 impl Overrides {
@@ -329,6 +382,15 @@ impl Overrides {
                         .map_err(|e| anyhow!("environment variable SHOAL_LOG_FORMAT={v:?}: {e}"))
                 })
                 .transpose()?,
+            cluster_secret: var("SHOAL_CLUSTER_SECRET"),
+            peers: var("SHOAL_PEERS").map(|v| {
+                v.split([',', '\n'])
+                    .map(str::trim)
+                    .filter(|p| !p.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            }),
+            mdns: parsed("SHOAL_MDNS", var("SHOAL_MDNS"))?,
         })
     }
 
@@ -350,6 +412,9 @@ impl Overrides {
             memory_budget_mb: f.memory_budget_mb,
             idle_unload_secs: f.idle_unload_secs,
             log_format: None,
+            cluster_secret: f.cluster_secret.clone(),
+            peers: list(&f.peers),
+            mdns: f.no_mdns.then_some(false),
         }
     }
 }
@@ -530,6 +595,18 @@ impl Resolved {
             c.server.log_format = v;
             set("server.log_format");
         }
+        if let Some(v) = o.cluster_secret {
+            c.cluster.secret = v;
+            set("cluster.secret");
+        }
+        if let Some(v) = o.peers {
+            c.cluster.peers = v;
+            set("cluster.peers");
+        }
+        if let Some(v) = o.mdns {
+            c.cluster.mdns = v;
+            set("cluster.mdns");
+        }
     }
 
     /// The global `--log-format` flag, which is parsed before the settings.
@@ -598,6 +675,10 @@ impl Resolved {
         shown.model.path = Some(self.config.model_path());
         shown.model.id = Some(self.config.model_id());
         shown.server.db = self.config.db_path().ok();
+        if !shown.cluster.secret.is_empty() {
+            // Shown as set, never printed.
+            shown.cluster.secret = "(set)".into();
+        }
         let table = toml::Table::try_from(&shown).context("rendering the config as TOML")?;
         let mut out = String::from("# Effective settings for `shoal serve`");
         match &self.file {
@@ -657,6 +738,20 @@ impl Config {
                 .then(|| std::time::Duration::from_secs(self.models.idle_unload_secs)),
             hub: shoal_models::HubOptions::from_env(),
         })
+    }
+
+    /// Cluster settings for the server, when a secret is set.
+    pub fn cluster_options(&self) -> Option<shoal_cluster::ClusterOptions> {
+        let c = &self.cluster;
+        if c.secret.is_empty() {
+            return None;
+        }
+        let mut o = shoal_cluster::ClusterOptions::new(&c.secret, c.peers.clone());
+        o.mdns = c.mdns;
+        o.unreachable_after = std::time::Duration::from_secs(c.unreachable_after_secs.max(1));
+        o.remove_after =
+            std::time::Duration::from_secs(c.remove_after_secs.max(c.unreachable_after_secs + 1));
+        Some(o)
     }
 
     /// The conversation store file: the configured one or the default.

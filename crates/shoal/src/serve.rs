@@ -30,6 +30,7 @@ pub fn run(a: Args) -> Result<()> {
     pool.insert(engine, cfg.model.aliases.clone());
     let mut state = shoal::open_store(AppState::with_pool(pool), &cfg);
     state.log_prompts = cfg.server.log_prompts;
+    state.cluster_options = cfg.cluster_options();
     let addr = SocketAddr::new(cfg.server.host, cfg.server.port);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

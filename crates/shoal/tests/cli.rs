@@ -708,12 +708,18 @@ fn pull_list_and_remove_models_from_a_fixture_hub() {
     let hub = HubFixture::start(vec![FixtureRepo {
         id: "test/SmolLM2-GGUF".into(),
         commit: "2222222222222222222222222222222222222222".into(),
-        files: vec![FixtureFile::new("SmolLM2-135M-Instruct.Q4_1.gguf", bytes, true)],
+        files: vec![FixtureFile::new(
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+            bytes,
+            true,
+        )],
         token: None,
     }]);
     let cli = |args: &[&str]| {
         let mut c = shoal_isolated(&dir);
-        c.env("HF_ENDPOINT", &hub.endpoint).arg("--log-format").arg("text");
+        c.env("HF_ENDPOINT", &hub.endpoint)
+            .arg("--log-format")
+            .arg("text");
         c.args(args);
         output(&mut c)
     };
@@ -745,11 +751,19 @@ fn pull_list_and_remove_models_from_a_fixture_hub() {
     let (ok, table, _) = cli(&["models", "--model", model_arg]);
     assert!(ok);
     assert!(table.starts_with("ID"), "{table}");
-    assert!(table.lines().any(|l| l.starts_with(id) && l.contains("Q4_1")), "{table}");
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with(id) && l.contains("Q4_1")),
+        "{table}"
+    );
 
     let (ok, _, err) = cli(&["pull", "test/absent"]);
     assert!(!ok);
-    assert!(err.contains("test/absent@main was not found on the hub"), "{err}");
+    assert!(
+        err.contains("test/absent@main was not found on the hub"),
+        "{err}"
+    );
     let (ok, _, err) = cli(&["pull", "not a repo"]);
     assert!(!ok && err.contains("ORG/NAME"), "{err}");
 
@@ -768,11 +782,21 @@ fn pull_list_and_remove_models_from_a_fixture_hub() {
 fn log_format_comes_from_the_config_file() {
     let dir = temp_dir("log-format-file");
     let file = dir.join("shoal.toml");
-    std::fs::write(&file, "[server]\nlog_format = \"json\"\n\n[models]\nidle_unload_secs = 60\n").expect("write");
+    std::fs::write(
+        &file,
+        "[server]\nlog_format = \"json\"\n\n[models]\nidle_unload_secs = 60\n",
+    )
+    .expect("write");
     let (ok, out, err) = output(shoal_isolated(&dir).args(["config", "--config"]).arg(&file));
     assert!(ok, "{err}");
-    assert!(out.contains("log_format = \"json\"  # config file"), "{out}");
-    assert!(out.contains("idle_unload_secs = 60  # config file"), "{out}");
+    assert!(
+        out.contains("log_format = \"json\"  # config file"),
+        "{out}"
+    );
+    assert!(
+        out.contains("idle_unload_secs = 60  # config file"),
+        "{out}"
+    );
     assert!(out.contains("memory_budget_mb = 0  # default"), "{out}");
     let (server, _) = start_server(&dir, |c| {
         c.args(["serve", "--port", "0", "--config"])
@@ -786,4 +810,171 @@ fn log_format_comes_from_the_config_file() {
     let first = log.lines().next().expect("a log line");
     let v: Value = serde_json::from_str(first).unwrap_or_else(|e| panic!("not JSON ({e}): {log}"));
     assert!(v["fields"]["message"].is_string(), "{v}");
+}
+
+/// A GET with extra headers; returns the status and the JSON body.
+fn get_with(addr: &str, path: &str, headers: &[(&str, String)]) -> (u16, Value) {
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{extra}Connection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    let (head, body) = response.split_once("\r\n\r\n").expect("HTTP response");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status");
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+/// Polls `addr`'s node list until `done` holds (or 30 s pass); returns it.
+fn wait_nodes(addr: &str, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let nodes = get_json(addr, "/v1/cluster/nodes")["nodes"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if done(&nodes) || std::time::Instant::now() > deadline {
+            return nodes;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+}
+
+/// Three nodes on loopback find each other from one static peer each
+/// (gossip does the rest), report plausible status, refuse a node with the
+/// wrong secret, and see a killed node become unreachable, then go.
+#[test]
+fn cluster_nodes_join_report_status_refuse_strangers_and_drop_the_dead() {
+    let node = |name: &str, secret: &str, peer: Option<&str>| {
+        let dir = temp_dir(&format!("cluster-{name}"));
+        let cfg = dir.join("shoal.toml");
+        std::fs::write(
+            &cfg,
+            "[cluster]\nunreachable_after_secs = 2\nremove_after_secs = 6\n",
+        )
+        .expect("config");
+        let (server, addr) = start_server(&dir, |c| {
+            c.args([
+                "serve",
+                "--port",
+                "0",
+                "--prefix-cache-mb",
+                "0",
+                "--no-mdns",
+            ])
+            .args(["--cluster-secret", secret, "--config"])
+            .arg(&cfg)
+            .arg("--model")
+            .arg(gguf());
+            if let Some(p) = peer {
+                c.args(["--peer", p]);
+            }
+        });
+        let me = get_json(&addr, "/v1/cluster/nodes")["nodes"][0].clone();
+        (server, addr, me["id"].as_str().expect("id").to_string())
+    };
+    let (_a, a, a_id) = node("a", "s3cret", None);
+    let (_b, b, b_id) = node("b", "s3cret", Some(&a));
+    let (c_server, c, c_id) = node("c", "s3cret", Some(&b));
+    let (_d, d, d_id) = node("d", "wrong", Some(&a));
+    let ids: std::collections::BTreeSet<&str> =
+        [&a_id, &b_id, &c_id, &d_id].map(String::as_str).into();
+    assert_eq!(ids.len(), 4, "each node has its own identity");
+
+    let online = |want: usize| {
+        move |n: &[Value]| n.len() == want && n.iter().all(|x| x["status"] == "online")
+    };
+    for addr in [&a, &b, &c] {
+        let nodes = wait_nodes(addr, online(3));
+        let got: std::collections::BTreeSet<&str> =
+            nodes.iter().filter_map(|n| n["id"].as_str()).collect();
+        assert_eq!(
+            got,
+            [&a_id, &b_id, &c_id].map(String::as_str).into(),
+            "{addr}: {nodes:?}"
+        );
+        assert_eq!(nodes.iter().filter(|n| n["self"] == true).count(), 1);
+        for n in &nodes {
+            assert!(n["cpu"]["cores"].as_u64().unwrap_or(0) >= 1, "{n}");
+            let total = n["memory"]["total_bytes"].as_u64().unwrap_or(0);
+            let used = n["memory"]["used_bytes"].as_u64().unwrap_or(0);
+            assert!(total >= used && used > 0, "{n}");
+            assert_eq!(n["backend"], "cpu");
+            assert!(n["os"].as_str().is_some_and(|s| !s.is_empty()));
+            assert_eq!(n["models"][0]["id"], shoal::id_from_path(&gguf()));
+            assert!(
+                n["models"][0]["memory_bytes"].as_u64().unwrap_or(0) > 100 << 20,
+                "{n}"
+            );
+            assert!(n["requests"]["in_flight"].is_u64() && n["address"].is_string());
+        }
+    }
+    // The node with the wrong secret is not let in, and sees no one.
+    let d_view = wait_nodes(&d, |_| false);
+    assert_eq!(d_view.len(), 1, "{d_view:?}");
+    assert!(wait_nodes(&a, |_| true)
+        .iter()
+        .all(|n| n["id"] != d_id.as_str()));
+
+    // The control route wants a valid signature.
+    let path = shoal_cluster::STATUS_PATH;
+    let (status, body) = get_with(&a, path, &[]);
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(body["error"]["type"], "authentication_error");
+    let wrong = shoal_cluster::Secret::new("wrong").sign("GET", path, &d_id, &d, b"");
+    assert_eq!(get_with(&a, path, &wrong).0, 401);
+    let right =
+        shoal_cluster::Secret::new("s3cret").sign("GET", path, "tester", "127.0.0.1:9", b"");
+    let (status, body) = get_with(&a, path, &right);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["node"]["id"], a_id.as_str());
+
+    // Events: a snapshot, then the killed node going unreachable and away.
+    let mut stream = std::net::TcpStream::connect(&a).expect("connect");
+    write!(
+        stream,
+        "GET /v1/cluster/events HTTP/1.1\r\nHost: {a}\r\n\r\n"
+    )
+    .expect("send");
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .expect("timeout");
+    drop(c_server);
+    let unreachable = wait_nodes(&a, |n| {
+        n.iter()
+            .any(|x| x["id"] == c_id.as_str() && x["status"] == "unreachable")
+    });
+    assert!(
+        unreachable
+            .iter()
+            .any(|x| x["id"] == c_id.as_str() && x["status"] == "unreachable"),
+        "{unreachable:?}"
+    );
+    let after = wait_nodes(&a, online(2));
+    assert_eq!(after.len(), 2, "{after:?}");
+    let mut seen = String::new();
+    let mut reader = BufReader::new(stream);
+    while !seen.contains("event: removed") {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            break;
+        }
+        seen.push_str(&line);
+    }
+    assert!(seen.contains("event: nodes"), "{seen}");
+    let lost = seen
+        .find("event: unreachable")
+        .expect("an unreachable event");
+    let removed = seen.find("event: removed").expect("a removed event");
+    assert!(lost < removed && seen[lost..].contains(&c_id), "{seen}");
 }
