@@ -8,18 +8,23 @@ use crate::error::{ApiError, ErrorKind};
 /// A request body as handlers receive it: reading can fail (too large, cut off).
 pub type Body = Result<Bytes, BytesRejection>;
 
+/// The error for a body over the size limit.
+pub fn too_large() -> ApiError {
+    ApiError {
+        kind: ErrorKind::TooLarge,
+        message: format!("request body exceeds {} bytes", crate::MAX_BODY_BYTES),
+        param: None,
+        code: Some("request_too_large"),
+    }
+}
+
 /// Parses a request body, turning read, syntax and type errors into 4xx
 /// errors that say where the problem is, instead of axum's plain-text rejections.
 pub fn parse<T: DeserializeOwned>(body: &Body) -> Result<T, ApiError> {
     let body = match body {
         Ok(b) => b,
         Err(r) if r.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE => {
-            return Err(ApiError {
-                kind: ErrorKind::TooLarge,
-                message: format!("request body exceeds {} bytes", crate::MAX_BODY_BYTES),
-                param: None,
-                code: Some("request_too_large"),
-            })
+            return Err(too_large())
         }
         Err(r) => {
             return Err(ApiError::invalid(format!(

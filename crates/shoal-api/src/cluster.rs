@@ -18,8 +18,250 @@ use crate::AppState;
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route(shoal_cluster::STATUS_PATH, get(status))
+        .route(LOAD_PATH, axum::routing::post(control_load))
+        .route(UNLOAD_PATH, axum::routing::post(control_unload))
         .route("/v1/cluster/nodes", get(nodes))
         .route("/v1/cluster/events", get(events))
+        .route("/v1/instances", get(list_instances).post(place))
+        .route("/v1/instances/{id}", axum::routing::delete(remove_instance))
+}
+
+/// Control routes a node calls on another to place or drop a model.
+const LOAD_PATH: &str = "/v1/cluster/load";
+const UNLOAD_PATH: &str = "/v1/cluster/unload";
+
+#[derive(serde::Deserialize)]
+struct ModelBody {
+    model: String,
+}
+
+async fn control_load(
+    State(s): State<AppState>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, DialectError> {
+    s.verify_peer(&method, &uri, &headers, &body)?;
+    let req: ModelBody = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::invalid(e.to_string()).in_dialect(Dialect::OpenAi))?;
+    let engine = s
+        .pool
+        .engine(&req.model)
+        .await
+        .map_err(|e| e.in_dialect(Dialect::OpenAi))?;
+    Ok(
+        Json(json!({"model": engine.model.id, "memory_bytes": engine.model.info.weight_bytes}))
+            .into_response(),
+    )
+}
+
+async fn control_unload(
+    State(s): State<AppState>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, DialectError> {
+    s.verify_peer(&method, &uri, &headers, &body)?;
+    let req: ModelBody = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::invalid(e.to_string()).in_dialect(Dialect::OpenAi))?;
+    Ok(Json(json!({"model": req.model, "unloaded": s.pool.unload(&req.model)})).into_response())
+}
+
+/// A model placed on a node by `POST /v1/instances`.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Instance {
+    pub id: String,
+    pub model: String,
+    pub sharding: String,
+    pub nodes: Vec<String>,
+    /// The node requests for the model go to.
+    pub entry: String,
+    pub created: u64,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PlaceRequest {
+    model: String,
+    #[serde(default)]
+    nodes: Option<serde_json::Value>,
+    /// `pipeline` is the only scheme; one node needs none.
+    #[serde(default)]
+    #[allow(dead_code)]
+    sharding: Option<String>,
+}
+
+fn bad(message: impl Into<String>) -> DialectError {
+    ApiError::invalid(message).in_dialect(Dialect::OpenAi)
+}
+
+/// An instance as listed: `ready` while its node is up with the model
+/// loaded, `failed` once the node is unreachable or gone, else `unloaded`.
+fn describe(s: &AppState, i: &Instance) -> serde_json::Value {
+    let self_id = s.node.identity().id.clone();
+    let status = if i.entry == self_id {
+        if s.pool.loaded_engine(&i.model).is_some() {
+            "ready"
+        } else {
+            "unloaded"
+        }
+    } else {
+        let peers = s.cluster().map(|c| c.peers()).unwrap_or_default();
+        match peers.iter().find(|p| p.id == i.entry) {
+            Some(p) if p.status == "online" && p.models.iter().any(|m| m.id == i.model) => "ready",
+            Some(p) if p.status == "online" => "unloaded",
+            _ => "failed",
+        }
+    };
+    let mut v = serde_json::to_value(i).unwrap_or_default();
+    v["object"] = json!("instance");
+    v["status"] = json!(status);
+    v
+}
+
+async fn list_instances(State(s): State<AppState>) -> impl IntoResponse {
+    let all: Vec<serde_json::Value> = s
+        .instances
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .values()
+        .map(|i| describe(&s, i))
+        .collect();
+    Json(json!({"object": "list", "data": all}))
+}
+
+/// Places a model on one node: the named one, or with `"nodes": "auto"` the
+/// online node with the most free memory.
+async fn place(
+    State(s): State<AppState>,
+    body: crate::body::Body,
+) -> Result<Response, DialectError> {
+    let req: PlaceRequest = crate::body::parse(&body).map_err(|e| e.in_dialect(Dialect::OpenAi))?;
+    let self_id = s.node.identity().id.clone();
+    let mut candidates = vec![s.self_status()];
+    if let Some(c) = s.cluster() {
+        candidates.extend(c.peers().into_iter().filter(|p| p.status == "online"));
+    }
+    let chosen: Vec<String> = match &req.nodes {
+        None => vec![self_id.clone()],
+        Some(serde_json::Value::String(a)) if a == "auto" => {
+            let best = candidates
+                .iter()
+                .max_by_key(|n| n.memory.total_bytes.saturating_sub(n.memory.used_bytes))
+                .map(|n| n.id.clone());
+            best.into_iter().collect()
+        }
+        Some(serde_json::Value::Array(ids)) => ids
+            .iter()
+            .map(|v| {
+                v.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| bad("'nodes' lists node ids"))
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(bad("'nodes' is a list of node ids or \"auto\"")),
+    };
+    if chosen.len() != 1 {
+        return Err(ApiError {
+            kind: crate::error::ErrorKind::InvalidRequest,
+            message: "a model split by layers over several nodes (pipeline sharding) is not available yet; place it on one node".into(),
+            param: Some("nodes".into()),
+            code: Some("unsupported_sharding"),
+        }
+        .in_dialect(Dialect::OpenAi));
+    }
+    let node = chosen[0].clone();
+    if !candidates.iter().any(|n| n.id == node) {
+        return Err(
+            ApiError::not_found(format!("no online node '{node}'")).in_dialect(Dialect::OpenAi)
+        );
+    }
+    if node == self_id {
+        s.pool
+            .engine(&req.model)
+            .await
+            .map_err(|e| e.in_dialect(Dialect::OpenAi))?;
+    } else {
+        let cluster = s.cluster().ok_or_else(|| bad("not in a cluster"))?;
+        let addr = cluster.address_of(&node).ok_or_else(|| {
+            ApiError::not_found(format!("no online node '{node}'")).in_dialect(Dialect::OpenAi)
+        })?;
+        let body = json!({"model": req.model}).to_string().into_bytes();
+        let resp = cluster
+            .signed(reqwest::Method::POST, &addr, LOAD_PATH, body)
+            .header("content-type", "application/json")
+            .timeout(std::time::Duration::from_secs(600))
+            .send()
+            .await
+            .map_err(|e| {
+                ApiError::unavailable(format!("node {node}: {e}")).in_dialect(Dialect::OpenAi)
+            })?;
+        if !resp.status().is_success() {
+            let status = resp.status();
+            let text = resp.text().await.unwrap_or_default();
+            let mut out = Response::new(axum::body::Body::from(text));
+            *out.status_mut() = axum::http::StatusCode::from_u16(status.as_u16())
+                .unwrap_or(axum::http::StatusCode::BAD_GATEWAY);
+            out.headers_mut().insert(
+                axum::http::header::CONTENT_TYPE,
+                axum::http::HeaderValue::from_static("application/json"),
+            );
+            return Ok(out);
+        }
+        // The peer's next heartbeat lists the model; wait for it so the
+        // instance is routable when this call returns.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::time::Instant::now() < deadline
+            && !cluster
+                .peers()
+                .iter()
+                .any(|p| p.id == node && p.models.iter().any(|m| m.id == req.model))
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+    let instance = Instance {
+        id: crate::run::new_id("inst_"),
+        model: req.model.clone(),
+        sharding: "none".into(),
+        nodes: vec![node.clone()],
+        entry: node,
+        created: crate::run::now_secs(),
+    };
+    s.instances
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(instance.id.clone(), instance.clone());
+    Ok(Json(describe(&s, &instance)).into_response())
+}
+
+async fn remove_instance(
+    State(s): State<AppState>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Response, DialectError> {
+    let removed = s
+        .instances
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&id)
+        .ok_or_else(|| {
+            ApiError::not_found(format!("no instance '{id}'")).in_dialect(Dialect::OpenAi)
+        })?;
+    if removed.entry == s.node.identity().id {
+        s.pool.unload(&removed.model);
+    } else if let Some((c, addr)) = s
+        .cluster()
+        .and_then(|c| c.address_of(&removed.entry).map(|a| (c, a)))
+    {
+        let body = json!({"model": removed.model}).to_string().into_bytes();
+        let _ = c
+            .signed(reqwest::Method::POST, &addr, UNLOAD_PATH, body)
+            .send()
+            .await;
+    }
+    Ok(Json(json!({"id": id, "object": "instance", "deleted": true})).into_response())
 }
 
 impl AppState {
@@ -126,4 +368,206 @@ async fn events(State(s): State<AppState>) -> Response {
         });
     }
     crate::sse::response(rx)
+}
+
+/// Marks a request one node forwarded to another, so it is never forwarded again.
+pub const FORWARDED_HEADER: &str = "x-shoal-forwarded";
+
+/// Routes whose body names a model and may run on another node.
+const FORWARDABLE: &[&str] = &[
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/responses",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+];
+
+fn dialect_of(path: &str) -> Dialect {
+    if path.starts_with("/v1/messages") {
+        Dialect::Anthropic
+    } else {
+        Dialect::OpenAi
+    }
+}
+
+/// Sends requests for a model this node does not have to a peer that has
+/// it loaded, and streams the peer's answer back unchanged. If the peer
+/// goes away mid-answer, the stream ends with the dialect's error event.
+pub async fn forward(
+    State(s): State<AppState>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let path = req.uri().path().to_string();
+    let Some(cluster) = s.cluster() else {
+        return next.run(req).await;
+    };
+    if req.method() != Method::POST
+        || !FORWARDABLE.contains(&path.as_str())
+        || req.headers().contains_key(FORWARDED_HEADER)
+    {
+        return next.run(req).await;
+    }
+    let (parts, body) = req.into_parts();
+    let bytes = match axum::body::to_bytes(body, crate::MAX_BODY_BYTES).await {
+        Ok(b) => b,
+        Err(_) => {
+            return crate::body::too_large()
+                .in_dialect(dialect_of(&path))
+                .into_response()
+        }
+    };
+    let model = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .and_then(|v| v.get("model").and_then(|m| m.as_str()).map(str::to_string));
+    // A model loaded here is served here; one loaded on a peer goes there
+    // (no second copy in memory); otherwise this node loads it if it can.
+    let target = model
+        .as_deref()
+        .filter(|m| s.pool.loaded_engine(m).is_none())
+        .and_then(|m| {
+            cluster
+                .peers()
+                .into_iter()
+                .find(|p| p.status == "online" && p.models.iter().any(|x| x.id == m))
+        });
+    let Some(peer) = target else {
+        let req = axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes));
+        return next.run(req).await;
+    };
+    let Some(addr) = cluster.address_of(&peer.id) else {
+        let req = axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes));
+        return next.run(req).await;
+    };
+    tracing::info!(model = model.as_deref().unwrap_or(""), peer = %peer.id, "forwarding");
+    proxy(cluster, peer.id, addr, parts, bytes, dialect_of(&path)).await
+}
+
+async fn proxy(
+    cluster: Arc<Cluster>,
+    peer: String,
+    addr: String,
+    parts: axum::http::request::Parts,
+    body: axum::body::Bytes,
+    dialect: Dialect,
+) -> Response {
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or(parts.uri.path(), |p| p.as_str())
+        .to_string();
+    let mut req = cluster
+        .signed(reqwest::Method::POST, &addr, &path, body.to_vec())
+        .header(FORWARDED_HEADER, "1");
+    for name in [
+        "content-type",
+        "accept",
+        "anthropic-version",
+        "anthropic-beta",
+        "authorization",
+        "x-api-key",
+    ] {
+        if let Some(v) = parts.headers.get(name).and_then(|v| v.to_str().ok()) {
+            req = req.header(name, v);
+        }
+    }
+    // Generations can take long: no overall timeout, but the peer's health
+    // is watched while the answer streams.
+    let resp = match req
+        .timeout(std::time::Duration::from_secs(24 * 3600))
+        .send()
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => {
+            return ApiError::unavailable(format!(
+                "node {peer} holding the model did not answer: {e}"
+            ))
+            .in_dialect(dialect)
+            .into_response()
+        }
+    };
+    let status = resp.status();
+    let content_type = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json")
+        .to_string();
+    let sse = content_type.starts_with("text/event-stream");
+    let out_status = axum::http::StatusCode::from_u16(status.as_u16())
+        .unwrap_or(axum::http::StatusCode::BAD_GATEWAY);
+    if !sse {
+        // A whole JSON answer: passed on as one sized body, or an error if
+        // the peer died before finishing it.
+        return match resp.bytes().await {
+            Ok(b) => (
+                out_status,
+                [(axum::http::header::CONTENT_TYPE, content_type)],
+                b,
+            )
+                .into_response(),
+            Err(e) => ApiError::unavailable(format!("node {peer} failed mid-answer: {e}"))
+                .in_dialect(dialect)
+                .into_response(),
+        };
+    }
+    let (tx, rx) =
+        tokio::sync::mpsc::unbounded_channel::<Result<axum::body::Bytes, std::io::Error>>();
+    tokio::spawn(async move {
+        use futures::StreamExt;
+        let mut upstream = resp.bytes_stream();
+        let mut watch = tokio::time::interval(std::time::Duration::from_millis(500));
+        loop {
+            tokio::select! {
+                chunk = upstream.next() => match chunk {
+                    Some(Ok(b)) => {
+                        if tx.send(Ok(b)).is_err() {
+                            return; // client gone: dropping the upstream cancels there
+                        }
+                    }
+                    Some(Err(e)) => {
+                        fail(&tx, sse, dialect, &format!("node {peer} failed mid-answer: {e}"));
+                        return;
+                    }
+                    None => return,
+                },
+                _ = watch.tick() => {
+                    if cluster.address_of(&peer).is_none() {
+                        fail(&tx, sse, dialect, &format!("node {peer} became unreachable mid-answer"));
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
+    let mut out = Response::new(axum::body::Body::from_stream(stream));
+    *out.status_mut() = out_status;
+    if let Ok(v) = axum::http::HeaderValue::from_str(&content_type) {
+        out.headers_mut()
+            .insert(axum::http::header::CONTENT_TYPE, v);
+    }
+    out
+}
+
+/// Ends a forwarded answer with the dialect's error (an SSE error event, or
+/// a cut body for plain JSON, which a client reports as a broken response).
+fn fail(
+    tx: &tokio::sync::mpsc::UnboundedSender<Result<axum::body::Bytes, std::io::Error>>,
+    sse: bool,
+    dialect: Dialect,
+    message: &str,
+) {
+    tracing::warn!("{message}");
+    if sse {
+        let err = ApiError::unavailable(message.to_string()).body(dialect);
+        let frame = match dialect {
+            Dialect::Anthropic => crate::sse::frame(Some("error"), &err.to_string()),
+            Dialect::OpenAi => crate::sse::frame(None, &err.to_string()),
+        };
+        let _ = tx.send(Ok(frame.into()));
+    } else {
+        let _ = tx.send(Err(std::io::Error::other(message.to_string())));
+    }
 }

@@ -54,6 +54,8 @@ pub struct AppState {
     pub cluster_options: Option<shoal_cluster::ClusterOptions>,
     /// The cluster, set when serving starts.
     pub cluster: Arc<std::sync::OnceLock<Arc<shoal_cluster::Cluster>>>,
+    /// Models placed on nodes through `/v1/instances`.
+    pub instances: Arc<std::sync::Mutex<std::collections::BTreeMap<String, cluster::Instance>>>,
 }
 
 /// One request's view of the server: the shared state and the engine of
@@ -95,6 +97,7 @@ impl AppState {
             store: None,
             cluster_options: None,
             cluster: Arc::default(),
+            instances: Arc::default(),
             metrics: Arc::new(metrics::Metrics::new()),
             log_prompts: false,
         }
@@ -243,6 +246,10 @@ pub fn router(state: AppState) -> Router {
         .merge(models::routes())
         .merge(cluster::routes())
         .fallback(fallback)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            cluster::forward,
+        ))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }

@@ -152,6 +152,17 @@ impl ModelPool {
             .named_id(requested)
             .map_or_else(|| requested.to_string(), |n| n.id);
         let mut loaded = lock(&self.loaded);
+        if !loaded.contains_key(&id) {
+            // A repo id names its one GGUF file (`org/name` → `org/name/x.gguf`).
+            let prefix = format!("{id}/");
+            let mut under = loaded.keys().filter(|k| k.starts_with(&prefix));
+            if let (Some(only), None) = (under.next(), under.next()) {
+                let only = only.clone();
+                let slot = loaded.get_mut(&only)?;
+                slot.last_used = Instant::now();
+                return Some(slot.engine.clone());
+            }
+        }
         let slot = loaded.get_mut(&id)?;
         slot.last_used = Instant::now();
         Some(slot.engine.clone())
@@ -163,6 +174,11 @@ impl ModelPool {
             .values()
             .map(|s| s.engine.clone())
             .collect()
+    }
+
+    /// Whether this node can serve `requested` (loaded, named or pulled).
+    pub fn knows(&self, requested: &str) -> bool {
+        self.loaded_engine(requested).is_some() || self.resolve(requested).is_ok()
     }
 
     /// What a name refers to: a named model, else a model in the library.

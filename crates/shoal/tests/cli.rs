@@ -978,3 +978,168 @@ fn cluster_nodes_join_report_status_refuse_strangers_and_drop_the_dead() {
     let removed = seen.find("event: removed").expect("a removed event");
     assert!(lost < removed && seen[lost..].contains(&c_id), "{seen}");
 }
+
+/// Reads an SSE response until it ends; returns everything after the head.
+fn stream_until_end(addr: &str, path: &str, body: &str, on_first: impl FnOnce()) -> String {
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .expect("timeout");
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    let mut reader = BufReader::new(stream);
+    let mut all = String::new();
+    let mut first = Some(on_first);
+    loop {
+        let mut line = String::new();
+        match reader.read_line(&mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        if line.starts_with("data: ") {
+            if let Some(f) = first.take() {
+                f();
+            }
+        }
+        all.push_str(&line);
+    }
+    all
+}
+
+/// A request for a model another node holds is forwarded there and comes
+/// back unchanged; instances place a model on a node; when that node dies
+/// mid-stream the client gets an error event, the instance shows failed,
+/// and the model can be placed again on the survivor.
+#[test]
+fn requests_are_forwarded_and_instances_survive_a_dead_node() {
+    let model = "test/beta";
+    let a_dir = temp_dir("route-a");
+    // Node A has the model on disk (not loaded); B serves it as its model.
+    let snap = a_dir
+        .join("hf-home/hub/models--test--beta/snapshots/3333333333333333333333333333333333333333");
+    std::fs::create_dir_all(&snap).expect("mkdir");
+    std::os::unix::fs::symlink(gguf(), snap.join("SmolLM2-135M-Instruct.Q4_1.gguf")).expect("link");
+    let start = |dir: &Path, extra: &[&str]| {
+        start_server(dir, |c| {
+            c.args([
+                "serve",
+                "--port",
+                "0",
+                "--prefix-cache-mb",
+                "0",
+                "--no-mdns",
+            ])
+            .args(["--cluster-secret", "route", "--model"])
+            .arg(gguf())
+            .args(extra);
+        })
+    };
+    let (_a, a) = start(&a_dir, &["--model-id", "alpha"]);
+    let b_dir = temp_dir("route-b");
+    let (b_server, b) = start(&b_dir, &["--model-id", model, "--peer", &a]);
+    let nodes = wait_nodes(&a, |n| {
+        n.len() == 2 && n.iter().all(|x| x["status"] == "online")
+    });
+    assert_eq!(nodes.len(), 2, "{nodes:?}");
+    let b_id = get_json(&b, "/v1/cluster/nodes")["nodes"][0]["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+
+    // Forwarded: the same greedy answer and usage as asking B directly.
+    let ask = json!({"model": model, "max_tokens": 8, "temperature": 0,
+                     "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+    .to_string();
+    let (status, direct) = post_json(&b, "/v1/chat/completions", &ask);
+    assert_eq!(status, 200, "{direct}");
+    let (status, via_a) = post_json(&a, "/v1/chat/completions", &ask);
+    assert_eq!(status, 200, "{via_a}");
+    assert_eq!(via_a["model"], model);
+    assert_eq!(
+        via_a["choices"][0]["message"],
+        direct["choices"][0]["message"]
+    );
+    assert_eq!(via_a["usage"], direct["usage"]);
+    assert!(get_json(&a, "/v1/models")["data"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .any(
+            |m| m["id"] == format!("{model}/SmolLM2-135M-Instruct.Q4_1.gguf")
+                && m["shoal"]["loaded"] == false
+        ));
+    let claude = json!({"model": model, "max_tokens": 5, "stream": true,
+                        "messages": [{"role": "user", "content": "Hi"}]})
+    .to_string();
+    let sse = stream_until_end(&a, "/v1/messages", &claude, || {});
+    assert!(sse.contains("event: message_stop"), "{sse}");
+    assert!(sse.contains("\"output_tokens\":5"), "{sse}");
+
+    // An instance on B.
+    let (status, inst) = post_json(
+        &a,
+        "/v1/instances",
+        &json!({"model": model, "nodes": [b_id]}).to_string(),
+    );
+    assert_eq!(status, 200, "{inst}");
+    assert_eq!(
+        (inst["status"].as_str(), inst["entry"].as_str()),
+        (Some("ready"), Some(b_id.as_str()))
+    );
+    let (status, err) = post_json(
+        &a,
+        "/v1/instances",
+        &json!({"model": model, "nodes": [b_id, "x"], "sharding": "pipeline"}).to_string(),
+    );
+    assert_eq!(status, 400, "{err}");
+    assert_eq!(err["error"]["code"], "unsupported_sharding");
+
+    // B dies while streaming through A: the stream ends with an error event.
+    let long = json!({"model": model, "prompt": "1, 2, 3, 4, 5,", "max_tokens": 3000,
+                      "temperature": 0, "stream": true})
+    .to_string();
+    let mut b_server = Some(b_server);
+    let started = std::time::Instant::now();
+    let sse = stream_until_end(&a, "/v1/completions", &long, || drop(b_server.take()));
+    assert!(started.elapsed() < std::time::Duration::from_secs(60));
+    let last = sse
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("data: "))
+        .expect("events");
+    assert!(
+        last.contains("\"error\""),
+        "the stream ended without an error event: {last}"
+    );
+    assert!(!sse.contains("[DONE]"));
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let failed = loop {
+        let list = get_json(&a, "/v1/instances");
+        if list["data"][0]["status"] == "failed" || std::time::Instant::now() > deadline {
+            break list;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    };
+    assert_eq!(failed["data"][0]["status"], "failed", "{failed}");
+    // Re-placed on the survivor, which loads it from its own disk.
+    let (status, again) = post_json(
+        &a,
+        "/v1/instances",
+        &json!({"model": model, "nodes": "auto"}).to_string(),
+    );
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["status"], "ready");
+    let (status, local) = post_json(&a, "/v1/chat/completions", &ask);
+    assert_eq!(status, 200, "{local}");
+    assert_eq!(local["usage"], direct["usage"]);
+    assert_eq!(
+        local["choices"][0]["message"],
+        direct["choices"][0]["message"]
+    );
+}
