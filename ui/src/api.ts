@@ -1,5 +1,6 @@
 // The server's HTTP API as the UI uses it. Same-origin relative URLs only:
 // the shoal binary serves this UI at `/` next to `/v1`.
+import { readSse } from './sse';
 
 export interface Usage {
   prompt_tokens: number;
@@ -9,10 +10,54 @@ export interface Usage {
   completion_tokens_details?: { reasoning_tokens?: number } | null;
 }
 
+/** Where a local model came from: pulled from a hub, or a path in the server's config. */
+export type ModelSource = { kind: 'hub'; repo: string; commit: string } | { kind: 'path' };
+
+/** Shoal's own fields of a `/v1/models` entry (an alias has only `alias_of`). */
+export interface ModelDetails {
+  alias_of?: string;
+  architecture?: string | null;
+  quantization?: string | null;
+  context_length?: number | null;
+  format?: string;
+  parameters?: number;
+  size_bytes?: number;
+  path?: string;
+  source?: ModelSource;
+  estimated_memory_bytes?: number;
+  loaded?: boolean;
+  memory_bytes?: number | null;
+  dtype?: string | null;
+  device?: string | null;
+}
+
 export interface ModelInfo {
   id: string;
-  shoal?: { context_length?: number };
+  object?: string;
+  created?: number;
+  owned_by?: string;
+  shoal?: ModelDetails;
 }
+
+/** `GET /v1/models`: the models, then the server's memory and disk figures. */
+export interface ModelList {
+  data: ModelInfo[];
+  shoal?: {
+    memory_budget_bytes?: number;
+    memory_loaded_bytes?: number;
+    /** Bytes the pulled models take on disk. */
+    library_bytes?: number;
+    library_path?: string;
+  };
+}
+
+/** The events of `POST /v1/models/pull`, in order: plan, progress…, file_done per file, then done or error. */
+export type PullEvent =
+  | { type: 'plan'; repo: string; revision: string; commit: string; files: { name: string; size: number }[]; total_bytes: number }
+  | { type: 'progress'; file: string; file_bytes: number; file_total: number; bytes: number; total_bytes: number }
+  | { type: 'file_done'; file: string; verified: boolean; cached: boolean }
+  | { type: 'done'; model: ModelInfo | null }
+  | { type: 'error'; error: { message: string; type?: string; code?: string | null } };
 
 export interface LedgerEntry {
   id: string;
@@ -92,7 +137,72 @@ export async function getJson<T>(url: string, signal?: AbortSignal): Promise<T> 
   return (await res.json()) as T;
 }
 
-export const listModels = () => getJson<{ data: ModelInfo[] }>('/v1/models').then((r) => r.data ?? []);
+export const listModels = () => getJson<ModelList>('/v1/models');
+
+/** `/v1/models/{id}`: ids keep their slashes, each segment encoded. */
+export function modelPath(id: string): string {
+  return `/v1/models/${id.split('/').map(encodeURIComponent).join('/')}`;
+}
+
+/** A request with an optional JSON body; rejects with the server's message unless it answered 2xx. */
+async function request(method: string, url: string, body?: unknown, signal?: AbortSignal): Promise<Response> {
+  let res: Response;
+  try {
+    res = await fetch(url, {
+      method,
+      signal,
+      headers: body === undefined ? { accept: 'application/json' } : { accept: 'application/json', 'content-type': 'application/json' },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+  } catch (e) {
+    if ((e as Error).name === 'AbortError') throw e;
+    throw new ApiError(`cannot reach the server (${(e as Error).message})`, null);
+  }
+  if (!res.ok) throw await apiError(res);
+  return res;
+}
+
+/** Loads a model into memory; 503 (`insufficient_memory`) when it does not fit. */
+export const loadModel = (id: string) => request('POST', `${modelPath(id)}/load`).then((r) => r.json() as Promise<ModelInfo>);
+
+export const unloadModel = (id: string) => request('POST', `${modelPath(id)}/unload`).then((r) => r.json() as Promise<ModelInfo>);
+
+/** Deletes a pulled model's files; the server refuses (400) for the configured model. */
+export const deleteModel = (id: string) =>
+  request('DELETE', modelPath(id)).then((r) => r.json() as Promise<{ id: string; deleted: boolean; shoal?: { freed_bytes?: number } }>);
+
+/**
+ * Pulls `org/name[@rev]` (and `file`, for a repo with several GGUFs) from the
+ * server's hub, calling `onEvent` for each event of the stream. Rejects with
+ * the server's message when it refuses the request (HTTP 400 and the like);
+ * a failure during the download arrives as an `error` event. A stream that
+ * ends without `done` or `error` reports an `error` event too.
+ */
+export async function pullModel(
+  model: string,
+  file: string | undefined,
+  onEvent: (ev: PullEvent) => void,
+  signal?: AbortSignal,
+): Promise<void> {
+  const body: { model: string; file?: string } = { model };
+  if (file) body.file = file;
+  const res = await request('POST', '/v1/models/pull', body, signal);
+  if (!res.body) throw new ApiError('the server sent no progress stream', res.status);
+  let ended = false;
+  for await (const frame of readSse(res.body)) {
+    let ev: PullEvent;
+    try {
+      ev = JSON.parse(frame.data) as PullEvent;
+    } catch {
+      continue;
+    }
+    // The event name and the `type` field say the same; trust the name if they differ.
+    if (frame.event && frame.event !== ev.type) (ev as { type: string }).type = frame.event;
+    if (ev.type === 'done' || ev.type === 'error') ended = true;
+    onEvent(ev);
+  }
+  if (!ended) onEvent({ type: 'error', error: { message: 'the download stream ended before the pull finished' } });
+}
 
 export const usageLedger = (limit: number) =>
   getJson<{ data: LedgerEntry[] }>(`/v1/usage?limit=${limit}`).then((r) => r.data ?? []);

@@ -8,7 +8,6 @@
 // reply). A write that fails is shown and tried again with the next one.
 import { batch } from 'solid-js';
 import { createStore, produce } from 'solid-js/store';
-import { listModels, type ModelInfo } from './api';
 import { buildRequest, streamChat, type StreamResult } from './chat';
 import {
   addAssistantMessage,
@@ -25,6 +24,9 @@ import {
   type Conversation,
   type Message,
 } from './store';
+import { defaultModelId, lib, loadModels, resolveModel } from './models';
+
+export { loadModels };
 
 interface ChatState {
   loaded: boolean;
@@ -34,8 +36,6 @@ interface ChatState {
   storeError: string | null;
   conversations: Conversation[];
   currentId: string | null;
-  models: ModelInfo[];
-  modelsError: string | null;
   /** The reply being streamed, if any (one at a time). */
   streaming: { conversationId: string; messageId: string } | null;
 }
@@ -46,8 +46,6 @@ const [state, setState] = createStore<ChatState>({
   storeError: null,
   conversations: [],
   currentId: null,
-  models: [],
-  modelsError: null,
   streaming: null,
 });
 
@@ -212,15 +210,6 @@ function flush(convId: string): Promise<void> {
 
 // ---- Loading ------------------------------------------------------------------
 
-export async function loadModels(): Promise<void> {
-  try {
-    const models = await listModels();
-    setState({ models, modelsError: models.length ? null : 'The server has no model loaded.' });
-  } catch (e) {
-    setState({ modelsError: `Cannot load the model list: ${(e as Error).message}` });
-  }
-}
-
 /** Loads the stored conversations; chats started on this page meanwhile are kept. */
 export async function loadConversations(): Promise<void> {
   try {
@@ -249,11 +238,15 @@ export function dismissStoreError(): void {
 
 // ---- Actions --------------------------------------------------------------------
 
-/** The model a conversation will use: its own if the server has it, else the first one. */
+/**
+ * The model a conversation will use: its own if the server has it (an alias
+ * stands for the model it names), else the server's configured model.
+ */
 export function effectiveModel(c: Conversation | undefined): string {
-  const ids = state.models.map((m) => m.id);
-  if (c?.settings.model && (ids.length === 0 || ids.includes(c.settings.model))) return c.settings.model;
-  return ids[0] ?? c?.settings.model ?? '';
+  const ids = lib.models.map((m) => m.id);
+  const own = c?.settings.model ? resolveModel(c.settings.model) : '';
+  if (own && (ids.length === 0 || ids.includes(own))) return own;
+  return defaultModelId() || own;
 }
 
 /** Starts a chat at once; the store creates it in the background. */
@@ -262,7 +255,7 @@ export function newChat(): Conversation {
   // A new chat starts from the previous chat's settings (model, prompt, sampling).
   const settings: ChatSettings = prev
     ? { ...prev.settings, stop: [...prev.settings.stop] }
-    : { ...DEFAULT_SETTINGS, model: state.models[0]?.id ?? '' };
+    : { ...DEFAULT_SETTINGS, model: defaultModelId() };
   const now = Date.now();
   const c: Conversation = {
     id: newKey('new'),
@@ -399,6 +392,8 @@ export async function sendMessage(text: string): Promise<void> {
       setState('conversations', (x) => x.id === convId, 'updated', Date.now());
     });
     void flush(convId);
+    // A model that was not in memory loaded for this reply.
+    void loadModels();
   }
 }
 

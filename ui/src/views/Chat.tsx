@@ -16,13 +16,17 @@ import {
   updateSettings,
 } from '../chatState';
 import { FinishBadge } from '../components/FinishBadge';
+import { modelLabel, ModelsPanel } from '../components/ModelsPanel';
 import { UsageStats } from '../components/UsageStats';
 import { renderMarkdown } from '../markdown';
+import { fmtBytes } from '../format';
+import { lib, modelById } from '../models';
 import type { Conversation, Message } from '../store';
 
 export function ChatView() {
   const [draft, setDraft] = createSignal('');
   const [settingsOpen, setSettingsOpen] = createSignal(false);
+  const [modelsOpen, setModelsOpen] = createSignal(false);
   const [sidebarOpen, setSidebarOpen] = createSignal(false);
   let input!: HTMLTextAreaElement;
   let scroller!: HTMLDivElement;
@@ -60,6 +64,8 @@ export function ChatView() {
     if (pinned) queueMicrotask(() => (scroller.scrollTop = scroller.scrollHeight));
   });
   createEffect(on(() => chat.currentId, () => (pinned = true)));
+
+  const chosen = () => modelById(effectiveModel(current()));
 
   return (
     <div class="chat" classList={{ 'sidebar-open': sidebarOpen() }} data-testid="chat-view">
@@ -127,16 +133,60 @@ export function ChatView() {
             <select
               data-testid="model-picker"
               value={effectiveModel(current())}
-              disabled={chat.models.length === 0}
+              disabled={lib.models.length === 0}
               onChange={(e) => updateSettings({ model: e.currentTarget.value })}
             >
-              <Show when={chat.models.length === 0}>
-                <option value="">{chat.modelsError ? 'unavailable' : 'loading…'}</option>
+              <Show when={lib.models.length === 0}>
+                <option value="">{lib.error ? 'unavailable' : 'loading…'}</option>
               </Show>
-              <For each={chat.models}>{(m) => <option value={m.id}>{m.id}</option>}</For>
+              <For each={lib.models}>
+                {(m) => (
+                  <option
+                    value={m.id}
+                    selected={m.id === effectiveModel(current())}
+                    data-quant={m.shoal?.quantization ?? ''}
+                    data-size={m.shoal?.size_bytes ?? ''}
+                    data-loaded={m.shoal?.loaded ? 'true' : 'false'}
+                    data-source={m.shoal?.source?.kind ?? ''}
+                  >
+                    {modelLabel(m)}
+                  </option>
+                )}
+              </For>
             </select>
           </label>
+          <Show when={chosen()}>
+            {(m) => (
+              <Show
+                when={m().shoal?.loaded}
+                fallback={
+                  <span
+                    class="tag model-state"
+                    data-testid="model-state-chosen"
+                    data-loaded="false"
+                    title={`Not in memory: it loads with the next message (about ${fmtBytes(m().shoal?.estimated_memory_bytes)}), so that reply starts later`}
+                  >
+                    loads on first use
+                  </span>
+                }
+              >
+                <span class="tag model-state" data-testid="model-state-chosen" data-loaded="true" title="In memory">
+                  loaded
+                </span>
+              </Show>
+            )}
+          </Show>
           <span class="spacer" />
+          <button
+            class="btn"
+            classList={{ active: modelsOpen() }}
+            data-testid="models-toggle"
+            aria-expanded={modelsOpen()}
+            title="Models on this server: disk and memory use, load, unload, delete, download"
+            onClick={() => setModelsOpen(!modelsOpen())}
+          >
+            Models
+          </button>
           <button
             class="btn"
             classList={{ active: settingsOpen() }}
@@ -151,15 +201,19 @@ export function ChatView() {
           </button>
         </div>
 
+        <Show when={modelsOpen()}>
+          <ModelsPanel selected={effectiveModel(current())} onUse={(id) => updateSettings({ model: id })} />
+        </Show>
+
         <Show when={settingsOpen()}>
           <Show when={current()} keyed>
             {(c) => <SettingsPanel conv={c} />}
           </Show>
         </Show>
 
-        <Show when={chat.modelsError}>
+        <Show when={lib.error}>
           <div class="banner error" role="alert" data-testid="models-error">
-            {chat.modelsError}{' '}
+            {lib.error}{' '}
             <button class="btn small" onClick={() => void loadModels()}>
               Retry
             </button>
