@@ -106,6 +106,7 @@ impl Server {
                 let mut state = shoal::open_store(AppState::with_pool(pool), cfg);
                 state.log_prompts = cfg.server.log_prompts;
                 state.cluster_options = cfg.cluster_options();
+                state.access = Arc::new(cfg.access());
                 inner.state = Some(state);
                 Ok(())
             }

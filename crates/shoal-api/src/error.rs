@@ -24,6 +24,8 @@ pub enum ErrorKind {
     Upstream,
     /// Missing or wrong credentials (API key, cluster signature).
     Unauthorized,
+    /// Credentials fine, request not allowed (a foreign browser origin).
+    Forbidden,
     Internal,
 }
 
@@ -110,6 +112,7 @@ impl ApiError {
             (ErrorKind::Unavailable, _) => StatusCode::SERVICE_UNAVAILABLE,
             (ErrorKind::Upstream, _) => StatusCode::BAD_GATEWAY,
             (ErrorKind::Unauthorized, _) => StatusCode::UNAUTHORIZED,
+            (ErrorKind::Forbidden, _) => StatusCode::FORBIDDEN,
             (ErrorKind::Internal, _) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -124,6 +127,7 @@ impl ApiError {
                     }
                     ErrorKind::Overloaded => "rate_limit_error",
                     ErrorKind::Unauthorized => "authentication_error",
+                    ErrorKind::Forbidden => "permission_error",
                     ErrorKind::Unavailable | ErrorKind::Upstream | ErrorKind::Internal => {
                         "server_error"
                     }
@@ -137,6 +141,7 @@ impl ApiError {
                     ErrorKind::TooLarge => "request_too_large",
                     ErrorKind::Overloaded => "overloaded_error",
                     ErrorKind::Unauthorized => "authentication_error",
+                    ErrorKind::Forbidden => "permission_error",
                     ErrorKind::Unavailable | ErrorKind::Upstream | ErrorKind::Internal => {
                         "api_error"
                     }

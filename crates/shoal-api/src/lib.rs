@@ -1,6 +1,7 @@
 //! Shoal's HTTP API: OpenAI Chat Completions, Completions and Responses, and
 //! Anthropic Messages, all rendered from the engine's one event stream and
 //! final `Completion` record.
+pub mod access;
 pub mod anthropic;
 pub mod body;
 pub mod cluster;
@@ -54,6 +55,8 @@ pub struct AppState {
     pub cluster_options: Option<shoal_cluster::ClusterOptions>,
     /// The cluster, set when serving starts.
     pub cluster: Arc<std::sync::OnceLock<Arc<shoal_cluster::Cluster>>>,
+    /// API keys, browser origins and request limits.
+    pub access: Arc<access::Access>,
     /// Models placed on nodes through `/v1/instances`.
     pub instances: Arc<std::sync::Mutex<std::collections::BTreeMap<String, cluster::Instance>>>,
 }
@@ -98,6 +101,7 @@ impl AppState {
             cluster_options: None,
             cluster: Arc::default(),
             instances: Arc::default(),
+            access: Arc::new(access::Access::default()),
             metrics: Arc::new(metrics::Metrics::new()),
             log_prompts: false,
         }
@@ -158,6 +162,27 @@ impl Served {
         want: Option<Option<usize>>,
         tools: Option<&tools::ToolRequest>,
     ) -> Result<Prompt, ApiError> {
+        let limits = &self.access;
+        if messages.len() > limits.max_messages {
+            return Err(ApiError::param(
+                "messages",
+                format!(
+                    "{} messages is more than this server accepts ({}; server.max_messages)",
+                    messages.len(),
+                    limits.max_messages
+                ),
+            ));
+        }
+        if let Some(t) = tools.filter(|t| t.defs.len() > limits.max_tools) {
+            return Err(ApiError::param(
+                "tools",
+                format!(
+                    "{} tools is more than this server accepts ({}; server.max_tools)",
+                    t.defs.len(),
+                    limits.max_tools
+                ),
+            ));
+        }
         let vocab = &self.engine.model.vocab;
         let mut messages = messages.to_vec();
         let native = vocab
@@ -223,9 +248,14 @@ pub async fn serve_until(
         let n = running.cancel_all();
         tracing::info!(cancelled = n, "shutting down");
     };
-    axum::serve(listener, router(state))
+    let pool = state.pool.clone();
+    let served = axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
-        .await
+        .await;
+    // Free the models before the caller exits the process.
+    let _ = tokio::task::spawn_blocking(move || pool.shutdown(std::time::Duration::from_secs(10)))
+        .await;
+    served
 }
 
 /// Largest accepted request body.
@@ -250,6 +280,11 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             cluster::forward,
         ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            access::guard,
+        ))
+        .layer(access::cors(&state.access))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }

@@ -291,6 +291,20 @@ impl ModelPool {
         gone
     }
 
+    /// Unloads every model and waits (up to `limit` each) for its engine to
+    /// free it: called when the server stops, before the process exits.
+    pub fn shutdown(&self, limit: Duration) {
+        let slots: Vec<Slot> = std::mem::take(&mut *lock(&self.loaded))
+            .into_values()
+            .collect();
+        for slot in slots {
+            let id = slot.engine.model.id.clone();
+            if !slot.engine.stop_and_wait(limit) {
+                tracing::warn!(model = %id, "engine still busy at shutdown");
+            }
+        }
+    }
+
     /// Unloads models idle for longer than the configured time.
     pub fn sweep(&self) {
         let Some(limit) = self.opts.idle_unload else {

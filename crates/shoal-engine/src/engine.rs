@@ -144,6 +144,8 @@ pub struct Engine {
     jobs: SyncSender<Job>,
     pub model: Arc<ModelHandle>,
     pub stats: Arc<EngineStats>,
+    /// Set once the engine thread has freed everything and ended.
+    stopped: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
 }
 
 /// What callers may know about the loaded model.
@@ -169,10 +171,15 @@ impl Engine {
         let blocked = ContentPolicy::new(opts.blocked_phrases.clone(), &opts.blocked_patterns)?;
         let stats = Arc::new(EngineStats::default());
         let thread_stats = stats.clone();
+        let stopped = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+        let thread_stopped = stopped.clone();
         std::thread::Builder::new()
             .name("shoal-engine".into())
             .spawn(move || {
-                let loaded = match loader::load(&path_buf) {
+                let turn = mlx_turn();
+                let loaded = loader::load(&path_buf);
+                drop(turn);
+                let loaded = match loaded {
                     Ok(l) => l,
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
@@ -188,6 +195,9 @@ impl Engine {
                     blocked,
                 };
                 run(loaded.model, loaded.vocab, jobs_rx, cfg);
+                let (done, cv) = &*thread_stopped;
+                *done.lock().unwrap_or_else(|p| p.into_inner()) = true;
+                cv.notify_all();
             })?;
         let (info, vocab) = ready_rx
             .recv()
@@ -196,6 +206,7 @@ impl Engine {
               weight_mb = info.weight_bytes / (1 << 20), "model loaded");
         Ok(Engine {
             jobs: jobs_tx,
+            stopped,
             stats,
             model: Arc::new(ModelHandle {
                 id: id.to_string(),
@@ -205,6 +216,21 @@ impl Engine {
                 vocab,
             }),
         })
+    }
+
+    /// Lets go of this handle and waits (up to `limit`) for the engine
+    /// thread to finish its requests and free the model, so a process can
+    /// exit without tearing MLX down under a running thread. Other handles
+    /// still open keep the engine alive; then this returns false at `limit`.
+    pub fn stop_and_wait(self, limit: std::time::Duration) -> bool {
+        let stopped = self.stopped.clone();
+        drop(self);
+        let (done, cv) = &*stopped;
+        let guard = done.lock().unwrap_or_else(|p| p.into_inner());
+        let (guard, _) = cv
+            .wait_timeout_while(guard, limit, |d| !*d)
+            .unwrap_or_else(|p| p.into_inner());
+        *guard
     }
 
     /// Queues a request. Fails at once if the prompt cannot fit or the queue is full.
@@ -260,6 +286,16 @@ impl Engine {
         }
         req.sampling.validate()
     }
+}
+
+/// MLX is not safe to drive from several threads at once (its streams,
+/// graph evaluation and allocator are shared per process). Each engine runs
+/// on its own thread, so with several models loaded their steps take turns
+/// through this lock; one engine alone never waits on it.
+static MLX: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn mlx_turn() -> std::sync::MutexGuard<'static, ()> {
+    MLX.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The scheduler: admits queued requests in FIFO order up to `max_batch`,
@@ -328,9 +364,12 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
                 let _ = job.events.send(Event::Done(c));
                 continue;
             }
-            let cache = match prefixes.lookup(&job.req.prompt) {
-                Some(hit) => Ok(hit.cache),
-                None => model.new_cache(),
+            let cache = {
+                let _turn = mlx_turn();
+                match prefixes.lookup(&job.req.prompt) {
+                    Some(hit) => Ok(hit.cache),
+                    None => model.new_cache(),
+                }
             };
             match cache {
                 Ok(cache) => prefilling.push(Sequence::new(job, cache)),
@@ -350,6 +389,7 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
         if prefilling.is_empty() && decoding.is_empty() {
             continue;
         }
+        let _turn = mlx_turn();
 
         // 1. Every decoding sequence samples its next token; finished ones
         //    leave the batch (taking their cache back for the prefix cache).
@@ -446,6 +486,11 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
             .decode_micros
             .fetch_add(decode_time.as_micros() as u64, Ordering::Relaxed);
     }
+    // Freeing the weights and caches is MLX work too.
+    let _turn = mlx_turn();
+    drop(batch);
+    drop(prefixes);
+    drop(model);
 }
 
 /// Ends a sequence: final record to its caller, statistics, and its cache

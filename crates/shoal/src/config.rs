@@ -91,6 +91,16 @@ pub struct Server {
     pub log_prompts: bool,
     /// `text` (human-readable) or `json` (one object per line).
     pub log_format: crate::LogFormat,
+    /// Keys clients must send (`Authorization: Bearer` or `x-api-key`); any
+    /// one is accepted. Required to listen beyond loopback.
+    pub api_keys: Vec<String>,
+    /// Browser origins allowed besides the server's own pages and the desktop
+    /// app (`*` for any).
+    pub cors_origins: Vec<String>,
+    /// Most messages one request may carry.
+    pub max_messages: usize,
+    /// Most tools one request may offer.
+    pub max_tools: usize,
 }
 
 impl Default for Server {
@@ -103,6 +113,10 @@ impl Default for Server {
             db: None,
             log_prompts: false,
             log_format: crate::LogFormat::Text,
+            api_keys: Vec::new(),
+            cors_origins: Vec::new(),
+            max_messages: 2048,
+            max_tools: 256,
         }
     }
 }
@@ -192,6 +206,25 @@ const SETTINGS: &[Setting] = &[
         "log_format",
         Some("SHOAL_LOG_FORMAT"),
         "--log-format",
+    ),
+    setting("server", "api_keys", Some("SHOAL_API_KEYS"), "--api-key"),
+    setting(
+        "server",
+        "cors_origins",
+        Some("SHOAL_CORS_ORIGINS"),
+        "--cors-origin",
+    ),
+    setting(
+        "server",
+        "max_messages",
+        Some("SHOAL_MAX_MESSAGES"),
+        "--max-messages",
+    ),
+    setting(
+        "server",
+        "max_tools",
+        Some("SHOAL_MAX_TOOLS"),
+        "--max-tools",
     ),
     setting("model", "path", Some("SHOAL_MODEL"), "--model"),
     setting("model", "id", Some("SHOAL_MODEL_ID"), "--model-id"),
@@ -319,6 +352,21 @@ pub struct Flags {
     /// Do not announce or look for nodes with mDNS [env: SHOAL_MDNS=false].
     #[arg(long)]
     pub no_mdns: bool,
+    /// A key clients must send as `Authorization: Bearer KEY` or `x-api-key`
+    /// (repeatable; needed to listen beyond loopback) [env: SHOAL_API_KEYS,
+    /// comma-separated].
+    #[arg(long = "api-key", value_name = "KEY")]
+    pub api_keys: Vec<String>,
+    /// A browser origin allowed to call the API besides the server's own pages
+    /// and the desktop app (repeatable; `*` for any) [env: SHOAL_CORS_ORIGINS].
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    pub cors_origins: Vec<String>,
+    /// Most messages one request may carry (default 2048) [env: SHOAL_MAX_MESSAGES].
+    #[arg(long)]
+    pub max_messages: Option<usize>,
+    /// Most tools one request may offer (default 256) [env: SHOAL_MAX_TOOLS].
+    #[arg(long)]
+    pub max_tools: Option<usize>,
 }
 
 /// Values one layer (environment or flags) sets; `None` leaves the value below.
@@ -342,6 +390,10 @@ struct Overrides {
     cluster_secret: Option<String>,
     peers: Option<Vec<String>>,
     mdns: Option<bool>,
+    api_keys: Option<Vec<String>>,
+    cors_origins: Option<Vec<String>>,
+    max_messages: Option<usize>,
+    max_tools: Option<usize>,
 }
 
 impl Overrides {
@@ -361,6 +413,13 @@ impl Overrides {
                 .transpose()
         }
         let lines = |v: String| v.split('\n').map(str::to_owned).collect::<Vec<_>>();
+        let commas = |v: String| -> Vec<String> {
+            v.split([',', '\n'])
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .map(str::to_owned)
+                .collect()
+        };
         Ok(Overrides {
             host: parsed("SHOAL_HOST", var("SHOAL_HOST"))?,
             port: parsed("SHOAL_PORT", var("SHOAL_PORT"))?,
@@ -383,14 +442,12 @@ impl Overrides {
                 })
                 .transpose()?,
             cluster_secret: var("SHOAL_CLUSTER_SECRET"),
-            peers: var("SHOAL_PEERS").map(|v| {
-                v.split([',', '\n'])
-                    .map(str::trim)
-                    .filter(|p| !p.is_empty())
-                    .map(str::to_owned)
-                    .collect()
-            }),
+            peers: var("SHOAL_PEERS").map(commas),
             mdns: parsed("SHOAL_MDNS", var("SHOAL_MDNS"))?,
+            api_keys: var("SHOAL_API_KEYS").map(commas),
+            cors_origins: var("SHOAL_CORS_ORIGINS").map(commas),
+            max_messages: parsed("SHOAL_MAX_MESSAGES", var("SHOAL_MAX_MESSAGES"))?,
+            max_tools: parsed("SHOAL_MAX_TOOLS", var("SHOAL_MAX_TOOLS"))?,
         })
     }
 
@@ -415,6 +472,10 @@ impl Overrides {
             cluster_secret: f.cluster_secret.clone(),
             peers: list(&f.peers),
             mdns: f.no_mdns.then_some(false),
+            api_keys: list(&f.api_keys),
+            cors_origins: list(&f.cors_origins),
+            max_messages: f.max_messages,
+            max_tools: f.max_tools,
         }
     }
 }
@@ -607,6 +668,22 @@ impl Resolved {
             c.cluster.mdns = v;
             set("cluster.mdns");
         }
+        if let Some(v) = o.api_keys {
+            c.server.api_keys = v;
+            set("server.api_keys");
+        }
+        if let Some(v) = o.cors_origins {
+            c.server.cors_origins = v;
+            set("server.cors_origins");
+        }
+        if let Some(v) = o.max_messages {
+            c.server.max_messages = v;
+            set("server.max_messages");
+        }
+        if let Some(v) = o.max_tools {
+            c.server.max_tools = v;
+            set("server.max_tools");
+        }
     }
 
     /// The global `--log-format` flag, which is parsed before the settings.
@@ -675,6 +752,10 @@ impl Resolved {
         shown.model.path = Some(self.config.model_path());
         shown.model.id = Some(self.config.model_id());
         shown.server.db = self.config.db_path().ok();
+        // Keys and secrets are shown as set, never printed.
+        for k in shown.server.api_keys.iter_mut() {
+            *k = "(set)".into();
+        }
         if !shown.cluster.secret.is_empty() {
             // Shown as set, never printed.
             shown.cluster.secret = "(set)".into();
@@ -738,6 +819,29 @@ impl Config {
                 .then(|| std::time::Duration::from_secs(self.models.idle_unload_secs)),
             hub: shoal_models::HubOptions::from_env(),
         })
+    }
+
+    /// API keys, allowed origins and request limits for the server.
+    pub fn access(&self) -> shoal_api::access::Access {
+        let mut a = shoal_api::access::Access::default().with_keys(&self.server.api_keys);
+        a.origins.extend(self.server.cors_origins.iter().cloned());
+        a.max_messages = self.server.max_messages.max(1);
+        a.max_tools = self.server.max_tools;
+        a
+    }
+
+    /// Refuses to listen beyond loopback without an API key: a LAN must not
+    /// get an open model server by accident.
+    pub fn check_exposure(&self) -> Result<()> {
+        let keyed = self.server.api_keys.iter().any(|k| !k.is_empty());
+        if !self.server.host.is_loopback() && !keyed {
+            bail!(
+                "listening on {} (beyond this machine) needs an API key: pass --api-key KEY, \
+                 set SHOAL_API_KEYS, or add api_keys to [server] in the config file",
+                self.server.host
+            );
+        }
+        Ok(())
     }
 
     /// Cluster settings for the server, when a secret is set.

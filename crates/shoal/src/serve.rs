@@ -20,6 +20,7 @@ pub fn run(a: Args) -> Result<()> {
         tracing::info!(file = %file.display(), "config file");
     }
     let cfg = resolved.config;
+    cfg.check_exposure()?;
     let path = cfg.model_path();
     // The configured model loads now, so a broken one fails at start; others
     // load on first use.
@@ -31,6 +32,7 @@ pub fn run(a: Args) -> Result<()> {
     let mut state = shoal::open_store(AppState::with_pool(pool), &cfg);
     state.log_prompts = cfg.server.log_prompts;
     state.cluster_options = cfg.cluster_options();
+    state.access = std::sync::Arc::new(cfg.access());
     let addr = SocketAddr::new(cfg.server.host, cfg.server.port);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

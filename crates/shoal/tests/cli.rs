@@ -1143,3 +1143,65 @@ fn requests_are_forwarded_and_instances_survive_a_dead_node() {
         direct["choices"][0]["message"]
     );
 }
+
+/// Listening beyond loopback needs a key; keys and secrets never show in
+/// `shoal config` or in the logs.
+#[test]
+fn exposure_needs_a_key_and_keys_stay_out_of_output() {
+    let dir = temp_dir("exposure");
+    let (ok, _, err) =
+        output(shoal_isolated(&dir).args(["serve", "--host", "0.0.0.0", "--port", "0"]));
+    assert!(!ok);
+    assert!(err.contains("needs an API key"), "{err}");
+
+    let key = "sk-never-print-4242";
+    let (ok, out, err) = output(shoal_isolated(&dir).args([
+        "config",
+        "--api-key",
+        key,
+        "--cluster-secret",
+        "hush-hush-77",
+    ]));
+    assert!(ok, "{err}");
+    assert!(out.contains("api_keys = [\"(set)\"]  # --api-key"), "{out}");
+    assert!(!out.contains(key) && !out.contains("hush-hush-77"), "{out}");
+
+    let (server, addr) = start_server(&dir, |c| {
+        c.args([
+            "--log-format",
+            "json",
+            "serve",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "0",
+            "--api-key",
+            key,
+        ])
+        .arg("--model")
+        .arg(gguf())
+        .env("SHOAL_LOG", "debug");
+    });
+    let port = addr.rsplit(':').next().expect("port");
+    let local = format!("127.0.0.1:{port}");
+    let body = json!({"model": shoal::id_from_path(&gguf()), "max_tokens": 2,
+                      "messages": [{"role": "user", "content": "Hi"}]})
+    .to_string();
+    let mut stream = std::net::TcpStream::connect(&local).expect("connect");
+    write!(
+        stream,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {local}\r\nAuthorization: Bearer {key}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    let (status, _) = post_json(&local, "/v1/chat/completions", &body);
+    assert_eq!(status, 401);
+    drop(server);
+    let log = std::fs::read_to_string(dir.join("stderr.log")).expect("log");
+    assert!(log.contains("request finished"), "{log}");
+    assert!(!log.contains(key), "the key is in the log");
+}

@@ -1,0 +1,269 @@
+//! Access rules on the real default model: API keys (both headers, constant
+//! answers in each dialect's shape), origins and CORS, request limits.
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use shoal_api::access::Access;
+use shoal_api::AppState;
+use shoal_engine::{Engine, EngineOptions};
+
+const MODEL: &str = "smollm2";
+const KEY: &str = "sk-local-7f3a9c";
+
+fn gguf() -> PathBuf {
+    std::env::var("SHOAL_TEST_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| shoal_engine::loader::default_model_path())
+}
+
+/// One engine for every test, alive until the process exits.
+fn engine() -> Engine {
+    static E: std::sync::OnceLock<Engine> = std::sync::OnceLock::new();
+    E.get_or_init(|| Engine::start(&gguf(), MODEL, EngineOptions::default()).expect("load"))
+        .clone()
+}
+
+async fn server(access: Access) -> String {
+    let mut state = AppState::new(engine());
+    state.access = Arc::new(access);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = shoal_api::serve_until(listener, state, std::future::pending()).await;
+    });
+    format!("http://{addr}")
+}
+
+async fn call(
+    method: reqwest::Method,
+    url: String,
+    headers: &[(&str, &str)],
+    body: Option<Value>,
+) -> (u16, reqwest::header::HeaderMap, String) {
+    let mut r = reqwest::Client::new().request(method, url);
+    for (k, v) in headers {
+        r = r.header(*k, *v);
+    }
+    if let Some(b) = body {
+        r = r.json(&b);
+    }
+    let resp = r.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let h = resp.headers().clone();
+    (status, h, resp.text().await.unwrap())
+}
+
+fn chat() -> Value {
+    json!({"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})
+}
+
+fn messages() -> Value {
+    json!({"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})
+}
+
+#[tokio::test]
+async fn keys_are_required_in_both_headers_and_refusals_use_each_dialects_shape() {
+    let base = server(Access::default().with_keys(&[KEY.into(), "second-key".into()])).await;
+    let post = reqwest::Method::POST;
+    let (status, _, body) = call(
+        post.clone(),
+        format!("{base}/v1/chat/completions"),
+        &[],
+        Some(chat()),
+    )
+    .await;
+    assert_eq!(status, 401, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["type"], "authentication_error");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("API key is required"));
+
+    let (status, _, body) = call(
+        post.clone(),
+        format!("{base}/v1/messages"),
+        &[("x-api-key", "nope")],
+        Some(messages()),
+    )
+    .await;
+    assert_eq!(status, 401, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (v["type"].as_str(), v["error"]["type"].as_str()),
+        (Some("error"), Some("authentication_error"))
+    );
+    assert_eq!(v["error"]["message"], "invalid API key");
+
+    let bearer = format!("Bearer {KEY}");
+    let (status, _, body) = call(
+        post.clone(),
+        format!("{base}/v1/chat/completions"),
+        &[("authorization", &bearer)],
+        Some(chat()),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _, body) = call(
+        post.clone(),
+        format!("{base}/v1/messages"),
+        &[("x-api-key", "second-key")],
+        Some(messages()),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // A key of the right length but wrong bytes, and a prefix of a key.
+    for wrong in ["sk-local-7f3a9d", "sk-local"] {
+        let h = format!("Bearer {wrong}");
+        let (status, _, _) = call(
+            post.clone(),
+            format!("{base}/v1/chat/completions"),
+            &[("authorization", &h)],
+            Some(chat()),
+        )
+        .await;
+        assert_eq!(status, 401, "{wrong}");
+    }
+
+    let get = reqwest::Method::GET;
+    for (path, open) in [
+        ("/health", true),
+        ("/", true),
+        ("/metrics", false),
+        ("/v1/models", false),
+        ("/v1/usage", false),
+        ("/v1/cluster/nodes", false),
+    ] {
+        let (status, _, _) = call(get.clone(), format!("{base}{path}"), &[], None).await;
+        assert_eq!(status == 401, !open, "{path}: {status}");
+    }
+    let (status, _, usage) = call(
+        get.clone(),
+        format!("{base}/v1/usage"),
+        &[("x-api-key", KEY)],
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(
+        !usage.contains(KEY) && !usage.contains("second-key"),
+        "a key leaked into the ledger"
+    );
+    assert!(usage.contains("openai.chat") && usage.contains("anthropic.messages"));
+}
+
+#[tokio::test]
+async fn foreign_origins_are_refused_and_only_allowed_ones_get_cors() {
+    let mut access = Access::default();
+    access.origins.push("http://localhost:5173".into());
+    let base = server(access).await;
+    let host = base.trim_start_matches("http://").to_string();
+    let post = reqwest::Method::POST;
+    let url = format!("{base}/v1/chat/completions");
+    let (status, _, body) = call(
+        post.clone(),
+        url.clone(),
+        &[("origin", "http://evil.example")],
+        Some(chat()),
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["code"], "origin_not_allowed");
+    // A text/plain "simple" request (no preflight in a browser) is refused too.
+    let resp = reqwest::Client::new()
+        .post(&url)
+        .header("origin", "http://evil.example")
+        .header("content-type", "text/plain")
+        .body(chat().to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 403);
+
+    let own = format!("http://{host}");
+    let (status, _, body) =
+        call(post.clone(), url.clone(), &[("origin", &own)], Some(chat())).await;
+    assert_eq!(status, 200, "the server's own pages: {body}");
+    for allowed in ["tauri://localhost", "http://localhost:5173"] {
+        let (status, h, body) = call(
+            post.clone(),
+            url.clone(),
+            &[("origin", allowed)],
+            Some(chat()),
+        )
+        .await;
+        assert_eq!(status, 200, "{allowed}: {body}");
+        assert_eq!(h["access-control-allow-origin"], allowed);
+    }
+    let preflight = |origin: &'static str| {
+        reqwest::Client::new()
+            .request(reqwest::Method::OPTIONS, url.clone())
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header(
+                "access-control-request-headers",
+                "content-type,authorization",
+            )
+            .send()
+    };
+    let ok = preflight("http://localhost:5173").await.unwrap();
+    assert_eq!(
+        ok.headers()["access-control-allow-origin"],
+        "http://localhost:5173"
+    );
+    let evil = preflight("http://evil.example").await.unwrap();
+    assert!(evil.headers().get("access-control-allow-origin").is_none());
+}
+
+#[tokio::test]
+async fn message_and_tool_counts_are_bounded() {
+    let mut access = Access::default();
+    access.max_messages = 3;
+    access.max_tools = 1;
+    let base = server(access).await;
+    let post = reqwest::Method::POST;
+    let many: Vec<Value> = (0..4)
+        .map(|i| json!({"role": if i % 2 == 0 {"user"} else {"assistant"}, "content": "x"}))
+        .collect();
+    let (status, _, body) = call(
+        post.clone(),
+        format!("{base}/v1/chat/completions"),
+        &[],
+        Some(json!({"model": MODEL, "messages": many})),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["error"]["param"],
+        "messages"
+    );
+    let tool = |n: &str| json!({"name": n, "input_schema": {"type": "object"}});
+    let (status, _, body) = call(
+        post.clone(),
+        format!("{base}/v1/messages"),
+        &[],
+        Some(
+            json!({"model": MODEL, "max_tokens": 4, "tools": [tool("a"), tool("b")],
+                    "messages": [{"role": "user", "content": "x"}]}),
+        ),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("2 tools"),
+        "{v}"
+    );
+    // Within the limits all is well.
+    let (status, _, body) = call(
+        post,
+        format!("{base}/v1/chat/completions"),
+        &[],
+        Some(chat()),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+}
