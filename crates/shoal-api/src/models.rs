@@ -79,6 +79,18 @@ fn gib(bytes: u64) -> String {
     format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
 }
 
+/// A model whose files are damaged (truncated, corrupt, missing parts):
+/// the request cannot be served, but the server and other models are fine.
+fn broken(id: &str, what: &str, e: impl std::fmt::Display) -> ApiError {
+    tracing::warn!(model = %id, error = %e, "model {what}");
+    ApiError {
+        kind: ErrorKind::Unavailable,
+        message: format!("model '{id}' {what}: {e}"),
+        param: Some("model".into()),
+        code: Some("model_unavailable"),
+    }
+}
+
 fn insufficient(message: String) -> ApiError {
     ApiError {
         kind: ErrorKind::Unavailable,
@@ -207,7 +219,7 @@ impl ModelPool {
         let card = tokio::task::spawn_blocking(move || ModelCard::read(&card_path))
             .await
             .map_err(|e| ApiError::internal(format!("reading the model: {e}")))?
-            .map_err(|e| ApiError::internal(format!("model '{id}' cannot be read: {e}")))?;
+            .map_err(|e| broken(&id, "cannot be read", e))?;
         let need = card.weight_memory(self.gpu);
         self.make_room(&id, need)?;
         let opts = self.opts.engine.clone();
@@ -216,7 +228,7 @@ impl ModelPool {
         let engine = tokio::task::spawn_blocking(move || Engine::start(&load_path, &load_id, opts))
             .await
             .map_err(|e| ApiError::internal(format!("loading the model: {e}")))?
-            .map_err(|e| ApiError::internal(format!("model '{id}' failed to load: {e}")))?;
+            .map_err(|e| broken(&id, "failed to load", e))?;
         tracing::info!(model = %id, estimate_mb = need >> 20,
             memory_mb = engine.model.info.weight_bytes >> 20,
             ms = started.elapsed().as_millis() as u64, "model loaded on demand");

@@ -394,3 +394,50 @@ async fn deleting_and_pull_errors_answer_in_the_openai_shape() {
     .await;
     assert_eq!(status, 400, "{text}");
 }
+
+/// Damaged model files fail their own requests with a clear 503, in each
+/// dialect's shape, while the server goes on serving the good model.
+#[tokio::test]
+async fn truncated_and_corrupt_models_fail_clearly_and_the_server_keeps_serving() {
+    let hub = hub();
+    let home = temp("damaged");
+    let bytes = std::fs::read(gguf()).unwrap();
+    let truncated = home.join("truncated.gguf");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 3]).unwrap();
+    let corrupt = home.join("corrupt.gguf");
+    let mut garbled = bytes.clone();
+    // Keep the magic, garble the header after it.
+    for b in garbled.iter_mut().skip(8).take(4096) {
+        *b = 0xA5;
+    }
+    std::fs::write(&corrupt, &garbled).unwrap();
+    let not_gguf = home.join("text.gguf");
+    std::fs::write(&not_gguf, b"this is not a model").unwrap();
+    let pool = ModelPool::new(options(&hub, &home));
+    pool.add_named(DEFAULT, gguf(), vec![]);
+    for (id, path) in [
+        ("truncated", &truncated),
+        ("corrupt", &corrupt),
+        ("text", &not_gguf),
+    ] {
+        pool.add_named(id, path.clone(), vec![]);
+    }
+    let base = serve(pool).await;
+    for id in ["truncated", "corrupt", "text"] {
+        let (status, v) = chat(&base, id).await;
+        assert_eq!(status, 503, "{id}: {v}");
+        assert_eq!(v["error"]["code"], "model_unavailable", "{id}: {v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains(id), "{v}");
+        let (status, v) = post_json(
+            &base,
+            "/v1/messages",
+            json!({"model": id, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}),
+        )
+        .await;
+        assert_eq!(status, 503, "{id}: {v}");
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["type"], "api_error");
+        let (status, v) = chat(&base, DEFAULT).await;
+        assert_eq!(status, 200, "after {id}: {v}");
+    }
+}
