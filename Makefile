@@ -14,7 +14,7 @@ CARGO      := cargo
 SHOAL      := $(ROOT)/target/release/shoal
 APT_PKGS   := libopenblas-dev chromium
 
-.PHONY: run test test-ui ui setup deps-apt mlx models pyenv build lint bench clean-cache desktop deps-desktop
+.PHONY: run test test-ui ui setup deps-apt mlx models pyenv build lint bench fuzz clean-cache desktop deps-desktop
 
 ## Serve the API (OpenAI + Anthropic dialects) on the default model at 127.0.0.1:8421.
 run: build
@@ -114,6 +114,16 @@ src-tauri/node_modules/.package-lock.json: src-tauri/package.json src-tauri/pack
 ## Shoal vs mlx-lm on the same weights, side by side.
 bench: build models
 	@bash tools/bench.sh
+
+## Structured fuzzing (proptest): request parsers of every dialect, chat templates (hostile ones
+## included), the tool-call parser, stop sequences and the incremental detokenizer. FUZZ_CASES
+## cases per target (default 20000), bounded by FUZZ_SECONDS (default 900). `make test` runs the
+## same targets with 256 cases each. Failures are saved under proptest-regressions/ and replayed.
+FUZZ_CASES   ?= 20000
+FUZZ_SECONDS ?= 900
+fuzz: setup
+	@PROPTEST_CASES=$(FUZZ_CASES) timeout $(FUZZ_SECONDS) $(CARGO) test --release -p shoal-engine -p shoal-api --lib fuzz_tests 2>&1 | tee $(CACHE)/fuzz.log | grep -E "^test |^test result"
+	@grep -E "^test result:" $(CACHE)/fuzz.log | awk -v n=$(FUZZ_CASES) '{p+=$$4; f+=$$6} END {print "fuzz: " p " targets passed (" n " cases each), " f " failed"; if (p == 0 || f > 0) exit 1}'
 
 clean-cache:
 	rm -rf $(CACHE)

@@ -217,7 +217,7 @@ fn to_messages(
 }
 
 /// `tools` and `tool_choice`: `{"type": "auto" | "any" | "tool" | "none", "name"}`.
-fn tool_request(
+pub(crate) fn tool_request(
     tools: Option<&Vec<AnthropicTool>>,
     choice: Option<&Value>,
 ) -> Result<Option<ToolRequest>, ApiError> {

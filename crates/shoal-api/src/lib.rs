@@ -7,6 +7,8 @@ pub mod body;
 pub mod cluster;
 pub mod conversations;
 pub mod error;
+#[cfg(test)]
+mod fuzz_tests;
 pub mod ledger;
 pub mod metrics;
 pub mod models;

@@ -69,7 +69,7 @@ pub fn effort_budget(param: &str, effort: &str) -> Result<Option<Option<usize>>,
 }
 
 /// Whether (and with what budget) a chat request asked for reasoning.
-fn wanted_reasoning(req: &ChatRequest) -> Result<Option<Option<usize>>, ApiError> {
+pub(crate) fn wanted_reasoning(req: &ChatRequest) -> Result<Option<Option<usize>>, ApiError> {
     if let Some(r) = &req.reasoning {
         if r.enabled == Some(false) {
             return Ok(None);
@@ -492,7 +492,7 @@ fn to_messages(state: &Served, msgs: &[InMessage]) -> Result<Vec<ChatMessage>, A
 }
 
 /// `tools` and `tool_choice` of a Chat request.
-fn tool_request(req: &ChatRequest) -> Result<Option<ToolRequest>, ApiError> {
+pub(crate) fn tool_request(req: &ChatRequest) -> Result<Option<ToolRequest>, ApiError> {
     let defs = match &req.tools {
         None => Vec::new(),
         Some(list) => list
@@ -529,7 +529,7 @@ fn tool_request(req: &ChatRequest) -> Result<Option<ToolRequest>, ApiError> {
 }
 
 /// The grammar a `response_format` asks for.
-fn format_grammar(f: Option<&ResponseFormat>) -> Result<Option<Grammar>, ApiError> {
+pub(crate) fn format_grammar(f: Option<&ResponseFormat>) -> Result<Option<Grammar>, ApiError> {
     let Some(f) = f else { return Ok(None) };
     match f.kind.as_str() {
         "text" => Ok(None),

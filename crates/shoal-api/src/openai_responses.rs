@@ -653,7 +653,7 @@ fn prepare(
 }
 
 /// Function tools and `tool_choice` of a Responses request.
-fn tool_request(req: &ResponsesRequest) -> Result<Option<ToolRequest>, ApiError> {
+pub(crate) fn tool_request(req: &ResponsesRequest) -> Result<Option<ToolRequest>, ApiError> {
     let defs: Vec<ToolDef> =
         req.tools
             .iter()
@@ -699,7 +699,7 @@ fn tool_request(req: &ResponsesRequest) -> Result<Option<ToolRequest>, ApiError>
 }
 
 /// `text.format`: `text`, `json_object` or `{"type": "json_schema", "name", "schema"}`.
-fn text_format(text: Option<&Value>) -> Result<Option<Grammar>, ApiError> {
+pub(crate) fn text_format(text: Option<&Value>) -> Result<Option<Grammar>, ApiError> {
     let Some(fmt) = text.and_then(|t| t.get("format")) else {
         return Ok(None);
     };

@@ -11,6 +11,8 @@ pub mod cpu_blas;
 pub mod detok;
 pub mod engine;
 pub mod error;
+#[cfg(test)]
+mod fuzz_tests;
 pub mod loader;
 pub mod model;
 pub mod prefix_cache;

@@ -11,6 +11,9 @@ use crate::error::{EngineError, Result};
 
 const TEMPLATE_NAME: &str = "chat_template";
 
+/// Template instructions one render may run.
+const TEMPLATE_FUEL: u64 = 20_000_000;
+
 /// One chat turn as seen by the template (`message['role']`, `message['content']`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
@@ -60,6 +63,9 @@ impl ChatTemplate {
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_keep_trailing_newline(false);
+        // A hostile template (a model file is untrusted input) must not spin
+        // the server: real templates use a tiny fraction of this.
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);

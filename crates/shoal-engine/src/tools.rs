@@ -133,6 +133,12 @@ pub struct ToolParser {
     /// Whether any non-whitespace text has been seen (a bare Llama 3 call
     /// must open the reply).
     seen_text: bool,
+    /// Whitespace after a call, held until text follows it (then it is
+    /// part of the text) or another call or the end comes (then it was
+    /// layout), so the outcome does not depend on how the text was cut.
+    held_ws: String,
+    /// No text other than whitespace since the last call.
+    after_call: bool,
     head: Regex,
 }
 
@@ -152,6 +158,8 @@ impl ToolParser {
             buf: String::new(),
             calls: 0,
             seen_text: false,
+            held_ws: String::new(),
+            after_call: false,
             head,
         }
     }
@@ -198,6 +206,7 @@ impl ToolParser {
             }
         }
         self.state = State::Text;
+        self.held_ws.clear();
         out
     }
 
@@ -207,6 +216,7 @@ impl ToolParser {
                 if let Some(at) = self.buf.find(OPEN) {
                     let before: String = self.buf[..at].to_string();
                     self.emit_text(before, out);
+                    self.held_ws.clear();
                     self.buf.drain(..at + OPEN.len());
                     self.state = State::Head;
                     return true;
@@ -247,9 +257,16 @@ impl ToolParser {
             return;
         }
         // Whitespace between or after calls is layout, not content.
-        if self.calls > 0 && text.trim().is_empty() {
+        if self.after_call && text.trim().is_empty() {
+            self.held_ws.push_str(&text);
             return;
         }
+        self.after_call = false;
+        let text = if self.held_ws.is_empty() {
+            text
+        } else {
+            std::mem::take(&mut self.held_ws) + &text
+        };
         self.seen_text |= !text.trim().is_empty();
         out.push(ToolOut::Text(text));
     }
@@ -280,6 +297,7 @@ impl ToolParser {
             name,
         });
         self.calls += 1;
+        self.after_call = true;
         self.state = State::Args { sent: 0 };
         true
     }
@@ -342,6 +360,7 @@ impl ToolParser {
             Some((name, args)) => {
                 let index = self.calls;
                 self.calls += 1;
+                self.after_call = true;
                 out.push(ToolOut::Start { index, name });
                 out.push(ToolOut::Args {
                     index,
@@ -453,5 +472,38 @@ mod tests {
             ToolSyntax::Llama3Json
         );
         assert_eq!(ToolSyntax::for_template("<|im_start|>"), ToolSyntax::Hermes);
+    }
+}
+
+/// Found by fuzzing: whitespace in the text after a call was dropped when
+/// it arrived in a piece of its own.
+#[cfg(test)]
+mod cut_regressions {
+    use super::*;
+
+    fn text_of(pieces: &[&str]) -> String {
+        let mut p = ToolParser::new(ToolSyntax::Hermes);
+        let mut outs = Vec::new();
+        for piece in pieces {
+            outs.extend(p.push(piece));
+        }
+        outs.extend(p.finish());
+        outs.into_iter()
+            .filter_map(|o| match o {
+                ToolOut::Text(t) => Some(t),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn text_after_a_call_keeps_its_whitespace_however_it_is_cut() {
+        let call = "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>";
+        let whole = format!("hi{call}aa\naa\n");
+        assert_eq!(text_of(&[&whole]), "hiaa\naa\n");
+        assert_eq!(text_of(&["hi", call, "aa", "\n", "aa", "\n"]), "hiaa\naa\n");
+        // Whitespace right after a call, with nothing after it, is layout.
+        assert_eq!(text_of(&["hi", call, "\n", " "]), "hi");
+        assert_eq!(text_of(&["hi", call, "\n", call, "\n"]), "hi");
     }
 }
