@@ -14,7 +14,7 @@ CARGO      := cargo
 SHOAL      := $(ROOT)/target/release/shoal
 APT_PKGS   := libopenblas-dev chromium
 
-.PHONY: run test test-ui ui setup deps-apt mlx models pyenv build lint bench fuzz clean-cache desktop deps-desktop
+.PHONY: run test test-ui ui setup deps-apt mlx models pyenv build lint bench load fuzz clean-cache desktop deps-desktop
 
 ## Serve the API (OpenAI + Anthropic dialects) on the default model at 127.0.0.1:8421.
 run: build
@@ -114,6 +114,12 @@ src-tauri/node_modules/.package-lock.json: src-tauri/package.json src-tauri/pack
 ## Shoal vs mlx-lm on the same weights, side by side.
 bench: build models
 	@bash tools/bench.sh
+
+## Load test: 64 streaming clients over OpenAI Chat / Responses and Anthropic Messages against
+## `shoal serve --queue 16 --max-batch 8`, with hang-ups and queue overflows, checked against the
+## usage ledger; 60 s of load (SHOAL_LOAD_SECONDS to change it). Ends with `load: PASS` or `load: FAIL`.
+load: build models
+	@"$$(bash tools/setup-pyenv.sh)/bin/python" tests/load/load.py --bin $(SHOAL)
 
 ## Structured fuzzing (proptest): request parsers of every dialect, chat templates (hostile ones
 ## included), the tool-call parser, stop sequences and the incremental detokenizer. FUZZ_CASES
