@@ -30,6 +30,9 @@ pub struct Access {
     pub max_messages: usize,
     /// Most tools one request may offer.
     pub max_tools: usize,
+    /// Longest a request may run; then it stops with a timeout error that
+    /// still carries its usage (`None`: no limit).
+    pub request_timeout: Option<std::time::Duration>,
 }
 
 impl Default for Access {
@@ -39,6 +42,7 @@ impl Default for Access {
             origins: APP_ORIGINS.iter().map(|s| s.to_string()).collect(),
             max_messages: 2048,
             max_tools: 256,
+            request_timeout: Some(std::time::Duration::from_secs(600)),
         }
     }
 }

@@ -475,7 +475,7 @@ impl StreamRenderer {
             }
             Event::Done(c) => {
                 if let FinishReason::Error(msg) = &c.finish {
-                    let err = ApiError::generation_failed(msg).body(Dialect::Anthropic);
+                    let err = run::failure(msg).body(Dialect::Anthropic);
                     out.push(Self::ev("error", err));
                     return out;
                 }
@@ -544,7 +544,7 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
             .first()
             .ok_or_else(|| ApiError::internal("no output").in_dialect(d))?;
         if let FinishReason::Error(msg) = &c.completion().finish {
-            return Err(ApiError::generation_failed(msg).in_dialect(d));
+            return Err(run::failure(msg).in_dialect(d));
         }
         return Ok(Json(message_body(&id, &req.model, c)).into_response());
     }

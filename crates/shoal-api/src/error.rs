@@ -26,6 +26,8 @@ pub enum ErrorKind {
     Unauthorized,
     /// Credentials fine, request not allowed (a foreign browser origin).
     Forbidden,
+    /// The request ran past the server's time limit.
+    Timeout,
     Internal,
 }
 
@@ -113,6 +115,7 @@ impl ApiError {
             (ErrorKind::Upstream, _) => StatusCode::BAD_GATEWAY,
             (ErrorKind::Unauthorized, _) => StatusCode::UNAUTHORIZED,
             (ErrorKind::Forbidden, _) => StatusCode::FORBIDDEN,
+            (ErrorKind::Timeout, _) => StatusCode::GATEWAY_TIMEOUT,
             (ErrorKind::Internal, _) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -128,6 +131,7 @@ impl ApiError {
                     ErrorKind::Overloaded => "rate_limit_error",
                     ErrorKind::Unauthorized => "authentication_error",
                     ErrorKind::Forbidden => "permission_error",
+                    ErrorKind::Timeout => "timeout_error",
                     ErrorKind::Unavailable | ErrorKind::Upstream | ErrorKind::Internal => {
                         "server_error"
                     }
@@ -142,6 +146,7 @@ impl ApiError {
                     ErrorKind::Overloaded => "overloaded_error",
                     ErrorKind::Unauthorized => "authentication_error",
                     ErrorKind::Forbidden => "permission_error",
+                    ErrorKind::Timeout => "timeout_error",
                     ErrorKind::Unavailable | ErrorKind::Upstream | ErrorKind::Internal => {
                         "api_error"
                     }

@@ -403,7 +403,7 @@ impl ChunkRenderer {
                 if let FinishReason::Error(msg) = &c.finish {
                     st.failed = true;
                     out.push(
-                        ApiError::generation_failed(msg)
+                        run::failure(msg)
                             .body(Dialect::OpenAi)
                             .to_string(),
                     );

@@ -231,7 +231,7 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
                 }
                 Event::Done(c) => {
                     if let FinishReason::Error(msg) = &c.finish {
-                        frames.push(ApiError::generation_failed(msg).body(d).to_string());
+                        frames.push(run::failure(msg).body(d).to_string());
                     } else {
                         frames.push(chunk(json!([{"index": i, "text": "", "logprobs": null, "finish_reason": finish_reason(&c.finish)}])).to_string());
                     }

@@ -148,11 +148,14 @@ pub fn status(f: &FinishReason) -> (&'static str, Value, Value) {
             Value::Null,
         ),
         FinishReason::Cancelled => ("cancelled", Value::Null, Value::Null),
-        FinishReason::Error(m) => (
-            "failed",
-            Value::Null,
-            json!({"code": "server_error", "message": format!("generation failed: {m}")}),
-        ),
+        FinishReason::Error(m) => {
+            let e = crate::run::failure(m);
+            (
+                "failed",
+                Value::Null,
+                json!({"code": e.code.unwrap_or("server_error"), "message": e.message}),
+            )
+        }
     }
 }
 

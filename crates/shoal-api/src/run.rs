@@ -203,6 +203,7 @@ pub fn start(state: &Served, job: Job, fmt: LedgerFormat) -> Result<Choices, Api
         }
     }
     let created = now_secs();
+    let limit = state.access.request_timeout;
     // Registered so a server shutdown can end it with a proper final event.
     let running = state.running.register(flags.clone());
     tokio::spawn(
@@ -254,7 +255,29 @@ pub fn start(state: &Served, job: Job, fmt: LedgerFormat) -> Result<Choices, Api
                     prefill_tokens_per_s: first.prefill_tokens_per_s,
                 });
             };
-            while let Some((i, ev)) = merged.next().await {
+            let deadline = limit.map(|l| tokio::time::Instant::now() + l);
+            let mut timed_out = false;
+            loop {
+                let next = match deadline.filter(|_| !timed_out) {
+                    Some(at) => match tokio::time::timeout_at(at, merged.next()).await {
+                        Ok(ev) => ev,
+                        Err(_) => {
+                            // Over the time limit: stop generating; the
+                            // final events below say why.
+                            timed_out = true;
+                            tracing::warn!("request over its time limit; stopping it");
+                            flags.iter().for_each(CancelFlag::cancel);
+                            continue;
+                        }
+                    },
+                    None => merged.next().await,
+                };
+                let Some((i, mut ev)) = next else { break };
+                if let (true, Event::Done(c)) = (timed_out, &mut ev) {
+                    if c.finish == FinishReason::Cancelled {
+                        c.finish = FinishReason::Error(timeout_message(limit));
+                    }
+                }
                 if let Event::Done(c) = &ev {
                     if let Some(slot) = done.get_mut(i) {
                         *slot = Some(c.clone());
@@ -315,9 +338,34 @@ pub fn check_failed(completions: &[Completion]) -> Result<(), ApiError> {
         FinishReason::Error(m) => Some(m),
         _ => None,
     }) {
-        Some(m) => Err(ApiError::generation_failed(m)),
+        Some(m) => Err(failure(m)),
         None => Ok(()),
     }
+}
+
+/// The error a generation that ended in `FinishReason::Error` reports: a
+/// timeout (504) or an engine failure (500).
+pub fn failure(m: &str) -> ApiError {
+    if m.starts_with(TIMEOUT_PREFIX) {
+        ApiError {
+            kind: crate::error::ErrorKind::Timeout,
+            message: m.to_string(),
+            param: None,
+            code: Some("request_timeout"),
+        }
+    } else {
+        ApiError::generation_failed(m)
+    }
+}
+
+const TIMEOUT_PREFIX: &str = "the request exceeded";
+
+fn timeout_message(limit: Option<std::time::Duration>) -> String {
+    format!(
+        "{TIMEOUT_PREFIX} the server's time limit of {} s (server.request_timeout_secs); \
+         the usage counts what was generated",
+        limit.map_or(0, |l| l.as_secs())
+    )
 }
 
 /// The generations in progress, so that shutting the server down can cancel

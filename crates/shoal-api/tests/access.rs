@@ -267,3 +267,80 @@ async fn message_and_tool_counts_are_bounded() {
     .await;
     assert_eq!(status, 200, "{body}");
 }
+
+/// A request over the time limit stops: a 504 when not streaming, the
+/// dialect's error event when streaming, and the ledger keeps its usage.
+#[tokio::test]
+async fn requests_over_the_time_limit_end_with_a_timeout_and_keep_their_usage() {
+    let mut access = Access::default();
+    access.request_timeout = Some(std::time::Duration::from_millis(1500));
+    let base = server(access).await;
+    let long = |stream: bool| {
+        json!({"model": MODEL, "prompt": "1, 2, 3, 4, 5, 6,", "max_tokens": 4000,
+               "temperature": 0, "stream": stream})
+    };
+    let post = reqwest::Method::POST;
+    let (status, _, body) = call(
+        post.clone(),
+        format!("{base}/v1/completions"),
+        &[],
+        Some(long(false)),
+    )
+    .await;
+    assert_eq!(status, 504, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["code"], "request_timeout");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("time limit of 1 s"),
+        "{v}"
+    );
+
+    let (status, _, sse) = call(
+        post.clone(),
+        format!("{base}/v1/completions"),
+        &[],
+        Some(long(true)),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let err = sse
+        .lines()
+        .filter(|l| l.starts_with("data: "))
+        .find(|l| l.contains("\"error\""))
+        .unwrap_or_else(|| panic!("no error event: {sse}"));
+    assert!(err.contains("request_timeout"), "{err}");
+
+    let (status, _, sse) = call(
+        post,
+        format!("{base}/v1/messages"),
+        &[],
+        Some(json!({"model": MODEL, "max_tokens": 4000, "stream": true, "temperature": 0,
+                    "messages": [{"role": "user", "content": "Count from 1 to 1000, one number per line."}]})),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(
+        sse.contains("event: error") && sse.contains("timeout_error"),
+        "{sse}"
+    );
+
+    let (_, _, ledger) = call(reqwest::Method::GET, format!("{base}/v1/usage"), &[], None).await;
+    let ledger: Value = serde_json::from_str(&ledger).unwrap();
+    let entries = ledger["data"].as_array().unwrap();
+    let timed: Vec<&Value> = entries
+        .iter()
+        .filter(|e| e["finish_reasons"][0] == "error")
+        .collect();
+    assert_eq!(timed.len(), 3, "{ledger}");
+    for e in timed {
+        let u = &e["usage"];
+        let out = u["completion_tokens"]
+            .as_u64()
+            .or(u["output_tokens"].as_u64())
+            .unwrap_or(0);
+        assert!(out > 0 && out < 4000, "usage kept: {e}");
+    }
+}

@@ -101,6 +101,9 @@ pub struct Server {
     pub max_messages: usize,
     /// Most tools one request may offer.
     pub max_tools: usize,
+    /// Longest a request may run, in seconds (0 = no limit); then it ends
+    /// with a timeout error that still reports its usage.
+    pub request_timeout_secs: u64,
 }
 
 impl Default for Server {
@@ -117,6 +120,7 @@ impl Default for Server {
             cors_origins: Vec::new(),
             max_messages: 2048,
             max_tools: 256,
+            request_timeout_secs: 600,
         }
     }
 }
@@ -225,6 +229,12 @@ const SETTINGS: &[Setting] = &[
         "max_tools",
         Some("SHOAL_MAX_TOOLS"),
         "--max-tools",
+    ),
+    setting(
+        "server",
+        "request_timeout_secs",
+        Some("SHOAL_REQUEST_TIMEOUT_SECS"),
+        "--request-timeout-secs",
     ),
     setting("model", "path", Some("SHOAL_MODEL"), "--model"),
     setting("model", "id", Some("SHOAL_MODEL_ID"), "--model-id"),
@@ -367,6 +377,11 @@ pub struct Flags {
     /// Most tools one request may offer (default 256) [env: SHOAL_MAX_TOOLS].
     #[arg(long)]
     pub max_tools: Option<usize>,
+    /// Longest a request may run, in seconds; then it ends with a timeout
+    /// error that still reports its usage (0 = no limit; default 600)
+    /// [env: SHOAL_REQUEST_TIMEOUT_SECS].
+    #[arg(long)]
+    pub request_timeout_secs: Option<u64>,
 }
 
 /// Values one layer (environment or flags) sets; `None` leaves the value below.
@@ -394,6 +409,7 @@ struct Overrides {
     cors_origins: Option<Vec<String>>,
     max_messages: Option<usize>,
     max_tools: Option<usize>,
+    request_timeout_secs: Option<u64>,
 }
 
 impl Overrides {
@@ -448,6 +464,10 @@ impl Overrides {
             cors_origins: var("SHOAL_CORS_ORIGINS").map(commas),
             max_messages: parsed("SHOAL_MAX_MESSAGES", var("SHOAL_MAX_MESSAGES"))?,
             max_tools: parsed("SHOAL_MAX_TOOLS", var("SHOAL_MAX_TOOLS"))?,
+            request_timeout_secs: parsed(
+                "SHOAL_REQUEST_TIMEOUT_SECS",
+                var("SHOAL_REQUEST_TIMEOUT_SECS"),
+            )?,
         })
     }
 
@@ -476,6 +496,7 @@ impl Overrides {
             cors_origins: list(&f.cors_origins),
             max_messages: f.max_messages,
             max_tools: f.max_tools,
+            request_timeout_secs: f.request_timeout_secs,
         }
     }
 }
@@ -684,6 +705,10 @@ impl Resolved {
             c.server.max_tools = v;
             set("server.max_tools");
         }
+        if let Some(v) = o.request_timeout_secs {
+            c.server.request_timeout_secs = v;
+            set("server.request_timeout_secs");
+        }
     }
 
     /// The global `--log-format` flag, which is parsed before the settings.
@@ -827,6 +852,8 @@ impl Config {
         a.origins.extend(self.server.cors_origins.iter().cloned());
         a.max_messages = self.server.max_messages.max(1);
         a.max_tools = self.server.max_tools;
+        a.request_timeout = (self.server.request_timeout_secs > 0)
+            .then(|| std::time::Duration::from_secs(self.server.request_timeout_secs));
         a
     }
 
