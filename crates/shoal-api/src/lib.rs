@@ -309,6 +309,8 @@ async fn health(State(s): State<AppState>) -> impl IntoResponse {
         "model": engines.first().map(|e| e.model.id.clone()),
         "loaded": engines.iter().map(|e| e.model.id.clone()).collect::<Vec<_>>(),
         "engine": {
+            "queued": sum(|s| &s.queued),
+            "running": sum(|s| &s.running),
             "completed": sum(|s| &s.completed),
             "cancelled": sum(|s| &s.cancelled),
             "errors": sum(|s| &s.errors),
