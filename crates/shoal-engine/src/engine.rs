@@ -162,6 +162,17 @@ pub struct ModelHandle {
 impl Engine {
     /// Loads the model on a dedicated thread and starts serving requests.
     pub fn start(path: &Path, id: &str, opts: EngineOptions) -> Result<Engine> {
+        Self::start_with(path, id, opts, loader::load)
+    }
+
+    /// Like `start`, with the model built by `load` on the engine thread (a
+    /// wrapped backend, e.g. one that injects faults in tests).
+    pub fn start_with(
+        path: &Path,
+        id: &str,
+        opts: EngineOptions,
+        load: impl FnOnce(&Path) -> Result<loader::Loaded> + Send + 'static,
+    ) -> Result<Engine> {
         let (ready_tx, ready_rx) = sync_channel::<Result<(ModelInfo, Arc<Vocabulary>)>>(1);
         let (jobs_tx, jobs_rx) = sync_channel::<Job>(opts.queue_capacity);
         let path_buf = path.to_path_buf();
@@ -177,7 +188,7 @@ impl Engine {
             .name("shoal-engine".into())
             .spawn(move || {
                 let turn = mlx_turn();
-                let loaded = loader::load(&path_buf);
+                let loaded = load(&path_buf);
                 drop(turn);
                 let loaded = match loaded {
                     Ok(l) => l,
