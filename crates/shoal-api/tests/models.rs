@@ -395,7 +395,7 @@ async fn deleting_and_pull_errors_answer_in_the_openai_shape() {
     assert_eq!(status, 400, "{text}");
 }
 
-/// Damaged model files fail their own requests with a clear 503, in each
+/// Damaged model files (and a broken tokenizer) fail their own requests with a clear 503, in each
 /// dialect's shape, while the server goes on serving the good model.
 #[tokio::test]
 async fn truncated_and_corrupt_models_fail_clearly_and_the_server_keeps_serving() {
@@ -413,17 +413,35 @@ async fn truncated_and_corrupt_models_fail_clearly_and_the_server_keeps_serving(
     std::fs::write(&corrupt, &garbled).unwrap();
     let not_gguf = home.join("text.gguf");
     std::fs::write(&not_gguf, b"this is not a model").unwrap();
+    // A model directory whose tokenizer is broken (the weights are fine).
+    let hf = std::env::var("SHOAL_TEST_HF_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../.cache/models/smollm2-135m-mlx-f32")
+        });
+    let bad_tok = home.join("bad-tokenizer");
+    std::fs::create_dir_all(&bad_tok).unwrap();
+    for f in ["config.json", "model.safetensors", "tokenizer_config.json"] {
+        std::os::unix::fs::symlink(hf.join(f), bad_tok.join(f)).unwrap();
+    }
+    std::fs::write(
+        bad_tok.join("tokenizer.json"),
+        br#"{"model": {"type": "BPE", "vocab": 7}}"#,
+    )
+    .unwrap();
     let pool = ModelPool::new(options(&hub, &home));
     pool.add_named(DEFAULT, gguf(), vec![]);
     for (id, path) in [
         ("truncated", &truncated),
         ("corrupt", &corrupt),
         ("text", &not_gguf),
+        ("tokenizer", &bad_tok),
     ] {
         pool.add_named(id, path.clone(), vec![]);
     }
     let base = serve(pool).await;
-    for id in ["truncated", "corrupt", "text"] {
+    for id in ["truncated", "corrupt", "text", "tokenizer"] {
         let (status, v) = chat(&base, id).await;
         assert_eq!(status, 503, "{id}: {v}");
         assert_eq!(v["error"]["code"], "model_unavailable", "{id}: {v}");
