@@ -15,6 +15,7 @@ pub mod error;
 mod fuzz_tests;
 pub mod loader;
 pub mod model;
+pub mod pipeline;
 pub mod prefix_cache;
 pub mod reasoning;
 pub mod sampler;

@@ -125,12 +125,26 @@ pub struct Loaded {
 
 /// Loads a `.gguf` file or a Hugging Face / MLX model directory.
 pub fn load(path: &Path) -> Result<Loaded> {
+    let (model, vocab) = load_stage(path, None)?;
+    Ok(Loaded {
+        model: Box::new(model),
+        vocab,
+        path: path.to_path_buf(),
+    })
+}
+
+/// Loads only `layers` of a model (all when `None`) with its vocabulary: a
+/// pipeline stage.
+pub fn load_stage(
+    path: &Path,
+    layers: Option<std::ops::Range<usize>>,
+) -> Result<(Transformer, Arc<Vocabulary>)> {
     let policy = DevicePolicy::detect();
     if path.is_dir() {
-        load_hf(path, policy)
+        load_hf(path, policy, layers)
     } else if path.is_file() {
         if path.extension().is_some_and(|e| e == "gguf") {
-            load_gguf(path, policy)
+            load_gguf(path, policy, layers)
         } else {
             Err(EngineError::Unsupported(format!(
                 "{}: expected a .gguf file or a model directory",
@@ -145,7 +159,11 @@ pub fn load(path: &Path) -> Result<Loaded> {
     }
 }
 
-fn load_gguf(path: &Path, policy: DevicePolicy) -> Result<Loaded> {
+fn load_gguf(
+    path: &Path,
+    policy: DevicePolicy,
+    layers: Option<std::ops::Range<usize>>,
+) -> Result<(Transformer, Arc<Vocabulary>)> {
     let file = gguf::open(path)?;
     let cfg = gguf::config(&file)?;
     let gv = GgufVocab::from_gguf(&file)?;
@@ -178,25 +196,28 @@ fn load_gguf(path: &Path, policy: DevicePolicy) -> Result<Loaded> {
     eos.dedup();
     let tensors = gguf::tensors(&file)?;
     drop(file);
-    let model = Transformer::new(cfg, tensors, gguf::GGUF_GROUP_SIZE, policy)?;
-    Ok(Loaded {
-        model: Box::new(model),
-        vocab: Arc::new(Vocabulary {
+    let model = Transformer::new_stage(cfg, tensors, gguf::GGUF_GROUP_SIZE, policy, layers)?;
+    Ok((
+        model,
+        Arc::new(Vocabulary {
             tokenizer,
             template,
             bos: gv.bos,
             eos,
             add_bos: gv.add_bos,
         }),
-        path: path.to_path_buf(),
-    })
+    ))
 }
 
 fn token_is_control(gv: &GgufVocab, id: u32) -> bool {
     gv.token_types.get(id as usize).is_some_and(|&t| t == 3)
 }
 
-fn load_hf(dir: &Path, policy: DevicePolicy) -> Result<Loaded> {
+fn load_hf(
+    dir: &Path,
+    policy: DevicePolicy,
+    layers: Option<std::ops::Range<usize>>,
+) -> Result<(Transformer, Arc<Vocabulary>)> {
     let (cfg, group) = hf::config(dir)?;
     let tok_path = dir.join("tokenizer.json");
     if !tok_path.is_file() {
@@ -229,18 +250,17 @@ fn load_hf(dir: &Path, policy: DevicePolicy) -> Result<Loaded> {
         .and_then(Value::as_bool)
         .unwrap_or(false);
     let tensors = hf::tensors(dir)?;
-    let model = Transformer::new(cfg, tensors, group.unwrap_or(64), policy)?;
-    Ok(Loaded {
-        model: Box::new(model),
-        vocab: Arc::new(Vocabulary {
+    let model = Transformer::new_stage(cfg, tensors, group.unwrap_or(64), policy, layers)?;
+    Ok((
+        model,
+        Arc::new(Vocabulary {
             tokenizer,
             template,
             bos,
             eos,
             add_bos,
         }),
-        path: dir.to_path_buf(),
-    })
+    ))
 }
 
 /// Default model path: `$SHOAL_MODEL`, else the GGUF that setup fetched.

@@ -19,6 +19,8 @@ pub struct ModelCard {
     /// `Q4_1`, `4-bit g64`, `bfloat16`…
     pub quantization: Option<String>,
     pub context_length: Option<u64>,
+    /// Transformer blocks (how a pipeline splits the model).
+    pub layers: Option<u64>,
     /// Weights, counted as the unquantized elements they stand for.
     pub parameters: u64,
     /// Bytes the model's files take on disk.
@@ -80,11 +82,13 @@ fn read_dir(dir: &Path) -> Result<ModelCard> {
         .and_then(Value::as_str)
         .map(str::to_string);
     let context_length = cfg.get("max_position_embeddings").and_then(Value::as_u64);
+    let layers = cfg.get("num_hidden_layers").and_then(Value::as_u64);
     let mut card = ModelCard {
         format: "safetensors".into(),
         architecture,
         quantization,
         context_length,
+        layers,
         ..ModelCard::default()
     };
     for entry in std::fs::read_dir(dir)? {
@@ -216,11 +220,15 @@ fn read_gguf(path: &Path) -> Result<ModelCard> {
     let context_length = architecture
         .as_ref()
         .and_then(|a| number(&format!("{a}.context_length")));
+    let layers = architecture
+        .as_ref()
+        .and_then(|a| number(&format!("{a}.block_count")));
     Ok(ModelCard {
         format: "gguf".into(),
         quantization: number("general.file_type").map(file_type_name),
         architecture,
         context_length,
+        layers,
         parameters,
         size_bytes,
     })

@@ -376,7 +376,33 @@ impl Transformer {
         group_size: i32,
         policy: DevicePolicy,
     ) -> Result<Self> {
+        Self::new_stage(cfg, map, group_size, policy, None)
+    }
+
+    /// Builds only `layers` (all when `None`): a pipeline stage. The other
+    /// layers' tensors are dropped before anything is dequantized, so a
+    /// stage holds just its share of the model.
+    pub fn new_stage(
+        cfg: ModelConfig,
+        mut map: HashMap<String, Array>,
+        group_size: i32,
+        policy: DevicePolicy,
+        layers: Option<std::ops::Range<usize>>,
+    ) -> Result<Self> {
         cfg.check()?;
+        let range = layers.unwrap_or(0..cfg.num_layers);
+        if range.start >= range.end || range.end > cfg.num_layers {
+            return Err(EngineError::InvalidModel(format!(
+                "layer range {range:?} is not within the model's {} layers",
+                cfg.num_layers
+            )));
+        }
+        map.retain(|name, _| {
+            name.strip_prefix("model.layers.")
+                .and_then(|rest| rest.split('.').next())
+                .and_then(|i| i.parse::<usize>().ok())
+                .is_none_or(|i| range.contains(&i))
+        });
         #[cfg(target_os = "linux")]
         crate::cpu_blas::init();
         let mut w = Weights {
@@ -393,8 +419,8 @@ impl Transformer {
                 cfg.hidden_size
             )));
         }
-        let mut layers = Vec::with_capacity(cfg.num_layers);
-        for i in 0..cfg.num_layers {
+        let mut layers = Vec::with_capacity(range.len());
+        for i in range {
             let p = format!("model.layers.{i}");
             let q = w.linear(&format!("{p}.self_attn.q_proj"))?;
             let k = w.linear(&format!("{p}.self_attn.k_proj"))?;
@@ -530,10 +556,22 @@ impl Transformer {
     }
 
     fn forward_hidden(&self, tokens: &[u32], cache: &mut MlxCache) -> Result<Array> {
+        let h = self.embed_tokens(tokens)?;
+        self.run_layers(h, cache)
+    }
+
+    /// Token embeddings, `[1, n, hidden]`.
+    pub fn embed_tokens(&self, tokens: &[u32]) -> Result<Array> {
         let n = tokens.len() as i32;
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         let ids = Array::from_slice(&ids, &[n]);
-        let mut h = self.embed.take_axis(&ids, 0)?.reshape(&[1, n, -1])?;
+        Ok(self.embed.take_axis(&ids, 0)?.reshape(&[1, n, -1])?)
+    }
+
+    /// Runs this model's layers over hidden states `[1, n, hidden]` after
+    /// what `cache` holds.
+    pub fn run_layers(&self, mut h: Array, cache: &mut MlxCache) -> Result<Array> {
+        let n = h.shape()[1];
         let (nh, nkv, hd) = (
             self.cfg.num_heads as i32,
             self.cfg.num_kv_heads as i32,
@@ -674,6 +712,20 @@ fn push_linear<'a>(out: &mut Vec<&'a Array>, l: &'a Linear) {
     }
 }
 
+impl Transformer {
+    /// Next-token logits (float32) for the last position of `h`.
+    pub fn logits_last(&self, h: &Array) -> Result<Array> {
+        let last = h.index((.., -1, ..));
+        let last = fast::rms_norm(&last, Some(&self.norm), self.cfg.rms_norm_eps)?;
+        Ok(self.lm_head.apply(&last)?.as_dtype(Dtype::Float32)?)
+    }
+
+    /// The compute dtype (hidden states travel between stages in it).
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+}
+
 impl LanguageModel for Transformer {
     fn info(&self) -> &ModelInfo {
         &self.info
@@ -704,9 +756,7 @@ impl LanguageModel for Transformer {
             )));
         }
         let h = self.forward_hidden(tokens, cache)?;
-        let last = h.index((.., -1, ..));
-        let last = fast::rms_norm(&last, Some(&self.norm), self.cfg.rms_norm_eps)?;
-        let logits = self.lm_head.apply(&last)?.as_dtype(Dtype::Float32)?;
+        let logits = self.logits_last(&h)?;
         let mut outs: Vec<&Array> = vec![&logits];
         outs.extend(cache.arrays());
         mlx_rs::transforms::eval(outs)?;
