@@ -96,7 +96,12 @@ fn open_route(path: &str) -> bool {
         || !(path.starts_with("/v1/") || path == "/v1" || path == "/metrics")
         || matches!(
             path,
-            shoal_cluster::STATUS_PATH | "/v1/cluster/load" | "/v1/cluster/unload"
+            shoal_cluster::STATUS_PATH
+                | "/v1/cluster/load"
+                | "/v1/cluster/unload"
+                | crate::shards::PREPARE_PATH
+                | crate::shards::START_PATH
+                | crate::shards::STOP_PATH
         )
 }
 

@@ -22,7 +22,20 @@ pub fn routes() -> Router<AppState> {
         .route(UNLOAD_PATH, axum::routing::post(control_unload))
         .route("/v1/cluster/nodes", get(nodes))
         .route("/v1/cluster/events", get(events))
+        .route(
+            crate::shards::PREPARE_PATH,
+            axum::routing::post(crate::shards::prepare),
+        )
+        .route(
+            crate::shards::START_PATH,
+            axum::routing::post(crate::shards::start),
+        )
+        .route(
+            crate::shards::STOP_PATH,
+            axum::routing::post(crate::shards::stop),
+        )
         .route("/v1/instances", get(list_instances).post(place))
+        .route("/v1/instances/preview", axum::routing::post(preview))
         .route("/v1/instances/{id}", axum::routing::delete(remove_instance))
 }
 
@@ -79,6 +92,9 @@ pub struct Instance {
     /// The node requests for the model go to.
     pub entry: String,
     pub created: u64,
+    /// Each node's layers, `[first, end)`, in rank order (pipelines).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub layers: Vec<(usize, usize)>,
 }
 
 #[derive(serde::Deserialize)]
@@ -87,9 +103,8 @@ struct PlaceRequest {
     model: String,
     #[serde(default)]
     nodes: Option<serde_json::Value>,
-    /// `pipeline` is the only scheme; one node needs none.
+    /// `pipeline` (by layers) is the only scheme; one node needs none.
     #[serde(default)]
-    #[allow(dead_code)]
     sharding: Option<String>,
 }
 
@@ -99,9 +114,15 @@ fn bad(message: impl Into<String>) -> DialectError {
 
 /// An instance as listed: `ready` while its node is up with the model
 /// loaded, `failed` once the node is unreachable or gone, else `unloaded`.
-fn describe(s: &AppState, i: &Instance) -> serde_json::Value {
+pub fn describe(s: &AppState, i: &Instance) -> serde_json::Value {
     let self_id = s.node.identity().id.clone();
-    let status = if i.entry == self_id {
+    let status = if i.sharding == "pipeline" {
+        if crate::shards::healthy(s, i).is_ok() {
+            "ready"
+        } else {
+            "failed"
+        }
+    } else if i.entry == self_id {
         if s.pool.loaded_engine(&i.model).is_some() {
             "ready"
         } else {
@@ -163,14 +184,17 @@ async fn place(
             .collect::<Result<_, _>>()?,
         Some(_) => return Err(bad("'nodes' is a list of node ids or \"auto\"")),
     };
-    if chosen.len() != 1 {
-        return Err(ApiError {
-            kind: crate::error::ErrorKind::InvalidRequest,
-            message: "a model split by layers over several nodes (pipeline sharding) is not available yet; place it on one node".into(),
-            param: Some("nodes".into()),
-            code: Some("unsupported_sharding"),
+    if chosen.len() > 1 {
+        if req.sharding.as_deref().is_some_and(|x| x != "pipeline") {
+            return Err(bad("'sharding' is \"pipeline\" (by layers)"));
         }
-        .in_dialect(Dialect::OpenAi));
+        return crate::shards::place(&s, &req.model, chosen, true)
+            .await
+            .map(|v| Json(v).into_response())
+            .map_err(|e| e.in_dialect(Dialect::OpenAi));
+    }
+    if chosen.is_empty() {
+        return Err(bad("'nodes' is empty"));
     }
     let node = chosen[0].clone();
     if !candidates.iter().any(|n| n.id == node) {
@@ -229,6 +253,7 @@ async fn place(
         nodes: vec![node.clone()],
         entry: node,
         created: crate::run::now_secs(),
+        layers: Vec::new(),
     };
     s.instances
         .lock()
@@ -249,7 +274,9 @@ async fn remove_instance(
         .ok_or_else(|| {
             ApiError::not_found(format!("no instance '{id}'")).in_dialect(Dialect::OpenAi)
         })?;
-    if removed.entry == s.node.identity().id {
+    if removed.sharding == "pipeline" {
+        crate::shards::stop_all(&s, &removed);
+    } else if removed.entry == s.node.identity().id {
         s.pool.unload(&removed.model);
     } else if let Some((c, addr)) = s
         .cluster()
@@ -267,7 +294,7 @@ async fn remove_instance(
 impl AppState {
     /// This node's status with the models it holds and its load.
     pub fn self_status(&self) -> NodeStatus {
-        let models = self
+        let mut models: Vec<ModelLoad> = self
             .pool
             .loaded()
             .iter()
@@ -276,6 +303,23 @@ impl AppState {
                 memory_bytes: e.model.info.weight_bytes as u64,
             })
             .collect();
+        // Models split over nodes from here are served here too.
+        let pipelines: Vec<Instance> = self
+            .instances
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|i| i.sharding == "pipeline" && i.entry == self.node.identity().id)
+            .cloned()
+            .collect();
+        for i in pipelines {
+            if crate::shards::healthy(self, &i).is_ok() && !models.iter().any(|m| m.id == i.model) {
+                models.push(ModelLoad {
+                    id: i.model.clone(),
+                    memory_bytes: 0,
+                });
+            }
+        }
         let (in_flight, queued) = self.busy();
         self.node.status(models, Requests { in_flight, queued })
     }
@@ -420,6 +464,10 @@ pub async fn forward(
     let model = serde_json::from_slice::<serde_json::Value>(&bytes)
         .ok()
         .and_then(|v| v.get("model").and_then(|m| m.as_str()).map(str::to_string));
+    // A model split over nodes from here goes to its first stage.
+    if let Some(target) = model.as_deref().and_then(|m| crate::shards::route(&s, m)) {
+        return proxy(target, parts, bytes, dialect_of(&path)).await;
+    }
     // A model loaded here is served here; one loaded on a peer goes there
     // (no second copy in memory); otherwise this node loads it if it can.
     let target = model
@@ -440,25 +488,58 @@ pub async fn forward(
         return next.run(req).await;
     };
     tracing::info!(model = model.as_deref().unwrap_or(""), peer = %peer.id, "forwarding");
-    proxy(cluster, peer.id, addr, parts, bytes, dialect_of(&path)).await
+    let watched = cluster.clone();
+    let id = peer.id.clone();
+    let target = Target {
+        addr,
+        what: format!("node {}", peer.id),
+        signer: Some(cluster),
+        watch: Box::new(move || {
+            watched
+                .address_of(&id)
+                .is_none()
+                .then(|| format!("node {id} became unreachable mid-answer"))
+        }),
+    };
+    proxy(target, parts, bytes, dialect_of(&path)).await
 }
 
-async fn proxy(
-    cluster: Arc<Cluster>,
-    peer: String,
-    addr: String,
+/// Where a request is passed on to, and what tells that it has failed.
+pub struct Target {
+    /// `host:port` of the API that answers.
+    pub addr: String,
+    /// Names it in error messages.
+    pub what: String,
+    /// Sign the request as this cluster (peers); `None` for a local shard.
+    pub signer: Option<Arc<Cluster>>,
+    /// Checked twice a second while an answer streams: `Some(reason)` ends it.
+    pub watch: Box<dyn Fn() -> Option<String> + Send + Sync>,
+}
+
+pub async fn proxy(
+    target: Target,
     parts: axum::http::request::Parts,
     body: axum::body::Bytes,
     dialect: Dialect,
 ) -> Response {
+    let Target {
+        addr,
+        what: peer,
+        signer,
+        watch: check,
+    } = target;
     let path = parts
         .uri
         .path_and_query()
         .map_or(parts.uri.path(), |p| p.as_str())
         .to_string();
-    let mut req = cluster
-        .signed(reqwest::Method::POST, &addr, &path, body.to_vec())
-        .header(FORWARDED_HEADER, "1");
+    let mut req = match &signer {
+        Some(cluster) => cluster.signed(reqwest::Method::POST, &addr, &path, body.to_vec()),
+        None => reqwest::Client::new()
+            .post(format!("http://{addr}{path}"))
+            .body(body.to_vec()),
+    }
+    .header(FORWARDED_HEADER, "1");
     for name in [
         "content-type",
         "accept",
@@ -480,11 +561,9 @@ async fn proxy(
     {
         Ok(r) => r,
         Err(e) => {
-            return ApiError::unavailable(format!(
-                "node {peer} holding the model did not answer: {e}"
-            ))
-            .in_dialect(dialect)
-            .into_response()
+            return ApiError::unavailable(format!("{peer} holding the model did not answer: {e}"))
+                .in_dialect(dialect)
+                .into_response()
         }
     };
     let status = resp.status();
@@ -507,7 +586,7 @@ async fn proxy(
                 b,
             )
                 .into_response(),
-            Err(e) => ApiError::unavailable(format!("node {peer} failed mid-answer: {e}"))
+            Err(e) => ApiError::unavailable(format!("{peer} failed mid-answer: {e}"))
                 .in_dialect(dialect)
                 .into_response(),
         };
@@ -527,14 +606,14 @@ async fn proxy(
                         }
                     }
                     Some(Err(e)) => {
-                        fail(&tx, sse, dialect, &format!("node {peer} failed mid-answer: {e}"));
+                        fail(&tx, sse, dialect, &format!("{peer} failed mid-answer: {e}"));
                         return;
                     }
                     None => return,
                 },
                 _ = watch.tick() => {
-                    if cluster.address_of(&peer).is_none() {
-                        fail(&tx, sse, dialect, &format!("node {peer} became unreachable mid-answer"));
+                    if let Some(reason) = check() {
+                        fail(&tx, sse, dialect, &reason);
                         return;
                     }
                 }
@@ -570,4 +649,23 @@ fn fail(
     } else {
         let _ = tx.send(Err(std::io::Error::other(message.to_string())));
     }
+}
+
+/// The memory each node would use for a placement, without placing it.
+async fn preview(
+    State(s): State<AppState>,
+    body: crate::body::Body,
+) -> Result<Response, DialectError> {
+    let req: PlaceRequest = crate::body::parse(&body).map_err(|e| e.in_dialect(Dialect::OpenAi))?;
+    let nodes: Vec<String> = match &req.nodes {
+        Some(serde_json::Value::Array(ids)) => ids
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect(),
+        _ => vec![s.node.identity().id.clone()],
+    };
+    crate::shards::place(&s, &req.model, nodes, false)
+        .await
+        .map(|v| Json(v).into_response())
+        .map_err(|e| e.in_dialect(Dialect::OpenAi))
 }

@@ -18,6 +18,7 @@ pub mod openai_responses;
 pub mod run;
 #[cfg(test)]
 mod script_tests;
+pub mod shards;
 pub mod sse;
 pub mod tools;
 pub mod ui;
@@ -59,6 +60,8 @@ pub struct AppState {
     pub cluster: Arc<std::sync::OnceLock<Arc<shoal_cluster::Cluster>>>,
     /// API keys, browser origins and request limits.
     pub access: Arc<access::Access>,
+    /// This node's `shoal shard` processes, by instance.
+    pub shards: shards::Shards,
     /// Models placed on nodes through `/v1/instances`.
     pub instances: Arc<std::sync::Mutex<std::collections::BTreeMap<String, cluster::Instance>>>,
 }
@@ -103,6 +106,7 @@ impl AppState {
             cluster_options: None,
             cluster: Arc::default(),
             instances: Arc::default(),
+            shards: Arc::default(),
             access: Arc::new(access::Access::default()),
             metrics: Arc::new(metrics::Metrics::new()),
             log_prompts: false,

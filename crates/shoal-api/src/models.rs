@@ -188,6 +188,14 @@ impl ModelPool {
             .collect()
     }
 
+    /// The id and file of a model this node has (loaded or not).
+    pub fn path_of(&self, requested: &str) -> Result<(String, PathBuf), ApiError> {
+        if let Some(e) = self.loaded_engine(requested) {
+            return Ok((e.model.id.clone(), e.model.path.clone()));
+        }
+        self.resolve(requested)
+    }
+
     /// Whether this node can serve `requested` (loaded, named or pulled).
     pub fn knows(&self, requested: &str) -> bool {
         self.loaded_engine(requested).is_some() || self.resolve(requested).is_ok()

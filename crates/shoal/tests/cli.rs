@@ -1097,7 +1097,10 @@ fn requests_are_forwarded_and_instances_survive_a_dead_node() {
         &json!({"model": model, "nodes": [b_id, "x"], "sharding": "pipeline"}).to_string(),
     );
     assert_eq!(status, 400, "{err}");
-    assert_eq!(err["error"]["code"], "unsupported_sharding");
+    assert_eq!(
+        err["error"]["param"], "nodes",
+        "A is not among the nodes: {err}"
+    );
 
     // B dies while streaming through A: the stream ends with an error event.
     let long = json!({"model": model, "prompt": "1, 2, 3, 4, 5,", "max_tokens": 3000,
@@ -1204,4 +1207,156 @@ fn exposure_needs_a_key_and_keys_stay_out_of_output() {
     let log = std::fs::read_to_string(dir.join("stderr.log")).expect("log");
     assert!(log.contains("request finished"), "{log}");
     assert!(!log.contains(key), "the key is in the log");
+}
+
+/// A model split by layers over two nodes answers exactly like one node
+/// (same greedy text and usage, streaming or not); when a node dies
+/// mid-stream the client gets an error event, the instance shows failed,
+/// and the model can be placed again on the survivor.
+#[test]
+fn a_model_split_over_two_nodes_answers_like_one_and_survives_a_dead_node() {
+    let start = |name: &str, extra: &[&str]| {
+        let dir = temp_dir(&format!("pipe-{name}"));
+        let cfg = dir.join("shoal.toml");
+        std::fs::write(
+            &cfg,
+            "[cluster]\nunreachable_after_secs = 2\nremove_after_secs = 6\n",
+        )
+        .expect("config");
+        start_server(&dir, |c| {
+            c.args([
+                "serve",
+                "--port",
+                "0",
+                "--prefix-cache-mb",
+                "0",
+                "--no-mdns",
+            ])
+            .args(["--cluster-secret", "pipe", "--config"])
+            .arg(&cfg)
+            .arg("--model")
+            .arg(gguf())
+            .args(extra);
+        })
+    };
+    let (_a, a) = start("a", &[]);
+    let (b_server, _b) = start("b", &["--peer", &a]);
+    let nodes = wait_nodes(&a, |n| {
+        n.len() == 2 && n.iter().all(|x| x["status"] == "online")
+    });
+    assert_eq!(nodes.len(), 2, "{nodes:?}");
+    let a_id = nodes[0]["id"].as_str().expect("id").to_string();
+    let b_id = nodes[1]["id"].as_str().expect("id").to_string();
+    let model = shoal::id_from_path(&gguf());
+    let ask = json!({"model": model, "max_tokens": 12, "temperature": 0,
+                     "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+    .to_string();
+    let (status, single) = post_json(&a, "/v1/chat/completions", &ask);
+    assert_eq!(status, 200, "{single}");
+
+    let (status, preview) = post_json(
+        &a,
+        "/v1/instances/preview",
+        &json!({"model": model, "nodes": [a_id, b_id]}).to_string(),
+    );
+    assert_eq!(status, 200, "{preview}");
+    let p = preview["placements"].as_array().expect("placements");
+    assert_eq!(p.len(), 2);
+    assert_eq!(
+        (p[0]["layers"][0].as_u64(), p[1]["layers"][1].as_u64()),
+        (Some(0), Some(30))
+    );
+    assert_eq!(p[0]["layers"][1], p[1]["layers"][0]);
+    assert!(
+        p.iter()
+            .all(|x| x["memory_bytes"].as_u64().unwrap_or(0) > 0),
+        "{preview}"
+    );
+
+    let (status, inst) = post_json(
+        &a,
+        "/v1/instances",
+        &json!({"model": model, "nodes": [a_id, b_id], "sharding": "pipeline"}).to_string(),
+    );
+    assert_eq!(status, 200, "{inst}");
+    assert_eq!(inst["status"], "ready", "{inst}");
+    assert_eq!(inst["sharding"], "pipeline");
+    assert_eq!(inst["nodes"], json!([a_id, b_id]));
+
+    // Served by the pipeline (not A's own engine: A's ledger stays as it was).
+    let before = get_json(&a, "/v1/usage")["data"]
+        .as_array()
+        .map_or(0, Vec::len);
+    let (status, split) = post_json(&a, "/v1/chat/completions", &ask);
+    assert_eq!(status, 200, "{split}");
+    assert_eq!(
+        split["choices"][0]["message"],
+        single["choices"][0]["message"]
+    );
+    assert_eq!(split["usage"], single["usage"]);
+    let streamed = stream_until_end(
+        &a,
+        "/v1/chat/completions",
+        &json!({"model": model, "max_tokens": 12, "temperature": 0, "stream": true,
+                "stream_options": {"include_usage": true},
+                "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+        .to_string(),
+        || {},
+    );
+    assert!(streamed.contains("data: [DONE]"), "{streamed}");
+    let usage_line = streamed
+        .lines()
+        .find(|l| l.contains("\"usage\":{"))
+        .expect("a usage chunk");
+    let chunk: Value = serde_json::from_str(usage_line.trim_start_matches("data: ")).expect("JSON");
+    assert_eq!(chunk["usage"], single["usage"]);
+    let after = get_json(&a, "/v1/usage")["data"]
+        .as_array()
+        .map_or(0, Vec::len);
+    assert_eq!(
+        before, after,
+        "the split model's requests ran in the pipeline, not on A alone"
+    );
+
+    // B dies mid-stream: an error event, the instance fails.
+    let long = json!({"model": model, "prompt": "1, 2, 3, 4, 5,", "max_tokens": 3000,
+                      "temperature": 0, "stream": true})
+    .to_string();
+    let mut b_server = Some(b_server);
+    let started = std::time::Instant::now();
+    let sse = stream_until_end(&a, "/v1/completions", &long, || drop(b_server.take()));
+    assert!(started.elapsed() < std::time::Duration::from_secs(60));
+    // The error comes from the first stage's engine (the ring broke) or from
+    // this node's watch on the instance, whichever notices first.
+    let err = sse
+        .lines()
+        .filter(|l| l.starts_with("data: "))
+        .find(|l| l.contains("\"error\""))
+        .unwrap_or_else(|| panic!("no error event: {sse}"));
+    assert!(!err.contains("\"text\""), "{err}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let list = loop {
+        let list = get_json(&a, "/v1/instances");
+        if list["data"][0]["status"] == "failed" || std::time::Instant::now() > deadline {
+            break list;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    };
+    assert_eq!(list["data"][0]["status"], "failed", "{list}");
+
+    // Re-placed on the survivor alone.
+    let (status, again) = post_json(
+        &a,
+        "/v1/instances",
+        &json!({"model": model, "nodes": "auto"}).to_string(),
+    );
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["status"], "ready");
+    let (status, local) = post_json(&a, "/v1/chat/completions", &ask);
+    assert_eq!(status, 200, "{local}");
+    assert_eq!(
+        local["choices"][0]["message"],
+        single["choices"][0]["message"]
+    );
+    assert_eq!(local["usage"], single["usage"]);
 }

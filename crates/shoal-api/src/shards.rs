@@ -1,0 +1,452 @@
+//! Models split by layers over several nodes (pipeline instances). The
+//! node a placement request reaches becomes rank 0: it asks every node for a
+//! ring address, splits the layers in proportion to each node's free
+//! memory, has the others start their `shoal shard` processes (signed
+//! control routes) and starts its own rank-0 shard, whose API then answers
+//! every request for the model — forwarded here from any node. If a node of
+//! the instance goes away, its requests end with an error event, the
+//! shards are stopped and the instance shows `failed`.
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+use tokio::io::AsyncBufReadExt;
+
+use crate::cluster::{Instance, Target};
+use crate::error::{ApiError, Dialect, DialectError};
+use crate::AppState;
+
+pub const PREPARE_PATH: &str = "/v1/cluster/shard/prepare";
+pub const START_PATH: &str = "/v1/cluster/shard/start";
+pub const STOP_PATH: &str = "/v1/cluster/shard/stop";
+
+/// A running `shoal shard` process of an instance.
+pub struct ShardProc {
+    child: tokio::process::Child,
+    /// Rank 0: the address of its API.
+    pub addr: Option<String>,
+    /// Read through this pipe; closing it ends the shard.
+    _stdin: Option<tokio::process::ChildStdin>,
+}
+
+impl ShardProc {
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+pub type Shards = Arc<Mutex<HashMap<String, ShardProc>>>;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn openai(e: ApiError) -> DialectError {
+    e.in_dialect(Dialect::OpenAi)
+}
+
+/// Starts one rank. Rank 0 returns once its API listens, which is when
+/// every rank has joined the ring and loaded its layers.
+async fn spawn(
+    instance: &str,
+    model: &Path,
+    model_id: &str,
+    layers: (usize, usize),
+    rank: usize,
+    hosts: &[Vec<String>],
+) -> Result<ShardProc, ApiError> {
+    let exe = std::env::var_os("SHOAL_BIN")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::current_exe().ok())
+        .ok_or_else(|| ApiError::internal("cannot find the shoal binary to start a shard"))?;
+    let hostfile = std::env::temp_dir().join(format!("shoal-ring-{instance}-{rank}.json"));
+    std::fs::write(&hostfile, serde_json::to_vec(hosts).unwrap_or_default())
+        .map_err(|e| ApiError::internal(format!("writing the ring's host file: {e}")))?;
+    let mut cmd = tokio::process::Command::new(exe);
+    cmd.arg("shard")
+        .arg("--model")
+        .arg(model)
+        .args(["--model-id", model_id])
+        .args(["--layers", &format!("{}:{}", layers.0, layers.1)])
+        .env("MLX_RANK", rank.to_string())
+        .env("MLX_HOSTFILE", &hostfile)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true);
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| ApiError::internal(format!("starting a shard: {e}")))?;
+    let stdin = child.stdin.take();
+    let stdout = child.stdout.take();
+    let mut addr = None;
+    if let Some(out) = stdout {
+        let mut lines = tokio::io::BufReader::new(out).lines();
+        if rank == 0 {
+            let wait = tokio::time::timeout(std::time::Duration::from_secs(300), async {
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if let Some(rest) = line.split("http://").nth(1) {
+                        return rest.split_whitespace().next().map(str::to_string);
+                    }
+                }
+                None
+            })
+            .await;
+            addr = wait.ok().flatten();
+            if addr.is_none() {
+                let _ = child.start_kill();
+                return Err(ApiError::unavailable(
+                    "the pipeline did not come up (a rank failed to join or load; see the logs)",
+                ));
+            }
+        }
+        // Keep draining so the shard never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    }
+    Ok(ShardProc {
+        child,
+        addr,
+        _stdin: stdin,
+    })
+}
+
+/// A free port on this node's API address, for its place in the ring.
+fn ring_address(s: &AppState) -> Result<String, ApiError> {
+    let ip = s
+        .node
+        .address()
+        .map(|a| a.ip())
+        .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+    let l = std::net::TcpListener::bind((ip, 0))
+        .map_err(|e| ApiError::internal(format!("no free port for the ring: {e}")))?;
+    let addr = l
+        .local_addr()
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok(addr.to_string())
+}
+
+pub async fn prepare(
+    State(s): State<AppState>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, DialectError> {
+    s.verify_peer(&method, &uri, &headers, &body)?;
+    let addr = ring_address(&s).map_err(openai)?;
+    Ok(Json(json!({"address": addr})).into_response())
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct StartRequest {
+    instance: String,
+    model: String,
+    layers: (usize, usize),
+    rank: usize,
+    hosts: Vec<Vec<String>>,
+}
+
+pub async fn start(
+    State(s): State<AppState>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, DialectError> {
+    s.verify_peer(&method, &uri, &headers, &body)?;
+    let req: StartRequest =
+        serde_json::from_slice(&body).map_err(|e| openai(ApiError::invalid(e.to_string())))?;
+    let (id, path) = s.pool.path_of(&req.model).map_err(openai)?;
+    let shard = spawn(&req.instance, &path, &id, req.layers, req.rank, &req.hosts)
+        .await
+        .map_err(openai)?;
+    lock(&s.shards).insert(req.instance, shard);
+    Ok(Json(json!({"started": true})).into_response())
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct StopRequest {
+    instance: String,
+}
+
+pub async fn stop(
+    State(s): State<AppState>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, DialectError> {
+    s.verify_peer(&method, &uri, &headers, &body)?;
+    let req: StopRequest =
+        serde_json::from_slice(&body).map_err(|e| openai(ApiError::invalid(e.to_string())))?;
+    let stopped = lock(&s.shards).remove(&req.instance).is_some();
+    Ok(Json(json!({"stopped": stopped})).into_response())
+}
+
+/// Layers per node in proportion to free memory; every node gets one at
+/// least and the ranges cover all layers in order.
+pub fn split(layers: usize, free: &[u64]) -> Vec<(usize, usize)> {
+    let n = free.len().max(1);
+    let total: u128 = free.iter().map(|&f| u128::from(f.max(1))).sum();
+    let mut counts: Vec<usize> = free
+        .iter()
+        .map(|&f| ((layers as u128 * u128::from(f.max(1))) / total.max(1)) as usize)
+        .map(|c| c.max(1))
+        .collect();
+    // Fix rounding: add to or take from the largest shares.
+    while counts.iter().sum::<usize>() > layers {
+        if let Some(m) = counts.iter_mut().filter(|c| **c > 1).max() {
+            *m -= 1;
+        } else {
+            break;
+        }
+    }
+    while counts.iter().sum::<usize>() < layers {
+        if let Some((i, _)) = free.iter().enumerate().max_by_key(|(_, f)| **f) {
+            counts[i] += 1;
+        }
+    }
+    let mut out = Vec::with_capacity(n);
+    let mut at = 0;
+    for c in counts {
+        out.push((at, at + c));
+        at += c;
+    }
+    out
+}
+
+/// Places a pipeline instance over `nodes` (this node first).
+pub async fn place(
+    s: &AppState,
+    model: &str,
+    nodes: Vec<String>,
+    start: bool,
+) -> Result<serde_json::Value, ApiError> {
+    let cluster = s
+        .cluster()
+        .ok_or_else(|| ApiError::invalid("splitting a model needs a cluster (--cluster-secret)"))?;
+    let self_id = s.node.identity().id.clone();
+    if !nodes.contains(&self_id) {
+        return Err(ApiError::param(
+            "nodes",
+            "send the placement to one of the instance's nodes: it becomes the first stage",
+        ));
+    }
+    let mut order = vec![self_id.clone()];
+    order.extend(nodes.iter().filter(|n| **n != self_id).cloned());
+    let (model_id, path) = s.pool.path_of(model)?;
+    let card_path = path.clone();
+    let card = tokio::task::spawn_blocking(move || shoal_models::ModelCard::read(&card_path))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(|e| ApiError::unavailable(format!("model '{model}' cannot be read: {e}")))?;
+    let layers = card.layers.ok_or_else(|| {
+        ApiError::unavailable(format!(
+            "model '{model}' does not say how many layers it has"
+        ))
+    })? as usize;
+    if layers < order.len() {
+        return Err(ApiError::param(
+            "nodes",
+            format!("{layers} layers cannot be split over {} nodes", order.len()),
+        ));
+    }
+    let mut statuses = vec![s.self_status()];
+    statuses.extend(cluster.peers().into_iter().filter(|p| p.status == "online"));
+    let mut free = Vec::with_capacity(order.len());
+    for id in &order {
+        let st = statuses
+            .iter()
+            .find(|n| &n.id == id)
+            .ok_or_else(|| ApiError::not_found(format!("no online node '{id}'")))?;
+        free.push(st.memory.total_bytes.saturating_sub(st.memory.used_bytes));
+    }
+    let ranges = split(layers, &free);
+    let memory = card.weight_memory(cfg!(target_os = "macos"));
+    let placements: Vec<serde_json::Value> = order
+        .iter()
+        .zip(&ranges)
+        .map(|(node, (a, b))| {
+            json!({"node": node, "layers": [a, b],
+                   "memory_bytes": memory * (*b - *a) as u64 / layers as u64})
+        })
+        .collect();
+    if !start {
+        return Ok(json!({"model": model_id, "sharding": "pipeline", "placements": placements}));
+    }
+    let instance_id = crate::run::new_id("inst_");
+    // Every rank's address first: the ring needs them all up front.
+    let mut hosts = Vec::with_capacity(order.len());
+    for id in &order {
+        let addr = if *id == self_id {
+            ring_address(s)?
+        } else {
+            let peer = cluster
+                .address_of(id)
+                .ok_or_else(|| ApiError::not_found(format!("no online node '{id}'")))?;
+            let resp = cluster
+                .signed(reqwest::Method::POST, &peer, PREPARE_PATH, Vec::new())
+                .send()
+                .await
+                .map_err(|e| ApiError::unavailable(format!("node {id}: {e}")))?;
+            let v: serde_json::Value = resp
+                .json()
+                .await
+                .map_err(|e| ApiError::unavailable(format!("node {id}: {e}")))?;
+            v["address"]
+                .as_str()
+                .ok_or_else(|| ApiError::unavailable(format!("node {id} gave no ring address")))?
+                .to_string()
+        };
+        hosts.push(vec![addr]);
+    }
+    let stop_others = |upto: usize| {
+        let cluster = cluster.clone();
+        let order = order.clone();
+        let instance = instance_id.clone();
+        async move {
+            for id in order.iter().take(upto).skip(1) {
+                if let Some(peer) = cluster.address_of(id) {
+                    let body = json!({"instance": instance}).to_string().into_bytes();
+                    let _ = cluster
+                        .signed(reqwest::Method::POST, &peer, STOP_PATH, body)
+                        .send()
+                        .await;
+                }
+            }
+        }
+    };
+    for (rank, id) in order.iter().enumerate().skip(1) {
+        let peer = cluster
+            .address_of(id)
+            .ok_or_else(|| ApiError::not_found(format!("no online node '{id}'")))?;
+        let body = serde_json::to_vec(&StartRequest {
+            instance: instance_id.clone(),
+            model: model_id.clone(),
+            layers: ranges[rank],
+            rank,
+            hosts: hosts.clone(),
+        })
+        .unwrap_or_default();
+        let ok = cluster
+            .signed(reqwest::Method::POST, &peer, START_PATH, body)
+            .header("content-type", "application/json")
+            .timeout(std::time::Duration::from_secs(60))
+            .send()
+            .await
+            .map(|r| r.status().is_success())
+            .unwrap_or(false);
+        if !ok {
+            stop_others(rank).await;
+            return Err(ApiError::unavailable(format!(
+                "node {id} could not start its shard (does it have '{model_id}'?)"
+            )));
+        }
+    }
+    let first = match spawn(&instance_id, &path, &model_id, ranges[0], 0, &hosts).await {
+        Ok(p) => p,
+        Err(e) => {
+            stop_others(order.len()).await;
+            return Err(e);
+        }
+    };
+    lock(&s.shards).insert(instance_id.clone(), first);
+    let instance = Instance {
+        id: instance_id.clone(),
+        model: model_id,
+        sharding: "pipeline".into(),
+        nodes: order.clone(),
+        entry: self_id,
+        created: crate::run::now_secs(),
+        layers: ranges,
+    };
+    lock(&s.instances).insert(instance_id, instance.clone());
+    let mut v = crate::cluster::describe(s, &instance);
+    v["placements"] = json!(placements);
+    Ok(v)
+}
+
+/// Whether this node's shard of `instance` is running and every node of
+/// the instance is online.
+pub fn healthy(s: &AppState, i: &Instance) -> Result<(), String> {
+    let alive = lock(&s.shards).get_mut(&i.id).is_some_and(ShardProc::alive);
+    if !alive {
+        return Err("its first stage is not running".into());
+    }
+    let self_id = s.node.identity().id.clone();
+    let cluster = s.cluster();
+    for n in &i.nodes {
+        if *n != self_id && cluster.as_ref().and_then(|c| c.address_of(n)).is_none() {
+            return Err(format!("node {n} is unreachable"));
+        }
+    }
+    Ok(())
+}
+
+/// Stops every shard of a failed or removed instance.
+pub fn stop_all(s: &AppState, i: &Instance) {
+    lock(&s.shards).remove(&i.id);
+    if let Some(cluster) = s.cluster() {
+        let nodes = i.nodes.clone();
+        let instance = i.id.clone();
+        tokio::spawn(async move {
+            for id in nodes.iter().skip(1) {
+                if let Some(peer) = cluster.address_of(id) {
+                    let body = json!({"instance": instance}).to_string().into_bytes();
+                    let _ = cluster
+                        .signed(reqwest::Method::POST, &peer, STOP_PATH, body)
+                        .send()
+                        .await;
+                }
+            }
+        });
+    }
+}
+
+/// Where a request for `model` goes when a healthy pipeline here serves it.
+pub fn route(s: &AppState, model: &str) -> Option<Target> {
+    let instance = lock(&s.instances)
+        .values()
+        .find(|i| i.sharding == "pipeline" && i.model == model)
+        .cloned()?;
+    if healthy(s, &instance).is_err() {
+        return None;
+    }
+    let addr = lock(&s.shards).get(&instance.id)?.addr.clone()?;
+    let state = s.clone();
+    Some(Target {
+        addr,
+        what: format!("the pipeline of '{model}'"),
+        signer: None,
+        watch: Box::new(move || {
+            let bad = healthy(&state, &instance).err()?;
+            tracing::warn!(instance = %instance.id, reason = %bad, "pipeline failed");
+            stop_all(&state, &instance);
+            Some(format!(
+                "the pipeline serving '{}' failed: {bad}",
+                instance.model
+            ))
+        }),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split;
+
+    #[test]
+    fn layers_follow_free_memory_and_cover_the_model() {
+        assert_eq!(split(30, &[1, 1]), vec![(0, 15), (15, 30)]);
+        assert_eq!(split(30, &[3, 1]), vec![(0, 23), (23, 30)]);
+        assert_eq!(split(4, &[100, 1, 1]), vec![(0, 2), (2, 3), (3, 4)]);
+        let r = split(7, &[5, 5, 5]);
+        assert_eq!(r.first().map(|x| x.0), Some(0));
+        assert_eq!(r.last().map(|x| x.1), Some(7));
+        assert!(r.windows(2).all(|w| w[0].1 == w[1].0 && w[0].0 < w[0].1));
+    }
+}
