@@ -24,6 +24,11 @@ pub struct Args {
     /// per-stream decode speed (continuous batching).
     #[arg(long, default_value_t = 1)]
     pub concurrency: usize,
+    /// Also split the model by layers over this many local processes (MLX's
+    /// ring backend on loopback, as a cluster pipeline runs) and report its
+    /// decode speed and the cost per token of the hops.
+    #[arg(long, default_value_t = 1)]
+    pub split: usize,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -177,6 +182,11 @@ pub fn run(a: Args) -> Result<()> {
     }
     let info = &engine.model.info;
     let single = median(dec.clone());
+    let pipeline = if a.split > 1 {
+        Some(pipeline_decode(&a, &filler).context("pipeline benchmark")?)
+    } else {
+        None
+    };
     let out = json!({
         "engine": "shoal",
         "model": engine.model.id,
@@ -199,6 +209,10 @@ pub fn run(a: Args) -> Result<()> {
         "concurrent_per_stream_decode_tok_s": (a.concurrency > 1).then(|| median(per_stream.clone())),
         "concurrent_wall_tok_s": (a.concurrency > 1).then(|| median(wall.clone())),
         "concurrent_speedup": (a.concurrency > 1 && single > 0.0).then(|| median(agg.clone()) / single),
+        "split_processes": (a.split > 1).then_some(a.split),
+        "split_decode_tok_s": pipeline,
+        "split_hop_ms_per_token": pipeline.filter(|p| *p > 0.0 && single > 0.0)
+            .map(|p| (1000.0 / p - 1000.0 / single) / (a.split - 1) as f64),
     });
     if a.json {
         println!("{out}");
@@ -221,6 +235,15 @@ pub fn run(a: Args) -> Result<()> {
                 median(wall)
             );
         }
+        if let Some(p) = pipeline {
+            println!(
+                "  split over {} processes (MLX ring, loopback): decode {:.1} tok/s vs {:.1} on one | {:.2} ms per token per hop",
+                a.split,
+                p,
+                single,
+                out["split_hop_ms_per_token"].as_f64().unwrap_or(0.0)
+            );
+        }
         if let Some(rss) = peak_rss_mb() {
             println!(
                 "  peak RSS {rss:.0} MiB (weights {:.0} MiB)",
@@ -229,4 +252,92 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Decode speed with the model split over `a.split` processes: this one is
+/// rank 0 (the engine), `shoal shard` children run the other layers.
+fn pipeline_decode(a: &Args, filler: &[u32]) -> Result<f64> {
+    use shoal_engine::pipeline::{Group, PipelineModel};
+    let path = a.model.path();
+    let layers = shoal_models::ModelCard::read(&path)?
+        .layers
+        .context("the model does not say how many layers it has")? as usize;
+    let ranges = shoal_api::shards::split(layers, &vec![1; a.split]);
+    let ports: Vec<String> = (0..a.split)
+        .map(|_| {
+            let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+            Ok(l.local_addr()?.to_string())
+        })
+        .collect::<std::io::Result<_>>()?;
+    let hosts: Vec<Vec<String>> = ports.into_iter().map(|p| vec![p]).collect();
+    let hostfile =
+        std::env::temp_dir().join(format!("shoal-bench-ring-{}.json", std::process::id()));
+    std::fs::write(&hostfile, serde_json::to_vec(&hosts)?)?;
+    let exe = std::env::current_exe()?;
+    let mut children = Vec::new();
+    for (rank, (first, end)) in ranges.iter().enumerate().skip(1) {
+        children.push(
+            std::process::Command::new(&exe)
+                .arg("shard")
+                .arg("--model")
+                .arg(&path)
+                .args(["--model-id", "bench", "--layers", &format!("{first}:{end}")])
+                .env("MLX_RANK", rank.to_string())
+                .env("MLX_HOSTFILE", &hostfile)
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::null())
+                .spawn()?,
+        );
+    }
+    let first = ranges[0];
+    let hostfile_for_engine = hostfile.clone();
+    let result = (|| -> Result<f64> {
+        // This process is rank 0 of the ring.
+        std::env::set_var("MLX_RANK", "0");
+        std::env::set_var("MLX_HOSTFILE", &hostfile_for_engine);
+        let opts = EngineOptions {
+            prefix_cache_bytes: 0,
+            ..EngineOptions::default()
+        };
+        let engine = Engine::start_with(&path, "bench-split", opts, move |p| {
+            let group = Group::init_ring()?;
+            let (stage, vocab) = shoal_engine::loader::load_stage(p, Some(first.0..first.1))?;
+            Ok(shoal_engine::loader::Loaded {
+                model: Box::new(PipelineModel::new(stage, group)?),
+                vocab,
+                path: p.to_path_buf(),
+            })
+        })?;
+        let mut dec = Vec::new();
+        for run in 0..=a.runs {
+            let mut prompt = filler.to_vec();
+            prompt[0] = 5000 + run as u32;
+            let req = GenerateRequest {
+                prompt,
+                max_tokens: Some(a.gen_tokens),
+                sampling: SamplingParams {
+                    temperature: 0.0,
+                    ..SamplingParams::default()
+                },
+                stop: vec![],
+                ignore_eos: true,
+                cancel: Default::default(),
+                reasoning: None,
+                grammar: None,
+                tools: None,
+            };
+            let (_, c) = collect_blocking(engine.submit(req)?)?;
+            // The first run warms up.
+            if run > 0 {
+                dec.push(c.timings.decode_tokens_per_s);
+            }
+        }
+        Ok(median(dec))
+    })();
+    for mut c in children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let _ = std::fs::remove_file(&hostfile);
+    result
 }
