@@ -10,7 +10,10 @@
 # Starts `shoal serve --port 0 --prefix-cache-mb 0 --db <temp dir>/ui.db --alias
 # ui-test-alias` with HF_ENDPOINT at the fixture and HF_HOME in the temp dir (a
 # fresh conversation store and model library, never the user's; removed
-# afterwards), saves screenshots to target/ui-artifacts/, prints
+# afterwards). Beside it a second server that requires an API key (`--api-key
+# <random key>`, its own --db and HF_HOME) for the key tests: its URL and key
+# reach the suite as SHOAL_UI_KEYED_URL and SHOAL_UI_KEY (the key is never
+# printed). Saves screenshots to target/ui-artifacts/, prints
 # "ui: N passed, M failed" and exits non-zero if a test failed or none ran.
 set -uo pipefail
 
@@ -36,6 +39,7 @@ fail() {
 
 LOGDIR="$(mktemp -d "${TMPDIR:-/tmp}/shoal-run-ui.XXXXXX")"
 SERVER_PID=""
+KEYED_PID=""
 HUB_PID=""
 stop() {
   local pid="$1"
@@ -47,6 +51,7 @@ stop() {
 }
 cleanup() {
   stop "$SERVER_PID"
+  stop "$KEYED_PID"
   stop "$HUB_PID"
   rm -rf "$LOGDIR"
 }
@@ -75,34 +80,53 @@ if [[ -z "$HUB_URL" ]]; then
 fi
 echo "run-ui: hub fixture at $HUB_URL"
 
+# Waits for a server started in the background (pid $1, stdout $2, stderr $3)
+# to report its address; sets URL and LINE, or fails.
+wait_listening() {
+  local pid="$1" out="$2" err="$3"
+  URL=""
+  LINE=""
+  while ((SECONDS - start < STARTUP_TIMEOUT)); do
+    LINE="$(grep -m1 -E '^shoal listening on http://[^ ]+ \(model .+\)' "$out" || true)"
+    if [[ -n "$LINE" ]]; then
+      URL="$(sed -E 's/^shoal listening on (http:\/\/[^ ]+) .*/\1/' <<<"$LINE")"
+      return 0
+    fi
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.2
+  done
+  tail -n 40 "$err" >&2
+  fail "shoal serve ($out) did not report its address within ${STARTUP_TIMEOUT}s"
+}
+
+# Both servers start at once; the keyed one gets a fresh random key.
+SHOAL_UI_KEY="ui-key-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
+mkdir -p "$LOGDIR/keyed-hf-home"
 start=$SECONDS
 HF_ENDPOINT="$HUB_URL" HF_HOME="$LOGDIR/hf-home" HF_TOKEN="" \
   "$SHOAL_BIN" serve --port 0 --prefix-cache-mb 0 --db "$LOGDIR/ui.db" --alias ui-test-alias >"$LOGDIR/server.out" 2>"$LOGDIR/server.err" &
 SERVER_PID=$!
-URL=""
-while ((SECONDS - start < STARTUP_TIMEOUT)); do
-  line="$(grep -m1 -E '^shoal listening on http://[^ ]+ \(model .+\)' "$LOGDIR/server.out" || true)"
-  if [[ -n "$line" ]]; then
-    URL="$(sed -E 's/^shoal listening on (http:\/\/[^ ]+) .*/\1/' <<<"$line")"
-    break
-  fi
-  kill -0 "$SERVER_PID" 2>/dev/null || break
-  sleep 0.2
-done
-if [[ -z "$URL" ]]; then
-  tail -n 40 "$LOGDIR/server.err" >&2
-  fail "shoal serve did not report its address within ${STARTUP_TIMEOUT}s"
-fi
-echo "run-ui: $line"
+HF_ENDPOINT="$HUB_URL" HF_HOME="$LOGDIR/keyed-hf-home" HF_TOKEN="" \
+  "$SHOAL_BIN" serve --port 0 --prefix-cache-mb 0 --db "$LOGDIR/keyed.db" --api-key "$SHOAL_UI_KEY" >"$LOGDIR/keyed.out" 2>"$LOGDIR/keyed.err" &
+KEYED_PID=$!
+wait_listening "$SERVER_PID" "$LOGDIR/server.out" "$LOGDIR/server.err"
+echo "run-ui: $LINE"
+wait_listening "$KEYED_PID" "$LOGDIR/keyed.out" "$LOGDIR/keyed.err"
+KEYED_URL="$URL"
+echo "run-ui: (requires an API key) $LINE"
+wait_listening "$SERVER_PID" "$LOGDIR/server.out" "$LOGDIR/server.err"
 if ! curl -fsS "$URL/" | grep -q '<div id="root">'; then
   if [[ -f "$ROOT/ui/dist/index.html" ]]; then
     fail "$URL/ does not serve the web UI although ui/dist exists: $SHOAL_BIN was built before ui/dist or without embedding it"
   fi
   fail "$URL/ does not serve the web UI: build it (make ui) before building shoal"
 fi
+keyed_status="$(curl -s -o /dev/null -w '%{http_code}' "$KEYED_URL/v1/models")"
+[[ "$keyed_status" == 401 ]] || fail "$KEYED_URL/v1/models answered $keyed_status without a key, not 401 (was --api-key taken?)"
 
 suite_start=$SECONDS
-(cd "$ROOT/tests/ui" && SHOAL_URL="$URL" HUB_URL="$HUB_URL" node --test --test-reporter=spec) 2>&1 | tee "$LOGDIR/ui.log"
+(cd "$ROOT/tests/ui" && SHOAL_URL="$URL" HUB_URL="$HUB_URL" SHOAL_UI_KEYED_URL="$KEYED_URL" SHOAL_UI_KEY="$SHOAL_UI_KEY" \
+  node --test --test-reporter=spec) 2>&1 | tee "$LOGDIR/ui.log"
 rc=${PIPESTATUS[0]}
 secs=$((SECONDS - suite_start))
 
@@ -120,6 +144,8 @@ if ((rc != 0 || failed > 0 || pass == 0)); then status=1; fi
 if ((status != 0)); then
   echo "run-ui: server log tail:" >&2
   tail -n 20 "$LOGDIR/server.err" >&2
+  echo "run-ui: keyed server log tail:" >&2
+  tail -n 20 "$LOGDIR/keyed.err" >&2
 fi
 echo
 echo "ui suite took ${secs}s (node exit $rc); screenshots in ${UI_ARTIFACTS#$ROOT/}/"

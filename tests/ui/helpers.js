@@ -7,6 +7,9 @@ import { chromium } from 'playwright-core';
 
 const here = dirname(fileURLToPath(import.meta.url));
 export const BASE = (process.env.SHOAL_URL || '').replace(/\/$/, '');
+/** A second server that requires an API key (tests/run-ui.sh), and its key; empty when not started. */
+export const KEYED_BASE = (process.env.SHOAL_UI_KEYED_URL || '').replace(/\/$/, '');
+export const KEY = process.env.SHOAL_UI_KEY || '';
 export const ARTIFACTS = process.env.UI_ARTIFACTS || resolve(here, '..', '..', 'target', 'ui-artifacts');
 export const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
 export const CHROMIUM_ARGS = [
@@ -32,14 +35,14 @@ export function launch() {
  * first navigation (e.g. to route requests). Uncaught page errors are
  * collected in `errors`; a test ends by asserting there were none.
  */
-export async function openPage(browser, { width = 1280, height = 800, colorScheme = 'light', path = '/', setup } = {}) {
+export async function openPage(browser, { width = 1280, height = 800, colorScheme = 'light', path = '/', setup, base = BASE } = {}) {
   const context = await browser.newContext({ viewport: { width, height }, colorScheme });
   const page = await context.newPage();
   page.setDefaultTimeout(30_000);
   const errors = [];
   page.on('pageerror', (e) => errors.push(e.message));
   if (setup) await setup(page);
-  await page.goto(BASE + path);
+  await page.goto(base + path);
   return { context, page, errors };
 }
 
@@ -47,12 +50,12 @@ export async function screenshot(page, name) {
   await page.screenshot({ path: join(ARTIFACTS, `${name}.png`) });
 }
 
-export async function api(path, body, method = body === undefined ? 'GET' : 'POST') {
-  const res = await fetch(BASE + path, body === undefined ? { method } : {
-    method,
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify(body),
-  });
+/** A request to the server under test (or to `base`, with `key` as a Bearer token). */
+export async function api(path, body, method = body === undefined ? 'GET' : 'POST', { base = BASE, key } = {}) {
+  const headers = {};
+  if (body !== undefined) headers['content-type'] = 'application/json';
+  if (key) headers.authorization = `Bearer ${key}`;
+  const res = await fetch(base + path, body === undefined ? { method, headers } : { method, headers, body: JSON.stringify(body) });
   const text = await res.text();
   return { status: res.status, text, json: (() => { try { return JSON.parse(text); } catch { return null; } })() };
 }
@@ -77,10 +80,10 @@ export async function streamChat(body) {
 }
 
 /** The server's ledger entry for one response id (waits for it to be recorded). */
-export async function ledgerEntry(id, timeoutMs = 5000) {
+export async function ledgerEntry(id, timeoutMs = 5000, opts = {}) {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
-    const { json } = await api('/v1/usage?limit=200');
+    const { json } = await api('/v1/usage?limit=200', undefined, 'GET', opts);
     const hit = json?.data?.find((e) => e.id === id);
     if (hit) return hit;
     if (Date.now() > deadline) throw new Error(`no ledger entry for ${id}`);

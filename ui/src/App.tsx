@@ -1,4 +1,5 @@
 import { createSignal, ErrorBoundary, For, Match, onCleanup, onMount, Switch } from 'solid-js';
+import { ForgetKeyButton, KeyPrompt } from './components/KeyPrompt';
 import { ChatView } from './views/Chat';
 import { ClusterView } from './views/Cluster';
 import { UsageView } from './views/Usage';
@@ -65,6 +66,7 @@ export function App() {
             )}
           </For>
         </nav>
+        <ForgetKeyButton />
         <button
           class="icon-btn"
           data-testid="theme-toggle"
@@ -100,6 +102,7 @@ export function App() {
           </Switch>
         </ErrorBoundary>
       </main>
+      <KeyPrompt />
     </div>
   );
 }

@@ -1,5 +1,7 @@
 // The server's HTTP API as the UI uses it. Same-origin relative URLs only:
-// the shoal binary serves this UI at `/` next to `/v1`.
+// the shoal binary serves this UI at `/` next to `/v1`. Every request goes
+// through `apiFetch` (auth.ts), which adds the API key when the server wants one.
+import { apiFetch } from './auth';
 import { readSse } from './sse';
 
 export interface Usage {
@@ -128,7 +130,7 @@ export async function apiError(res: Response): Promise<ApiError> {
 export async function getJson<T>(url: string, signal?: AbortSignal): Promise<T> {
   let res: Response;
   try {
-    res = await fetch(url, { signal, headers: { accept: 'application/json' } });
+    res = await apiFetch(url, { signal, headers: { accept: 'application/json' } });
   } catch (e) {
     if ((e as Error).name === 'AbortError') throw e;
     throw new ApiError(`cannot reach the server (${(e as Error).message})`, null);
@@ -148,7 +150,7 @@ export function modelPath(id: string): string {
 async function request(method: string, url: string, body?: unknown, signal?: AbortSignal): Promise<Response> {
   let res: Response;
   try {
-    res = await fetch(url, {
+    res = await apiFetch(url, {
       method,
       signal,
       headers: body === undefined ? { accept: 'application/json' } : { accept: 'application/json', 'content-type': 'application/json' },

@@ -1,6 +1,7 @@
 // One streamed chat completion: POST /v1/chat/completions with stream: true,
 // read as SSE, turned into deltas, live counts and a final result.
 import { apiError, ledgerEntry, type Usage } from './api';
+import { apiFetch } from './auth';
 import { finishFromApi, type Finish } from './finish';
 import { readSse } from './sse';
 import type { ChatSettings, Message, ReplyStats } from './store';
@@ -105,7 +106,7 @@ export async function streamChat(req: ChatRequest, signal: AbortSignal, h: Strea
 
   let res: Response;
   try {
-    res = await fetch('/v1/chat/completions', {
+    res = await apiFetch('/v1/chat/completions', {
       method: 'POST',
       headers: { 'content-type': 'application/json', accept: 'text/event-stream' },
       body: JSON.stringify(req),

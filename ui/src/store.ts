@@ -4,6 +4,7 @@
 // to the UI's types below and back; everything else goes through the async
 // functions at the end.
 import { apiError, ApiError } from './api';
+import { apiFetch } from './auth';
 import { finishFromApi, type Finish } from './finish';
 
 export interface ChatSettings {
@@ -242,7 +243,7 @@ export class StoreError extends ApiError {}
 async function call<T>(method: string, url: string, body?: unknown): Promise<T> {
   let res: Response;
   try {
-    res = await fetch(url, {
+    res = await apiFetch(url, {
       method,
       headers: body === undefined ? { accept: 'application/json' } : { accept: 'application/json', 'content-type': 'application/json' },
       body: body === undefined ? undefined : JSON.stringify(body),
