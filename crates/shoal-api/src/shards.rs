@@ -68,6 +68,19 @@ async fn spawn(
     std::fs::write(&hostfile, serde_json::to_vec(hosts).unwrap_or_default())
         .map_err(|e| ApiError::internal(format!("writing the ring's host file: {e}")))?;
     let mut cmd = tokio::process::Command::new(exe);
+    // Stages that share this machine share its cores: idle OpenBLAS threads
+    // spin, and one stage per core keeps them from starving each other.
+    let host = |h: &Vec<String>| {
+        h.first()
+            .and_then(|a| a.rsplit_once(':'))
+            .map(|(ip, _)| ip.to_string())
+    };
+    let mine = hosts.get(rank).and_then(host);
+    let local = hosts.iter().filter(|h| host(h) == mine).count();
+    if local > 1 && std::env::var_os("OPENBLAS_NUM_THREADS").is_none() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        cmd.env("OPENBLAS_NUM_THREADS", (cores / local).max(1).to_string());
+    }
     cmd.arg("shard")
         .arg("--model")
         .arg(model)

@@ -76,6 +76,7 @@ enum Blas {
     OpenBlas {
         sgemv: Sgemv,
         sgemm: FortranSgemm,
+        set_threads: Option<unsafe extern "C" fn(libc::c_int)>,
         /// Keeps the library mapped for the life of the process.
         _lib: libloading::Library,
     },
@@ -117,9 +118,15 @@ fn load() -> Option<Blas> {
         };
         if let (Ok(sgemv), Ok(sgemm)) = syms {
             info!(coretype = ?std::env::var("OPENBLAS_CORETYPE").ok(), "using OpenBLAS for float32 matmul");
+            let set_threads = unsafe {
+                lib.get::<unsafe extern "C" fn(libc::c_int)>(b"openblas_set_num_threads\0")
+                    .map(|s| *s)
+                    .ok()
+            };
             return Some(Blas::OpenBlas {
                 sgemv,
                 sgemm,
+                set_threads,
                 _lib: lib,
             });
         }
@@ -145,6 +152,20 @@ pub fn describe() -> String {
         ),
         Some(Blas::Next(_)) => "bundled".into(),
         None => "none".into(),
+    }
+}
+
+/// Caps OpenBLAS's threads. Processes sharing a machine (pipeline stages
+/// on one host) must not each spin a thread per core: idle OpenBLAS threads
+/// busy-wait and starve the stage that is working.
+pub fn set_threads(n: usize) {
+    if let Some(Blas::OpenBlas {
+        set_threads: Some(f),
+        ..
+    }) = BLAS.get_or_init(load)
+    {
+        // SAFETY: OpenBLAS's own setter, called with a positive count.
+        unsafe { f(n.max(1) as libc::c_int) };
     }
 }
 

@@ -182,10 +182,25 @@ pub fn run(a: Args) -> Result<()> {
     }
     let info = &engine.model.info;
     let single = median(dec.clone());
-    let pipeline = if a.split > 1 {
-        Some(pipeline_decode(&a, &filler).context("pipeline benchmark")?)
+    // The split's stages share this machine's cores, so it is compared with
+    // one process given the same number of BLAS threads as each stage.
+    let threads =
+        (std::thread::available_parallelism().map_or(1, |n| n.get()) / a.split.max(1)).max(1);
+    let (pipeline, single_same_threads) = if a.split > 1 {
+        #[cfg(target_os = "linux")]
+        shoal_engine::cpu_blas::set_threads(threads);
+        let mut same = Vec::new();
+        for run in 0..a.runs {
+            let (_, c) =
+                collect_blocking(engine.submit(req(prompt_for(3000 + run), a.gen_tokens))?)?;
+            same.push(c.timings.decode_tokens_per_s);
+        }
+        (
+            Some(pipeline_decode(&a, &filler, threads).context("pipeline benchmark")?),
+            Some(median(same)),
+        )
     } else {
-        None
+        (None, None)
     };
     let out = json!({
         "engine": "shoal",
@@ -211,8 +226,10 @@ pub fn run(a: Args) -> Result<()> {
         "concurrent_speedup": (a.concurrency > 1 && single > 0.0).then(|| median(agg.clone()) / single),
         "split_processes": (a.split > 1).then_some(a.split),
         "split_decode_tok_s": pipeline,
-        "split_hop_ms_per_token": pipeline.filter(|p| *p > 0.0 && single > 0.0)
-            .map(|p| (1000.0 / p - 1000.0 / single) / (a.split - 1) as f64),
+        "split_blas_threads": (a.split > 1).then_some(threads),
+        "single_decode_tok_s_same_threads": single_same_threads,
+        "split_hop_ms_per_token": pipeline.zip(single_same_threads).filter(|(p, o)| *p > 0.0 && *o > 0.0)
+            .map(|(p, o)| (1000.0 / p - 1000.0 / o) / (a.split - 1) as f64),
     });
     if a.json {
         println!("{out}");
@@ -235,12 +252,13 @@ pub fn run(a: Args) -> Result<()> {
                 median(wall)
             );
         }
-        if let Some(p) = pipeline {
+        if let (Some(p), Some(o)) = (pipeline, single_same_threads) {
             println!(
-                "  split over {} processes (MLX ring, loopback): decode {:.1} tok/s vs {:.1} on one | {:.2} ms per token per hop",
+                "  split over {} processes (MLX ring, loopback, {} BLAS thread(s) each): decode {:.1} tok/s vs {:.1} in one process with as many threads | {:.2} ms per token per hop",
                 a.split,
+                threads,
                 p,
-                single,
+                o,
                 out["split_hop_ms_per_token"].as_f64().unwrap_or(0.0)
             );
         }
@@ -256,7 +274,7 @@ pub fn run(a: Args) -> Result<()> {
 
 /// Decode speed with the model split over `a.split` processes: this one is
 /// rank 0 (the engine), `shoal shard` children run the other layers.
-fn pipeline_decode(a: &Args, filler: &[u32]) -> Result<f64> {
+fn pipeline_decode(a: &Args, filler: &[u32], threads: usize) -> Result<f64> {
     use shoal_engine::pipeline::{Group, PipelineModel};
     let path = a.model.path();
     let layers = shoal_models::ModelCard::read(&path)?
@@ -284,6 +302,7 @@ fn pipeline_decode(a: &Args, filler: &[u32]) -> Result<f64> {
                 .args(["--model-id", "bench", "--layers", &format!("{first}:{end}")])
                 .env("MLX_RANK", rank.to_string())
                 .env("MLX_HOSTFILE", &hostfile)
+                .env("OPENBLAS_NUM_THREADS", threads.to_string())
                 .stdin(std::process::Stdio::piped())
                 .stdout(std::process::Stdio::null())
                 .spawn()?,
