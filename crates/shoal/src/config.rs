@@ -259,6 +259,12 @@ const SETTINGS: &[Setting] = &[
     ),
     setting("content_filter", "phrases", Some("SHOAL_BLOCK"), "--block"),
     setting(
+        "content_filter",
+        "patterns",
+        Some("SHOAL_BLOCK_REGEX"),
+        "--block-regex",
+    ),
+    setting(
         "cluster",
         "secret",
         Some("SHOAL_CLUSTER_SECRET"),
@@ -268,12 +274,6 @@ const SETTINGS: &[Setting] = &[
     setting("cluster", "mdns", Some("SHOAL_MDNS"), "--no-mdns"),
     setting("cluster", "unreachable_after_secs", None, "(file only)"),
     setting("cluster", "remove_after_secs", None, "(file only)"),
-    setting(
-        "content_filter",
-        "patterns",
-        Some("SHOAL_BLOCK_REGEX"),
-        "--block-regex",
-    ),
 ];
 
 fn find_setting(section: &str, key: &str) -> Option<&'static Setting> {
