@@ -212,6 +212,7 @@ pub fn quit(app: &AppHandle) {
     tauri::async_runtime::spawn(async move {
         tracing::info!("quitting");
         shell.server.stop().await;
+        shell.server.free_models().await;
         app.exit(0);
     });
 }

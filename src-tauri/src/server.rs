@@ -149,6 +149,18 @@ impl Server {
 
     /// Stops accepting, lets open responses finish for up to [`GRACE`], then
     /// cuts the rest. Does nothing if not serving.
+    /// Frees the loaded models (at Quit, before the process exits, so MLX is
+    /// not torn down under a running engine thread).
+    pub async fn free_models(&self) {
+        let pool = self.inner().state.as_ref().map(|s| s.pool.clone());
+        if let Some(pool) = pool {
+            let _ = tokio::task::spawn_blocking(move || {
+                pool.shutdown(std::time::Duration::from_secs(5))
+            })
+            .await;
+        }
+    }
+
     pub async fn stop(&self) {
         let _op = self.op.lock().await;
         let Some(Running { stop, mut task }) = self.inner().running.take() else {

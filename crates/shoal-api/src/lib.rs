@@ -254,14 +254,9 @@ pub async fn serve_until(
         let n = running.cancel_all();
         tracing::info!(cancelled = n, "shutting down");
     };
-    let pool = state.pool.clone();
-    let served = axum::serve(listener, router(state))
+    axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
-        .await;
-    // Free the models before the caller exits the process.
-    let _ = tokio::task::spawn_blocking(move || pool.shutdown(std::time::Duration::from_secs(10)))
-        .await;
-    served
+        .await
 }
 
 /// Largest accepted request body.

@@ -44,10 +44,18 @@ pub fn run(a: Args) -> Result<()> {
         let local = listener.local_addr()?;
         // Tests and scripts wait for this line.
         println!("shoal listening on http://{local} (model {model_id})");
-        shoal_api::serve_until(listener, state, async {
+        let pool = state.pool.clone();
+        let served = shoal_api::serve_until(listener, state, async {
             let _ = tokio::signal::ctrl_c().await;
         })
         .await
-        .context("server error")
+        .context("server error");
+        // Free the models before the process exits, so MLX is not torn
+        // down under a running engine thread. (The desktop app keeps its
+        // models across Stop / Start.)
+        let _ =
+            tokio::task::spawn_blocking(move || pool.shutdown(std::time::Duration::from_secs(10)))
+                .await;
+        served
     })
 }
