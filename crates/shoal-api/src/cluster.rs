@@ -48,16 +48,33 @@ struct ModelBody {
     model: String,
 }
 
+/// A control request from a peer: its signature checked (the sender
+/// becomes a peer), its JSON body parsed. Every control route takes one.
+pub struct Peer<T>(pub T);
+
+impl<T: serde::de::DeserializeOwned> axum::extract::FromRequest<AppState> for Peer<T> {
+    type Rejection = DialectError;
+
+    async fn from_request(
+        req: axum::extract::Request,
+        s: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let (parts, body) = req.into_parts();
+        let bytes = axum::body::to_bytes(body, crate::MAX_BODY_BYTES)
+            .await
+            .map_err(|_| crate::body::too_large().in_dialect(Dialect::OpenAi))?;
+        s.verify_peer(&parts.method, &parts.uri, &parts.headers, &bytes)?;
+        let json: &[u8] = if bytes.is_empty() { b"null" } else { &bytes };
+        serde_json::from_slice(json)
+            .map(Peer)
+            .map_err(|e| ApiError::invalid(e.to_string()).in_dialect(Dialect::OpenAi))
+    }
+}
+
 async fn control_load(
     State(s): State<AppState>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
+    Peer(req): Peer<ModelBody>,
 ) -> Result<Response, DialectError> {
-    s.verify_peer(&method, &uri, &headers, &body)?;
-    let req: ModelBody = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::invalid(e.to_string()).in_dialect(Dialect::OpenAi))?;
     let engine = s
         .pool
         .engine(&req.model)
@@ -71,14 +88,8 @@ async fn control_load(
 
 async fn control_unload(
     State(s): State<AppState>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
+    Peer(req): Peer<ModelBody>,
 ) -> Result<Response, DialectError> {
-    s.verify_peer(&method, &uri, &headers, &body)?;
-    let req: ModelBody = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::invalid(e.to_string()).in_dialect(Dialect::OpenAi))?;
     Ok(Json(json!({"model": req.model, "unloaded": s.pool.unload(&req.model)})).into_response())
 }
 

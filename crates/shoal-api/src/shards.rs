@@ -11,13 +11,12 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use axum::extract::State;
-use axum::http::{HeaderMap, Method, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 use tokio::io::AsyncBufReadExt;
 
-use crate::cluster::{Instance, Target};
+use crate::cluster::{Instance, Peer, Target};
 use crate::error::{ApiError, Dialect, DialectError};
 use crate::AppState;
 
@@ -145,18 +144,15 @@ fn ring_address(s: &AppState) -> Result<String, ApiError> {
 
 pub async fn prepare(
     State(s): State<AppState>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
+    Peer(_): Peer<serde::de::IgnoredAny>,
 ) -> Result<Response, DialectError> {
-    s.verify_peer(&method, &uri, &headers, &body)?;
     let addr = ring_address(&s).map_err(openai)?;
     Ok(Json(json!({"address": addr})).into_response())
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
-struct StartRequest {
+/// Start one rank of an instance.
+pub struct StartRequest {
     instance: String,
     model: String,
     layers: (usize, usize),
@@ -166,14 +162,8 @@ struct StartRequest {
 
 pub async fn start(
     State(s): State<AppState>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
+    Peer(req): Peer<StartRequest>,
 ) -> Result<Response, DialectError> {
-    s.verify_peer(&method, &uri, &headers, &body)?;
-    let req: StartRequest =
-        serde_json::from_slice(&body).map_err(|e| openai(ApiError::invalid(e.to_string())))?;
     let (id, path) = s.pool.path_of(&req.model).map_err(openai)?;
     let shard = spawn(&req.instance, &path, &id, req.layers, req.rank, &req.hosts)
         .await
@@ -183,20 +173,15 @@ pub async fn start(
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
-struct StopRequest {
+/// Stop this node's shard of an instance.
+pub struct StopRequest {
     instance: String,
 }
 
 pub async fn stop(
     State(s): State<AppState>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
+    Peer(req): Peer<StopRequest>,
 ) -> Result<Response, DialectError> {
-    s.verify_peer(&method, &uri, &headers, &body)?;
-    let req: StopRequest =
-        serde_json::from_slice(&body).map_err(|e| openai(ApiError::invalid(e.to_string())))?;
     let stopped = lock(&s.shards).remove(&req.instance).is_some();
     Ok(Json(json!({"stopped": stopped})).into_response())
 }

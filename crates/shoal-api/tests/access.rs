@@ -1,8 +1,10 @@
 //! Access rules on the real default model: API keys (both headers, constant
 //! answers in each dialect's shape), origins and CORS, request limits.
-use std::path::PathBuf;
+mod common;
+
 use std::sync::Arc;
 
+use common::gguf;
 use serde_json::{json, Value};
 use shoal_api::access::Access;
 use shoal_api::AppState;
@@ -10,12 +12,6 @@ use shoal_engine::{Engine, EngineOptions};
 
 const MODEL: &str = "smollm2";
 const KEY: &str = "sk-local-7f3a9c";
-
-fn gguf() -> PathBuf {
-    std::env::var("SHOAL_TEST_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| shoal_engine::loader::default_model_path())
-}
 
 /// One engine for every test, alive until the process exits.
 fn engine() -> Engine {
@@ -27,12 +23,7 @@ fn engine() -> Engine {
 async fn server(access: Access) -> String {
     let mut state = AppState::new(engine());
     state.access = Arc::new(access);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = shoal_api::serve_until(listener, state, std::future::pending()).await;
-    });
-    format!("http://{addr}")
+    common::serve(state).await
 }
 
 async fn call(

@@ -2,9 +2,12 @@
 //! error, as MLX does when an operation fails) ends the affected requests
 //! with a clear error in each dialect's shape, keeps their usage in the
 //! ledger, and leaves the server serving the next requests.
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use common::gguf;
 use serde_json::{json, Value};
 use shoal_api::AppState;
 use shoal_engine::backend::{DecodeBatch, KvCache, LanguageModel, ModelInfo};
@@ -12,12 +15,6 @@ use shoal_engine::loader::Loaded;
 use shoal_engine::{Engine, EngineError, EngineOptions};
 
 const MODEL: &str = "smollm2";
-
-fn gguf() -> PathBuf {
-    std::env::var("SHOAL_TEST_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| shoal_engine::loader::default_model_path())
-}
 
 /// The real model, except that the decode passes whose numbers are in
 /// `fail` return an error.
@@ -71,12 +68,7 @@ async fn server(fail: Vec<usize>) -> String {
     })
     .expect("load");
     let state = AppState::new(engine);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = shoal_api::serve_until(listener, state, std::future::pending()).await;
-    });
-    format!("http://{addr}")
+    common::serve(state).await
 }
 
 async fn post(base: &str, path: &str, body: Value) -> (u16, String) {

@@ -1,6 +1,7 @@
 //! HTTP tests against an in-process server on the real default model: raw
 //! SSE framing and order, and a table of malformed requests per dialect.
-use std::path::PathBuf;
+mod common;
+
 use std::sync::OnceLock;
 
 use serde_json::{json, Value};
@@ -8,18 +9,6 @@ use shoal_api::AppState;
 use shoal_engine::{Engine, EngineOptions};
 
 const MODEL: &str = "smollm2";
-
-fn gguf() -> PathBuf {
-    let p = std::env::var("SHOAL_TEST_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| shoal_engine::loader::default_model_path());
-    assert!(
-        p.is_file(),
-        "default model missing at {} — run `make models`",
-        p.display()
-    );
-    p
-}
 
 fn engine() -> Engine {
     static E: OnceLock<Engine> = OnceLock::new();
@@ -39,17 +28,7 @@ async fn server(engine: Engine) -> String {
     serve_state(AppState::new(engine)).await
 }
 
-/// Serves `state` on a free port; returns the base URL.
-async fn serve_state(state: AppState) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        let _ = shoal_api::serve_until(listener, state, std::future::pending()).await;
-    });
-    format!("http://{addr}")
-}
+use common::{gguf, serve as serve_state};
 
 /// Splits an SSE body into (event name, data) pairs.
 fn sse(body: &str) -> Vec<(Option<String>, String)> {

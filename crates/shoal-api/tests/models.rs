@@ -2,10 +2,13 @@
 //! local metadata, `POST /v1/models/pull` streaming progress from a loopback
 //! hub fixture, load on first use, the memory budget, idle unload, explicit
 //! load / unload and deletion.
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::gguf;
 use serde_json::{json, Value};
 use shoal_api::models::{ModelPool, PoolOptions};
 use shoal_api::AppState;
@@ -15,18 +18,6 @@ use shoal_models::{HubOptions, Library};
 
 const DEFAULT: &str = "smollm2";
 const PULLED: &str = "test/SmolLM2-GGUF";
-
-fn gguf() -> PathBuf {
-    let p = std::env::var("SHOAL_TEST_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| shoal_engine::loader::default_model_path());
-    assert!(
-        p.is_file(),
-        "default model missing at {} — run `make models`",
-        p.display()
-    );
-    p
-}
 
 fn temp(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("shoal-models-{}-{name}", std::process::id()));
@@ -68,13 +59,7 @@ fn options(hub: &HubFixture, home: &Path) -> PoolOptions {
 }
 
 async fn serve(pool: Arc<ModelPool>) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let state = AppState::with_pool(pool);
-    tokio::spawn(async move {
-        let _ = shoal_api::serve_until(listener, state, std::future::pending()).await;
-    });
-    format!("http://{addr}")
+    common::serve(AppState::with_pool(pool)).await
 }
 
 async fn send(method: reqwest::Method, url: String, body: Option<Value>) -> (u16, String) {

@@ -38,6 +38,24 @@ const FILLER: &str =
     "The quick brown fox jumps over the lazy dog while the river runs past old mills, \
 and scholars in the library count the pages of a thousand forgotten books. ";
 
+/// A timed request: greedy, exactly `max_tokens` long (EOS ignored).
+fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
+    GenerateRequest {
+        prompt,
+        max_tokens: Some(max_tokens),
+        sampling: SamplingParams {
+            temperature: 0.0,
+            ..SamplingParams::default()
+        },
+        stop: vec![],
+        ignore_eos: true,
+        cancel: Default::default(),
+        reasoning: None,
+        grammar: None,
+        tools: None,
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     match v.len() {
@@ -92,20 +110,7 @@ pub fn run(a: Args) -> Result<()> {
         p[0] = 1000 + run as u32;
         p
     };
-    let req = |prompt: Vec<u32>, max_tokens: usize| GenerateRequest {
-        prompt,
-        max_tokens: Some(max_tokens),
-        sampling: SamplingParams {
-            temperature: 0.0,
-            ..SamplingParams::default()
-        },
-        stop: vec![],
-        ignore_eos: true,
-        cancel: Default::default(),
-        reasoning: None,
-        grammar: None,
-        tools: None,
-    };
+    let req = greedy;
     // One warm-up run so one-time allocation does not count.
     collect_blocking(engine.submit(req(prompt_for(a.runs + 1), 2))?)?;
     let (mut pre, mut dec, mut ttft) = (vec![], vec![], vec![]);
@@ -331,21 +336,7 @@ fn pipeline_decode(a: &Args, filler: &[u32], threads: usize) -> Result<f64> {
         for run in 0..=a.runs {
             let mut prompt = filler.to_vec();
             prompt[0] = 5000 + run as u32;
-            let req = GenerateRequest {
-                prompt,
-                max_tokens: Some(a.gen_tokens),
-                sampling: SamplingParams {
-                    temperature: 0.0,
-                    ..SamplingParams::default()
-                },
-                stop: vec![],
-                ignore_eos: true,
-                cancel: Default::default(),
-                reasoning: None,
-                grammar: None,
-                tools: None,
-            };
-            let (_, c) = collect_blocking(engine.submit(req)?)?;
+            let (_, c) = collect_blocking(engine.submit(greedy(prompt, a.gen_tokens))?)?;
             // The first run warms up.
             if run > 0 {
                 dec.push(c.timings.decode_tokens_per_s);

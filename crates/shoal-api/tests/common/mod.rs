@@ -1,0 +1,28 @@
+//! Helpers the HTTP test files share.
+#![allow(dead_code)]
+use std::path::PathBuf;
+
+/// The real default model: `$SHOAL_TEST_GGUF`, else where `make models` puts it.
+pub fn gguf() -> PathBuf {
+    let p = std::env::var("SHOAL_TEST_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| shoal_engine::loader::default_model_path());
+    assert!(
+        p.is_file(),
+        "default model missing at {} — run `make models`",
+        p.display()
+    );
+    p
+}
+
+/// Serves `state` on a free loopback port until the test ends; returns the base URL.
+pub async fn serve(state: shoal_api::AppState) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = shoal_api::serve_until(listener, state, std::future::pending()).await;
+    });
+    format!("http://{addr}")
+}
