@@ -196,11 +196,6 @@ impl ModelPool {
         self.resolve(requested)
     }
 
-    /// Whether this node can serve `requested` (loaded, named or pulled).
-    pub fn knows(&self, requested: &str) -> bool {
-        self.loaded_engine(requested).is_some() || self.resolve(requested).is_ok()
-    }
-
     /// What a name refers to: a named model, else a model in the library.
     fn resolve(&self, requested: &str) -> Result<(String, PathBuf), ApiError> {
         if let Some(n) = self.named_id(requested) {
@@ -442,6 +437,14 @@ impl ModelPool {
             .into_iter()
             .find(|(m, _)| m.id == id)
             .map(|(m, _)| self.entry(&m))
+    }
+}
+
+impl Drop for ModelPool {
+    /// Waits for engines only this pool held to free their models, so a
+    /// process that ends right after never tears MLX down under them.
+    fn drop(&mut self) {
+        self.shutdown(Duration::from_secs(10));
     }
 }
 

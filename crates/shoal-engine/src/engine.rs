@@ -236,6 +236,10 @@ impl Engine {
     pub fn stop_and_wait(self, limit: std::time::Duration) -> bool {
         let stopped = self.stopped.clone();
         drop(self);
+        // Another handle (beside the engine thread's) keeps it running.
+        if Arc::strong_count(&stopped) > 2 {
+            return false;
+        }
         let (done, cv) = &*stopped;
         let guard = done.lock().unwrap_or_else(|p| p.into_inner());
         let (guard, _) = cv

@@ -192,10 +192,8 @@ proptest! {
             .enumerate()
             .map(|(i, c)| ChatMessage::new(if i % 2 == 0 { "user" } else { "assistant" }, c.clone()))
             .collect();
-        let started = std::time::Instant::now();
+        // Ok or Err both do; fuel bounds the work (see the test below).
         let _ = t.render(&messages, generation, &serde_json::Map::new());
-        // Fuel bounds the work; this only catches a runaway by a wide margin.
-        prop_assert!(started.elapsed() < std::time::Duration::from_secs(30));
     }
 }
 
@@ -208,9 +206,7 @@ fn hostile_templates_end_with_an_error() {
         "{% macro f(x) %}{{ f(x) }}{% endmacro %}{{ f(1) }}",
     ] {
         let t = ChatTemplate::new(source, None, None).expect("compiles");
-        let started = std::time::Instant::now();
         let err = t.render(&[], true, &serde_json::Map::new());
         assert!(err.is_err(), "{source} rendered");
-        assert!(started.elapsed() < std::time::Duration::from_secs(60));
     }
 }

@@ -1107,9 +1107,8 @@ fn requests_are_forwarded_and_instances_survive_a_dead_node() {
                       "temperature": 0, "stream": true})
     .to_string();
     let mut b_server = Some(b_server);
-    let started = std::time::Instant::now();
+    // Reads time out after 30 s, so a hang fails below instead of blocking.
     let sse = stream_until_end(&a, "/v1/completions", &long, || drop(b_server.take()));
-    assert!(started.elapsed() < std::time::Duration::from_secs(60));
     let last = sse
         .lines()
         .rev()
@@ -1323,9 +1322,8 @@ fn a_model_split_over_two_nodes_answers_like_one_and_survives_a_dead_node() {
                       "temperature": 0, "stream": true})
     .to_string();
     let mut b_server = Some(b_server);
-    let started = std::time::Instant::now();
+    // Reads time out after 30 s, so a hang fails below instead of blocking.
     let sse = stream_until_end(&a, "/v1/completions", &long, || drop(b_server.take()));
-    assert!(started.elapsed() < std::time::Duration::from_secs(60));
     // The error comes from the first stage's engine (the ring broke) or from
     // this node's watch on the instance, whichever notices first.
     let err = sse
