@@ -7,7 +7,7 @@ use tokenizers::Tokenizer;
 
 use crate::backend::LanguageModel;
 use crate::error::{EngineError, Result};
-use crate::model::{self, gguf, hf, DevicePolicy, Transformer};
+use crate::model::{self, gguf, gguf_subset, hf, DevicePolicy, Transformer};
 use crate::template::{ChatMessage, ChatTemplate};
 use crate::tokenizer::{tokenizer_from_gguf, GgufVocab};
 
@@ -144,7 +144,10 @@ pub fn load_stage(
         load_hf(path, policy, layers)
     } else if path.is_file() {
         if path.extension().is_some_and(|e| e == "gguf") {
-            load_gguf(path, policy, layers)
+            match layers {
+                Some(range) => load_gguf_stage(path, policy, range),
+                None => load_gguf(path, policy, None),
+            }
         } else {
             Err(EngineError::Unsupported(format!(
                 "{}: expected a .gguf file or a model directory",
@@ -157,6 +160,29 @@ pub fn load_stage(
             detail: format!("{} does not exist", path.display()),
         })
     }
+}
+
+/// A stage of a GGUF model: MLX reads a copy holding only the stage's
+/// layers (and the embeddings, norm and head), so neither the disk reads nor
+/// the memory of a stage grow with the layers other nodes run.
+fn load_gguf_stage(
+    path: &Path,
+    policy: DevicePolicy,
+    range: std::ops::Range<usize>,
+) -> Result<(Transformer, Arc<Vocabulary>)> {
+    let dir = tempfile::tempdir()
+        .map_err(|e| EngineError::Backend(format!("a folder for the stage's weights: {e}")))?;
+    let copy = dir.path().join("stage.gguf");
+    let subset =
+        gguf_subset::write_subset(path, &copy, |name| gguf_subset::in_stage(name, &range))?;
+    tracing::info!(
+        layers = ?range,
+        tensors = subset.tensors_kept,
+        of = subset.tensors_total,
+        mib = subset.bytes_kept / (1 << 20),
+        "stage weights"
+    );
+    load_gguf(&copy, policy, Some(range))
 }
 
 fn load_gguf(

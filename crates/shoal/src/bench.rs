@@ -66,7 +66,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Peak resident memory of this process in MiB (Linux), for the memory figure.
-fn peak_rss_mb() -> Option<f64> {
+/// Peak resident memory of this process (Linux; `None` elsewhere).
+pub(crate) fn peak_rss_mb() -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;

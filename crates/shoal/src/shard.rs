@@ -10,6 +10,7 @@ use std::path::PathBuf;
 
 use anyhow::{anyhow, bail, Context, Result};
 use shoal_api::AppState;
+use shoal_engine::backend::LanguageModel;
 use shoal_engine::loader::{self, Loaded};
 use shoal_engine::pipeline::{serve_stage, Group, PipelineModel};
 use shoal_engine::{Engine, EngineOptions};
@@ -62,7 +63,13 @@ pub fn run(a: Args) -> Result<()> {
         let group = Group::init_ring().context("joining the ring")?;
         let (stage, _) = loader::load_stage(&a.model, Some(layers.clone()))
             .with_context(|| format!("loading layers {layers:?} of {}", a.model.display()))?;
-        tracing::info!(rank, ?layers, "shard ready");
+        tracing::info!(
+            rank,
+            ?layers,
+            weights_mib = stage.info().weight_bytes >> 20,
+            peak_rss_mib = crate::bench::peak_rss_mb().map(|m| m.round()),
+            "shard ready"
+        );
         serve_stage(stage, group).context("pipeline stage")?;
         return Ok(());
     }

@@ -5,6 +5,7 @@
 //! weights are dequantized at load time (MLX's CPU quantized matmul is far
 //! slower than dense float32 here); on Metal they stay quantized.
 pub mod gguf;
+pub mod gguf_subset;
 pub mod hf;
 
 use std::any::Any;

@@ -17,6 +17,7 @@ pub fn gguf_path() -> PathBuf {
 }
 
 /// A one-message chat prompt through the model's own template.
+#[allow(dead_code)] // not every test file needs it
 pub fn chat_prompt(e: &Engine, user: &str) -> Vec<u32> {
     let msgs = [ChatMessage {
         role: "user".into(),

@@ -1,0 +1,125 @@
+//! Pipeline stages of the default GGUF model read and hold only their layers.
+mod common;
+
+use std::collections::BTreeSet;
+
+use mlx_rs::Array;
+use shoal_engine::backend::LanguageModel;
+use shoal_engine::loader;
+use shoal_engine::model::gguf_subset::{in_stage, write_subset};
+use shoal_engine::model::{gguf, DevicePolicy, MlxCache, Transformer};
+
+fn names(path: &std::path::Path) -> BTreeSet<String> {
+    let f = gguf::open(path).expect("open GGUF");
+    f.arrays().expect("tensors").into_keys().collect()
+}
+
+#[test]
+fn a_stage_copy_holds_only_its_layers_and_all_metadata() {
+    let src = common::gguf_path();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dst = dir.path().join("stage.gguf");
+    let range = 3..7;
+    let s = write_subset(&src, &dst, |n| in_stage(n, &range)).expect("subset");
+
+    let all = names(&src);
+    let kept = names(&dst);
+    let expected: BTreeSet<String> = all
+        .iter()
+        .filter(|n| in_stage(n, &range))
+        .cloned()
+        .collect();
+    assert_eq!(kept, expected);
+    assert!(kept.iter().any(|n| n.starts_with("blk.3.")));
+    assert!(kept.iter().any(|n| n.starts_with("blk.6.")));
+    assert!(!kept
+        .iter()
+        .any(|n| n.starts_with("blk.7.") || n.starts_with("blk.2.")));
+    assert!(kept.contains("token_embd.weight"));
+    assert_eq!(s.tensors_total, gguf_tensor_count(&src));
+    assert!(s.tensors_kept < s.tensors_total);
+
+    let (src_len, dst_len) = (
+        std::fs::metadata(&src).expect("src").len(),
+        std::fs::metadata(&dst).expect("dst").len(),
+    );
+    assert!(dst_len < src_len / 2, "copy {dst_len} of {src_len} bytes");
+    assert!(s.bytes_kept <= dst_len);
+
+    // Same metadata: the same configuration, vocabulary and template.
+    let (a, b) = (
+        gguf::open(&src).expect("src"),
+        gguf::open(&dst).expect("dst"),
+    );
+    let (ca, cb) = (
+        gguf::config(&a).expect("cfg"),
+        gguf::config(&b).expect("cfg"),
+    );
+    assert_eq!(format!("{ca:?}"), format!("{cb:?}"));
+    assert_eq!(
+        gguf::meta_string(&a, "tokenizer.chat_template").expect("template"),
+        gguf::meta_string(&b, "tokenizer.chat_template").expect("template")
+    );
+}
+
+fn gguf_tensor_count(path: &std::path::Path) -> usize {
+    names(path).len()
+        - names(path)
+            .iter()
+            .filter(|n| n.ends_with(".scales") || n.ends_with(".biases"))
+            .count()
+}
+
+#[test]
+fn a_stage_from_its_copy_computes_what_the_whole_file_computes() {
+    let src = common::gguf_path();
+    let range = 0..5;
+    let (stage, _) = loader::load_stage(&src, Some(range.clone())).expect("stage");
+
+    let f = gguf::open(&src).expect("open");
+    let cfg = gguf::config(&f).expect("config");
+    let whole = Transformer::new_stage(
+        cfg,
+        gguf::tensors(&f).expect("tensors"),
+        gguf::GGUF_GROUP_SIZE,
+        DevicePolicy::detect(),
+        Some(range),
+    )
+    .expect("stage from the whole file");
+
+    let tokens = [1u32, 504, 3458, 314, 260, 1345];
+    let run = |m: &Transformer| -> Vec<f32> {
+        let mut cache = MlxCache::default();
+        let h = m
+            .run_layers(m.embed_tokens(&tokens).expect("embed"), &mut cache)
+            .expect("layers");
+        let h: Array = h.as_dtype(mlx_rs::Dtype::Float32).expect("f32");
+        h.eval().expect("eval");
+        h.as_slice::<f32>().to_vec()
+    };
+    assert_eq!(run(&stage), run(&whole));
+    assert_eq!(stage.info().weight_bytes, whole.info().weight_bytes);
+
+    let (full, _) = loader::load_stage(&src, None).expect("whole model");
+    assert!(stage.info().weight_bytes < full.info().weight_bytes);
+}
+
+#[test]
+fn a_damaged_gguf_gives_an_error_not_a_stage() {
+    let src = common::gguf_path();
+    let bytes = std::fs::read(&src).expect("read");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dst = dir.path().join("out.gguf");
+    for (what, data) in [
+        ("empty", Vec::new()),
+        ("not gguf", b"PK\x03\x04 not a model at all".to_vec()),
+        ("cut in the header", bytes[..4096].to_vec()),
+        ("cut in the tensors", bytes[..bytes.len() / 2].to_vec()),
+    ] {
+        let bad = dir.path().join("bad.gguf");
+        std::fs::write(&bad, &data).expect("write");
+        let err = write_subset(&bad, &dst, |_| true).expect_err(what);
+        assert!(err.to_string().contains("GGUF"), "{what}: {err}");
+        assert!(loader::load_stage(&bad, Some(0..1)).is_err(), "{what}");
+    }
+}
