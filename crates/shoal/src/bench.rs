@@ -32,6 +32,17 @@ pub struct Args {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Benchmark a running cluster instead: the model on the node at this
+    /// URL alone, then split over `--nodes` as a pipeline instance.
+    #[arg(long, value_name = "URL")]
+    pub server: Option<String>,
+    /// With `--server`: the node ids to split over, comma-separated
+    /// (default: every online node).
+    #[arg(long, requires = "server")]
+    pub nodes: Option<String>,
+    /// With `--server`: the server's API key.
+    #[arg(long, env = "SHOAL_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
 }
 
 const FILLER: &str =
@@ -56,7 +67,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     match v.len() {
         0 => 0.0,
@@ -86,6 +97,9 @@ fn blas() -> String {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    if let Some(server) = &a.server {
+        return crate::bench_cluster::run(&a, server);
+    }
     anyhow::ensure!(
         a.prompt_tokens > 0 && a.gen_tokens > 1 && a.runs > 0,
         "sizes must be positive (gen-tokens >= 2)"

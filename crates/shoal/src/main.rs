@@ -1,5 +1,6 @@
 //! `shoal`: the command-line front of the engine.
 mod bench;
+mod bench_cluster;
 mod chat;
 mod generate;
 mod models;

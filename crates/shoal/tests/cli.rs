@@ -1253,6 +1253,26 @@ fn a_model_split_over_two_nodes_answers_like_one_and_survives_a_dead_node() {
     let (status, single) = post_json(&a, "/v1/chat/completions", &ask);
     assert_eq!(status, 200, "{single}");
 
+    // `shoal bench --server` splits the model over both nodes itself, times
+    // it against one node, and removes its instance again.
+    let (ok, out, err) = output(
+        shoal_isolated(&temp_dir("pipe-bench"))
+            .args(["bench", "--server", &format!("http://{a}")])
+            .args(["--runs", "1", "--gen-tokens", "24", "--json", "--model"])
+            .arg(gguf()),
+    );
+    assert!(ok, "{err}");
+    let bench: Value = serde_json::from_str(out.trim()).expect("bench JSON");
+    assert_eq!(bench["nodes"], json!([a_id, b_id]), "{bench}");
+    assert_eq!(bench["same_greedy_output"], true, "{bench}");
+    for k in ["single_node_decode_tok_s", "split_decode_tok_s"] {
+        assert!(bench[k].as_f64().is_some_and(|v| v > 0.0), "{k}: {bench}");
+    }
+    assert!(bench["hop_ms_per_token"]
+        .as_f64()
+        .is_some_and(f64::is_finite));
+    assert_eq!(get_json(&a, "/v1/instances")["data"], json!([]));
+
     let (status, preview) = post_json(
         &a,
         "/v1/instances/preview",
