@@ -99,6 +99,7 @@ fn open_route(path: &str) -> bool {
             shoal_cluster::STATUS_PATH
                 | "/v1/cluster/load"
                 | "/v1/cluster/unload"
+                | crate::cluster::INSTANCES_PATH
                 | crate::shards::PREPARE_PATH
                 | crate::shards::START_PATH
                 | crate::shards::STOP_PATH

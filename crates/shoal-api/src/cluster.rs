@@ -34,13 +34,16 @@ pub fn routes() -> Router<AppState> {
             crate::shards::STOP_PATH,
             axum::routing::post(crate::shards::stop),
         )
+        .route(INSTANCES_PATH, axum::routing::post(own_instances))
         .route("/v1/instances", get(list_instances).post(place))
         .route("/v1/instances/preview", axum::routing::post(preview))
         .route("/v1/instances/{id}", axum::routing::delete(remove_instance))
 }
 
-/// Control routes a node calls on another to place or drop a model.
+/// Control routes a node calls on another to place or drop a model, or to
+/// read the instances it placed.
 const LOAD_PATH: &str = "/v1/cluster/load";
+pub const INSTANCES_PATH: &str = "/v1/cluster/instances";
 const UNLOAD_PATH: &str = "/v1/cluster/unload";
 
 #[derive(serde::Deserialize)]
@@ -153,14 +156,51 @@ pub fn describe(s: &AppState, i: &Instance) -> serde_json::Value {
     v
 }
 
-async fn list_instances(State(s): State<AppState>) -> impl IntoResponse {
-    let all: Vec<serde_json::Value> = s
-        .instances
+/// The instances this node placed.
+fn placed_here(s: &AppState) -> Vec<serde_json::Value> {
+    s.instances
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .values()
-        .map(|i| describe(&s, i))
-        .collect();
+        .map(|i| describe(s, i))
+        .collect()
+}
+
+/// A peer asks for the instances this node placed (signed).
+async fn own_instances(
+    State(s): State<AppState>,
+    Peer(_): Peer<serde_json::Value>,
+) -> impl IntoResponse {
+    Json(json!({"object": "list", "data": placed_here(&s)}))
+}
+
+/// Every instance in the cluster: the ones placed here and, asked of each
+/// online peer, the ones placed there (a peer that does not answer within a
+/// few seconds is left out rather than holding the list up).
+async fn list_instances(State(s): State<AppState>) -> impl IntoResponse {
+    let mut all = placed_here(&s);
+    if let Some(cluster) = s.cluster() {
+        let asks = cluster.peers().into_iter().filter_map(|p| {
+            let addr = cluster.address_of(&p.id)?;
+            let req = cluster
+                .signed(reqwest::Method::POST, &addr, INSTANCES_PATH, b"{}".to_vec())
+                .timeout(std::time::Duration::from_secs(3));
+            Some(async move {
+                let v: serde_json::Value = req.send().await.ok()?.json().await.ok()?;
+                v["data"].as_array().cloned()
+            })
+        });
+        for list in futures::future::join_all(asks).await.into_iter().flatten() {
+            for inst in list {
+                if !all.iter().any(|i| i["id"] == inst["id"]) {
+                    all.push(inst);
+                }
+            }
+        }
+    }
+    all.sort_by(|a, b| {
+        (a["created"].as_u64(), a["id"].as_str()).cmp(&(b["created"].as_u64(), b["id"].as_str()))
+    });
     Json(json!({"object": "list", "data": all}))
 }
 

@@ -1052,7 +1052,7 @@ fn a_model_split_over_two_nodes_answers_like_one_and_survives_a_dead_node() {
         })
     };
     let (_a, a) = start("a", &[]);
-    let (b_server, _b) = start("b", &["--peer", &a]);
+    let (b_server, b) = start("b", &["--peer", &a]);
     let nodes = wait_nodes(&a, |n| {
         n.len() == 2 && n.iter().all(|x| x["status"] == "online")
     });
@@ -1114,6 +1114,11 @@ fn a_model_split_over_two_nodes_answers_like_one_and_survives_a_dead_node() {
     assert_eq!(inst["status"], "ready", "{inst}");
     assert_eq!(inst["sharding"], "pipeline");
     assert_eq!(inst["nodes"], json!([a_id, b_id]));
+    // Every node lists the cluster's instances, not only the one that placed it.
+    let on_b = get_json(&b, "/v1/instances");
+    assert_eq!(on_b["data"].as_array().map(Vec::len), Some(1), "{on_b}");
+    assert_eq!(on_b["data"][0]["id"], inst["id"]);
+    assert_eq!(on_b["data"][0]["status"], "ready");
 
     // Served by the pipeline (not A's own engine: A's ledger stays as it was).
     let before = get_json(&a, "/v1/usage")["data"]
