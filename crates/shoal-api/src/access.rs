@@ -100,6 +100,7 @@ fn open_route(path: &str) -> bool {
                 | "/v1/cluster/load"
                 | "/v1/cluster/unload"
                 | crate::cluster::INSTANCES_PATH
+                | crate::cluster::INSTANCE_REMOVE_PATH
                 | crate::shards::PREPARE_PATH
                 | crate::shards::START_PATH
                 | crate::shards::STOP_PATH

@@ -35,6 +35,7 @@ pub fn routes() -> Router<AppState> {
             axum::routing::post(crate::shards::stop),
         )
         .route(INSTANCES_PATH, axum::routing::post(own_instances))
+        .route(INSTANCE_REMOVE_PATH, axum::routing::post(remove_for_peer))
         .route("/v1/instances", get(list_instances).post(place))
         .route("/v1/instances/preview", axum::routing::post(preview))
         .route("/v1/instances/{id}", axum::routing::delete(remove_instance))
@@ -44,6 +45,7 @@ pub fn routes() -> Router<AppState> {
 /// read the instances it placed.
 const LOAD_PATH: &str = "/v1/cluster/load";
 pub const INSTANCES_PATH: &str = "/v1/cluster/instances";
+pub const INSTANCE_REMOVE_PATH: &str = "/v1/cluster/instances/remove";
 const UNLOAD_PATH: &str = "/v1/cluster/unload";
 
 #[derive(serde::Deserialize)]
@@ -313,20 +315,65 @@ async fn place(
     Ok(Json(describe(&s, &instance)).into_response())
 }
 
+#[derive(serde::Deserialize)]
+struct IdBody {
+    id: String,
+}
+
+/// Removes an instance wherever it was placed: here, or on the peer that
+/// placed it (every node lists them all, so any node can remove them).
 async fn remove_instance(
     State(s): State<AppState>,
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Result<Response, DialectError> {
+    if let Some(done) = remove_placed_here(&s, &id).await {
+        return Ok(done);
+    }
+    if let Some(cluster) = s.cluster() {
+        let body = json!({ "id": id }).to_string().into_bytes();
+        for peer in cluster.peers() {
+            let Some(addr) = cluster.address_of(&peer.id) else {
+                continue;
+            };
+            let sent = cluster
+                .signed(
+                    reqwest::Method::POST,
+                    &addr,
+                    INSTANCE_REMOVE_PATH,
+                    body.clone(),
+                )
+                .timeout(std::time::Duration::from_secs(10))
+                .send()
+                .await;
+            if let Ok(r) = sent.and_then(|r| r.error_for_status()) {
+                if let Ok(v) = r.json::<serde_json::Value>().await {
+                    return Ok(Json(v).into_response());
+                }
+            }
+        }
+    }
+    Err(ApiError::not_found(format!("no instance '{id}'")).in_dialect(Dialect::OpenAi))
+}
+
+/// A peer removes an instance this node placed (signed).
+async fn remove_for_peer(
+    State(s): State<AppState>,
+    Peer(body): Peer<IdBody>,
+) -> Result<Response, DialectError> {
+    remove_placed_here(&s, &body.id).await.ok_or_else(|| {
+        ApiError::not_found(format!("no instance '{}'", body.id)).in_dialect(Dialect::OpenAi)
+    })
+}
+
+/// Removes an instance this node placed; `None` if it placed none by that id.
+async fn remove_placed_here(s: &AppState, id: &str) -> Option<Response> {
     let removed = s
         .instances
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .remove(&id)
-        .ok_or_else(|| {
-            ApiError::not_found(format!("no instance '{id}'")).in_dialect(Dialect::OpenAi)
-        })?;
+        .remove(id)?;
     if removed.sharding == "pipeline" {
-        crate::shards::stop_all(&s, &removed);
+        crate::shards::stop_all(s, &removed);
     } else if removed.entry == s.node.identity().id {
         s.pool.unload(&removed.model);
     } else if let Some((c, addr)) = s
@@ -339,7 +386,7 @@ async fn remove_instance(
             .send()
             .await;
     }
-    Ok(Json(json!({"id": id, "object": "instance", "deleted": true})).into_response())
+    Some(Json(json!({"id": id, "object": "instance", "deleted": true})).into_response())
 }
 
 impl AppState {

@@ -203,4 +203,18 @@ fn hosts_on_a_network_discover_each_other_and_split_a_model() {
         split["choices"][0]["finish_reason"],
         single["choices"][0]["finish_reason"]
     );
+
+    // Any host lists the instance and can remove it, not only the one that
+    // placed it.
+    let (status, on_b) = get_with(&b, "/v1/instances", &auth());
+    assert_eq!(status, 200, "{on_b}");
+    assert_eq!(on_b["data"][0]["id"], inst["id"], "{on_b}");
+    let id = inst["id"].as_str().expect("instance id");
+    let (status, _, body) = request(&b, "DELETE", &format!("/v1/instances/{id}"), &auth(), None);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"deleted\":true"), "{body}");
+    let (_, on_a) = get_with(&a, "/v1/instances", &auth());
+    assert_eq!(on_a["data"], json!([]), "{on_a}");
+    let (status, _, body) = request(&b, "DELETE", &format!("/v1/instances/{id}"), &auth(), None);
+    assert_eq!(status, 404, "{body}");
 }
