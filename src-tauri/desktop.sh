@@ -69,6 +69,9 @@ check_deb() {
 }
 step "check .deb" check_deb
 
+# The smoke test's peer node (cluster split with the app).
+step "build shoal CLI (peer node)" cargo build --release -p shoal
+
 status=0
 # The app's conversation store for this run, not the user's.
 export SHOAL_DB="$out/conversations.sqlite"

@@ -8,10 +8,13 @@
 // server; one chat message gets a reply with a finish badge; the tray menu is
 // exported over D-Bus (StatusNotifierItem + com.canonical.dbusmenu) with the
 // status line and items; Stop/Start Server work from the menu; Copy API URL
-// fills the clipboard; closing the window keeps the server up; Quit lets an
-// open stream finish with its final event, then the process exits.
+// fills the clipboard; closing the window keeps the server up; a `shoal serve`
+// node joins the app's cluster and a model split over both runs its second
+// half in a shard the app starts as itself; Quit lets an open stream finish
+// with its final event, then the process exits.
 import { spawn, execFileSync } from 'node:child_process';
-import { mkdirSync, readFileSync, readlinkSync, writeFileSync, existsSync } from 'node:fs';
+import { mkdirSync, openSync, readFileSync, readlinkSync, writeFileSync, existsSync } from 'node:fs';
+import { createInterface } from 'node:readline';
 import { createServer } from 'node:net';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -224,13 +227,76 @@ async function findTray(pid) {
   return { bus, menuPath };
 }
 
+// A `shoal serve` node (the CLI built beside the app) joins the app's
+// cluster; a pipeline instance over the node and the app must answer like
+// the node alone, with the app's layers in a `shoal-desktop shard` process.
+async function clusterSplit(base) {
+  const cli = join(dirname(app), 'shoal');
+  if (!check('shoal CLI beside the app (peer node)', existsSync(cli), cli)) return;
+  const node = spawn(
+    cli,
+    ['serve', '--port', '0', '--no-mdns', '--prefix-cache-mb', '0',
+     '--cluster-secret', CLUSTER_SECRET, '--peer', new URL(base).host],
+    {
+      stdio: ['ignore', 'pipe', openSync(join(outDir, 'peer-node.log'), 'w')],
+      env: {
+        ...process.env,
+        XDG_CONFIG_HOME: join(outDir, 'peer-xdg'),
+        XDG_DATA_HOME: join(outDir, 'peer-data'),
+        HF_HOME: join(outDir, 'peer-hf'),
+      },
+    },
+  );
+  try {
+    const line = await new Promise((ok, no) => {
+      createInterface({ input: node.stdout }).once('line', ok);
+      node.once('exit', (c) => no(new Error(`peer node exited (${c})`)));
+    });
+    const nodeBase = `http://${line.split('http://')[1].split(' ')[0]}/`;
+    const post = async (b, path, body) =>
+      (await fetch(`${b}${path}`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify(body),
+      })).json();
+    const nodes = await waitFor('the node and the app to see each other', async () => {
+      const r = await (await fetch(`${nodeBase}v1/cluster/nodes`)).json();
+      return r.nodes.length === 2 && r.nodes.every((n) => n.status === 'online') ? r.nodes : null;
+    }, 30_000);
+    pass('a node joins the app\'s cluster', nodes.map((n) => `${n.name}${n.self ? '' : ' (app)'}`).join(', '));
+    const model = (await (await fetch(`${base}v1/models`)).json()).data[0].id;
+    const ask = {
+      model, max_tokens: 12, temperature: 0,
+      messages: [{ role: 'user', content: 'What is the capital of France?' }],
+    };
+    const single = await post(nodeBase, 'v1/chat/completions', ask);
+    const ids = [nodes.find((n) => n.self).id, nodes.find((n) => !n.self).id];
+    const inst = await post(nodeBase, 'v1/instances', { model, nodes: ids, sharding: 'pipeline' });
+    check('pipeline instance over the node and the app', inst.status === 'ready',
+      JSON.stringify(inst.layers ?? inst).slice(0, 300));
+    let shard = '';
+    try {
+      shard = execFileSync('pgrep', ['-af', 'shoal-desktop shard'], { encoding: 'utf8' });
+    } catch {}
+    check('the app runs its layers as `shoal-desktop shard`', /--layers \d+:\d+/.test(shard), shard.trim().slice(0, 200));
+    const split = await post(nodeBase, 'v1/chat/completions', ask);
+    const same = (x) => JSON.stringify([x.choices?.[0]?.message, x.choices?.[0]?.finish_reason, x.usage]);
+    check('split model answers like one node', same(split) === same(single), same(split));
+    if (inst.id) await fetch(`${nodeBase}v1/instances/${inst.id}`, { method: 'DELETE' });
+  } finally {
+    node.kill();
+  }
+}
+
 // ---- the run ----
 const t0 = Date.now();
 const port = await freePort();
 const nativePort = await freePort();
 const config = join(outDir, 'config.toml');
-// Isolated settings: a free port, the model from SHOAL_MODEL (set by make).
-writeFileSync(config, '[server]\nport = 0\n');
+// Isolated settings: a free port, the model from SHOAL_MODEL (set by make),
+// a cluster secret for the split test (static peers only).
+const CLUSTER_SECRET = 'smoke-cluster';
+writeFileSync(config, `[server]\nport = 0\n\n[cluster]\nsecret = "${CLUSTER_SECRET}"\nmdns = false\n`);
 const driverLog = join(outDir, 'tauri-driver.log');
 const driverProc = spawn(driver, ['--port', String(port), '--native-port', String(nativePort)], {
   stdio: ['ignore', 'pipe', 'pipe'],
@@ -360,6 +426,8 @@ try {
   clickMenu(bus, menuPath, byLabel(/^Open Chat$/).id);
   await waitFor('Open Chat to open a window', async () => windows() === 1, 10_000);
   pass('Open Chat reopens the window');
+
+  await clusterSplit(base);
 
   // Quit during a streamed reply: it ends with its final event, then the app exits.
   const models = await (await fetch(`${base}v1/models`)).json();

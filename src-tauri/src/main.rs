@@ -36,6 +36,16 @@ struct Cli {
     menu_bar_only: bool,
 }
 
+/// `shoal-desktop shard …`: a node's server starts pipeline shards as its
+/// own executable, so the app hosts a share of a split model just as the
+/// `shoal` binary does.
+#[derive(Parser, Debug)]
+#[command(name = "shoal-desktop shard")]
+struct ShardCli {
+    #[command(flatten)]
+    args: shoal::shard::Args,
+}
+
 /// Shared by the menu handlers.
 pub struct Shell {
     pub server: Server,
@@ -45,6 +55,9 @@ pub struct Shell {
 
 fn main() -> Result<()> {
     shoal::init_logging(shoal::LogFormat::Text);
+    if std::env::args_os().nth(1).is_some_and(|a| a == "shard") {
+        return shoal::shard::run(ShardCli::parse_from(std::env::args_os().skip(1)).args);
+    }
     // WebKitGTK's WebDriver launches the app with `--automation`; it is
     // handled by the webview, not by us.
     let cli = Cli::parse_from(std::env::args_os().filter(|a| a != "--automation"));

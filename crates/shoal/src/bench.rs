@@ -77,14 +77,6 @@ pub(crate) fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Peak resident memory of this process in MiB (Linux), for the memory figure.
-/// Peak resident memory of this process (Linux; `None` elsewhere).
-pub(crate) fn peak_rss_mb() -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb / 1024.0)
-}
-
 fn blas() -> String {
     #[cfg(target_os = "linux")]
     {
@@ -252,7 +244,7 @@ pub fn run(a: Args) -> Result<()> {
         "prefix_cached_tokens": cached_tokens,
         "weight_mb": info.weight_bytes as f64 / (1 << 20) as f64,
         "blas": blas(),
-        "peak_rss_mb": peak_rss_mb(),
+        "peak_rss_mb": shoal::peak_rss_mb(),
         "concurrency": a.concurrency,
         "concurrent_aggregate_decode_tok_s": (a.concurrency > 1).then(|| median(agg.clone())),
         "concurrent_per_stream_decode_tok_s": (a.concurrency > 1).then(|| median(per_stream.clone())),
@@ -299,7 +291,7 @@ pub fn run(a: Args) -> Result<()> {
                 out["split_hop_ms_per_token"].as_f64().unwrap_or(0.0)
             );
         }
-        if let Some(rss) = peak_rss_mb() {
+        if let Some(rss) = shoal::peak_rss_mb() {
             println!(
                 "  peak RSS {rss:.0} MiB (weights {:.0} MiB)",
                 info.weight_bytes as f64 / (1 << 20) as f64

@@ -1,6 +1,7 @@
 //! The parts of the `shoal` command that other front ends share: the server
 //! settings (`config`) and the default model id.
 pub mod config;
+pub mod shard;
 
 use std::path::{Path, PathBuf};
 
@@ -82,4 +83,12 @@ pub fn init_logging(format: LogFormat) {
             .with_span_list(false)
             .init(),
     }
+}
+
+/// Peak resident memory of this process in MiB (Linux; `None` elsewhere).
+pub fn peak_rss_mb() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
 }

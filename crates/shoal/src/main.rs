@@ -5,7 +5,6 @@ mod chat;
 mod generate;
 mod models;
 mod serve;
-mod shard;
 
 use std::path::PathBuf;
 
@@ -52,7 +51,7 @@ enum Command {
     Rm(models::RmArgs),
     /// One rank of a model split over nodes (started by the server).
     #[command(hide = true)]
-    Shard(shard::Args),
+    Shard(shoal::shard::Args),
 }
 
 /// Model path for `generate` and `bench` (`serve` takes it from `config::Flags`).
@@ -104,7 +103,7 @@ fn main() -> Result<()> {
         Command::Pull(a) => models::pull(a),
         Command::Models(a) => models::list(a),
         Command::Rm(a) => models::rm(a),
-        Command::Shard(a) => shard::run(a),
+        Command::Shard(a) => shoal::shard::run(a),
         Command::Config(flags) => {
             let mut resolved = config::resolve(&flags)?;
             if let Some(f) = cli.log_format {
