@@ -200,16 +200,22 @@ pub fn get_with(addr: &str, path: &str, headers: &[(&str, String)]) -> (u16, Val
     (status, serde_json::from_str(&body).unwrap_or(Value::Null))
 }
 
-/// Polls a node list (`list` returns one) until `done` holds or 30 s pass.
-pub fn poll_nodes(list: impl Fn() -> Vec<Value>, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+/// Reads `read` every 250 ms until `done` holds of it or 30 s pass; returns
+/// the last reading.
+pub fn poll_until<T>(read: impl Fn() -> T, done: impl Fn(&T) -> bool) -> T {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
-        let nodes = list();
-        if done(&nodes) || std::time::Instant::now() > deadline {
-            return nodes;
+        let got = read();
+        if done(&got) || std::time::Instant::now() > deadline {
+            return got;
         }
         std::thread::sleep(std::time::Duration::from_millis(250));
     }
+}
+
+/// Polls a node list (`list` returns one) until `done` holds or 30 s pass.
+pub fn poll_nodes(list: impl Fn() -> Vec<Value>, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    poll_until(list, |n| done(n))
 }
 
 /// Polls `addr`'s node list until `done` holds (or 30 s pass); returns it.
