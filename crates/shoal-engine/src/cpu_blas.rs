@@ -21,6 +21,7 @@ use std::sync::OnceLock;
 use tracing::{info, warn};
 
 mod skinny;
+mod workers;
 
 const ROW_MAJOR: c_int = 101;
 const NO_TRANS: c_int = 111;
@@ -155,7 +156,7 @@ pub fn describe() -> String {
     }
 }
 
-/// Caps OpenBLAS's threads. Processes sharing a machine (pipeline stages
+/// Caps OpenBLAS's threads and the batched kernel's helpers. Processes sharing a machine (pipeline stages
 /// on one host) must not each spin a thread per core: idle OpenBLAS threads
 /// busy-wait and starve the stage that is working.
 pub fn set_threads(n: usize) {
@@ -167,6 +168,7 @@ pub fn set_threads(n: usize) {
         // SAFETY: OpenBLAS's own setter, called with a positive count.
         unsafe { f(n.max(1) as libc::c_int) };
     }
+    workers::set_limit(n.max(1) - 1);
 }
 
 /// Loads OpenBLAS now rather than at the first matmul; also keeps this

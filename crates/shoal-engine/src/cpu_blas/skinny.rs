@@ -11,7 +11,7 @@
 //! Every output element is summed in the same order whatever the number of
 //! rows, so a sequence's logits do not depend on what it is batched with.
 
-use rayon::prelude::*;
+use super::workers::Group;
 
 /// Largest batch served here; bigger products (prefill) go to `sgemm`.
 pub const MAX_ROWS: usize = 16;
@@ -45,7 +45,8 @@ pub struct Product {
     pub ldc: usize,
 }
 
-// SAFETY: tasks read `a` and `b` and write disjoint columns of `c`.
+// SAFETY: tasks read `a` and `b` and write disjoint columns of `c`; the
+// caller of `gemm_nt` keeps them alive until every task is done.
 unsafe impl Send for Product {}
 unsafe impl Sync for Product {}
 
@@ -78,9 +79,11 @@ pub unsafe fn gemm_nt(p: Product) {
     if tasks <= 1 || p.n * p.k < PARALLEL_MIN {
         return run(0..p.n);
     }
-    (0..tasks)
-        .into_par_iter()
-        .for_each(|t| run(t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(p.n)));
+    let task = |t: usize| run(t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(p.n));
+    if !Group::global().try_run(tasks, &task) {
+        // Another thread's product holds the helpers: this one runs here.
+        run(0..p.n);
+    }
 }
 
 /// Computes output columns `js` with the widest vector unit the CPU has.
