@@ -118,7 +118,9 @@ impl SamplingParams {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sampled {
     pub token: u32,
-    pub logprob: f32,
+    /// Only when `top_logprobs` was requested: normalising over the whole
+    /// vocabulary is most of a greedy step's sampling time.
+    pub logprob: Option<f32>,
     /// The most likely tokens, best first, when `top_logprobs` was requested.
     pub top: Vec<(u32, f32)>,
 }
@@ -162,11 +164,10 @@ impl Sampler {
         if logits.is_empty() {
             return Sampled {
                 token: 0,
-                logprob: f32::NEG_INFINITY,
+                logprob: self.params.top_logprobs.map(|_| f32::NEG_INFINITY),
                 top: Vec::new(),
             };
         }
-        let log_norm = log_sum_exp(logits);
 
         self.work.clear();
         self.work.extend(logits.iter().map(|&x| clean(x)));
@@ -177,16 +178,21 @@ impl Sampler {
         } else {
             self.draw()
         };
-        let logprob = raw_logprob(logits, token, log_norm);
-        let top = match self.params.top_logprobs {
-            Some(n) if n > 0 => {
-                top_n(logits, n, &mut self.order);
-                self.order
-                    .iter()
-                    .map(|&id| (id, raw_logprob(logits, id, log_norm)))
-                    .collect()
+        let (logprob, top) = match self.params.top_logprobs {
+            None => (None, Vec::new()),
+            Some(n) => {
+                let log_norm = log_sum_exp(logits);
+                let top = if n > 0 {
+                    top_n(logits, n, &mut self.order);
+                    self.order
+                        .iter()
+                        .map(|&id| (id, raw_logprob(logits, id, log_norm)))
+                        .collect()
+                } else {
+                    Vec::new()
+                };
+                (Some(raw_logprob(logits, token, log_norm)), top)
             }
-            _ => Vec::new(),
         };
         Sampled {
             token,
@@ -654,11 +660,8 @@ mod tests {
         });
         let out = s.sample(&logits, &[2], &[]);
         assert_eq!(out.token, 1, "penalty moved the choice");
-        assert!(
-            (f64::from(out.logprob) - (2.0 - lse)).abs() < 1e-6,
-            "{}",
-            out.logprob
-        );
+        let lp = out.logprob.expect("requested");
+        assert!((f64::from(lp) - (2.0 - lse)).abs() < 1e-6, "{lp}");
         let ids: Vec<u32> = out.top.iter().map(|t| t.0).collect();
         assert_eq!(ids, [2, 1, 0]);
         for (id, lp) in &out.top {
@@ -680,11 +683,10 @@ mod tests {
         let lse = log_sum_exp(&big);
         let total: f64 = big.iter().map(|&l| (f64::from(l) - lse).exp()).sum();
         assert!((total - 1.0).abs() < 1e-9);
-        assert!(out.logprob <= 0.0);
-        assert!(Sampler::new(SamplingParams::greedy())
-            .sample(&big, &[], &[])
-            .top
-            .is_empty());
+        assert!(out.logprob.expect("requested") <= 0.0);
+        let plain = Sampler::new(SamplingParams::greedy()).sample(&big, &[], &[]);
+        assert!(plain.top.is_empty());
+        assert_eq!(plain.logprob, None, "not computed unless requested");
     }
 
     #[test]
@@ -716,6 +718,8 @@ mod tests {
     fn empty_logits_do_not_panic() {
         let out = Sampler::new(SamplingParams::default()).sample(&[], &[1, 2], &[2]);
         assert_eq!(out.token, 0);
-        assert_eq!(out.logprob, f32::NEG_INFINITY);
+        assert_eq!(out.logprob, None);
+        let out = Sampler::new(params(|p| p.top_logprobs = Some(2))).sample(&[], &[1, 2], &[2]);
+        assert_eq!(out.logprob, Some(f32::NEG_INFINITY));
     }
 }

@@ -214,9 +214,9 @@ impl Sequence {
                 return Next::Finished(FinishReason::Error(e.to_string()));
             }
         }
-        if req.sampling.top_logprobs.is_some() {
+        if let Some(logprob) = s.logprob {
             d.pending_logprobs
-                .push(token_logprob(vocab, s.token, s.logprob, &s.top));
+                .push(token_logprob(vocab, s.token, logprob, &s.top));
         }
         let piece = match d.detok.push(&vocab.tokenizer, s.token) {
             Ok(p) => p,
