@@ -179,12 +179,13 @@ fn helper(s: &'static Shared, index: usize) {
     let mut seen = s.generation.load(Ordering::Acquire);
     loop {
         if index >= LIMIT.load(Ordering::Relaxed) {
-            std::thread::park_timeout(Duration::from_millis(100));
+            // Not allowed to work: check the limit now and then, never spin.
+            std::thread::park_timeout(Duration::from_secs(1));
             seen = s.generation.load(Ordering::Acquire);
             continue;
         }
-        // Wait for a new job: spin for a while, then park.
-        let mut idle_since = Instant::now();
+        // Wait for a new job: spin for a while, then park until one comes.
+        let idle_since = Instant::now();
         let mut spins = 0u32;
         loop {
             let g = s.generation.load(Ordering::Acquire);
@@ -192,23 +193,23 @@ fn helper(s: &'static Shared, index: usize) {
                 seen = g;
                 break;
             }
+            spins += 1;
+            if !spins.is_multiple_of(SPINS_BEFORE_YIELD) {
+                std::hint::spin_loop();
+                continue;
+            }
             if idle_since.elapsed() < SPIN {
-                spins += 1;
-                if spins.is_multiple_of(SPINS_BEFORE_YIELD) {
-                    std::thread::yield_now();
-                } else {
-                    std::hint::spin_loop();
-                }
+                std::thread::yield_now();
                 continue;
             }
             s.parked.fetch_add(1, Ordering::SeqCst);
-            // Re-check after announcing: a job published before the caller
-            // saw `parked` would otherwise be missed until the next one.
-            if s.generation.load(Ordering::SeqCst) == seen {
-                std::thread::park_timeout(Duration::from_millis(100));
+            // Re-checked after announcing: either the caller sees us parked
+            // and unparks us, or we see its job here. No timeout, so an idle
+            // server costs nothing.
+            while s.generation.load(Ordering::SeqCst) == seen {
+                std::thread::park();
             }
             s.parked.fetch_sub(1, Ordering::SeqCst);
-            idle_since = Instant::now();
         }
         // Join unless the caller already closed this job.
         let mut j = s.joined.load(Ordering::Acquire);
