@@ -7,7 +7,6 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use shoal::config::Config;
 use shoal_api::AppState;
-use shoal_engine::Engine;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -94,19 +93,11 @@ impl Server {
 
     /// Loads the model (blocking; run it off the UI thread).
     pub fn load(&self) -> Result<()> {
-        let cfg = &self.config;
-        let path = cfg.model_path();
-        let loaded = Engine::start(&path, &cfg.model_id(), cfg.engine_options()?)
-            .with_context(|| format!("loading {}", path.display()));
+        let loaded = shoal::load_engine(&self.config)
+            .and_then(|engine| shoal::app_state(&self.config, engine));
         let mut inner = self.inner();
         match loaded {
-            Ok(engine) => {
-                let pool = shoal_api::models::ModelPool::new(cfg.pool_options()?);
-                pool.insert(engine, cfg.model.aliases.clone());
-                let mut state = shoal::open_store(AppState::with_pool(pool), cfg);
-                state.log_prompts = cfg.server.log_prompts;
-                state.cluster_options = cfg.cluster_options();
-                state.access = Arc::new(cfg.access());
+            Ok(state) => {
                 inner.state = Some(state);
                 Ok(())
             }

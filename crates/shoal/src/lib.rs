@@ -38,6 +38,30 @@ pub fn open_store(state: shoal_api::AppState, cfg: &config::Config) -> shoal_api
     }
 }
 
+/// Loads the configured model: it loads at start, so a broken one fails at
+/// once; other models load on first use.
+pub fn load_engine(cfg: &config::Config) -> anyhow::Result<shoal_engine::Engine> {
+    let path = cfg.model_path();
+    shoal_engine::Engine::start(&path, &cfg.model_id(), cfg.engine_options()?)
+        .with_context(|| format!("loading {}", path.display()))
+}
+
+/// The API server's state for `engine` under `cfg`: model pool, conversation
+/// store, prompt logging, cluster and access settings. `shoal serve` and the
+/// desktop app both serve exactly this.
+pub fn app_state(
+    cfg: &config::Config,
+    engine: shoal_engine::Engine,
+) -> anyhow::Result<shoal_api::AppState> {
+    let pool = shoal_api::models::ModelPool::new(cfg.pool_options()?);
+    pool.insert(engine, cfg.model.aliases.clone());
+    let mut state = open_store(shoal_api::AppState::with_pool(pool), cfg);
+    state.log_prompts = cfg.server.log_prompts;
+    state.cluster_options = cfg.cluster_options();
+    state.access = std::sync::Arc::new(cfg.access());
+    Ok(state)
+}
+
 /// The model id clients see by default: the file or directory name without extension.
 pub fn id_from_path(p: &Path) -> String {
     p.file_stem()

@@ -2,9 +2,6 @@
 use std::net::SocketAddr;
 
 use anyhow::{Context, Result};
-use shoal_api::models::ModelPool;
-use shoal_api::AppState;
-use shoal_engine::Engine;
 
 use crate::config;
 
@@ -21,18 +18,9 @@ pub fn run(a: Args) -> Result<()> {
     }
     let cfg = resolved.config;
     cfg.check_exposure()?;
-    let path = cfg.model_path();
-    // The configured model loads now, so a broken one fails at start; others
-    // load on first use.
-    let engine = Engine::start(&path, &cfg.model_id(), cfg.engine_options()?)
-        .with_context(|| format!("loading {}", path.display()))?;
+    let engine = shoal::load_engine(&cfg)?;
     let model_id = engine.model.id.clone();
-    let pool = ModelPool::new(cfg.pool_options()?);
-    pool.insert(engine, cfg.model.aliases.clone());
-    let mut state = shoal::open_store(AppState::with_pool(pool), &cfg);
-    state.log_prompts = cfg.server.log_prompts;
-    state.cluster_options = cfg.cluster_options();
-    state.access = std::sync::Arc::new(cfg.access());
+    let state = shoal::app_state(&cfg, engine)?;
     let addr = SocketAddr::new(cfg.server.host, cfg.server.port);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
