@@ -20,13 +20,17 @@ fn a_stage_copy_holds_only_its_layers_and_all_metadata() {
     let dir = tempfile::tempdir().expect("tempdir");
     let dst = dir.path().join("stage.gguf");
     let range = 3..7;
-    let s = write_subset(&src, &dst, |n| in_stage(n, &range)).expect("subset");
+    let s = write_subset(&src, &dst, |n, blocks| {
+        assert_eq!(blocks, 30, "the default model's block count");
+        in_stage(n, &range, blocks)
+    })
+    .expect("subset");
 
     let all = names(&src);
     let kept = names(&dst);
     let expected: BTreeSet<String> = all
         .iter()
-        .filter(|n| in_stage(n, &range))
+        .filter(|n| in_stage(n, &range, 30))
         .cloned()
         .collect();
     assert_eq!(kept, expected);
@@ -35,7 +39,12 @@ fn a_stage_copy_holds_only_its_layers_and_all_metadata() {
     assert!(!kept
         .iter()
         .any(|n| n.starts_with("blk.7.") || n.starts_with("blk.2.")));
-    assert!(kept.contains("token_embd.weight"));
+    // A middle stage needs neither the embedding table nor the head.
+    assert!(
+        !kept.iter().any(|n| n.starts_with("token_embd.")),
+        "{kept:?}"
+    );
+    assert!(!kept.iter().any(|n| n.starts_with("output")), "{kept:?}");
     assert_eq!(s.tensors_total, gguf_tensor_count(&src));
     assert!(s.tensors_kept < s.tensors_total);
 
@@ -105,6 +114,41 @@ fn a_stage_from_its_copy_computes_what_the_whole_file_computes() {
 }
 
 #[test]
+fn the_first_stage_embeds_the_last_projects_and_a_middle_one_does_neither() {
+    let src = common::gguf_path();
+    let (first, _) = loader::load_stage(&src, Some(0..10)).expect("first");
+    let (middle, _) = loader::load_stage(&src, Some(10..20)).expect("middle");
+    let (last, _) = loader::load_stage(&src, Some(20..30)).expect("last");
+    let tokens = [1u32, 504, 3458];
+    let hidden = first.embed_tokens(&tokens).expect("the first stage embeds");
+    for (name, stage) in [("middle", &middle), ("last", &last)] {
+        let err = stage.embed_tokens(&tokens).expect_err(name);
+        assert!(err.to_string().contains("embedding"), "{name}: {err}");
+    }
+    for (name, stage) in [("first", &first), ("middle", &middle)] {
+        let err = stage.logits_last(&hidden).expect_err(name);
+        assert!(err.to_string().contains("head"), "{name}: {err}");
+    }
+    let logits = last.logits_last(&hidden).expect("the last stage projects");
+    assert_eq!(logits.shape(), [1, 49152]);
+    // The embedding table (tied output) is held by the first and last
+    // stages only: a middle stage of as many layers is the smallest.
+    let bytes = |m: &Transformer| m.info().weight_bytes;
+    assert!(
+        bytes(&middle) < bytes(&first),
+        "{} {}",
+        bytes(&middle),
+        bytes(&first)
+    );
+    assert!(
+        bytes(&middle) < bytes(&last),
+        "{} {}",
+        bytes(&middle),
+        bytes(&last)
+    );
+}
+
+#[test]
 fn a_damaged_gguf_gives_an_error_not_a_stage() {
     let src = common::gguf_path();
     let bytes = std::fs::read(&src).expect("read");
@@ -118,7 +162,7 @@ fn a_damaged_gguf_gives_an_error_not_a_stage() {
     ] {
         let bad = dir.path().join("bad.gguf");
         std::fs::write(&bad, &data).expect("write");
-        let err = write_subset(&bad, &dst, |_| true).expect_err(what);
+        let err = write_subset(&bad, &dst, |_, _| true).expect_err(what);
         assert!(err.to_string().contains("GGUF"), "{what}: {err}");
         assert!(loader::load_stage(&bad, Some(0..1)).is_err(), "{what}");
     }

@@ -249,12 +249,19 @@ impl Layer {
 pub struct Transformer {
     cfg: ModelConfig,
     info: ModelInfo,
-    embed: Array,
+    /// Only on the first stage (every whole model is one).
+    embed: Option<Array>,
     layers: Vec<Layer>,
-    norm: Array,
-    lm_head: Linear,
+    /// Final norm and output projection: only on the last stage.
+    head: Option<Head>,
     rope_freqs: Option<Array>,
     dtype: Dtype,
+}
+
+/// What turns the last hidden state into logits.
+struct Head {
+    norm: Array,
+    lm_head: Linear,
 }
 
 /// Dequantizes with float32 scales: they are float16 on disk, and letting MLX
@@ -398,7 +405,18 @@ impl Transformer {
                 cfg.num_layers
             )));
         }
+        // The embedding table is the first stage's (and, tied, the last
+        // stage's output projection); the final norm and head the last's.
+        let first = range.start == 0;
+        let last = range.end == cfg.num_layers;
+        let needs_embedding = first || (last && cfg.tie_word_embeddings);
         map.retain(|name, _| {
+            if name.starts_with("model.embed_tokens") {
+                return needs_embedding;
+            }
+            if name.starts_with("lm_head") || name == "model.norm.weight" {
+                return last;
+            }
             name.strip_prefix("model.layers.")
                 .and_then(|rest| rest.split('.').next())
                 .and_then(|i| i.parse::<usize>().ok())
@@ -411,15 +429,20 @@ impl Transformer {
             policy,
             group: group_size,
         };
-        let embed = w.embedding("model.embed_tokens")?;
-        if embed.shape() != [cfg.vocab_size as i32, cfg.hidden_size as i32] {
-            return Err(EngineError::InvalidModel(format!(
-                "embedding shape {:?} does not match vocab {} x hidden {}",
-                embed.shape(),
-                cfg.vocab_size,
-                cfg.hidden_size
-            )));
-        }
+        let embed = if needs_embedding {
+            let e = w.embedding("model.embed_tokens")?;
+            if e.shape() != [cfg.vocab_size as i32, cfg.hidden_size as i32] {
+                return Err(EngineError::InvalidModel(format!(
+                    "embedding shape {:?} does not match vocab {} x hidden {}",
+                    e.shape(),
+                    cfg.vocab_size,
+                    cfg.hidden_size
+                )));
+            }
+            Some(e)
+        } else {
+            None
+        };
         let mut layers = Vec::with_capacity(range.len());
         for i in range {
             let p = format!("model.layers.{i}");
@@ -448,27 +471,32 @@ impl Transformer {
                 detail: "qwen3 q_norm/k_norm weights".into(),
             });
         }
-        let norm = w.dense("model.norm.weight")?;
-        let lm_head = if w.map.contains_key("lm_head.weight") && !cfg.tie_word_embeddings {
-            w.linear("lm_head")?
-        } else if w.map.contains_key("lm_head.weight") {
-            w.map.remove("lm_head.weight");
-            Linear::Dense {
-                w: embed.clone(),
-                b: None,
-            }
-        } else {
-            Linear::Dense {
-                w: embed.clone(),
-                b: None,
+        let head = match (last, &embed) {
+            (false, _) => None,
+            (true, embed) => {
+                let norm = w.dense("model.norm.weight")?;
+                let lm_head = if w.map.contains_key("lm_head.weight") && !cfg.tie_word_embeddings {
+                    w.linear("lm_head")?
+                } else {
+                    w.map.remove("lm_head.weight");
+                    let table = embed.clone().ok_or_else(|| {
+                        EngineError::InvalidModel("tied output without an embedding table".into())
+                    })?;
+                    Linear::Dense { w: table, b: None }
+                };
+                Some(Head { norm, lm_head })
             }
         };
+        // A last stage that is not also the first keeps the table only as
+        // its output projection.
+        let embed = if first { embed } else { None };
         let rope_freqs = cfg
             .rope_freqs
             .as_ref()
             .map(|f| Array::from_slice(f, &[f.len() as i32]));
 
-        let mut all: Vec<&Array> = vec![&embed, &norm];
+        let mut all: Vec<&Array> = embed.iter().collect();
+        all.extend(head.as_ref().map(|h| &h.norm));
         for l in &layers {
             all.push(&l.attn_norm);
             all.push(&l.ffn_norm);
@@ -493,8 +521,7 @@ impl Transformer {
             cfg,
             embed,
             layers,
-            norm,
-            lm_head,
+            head,
             rope_freqs,
             dtype: policy.dtype(),
         };
@@ -505,7 +532,8 @@ impl Transformer {
     /// Forces every weight to be computed now (dequantization, fusion), so the
     /// first request does not pay for it and memory use is known up front.
     fn materialize(&mut self) -> Result<()> {
-        let mut bytes = self.embed.nbytes() + self.norm.nbytes();
+        let mut bytes = self.embed.as_ref().map_or(0, Array::nbytes)
+            + self.head.as_ref().map_or(0, |h| h.norm.nbytes());
         for l in &self.layers {
             let mut arrays: Vec<&Array> = Vec::new();
             for p in [&l.qkv, &l.gate_up] {
@@ -526,11 +554,15 @@ impl Transformer {
                 + l.attn_norm.nbytes()
                 + l.ffn_norm.nbytes();
         }
-        let mut head: Vec<&Array> = Vec::new();
-        push_linear(&mut head, &self.lm_head);
-        mlx_rs::transforms::eval(head)?;
-        if !self.cfg.tie_word_embeddings {
-            bytes += self.lm_head.nbytes();
+        if let Some(h) = &self.head {
+            let mut arrays: Vec<&Array> = Vec::new();
+            push_linear(&mut arrays, &h.lm_head);
+            mlx_rs::transforms::eval(arrays)?;
+            // A tied head shares the embedding table, counted above, unless
+            // this stage keeps the table only as its head.
+            if !self.cfg.tie_word_embeddings || self.embed.is_none() {
+                bytes += h.lm_head.nbytes();
+            }
         }
         self.info.weight_bytes = bytes;
         Ok(())
@@ -566,7 +598,7 @@ impl Transformer {
         let n = tokens.len() as i32;
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         let ids = Array::from_slice(&ids, &[n]);
-        Ok(self.embed.take_axis(&ids, 0)?.reshape(&[1, n, -1])?)
+        Ok(self.embedding()?.take_axis(&ids, 0)?.reshape(&[1, n, -1])?)
     }
 
     /// Runs this model's layers over hidden states `[1, n, hidden]` after
@@ -627,7 +659,7 @@ impl Transformer {
         let ids = Array::from_slice(&ids, &[b]);
         // Rows of one matrix, not a batch of 1-row matrices: the projections
         // then run as one [B, hidden] matmul instead of B matrix-vector products.
-        let mut h = self.embed.take_axis(&ids, 0)?.reshape(&[1, b, -1])?;
+        let mut h = self.embedding()?.take_axis(&ids, 0)?.reshape(&[1, b, -1])?;
         let (nh, nkv, hd) = (
             self.cfg.num_heads as i32,
             self.cfg.num_kv_heads as i32,
@@ -717,8 +749,24 @@ impl Transformer {
     /// Next-token logits (float32) for the last position of `h`.
     pub fn logits_last(&self, h: &Array) -> Result<Array> {
         let last = h.index((.., -1, ..));
-        let last = fast::rms_norm(&last, Some(&self.norm), self.cfg.rms_norm_eps)?;
-        Ok(self.lm_head.apply(&last)?.as_dtype(Dtype::Float32)?)
+        self.logits(&last)
+    }
+
+    /// Logits (float32) of hidden states `[rows, hidden]`.
+    fn logits(&self, h: &Array) -> Result<Array> {
+        let head = self.head.as_ref().ok_or_else(|| {
+            EngineError::Backend("this pipeline stage has no output head (not the last)".into())
+        })?;
+        let x = fast::rms_norm(h, Some(&head.norm), self.cfg.rms_norm_eps)?;
+        Ok(head.lm_head.apply(&x)?.as_dtype(Dtype::Float32)?)
+    }
+
+    fn embedding(&self) -> Result<&Array> {
+        self.embed.as_ref().ok_or_else(|| {
+            EngineError::Backend(
+                "this pipeline stage has no embedding table (not the first)".into(),
+            )
+        })
     }
 
     /// The compute dtype (hidden states travel between stages in it).
@@ -796,8 +844,7 @@ impl LanguageModel for Transformer {
         }
         let h = self.forward_batch_hidden(tokens, batch)?;
         let last = h.reshape(&[tokens.len() as i32, -1])?;
-        let last = fast::rms_norm(&last, Some(&self.norm), self.cfg.rms_norm_eps)?;
-        let logits = self.lm_head.apply(&last)?.as_dtype(Dtype::Float32)?;
+        let logits = self.logits(&last)?;
         let mut outs: Vec<&Array> = vec![&logits];
         outs.extend(batch.layers.iter().flat_map(|(k, v)| [k, v]));
         mlx_rs::transforms::eval(outs)?;
