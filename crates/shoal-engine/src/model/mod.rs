@@ -471,21 +471,20 @@ impl Transformer {
                 detail: "qwen3 q_norm/k_norm weights".into(),
             });
         }
-        let head = match (last, &embed) {
-            (false, _) => None,
-            (true, embed) => {
-                let norm = w.dense("model.norm.weight")?;
-                let lm_head = if w.map.contains_key("lm_head.weight") && !cfg.tie_word_embeddings {
-                    w.linear("lm_head")?
-                } else {
-                    w.map.remove("lm_head.weight");
-                    let table = embed.clone().ok_or_else(|| {
-                        EngineError::InvalidModel("tied output without an embedding table".into())
-                    })?;
-                    Linear::Dense { w: table, b: None }
-                };
-                Some(Head { norm, lm_head })
-            }
+        let head = if last {
+            let norm = w.dense("model.norm.weight")?;
+            let lm_head = if w.map.contains_key("lm_head.weight") && !cfg.tie_word_embeddings {
+                w.linear("lm_head")?
+            } else {
+                w.map.remove("lm_head.weight");
+                let table = embed.clone().ok_or_else(|| {
+                    EngineError::InvalidModel("tied output without an embedding table".into())
+                })?;
+                Linear::Dense { w: table, b: None }
+            };
+            Some(Head { norm, lm_head })
+        } else {
+            None
         };
         // A last stage that is not also the first keeps the table only as
         // its output projection.
