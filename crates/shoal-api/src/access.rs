@@ -8,6 +8,7 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::error::{ApiError, Dialect, ErrorKind};
@@ -23,13 +24,16 @@ pub const APP_ORIGINS: &[&str] = &[
 /// Access rules and request limits.
 #[derive(Clone, Debug)]
 pub struct Access {
-    keys: Vec<Vec<u8>>,
+    /// SHA-256 digests of the keys.
+    keys: Vec<[u8; 32]>,
     /// Browser origins besides the server's own.
     pub origins: Vec<String>,
     /// Most messages one request may carry.
     pub max_messages: usize,
     /// Most tools one request may offer.
     pub max_tools: usize,
+    /// Largest request body accepted (413 above it).
+    pub max_body_bytes: usize,
     /// Longest a request may run; then it stops with a timeout error that
     /// still carries its usage (`None`: no limit).
     pub request_timeout: Option<std::time::Duration>,
@@ -42,6 +46,7 @@ impl Default for Access {
             origins: APP_ORIGINS.iter().map(|s| s.to_string()).collect(),
             max_messages: 2048,
             max_tools: 256,
+            max_body_bytes: 8 << 20,
             request_timeout: Some(std::time::Duration::from_secs(600)),
         }
     }
@@ -53,7 +58,7 @@ impl Access {
         self.keys = keys
             .iter()
             .filter(|k| !k.is_empty())
-            .map(|k| k.as_bytes().to_vec())
+            .map(|k| Sha256::digest(k.as_bytes()).into())
             .collect();
         self
     }
@@ -62,11 +67,14 @@ impl Access {
         !self.keys.is_empty()
     }
 
-    /// Whether `given` is one of the keys; every key is compared in full.
+    /// Whether `given` is one of the keys. Every key is compared in full,
+    /// as SHA-256 digests so that the comparison's time does not depend on
+    /// the keys' lengths either.
     fn key_ok(&self, given: &[u8]) -> bool {
-        self.keys
-            .iter()
-            .fold(false, |ok, k| ok | bool::from(k.as_slice().ct_eq(given)))
+        let given = Sha256::digest(given);
+        self.keys.iter().fold(false, |ok, k| {
+            ok | bool::from(k.as_slice().ct_eq(given.as_slice()))
+        })
     }
 
     /// The server's own origin (its Host) or a listed one.
@@ -150,8 +158,10 @@ pub async fn guard(State(s): State<AppState>, req: Request, next: Next) -> Respo
     // A peer's forwarded request: admitted by its cluster signature.
     if req.headers().contains_key(crate::cluster::FORWARDED_HEADER) {
         let (parts, body) = req.into_parts();
-        let Ok(bytes) = axum::body::to_bytes(body, crate::MAX_BODY_BYTES).await else {
-            return crate::body::too_large().in_dialect(dialect).into_response();
+        let Ok(bytes) = axum::body::to_bytes(body, access.max_body_bytes).await else {
+            return crate::body::too_large(Some(access.max_body_bytes))
+                .in_dialect(dialect)
+                .into_response();
         };
         return match s.verify_peer(&parts.method, &parts.uri, &parts.headers, &bytes) {
             Ok(_) => {

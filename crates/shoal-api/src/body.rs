@@ -8,11 +8,15 @@ use crate::error::{ApiError, ErrorKind};
 /// A request body as handlers receive it: reading can fail (too large, cut off).
 pub type Body = Result<Bytes, BytesRejection>;
 
-/// The error for a body over the size limit.
-pub fn too_large() -> ApiError {
+/// The error for a body over the size limit (`limit` bytes, where known).
+pub fn too_large(limit: Option<usize>) -> ApiError {
+    let limit = limit.map_or_else(
+        || "the server's limit".to_string(),
+        |n| format!("{n} bytes"),
+    );
     ApiError {
         kind: ErrorKind::TooLarge,
-        message: format!("request body exceeds {} bytes", crate::MAX_BODY_BYTES),
+        message: format!("request body exceeds {limit} (set by --max-body-mb)"),
         param: None,
         code: Some("request_too_large"),
     }
@@ -24,7 +28,7 @@ pub fn parse<T: DeserializeOwned>(body: &Body) -> Result<T, ApiError> {
     let body = match body {
         Ok(b) => b,
         Err(r) if r.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE => {
-            return Err(too_large())
+            return Err(too_large(None))
         }
         Err(r) => {
             return Err(ApiError::invalid(format!(

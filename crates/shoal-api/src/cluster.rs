@@ -65,9 +65,11 @@ impl<T: serde::de::DeserializeOwned> axum::extract::FromRequest<AppState> for Pe
         s: &AppState,
     ) -> Result<Self, Self::Rejection> {
         let (parts, body) = req.into_parts();
-        let bytes = axum::body::to_bytes(body, crate::MAX_BODY_BYTES)
+        let bytes = axum::body::to_bytes(body, s.access.max_body_bytes)
             .await
-            .map_err(|_| crate::body::too_large().in_dialect(Dialect::OpenAi))?;
+            .map_err(|_| {
+                crate::body::too_large(Some(s.access.max_body_bytes)).in_dialect(Dialect::OpenAi)
+            })?;
         s.verify_peer(&parts.method, &parts.uri, &parts.headers, &bytes)?;
         let json: &[u8] = if bytes.is_empty() { b"null" } else { &bytes };
         serde_json::from_slice(json)
@@ -551,10 +553,10 @@ pub async fn forward(
         return next.run(req).await;
     }
     let (parts, body) = req.into_parts();
-    let bytes = match axum::body::to_bytes(body, crate::MAX_BODY_BYTES).await {
+    let bytes = match axum::body::to_bytes(body, s.access.max_body_bytes).await {
         Ok(b) => b,
         Err(_) => {
-            return crate::body::too_large()
+            return crate::body::too_large(Some(s.access.max_body_bytes))
                 .in_dialect(dialect_of(&path))
                 .into_response()
         }

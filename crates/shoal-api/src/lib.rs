@@ -259,9 +259,6 @@ pub async fn serve_until(
         .await
 }
 
-/// Largest accepted request body.
-pub const MAX_BODY_BYTES: usize = 8 << 20;
-
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/health", get(health))
@@ -286,7 +283,9 @@ pub fn router(state: AppState) -> Router {
             access::guard,
         ))
         .layer(access::cors(&state.access))
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        // Bodies are read up to the limit before the 413, so a client still
+        // sending gets the answer rather than a broken pipe.
+        .layer(DefaultBodyLimit::max(state.access.max_body_bytes))
         .with_state(state)
 }
 

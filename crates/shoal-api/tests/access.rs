@@ -259,6 +259,73 @@ async fn message_and_tool_counts_are_bounded() {
     assert_eq!(status, 200, "{body}");
 }
 
+/// The body limit is a setting: a body over it, sized or chunked, gets a
+/// 413 in the dialect's shape naming the setting; a body within it is served.
+#[tokio::test]
+async fn the_body_limit_is_configurable_and_holds_for_chunked_bodies() {
+    let mut access = Access::default();
+    access.max_body_bytes = 1024;
+    let base = server(access).await;
+    let padded = |mut v: Value, n: usize| {
+        v["metadata"] = json!({"pad": "x".repeat(n)});
+        v
+    };
+    let post = reqwest::Method::POST;
+    let (status, _, body) = call(
+        post.clone(),
+        format!("{base}/v1/chat/completions"),
+        &[],
+        Some(padded(chat(), 2000)),
+    )
+    .await;
+    assert_eq!(status, 413, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["code"], "request_too_large", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--max-body-mb"),
+        "{v}"
+    );
+    let (status, _, body) = call(
+        post.clone(),
+        format!("{base}/v1/messages"),
+        &[],
+        Some(padded(messages(), 2000)),
+    )
+    .await;
+    assert_eq!(status, 413, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["type"], "error", "{v}");
+    assert_eq!(v["error"]["type"], "request_too_large", "{v}");
+    // No Content-Length: the body is streamed in chunks past the limit.
+    let chunks: Vec<Result<String, std::io::Error>> = vec![
+        Ok(r#"{"model": "smollm2", "max_tokens": 2, "metadata": {"pad": ""#.to_string()),
+        Ok("y".repeat(1500)),
+        Ok(r#""}, "messages": [{"role": "user", "content": "Hi"}]}"#.to_string()),
+    ];
+    let resp = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 413);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "request_too_large", "{v}");
+    // Within the limit the request is served.
+    let (status, _, body) = call(
+        post,
+        format!("{base}/v1/chat/completions"),
+        &[],
+        Some(padded(chat(), 500)),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+}
+
 /// A request over the time limit stops: a 504 when not streaming, the
 /// dialect's error event when streaming, and the ledger keeps its usage.
 #[tokio::test]
@@ -304,6 +371,38 @@ async fn requests_over_the_time_limit_end_with_a_timeout_and_keep_their_usage() 
         .unwrap_or_else(|| panic!("no error event: {sse}"));
     assert!(err.contains("request_timeout"), "{err}");
 
+    // Chat Completions and Responses streams end with their own error event.
+    let (status, _, sse) = call(
+        post.clone(),
+        format!("{base}/v1/chat/completions"),
+        &[],
+        Some(json!({"model": MODEL, "max_tokens": 4000, "stream": true, "temperature": 0,
+                    "messages": [{"role": "user", "content": "Count from 1 to 1000, one number per line."}]})),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let err = sse
+        .lines()
+        .filter(|l| l.starts_with("data: "))
+        .find(|l| l.contains("\"error\""))
+        .unwrap_or_else(|| panic!("no error event: {sse}"));
+    assert!(err.contains("request_timeout"), "{err}");
+    let (status, _, sse) = call(
+        post.clone(),
+        format!("{base}/v1/responses"),
+        &[],
+        Some(
+            json!({"model": MODEL, "max_output_tokens": 4000, "stream": true, "temperature": 0,
+                    "input": "Count from 1 to 1000, one number per line."}),
+        ),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(
+        sse.contains("event: response.failed") && sse.contains("request_timeout"),
+        "{sse}"
+    );
+
     let (status, _, sse) = call(
         post,
         format!("{base}/v1/messages"),
@@ -323,9 +422,9 @@ async fn requests_over_the_time_limit_end_with_a_timeout_and_keep_their_usage() 
     let entries = ledger["data"].as_array().unwrap();
     let timed: Vec<&Value> = entries
         .iter()
-        .filter(|e| e["finish_reasons"][0] == "error")
+        .filter(|e| e["engine_finish_reasons"][0] == "error")
         .collect();
-    assert_eq!(timed.len(), 3, "{ledger}");
+    assert_eq!(timed.len(), 5, "{ledger}");
     for e in timed {
         let u = &e["usage"];
         let out = u["completion_tokens"]

@@ -198,10 +198,12 @@ fn openai_bad() -> Vec<(&'static str, String, u16)> {
         (cmpl, json!({"model": m, "prompt": "x", "logprobs": 9}).to_string(), 400),
         (cmpl, json!({"model": m, "prompt": "x", "top_p": 0}).to_string(), 400),
         (cmpl, json!({"model": m, "prompt": "x", "temperature": "hot"}).to_string(), 400),
+        (cmpl, json!({"model": m, "prompt": "x", "max_tokens": 10_000_000}).to_string(), 400),
         (resp, json!({"model": m}).to_string(), 400),
         (resp, json!({"model": m, "input": []}).to_string(), 400),
         (resp, json!({"model": m, "input": "x", "previous_response_id": "resp_missing"}).to_string(), 400),
         (resp, json!({"model": m, "input": "x", "max_output_tokens": 0}).to_string(), 400),
+        (resp, json!({"model": m, "input": "x", "max_output_tokens": 10_000_000}).to_string(), 400),
         ("/v1/nope", "{}".into(), 404),
     ]
 }
@@ -394,7 +396,7 @@ async fn oversized_body_is_413_in_each_dialect() {
     let base = server(engine()).await;
     let huge = format!(
         "{{\"model\": \"{MODEL}\", \"pad\": \"{}\"}}",
-        "x".repeat(shoal_api::MAX_BODY_BYTES + 10)
+        "x".repeat(shoal_api::access::Access::default().max_body_bytes + 10)
     );
     let (s, t, _) = post(&base, "/v1/chat/completions", &huge).await;
     assert_eq!(s, 413, "{t:.200}");
@@ -956,6 +958,47 @@ async fn without_a_store_conversations_are_503() {
         .is_some_and(|m| m.contains("store")));
 }
 
+/// `/metrics` as text and as parsed by a Prometheus text parser.
+async fn scrape_metrics(base: &str) -> (String, prometheus_parse::Scrape) {
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .expect("get")
+        .text()
+        .await
+        .expect("text");
+    let lines = text.lines().map(|l| Ok(l.to_string()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("Prometheus text");
+    (text, scrape)
+}
+
+/// The sum of a counter's or gauge's samples carrying all of `labels`.
+fn sample_sum(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            _ => f64::NAN,
+        })
+        .sum()
+}
+
+/// Observations in a histogram, over all its label sets.
+fn histogram_count(scrape: &prometheus_parse::Scrape, name: &str) -> f64 {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name)
+        .map(|s| match &s.value {
+            prometheus_parse::Value::Histogram(h) => h.iter().map(|b| b.count).fold(0.0, f64::max),
+            _ => 0.0,
+        })
+        .sum()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_counters_match_the_usage_of_the_requests_made() {
     let base = server(engine()).await;
@@ -986,27 +1029,8 @@ async fn metrics_counters_match_the_usage_of_the_requests_made() {
         .map(|(_, d)| serde_json::from_str(d).expect("json"))
         .next_back()
         .expect("message_delta");
-    let text = reqwest::get(format!("{base}/metrics"))
-        .await
-        .expect("get")
-        .text()
-        .await
-        .expect("text");
-    let lines = text.lines().map(|l| Ok(l.to_string()));
-    let scrape = prometheus_parse::Scrape::parse(lines).expect("Prometheus text");
-    let value = |name: &str, labels: &[(&str, &str)]| -> f64 {
-        scrape
-            .samples
-            .iter()
-            .filter(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
-            .map(|s| match s.value {
-                prometheus_parse::Value::Counter(v)
-                | prometheus_parse::Value::Gauge(v)
-                | prometheus_parse::Value::Untyped(v) => v,
-                _ => f64::NAN,
-            })
-            .sum()
-    };
+    let (text, scrape) = scrape_metrics(&base).await;
+    let value = |name: &str, labels: &[(&str, &str)]| sample_sum(&scrape, name, labels);
     let chat_finish = chat["choices"][0]["finish_reason"]
         .as_str()
         .expect("finish");
@@ -1064,16 +1088,11 @@ async fn metrics_counters_match_the_usage_of_the_requests_made() {
         n(&start["message"]["usage"]["input_tokens"])
             + n(&start["message"]["usage"]["cache_read_input_tokens"])
     );
-    let ttft_count: f64 = scrape
-        .samples
-        .iter()
-        .filter(|s| s.metric == "shoal_time_to_first_token_seconds")
-        .map(|s| match &s.value {
-            prometheus_parse::Value::Histogram(h) => h.iter().map(|b| b.count).fold(0.0, f64::max),
-            _ => 0.0,
-        })
-        .sum();
-    assert_eq!(ttft_count, 3.0, "one TTFT per generated choice: {text}");
+    assert_eq!(
+        histogram_count(&scrape, "shoal_time_to_first_token_seconds"),
+        3.0,
+        "one TTFT per generated choice: {text}"
+    );
     assert_eq!(value("shoal_model_loaded", &[("model", MODEL)]), 1.0);
     assert!(value("shoal_model_memory_bytes", &[("model", MODEL)]) > 1e6);
     // The engine is shared with the other tests here: its gauges exist, their
@@ -1088,4 +1107,56 @@ async fn metrics_counters_match_the_usage_of_the_requests_made() {
             "{gauge}: {text}"
         );
     }
+}
+
+/// The cached and reasoning token counters and the decode-rate histogram
+/// follow what the replies reported, on a server with a prefix cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_cached_and_reasoning_tokens_as_reported() {
+    let opts = EngineOptions {
+        prefix_cache_bytes: 64 << 20,
+        ..EngineOptions::default()
+    };
+    let base = server(Engine::start(&gguf(), MODEL, opts).expect("load")).await;
+    let body = json!({"model": MODEL, "max_tokens": 12, "temperature": 0,
+                      "reasoning": {"max_tokens": 4},
+                      "messages": [{"role": "user", "content": "Think about the sea, then name a fish."}]})
+    .to_string();
+    let (mut cached, mut reasoning) = (0.0, 0.0);
+    for _ in 0..2 {
+        let (st, text, _) = post(&base, "/v1/chat/completions", &body).await;
+        assert_eq!(st, 200, "{text}");
+        let v: Value = serde_json::from_str(&text).expect("json");
+        let u = &v["usage"];
+        cached += u["prompt_tokens_details"]["cached_tokens"]
+            .as_f64()
+            .expect("cached");
+        reasoning += u["completion_tokens_details"]["reasoning_tokens"]
+            .as_f64()
+            .expect("reasoning");
+    }
+    // The second request reuses the first one's prompt.
+    assert!(cached > 0.0, "no prefix-cache hit");
+    assert_eq!(reasoning, 8.0, "a budget of 4 per request");
+    let (text, scrape) = scrape_metrics(&base).await;
+    let chat = |kind| {
+        sample_sum(
+            &scrape,
+            "shoal_tokens_total",
+            &[("dialect", "openai.chat"), ("kind", kind)],
+        )
+    };
+    assert_eq!(chat("cached"), cached, "{text}");
+    assert_eq!(chat("reasoning"), reasoning, "{text}");
+    assert_eq!(
+        histogram_count(&scrape, "shoal_decode_tokens_per_second"),
+        2.0,
+        "one decode rate per reply: {text}"
+    );
+    assert!(
+        sample_sum(&scrape, "shoal_prefix_cache_bytes", &[]) > 0.0,
+        "{text}"
+    );
+    let ratio = sample_sum(&scrape, "shoal_prefix_cache_hit_ratio", &[]);
+    assert!(ratio > 0.0 && ratio <= 1.0, "{text}");
 }

@@ -101,6 +101,8 @@ pub struct Server {
     pub max_messages: usize,
     /// Most tools one request may offer.
     pub max_tools: usize,
+    /// Largest request body accepted, in MiB; a bigger one gets a 413.
+    pub max_body_mb: usize,
     /// Longest a request may run, in seconds (0 = no limit); then it ends
     /// with a timeout error that still reports its usage.
     pub request_timeout_secs: u64,
@@ -120,6 +122,7 @@ impl Default for Server {
             cors_origins: Vec::new(),
             max_messages: 2048,
             max_tools: 256,
+            max_body_mb: 8,
             request_timeout_secs: 600,
         }
     }
@@ -229,6 +232,12 @@ const SETTINGS: &[Setting] = &[
         "max_tools",
         Some("SHOAL_MAX_TOOLS"),
         "--max-tools",
+    ),
+    setting(
+        "server",
+        "max_body_mb",
+        Some("SHOAL_MAX_BODY_MB"),
+        "--max-body-mb",
     ),
     setting(
         "server",
@@ -377,6 +386,9 @@ pub struct Flags {
     /// Most tools one request may offer (default 256) [env: SHOAL_MAX_TOOLS].
     #[arg(long)]
     pub max_tools: Option<usize>,
+    /// Largest request body accepted, in MiB (default 8) [env: SHOAL_MAX_BODY_MB].
+    #[arg(long)]
+    pub max_body_mb: Option<usize>,
     /// Longest a request may run, in seconds; then it ends with a timeout
     /// error that still reports its usage (0 = no limit; default 600)
     /// [env: SHOAL_REQUEST_TIMEOUT_SECS].
@@ -409,6 +421,7 @@ struct Overrides {
     cors_origins: Option<Vec<String>>,
     max_messages: Option<usize>,
     max_tools: Option<usize>,
+    max_body_mb: Option<usize>,
     request_timeout_secs: Option<u64>,
 }
 
@@ -464,6 +477,7 @@ impl Overrides {
             cors_origins: var("SHOAL_CORS_ORIGINS").map(commas),
             max_messages: parsed("SHOAL_MAX_MESSAGES", var("SHOAL_MAX_MESSAGES"))?,
             max_tools: parsed("SHOAL_MAX_TOOLS", var("SHOAL_MAX_TOOLS"))?,
+            max_body_mb: parsed("SHOAL_MAX_BODY_MB", var("SHOAL_MAX_BODY_MB"))?,
             request_timeout_secs: parsed(
                 "SHOAL_REQUEST_TIMEOUT_SECS",
                 var("SHOAL_REQUEST_TIMEOUT_SECS"),
@@ -496,6 +510,7 @@ impl Overrides {
             cors_origins: list(&f.cors_origins),
             max_messages: f.max_messages,
             max_tools: f.max_tools,
+            max_body_mb: f.max_body_mb,
             request_timeout_secs: f.request_timeout_secs,
         }
     }
@@ -705,6 +720,10 @@ impl Resolved {
             c.server.max_tools = v;
             set("server.max_tools");
         }
+        if let Some(v) = o.max_body_mb {
+            c.server.max_body_mb = v;
+            set("server.max_body_mb");
+        }
         if let Some(v) = o.request_timeout_secs {
             c.server.request_timeout_secs = v;
             set("server.request_timeout_secs");
@@ -852,6 +871,7 @@ impl Config {
         a.origins.extend(self.server.cors_origins.iter().cloned());
         a.max_messages = self.server.max_messages.max(1);
         a.max_tools = self.server.max_tools;
+        a.max_body_bytes = self.server.max_body_mb.max(1).saturating_mul(1 << 20);
         a.request_timeout = (self.server.request_timeout_secs > 0)
             .then(|| std::time::Duration::from_secs(self.server.request_timeout_secs));
         a
