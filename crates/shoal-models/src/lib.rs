@@ -11,5 +11,5 @@ pub mod library;
 
 pub use card::ModelCard;
 pub use error::{ModelsError, Result};
-pub use hub::{pull, HubOptions, PullEvent, PullSpec};
+pub use hub::{pull, HubOptions, PlannedFile, PullEvent, PullSpec};
 pub use library::{Library, LocalModel, Source};

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use anyhow::{Context, Result};
-use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use shoal::config;
 use shoal_models::{HubOptions, Library, LocalModel, ModelCard, PullEvent, PullSpec, Source};
 
@@ -79,10 +79,15 @@ struct PullView {
 impl PullView {
     fn new(quiet: bool) -> Self {
         use std::io::IsTerminal;
+        // Bars only make sense on a terminal; logs get a line per file.
+        let quiet = quiet || !std::io::stderr().is_terminal();
+        Self::drawn_to(quiet, ProgressDrawTarget::stderr())
+    }
+
+    fn drawn_to(quiet: bool, target: ProgressDrawTarget) -> Self {
         PullView {
-            // Bars only make sense on a terminal; logs get a line per file.
-            quiet: quiet || !std::io::stderr().is_terminal(),
-            bars: MultiProgress::new(),
+            quiet,
+            bars: MultiProgress::with_draw_target(target),
             overall: None,
             files: HashMap::new(),
         }
@@ -246,4 +251,82 @@ pub fn rm(a: RmArgs) -> Result<()> {
     let freed = lib.remove(&a.id)?;
     println!("removed {} ({} freed)", a.id, bytes(freed));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shoal_models::PlannedFile;
+
+    fn progress(file: &str, file_bytes: u64, file_total: u64, bytes: u64) -> PullEvent {
+        PullEvent::Progress {
+            file: file.into(),
+            file_bytes,
+            file_total,
+            bytes,
+            total_bytes: 150,
+        }
+    }
+
+    /// One bar per planned file and one for the total; each ends at its
+    /// size, named with the file's checksum verdict.
+    #[test]
+    fn bars_follow_a_pull() {
+        let mut view = PullView::drawn_to(false, ProgressDrawTarget::hidden());
+        let planned = |name: &str, size| PlannedFile {
+            name: name.into(),
+            size,
+        };
+        view.show(&PullEvent::Plan {
+            repo: "org/m".into(),
+            revision: "main".into(),
+            commit: "0123456789abcdef".into(),
+            files: vec![planned("a.gguf", 100), planned("config.json", 50)],
+            total_bytes: 150,
+        });
+        assert_eq!(view.files.len(), 2);
+        view.show(&progress("a.gguf", 60, 100, 60));
+        assert_eq!(view.files["a.gguf"].position(), 60);
+        assert_eq!(view.overall.as_ref().map(|b| b.position()), Some(60));
+        view.show(&progress("a.gguf", 100, 100, 100));
+        view.show(&PullEvent::FileDone {
+            file: "a.gguf".into(),
+            verified: true,
+            cached: false,
+        });
+        view.show(&progress("config.json", 50, 50, 150));
+        view.show(&PullEvent::FileDone {
+            file: "config.json".into(),
+            verified: false,
+            cached: true,
+        });
+        view.finish();
+        let a = &view.files["a.gguf"];
+        assert!(a.is_finished() && a.position() == 100);
+        assert_eq!(a.message(), "a.gguf (checksum ok)");
+        assert_eq!(
+            view.files["config.json"].message(),
+            "config.json (already here)"
+        );
+        let all = view.overall.as_ref().expect("total bar");
+        assert!(all.is_finished());
+        assert_eq!((all.position(), all.length()), (150, Some(150)));
+    }
+
+    /// Quiet (or not on a terminal): no bars at all.
+    #[test]
+    fn quiet_pulls_draw_no_bars() {
+        let mut view = PullView::drawn_to(true, ProgressDrawTarget::hidden());
+        view.show(&PullEvent::Plan {
+            repo: "org/m".into(),
+            revision: "main".into(),
+            commit: "01234567".into(),
+            files: vec![PlannedFile {
+                name: "a".into(),
+                size: 1,
+            }],
+            total_bytes: 1,
+        });
+        assert!(view.files.is_empty() && view.overall.is_none());
+    }
 }

@@ -158,6 +158,7 @@ fn config_command_shows_file_values_and_overrides() {
 [server]
 port = 9100
 queue = 3
+max_body_mb = 2
 
 [model]
 id = "tiny"
@@ -182,6 +183,7 @@ patterns = ['\bRome\b']
         "host = \"127.0.0.1\"  # default".to_string(),
         "port = 9200  # --port".into(),
         format!("queue = 3  {from_file}"),
+        format!("max_body_mb = 2  {from_file}"),
         format!("id = \"tiny\"  {from_file}"),
         format!("aliases = [\"gpt-4o-mini\"]  {from_file}"),
         "prefix_cache_mb = 5  # env SHOAL_PREFIX_CACHE_MB".into(),
@@ -556,16 +558,33 @@ fn pull_list_and_remove_models_from_a_fixture_hub() {
     let dir = temp_dir("pull");
     let bytes = std::fs::read(gguf()).expect("model");
     let size = bytes.len() as u64;
-    let hub = HubFixture::start(vec![FixtureRepo {
-        id: "test/SmolLM2-GGUF".into(),
-        commit: "2222222222222222222222222222222222222222".into(),
-        files: vec![FixtureFile::new(
-            "SmolLM2-135M-Instruct.Q4_1.gguf",
-            bytes,
-            true,
-        )],
-        token: None,
-    }]);
+    let hub = HubFixture::start(vec![
+        FixtureRepo {
+            id: "test/SmolLM2-GGUF".into(),
+            commit: "2222222222222222222222222222222222222222".into(),
+            files: vec![FixtureFile::new(
+                "SmolLM2-135M-Instruct.Q4_1.gguf",
+                bytes,
+                true,
+            )],
+            token: None,
+        },
+        FixtureRepo {
+            id: "test/gated-GGUF".into(),
+            commit: "3333333333333333333333333333333333333333".into(),
+            files: vec![FixtureFile::new(
+                "gated-Q4_0.gguf",
+                shoal_models::fixture::gguf_bytes(
+                    "llama",
+                    2,
+                    2048,
+                    &[("token_embd.weight", &[64, 100])],
+                ),
+                true,
+            )],
+            token: Some("hf_gate_7".into()),
+        },
+    ]);
     let cli = |args: &[&str]| {
         let mut c = shoal_isolated(&dir);
         c.env("HF_ENDPOINT", &hub.endpoint)
@@ -618,6 +637,34 @@ fn pull_list_and_remove_models_from_a_fixture_hub() {
     let (ok, _, err) = cli(&["pull", "not a repo"]);
     assert!(!ok && err.contains("ORG/NAME"), "{err}");
 
+    // Offline after the pull: serving and using the pulled model never
+    // contact the hub, though HF_ENDPOINT points at it.
+    let asked = hub.requests().len();
+    let (server, addr) = start_server(&dir, |c| {
+        c.env("HF_ENDPOINT", &hub.endpoint)
+            .args(["serve", "--port", "0", "--prefix-cache-mb", "0"])
+            .arg("--db")
+            .arg(dir.join("c.sqlite"))
+            .arg("--model")
+            .arg(gguf());
+    });
+    let (status, reply) = post_json(
+        &addr,
+        "/v1/chat/completions",
+        &json!({"model": id, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+            .to_string(),
+    );
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["model"], id, "{reply}");
+    assert_eq!(reply["usage"]["completion_tokens"], 2, "{reply}");
+    drop(server);
+    assert_eq!(
+        hub.requests().len(),
+        asked,
+        "the hub was contacted: {:?}",
+        &hub.requests()[asked..]
+    );
+
     let (ok, out, err) = cli(&["rm", id]);
     assert!(ok, "{err}");
     assert!(out.contains("removed"), "{out}");
@@ -626,6 +673,18 @@ fn pull_list_and_remove_models_from_a_fixture_hub() {
     assert_eq!(list.len(), 1, "{out}");
     let (ok, _, err) = cli(&["rm", id]);
     assert!(!ok && err.contains("no local model"), "{err}");
+
+    // A gated repository wants HF_TOKEN, which is read from the environment.
+    let (ok, _, err) = cli(&["pull", "test/gated-GGUF"]);
+    assert!(!ok && err.contains("HF_TOKEN"), "{err}");
+    let (ok, out, err) = output(
+        shoal_isolated(&dir)
+            .env("HF_ENDPOINT", &hub.endpoint)
+            .env("HF_TOKEN", "hf_gate_7")
+            .args(["pull", "test/gated-GGUF"]),
+    );
+    assert!(ok, "{err}");
+    assert!(out.starts_with("test/gated-GGUF/gated-Q4_0.gguf"), "{out}");
 }
 
 /// The config file's `server.log_format` is used when no flag says otherwise.
