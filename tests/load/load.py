@@ -6,11 +6,15 @@ own usage ledger.
     python tests/load/load.py [--seconds 60] [--clients 64] [--bin target/release/shoal]
 
 What it does:
-  1. Starts its own `shoal serve --port 0 --db <tmp> --queue 16 --max-batch 8`
+  1. Starts its own `shoal serve --port 0 --db <tmp> --queue 16 --max-batch 8
+     --prefix-cache-mb 256`
      (HF_HOME an empty temp dir, loopback only; the model is whatever the
      server loads, i.e. $SHOAL_MODEL or its default) and always stops it.
-  2. Warms up (a few requests, one by one and then a batch at once), then
-     reads the server's RSS (/proc/<pid>/status VmRSS) as the baseline.
+  2. Warms up (a few requests, one by one and then a batch at once), fills
+     the prefix cache to its budget with distinct long prompts (a bounded
+     store that fills by design, so it is full on both sides of the
+     comparison), then reads the server's RSS (/proc/<pid>/status VmRSS) as
+     the baseline.
   3. Runs N concurrent streaming clients for a bounded time, spread evenly over
      OpenAI Chat (stream_options.include_usage), OpenAI Responses and Anthropic
      Messages. Each loops: a short prompt, random max_tokens in 8..64, and in
@@ -19,9 +23,7 @@ What it does:
   4. Checks: well-formed streams whose usage equals the ledger entry for their
      response id; planned hang-ups recorded as `cancelled` (or finished before
      the hang-up); no 5xx; 429/529 only with retry-after on the right routes;
-     RSS back within 10% of the baseline once the server is idle (both sides
-     less the prefix cache, which /health reports and which grows by design up
-     to its budget; --rss-include-prefix-cache compares raw RSS).
+     raw RSS back within 10% of the baseline once the server is idle.
   5. Prints a summary and a final `load: PASS` or `load: FAIL (reasons)`;
      exits 1 on failure.
 
@@ -531,6 +533,28 @@ class Run:
         recs += batch
         return recs
 
+    async def fill_prefix_cache(self, http: httpx.AsyncClient) -> tuple[list[Rec], int]:
+        """Sends distinct ~200-token prompts, four at a time, until /health shows
+        the prefix cache within 90% of its budget (or 25 rounds). Returns the
+        requests and the cache's bytes."""
+        budget = self.args.prefix_cache_mb * MIB
+        rng = random.Random(self.args.seed)
+        words = "sea river stone cloud bread lamp garden window winter music paper road".split()
+        recs: list[Rec] = []
+        cached = 0
+        for _ in range(25):
+            _, state = await self.engine_idle(http)
+            cached = int(state["engine"].get("prefix_cache_bytes", 0))
+            if cached >= 0.9 * budget:
+                break
+            batch = []
+            for j in range(len(recs), len(recs) + 4):
+                text = f"Note {j}: " + " ".join(rng.choice(words) for _ in range(180))
+                batch.append((Rec(-1, DIALECTS[j % 3], 4, None), text))
+            await asyncio.gather(*(one_request(http, self.srv.url, self.srv.model, r, t) for r, t in batch))
+            recs += [r for r, _ in batch]
+        return recs, cached
+
     async def engine_idle(self, http: httpx.AsyncClient) -> tuple[bool, dict]:
         h = (await http.get(self.srv.url + "/health", timeout=10)).json()
         m = (await http.get(self.srv.url + "/metrics", timeout=10)).text
@@ -549,6 +573,10 @@ class Run:
         async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as http:
             # 2. warm up, baseline RSS
             warm = await self.warmup(http)
+            filled, cached = await self.fill_prefix_cache(http)
+            warm += filled
+            print(f"load: prefix cache filled to {cached / MIB:.1f} of {a.prefix_cache_mb} MiB "
+                  f"with {len(filled)} distinct prompts", flush=True)
             bad_warm = [r for r in warm if r.status != 200 or not r.complete or r.problems or r.exc]
             if bad_warm:
                 r = bad_warm[0]
@@ -617,14 +645,9 @@ class Run:
         return self.report(warm)
 
     def rss_ok(self) -> bool:
-        """RSS after the run within the tolerance of the baseline. By default both sides
-        leave out the prefix cache, a bounded store the server sizes itself
-        (`prefix_cache_bytes` in /health; up to --prefix-cache-mb, default 1 GiB)
-        that fills as requests come in; --rss-include-prefix-cache compares raw RSS."""
-        limit = 1 + self.args.rss_tolerance
-        if self.args.rss_include_prefix_cache:
-            return self.rss_after <= self.rss_base * limit
-        return self.rss_after - self.cache_after <= (self.rss_base - self.cache_base) * limit
+        """Raw RSS after the run within the tolerance of the baseline, which was
+        taken with the prefix cache already full."""
+        return self.rss_after <= self.rss_base * (1 + self.args.rss_tolerance)
 
     async def progress(self, t_start: float, deadline: float) -> None:
         while True:
@@ -766,20 +789,13 @@ class Run:
 
         # -- RSS
         growth = (self.rss_after - self.rss_base) / self.rss_base
-        net_base = self.rss_base - self.cache_base
-        net_after = self.rss_after - self.cache_after
-        net_growth = (net_after - net_base) / net_base
         check("idle after the run", self.idle,
               f"engine idle after {self.settle_secs:.1f} s: {self.idle} "
               f"(queue {self.idle_state.get('shoal_queue_depth')}, in flight "
               f"{self.idle_state.get('shoal_requests_in_flight')})")
-        if a.rss_include_prefix_cache:
-            rss_detail = (f"RSS baseline {self.rss_base / MIB:.1f} MiB, after {self.rss_after / MIB:.1f} MiB "
-                          f"({growth:+.1%}, limit +{a.rss_tolerance:.0%})")
-        else:
-            rss_detail = (f"RSS less the prefix cache: baseline {net_base / MIB:.1f} MiB, after "
-                          f"{net_after / MIB:.1f} MiB ({net_growth:+.1%}, limit +{a.rss_tolerance:.0%}); raw RSS "
-                          f"{self.rss_base / MIB:.1f} -> {self.rss_after / MIB:.1f} MiB ({growth:+.1%})")
+        rss_detail = (f"RSS baseline {self.rss_base / MIB:.1f} MiB, after {self.rss_after / MIB:.1f} MiB "
+                      f"({growth:+.1%}, limit +{a.rss_tolerance:.0%}); prefix cache "
+                      f"{self.cache_base / MIB:.1f} / {self.cache_after / MIB:.1f} MiB")
         check("RSS back near baseline", self.rss_ok(), rss_detail)
 
         # -- summary
@@ -821,8 +837,7 @@ class Run:
                    f"overloaded clients that stopped at the deadline: {self.gave_up_at_deadline}")
         out.append(f"  RSS: baseline {self.rss_base / MIB:.1f} MiB, after {self.rss_after / MIB:.1f} MiB "
                    f"({growth:+.1%}) after {self.settle_secs:.1f} s of settling; of which prefix cache "
-                   f"{self.cache_base / MIB:.1f} MiB / {self.cache_after / MIB:.1f} MiB; without it "
-                   f"{net_base / MIB:.1f} MiB / {net_after / MIB:.1f} MiB ({net_growth:+.1%})")
+                   f"{self.cache_base / MIB:.1f} MiB / {self.cache_after / MIB:.1f} MiB")
         eng = self.health
         out.append(f"  engine (/health): completed {eng.get('completed')}, cancelled {eng.get('cancelled')}, "
                    f"errors {eng.get('errors')}, peak batch {eng.get('peak_batch')}, completion tokens "
@@ -862,9 +877,8 @@ def main() -> int:
     ap.add_argument("--drain-seconds", type=float, default=120.0,
                     help="how long requests in flight at the deadline may take to end")
     ap.add_argument("--rss-tolerance", type=float, default=0.10)
-    ap.add_argument("--rss-include-prefix-cache", action="store_true",
-                    help="compare raw RSS (by default the prefix cache's bytes, which grow by design "
-                         "up to its budget, are left out of both sides)")
+    ap.add_argument("--prefix-cache-mb", type=int, default=256,
+                    help="the server's prefix-cache budget; filled before the RSS baseline")
     ap.add_argument("--hangup-slack", type=float, default=1.0,
                     help="seconds a server may take to notice a hang-up")
     ap.add_argument("--keep-tmp", action="store_true", help="keep the server's temp dir (log, store)")
@@ -887,7 +901,8 @@ def main() -> int:
     srv = None
     rc = 1
     try:
-        srv = Server(args.bin, ["--queue", str(args.queue), "--max-batch", str(args.max_batch)])
+        srv = Server(args.bin, ["--queue", str(args.queue), "--max-batch", str(args.max_batch),
+                                "--prefix-cache-mb", str(args.prefix_cache_mb)])
         rc = asyncio.run(Run(args, srv).main())
         if srv.proc.poll() is not None:
             print(f"load: the server exited during the run (code {srv.proc.returncode}); log tail:\n"
