@@ -271,34 +271,29 @@ async fn the_body_limit_is_configurable_and_holds_for_chunked_bodies() {
         v
     };
     let post = reqwest::Method::POST;
-    let (status, _, body) = call(
-        post.clone(),
-        format!("{base}/v1/chat/completions"),
-        &[],
-        Some(padded(chat(), 2000)),
-    )
-    .await;
-    assert_eq!(status, 413, "{body}");
-    let v: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(v["error"]["code"], "request_too_large", "{v}");
-    assert!(
-        v["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("--max-body-mb"),
-        "{v}"
-    );
-    let (status, _, body) = call(
-        post.clone(),
-        format!("{base}/v1/messages"),
-        &[],
-        Some(padded(messages(), 2000)),
-    )
-    .await;
-    assert_eq!(status, 413, "{body}");
-    let v: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(v["type"], "error", "{v}");
-    assert_eq!(v["error"]["type"], "request_too_large", "{v}");
+    // (route, body, the error's top-level type, the field naming the error)
+    for (path, body, top, field) in [
+        (
+            "/v1/chat/completions",
+            padded(chat(), 2000),
+            Value::Null,
+            "code",
+        ),
+        (
+            "/v1/messages",
+            padded(messages(), 2000),
+            json!("error"),
+            "type",
+        ),
+    ] {
+        let (status, _, body) = call(post.clone(), format!("{base}{path}"), &[], Some(body)).await;
+        assert_eq!(status, 413, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["type"], top, "{v}");
+        assert_eq!(v["error"][field], "request_too_large", "{v}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("--max-body-mb"), "{v}");
+    }
     // No Content-Length: the body is streamed in chunks past the limit.
     let chunks: Vec<Result<String, std::io::Error>> = vec![
         Ok(r#"{"model": "smollm2", "max_tokens": 2, "metadata": {"pad": ""#.to_string()),
@@ -356,66 +351,37 @@ async fn requests_over_the_time_limit_end_with_a_timeout_and_keep_their_usage() 
         "{v}"
     );
 
-    let (status, _, sse) = call(
-        post.clone(),
-        format!("{base}/v1/completions"),
-        &[],
-        Some(long(true)),
-    )
-    .await;
-    assert_eq!(status, 200);
-    let err = sse
-        .lines()
-        .filter(|l| l.starts_with("data: "))
-        .find(|l| l.contains("\"error\""))
-        .unwrap_or_else(|| panic!("no error event: {sse}"));
-    assert!(err.contains("request_timeout"), "{err}");
-
-    // Chat Completions and Responses streams end with their own error event.
-    let (status, _, sse) = call(
-        post.clone(),
-        format!("{base}/v1/chat/completions"),
-        &[],
-        Some(json!({"model": MODEL, "max_tokens": 4000, "stream": true, "temperature": 0,
-                    "messages": [{"role": "user", "content": "Count from 1 to 1000, one number per line."}]})),
-    )
-    .await;
-    assert_eq!(status, 200);
-    let err = sse
-        .lines()
-        .filter(|l| l.starts_with("data: "))
-        .find(|l| l.contains("\"error\""))
-        .unwrap_or_else(|| panic!("no error event: {sse}"));
-    assert!(err.contains("request_timeout"), "{err}");
-    let (status, _, sse) = call(
-        post.clone(),
-        format!("{base}/v1/responses"),
-        &[],
-        Some(
-            json!({"model": MODEL, "max_output_tokens": 4000, "stream": true, "temperature": 0,
-                    "input": "Count from 1 to 1000, one number per line."}),
+    // Each streamed dialect ends with its own error event.
+    let count = "Count from 1 to 1000, one number per line.";
+    let chat = json!({"model": MODEL, "max_tokens": 4000, "stream": true, "temperature": 0,
+                      "messages": [{"role": "user", "content": count}]});
+    let streamed = [
+        (
+            "/v1/completions",
+            long(true),
+            "\"error\":",
+            "request_timeout",
         ),
-    )
-    .await;
-    assert_eq!(status, 200);
-    assert!(
-        sse.contains("event: response.failed") && sse.contains("request_timeout"),
-        "{sse}"
-    );
-
-    let (status, _, sse) = call(
-        post,
-        format!("{base}/v1/messages"),
-        &[],
-        Some(json!({"model": MODEL, "max_tokens": 4000, "stream": true, "temperature": 0,
-                    "messages": [{"role": "user", "content": "Count from 1 to 1000, one number per line."}]})),
-    )
-    .await;
-    assert_eq!(status, 200);
-    assert!(
-        sse.contains("event: error") && sse.contains("timeout_error"),
-        "{sse}"
-    );
+        (
+            "/v1/chat/completions",
+            chat.clone(),
+            "\"error\":",
+            "request_timeout",
+        ),
+        (
+            "/v1/responses",
+            json!({"model": MODEL, "max_output_tokens": 4000, "stream": true, "temperature": 0,
+                   "input": count}),
+            "event: response.failed",
+            "request_timeout",
+        ),
+        ("/v1/messages", chat, "event: error", "timeout_error"),
+    ];
+    for (path, body, event, code) in streamed {
+        let (status, _, sse) = call(post.clone(), format!("{base}{path}"), &[], Some(body)).await;
+        assert_eq!(status, 200, "{path}");
+        assert!(sse.contains(event) && sse.contains(code), "{path}: {sse}");
+    }
 
     let (_, _, ledger) = call(reqwest::Method::GET, format!("{base}/v1/usage"), &[], None).await;
     let ledger: Value = serde_json::from_str(&ledger).unwrap();
