@@ -753,11 +753,12 @@ fn cluster_nodes_join_report_status_refuse_strangers_and_drop_the_dead() {
             }
         });
         let me = get_json(&addr, "/v1/cluster/nodes")["nodes"][0].clone();
-        (server, addr, me["id"].as_str().expect("id").to_string())
+        let id = me["id"].as_str().expect("id").to_string();
+        ((server, dir.join("stderr.log")), addr, id)
     };
-    let (_a, a, a_id) = node("a", "s3cret", None);
+    let ((_a, a_log), a, a_id) = node("a", "s3cret", None);
     let (_b, b, b_id) = node("b", "s3cret", Some(&a));
-    let (c_server, c, c_id) = node("c", "s3cret", Some(&b));
+    let ((c_server, _), c, c_id) = node("c", "s3cret", Some(&b));
     let (_d, d, d_id) = node("d", "wrong", Some(&a));
     let ids: std::collections::BTreeSet<&str> =
         [&a_id, &b_id, &c_id, &d_id].map(String::as_str).into();
@@ -791,8 +792,14 @@ fn cluster_nodes_join_report_status_refuse_strangers_and_drop_the_dead() {
             assert!(n["requests"]["in_flight"].is_u64() && n["address"].is_string());
         }
     }
-    // The node with the wrong secret is not let in, and sees no one.
-    let d_view = wait_nodes(&d, |_| false);
+    // The node with the wrong secret is refused by the node it calls (whose
+    // log says why), so it is not let in and sees no one.
+    wait_for_log(
+        &a_log,
+        "the cluster secret differs",
+        "the stranger never called",
+    );
+    let d_view = wait_nodes(&d, |_| true);
     assert_eq!(d_view.len(), 1, "{d_view:?}");
     assert!(wait_nodes(&a, |_| true)
         .iter()

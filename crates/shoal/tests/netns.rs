@@ -160,13 +160,10 @@ fn hosts_on_a_network_discover_each_other_and_split_a_model() {
         "shoal-cli-netns-{ns_c}-{}/stderr.log",
         std::process::id()
     ));
-    let refused = poll_until(
-        || std::fs::read_to_string(&c_log).unwrap_or_default(),
-        |log| log.contains("the cluster secret differs"),
-    );
-    assert!(
-        refused.contains("the cluster secret differs"),
-        "the members never reached the stranger: {refused}"
+    wait_for_log(
+        &c_log,
+        "the cluster secret differs",
+        "the members never reached the stranger",
     );
     assert!(nodes_of(&a).iter().all(|n| n["id"] != c_id.as_str()));
 

@@ -213,6 +213,16 @@ pub fn poll_until<T>(read: impl Fn() -> T, done: impl Fn(&T) -> bool) -> T {
     }
 }
 
+/// Waits (up to 30 s) for a server's log file to contain `needle`; fails
+/// with the log and `why` otherwise.
+pub fn wait_for_log(log: &Path, needle: &str, why: &str) {
+    let text = poll_until(
+        || std::fs::read_to_string(log).unwrap_or_default(),
+        |text| text.contains(needle),
+    );
+    assert!(text.contains(needle), "{why}: {text}");
+}
+
 /// Polls a node list (`list` returns one) until `done` holds or 30 s pass.
 pub fn poll_nodes(list: impl Fn() -> Vec<Value>, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
     poll_until(list, |n| done(n))
