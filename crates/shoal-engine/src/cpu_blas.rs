@@ -156,9 +156,9 @@ pub fn describe() -> String {
     }
 }
 
-/// Caps OpenBLAS's threads and the batched kernel's helpers. Processes sharing a machine (pipeline stages
-/// on one host) must not each spin a thread per core: idle OpenBLAS threads
-/// busy-wait and starve the stage that is working.
+/// Caps OpenBLAS's threads and the batched kernel's helpers. Processes
+/// sharing a machine (pipeline stages on one host) must not each spin a
+/// thread per core: idle threads busy-wait and starve the stage that works.
 pub fn set_threads(n: usize) {
     if let Some(Blas::OpenBlas {
         set_threads: Some(f),

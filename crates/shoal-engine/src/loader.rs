@@ -162,9 +162,8 @@ pub fn load_stage(
     }
 }
 
-/// A stage of a GGUF model: MLX reads a copy holding only the stage's
-/// layers (the embeddings only if first or last, the norm and head only if
-/// last), so neither the disk reads nor the memory of a stage grow with the
+/// A stage of a GGUF model: MLX reads a copy holding only what the stage
+/// keeps (`model::stage`), so neither the disk reads nor the memory of a stage grow with the
 /// layers other nodes run.
 fn load_gguf_stage(
     path: &Path,
@@ -174,9 +173,7 @@ fn load_gguf_stage(
     let dir = tempfile::tempdir()
         .map_err(|e| EngineError::Backend(format!("a folder for the stage's weights: {e}")))?;
     let copy = dir.path().join("stage.gguf");
-    let subset = gguf_subset::write_subset(path, &copy, |name, blocks| {
-        gguf_subset::in_stage(name, &range, blocks)
-    })?;
+    let subset = gguf_subset::write_stage(path, &copy, &range)?;
     tracing::info!(
         layers = ?range,
         tensors = subset.tensors_kept,

@@ -6,7 +6,8 @@ use std::collections::BTreeSet;
 use mlx_rs::Array;
 use shoal_engine::backend::LanguageModel;
 use shoal_engine::loader;
-use shoal_engine::model::gguf_subset::{in_stage, write_subset};
+use shoal_engine::model::gguf_subset::write_stage;
+use shoal_engine::model::stage::{gguf_part, Span};
 use shoal_engine::model::{gguf, DevicePolicy, MlxCache, Transformer};
 
 fn names(path: &std::path::Path) -> BTreeSet<String> {
@@ -20,17 +21,19 @@ fn a_stage_copy_holds_only_its_layers_and_all_metadata() {
     let dir = tempfile::tempdir().expect("tempdir");
     let dst = dir.path().join("stage.gguf");
     let range = 3..7;
-    let s = write_subset(&src, &dst, |n, blocks| {
-        assert_eq!(blocks, 30, "the default model's block count");
-        in_stage(n, &range, blocks)
-    })
-    .expect("subset");
+    let s = write_stage(&src, &dst, &range).expect("subset");
+    // The default model: 30 blocks, output tied to the embedding table.
+    let span = Span {
+        layers: range.clone(),
+        num_layers: 30,
+        tied_output: true,
+    };
 
     let all = names(&src);
     let kept = names(&dst);
     let expected: BTreeSet<String> = all
         .iter()
-        .filter(|n| in_stage(n, &range, 30))
+        .filter(|n| span.keeps(gguf_part(n)))
         .cloned()
         .collect();
     assert_eq!(kept, expected);
@@ -162,7 +165,7 @@ fn a_damaged_gguf_gives_an_error_not_a_stage() {
     ] {
         let bad = dir.path().join("bad.gguf");
         std::fs::write(&bad, &data).expect("write");
-        let err = write_subset(&bad, &dst, |_, _| true).expect_err(what);
+        let err = write_stage(&bad, &dst, &(0..1)).expect_err(what);
         assert!(err.to_string().contains("GGUF"), "{what}: {err}");
         assert!(loader::load_stage(&bad, Some(0..1)).is_err(), "{what}");
     }

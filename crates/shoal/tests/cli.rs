@@ -585,14 +585,16 @@ fn pull_list_and_remove_models_from_a_fixture_hub() {
             token: Some("hf_gate_7".into()),
         },
     ]);
-    let cli = |args: &[&str]| {
+    let cli_with = |env: &[(&str, &str)], args: &[&str]| {
         let mut c = shoal_isolated(&dir);
         c.env("HF_ENDPOINT", &hub.endpoint)
+            .envs(env.iter().copied())
             .arg("--log-format")
             .arg("text");
         c.args(args);
         output(&mut c)
     };
+    let cli = |args: &[&str]| cli_with(&[], args);
     let (ok, out, err) = cli(&["pull", "test/SmolLM2-GGUF"]);
     assert!(ok, "{err}");
     let id = "test/SmolLM2-GGUF/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -677,12 +679,7 @@ fn pull_list_and_remove_models_from_a_fixture_hub() {
     // A gated repository wants HF_TOKEN, which is read from the environment.
     let (ok, _, err) = cli(&["pull", "test/gated-GGUF"]);
     assert!(!ok && err.contains("HF_TOKEN"), "{err}");
-    let (ok, out, err) = output(
-        shoal_isolated(&dir)
-            .env("HF_ENDPOINT", &hub.endpoint)
-            .env("HF_TOKEN", "hf_gate_7")
-            .args(["pull", "test/gated-GGUF"]),
-    );
+    let (ok, out, err) = cli_with(&[("HF_TOKEN", "hf_gate_7")], &["pull", "test/gated-GGUF"]);
     assert!(ok, "{err}");
     assert!(out.starts_with("test/gated-GGUF/gated-Q4_0.gguf"), "{out}");
 }

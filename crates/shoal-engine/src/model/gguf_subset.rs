@@ -9,6 +9,7 @@ use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::Path;
 
+use super::stage::{gguf_part, Span};
 use crate::error::{EngineError, Result};
 
 const MAGIC: &[u8; 4] = b"GGUF";
@@ -110,9 +111,9 @@ fn align(x: u64, a: u64) -> u64 {
 }
 
 /// Writes to `dst` a GGUF with all of `src`'s metadata and only the tensors
-/// that `keep(name, blocks)` accepts, `name` in llama.cpp's naming and
-/// `blocks` the file's number of transformer blocks (from its tensor names).
-pub fn write_subset(src: &Path, dst: &Path, keep: impl Fn(&str, usize) -> bool) -> Result<Subset> {
+/// a stage running `layers` keeps. The number of blocks and whether the
+/// output is tied (no `output.weight`) are read from the tensor names.
+pub fn write_stage(src: &Path, dst: &Path, layers: &std::ops::Range<usize>) -> Result<Subset> {
     let open = |p: &Path| bad(format!("{}: cannot open", p.display()));
     let mut file = File::open(src).map_err(|_| open(src))?;
     let file_len = file
@@ -192,12 +193,23 @@ pub fn write_subset(src: &Path, dst: &Path, keep: impl Fn(&str, usize) -> bool) 
     }
     drop(r);
 
-    let blocks = infos
+    let num_layers = infos
         .iter()
-        .filter_map(|t| block_of(&t.name))
+        .filter_map(|t| match gguf_part(&t.name) {
+            super::stage::Part::Block(i) => Some(i + 1),
+            _ => None,
+        })
         .max()
-        .map_or(0, |b| b + 1);
-    let kept: Vec<&TensorInfo> = infos.iter().filter(|t| keep(&t.name, blocks)).collect();
+        .unwrap_or(0);
+    let span = Span {
+        layers: layers.clone(),
+        num_layers,
+        tied_output: !infos.iter().any(|t| t.name == "output.weight"),
+    };
+    let kept: Vec<&TensorInfo> = infos
+        .iter()
+        .filter(|t| span.keeps(gguf_part(&t.name)))
+        .collect();
     let write_err = |e: std::io::Error| bad(format!("writing {}: {e}", dst.display()));
     let mut out = BufWriter::new(File::create(dst).map_err(write_err)?);
     out.write_all(MAGIC).map_err(write_err)?;
@@ -262,27 +274,4 @@ fn copy_exact(from: &mut File, to: &mut impl Write, n: u64) -> Result<()> {
         return Err(bad("the file ends inside a tensor"));
     }
     Ok(())
-}
-
-/// Whether a llama.cpp tensor name belongs to a stage running `layers` of
-/// `num_layers`: blocks outside the range are left out, the embedding table
-/// is kept by the first and last stages (the last may use it as a tied
-/// output), the final norm and output by the last; anything else is kept.
-pub fn in_stage(name: &str, layers: &std::ops::Range<usize>, num_layers: usize) -> bool {
-    let first = layers.start == 0;
-    let last = layers.end == num_layers;
-    if name.starts_with("token_embd.") {
-        return first || last;
-    }
-    if name.starts_with("output_norm.") || name.starts_with("output.") {
-        return last;
-    }
-    block_of(name).is_none_or(|i| layers.contains(&i))
-}
-
-/// The block index of a `blk.N.…` tensor.
-fn block_of(name: &str) -> Option<usize> {
-    name.strip_prefix("blk.")
-        .and_then(|rest| rest.split('.').next())
-        .and_then(|i| i.parse::<usize>().ok())
 }

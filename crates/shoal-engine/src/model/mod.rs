@@ -7,6 +7,7 @@
 pub mod gguf;
 pub mod gguf_subset;
 pub mod hf;
+pub mod stage;
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -405,23 +406,12 @@ impl Transformer {
                 cfg.num_layers
             )));
         }
-        // The embedding table is the first stage's (and, tied, the last
-        // stage's output projection); the final norm and head the last's.
-        let first = range.start == 0;
-        let last = range.end == cfg.num_layers;
-        let needs_embedding = first || (last && cfg.tie_word_embeddings);
-        map.retain(|name, _| {
-            if name.starts_with("model.embed_tokens") {
-                return needs_embedding;
-            }
-            if name.starts_with("lm_head") || name == "model.norm.weight" {
-                return last;
-            }
-            name.strip_prefix("model.layers.")
-                .and_then(|rest| rest.split('.').next())
-                .and_then(|i| i.parse::<usize>().ok())
-                .is_none_or(|i| range.contains(&i))
-        });
+        let span = stage::Span {
+            layers: range.clone(),
+            num_layers: cfg.num_layers,
+            tied_output: cfg.tie_word_embeddings,
+        };
+        map.retain(|name, _| span.keeps(stage::hf_part(name)));
         #[cfg(target_os = "linux")]
         crate::cpu_blas::init();
         let mut w = Weights {
@@ -429,7 +419,7 @@ impl Transformer {
             policy,
             group: group_size,
         };
-        let embed = if needs_embedding {
+        let embed = if span.needs_embedding() {
             let e = w.embedding("model.embed_tokens")?;
             if e.shape() != [cfg.vocab_size as i32, cfg.hidden_size as i32] {
                 return Err(EngineError::InvalidModel(format!(
@@ -471,7 +461,7 @@ impl Transformer {
                 detail: "qwen3 q_norm/k_norm weights".into(),
             });
         }
-        let head = if last {
+        let head = if span.last() {
             let norm = w.dense("model.norm.weight")?;
             let lm_head = if w.map.contains_key("lm_head.weight") && !cfg.tie_word_embeddings {
                 w.linear("lm_head")?
@@ -488,7 +478,7 @@ impl Transformer {
         };
         // A last stage that is not also the first keeps the table only as
         // its output projection.
-        let embed = if first { embed } else { None };
+        let embed = if span.first() { embed } else { None };
         let rope_freqs = cfg
             .rope_freqs
             .as_ref()
