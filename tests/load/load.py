@@ -789,6 +789,10 @@ class Run:
 
         # -- RSS
         growth = (self.rss_after - self.rss_base) / self.rss_base
+        budget = a.prefix_cache_mb * MIB
+        check("prefix cache full at the baseline", self.cache_base >= 0.9 * budget,
+              f"{self.cache_base / MIB:.1f} of {a.prefix_cache_mb} MiB before the load (at least 90% "
+              f"needed, or the cache filling up would count as growth)")
         check("idle after the run", self.idle,
               f"engine idle after {self.settle_secs:.1f} s: {self.idle} "
               f"(queue {self.idle_state.get('shoal_queue_depth')}, in flight "
