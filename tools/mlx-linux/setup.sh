@@ -93,5 +93,12 @@ rustflags = ["-C", "link-arg=-Wl,-rpath,$MLX_LIB"]
 [env]
 SHOAL_MLX_SITE = "$SITE"
 SHOAL_MLX_VENV = "$VENV"
+# llama-cpp-sys-2's build: bindgen's libclang and cmake from the build venv.
+LIBCLANG_PATH = "$SITE/clang/native"
+CMAKE = "$VENV/bin/cmake"
+# The pip libclang ships no compiler headers (stdbool.h…): use GCC's.
+BINDGEN_EXTRA_CLANG_ARGS = "-isystem $(gcc -print-file-name=include)"
+# llama.cpp's CPU kernels for this machine (tools/llama-linux/cpu-flags.sh).
+$(bash "$ROOT/tools/llama-linux/cpu-flags.sh")
 TOML
 log "ready: $CACHE"

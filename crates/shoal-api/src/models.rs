@@ -223,7 +223,7 @@ impl ModelPool {
             .await
             .map_err(|e| ApiError::internal(format!("reading the model: {e}")))?
             .map_err(|e| broken(&id, "cannot be read", e))?;
-        let need = card.weight_memory(self.gpu);
+        let need = self.estimate(&path, &card);
         self.make_room(&id, need)?;
         let opts = self.opts.engine.clone();
         let (load_id, load_path) = (id.clone(), path.clone());
@@ -259,9 +259,7 @@ impl ModelPool {
         }
         let mut loaded = lock(&self.loaded);
         let used = |l: &BTreeMap<String, Slot>| -> u64 {
-            l.values()
-                .map(|s| s.engine.model.info.weight_bytes as u64)
-                .sum()
+            l.values().map(|s| held_bytes(&s.engine)).sum()
         };
         let mut freed = 0u64;
         while used(&loaded) + need > budget {
@@ -279,7 +277,7 @@ impl ModelPool {
                 )));
             };
             if let Some(s) = loaded.remove(&victim) {
-                freed += s.engine.model.info.weight_bytes as u64;
+                freed += held_bytes(&s.engine);
                 tracing::info!(model = %victim, "unloaded to make room for {id}");
             }
         }
@@ -382,6 +380,19 @@ impl ModelPool {
         out
     }
 
+    /// Memory a model will take once loaded: on llama.cpp the file as it is
+    /// plus the KV cells it reserves; on MLX what the card says for this device.
+    fn estimate(&self, path: &std::path::Path, card: &ModelCard) -> u64 {
+        match shoal_engine::backends::choose(path, self.opts.engine.backend) {
+            Ok(shoal_engine::BackendKind::Llama) => {
+                let per_position = shoal_engine::backends::llama::kv_bytes_per_position(path);
+                card.size_bytes
+                    + (self.opts.engine.llama.kv_tokens as u64).saturating_mul(per_position)
+            }
+            _ => card.weight_memory(self.gpu),
+        }
+    }
+
     /// `/v1/models` entries: every local model with its card and whether
     /// (and in how much memory) it is loaded, then aliases.
     pub fn entries(&self) -> Vec<Value> {
@@ -408,6 +419,14 @@ impl ModelPool {
         let loaded = lock(&self.loaded)
             .get(&m.id)
             .map(|s| s.engine.model.info.clone());
+        // The backend it runs on, or would run on, or why none can.
+        let (backend, unavailable) = match &loaded {
+            Some(i) => (Some(i.backend.as_str().to_string()), None),
+            None => match shoal_engine::backends::choose(&m.path, self.opts.engine.backend) {
+                Ok(b) => (Some(b.as_str().to_string()), None),
+                Err(e) => (None, Some(e.to_string())),
+            },
+        };
         json!({
             "id": m.id, "object": "model", "created": created, "owned_by": "shoal",
             "shoal": {
@@ -419,9 +438,12 @@ impl ModelPool {
                 "size_bytes": m.card.size_bytes,
                 "path": m.path,
                 "source": m.source,
-                "estimated_memory_bytes": m.card.weight_memory(self.gpu),
+                "backend": backend,
+                "unavailable": unavailable,
+                "estimated_memory_bytes": self.estimate(&m.path, &m.card),
                 "loaded": loaded.is_some(),
-                "memory_bytes": loaded.as_ref().map(|i| i.weight_bytes),
+                "memory_bytes": loaded.as_ref().map(|i| i.weight_bytes + i.kv_capacity_bytes),
+                "kv_cache_bytes": loaded.as_ref().map(|i| i.kv_capacity_bytes),
                 "dtype": loaded.as_ref().map(|i| i.dtype.clone()),
                 "device": loaded.as_ref().map(|i| i.device.clone()),
             }
@@ -499,7 +521,7 @@ async fn list(State(s): State<AppState>) -> Reply {
         .pool
         .loaded()
         .iter()
-        .map(|e| e.model.info.weight_bytes as u64)
+        .map(|e| held_bytes(e))
         .sum();
     let disk: u64 = data
         .iter()
@@ -667,4 +689,9 @@ async fn pull(State(s): State<AppState>, body: crate::body::Body) -> Reply {
         }
     });
     Ok(crate::sse::response(out))
+}
+
+/// Memory a loaded engine holds: its weights and the KV cells reserved up front.
+fn held_bytes(e: &Engine) -> u64 {
+    (e.model.info.weight_bytes + e.model.info.kv_capacity_bytes) as u64
 }

@@ -16,7 +16,7 @@ const KEY: &str = "sk-local-7f3a9c";
 /// One engine for every test, alive until the process exits.
 fn engine() -> Engine {
     static E: std::sync::OnceLock<Engine> = std::sync::OnceLock::new();
-    E.get_or_init(|| Engine::start(&gguf(), MODEL, EngineOptions::default()).expect("load"))
+    E.get_or_init(|| Engine::start(&gguf(), MODEL, common::options()).expect("load"))
         .clone()
 }
 

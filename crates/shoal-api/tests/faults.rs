@@ -55,10 +55,14 @@ impl LanguageModel for Faulty {
 async fn server(fail: Vec<usize>) -> String {
     let opts = EngineOptions {
         prefix_cache_bytes: 0,
-        ..EngineOptions::default()
+        ..common::options()
+    };
+    let load = shoal_engine::LoadOptions {
+        backend: opts.backend,
+        ..Default::default()
     };
     let engine = Engine::start_with(&gguf(), MODEL, opts, move |p: &Path| {
-        let Loaded { model, vocab, path } = shoal_engine::loader::load(p)?;
+        let Loaded { model, vocab, path } = shoal_engine::loader::load(p, &load)?;
         let model: Box<dyn LanguageModel> = Box::new(Faulty {
             inner: model,
             passes: AtomicUsize::new(0),

@@ -16,7 +16,7 @@ fn engine() -> Engine {
     E.get_or_init(|| {
         let opts = EngineOptions {
             prefix_cache_bytes: 0,
-            ..EngineOptions::default()
+            ..common::options()
         };
         Engine::start(&gguf(), MODEL, opts).expect("load")
     })
@@ -296,7 +296,7 @@ async fn queue_overflow_is_429_and_529_with_retry_after() {
         EngineOptions {
             queue_capacity: 1,
             prefix_cache_bytes: 0,
-            ..EngineOptions::default()
+            ..common::options()
         },
     )
     .expect("load");
@@ -416,7 +416,7 @@ async fn content_filter_in_every_dialect_with_usage() {
         EngineOptions {
             prefix_cache_bytes: 0,
             blocked_phrases: vec!["Paris".into()],
-            ..EngineOptions::default()
+            ..common::options()
         },
     )
     .expect("load");
@@ -479,7 +479,7 @@ async fn content_filter_regex_on_the_real_model() {
         EngineOptions {
             prefix_cache_bytes: 0,
             blocked_patterns: vec![r"\bP[a-z]+s\b".into()],
-            ..EngineOptions::default()
+            ..common::options()
         },
     )
     .expect("load");
@@ -499,7 +499,7 @@ async fn content_filter_regex_on_the_real_model() {
         MODEL,
         EngineOptions {
             blocked_patterns: vec!["(oops".into()],
-            ..EngineOptions::default()
+            ..common::options()
         },
     );
     assert!(bad.is_err_and(|e| e.to_string().contains("(oops")));
@@ -1115,7 +1115,7 @@ async fn metrics_counters_match_the_usage_of_the_requests_made() {
 async fn metrics_count_cached_and_reasoning_tokens_as_reported() {
     let opts = EngineOptions {
         prefix_cache_bytes: 64 << 20,
-        ..EngineOptions::default()
+        ..common::options()
     };
     let base = server(Engine::start(&gguf(), MODEL, opts).expect("load")).await;
     let body = json!({"model": MODEL, "max_tokens": 12, "temperature": 0,

@@ -44,7 +44,7 @@ fn options(hub: &HubFixture, home: &Path) -> PoolOptions {
     PoolOptions {
         engine: EngineOptions {
             prefix_cache_bytes: 0,
-            ..EngineOptions::default()
+            ..common::options()
         },
         budget_bytes: None,
         idle_unload: None,

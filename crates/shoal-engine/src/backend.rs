@@ -1,8 +1,9 @@
 //! The seam between the generation loop and a tensor library.
 //!
 //! The engine only needs "feed these tokens, give me next-token logits" plus a
-//! per-sequence KV cache; everything MLX-specific lives behind these traits so a
-//! second backend can be added without touching the engine or the adapters.
+//! per-sequence KV cache; everything backend-specific (MLX in `model/`,
+//! llama.cpp in `backends/llama/`) lives behind these traits, so the engine
+//! and the adapters never know which one runs.
 use std::any::Any;
 
 use crate::error::Result;
@@ -26,6 +27,36 @@ pub struct ModelInfo {
     pub device: String,
     /// Bytes held by the weights after loading.
     pub weight_bytes: usize,
+    /// The engine running the forward pass.
+    pub backend: BackendKind,
+    /// Bytes reserved up front for KV state (llama.cpp's cell pool); 0 where
+    /// the cache grows with need (MLX).
+    pub kv_capacity_bytes: usize,
+}
+
+/// The engine behind the seam.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// MLX (mlx-rs): Metal on a Mac, its CPU backend elsewhere.
+    Mlx,
+    /// llama.cpp (llama-cpp-2), for GGUF files.
+    Llama,
+}
+
+impl BackendKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Mlx => "mlx",
+            BackendKind::Llama => "llama",
+        }
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Per-sequence attention state. Backends downcast to their own type.

@@ -65,8 +65,8 @@ impl TokenizerEnv for VocabEnv {
 
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
         let text = String::from_utf8_lossy(s);
-        match self.vocab.tokenizer.encode(text.as_ref(), false) {
-            Ok(e) => e.get_ids().to_vec(),
+        match self.vocab.encode_plain(text.as_ref()) {
+            Ok(ids) => ids,
             Err(_) => self.trie.greedy_tokenize(s),
         }
     }
@@ -94,19 +94,16 @@ impl GrammarCompiler {
             let eos = self.vocab.eos.first().copied().ok_or_else(|| {
                 "the model declares no end-of-sequence token to finish a grammar with".to_string()
             })?;
-            let special = self
-                .vocab
-                .tokenizer
-                .get_added_vocabulary()
-                .get_added_tokens_decoder();
+            let special: std::collections::HashMap<u32, String> =
+                self.vocab.special_tokens().into_iter().collect();
             let words: Vec<Vec<u8>> = (0..self.vocab_size as u32)
                 .map(|id| match special.get(&id) {
-                    Some(t) if t.special => {
+                    Some(text) => {
                         let mut w = vec![TokTrie::SPECIAL_TOKEN_MARKER];
-                        w.extend_from_slice(t.content.as_bytes());
+                        w.extend_from_slice(text.as_bytes());
                         w
                     }
-                    _ => self.vocab.token_bytes(id),
+                    None => self.vocab.token_bytes(id),
                 })
                 .collect();
             let info = TokRxInfo::new(self.vocab_size as u32, eos);

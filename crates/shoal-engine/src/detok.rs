@@ -9,6 +9,18 @@ use tokenizers::Tokenizer;
 
 use crate::error::{EngineError, Result};
 
+/// Turns token ids back into text; the model's vocabulary, whichever tokenizer it has.
+pub trait Decode {
+    fn decode_ids(&self, ids: &[u32], skip_special: bool) -> Result<String>;
+}
+
+impl Decode for Tokenizer {
+    fn decode_ids(&self, ids: &[u32], skip_special: bool) -> Result<String> {
+        self.decode(ids, skip_special)
+            .map_err(|e| EngineError::Tokenizer(format!("decoding {ids:?}: {e}")))
+    }
+}
+
 /// How an incomplete UTF-8 tail shows up after lossy decoding.
 const REPLACEMENT: char = '\u{FFFD}';
 
@@ -34,7 +46,7 @@ impl IncrementalDecoder {
 
     /// Adds one token and returns the text it completes; empty while a character is still
     /// incomplete or the token has no text.
-    pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<String> {
+    pub fn push(&mut self, tok: &impl Decode, id: u32) -> Result<String> {
         self.window.push(id);
         let (prefix, full) = self.decode_window(tok)?;
         if full.len() <= prefix.len() || full.ends_with(REPLACEMENT) {
@@ -47,7 +59,7 @@ impl IncrementalDecoder {
 
     /// Returns whatever is still held back (including a genuinely broken character, rendered as
     /// U+FFFD just like a full decode would).
-    pub fn flush(&mut self, tok: &Tokenizer) -> Result<String> {
+    pub fn flush(&mut self, tok: &impl Decode) -> Result<String> {
         let (prefix, full) = self.decode_window(tok)?;
         let delta = text_after(&full, prefix.len()).to_owned();
         self.advance();
@@ -55,11 +67,8 @@ impl IncrementalDecoder {
     }
 
     /// Decodes the already-emitted part of the window and the whole window.
-    fn decode_window(&self, tok: &Tokenizer) -> Result<(String, String)> {
-        let decode = |ids: &[u32]| {
-            tok.decode(ids, self.skip_special)
-                .map_err(|e| EngineError::Tokenizer(format!("decoding {ids:?}: {e}")))
-        };
+    fn decode_window(&self, tok: &impl Decode) -> Result<(String, String)> {
+        let decode = |ids: &[u32]| tok.decode_ids(ids, self.skip_special);
         let prefix = decode(&self.window[..self.read_offset])?;
         let full = decode(&self.window)?;
         Ok((prefix, full))

@@ -10,16 +10,18 @@ use std::time::Instant;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tracing::{debug, info};
 
-use crate::backend::{DecodeBatch, KvCache, LanguageModel, ModelInfo};
+use crate::backend::{BackendKind, DecodeBatch, KvCache, LanguageModel, ModelInfo};
+use crate::backends::llama::LlamaOptions;
+use crate::backends::BackendChoice;
 use crate::completion::{Completion, Event, FinishReason, Timings, Usage};
 use crate::constraint::{Grammar, GrammarCompiler};
 use crate::content_filter::ContentPolicy;
 use crate::error::{EngineError, Result};
-use crate::loader::{self, Vocabulary};
+use crate::loader::{self, LoadOptions, Vocabulary};
 use crate::prefix_cache::PrefixCache;
 use crate::reasoning::ReasoningSpec;
 use crate::sampler::SamplingParams;
-use crate::sequence::{ms, record, Job, Next, Sequence};
+use crate::sequence::{ms, record, Job, Next, Sequence, Stall};
 use crate::tools::ToolSyntax;
 
 /// One generation request, already tokenized.
@@ -90,6 +92,10 @@ pub struct EngineOptions {
     pub blocked_phrases: Vec<String>,
     /// Content filter: regular expressions, checked like the phrases.
     pub blocked_patterns: Vec<String>,
+    /// Which backend runs the model (`auto`: MLX for directories, llama.cpp for GGUF).
+    pub backend: BackendChoice,
+    /// Threads and KV bound of the llama.cpp backend.
+    pub llama: LlamaOptions,
 }
 
 impl Default for EngineOptions {
@@ -101,6 +107,8 @@ impl Default for EngineOptions {
             prefix_cache_bytes: 1 << 30,
             blocked_phrases: Vec::new(),
             blocked_patterns: Vec::new(),
+            backend: BackendChoice::Auto,
+            llama: LlamaOptions::default(),
         }
     }
 }
@@ -162,7 +170,11 @@ pub struct ModelHandle {
 impl Engine {
     /// Loads the model on a dedicated thread and starts serving requests.
     pub fn start(path: &Path, id: &str, opts: EngineOptions) -> Result<Engine> {
-        Self::start_with(path, id, opts, loader::load)
+        let load = LoadOptions {
+            backend: opts.backend,
+            llama: opts.llama.clone(),
+        };
+        Self::start_with(path, id, opts, move |p| loader::load(p, &load))
     }
 
     /// Like `start`, with the model built by `load` on the engine thread (a
@@ -313,6 +325,11 @@ fn mlx_turn() -> std::sync::MutexGuard<'static, ()> {
     MLX.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The MLX turn for a model on MLX; models on other backends need none.
+fn turn_for(mlx: bool) -> Option<std::sync::MutexGuard<'static, ()>> {
+    mlx.then(mlx_turn)
+}
+
 /// The scheduler: admits queued requests in FIFO order up to `max_batch`,
 /// prefills each newcomer one chunk per round, then advances every decoding
 /// sequence by one token in a single batched forward pass. Finished
@@ -326,6 +343,7 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
         blocked,
     } = cfg;
     let ctx = model.info().context_length;
+    let on_mlx = model.info().backend == BackendKind::Mlx;
     let mut prefilling: Vec<Sequence> = Vec::new();
     // Row `i` of `batch` is `decoding[i]`.
     let mut decoding: Vec<Sequence> = Vec::new();
@@ -389,10 +407,15 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
                 continue;
             }
             let cache = {
-                let _turn = mlx_turn();
+                let _turn = turn_for(on_mlx);
                 match prefixes.lookup(&job.req.prompt) {
                     Some(hit) => Ok(hit.cache),
-                    None => model.new_cache(),
+                    None => loop {
+                        match model.new_cache() {
+                            Err(EngineError::KvCacheFull) if prefixes.evict_oldest() => continue,
+                            other => break other,
+                        }
+                    },
                 }
             };
             match cache {
@@ -413,7 +436,7 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
         if prefilling.is_empty() && decoding.is_empty() {
             continue;
         }
-        let _turn = mlx_turn();
+        let _turn = turn_for(on_mlx);
 
         // 1. Every decoding sequence samples its next token; finished ones
         //    leave the batch (taking their cache back for the prefix cache).
@@ -459,7 +482,19 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
         for mut seq in prefilling.drain(..) {
             match seq.prefill(model.as_ref(), chunk, &blocked) {
                 Ok(false) => still.push(seq),
-                Err(r) => retire(seq, r, &vocab, &stats, &mut prefixes),
+                Err(Stall::Finish(r)) => retire(seq, r, &vocab, &stats, &mut prefixes),
+                // Out of KV room: free a prefix entry, or wait for running
+                // sequences to end, and try the chunk again next round.
+                Err(Stall::KvCacheFull) if prefixes.evict_oldest() || !decoding.is_empty() => {
+                    still.push(seq)
+                }
+                Err(Stall::KvCacheFull) => retire(
+                    seq,
+                    FinishReason::Error(EngineError::KvCacheFull.to_string()),
+                    &vocab,
+                    &stats,
+                    &mut prefixes,
+                ),
                 Ok(true) => match seq.step(&vocab, ctx) {
                     Next::Finished(r) => retire(seq, r, &vocab, &stats, &mut prefixes),
                     Next::Feed(t) => {
@@ -493,7 +528,13 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
                 .decode_steps
                 .fetch_add(tokens.len() as u64, Ordering::Relaxed);
             let pass = Instant::now();
-            match model.forward_batch(&tokens, batch.as_mut()) {
+            let result = loop {
+                match model.forward_batch(&tokens, batch.as_mut()) {
+                    Err(EngineError::KvCacheFull) if prefixes.evict_oldest() => continue,
+                    other => break other,
+                }
+            };
+            match result {
                 Ok(all) => {
                     for (seq, l) in decoding.iter_mut().zip(all) {
                         seq.set_logits(l);
@@ -511,7 +552,7 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
             .fetch_add(decode_time.as_micros() as u64, Ordering::Relaxed);
     }
     // Freeing the weights and caches is MLX work too.
-    let _turn = mlx_turn();
+    let _turn = turn_for(on_mlx);
     drop(batch);
     drop(prefixes);
     drop(model);

@@ -29,9 +29,13 @@ pub enum EngineError {
         prompt_tokens: usize,
         context: usize,
     },
-    /// MLX raised an error.
-    #[error("MLX error: {0}")]
+    /// The backend (MLX or llama.cpp) raised an error.
+    #[error("backend error: {0}")]
     Backend(String),
+    /// Every KV position the backend reserved is in use (llama.cpp's cell
+    /// pool); the engine frees prefix-cache entries and tries again.
+    #[error("the KV cache is full: raise kv_cache_tokens or send fewer concurrent requests")]
+    KvCacheFull,
     /// The engine thread is gone or its queue is full.
     #[error("engine unavailable: {0}")]
     Unavailable(String),

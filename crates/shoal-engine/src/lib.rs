@@ -1,8 +1,9 @@
-//! Shoal's inference engine: loads a model, runs it on MLX, and reports every
+//! Shoal's inference engine: loads a model, runs it on MLX or llama.cpp, and reports every
 //! generation as a stream of [`completion::Event`]s ending in one
 //! [`completion::Completion`] record — the single source of usage and finish
 //! reasons for every API adapter.
 pub mod backend;
+pub mod backends;
 pub mod completion;
 pub mod constraint;
 pub mod content_filter;
@@ -31,7 +32,11 @@ pub use engine::{
     collect_blocking, CancelFlag, Engine, EngineOptions, EngineStats, EventStream, GenerateRequest,
     ModelHandle,
 };
+pub use backend::BackendKind;
+pub use backends::llama::LlamaOptions;
+pub use backends::BackendChoice;
 pub use error::{EngineError, Result};
+pub use loader::LoadOptions;
 pub use sampler::SamplingParams;
 pub use template::ChatMessage;
 

@@ -5,16 +5,28 @@ use std::sync::Arc;
 use serde_json::Value;
 use tokenizers::Tokenizer;
 
-use crate::backend::LanguageModel;
+use crate::backend::{BackendKind, LanguageModel};
+use crate::backends::llama::vocab::LlamaVocab;
+use crate::backends::llama::{LlamaCppModel, LlamaOptions};
+use crate::backends::{self, BackendChoice};
+use crate::detok::Decode;
 use crate::error::{EngineError, Result};
 use crate::model::{self, gguf, gguf_subset, hf, DevicePolicy, Transformer};
 use crate::template::{ChatMessage, ChatTemplate};
 use crate::tokenizer::{tokenizer_from_gguf, GgufVocab};
 
+/// How a model's text becomes tokens and back.
+pub enum Codec {
+    /// A Hugging Face tokenizer (`tokenizer.json`, or built from GGUF metadata).
+    Hf(Tokenizer),
+    /// llama.cpp's own tokenizer, for GGUF files run on llama.cpp.
+    Llama(LlamaVocab),
+}
+
 /// Everything about a model that is needed outside the engine thread:
 /// tokenization, chat templating and the special ids. Cheap to share.
 pub struct Vocabulary {
-    pub tokenizer: Tokenizer,
+    pub codec: Codec,
     pub template: Option<ChatTemplate>,
     pub bos: Option<u32>,
     pub eos: Vec<u32>,
@@ -26,31 +38,66 @@ impl Vocabulary {
     /// Tokenizes text that is already a full prompt (special tokens written out
     /// as text are recognised as such).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self
-            .tokenizer
-            .encode(text, false)
-            .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        let enc = self.encode_plain(text)?;
         let mut ids = Vec::with_capacity(enc.len() + 1);
         if self.add_bos {
             if let Some(b) = self.bos {
-                if enc.get_ids().first() != Some(&b) {
+                if enc.first() != Some(&b) {
                     ids.push(b);
                 }
             }
         }
-        ids.extend_from_slice(enc.get_ids());
+        ids.extend_from_slice(&enc);
         Ok(ids)
+    }
+
+    /// Tokenizes a piece of text with no BOS in front (special tokens
+    /// written out as text are recognised).
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
+        match &self.codec {
+            Codec::Hf(t) => Ok(t
+                .encode(text, false)
+                .map_err(|e| EngineError::Tokenizer(e.to_string()))?
+                .get_ids()
+                .to_vec()),
+            Codec::Llama(v) => Ok(v.encode(text)),
+        }
+    }
+
+    /// The id of the token whose text is exactly `text`.
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        match &self.codec {
+            Codec::Hf(t) => t.token_to_id(text),
+            Codec::Llama(v) => v.token_id(text),
+        }
+    }
+
+    /// Special (control) tokens with their text: grammars must never spell them.
+    pub fn special_tokens(&self) -> Vec<(u32, String)> {
+        match &self.codec {
+            Codec::Hf(t) => t
+                .get_added_vocabulary()
+                .get_added_tokens_decoder()
+                .iter()
+                .filter(|(_, a)| a.special)
+                .map(|(&id, a)| (id, a.content.clone()))
+                .collect(),
+            Codec::Llama(v) => v.control_tokens(),
+        }
     }
 
     /// The exact bytes a token stands for. A byte-level BPE piece may hold
     /// part of a UTF-8 character, which any `String` would have replaced with
     /// U+FFFD; clients rebuild such characters from these bytes (logprobs).
     pub fn token_bytes(&self, id: u32) -> Vec<u8> {
-        let Some(piece) = self.tokenizer.id_to_token(id) else {
+        let tokenizer = match &self.codec {
+            Codec::Hf(t) => t,
+            Codec::Llama(v) => return v.piece(id, true),
+        };
+        let Some(piece) = tokenizer.id_to_token(id) else {
             return Vec::new();
         };
-        if self
-            .tokenizer
+        if tokenizer
             .get_added_vocabulary()
             .get_added_tokens_decoder()
             .contains_key(&id)
@@ -70,9 +117,7 @@ impl Vocabulary {
     }
 
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
-        self.tokenizer
-            .decode(ids, skip_special)
-            .map_err(|e| EngineError::Tokenizer(e.to_string()))
+        self.decode_ids(ids, skip_special)
     }
 
     /// Renders a conversation through the model's own chat template.
@@ -88,6 +133,15 @@ impl Vocabulary {
             )
         })?;
         t.render(messages, add_generation_prompt, extra)
+    }
+}
+
+impl Decode for Vocabulary {
+    fn decode_ids(&self, ids: &[u32], skip_special: bool) -> Result<String> {
+        match &self.codec {
+            Codec::Hf(t) => t.decode_ids(ids, skip_special),
+            Codec::Llama(v) => Ok(v.decode(ids, skip_special)),
+        }
     }
 }
 
@@ -123,12 +177,67 @@ pub struct Loaded {
     pub path: PathBuf,
 }
 
-/// Loads a `.gguf` file or a Hugging Face / MLX model directory.
-pub fn load(path: &Path) -> Result<Loaded> {
-    let (model, vocab) = load_stage(path, None)?;
+/// How to load a model: which backend, and the llama.cpp settings.
+#[derive(Clone, Debug, Default)]
+pub struct LoadOptions {
+    pub backend: BackendChoice,
+    pub llama: LlamaOptions,
+}
+
+/// Loads a `.gguf` file or a Hugging Face / MLX model directory on the
+/// backend `opts` chooses (see [`backends::choose`]).
+pub fn load(path: &Path, opts: &LoadOptions) -> Result<Loaded> {
+    match backends::choose(path, opts.backend)? {
+        BackendKind::Llama => load_llama(path, &opts.llama),
+        BackendKind::Mlx => {
+            let (model, vocab) = load_stage(path, None)?;
+            Ok(Loaded {
+                model: Box::new(model),
+                vocab,
+                path: path.to_path_buf(),
+            })
+        }
+    }
+}
+
+/// A GGUF on llama.cpp, tokenized by llama.cpp; the chat template from the
+/// file's metadata, rendered by Shoal's template engine like every other.
+fn load_llama(path: &Path, opts: &LlamaOptions) -> Result<Loaded> {
+    let header = backends::check_gguf(path)?;
+    let arch = header.architecture().unwrap_or("unknown").to_string();
+    let lv = LlamaVocab::load(path).map_err(|e| {
+        EngineError::Unsupported(format!(
+            "{}: llama.cpp cannot read the vocabulary of this {arch:?} model ({e})",
+            path.display()
+        ))
+    })?;
+    let model = LlamaCppModel::load(path, &header, opts).map_err(|e| {
+        EngineError::Unsupported(format!(
+            "{}: llama.cpp cannot run this {arch:?} model ({e}); tried: llama{}",
+            path.display(),
+            match backends::mlx_reads(&header) {
+                Ok(()) => String::new(),
+                Err(why) => format!(", mlx ({why})"),
+            }
+        ))
+    })?;
+    let text = |id: Option<u32>| id.map(|i| String::from_utf8_lossy(&lv.piece(i, true)).into_owned());
+    let bos = lv.bos();
+    let eos = lv.end_tokens();
+    let template = match header.string("tokenizer.chat_template") {
+        Some(src) => Some(ChatTemplate::new(src, text(bos), text(lv.eos()))?),
+        None => None,
+    };
+    let add_bos = lv.add_bos();
     Ok(Loaded {
         model: Box::new(model),
-        vocab,
+        vocab: Arc::new(Vocabulary {
+            codec: Codec::Llama(lv),
+            template,
+            bos,
+            eos,
+            add_bos,
+        }),
         path: path.to_path_buf(),
     })
 }
@@ -225,7 +334,7 @@ fn load_gguf(
     Ok((
         model,
         Arc::new(Vocabulary {
-            tokenizer,
+            codec: Codec::Hf(tokenizer),
             template,
             bos: gv.bos,
             eos,
@@ -279,7 +388,7 @@ fn load_hf(
     Ok((
         model,
         Arc::new(Vocabulary {
-            tokenizer,
+            codec: Codec::Hf(tokenizer),
             template,
             bos,
             eos,

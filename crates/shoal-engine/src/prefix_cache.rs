@@ -89,18 +89,23 @@ impl PrefixCache {
             cache,
             last_used: self.clock,
         });
-        while self.bytes() > self.budget_bytes {
-            let Some(oldest) = self
-                .entries
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, e)| e.last_used)
-                .map(|(i, _)| i)
-            else {
-                break;
-            };
-            self.entries.swap_remove(oldest);
-        }
+        while self.bytes() > self.budget_bytes && self.evict_oldest() {}
+    }
+
+    /// Drops the least recently used entry, freeing its KV state for a
+    /// backend that ran out of room; false when there was none.
+    pub fn evict_oldest(&mut self) -> bool {
+        let Some(oldest) = self
+            .entries
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, e)| e.last_used)
+            .map(|(i, _)| i)
+        else {
+            return false;
+        };
+        self.entries.swap_remove(oldest);
+        true
     }
 
     pub fn bytes(&self) -> usize {

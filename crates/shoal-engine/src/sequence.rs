@@ -14,6 +14,7 @@ use crate::completion::{Completion, Event, FinishReason, Timings, TokenLogprob, 
 use crate::constraint::Constraint;
 use crate::content_filter::{ContentPolicy, Screen};
 use crate::detok::IncrementalDecoder;
+use crate::error::EngineError;
 use crate::engine::GenerateRequest;
 use crate::loader::Vocabulary;
 use crate::reasoning::{Phase, ReasoningSplitter};
@@ -47,6 +48,15 @@ pub(crate) enum Next {
     Feed(u32),
     /// The generation is over.
     Finished(FinishReason),
+}
+
+/// Why a prefill step did not go on.
+pub(crate) enum Stall {
+    /// The generation is over.
+    Finish(FinishReason),
+    /// The backend has no KV room left; the chunk can be tried again once
+    /// room is freed.
+    KvCacheFull,
 }
 
 /// Decoding state, created when prefill ends.
@@ -112,16 +122,18 @@ impl Sequence {
         model: &dyn LanguageModel,
         chunk: usize,
         blocked: &ContentPolicy,
-    ) -> Result<bool, FinishReason> {
+    ) -> Result<bool, Stall> {
         if self.job.gone() {
-            return Err(FinishReason::Cancelled);
+            return Err(Stall::Finish(FinishReason::Cancelled));
         }
         let prompt = &self.job.req.prompt;
         let done = self.cache.len();
         let end = (done + chunk).min(prompt.len());
-        self.logits = model
-            .forward(&prompt[done..end], self.cache.as_mut())
-            .map_err(|e| FinishReason::Error(e.to_string()))?;
+        self.logits = match model.forward(&prompt[done..end], self.cache.as_mut()) {
+            Ok(l) => l,
+            Err(EngineError::KvCacheFull) => return Err(Stall::KvCacheFull),
+            Err(e) => return Err(Stall::Finish(FinishReason::Error(e.to_string()))),
+        };
         if end < prompt.len() {
             return Ok(false);
         }
@@ -218,7 +230,7 @@ impl Sequence {
             d.pending_logprobs
                 .push(token_logprob(vocab, s.token, logprob, &s.top));
         }
-        let piece = match d.detok.push(&vocab.tokenizer, s.token) {
+        let piece = match d.detok.push(vocab, s.token) {
             Ok(p) => p,
             Err(e) => return Next::Finished(FinishReason::Error(e.to_string())),
         };
@@ -259,12 +271,12 @@ impl Sequence {
                     .as_ref()
                     .map(|r| format!("{}\n\n", r.close))
                     .unwrap_or_default();
-                let forced = match vocab.tokenizer.encode(close.as_str(), false) {
-                    Ok(e) => e.get_ids().to_vec(),
+                let forced = match vocab.encode_plain(close.as_str()) {
+                    Ok(ids) => ids,
                     Err(e) => return Next::Finished(FinishReason::Error(e.to_string())),
                 };
                 for &t in &forced {
-                    let _ = d.detok.push(&vocab.tokenizer, t);
+                    let _ = d.detok.push(vocab, t);
                 }
                 // The forced marker is output the model's cache holds: it counts
                 // as completion, not as reasoning.
@@ -309,7 +321,7 @@ impl Sequence {
                     | FinishReason::ContentFilter
                     | FinishReason::Error(_)
             ) {
-                let mut tail = d.detok.flush(&vocab.tokenizer).unwrap_or_default();
+                let mut tail = d.detok.flush(vocab).unwrap_or_default();
                 if let Some(sp) = d.splitter.as_mut() {
                     let mut split = sp.push(&tail);
                     let last = sp.flush();

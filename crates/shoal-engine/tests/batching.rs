@@ -16,7 +16,7 @@ fn engine() -> &'static Engine {
         let opts = EngineOptions {
             prefix_cache_bytes: 0,
             max_batch: 8,
-            ..EngineOptions::default()
+            ..common::options()
         };
         Engine::start(&path, "smollm2", opts).expect("load default model")
     })

@@ -17,7 +17,7 @@ fn engine() -> &'static Engine {
     E.get_or_init(|| {
         let opts = EngineOptions {
             prefix_cache_bytes: 0,
-            ..EngineOptions::default()
+            ..common::options()
         };
         Engine::start(&gguf_path(), "smollm2", opts).expect("load default model")
     })
@@ -301,7 +301,7 @@ fn cancel_flag_ends_with_a_cancelled_record_and_exact_usage() {
 
 #[test]
 fn prefix_cache_reuses_shared_prompts_with_identical_greedy_output() {
-    let e = Engine::start(&gguf_path(), "smollm2", EngineOptions::default()).expect("load");
+    let e = Engine::start(&gguf_path(), "smollm2", common::options()).expect("load");
     let system = "You are a careful assistant who answers in one sentence. ".repeat(8);
     let msgs = |user: &str| {
         let m = [

@@ -134,7 +134,14 @@ fn check_model(path: &Path) {
 }
 
 fn check_against(path: &Path, r: &Value, france_answer: bool) {
-    let l = loader::load(path).expect("load model");
+    let l = loader::load(
+        path,
+        &shoal_engine::LoadOptions {
+            backend: shoal_engine::BackendChoice::Mlx,
+            ..Default::default()
+        },
+    )
+    .expect("load model");
     let results = r["results"].as_array().expect("results");
     assert_eq!(results.len(), PROMPTS.len() + 1);
     for (i, res) in results.iter().enumerate() {

@@ -2,7 +2,7 @@
 //! architecture, quantization, context length, parameter count and size.
 //! `shoal models`, `/v1/models` and the memory check before a load use it.
 use std::fs::File;
-use std::io::{BufReader, Read};
+use std::io::Read;
 use std::path::Path;
 
 use serde::Serialize;
@@ -139,161 +139,24 @@ fn safetensors_parameters(path: &Path, bits: Option<u64>) -> Result<u64> {
     Ok(total)
 }
 
-/// llama.cpp's `general.file_type` numbers.
-fn file_type_name(n: u64) -> String {
-    let name = match n {
-        0 => "F32",
-        1 => "F16",
-        2 => "Q4_0",
-        3 => "Q4_1",
-        7 => "Q8_0",
-        8 => "Q5_0",
-        9 => "Q5_1",
-        10 => "Q2_K",
-        11 => "Q3_K_S",
-        12 => "Q3_K_M",
-        13 => "Q3_K_L",
-        14 => "Q4_K_S",
-        15 => "Q4_K_M",
-        16 => "Q5_K_S",
-        17 => "Q5_K_M",
-        18 => "Q6_K",
-        32 => "BF16",
-        _ => return format!("file type {n}"),
-    };
-    name.to_string()
-}
-
-/// A metadata value, kept only as far as the card needs it.
-enum Meta {
-    Uint(u64),
-    Str(String),
-    Other,
-}
-
 /// Reads the GGUF header: metadata and tensor shapes, never the weights.
 fn read_gguf(path: &Path) -> Result<ModelCard> {
-    let size_bytes = std::fs::metadata(path)?.len();
-    let mut r = GgufReader {
-        r: BufReader::new(File::open(path)?),
-        path,
-    };
-    if &r.bytes::<4>()? != b"GGUF" {
-        return Err(bad(path, "not a GGUF file"));
-    }
-    let version = u32::from_le_bytes(r.bytes()?);
-    if !(2..=3).contains(&version) {
-        return Err(bad(path, format!("GGUF version {version}")));
-    }
-    let tensors = r.u64()?;
-    let kvs = r.u64()?;
-    let mut meta = std::collections::HashMap::new();
-    for _ in 0..kvs {
-        let key = r.string()?;
-        let ty = u32::from_le_bytes(r.bytes()?);
-        let value = r.value(ty)?;
-        meta.insert(key, value);
-    }
-    let mut parameters = 0u64;
-    for _ in 0..tensors {
-        r.string()?;
-        let dims = u32::from_le_bytes(r.bytes()?);
-        if dims > 8 {
-            return Err(bad(path, format!("tensor with {dims} dimensions")));
-        }
-        let mut elems = 1u64;
-        for _ in 0..dims {
-            elems = elems.saturating_mul(r.u64()?);
-        }
-        r.bytes::<12>()?; // type and offset
-        parameters = parameters.saturating_add(elems);
-    }
-    let text = |k: &str| match meta.get(k) {
-        Some(Meta::Str(s)) => Some(s.clone()),
-        _ => None,
-    };
-    let number = |k: &str| match meta.get(k) {
-        Some(Meta::Uint(n)) => Some(*n),
-        _ => None,
-    };
-    let architecture = text("general.architecture");
-    let context_length = architecture
-        .as_ref()
-        .and_then(|a| number(&format!("{a}.context_length")));
-    let layers = architecture
-        .as_ref()
-        .and_then(|a| number(&format!("{a}.block_count")));
+    let h = shoal_gguf::Header::read(path).map_err(|e| match e {
+        shoal_gguf::GgufError::Io { source, .. } => ModelsError::Io(source),
+        shoal_gguf::GgufError::Malformed { why, .. } => bad(path, why),
+    })?;
     Ok(ModelCard {
         format: "gguf".into(),
-        quantization: number("general.file_type").map(file_type_name),
-        architecture,
-        context_length,
-        layers,
-        parameters,
-        size_bytes,
+        quantization: h.file_type(),
+        architecture: h.architecture().map(str::to_string),
+        context_length: h.arch_uint("context_length"),
+        layers: h.arch_uint("block_count"),
+        parameters: h
+            .tensors
+            .iter()
+            .fold(0u64, |a, t| a.saturating_add(t.elements())),
+        size_bytes: h.file_len,
     })
-}
-
-struct GgufReader<'a> {
-    r: BufReader<File>,
-    path: &'a Path,
-}
-
-impl GgufReader<'_> {
-    fn bytes<const N: usize>(&mut self) -> Result<[u8; N]> {
-        let mut b = [0u8; N];
-        self.r
-            .read_exact(&mut b)
-            .map_err(|e| bad(self.path, format!("truncated header: {e}")))?;
-        Ok(b)
-    }
-
-    fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_le_bytes(self.bytes()?))
-    }
-
-    fn string(&mut self) -> Result<String> {
-        let len = self.u64()?;
-        if len > 1 << 24 {
-            return Err(bad(self.path, format!("string of {len} bytes")));
-        }
-        let mut s = vec![0u8; len as usize];
-        self.r
-            .read_exact(&mut s)
-            .map_err(|e| bad(self.path, format!("truncated header: {e}")))?;
-        Ok(String::from_utf8_lossy(&s).into_owned())
-    }
-
-    /// Reads one value of GGUF type `ty`; arrays are read and dropped.
-    fn value(&mut self, ty: u32) -> Result<Meta> {
-        Ok(match ty {
-            0 | 1 | 7 => Meta::Uint(u64::from(self.bytes::<1>()?[0])),
-            2 | 3 => Meta::Uint(u64::from(u16::from_le_bytes(self.bytes()?))),
-            4 | 5 => Meta::Uint(u64::from(u32::from_le_bytes(self.bytes()?))),
-            6 => {
-                self.bytes::<4>()?;
-                Meta::Other
-            }
-            8 => Meta::Str(self.string()?),
-            9 => {
-                let inner = u32::from_le_bytes(self.bytes()?);
-                let n = self.u64()?;
-                if inner == 9 {
-                    return Err(bad(self.path, "nested arrays"));
-                }
-                for _ in 0..n {
-                    self.value(inner)?;
-                }
-                Meta::Other
-            }
-            10 | 11 => Meta::Uint(self.u64()?),
-            12 => {
-                self.bytes::<8>()?;
-                Meta::Other
-            }
-            _ => return Err(bad(self.path, format!("unknown value type {ty}"))),
-        })
-    }
 }
 
 #[cfg(test)]
@@ -340,7 +203,7 @@ mod tests {
         let bytes = tiny_gguf();
         std::fs::write(&path, &bytes[..bytes.len() - 20]).unwrap();
         let err = ModelCard::read(&path).unwrap_err().to_string();
-        assert!(err.contains("truncated"), "{err}");
+        assert!(err.contains("cut short"), "{err}");
         std::fs::write(&path, b"PK\x03\x04 not a model").unwrap();
         let err = ModelCard::read(&path).unwrap_err().to_string();
         assert!(err.contains("not a GGUF"), "{err}");

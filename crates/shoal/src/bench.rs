@@ -100,7 +100,7 @@ pub fn run(a: Args) -> Result<()> {
     let opts = EngineOptions {
         max_batch: EngineOptions::default().max_batch.max(a.concurrency),
         queue_capacity: EngineOptions::default().queue_capacity.max(a.concurrency),
-        ..EngineOptions::default()
+        ..a.model.engine_options()
     };
     let engine = Engine::start(&a.model.path(), &a.model.id(), opts)
         .with_context(|| format!("loading {}", a.model.path().display()))?;

@@ -128,7 +128,7 @@ impl Default for Server {
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Model {
     /// A .gguf file or a model directory; relative paths in the file are
@@ -140,6 +140,25 @@ pub struct Model {
     pub id: Option<String>,
     /// Other names that resolve to the model.
     pub aliases: Vec<String>,
+    /// `auto` (MLX for model directories, llama.cpp for GGUF), `mlx` or `llama`.
+    pub backend: shoal_engine::BackendChoice,
+    /// llama.cpp threads (0 = the physical cores).
+    pub threads: usize,
+    /// KV positions llama.cpp reserves per model, shared by its requests.
+    pub kv_cache_tokens: usize,
+}
+
+impl Default for Model {
+    fn default() -> Self {
+        Model {
+            path: None,
+            id: None,
+            aliases: Vec::new(),
+            backend: shoal_engine::BackendChoice::Auto,
+            threads: 0,
+            kv_cache_tokens: 8192,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -248,6 +267,14 @@ const SETTINGS: &[Setting] = &[
     setting("model", "path", Some("SHOAL_MODEL"), "--model"),
     setting("model", "id", Some("SHOAL_MODEL_ID"), "--model-id"),
     setting("model", "aliases", None, "--alias"),
+    setting("model", "backend", Some("SHOAL_BACKEND"), "--backend"),
+    setting("model", "threads", Some("SHOAL_THREADS"), "--threads"),
+    setting(
+        "model",
+        "kv_cache_tokens",
+        Some("SHOAL_KV_CACHE_TOKENS"),
+        "--kv-cache-tokens",
+    ),
     setting(
         "cache",
         "prefix_cache_mb",
@@ -311,6 +338,17 @@ pub struct Flags {
     /// [env: SHOAL_MODEL_ID].
     #[arg(long)]
     pub model_id: Option<String>,
+    /// Which engine runs the model: auto (MLX for model directories, llama.cpp
+    /// for GGUF files), mlx or llama [env: SHOAL_BACKEND].
+    #[arg(long)]
+    pub backend: Option<shoal_engine::BackendChoice>,
+    /// llama.cpp threads (0 = the physical cores, the default) [env: SHOAL_THREADS].
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// KV positions llama.cpp reserves per model, shared by all its requests
+    /// (default 8192) [env: SHOAL_KV_CACHE_TOKENS].
+    #[arg(long)]
+    pub kv_cache_tokens: Option<usize>,
     /// Address to listen on (default 127.0.0.1) [env: SHOAL_HOST].
     #[arg(long)]
     pub host: Option<IpAddr>,
@@ -408,6 +446,9 @@ struct Overrides {
     model_path: Option<PathBuf>,
     model_id: Option<String>,
     aliases: Option<Vec<String>>,
+    backend: Option<shoal_engine::BackendChoice>,
+    threads: Option<usize>,
+    kv_cache_tokens: Option<usize>,
     prefix_cache_mb: Option<usize>,
     phrases: Option<Vec<String>>,
     patterns: Option<Vec<String>>,
@@ -459,6 +500,9 @@ impl Overrides {
             model_path: var("SHOAL_MODEL").map(PathBuf::from),
             model_id: var("SHOAL_MODEL_ID"),
             aliases: None,
+            backend: parsed("SHOAL_BACKEND", var("SHOAL_BACKEND"))?,
+            threads: parsed("SHOAL_THREADS", var("SHOAL_THREADS"))?,
+            kv_cache_tokens: parsed("SHOAL_KV_CACHE_TOKENS", var("SHOAL_KV_CACHE_TOKENS"))?,
             prefix_cache_mb: parsed("SHOAL_PREFIX_CACHE_MB", var("SHOAL_PREFIX_CACHE_MB"))?,
             phrases: var("SHOAL_BLOCK").map(lines),
             patterns: var("SHOAL_BLOCK_REGEX").map(lines),
@@ -497,6 +541,9 @@ impl Overrides {
             model_path: f.model.clone(),
             model_id: f.model_id.clone(),
             aliases: list(&f.aliases),
+            backend: f.backend,
+            threads: f.threads,
+            kv_cache_tokens: f.kv_cache_tokens,
             prefix_cache_mb: f.prefix_cache_mb,
             phrases: list(&f.blocked),
             patterns: list(&f.blocked_regex),
@@ -667,6 +714,18 @@ impl Resolved {
         if let Some(v) = o.aliases {
             c.model.aliases = v;
             set("model.aliases");
+        }
+        if let Some(v) = o.backend {
+            c.model.backend = v;
+            set("model.backend");
+        }
+        if let Some(v) = o.threads {
+            c.model.threads = v;
+            set("model.threads");
+        }
+        if let Some(v) = o.kv_cache_tokens {
+            c.model.kv_cache_tokens = v;
+            set("model.kv_cache_tokens");
         }
         if let Some(v) = o.prefix_cache_mb {
             c.cache.prefix_cache_mb = v;
@@ -934,6 +993,14 @@ impl Config {
                 .context("cache.prefix_cache_mb is too large")?,
             blocked_phrases: non_empty(&self.content_filter.phrases),
             blocked_patterns: non_empty(&self.content_filter.patterns),
+            backend: self.model.backend,
+            llama: shoal_engine::LlamaOptions {
+                threads: match self.model.threads {
+                    0 => shoal_engine::backends::llama::default_threads(),
+                    n => n,
+                },
+                kv_tokens: self.model.kv_cache_tokens.max(256),
+            },
             ..EngineOptions::default()
         })
     }

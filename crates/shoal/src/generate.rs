@@ -4,7 +4,7 @@ use std::io::Write;
 use anyhow::{Context, Result};
 use serde_json::json;
 use shoal_engine::{
-    ChatMessage, Engine, EngineOptions, Event, FinishReason, GenerateRequest, SamplingParams,
+    ChatMessage, Engine, Event, FinishReason, GenerateRequest, SamplingParams,
 };
 
 use crate::ModelArgs;
@@ -47,7 +47,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let engine = Engine::start(&a.model.path(), &a.model.id(), EngineOptions::default())
+    let engine = Engine::start(&a.model.path(), &a.model.id(), a.model.engine_options())
         .with_context(|| format!("loading {}", a.model.path().display()))?;
     let mut messages = Vec::new();
     if let Some(s) = &a.system {

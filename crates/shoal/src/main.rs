@@ -63,6 +63,16 @@ pub struct ModelArgs {
     /// The name clients use for the model (default: the file or directory name).
     #[arg(long, env = "SHOAL_MODEL_ID")]
     pub model_id: Option<String>,
+    /// Which engine runs it: auto (MLX for model directories, llama.cpp for
+    /// GGUF files), mlx or llama.
+    #[arg(long, env = "SHOAL_BACKEND", default_value = "auto")]
+    pub backend: shoal_engine::BackendChoice,
+    /// llama.cpp threads (0 = the physical cores).
+    #[arg(long, env = "SHOAL_THREADS", default_value_t = 0)]
+    pub threads: usize,
+    /// KV positions llama.cpp reserves, shared by all requests.
+    #[arg(long, env = "SHOAL_KV_CACHE_TOKENS", default_value_t = 8192)]
+    pub kv_cache_tokens: usize,
 }
 
 impl ModelArgs {
@@ -70,6 +80,21 @@ impl ModelArgs {
         self.model
             .clone()
             .unwrap_or_else(shoal_engine::loader::default_model_path)
+    }
+
+    /// Engine options with this backend choice and the other defaults.
+    pub fn engine_options(&self) -> shoal_engine::EngineOptions {
+        shoal_engine::EngineOptions {
+            backend: self.backend,
+            llama: shoal_engine::LlamaOptions {
+                threads: match self.threads {
+                    0 => shoal_engine::backends::llama::default_threads(),
+                    n => n,
+                },
+                kv_tokens: self.kv_cache_tokens.max(256),
+            },
+            ..shoal_engine::EngineOptions::default()
+        }
     }
 
     /// The id clients see: `--model-id`, else the model's file or directory name.

@@ -26,3 +26,24 @@ pub async fn serve(state: shoal_api::AppState) -> String {
     });
     format!("http://{addr}")
 }
+
+/// The backend the behaviour tests run on: `SHOAL_TEST_BACKEND` (`mlx`,
+/// `llama` or `auto`, the default). `make test` runs these suites once per backend.
+#[allow(dead_code)]
+pub fn test_backend() -> shoal_engine::BackendChoice {
+    match std::env::var("SHOAL_TEST_BACKEND") {
+        Ok(v) if !v.is_empty() => v
+            .parse()
+            .unwrap_or_else(|e| panic!("SHOAL_TEST_BACKEND: {e}")),
+        _ => shoal_engine::BackendChoice::Auto,
+    }
+}
+
+/// Engine options on the backend under test.
+#[allow(dead_code)]
+pub fn options() -> shoal_engine::EngineOptions {
+    shoal_engine::EngineOptions {
+        backend: test_backend(),
+        ..shoal_engine::EngineOptions::default()
+    }
+}

@@ -506,6 +506,8 @@ impl Transformer {
                     DevicePolicy::Gpu => "gpu".into(),
                 },
                 weight_bytes: 0,
+                backend: crate::backend::BackendKind::Mlx,
+                kv_capacity_bytes: 0,
             },
             cfg,
             embed,

@@ -1,0 +1,429 @@
+//! The llama.cpp backend (through the `llama-cpp-2` crate) for GGUF files:
+//! weights stay quantized in memory and run on llama.cpp's own kernels.
+//!
+//! Only the forward pass lives here. One llama.cpp context serves every
+//! sequence of a model: its KV cache is unified (all sequences draw cells
+//! from one pool of `kv_tokens` positions) and each [`KvCache`] is a sequence
+//! id in it, so a cloned prefix shares cells instead of copying them.
+//! Sampling, grammar, stop sequences, templates and accounting stay above
+//! the seam, on the logits returned here.
+use std::any::Any;
+use std::num::NonZeroU32;
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::llama_backend::LlamaBackend;
+use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::token::LlamaToken;
+use llama_cpp_2::DecodeError;
+
+use crate::backend::{BackendKind, DecodeBatch, KvCache, LanguageModel, ModelInfo};
+use crate::error::{EngineError, Result};
+
+pub mod vocab;
+
+/// Most sequences one context tracks (llama.cpp's `LLAMA_MAX_SEQ`): running
+/// requests plus the prefix cache's entries.
+const MAX_SEQ: u32 = 256;
+/// Tokens handed to one `llama_decode` call; longer prompts go in pieces.
+const N_BATCH: usize = 2048;
+
+/// llama.cpp's process-wide initialisation, done once.
+pub fn runtime() -> Result<&'static LlamaBackend> {
+    static BACKEND: OnceLock<std::result::Result<LlamaBackend, String>> = OnceLock::new();
+    BACKEND
+        .get_or_init(|| {
+            // llama.cpp narrates every load at length: heard only when debugging.
+            llama_cpp_2::send_logs_to_tracing(
+                llama_cpp_2::LogOptions::default()
+                    .with_logs_enabled(tracing::enabled!(tracing::Level::DEBUG)),
+            );
+            LlamaBackend::init().map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(|e| EngineError::Backend(format!("llama.cpp did not start: {e}")))
+}
+
+/// Settings of the llama.cpp backend.
+#[derive(Clone, Debug)]
+pub struct LlamaOptions {
+    /// Threads for prefill and decode.
+    pub threads: usize,
+    /// KV positions shared by all sequences of the model (the cache's bound).
+    pub kv_tokens: usize,
+}
+
+impl Default for LlamaOptions {
+    fn default() -> Self {
+        LlamaOptions {
+            threads: default_threads(),
+            kv_tokens: 8192,
+        }
+    }
+}
+
+/// Physical cores: llama.cpp's kernels gain nothing from SMT siblings.
+pub fn default_threads() -> usize {
+    num_cpus::get_physical().max(1)
+}
+
+self_cell::self_cell!(
+    /// The model's context, borrowing the model it was made from.
+    struct ContextCell {
+        owner: Arc<LlamaModel>,
+        #[covariant]
+        dependent: LlamaContext,
+    }
+);
+
+/// The context and the sequence ids not in use. Everything that touches the
+/// context goes through one mutex: llama.cpp contexts are not thread-safe.
+struct Shared {
+    ctx: ContextCell,
+    free: Vec<i32>,
+}
+
+type SharedRef = Arc<Mutex<Shared>>;
+
+fn lock(s: &SharedRef) -> MutexGuard<'_, Shared> {
+    s.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    fn take_id(&mut self) -> Option<i32> {
+        self.free.pop()
+    }
+
+    /// Drops positions `from..` of sequence `seq`.
+    fn remove(&mut self, seq: i32, from: usize) -> bool {
+        let from = u32::try_from(from).ok();
+        self.ctx.with_dependent_mut(|_, ctx| {
+            ctx.clear_kv_cache_seq(u32::try_from(seq).ok(), from, None)
+                .unwrap_or(false)
+        })
+    }
+
+    fn decode(&mut self, batch: &mut LlamaBatch) -> Result<()> {
+        self.ctx
+            .with_dependent_mut(|_, ctx| ctx.decode(batch))
+            .map_err(|e| match e {
+                DecodeError::NoKvCacheSlot => EngineError::KvCacheFull,
+                other => EngineError::Backend(format!("llama.cpp decode: {other}")),
+            })
+    }
+
+    fn logits(&self, i: i32, n: usize) -> Vec<f32> {
+        self.ctx.with_dependent(|_, ctx| {
+            let l = ctx.get_logits_ith(i);
+            l[..n.min(l.len())].to_vec()
+        })
+    }
+}
+
+/// Bytes of KV state one position takes across all layers, from the header:
+/// f16 keys and values (llama.cpp's default cache type) for every KV head.
+fn per_position(h: &shoal_gguf::Header) -> u64 {
+    let layers = h.arch_uint("block_count").unwrap_or(0);
+    let n_head = h.arch_uint("attention.head_count").unwrap_or(1).max(1);
+    let n_head_kv = h.arch_uint("attention.head_count_kv").unwrap_or(n_head);
+    let n_embd = h.arch_uint("embedding_length").unwrap_or(0);
+    let key_len = h.arch_uint("attention.key_length").unwrap_or(n_embd / n_head);
+    let value_len = h.arch_uint("attention.value_length").unwrap_or(n_embd / n_head);
+    layers * n_head_kv * (key_len + value_len) * 2
+}
+
+/// [`per_position`] for the GGUF at `path` (0 when its header is unreadable).
+pub fn kv_bytes_per_position(path: &Path) -> u64 {
+    shoal_gguf::Header::read(path).map_or(0, |h| per_position(&h))
+}
+
+/// A GGUF model on llama.cpp.
+pub struct LlamaCppModel {
+    shared: SharedRef,
+    info: ModelInfo,
+    /// Bytes of KV state one position takes across all layers.
+    bytes_per_position: usize,
+}
+
+impl LlamaCppModel {
+    /// Loads `path` (already checked by [`super::check_gguf`]).
+    pub fn load(path: &Path, header: &shoal_gguf::Header, opts: &LlamaOptions) -> Result<Self> {
+        let backend = runtime()?;
+        let params = LlamaModelParams::default();
+        let model = LlamaModel::load_from_file(backend, path, &params).map_err(|e| {
+            EngineError::InvalidModel(format!(
+                "llama.cpp could not load {}: {e}",
+                path.display()
+            ))
+        })?;
+        let model = Arc::new(model);
+        let n_ctx_train = model.n_ctx_train().max(1) as usize;
+        let kv_tokens = opts.kv_tokens.clamp(256, 1 << 20);
+        let threads = i32::try_from(opts.threads.max(1)).unwrap_or(1);
+        let cparams = LlamaContextParams::default()
+            .with_n_ctx(NonZeroU32::new(kv_tokens as u32))
+            .with_n_batch(N_BATCH as u32)
+            .with_n_ubatch(512)
+            .with_n_seq_max(MAX_SEQ)
+            .with_n_threads(threads)
+            .with_n_threads_batch(threads)
+            .with_kv_unified(true)
+            // Sliding-window layers keep every position, so a sequence can be
+            // cut back to any prefix (the prefix cache relies on it).
+            .with_swa_full(true)
+            .with_no_perf(true);
+        let ctx = ContextCell::try_new(model.clone(), |m| {
+            m.new_context(backend, cparams)
+                .map_err(|e| EngineError::Backend(format!("llama.cpp context: {e}")))
+        })?;
+        let arch = header.architecture().unwrap_or("unknown").to_string();
+        let layers = model.n_layer() as usize;
+        let n_embd = model.n_embd().max(0) as usize;
+        let bytes_per_position = per_position(header) as usize;
+        let info = ModelInfo {
+            architecture: arch,
+            vocab_size: model.n_vocab().max(0) as usize,
+            context_length: n_ctx_train.min(kv_tokens),
+            num_layers: layers,
+            hidden_size: n_embd,
+            format: "gguf".into(),
+            quantization: header.file_type(),
+            dtype: "ggml".into(),
+            device: if cfg!(target_os = "macos") { "gpu" } else { "cpu" }.into(),
+            weight_bytes: model.size() as usize,
+            backend: BackendKind::Llama,
+            kv_capacity_bytes: kv_tokens * bytes_per_position,
+        };
+        Ok(LlamaCppModel {
+            shared: Arc::new(Mutex::new(Shared {
+                ctx,
+                free: (0..MAX_SEQ as i32).rev().collect(),
+            })),
+            info,
+            bytes_per_position,
+        })
+    }
+
+    fn kv<'a>(&self, cache: &'a mut dyn KvCache) -> Result<&'a mut LlamaKv> {
+        cache
+            .as_any_mut()
+            .downcast_mut::<LlamaKv>()
+            .ok_or_else(|| EngineError::Backend("a KV cache from another backend".into()))
+    }
+}
+
+impl LanguageModel for LlamaCppModel {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn new_cache(&self) -> Result<Box<dyn KvCache>> {
+        let seq = lock(&self.shared)
+            .take_id()
+            .ok_or(EngineError::KvCacheFull)?;
+        Ok(Box::new(LlamaKv {
+            seq: Some(seq),
+            len: 0,
+            bytes_per_position: self.bytes_per_position,
+            shared: self.shared.clone(),
+        }))
+    }
+
+    fn forward(&self, tokens: &[u32], cache: &mut dyn KvCache) -> Result<Vec<f32>> {
+        let n_vocab = self.info.vocab_size;
+        let kv = self.kv(cache)?;
+        let mut s = lock(&self.shared);
+        let seq = match kv.seq {
+            Some(seq) => seq,
+            None => {
+                let seq = s.take_id().ok_or(EngineError::KvCacheFull)?;
+                kv.seq = Some(seq);
+                seq
+            }
+        };
+        let mut logits = Vec::new();
+        for piece in tokens.chunks(N_BATCH) {
+            let mut batch = LlamaBatch::new(piece.len(), 1);
+            for (i, &t) in piece.iter().enumerate() {
+                let pos = i32::try_from(kv.len + i)
+                    .map_err(|_| EngineError::Backend("position out of range".into()))?;
+                batch
+                    .add(LlamaToken(t as i32), pos, &[seq], i + 1 == piece.len())
+                    .map_err(|e| EngineError::Backend(e.to_string()))?;
+            }
+            if let Err(e) = s.decode(&mut batch) {
+                // Leave the sequence as it was before this call.
+                s.remove(seq, kv.len);
+                return Err(e);
+            }
+            kv.len += piece.len();
+            logits = s.logits(piece.len() as i32 - 1, n_vocab);
+        }
+        Ok(logits)
+    }
+
+    fn new_batch(&self) -> Result<Box<dyn DecodeBatch>> {
+        Ok(Box::new(LlamaRows { rows: Vec::new() }))
+    }
+
+    fn forward_batch(&self, tokens: &[u32], batch: &mut dyn DecodeBatch) -> Result<Vec<Vec<f32>>> {
+        let rows = batch
+            .as_any_mut()
+            .downcast_mut::<LlamaRows>()
+            .ok_or_else(|| EngineError::Backend("a decode batch from another backend".into()))?;
+        if rows.rows.len() != tokens.len() {
+            return Err(EngineError::Backend(format!(
+                "{} tokens for {} rows",
+                tokens.len(),
+                rows.rows.len()
+            )));
+        }
+        let n_vocab = self.info.vocab_size;
+        let mut s = lock(&self.shared);
+        let mut lb = LlamaBatch::new(tokens.len().max(1), 1);
+        let mut seqs = Vec::with_capacity(tokens.len());
+        for (row, &t) in rows.rows.iter_mut().zip(tokens) {
+            let kv = self.kv(row.as_mut())?;
+            let seq = match kv.seq {
+                Some(seq) => seq,
+                None => {
+                    let seq = s.take_id().ok_or(EngineError::KvCacheFull)?;
+                    kv.seq = Some(seq);
+                    seq
+                }
+            };
+            let pos = i32::try_from(kv.len)
+                .map_err(|_| EngineError::Backend("position out of range".into()))?;
+            lb.add(LlamaToken(t as i32), pos, &[seq], true)
+                .map_err(|e| EngineError::Backend(e.to_string()))?;
+            seqs.push((seq, kv.len));
+        }
+        if let Err(e) = s.decode(&mut lb) {
+            for &(seq, len) in &seqs {
+                s.remove(seq, len);
+            }
+            return Err(e);
+        }
+        let mut out = Vec::with_capacity(tokens.len());
+        for (i, row) in rows.rows.iter_mut().enumerate() {
+            self.kv(row.as_mut())?.len += 1;
+            out.push(s.logits(i as i32, n_vocab));
+        }
+        Ok(out)
+    }
+}
+
+/// One sequence's share of the model's KV cells.
+struct LlamaKv {
+    /// `None` once ids ran out for a copy: it holds nothing yet and takes an
+    /// id when it first runs.
+    seq: Option<i32>,
+    len: usize,
+    bytes_per_position: usize,
+    shared: SharedRef,
+}
+
+impl KvCache for LlamaKv {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn truncate(&mut self, len: usize) {
+        if len >= self.len {
+            return;
+        }
+        if let Some(seq) = self.seq {
+            let mut s = lock(&self.shared);
+            if !s.remove(seq, len) {
+                // The cache could not cut this sequence back: start it over.
+                s.remove(seq, 0);
+                self.len = 0;
+                return;
+            }
+        }
+        self.len = len;
+    }
+
+    fn nbytes(&self) -> usize {
+        self.len * self.bytes_per_position
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+
+    fn clone_box(&self) -> Box<dyn KvCache> {
+        let mut s = lock(&self.shared);
+        let (seq, len) = match (self.seq, s.take_id()) {
+            (Some(src), Some(dst)) => {
+                let len = u32::try_from(self.len).ok();
+                let copied = s.ctx.with_dependent_mut(|_, ctx| {
+                    ctx.copy_kv_cache_seq(src, dst, Some(0), len).is_ok()
+                });
+                if copied {
+                    (Some(dst), self.len)
+                } else {
+                    s.free.push(dst);
+                    (None, 0)
+                }
+            }
+            (_, Some(dst)) => {
+                s.free.push(dst);
+                (None, 0)
+            }
+            (_, None) => (None, 0),
+        };
+        Box::new(LlamaKv {
+            seq,
+            len,
+            bytes_per_position: self.bytes_per_position,
+            shared: self.shared.clone(),
+        })
+    }
+}
+
+impl Drop for LlamaKv {
+    fn drop(&mut self) {
+        if let Some(seq) = self.seq.take() {
+            let mut s = lock(&self.shared);
+            s.remove(seq, 0);
+            s.free.push(seq);
+        }
+    }
+}
+
+/// Sequences decoding together: one `llama_batch` row each per step.
+struct LlamaRows {
+    rows: Vec<Box<dyn KvCache>>,
+}
+
+impl DecodeBatch for LlamaRows {
+    fn rows(&self) -> usize {
+        self.rows.len()
+    }
+
+    fn join(&mut self, mut cache: Box<dyn KvCache>) -> Result<()> {
+        if cache.as_any_mut().downcast_mut::<LlamaKv>().is_none() {
+            return Err(EngineError::Backend(
+                "a KV cache from another backend".into(),
+            ));
+        }
+        self.rows.push(cache);
+        Ok(())
+    }
+
+    fn leave(&mut self, row: usize) -> Result<Box<dyn KvCache>> {
+        if row >= self.rows.len() {
+            return Err(EngineError::Backend(format!("no batch row {row}")));
+        }
+        Ok(self.rows.remove(row))
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}

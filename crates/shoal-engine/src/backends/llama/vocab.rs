@@ -1,0 +1,109 @@
+//! Text ↔ tokens through llama.cpp's own tokenizer, so a GGUF run on
+//! llama.cpp is tokenized exactly as llama.cpp tokenizes it, for every
+//! vocabulary type it knows (BPE, SentencePiece, WordPiece…).
+use std::path::Path;
+
+use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::token::LlamaToken;
+
+use crate::error::{EngineError, Result};
+
+/// A vocabulary-only load of a GGUF (no weights): cheap, immutable, and safe
+/// to share between threads (llama.cpp's tokenizer only reads it).
+pub struct LlamaVocab {
+    model: LlamaModel,
+    n_tokens: u32,
+}
+
+impl LlamaVocab {
+    pub fn load(path: &Path) -> Result<Self> {
+        let backend = super::runtime()?;
+        let params = LlamaModelParams::default().with_vocab_only(true);
+        let model = LlamaModel::load_from_file(backend, path, &params).map_err(|e| {
+            EngineError::Tokenizer(format!(
+                "llama.cpp could not read the vocabulary of {}: {e}",
+                path.display()
+            ))
+        })?;
+        let n_tokens = model.vocab().n_tokens().max(0) as u32;
+        Ok(LlamaVocab { model, n_tokens })
+    }
+
+    pub fn n_tokens(&self) -> u32 {
+        self.n_tokens
+    }
+
+    /// Tokens of `text`, special tokens written out as text recognised, no
+    /// BOS added.
+    pub fn encode(&self, text: &str) -> Vec<u32> {
+        self.model
+            .vocab()
+            .tokenize(text.as_bytes(), false, true)
+            .into_iter()
+            .map(|t| t.0 as u32)
+            .collect()
+    }
+
+    /// The bytes token `id` stands for; control tokens give their text when
+    /// `special` is set and nothing otherwise.
+    pub fn piece(&self, id: u32, special: bool) -> Vec<u8> {
+        if id >= self.n_tokens {
+            return Vec::new();
+        }
+        self.model
+            .vocab()
+            .token_to_piece(LlamaToken(id as i32), special, None)
+    }
+
+    /// The tokens' bytes in order, without the leading-space stripping that
+    /// llama.cpp's whole-sequence detokenizer applies (the incremental
+    /// decoder relies on a window's text being a prefix of the next one's).
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> String {
+        let mut bytes = Vec::with_capacity(ids.len() * 4);
+        for &id in ids {
+            bytes.extend(self.piece(id, !skip_special));
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    pub fn bos(&self) -> Option<u32> {
+        let b = self.model.vocab().bos().0;
+        (b >= 0 && (b as u32) < self.n_tokens).then_some(b as u32)
+    }
+
+    pub fn eos(&self) -> Option<u32> {
+        let e = self.model.vocab().eos().0;
+        (e >= 0 && (e as u32) < self.n_tokens).then_some(e as u32)
+    }
+
+    pub fn add_bos(&self) -> bool {
+        self.model.vocab().should_add_bos()
+    }
+
+    /// Every end-of-generation token llama.cpp knows for this vocabulary
+    /// (EOS, end of turn, end of message…).
+    pub fn end_tokens(&self) -> Vec<u32> {
+        let v = self.model.vocab();
+        (0..self.n_tokens)
+            .filter(|&id| v.is_eog(LlamaToken(id as i32)))
+            .collect()
+    }
+
+    /// Control tokens (never produced by plain text) with their text.
+    pub fn control_tokens(&self) -> Vec<(u32, String)> {
+        let v = self.model.vocab();
+        (0..self.n_tokens)
+            .filter(|&id| v.is_control(LlamaToken(id as i32)))
+            .map(|id| (id, String::from_utf8_lossy(&self.piece(id, true)).into_owned()))
+            .collect()
+    }
+
+    /// The id of a token whose whole text is `text`, if there is one.
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        match self.encode(text).as_slice() {
+            [id] if self.piece(*id, true) == text.as_bytes() => Some(*id),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! The two engines behind the seam in [`crate::backend`] and the choice
+//! between them: MLX for Hugging Face / MLX directories (and, on Metal, the
+//! GGUF files MLX can read), llama.cpp for GGUF files.
+use std::path::Path;
+
+use crate::backend::BackendKind;
+use crate::error::{EngineError, Result};
+
+pub mod llama;
+
+/// Which backend a user asked for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendChoice {
+    /// MLX for directories, llama.cpp for GGUF (see [`choose`]).
+    #[default]
+    Auto,
+    Mlx,
+    Llama,
+}
+
+impl std::str::FromStr for BackendChoice {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(BackendChoice::Auto),
+            "mlx" => Ok(BackendChoice::Mlx),
+            "llama" | "llama.cpp" | "llamacpp" => Ok(BackendChoice::Llama),
+            other => Err(format!(
+                "unknown backend {other:?} (choose auto, mlx or llama)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for BackendChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BackendChoice::Auto => "auto",
+            BackendChoice::Mlx => "mlx",
+            BackendChoice::Llama => "llama",
+        })
+    }
+}
+
+/// Architectures the MLX transformer implements.
+pub const MLX_ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3"];
+
+/// GGUF tensor types MLX's loader reads (`ggml_type` numbers: F32, F16,
+/// Q4_0, Q4_1, Q8_0).
+const MLX_GGUF_TYPES: &[u32] = &[0, 1, 2, 3, 8];
+
+/// Whether MLX can load this GGUF: its architecture and every tensor type.
+pub fn mlx_reads(header: &shoal_gguf::Header) -> std::result::Result<(), String> {
+    let arch = header.architecture().unwrap_or("unknown");
+    if !MLX_ARCHITECTURES.contains(&arch) {
+        return Err(format!(
+            "MLX runs {} but the file's architecture is {arch:?}",
+            MLX_ARCHITECTURES.join(", ")
+        ));
+    }
+    if let Some(t) = header
+        .tensors
+        .iter()
+        .find(|t| !MLX_GGUF_TYPES.contains(&t.ggml_type))
+    {
+        return Err(format!(
+            "MLX's GGUF loader reads F32, F16, Q4_0, Q4_1 and Q8_0 tensors, not {} ({})",
+            type_name(t.ggml_type),
+            t.name
+        ));
+    }
+    Ok(())
+}
+
+/// The backend that runs `path` for `choice`, after the checks that keep a
+/// bad file away from native code.
+///
+/// `auto` sends directories to MLX and GGUF files to llama.cpp. On macOS a
+/// GGUF that MLX reads whole (its tensor types and architecture) goes to MLX
+/// instead: there MLX computes on Metal with the quantized weights as they
+/// are, and on Apple silicon its decode is the faster of the two (published
+/// M-series figures put mlx_lm well ahead of llama.cpp); this machine has no
+/// Metal, so that half of the rule is not measured here.
+pub fn choose(path: &Path, choice: BackendChoice) -> Result<BackendKind> {
+    if path.is_dir() {
+        return match choice {
+            BackendChoice::Llama => Err(EngineError::Unsupported(format!(
+                "{}: llama.cpp runs GGUF files; this is a model directory (use the mlx backend)",
+                path.display()
+            ))),
+            _ => Ok(BackendKind::Mlx),
+        };
+    }
+    if !path.is_file() {
+        return Err(EngineError::MissingModelPart {
+            what: "model".into(),
+            detail: format!("{} does not exist", path.display()),
+        });
+    }
+    if path.extension().is_none_or(|e| e != "gguf") {
+        return Err(EngineError::Unsupported(format!(
+            "{}: expected a .gguf file or a model directory",
+            path.display()
+        )));
+    }
+    let header = check_gguf(path)?;
+    match choice {
+        BackendChoice::Llama => Ok(BackendKind::Llama),
+        BackendChoice::Mlx => match mlx_reads(&header) {
+            Ok(()) => Ok(BackendKind::Mlx),
+            Err(why) => Err(EngineError::Unsupported(format!(
+                "{}: {why} (tried: mlx; the llama backend runs this file)",
+                path.display()
+            ))),
+        },
+        BackendChoice::Auto => {
+            if cfg!(target_os = "macos") && mlx_reads(&header).is_ok() {
+                Ok(BackendKind::Mlx)
+            } else {
+                Ok(BackendKind::Llama)
+            }
+        }
+    }
+}
+
+/// `ggml_type`'s name, or its number when ggml does not know it.
+pub fn type_name(ggml_type: u32) -> String {
+    if !known_type(ggml_type) {
+        return format!("type {ggml_type}");
+    }
+    // SAFETY: ggml_type_name indexes a static table; the type is in range.
+    let name = unsafe { std::ffi::CStr::from_ptr(llama_cpp_sys_2::ggml_type_name(ggml_type as _)) };
+    name.to_string_lossy().into_owned()
+}
+
+fn known_type(ggml_type: u32) -> bool {
+    if ggml_type >= llama_cpp_sys_2::GGML_TYPE_COUNT as u32 {
+        return false;
+    }
+    // SAFETY: in range of ggml's type table; removed types have block size 0.
+    unsafe { llama_cpp_sys_2::ggml_blck_size(ggml_type as _) > 0 }
+}
+
+/// Reads and checks a GGUF header before any backend sees the file: every
+/// tensor of a type ggml knows, with a shape its blocks divide, inside the
+/// file. llama.cpp aborts the process on some files that fail these.
+pub fn check_gguf(path: &Path) -> Result<shoal_gguf::Header> {
+    let h = shoal_gguf::Header::read(path).map_err(|e| match e {
+        shoal_gguf::GgufError::Io { source, .. } => EngineError::Io(source),
+        shoal_gguf::GgufError::Malformed { path, why } => {
+            EngineError::InvalidModel(format!("{}: {why}", path.display()))
+        }
+    })?;
+    if h.architecture().is_none() {
+        return Err(EngineError::InvalidModel(format!(
+            "{}: the GGUF header names no architecture (general.architecture)",
+            path.display()
+        )));
+    }
+    for t in &h.tensors {
+        if !known_type(t.ggml_type) {
+            return Err(EngineError::Unsupported(format!(
+                "{}: tensor {} has tensor type {} that no backend here reads (tried: llama, mlx)",
+                path.display(),
+                t.name,
+                t.ggml_type
+            )));
+        }
+        // SAFETY: the type is known (checked above).
+        let (block, size) = unsafe {
+            (
+                llama_cpp_sys_2::ggml_blck_size(t.ggml_type as _) as u64,
+                llama_cpp_sys_2::ggml_type_size(t.ggml_type as _) as u64,
+            )
+        };
+        let inner = t.dims.first().copied().unwrap_or(0);
+        if block == 0 || inner % block != 0 {
+            return Err(EngineError::InvalidModel(format!(
+                "{}: tensor {} of type {} has a row of {inner} values, not a whole number of {block}-value blocks",
+                path.display(),
+                t.name,
+                type_name(t.ggml_type)
+            )));
+        }
+        let bytes = (t.elements() / block).saturating_mul(size);
+        let end = h
+            .data_offset
+            .saturating_add(t.offset)
+            .saturating_add(bytes);
+        if end > h.file_len {
+            return Err(EngineError::InvalidModel(format!(
+                "{}: the file is truncated: tensor {} ends at byte {end} but the file has {} bytes",
+                path.display(),
+                t.name,
+                h.file_len
+            )));
+        }
+    }
+    Ok(h)
+}

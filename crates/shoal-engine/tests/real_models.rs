@@ -1,0 +1,225 @@
+//! The llama.cpp backend on real GGUFs a user would pull: the default
+//! SmolLM2 (Q4_1), Qwen2.5-Coder-0.5B-Instruct and Gemma-3-270m (Q4_K_M).
+//!
+//! Shoal's greedy tokens must equal llama.cpp's own: the reference here is
+//! llama.cpp alone — its tokenizer, a fresh single-sequence context and its
+//! greedy sampler — so what is checked is the integration (tokens in, logits
+//! out, KV reuse, batching), not llama.cpp itself.
+use std::path::PathBuf;
+
+use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::sampling::LlamaSampler;
+use shoal_engine::{
+    collect_blocking, BackendChoice, BackendKind, ChatMessage, Engine, EngineOptions,
+    FinishReason, GenerateRequest, SamplingParams,
+};
+
+mod common;
+
+const STEPS: usize = 32;
+
+/// The three models: `$SHOAL_TEST_GGUF`, and the two from `tools/fetch-real-models.sh`.
+fn models() -> Vec<(&'static str, PathBuf)> {
+    let real = std::env::var("SHOAL_REAL_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../.cache/models/real-q4km-1"))
+        });
+    let out = vec![
+        ("smollm2", common::gguf_path()),
+        ("qwen2.5-coder", real.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")),
+        ("gemma3", real.join("gemma-3-270m-q4_k_m.gguf")),
+    ];
+    for (name, p) in &out {
+        assert!(p.is_file(), "{name} missing at {} — run `make models`", p.display());
+    }
+    out
+}
+
+/// Prompt texts: through the chat template where the model has one, raw otherwise.
+fn prompts(e: &Engine) -> Vec<String> {
+    let asks = [
+        "What is the capital of France?",
+        "Write a Python function that reverses a string.",
+        "Name three colours of the rainbow, then stop.",
+    ];
+    asks.iter()
+        .map(|q| match &e.model.vocab.template {
+            Some(_) => e
+                .model
+                .vocab
+                .render_chat(
+                    &[ChatMessage {
+                        role: "user".into(),
+                        content: (*q).into(),
+                    }],
+                    true,
+                    &Default::default(),
+                )
+                .expect("render"),
+            None => format!("Question: {q}\nAnswer:"),
+        })
+        .collect()
+}
+
+/// llama.cpp's own greedy continuation of `text`, tokenized by llama.cpp.
+fn llama_cpp_greedy(path: &std::path::Path, text: &str, steps: usize) -> (Vec<u32>, Vec<u32>) {
+    let backend = shoal_engine::backends::llama::runtime().expect("llama.cpp");
+    let model =
+        LlamaModel::load_from_file(backend, path, &LlamaModelParams::default()).expect("load");
+    let mut ctx = model
+        .new_context(
+            backend,
+            LlamaContextParams::default()
+                .with_n_ctx(std::num::NonZeroU32::new(2048))
+                .with_n_threads(shoal_engine::backends::llama::default_threads() as i32)
+                .with_n_threads_batch(shoal_engine::backends::llama::default_threads() as i32),
+        )
+        .expect("context");
+    let mut prompt = model.vocab().tokenize(text.as_bytes(), true, true);
+    // A template that writes BOS itself: llama.cpp's tokenizer added a second.
+    if prompt.len() > 1 && prompt[0] == prompt[1] && prompt[0] == model.vocab().bos() {
+        prompt.remove(0);
+    }
+    let mut batch = LlamaBatch::new(prompt.len().max(1), 1);
+    for (i, t) in prompt.iter().enumerate() {
+        batch
+            .add(*t, i as i32, &[0], i + 1 == prompt.len())
+            .expect("batch");
+    }
+    ctx.decode(&mut batch).expect("prefill");
+    let mut sampler = LlamaSampler::greedy();
+    let mut out = Vec::new();
+    let mut pos = prompt.len() as i32;
+    for _ in 0..steps {
+        let t = sampler.sample(&ctx, batch.n_tokens() - 1);
+        sampler.accept(t);
+        if model.vocab().is_eog(t) {
+            break;
+        }
+        out.push(t.0 as u32);
+        batch.clear();
+        batch.add(t, pos, &[0], true).expect("batch");
+        pos += 1;
+        ctx.decode(&mut batch).expect("decode");
+    }
+    (prompt.iter().map(|t| t.0 as u32).collect(), out)
+}
+
+fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
+    let mut r = GenerateRequest::new(prompt);
+    r.max_tokens = Some(max_tokens);
+    r.sampling = SamplingParams {
+        // Token ids come back with their logprobs.
+        top_logprobs: Some(0),
+        ..SamplingParams::greedy()
+    };
+    r
+}
+
+fn llama_engine(path: &std::path::Path, id: &str, prefix_cache_bytes: usize) -> Engine {
+    Engine::start(
+        path,
+        id,
+        EngineOptions {
+            backend: BackendChoice::Llama,
+            prefix_cache_bytes,
+            ..EngineOptions::default()
+        },
+    )
+    .expect("load on llama.cpp")
+}
+
+/// Greedy tokens of every request, all submitted at once (they decode as one batch).
+fn run_together(e: &Engine, reqs: Vec<GenerateRequest>) -> Vec<(Vec<u32>, shoal_engine::Completion)> {
+    let streams: Vec<_> = reqs
+        .into_iter()
+        .map(|r| e.submit(r).expect("submit"))
+        .collect();
+    streams
+        .into_iter()
+        .map(|mut rx| {
+            let mut ids = Vec::new();
+            let mut done = None;
+            while let Some(ev) = rx.blocking_recv() {
+                match ev {
+                    shoal_engine::Event::Delta { logprobs, .. } => {
+                        ids.extend(logprobs.iter().map(|l| l.token))
+                    }
+                    shoal_engine::Event::Done(c) => {
+                        done = Some(c);
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+            (ids, done.expect("final record"))
+        })
+        .collect()
+}
+
+#[test]
+fn greedy_tokens_equal_llama_cpp_alone_single_and_batched() {
+    for (name, path) in models() {
+        let e = llama_engine(&path, name, 0);
+        assert_eq!(e.model.info.backend, BackendKind::Llama);
+        let texts = prompts(&e);
+        let mut expected = Vec::new();
+        for text in &texts {
+            let (ref_prompt, ref_out) = llama_cpp_greedy(&path, text, STEPS);
+            let ours = e.model.vocab.encode(text).expect("encode");
+            assert_eq!(ours, ref_prompt, "{name}: prompt tokens differ from llama.cpp's for {text:?}");
+            expected.push(ref_out);
+        }
+        // One at a time.
+        for (text, want) in texts.iter().zip(&expected) {
+            let prompt = e.model.vocab.encode(text).expect("encode");
+            let n = prompt.len();
+            let (ids, c) = run_together(&e, vec![greedy(prompt, STEPS)]).remove(0);
+            assert_eq!(&ids, want, "{name}: greedy tokens differ from llama.cpp's for {text:?}");
+            assert_eq!(c.usage.prompt_tokens, n);
+            assert_eq!(c.usage.completion_tokens, ids.len() + usize::from(c.finish == FinishReason::Stop));
+        }
+        // Eight at once: every prompt several times in one decode batch.
+        let batch: Vec<_> = (0..8)
+            .map(|i| greedy(e.model.vocab.encode(&texts[i % texts.len()]).expect("encode"), STEPS))
+            .collect();
+        for (i, (ids, _)) in run_together(&e, batch).into_iter().enumerate() {
+            assert_eq!(ids, expected[i % texts.len()], "{name}: stream {i} of 8 differs when batched");
+        }
+        assert!(e.stats.peak_batch.load(std::sync::atomic::Ordering::Relaxed) >= 2);
+    }
+}
+
+#[test]
+fn prefix_cache_hit_is_reported_and_changes_nothing() {
+    for (name, path) in models() {
+        let e = llama_engine(&path, name, 256 << 20);
+        let text = &prompts(&e)[1];
+        let prompt = e.model.vocab.encode(text).expect("encode");
+        let (first, c1) = collect_blocking(e.submit(greedy(prompt.clone(), 16)).expect("submit"))
+            .expect("first");
+        assert_eq!(c1.usage.cached_tokens, 0, "{name}");
+        let (second, c2) = collect_blocking(e.submit(greedy(prompt.clone(), 16)).expect("submit"))
+            .expect("second");
+        assert_eq!(first, second, "{name}: a cached prefix changed the reply");
+        assert_eq!(c2.usage.prompt_tokens, prompt.len());
+        assert_eq!(c2.usage.cached_tokens, prompt.len() - 1, "{name}: cache hit not reported");
+    }
+}
+
+#[test]
+fn model_info_says_llama_cpp_and_quantized_memory() {
+    for (name, path) in models() {
+        let e = llama_engine(&path, name, 0);
+        let i = &e.model.info;
+        assert_eq!(i.backend, BackendKind::Llama, "{name}");
+        let file = std::fs::metadata(&path).expect("stat").len() as usize;
+        // Quantized weights stay quantized: about the file's size, not float32.
+        assert!(i.weight_bytes <= file && i.weight_bytes * 10 >= file * 8, "{name}: {} of {file}", i.weight_bytes);
+        assert!(i.kv_capacity_bytes > 0, "{name}");
+    }
+}

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Prints the ggml build options for this machine's CPU as TOML `[env]` lines.
+#
+# The llama-cpp-sys-2 build script turns GGML_NATIVE off unless Rust itself is
+# built for `target-cpu=native`, and then enables only the features Rust's
+# target has (plain x86-64: none of AVX). It forwards GGML_* variables to CMake,
+# so the features are named here, read from /proc/cpuinfo. AMX stays off: some
+# of these VMs advertise AMX tiles that fault ("Illegal instruction") on use.
+set -euo pipefail
+flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
+has() { [[ "$flags" == *" $1 "* ]]; }
+opt() { if has "$2"; then echo "$1 = \"ON\""; else echo "$1 = \"OFF\""; fi; }
+[[ "$(uname -m)" == x86_64 ]] || exit 0
+opt GGML_SSE42 sse4_2
+opt GGML_AVX avx
+opt GGML_AVX2 avx2
+opt GGML_FMA fma
+opt GGML_F16C f16c
+opt GGML_BMI2 bmi2
+if has avx512f && has avx512bw && has avx512dq && has avx512vl; then
+  echo 'GGML_AVX512 = "ON"'
+  opt GGML_AVX512_VBMI avx512vbmi
+  opt GGML_AVX512_VNNI avx512_vnni
+  opt GGML_AVX512_BF16 avx512_bf16
+else
+  echo 'GGML_AVX512 = "OFF"'
+fi
+opt GGML_AVX_VNNI avx_vnni
+echo 'GGML_AMX_TILE = "OFF"'
+echo 'GGML_AMX_INT8 = "OFF"'
+echo 'GGML_AMX_BF16 = "OFF"'
