@@ -29,3 +29,9 @@ opt GGML_AVX_VNNI avx_vnni
 echo 'GGML_AMX_TILE = "OFF"'
 echo 'GGML_AMX_INT8 = "OFF"'
 echo 'GGML_AMX_BF16 = "OFF"'
+# Batch-invariant kernels: a sequence's logits must not depend on what else is in its
+# batch (greedy replies equal alone and in company, with or without a cached prefix).
+# Weight repacking and llamafile's tiled GEMM pick other kernels (another summation
+# order) once a pass has several rows; ggml's per-row dot products do not.
+echo 'GGML_CPU_REPACK = "OFF"'
+echo 'GGML_LLAMAFILE = "OFF"'

@@ -27,6 +27,12 @@ export interface ModelDetails {
   path?: string;
   source?: ModelSource;
   estimated_memory_bytes?: number;
+  /** The engine it runs on (or would): `mlx` or `llama`; null when neither can. */
+  backend?: string | null;
+  /** Why no backend can run it. */
+  unavailable?: string | null;
+  /** KV cells reserved up front (llama.cpp). */
+  kv_cache_bytes?: number | null;
   loaded?: boolean;
   memory_bytes?: number | null;
   dtype?: string | null;

@@ -205,22 +205,20 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Loaded> {
 fn load_llama(path: &Path, opts: &LlamaOptions) -> Result<Loaded> {
     let header = backends::check_gguf(path)?;
     let arch = header.architecture().unwrap_or("unknown").to_string();
-    let lv = LlamaVocab::load(path).map_err(|e| {
+    // A file llama.cpp refuses: say what it is and what was tried, never
+    // only llama.cpp's own words.
+    let refused = |e: EngineError| {
         EngineError::Unsupported(format!(
-            "{}: llama.cpp cannot read the vocabulary of this {arch:?} model ({e})",
-            path.display()
-        ))
-    })?;
-    let model = LlamaCppModel::load(path, &header, opts).map_err(|e| {
-        EngineError::Unsupported(format!(
-            "{}: llama.cpp cannot run this {arch:?} model ({e}); tried: llama{}",
+            "{}: no backend here runs this {arch:?} model; tried: llama ({e}){}",
             path.display(),
             match backends::mlx_reads(&header) {
                 Ok(()) => String::new(),
                 Err(why) => format!(", mlx ({why})"),
             }
         ))
-    })?;
+    };
+    let lv = LlamaVocab::load(path).map_err(refused)?;
+    let model = LlamaCppModel::load(path, &header, opts).map_err(refused)?;
     let text = |id: Option<u32>| id.map(|i| String::from_utf8_lossy(&lv.piece(i, true)).into_owned());
     let bos = lv.bos();
     let eos = lv.end_tokens();

@@ -197,13 +197,31 @@ fn local_models(settings: &config::Flags) -> Result<Vec<LocalModel>> {
 
 pub fn list(a: ListArgs) -> Result<()> {
     let all = local_models(&a.settings)?;
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&all)?);
-        return Ok(());
-    }
-    let rows: Vec<[String; 7]> = all
+    let choice = config::resolve(&a.settings)?.config.model.backend;
+    // The engine each model would run on, or why none can, before anyone loads it.
+    let backends: Vec<std::result::Result<String, String>> = all
         .iter()
         .map(|m| {
+            shoal_engine::backends::choose(&m.path, choice)
+                .map(|b| b.to_string())
+                .map_err(|e| e.to_string())
+        })
+        .collect();
+    if a.json {
+        let mut v = serde_json::to_value(&all)?;
+        if let Some(items) = v.as_array_mut() {
+            for (item, b) in items.iter_mut().zip(&backends) {
+                item["backend"] = b.as_ref().ok().cloned().into();
+                item["unavailable"] = b.as_ref().err().cloned().into();
+            }
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let rows: Vec<[String; 8]> = all
+        .iter()
+        .zip(&backends)
+        .map(|(m, backend)| {
             let c = &m.card;
             let from = match &m.source {
                 Source::Hub { repo, commit } => {
@@ -218,11 +236,15 @@ pub fn list(a: ListArgs) -> Result<()> {
                 format!("{:.0}M", c.parameters as f64 / 1e6),
                 bytes(c.size_bytes),
                 c.context_length.map_or("?".into(), |n| n.to_string()),
+                match backend {
+                    Ok(b) => b.clone(),
+                    Err(why) => format!("none: {why}"),
+                },
                 from,
             ]
         })
         .collect();
-    let head = ["ID", "ARCH", "QUANT", "PARAMS", "SIZE", "CONTEXT", "FROM"];
+    let head = ["ID", "ARCH", "QUANT", "PARAMS", "SIZE", "CONTEXT", "BACKEND", "FROM"];
     let mut widths = head.map(str::len);
     for r in &rows {
         for (w, cell) in widths.iter_mut().zip(r) {

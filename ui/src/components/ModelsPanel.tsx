@@ -22,11 +22,17 @@ export function quantOf(m: ModelInfo): string {
   return m.shoal?.quantization || m.shoal?.format || '—';
 }
 
+/** How the engine behind a model is called in the UI. */
+export function backendName(b: string): string {
+  return b === 'llama' ? 'llama.cpp' : b === 'mlx' ? 'MLX' : b;
+}
+
 /** One line about a model for the picker: quantization, size on disk, memory if loaded. */
 export function modelLabel(m: ModelInfo): string {
   const s = m.shoal;
   const parts = [m.id];
   if (s?.quantization) parts.push(s.quantization);
+  if (s?.backend) parts.push(backendName(s.backend));
   if (s?.size_bytes != null) parts.push(fmtBytes(s.size_bytes));
   if (s?.loaded) parts.push(s.memory_bytes != null ? `loaded, ${fmtBytes(s.memory_bytes)}` : 'loaded');
   return parts.join(' · ');
@@ -84,6 +90,7 @@ export function ModelsPanel(props: { selected: string; onUse: (id: string) => vo
             <tr>
               <th>Model</th>
               <th>Quantization</th>
+              <th>Backend</th>
               <th class="num">On disk</th>
               <th class="num">Memory</th>
               <th>State</th>
@@ -93,7 +100,7 @@ export function ModelsPanel(props: { selected: string; onUse: (id: string) => vo
           <tbody>
             <Show when={lib.models.length === 0}>
               <tr>
-                <td colspan="6" class="muted">
+                <td colspan="7" class="muted">
                   {lib.fetched ? 'No models yet: download one below.' : 'loading…'}
                 </td>
               </tr>
@@ -175,6 +182,11 @@ function ModelRow(props: { model: ModelInfo; selected: boolean; onUse: () => voi
         </div>
       </td>
       <td data-testid="model-quant">{quantOf(m())}</td>
+      <td data-testid="model-backend" data-backend={s().backend ?? ''} title={s().unavailable ?? ''}>
+        <Show when={s().backend} fallback={<span class="tag warn">cannot run</span>}>
+          {backendName(s().backend ?? '')}
+        </Show>
+      </td>
       <td class="num" data-testid="model-size" data-bytes={s().size_bytes ?? ''}>
         {fmtBytes(s().size_bytes)}
       </td>

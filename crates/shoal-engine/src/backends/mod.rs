@@ -199,3 +199,85 @@ pub fn check_gguf(path: &Path) -> Result<shoal_gguf::Header> {
     }
     Ok(h)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shoal_gguf::testing::{gguf_bytes, MetaValue};
+
+    fn file(name: &str, bytes: &[u8]) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("shoal-backends-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).expect("write");
+        p
+    }
+
+    fn tiny(arch: &'static str) -> Vec<u8> {
+        gguf_bytes(
+            &[("general.architecture", MetaValue::Str(arch))],
+            &[("token_embd.weight", &[64, 8]), ("output_norm.weight", &[64])],
+        )
+    }
+
+    #[test]
+    fn bad_files_get_a_sentence_before_any_native_code() {
+        let bytes = tiny("llama");
+        // Cut inside the tensor data.
+        let p = file("cut.gguf", &bytes[..bytes.len() - 100]);
+        let e = check_gguf(&p).unwrap_err().to_string();
+        assert!(e.contains("truncated") && e.contains("output_norm.weight"), "{e}");
+        // A tensor type no ggml knows.
+        let mut odd = bytes.clone();
+        let at = odd
+            .windows(18)
+            .position(|w| w == b"output_norm.weight")
+            .expect("name")
+            + 18
+            + 4
+            + 8;
+        odd[at..at + 4].copy_from_slice(&99u32.to_le_bytes());
+        let p = file("odd.gguf", &odd);
+        let e = check_gguf(&p).unwrap_err().to_string();
+        assert!(e.contains("tensor type 99") && e.contains("tried"), "{e}");
+        // Not a GGUF at all.
+        let p = file("zip.gguf", b"PK\x03\x04 not a model at all, just bytes");
+        let e = crate::loader::load(&p, &Default::default()).err().expect("refused").to_string();
+        assert!(e.contains("not a GGUF"), "{e}");
+    }
+
+    #[test]
+    fn an_architecture_nobody_runs_is_named_with_the_backends_tried() {
+        let p = file("foo.gguf", &tiny("foo"));
+        for choice in [BackendChoice::Auto, BackendChoice::Llama] {
+            let e = crate::loader::load(&p, &crate::loader::LoadOptions {
+                backend: choice,
+                ..Default::default()
+            })
+            .err()
+            .expect("refused")
+            .to_string();
+            assert!(e.contains("\"foo\"") && e.contains("tried: llama"), "{e}");
+            assert!(e.contains("mlx (MLX runs llama, qwen2, qwen3"), "{e}");
+        }
+        let e = choose(&p, BackendChoice::Mlx).unwrap_err().to_string();
+        assert!(e.contains("\"foo\"") && e.contains("tried: mlx"), "{e}");
+    }
+
+    #[test]
+    fn auto_sends_gguf_to_llama_here_and_directories_to_mlx() {
+        let p = file("ok.gguf", &tiny("llama"));
+        let want = if cfg!(target_os = "macos") {
+            BackendKind::Mlx
+        } else {
+            BackendKind::Llama
+        };
+        assert_eq!(choose(&p, BackendChoice::Auto).expect("auto"), want);
+        assert_eq!(choose(&p, BackendChoice::Mlx).expect("mlx reads F32"), BackendKind::Mlx);
+        let dir = p.parent().expect("dir");
+        assert_eq!(choose(dir, BackendChoice::Auto).expect("dir"), BackendKind::Mlx);
+        assert!(choose(dir, BackendChoice::Llama).is_err());
+        assert_eq!("llama".parse::<BackendChoice>(), Ok(BackendChoice::Llama));
+        assert!("tpu".parse::<BackendChoice>().is_err());
+    }
+}

@@ -1,0 +1,365 @@
+//! Every dialect, streaming and not, on the real GGUFs run by llama.cpp:
+//! SmolLM2 (the default), Qwen2.5-Coder-0.5B-Instruct and Gemma-3-270m.
+//! Usage is checked against what the other paths report for the same
+//! request (stream vs not, count_tokens, the ledger), finish reasons against
+//! the limits that caused them.
+use std::path::PathBuf;
+
+use serde_json::{json, Value};
+use shoal_api::AppState;
+use shoal_engine::{BackendChoice, Engine, EngineOptions};
+
+mod common;
+
+struct Model {
+    id: &'static str,
+    path: PathBuf,
+    chat: bool,
+}
+
+fn models() -> Vec<Model> {
+    let real = std::env::var("SHOAL_REAL_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../.cache/models/real-q4km-1"))
+        });
+    let all = vec![
+        Model { id: "smollm2", path: common::gguf(), chat: true },
+        Model {
+            id: "qwen2.5-coder",
+            path: real.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
+            chat: true,
+        },
+        // A base model whose GGUF carries no chat template.
+        Model { id: "gemma3", path: real.join("gemma-3-270m-q4_k_m.gguf"), chat: false },
+    ];
+    for m in &all {
+        assert!(m.path.is_file(), "{} missing at {} — run `make models`", m.id, m.path.display());
+    }
+    all
+}
+
+async fn serve(m: &Model, prefix_cache_bytes: usize) -> String {
+    let engine = Engine::start(
+        &m.path,
+        m.id,
+        EngineOptions {
+            backend: BackendChoice::Llama,
+            prefix_cache_bytes,
+            ..EngineOptions::default()
+        },
+    )
+    .expect("load on llama.cpp");
+    common::serve(AppState::new(engine)).await
+}
+
+async fn post(base: &str, path: &str, body: &Value) -> (u16, String) {
+    let r = reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .json(body)
+        .send()
+        .await
+        .expect("request");
+    (r.status().as_u16(), r.text().await.expect("body"))
+}
+
+/// The data of each SSE event (`[DONE]` left out).
+fn events(body: &str) -> Vec<Value> {
+    body.split("\n\n")
+        .flat_map(|b| b.lines())
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).expect("event json"))
+        .collect()
+}
+
+/// (prompt, completion, cached) tokens and the dialect's stop words, from a
+/// whole response or from the final events of a stream.
+#[derive(Debug, PartialEq)]
+struct Outcome {
+    prompt: u64,
+    completion: u64,
+    cached: u64,
+    finish: String,
+    text: String,
+}
+
+fn n(v: &Value) -> u64 {
+    v.as_u64().unwrap_or(0)
+}
+
+fn outcome(dialect: &str, body: &str, stream: bool) -> Outcome {
+    match (dialect, stream) {
+        ("chat", false) | ("completions", false) => {
+            let v: Value = serde_json::from_str(body).expect("json");
+            let c = &v["choices"][0];
+            Outcome {
+                prompt: n(&v["usage"]["prompt_tokens"]),
+                completion: n(&v["usage"]["completion_tokens"]),
+                cached: n(&v["usage"]["prompt_tokens_details"]["cached_tokens"]),
+                finish: c["finish_reason"].as_str().unwrap_or("").into(),
+                text: c["message"]["content"]
+                    .as_str()
+                    .or(c["text"].as_str())
+                    .unwrap_or("")
+                    .into(),
+            }
+        }
+        ("chat", true) | ("completions", true) => {
+            let ev = events(body);
+            let usage = ev.iter().rev().find(|e| e["usage"].is_object()).expect("usage chunk");
+            let finish = ev
+                .iter()
+                .filter_map(|e| e["choices"][0]["finish_reason"].as_str())
+                .next_back()
+                .unwrap_or("");
+            let text: String = ev
+                .iter()
+                .filter_map(|e| {
+                    e["choices"][0]["delta"]["content"]
+                        .as_str()
+                        .or(e["choices"][0]["text"].as_str())
+                })
+                .collect();
+            Outcome {
+                prompt: n(&usage["usage"]["prompt_tokens"]),
+                completion: n(&usage["usage"]["completion_tokens"]),
+                cached: n(&usage["usage"]["prompt_tokens_details"]["cached_tokens"]),
+                finish: finish.into(),
+                text,
+            }
+        }
+        ("messages", false) => {
+            let v: Value = serde_json::from_str(body).expect("json");
+            Outcome {
+                prompt: n(&v["usage"]["input_tokens"]) + n(&v["usage"]["cache_read_input_tokens"]),
+                completion: n(&v["usage"]["output_tokens"]),
+                cached: n(&v["usage"]["cache_read_input_tokens"]),
+                finish: v["stop_reason"].as_str().unwrap_or("").into(),
+                text: v["content"][0]["text"].as_str().unwrap_or("").into(),
+            }
+        }
+        ("messages", true) => {
+            let ev = events(body);
+            let start = &ev[0]["message"]["usage"];
+            let delta = ev.iter().find(|e| e["type"] == "message_delta").expect("message_delta");
+            let text: String = ev
+                .iter()
+                .filter_map(|e| e["delta"]["text"].as_str())
+                .collect();
+            Outcome {
+                prompt: n(&start["input_tokens"]) + n(&start["cache_read_input_tokens"]),
+                completion: n(&delta["usage"]["output_tokens"]),
+                cached: n(&start["cache_read_input_tokens"]),
+                finish: delta["delta"]["stop_reason"].as_str().unwrap_or("").into(),
+                text,
+            }
+        }
+        ("responses", s) => {
+            let v: Value = if s {
+                events(body).pop().expect("final event")["response"].clone()
+            } else {
+                serde_json::from_str(body).expect("json")
+            };
+            let text = v["output"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|o| o["content"].as_array().into_iter().flatten())
+                .filter_map(|c| c["text"].as_str())
+                .collect();
+            Outcome {
+                prompt: n(&v["usage"]["input_tokens"]),
+                completion: n(&v["usage"]["output_tokens"]),
+                cached: n(&v["usage"]["input_tokens_details"]["cached_tokens"]),
+                finish: match v["incomplete_details"]["reason"].as_str() {
+                    Some(r) => format!("incomplete:{r}"),
+                    None => v["status"].as_str().unwrap_or("").into(),
+                },
+                text,
+            }
+        }
+        other => panic!("no dialect {other:?}"),
+    }
+}
+
+/// The request body of each dialect for one user turn.
+fn body(dialect: &str, model: &str, user: &str, max: u32, extra: Value) -> (String, Value) {
+    let mut b = match dialect {
+        "chat" => json!({"model": model, "messages": [{"role": "user", "content": user}],
+                         "max_tokens": max, "temperature": 0}),
+        "completions" => json!({"model": model, "prompt": user, "max_tokens": max, "temperature": 0}),
+        "messages" => json!({"model": model, "messages": [{"role": "user", "content": user}],
+                             "max_tokens": max, "temperature": 0}),
+        "responses" => json!({"model": model, "input": user, "max_output_tokens": max,
+                              "temperature": 0}),
+        other => panic!("no dialect {other}"),
+    };
+    if let (Some(o), Some(e)) = (b.as_object_mut(), extra.as_object()) {
+        o.extend(e.clone());
+    }
+    let path = match dialect {
+        "chat" => "/v1/chat/completions",
+        "completions" => "/v1/completions",
+        "messages" => "/v1/messages",
+        _ => "/v1/responses",
+    };
+    (path.into(), b)
+}
+
+async fn both(base: &str, dialect: &str, model: &str, user: &str, max: u32, extra: Value) -> Outcome {
+    let (path, b) = body(dialect, model, user, max, extra.clone());
+    let (s, t) = post(base, &path, &b).await;
+    assert_eq!(s, 200, "{model} {dialect}: {t}");
+    let plain = outcome(dialect, &t, false);
+    let mut sb = b.clone();
+    sb["stream"] = json!(true);
+    if dialect == "chat" || dialect == "completions" {
+        sb["stream_options"] = json!({"include_usage": true});
+    }
+    let (s, t) = post(base, &path, &sb).await;
+    assert_eq!(s, 200, "{model} {dialect} stream: {t}");
+    let streamed = outcome(dialect, &t, true);
+    assert_eq!(plain, streamed, "{model} {dialect}: streaming reported otherwise");
+    plain
+}
+
+const LENGTH: [(&str, &str); 4] = [
+    ("chat", "length"),
+    ("completions", "length"),
+    ("messages", "max_tokens"),
+    ("responses", "incomplete:max_output_tokens"),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_and_finish_reasons_in_every_dialect_on_real_models() {
+    for m in models() {
+        let base = serve(&m, 0).await;
+        let user = "Write a short poem about the sea.";
+        for (dialect, words) in LENGTH {
+            if !m.chat && dialect != "completions" {
+                continue;
+            }
+            // Cut by the token limit: exactly that many completion tokens.
+            let o = both(&base, dialect, m.id, user, 7, json!({})).await;
+            assert_eq!(o.finish, words, "{} {dialect}", m.id);
+            assert_eq!(o.completion, 7, "{} {dialect}", m.id);
+            assert!(o.prompt > 0 && o.cached == 0);
+            // A stop sequence taken from the reply itself ends it there.
+            let long = both(&base, dialect, m.id, user, 24, json!({})).await;
+            let word = long
+                .text
+                .split_whitespace()
+                .nth(3)
+                .map(|w| w.trim_matches(|c: char| !c.is_alphanumeric()))
+                .filter(|w| !w.is_empty())
+                .unwrap_or_else(|| panic!("{} {dialect}: reply too short: {:?}", m.id, long.text));
+            let stop = if dialect == "messages" {
+                json!({"stop_sequences": [word]})
+            } else {
+                json!({"stop": [word]})
+            };
+            let o = both(&base, dialect, m.id, user, 24, stop).await;
+            let cut = long.text.find(word).expect("word in reply");
+            assert_eq!(o.text, long.text[..cut], "{} {dialect}: text up to the stop", m.id);
+            assert!(o.completion < long.completion, "{} {dialect}", m.id);
+            let stop_words = match dialect {
+                "messages" => "stop_sequence",
+                "responses" => "completed",
+                _ => "stop",
+            };
+            assert_eq!(o.finish, stop_words, "{} {dialect}", m.id);
+        }
+        if m.chat {
+            // The same conversation costs the same prompt tokens in every chat
+            // dialect, and count_tokens agrees.
+            let prompts: Vec<u64> = futures::future::join_all(
+                ["chat", "messages", "responses"]
+                    .map(|d| both(&base, d, m.id, "Hi", 2, json!({}))),
+            )
+            .await
+            .iter()
+            .map(|o| o.prompt)
+            .collect();
+            let (s, t) = post(
+                &base,
+                "/v1/messages/count_tokens",
+                &json!({"model": m.id, "messages": [{"role": "user", "content": "Hi"}]}),
+            )
+            .await;
+            assert_eq!(s, 200, "{t}");
+            let counted = n(&serde_json::from_str::<Value>(&t).expect("json")["input_tokens"]);
+            assert!(prompts.iter().all(|&p| p == counted), "{}: {prompts:?} vs {counted}", m.id);
+        } else {
+            // No template: the chat dialects refuse in their own shape, naming it.
+            for dialect in ["chat", "messages", "responses"] {
+                let (path, b) = body(dialect, m.id, "Hi", 4, json!({}));
+                let (s, t) = post(&base, &path, &b).await;
+                assert_eq!(s, 400, "{dialect}: {t}");
+                assert!(t.contains("chat template"), "{dialect}: {t}");
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_schema_tools_and_prefix_cache_on_real_models() {
+    let schema = json!({"type": "object", "properties": {"city": {"type": "string"},
+        "population": {"type": "integer"}}, "required": ["city", "population"],
+        "additionalProperties": false});
+    let weather = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}]);
+    for m in models() {
+        let base = serve(&m, 256 << 20).await;
+        if m.chat {
+            let (s, t) = post(&base, "/v1/chat/completions", &json!({"model": m.id,
+                "messages": [{"role": "user", "content": "Name a big city and its population."}],
+                "max_tokens": 64, "temperature": 0,
+                "response_format": {"type": "json_schema",
+                    "json_schema": {"name": "city", "schema": schema, "strict": true}}})).await;
+            assert_eq!(s, 200, "{t}");
+            let v: Value = serde_json::from_str(&t).expect("json");
+            let content = v["choices"][0]["message"]["content"].as_str().expect("content");
+            let parsed: Value = serde_json::from_str(content)
+                .unwrap_or_else(|e| panic!("{}: {content:?} does not parse: {e}", m.id));
+            assert!(parsed["city"].is_string() && parsed["population"].is_i64(), "{parsed}");
+            assert_eq!(v["choices"][0]["finish_reason"], "stop");
+
+            // A forced call ends with tool_calls / tool_use and its usage.
+            let (s, t) = post(&base, "/v1/chat/completions", &json!({"model": m.id,
+                "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+                "tools": weather, "tool_choice": "required", "max_tokens": 64,
+                "temperature": 0})).await;
+            assert_eq!(s, 200, "{t}");
+            let v: Value = serde_json::from_str(&t).expect("json");
+            assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{}: {t}", m.id);
+            let call = &v["choices"][0]["message"]["tool_calls"][0]["function"];
+            assert_eq!(call["name"], "get_weather");
+            let args: Value = serde_json::from_str(call["arguments"].as_str().expect("args")).expect("args json");
+            assert!(args["city"].is_string(), "{args}");
+            assert!(n(&v["usage"]["completion_tokens"]) > 0);
+            let (s, t) = post(&base, "/v1/messages", &json!({"model": m.id,
+                "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+                "tools": [{"name": "get_weather", "description": "Current weather for a city",
+                    "input_schema": weather[0]["function"]["parameters"]}],
+                "tool_choice": {"type": "any"}, "max_tokens": 64, "temperature": 0})).await;
+            assert_eq!(s, 200, "{t}");
+            let v: Value = serde_json::from_str(&t).expect("json");
+            assert_eq!(v["stop_reason"], "tool_use", "{}: {t}", m.id);
+            assert!(n(&v["usage"]["output_tokens"]) > 0);
+        }
+        // The same prompt twice: the second reuses all but its last token.
+        let dialect = if m.chat { "chat" } else { "completions" };
+        let user = "Explain in one sentence why the sky is blue.";
+        let (path, b) = body(dialect, m.id, user, 8, json!({}));
+        let (_, t1) = post(&base, &path, &b).await;
+        let (_, t2) = post(&base, &path, &b).await;
+        let (o1, o2) = (outcome(dialect, &t1, false), outcome(dialect, &t2, false));
+        assert_eq!(o1.cached, 0, "{}", m.id);
+        assert_eq!(o2.prompt, o1.prompt);
+        assert_eq!(o2.cached, o1.prompt - 1, "{}: cached tokens reported", m.id);
+        assert_eq!(o2.text, o1.text, "{}: a cached prefix changed the reply", m.id);
+    }
+}
