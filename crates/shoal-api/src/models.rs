@@ -258,9 +258,8 @@ impl ModelPool {
             )));
         }
         let mut loaded = lock(&self.loaded);
-        let used = |l: &BTreeMap<String, Slot>| -> u64 {
-            l.values().map(|s| held_bytes(&s.engine)).sum()
-        };
+        let used =
+            |l: &BTreeMap<String, Slot>| -> u64 { l.values().map(|s| held_bytes(&s.engine)).sum() };
         let mut freed = 0u64;
         while used(&loaded) + need > budget {
             let victim = loaded
@@ -517,12 +516,7 @@ async fn list(State(s): State<AppState>) -> Reply {
     let (data, budget) = tokio::task::spawn_blocking(move || (pool.entries(), pool.budget()))
         .await
         .map_err(|e| openai(ApiError::internal(e.to_string())))?;
-    let loaded: u64 = s
-        .pool
-        .loaded()
-        .iter()
-        .map(|e| held_bytes(e))
-        .sum();
+    let loaded: u64 = s.pool.loaded().iter().map(|e| held_bytes(e)).sum();
     let disk: u64 = data
         .iter()
         .filter(|m| m["shoal"]["source"]["kind"] == "hub")

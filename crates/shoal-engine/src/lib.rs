@@ -26,15 +26,15 @@ pub mod template;
 pub mod tokenizer;
 pub mod tools;
 
+pub use backend::BackendKind;
+pub use backends::llama::LlamaOptions;
+pub use backends::BackendChoice;
 pub use completion::{Completion, Event, FinishReason, Timings, TokenLogprob, Usage};
 pub use constraint::Grammar;
 pub use engine::{
     collect_blocking, CancelFlag, Engine, EngineOptions, EngineStats, EventStream, GenerateRequest,
     ModelHandle,
 };
-pub use backend::BackendKind;
-pub use backends::llama::LlamaOptions;
-pub use backends::BackendChoice;
 pub use error::{EngineError, Result};
 pub use loader::LoadOptions;
 pub use sampler::SamplingParams;

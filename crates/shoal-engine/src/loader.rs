@@ -18,7 +18,7 @@ use crate::tokenizer::{tokenizer_from_gguf, GgufVocab};
 /// How a model's text becomes tokens and back.
 pub enum Codec {
     /// A Hugging Face tokenizer (`tokenizer.json`, or built from GGUF metadata).
-    Hf(Tokenizer),
+    Hf(Box<Tokenizer>),
     /// llama.cpp's own tokenizer, for GGUF files run on llama.cpp.
     Llama(LlamaVocab),
 }
@@ -219,7 +219,8 @@ fn load_llama(path: &Path, opts: &LlamaOptions) -> Result<Loaded> {
     };
     let lv = LlamaVocab::load(path).map_err(refused)?;
     let model = LlamaCppModel::load(path, &header, opts).map_err(refused)?;
-    let text = |id: Option<u32>| id.map(|i| String::from_utf8_lossy(&lv.piece(i, true)).into_owned());
+    let text =
+        |id: Option<u32>| id.map(|i| String::from_utf8_lossy(&lv.piece(i, true)).into_owned());
     let bos = lv.bos();
     let eos = lv.end_tokens();
     let template = match header.string("tokenizer.chat_template") {
@@ -332,7 +333,7 @@ fn load_gguf(
     Ok((
         model,
         Arc::new(Vocabulary {
-            codec: Codec::Hf(tokenizer),
+            codec: Codec::Hf(Box::new(tokenizer)),
             template,
             bos: gv.bos,
             eos,
@@ -386,7 +387,7 @@ fn load_hf(
     Ok((
         model,
         Arc::new(Vocabulary {
-            codec: Codec::Hf(tokenizer),
+            codec: Codec::Hf(Box::new(tokenizer)),
             template,
             bos,
             eos,

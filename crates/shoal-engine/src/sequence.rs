@@ -14,8 +14,8 @@ use crate::completion::{Completion, Event, FinishReason, Timings, TokenLogprob, 
 use crate::constraint::Constraint;
 use crate::content_filter::{ContentPolicy, Screen};
 use crate::detok::IncrementalDecoder;
-use crate::error::EngineError;
 use crate::engine::GenerateRequest;
+use crate::error::EngineError;
 use crate::loader::Vocabulary;
 use crate::reasoning::{Phase, ReasoningSplitter};
 use crate::sampler::Sampler;

@@ -13,8 +13,8 @@ use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::sampling::LlamaSampler;
 use shoal_engine::{
-    collect_blocking, BackendChoice, BackendKind, ChatMessage, Engine, EngineOptions,
-    FinishReason, GenerateRequest, SamplingParams,
+    collect_blocking, BackendChoice, BackendKind, ChatMessage, Engine, EngineOptions, FinishReason,
+    GenerateRequest, SamplingParams,
 };
 
 mod common;
@@ -26,15 +26,25 @@ fn models() -> Vec<(&'static str, PathBuf)> {
     let real = std::env::var("SHOAL_REAL_MODELS")
         .map(PathBuf::from)
         .unwrap_or_else(|_| {
-            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../.cache/models/real-q4km-1"))
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../.cache/models/real-q4km-1"
+            ))
         });
     let out = vec![
         ("smollm2", common::gguf_path()),
-        ("qwen2.5-coder", real.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")),
+        (
+            "qwen2.5-coder",
+            real.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
+        ),
         ("gemma3", real.join("gemma-3-270m-q4_k_m.gguf")),
     ];
     for (name, p) in &out {
-        assert!(p.is_file(), "{name} missing at {} — run `make models`", p.display());
+        assert!(
+            p.is_file(),
+            "{name} missing at {} — run `make models`",
+            p.display()
+        );
     }
     out
 }
@@ -134,7 +144,10 @@ fn llama_engine(path: &std::path::Path, id: &str, prefix_cache_bytes: usize) -> 
 }
 
 /// Greedy tokens of every request, all submitted at once (they decode as one batch).
-fn run_together(e: &Engine, reqs: Vec<GenerateRequest>) -> Vec<(Vec<u32>, shoal_engine::Completion)> {
+fn run_together(
+    e: &Engine,
+    reqs: Vec<GenerateRequest>,
+) -> Vec<(Vec<u32>, shoal_engine::Completion)> {
     let streams: Vec<_> = reqs
         .into_iter()
         .map(|r| e.submit(r).expect("submit"))
@@ -171,7 +184,10 @@ fn greedy_tokens_equal_llama_cpp_alone_single_and_batched() {
         for text in &texts {
             let (ref_prompt, ref_out) = llama_cpp_greedy(&path, text, STEPS);
             let ours = e.model.vocab.encode(text).expect("encode");
-            assert_eq!(ours, ref_prompt, "{name}: prompt tokens differ from llama.cpp's for {text:?}");
+            assert_eq!(
+                ours, ref_prompt,
+                "{name}: prompt tokens differ from llama.cpp's for {text:?}"
+            );
             expected.push(ref_out);
         }
         // One at a time.
@@ -179,18 +195,41 @@ fn greedy_tokens_equal_llama_cpp_alone_single_and_batched() {
             let prompt = e.model.vocab.encode(text).expect("encode");
             let n = prompt.len();
             let (ids, c) = run_together(&e, vec![greedy(prompt, STEPS)]).remove(0);
-            assert_eq!(&ids, want, "{name}: greedy tokens differ from llama.cpp's for {text:?}");
+            assert_eq!(
+                &ids, want,
+                "{name}: greedy tokens differ from llama.cpp's for {text:?}"
+            );
             assert_eq!(c.usage.prompt_tokens, n);
-            assert_eq!(c.usage.completion_tokens, ids.len() + usize::from(c.finish == FinishReason::Stop));
+            assert_eq!(
+                c.usage.completion_tokens,
+                ids.len() + usize::from(c.finish == FinishReason::Stop)
+            );
         }
         // Eight at once: every prompt several times in one decode batch.
         let batch: Vec<_> = (0..8)
-            .map(|i| greedy(e.model.vocab.encode(&texts[i % texts.len()]).expect("encode"), STEPS))
+            .map(|i| {
+                greedy(
+                    e.model
+                        .vocab
+                        .encode(&texts[i % texts.len()])
+                        .expect("encode"),
+                    STEPS,
+                )
+            })
             .collect();
         for (i, (ids, _)) in run_together(&e, batch).into_iter().enumerate() {
-            assert_eq!(ids, expected[i % texts.len()], "{name}: stream {i} of 8 differs when batched");
+            assert_eq!(
+                ids,
+                expected[i % texts.len()],
+                "{name}: stream {i} of 8 differs when batched"
+            );
         }
-        assert!(e.stats.peak_batch.load(std::sync::atomic::Ordering::Relaxed) >= 2);
+        assert!(
+            e.stats
+                .peak_batch
+                .load(std::sync::atomic::Ordering::Relaxed)
+                >= 2
+        );
     }
 }
 
@@ -200,14 +239,18 @@ fn prefix_cache_hit_is_reported_and_changes_nothing() {
         let e = llama_engine(&path, name, 256 << 20);
         let text = &prompts(&e)[1];
         let prompt = e.model.vocab.encode(text).expect("encode");
-        let (first, c1) = collect_blocking(e.submit(greedy(prompt.clone(), 16)).expect("submit"))
-            .expect("first");
+        let (first, c1) =
+            collect_blocking(e.submit(greedy(prompt.clone(), 16)).expect("submit")).expect("first");
         assert_eq!(c1.usage.cached_tokens, 0, "{name}");
         let (second, c2) = collect_blocking(e.submit(greedy(prompt.clone(), 16)).expect("submit"))
             .expect("second");
         assert_eq!(first, second, "{name}: a cached prefix changed the reply");
         assert_eq!(c2.usage.prompt_tokens, prompt.len());
-        assert_eq!(c2.usage.cached_tokens, prompt.len() - 1, "{name}: cache hit not reported");
+        assert_eq!(
+            c2.usage.cached_tokens,
+            prompt.len() - 1,
+            "{name}: cache hit not reported"
+        );
     }
 }
 
@@ -219,7 +262,11 @@ fn model_info_says_llama_cpp_and_quantized_memory() {
         assert_eq!(i.backend, BackendKind::Llama, "{name}");
         let file = std::fs::metadata(&path).expect("stat").len() as usize;
         // Quantized weights stay quantized: about the file's size, not float32.
-        assert!(i.weight_bytes <= file && i.weight_bytes * 10 >= file * 8, "{name}: {} of {file}", i.weight_bytes);
+        assert!(
+            i.weight_bytes <= file && i.weight_bytes * 10 >= file * 8,
+            "{name}: {} of {file}",
+            i.weight_bytes
+        );
         assert!(i.kv_capacity_bytes > 0, "{name}");
     }
 }

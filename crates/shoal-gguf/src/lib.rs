@@ -358,7 +358,10 @@ mod tests {
                 ("general.file_type", MetaValue::U32(15)),
                 ("general.sampling.temp", MetaValue::F32(0.5)),
             ],
-            &[("token_embd.weight", &[64, 10]), ("output_norm.weight", &[64])],
+            &[
+                ("token_embd.weight", &[64, 10]),
+                ("output_norm.weight", &[64]),
+            ],
         );
         let p = write("ok.gguf", &bytes);
         let h = Header::read(&p).unwrap();
@@ -387,7 +390,10 @@ mod tests {
             std::fs::remove_file(p).ok();
         }
         let p = write("foreign.gguf", b"PK\x03\x04 this is a zip");
-        assert!(Header::read(&p).unwrap_err().to_string().contains("not a GGUF"));
+        assert!(Header::read(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("not a GGUF"));
         std::fs::remove_file(p).ok();
         // A count no file of this size can hold.
         let mut lying = bytes.clone();

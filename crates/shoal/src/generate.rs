@@ -3,9 +3,7 @@ use std::io::Write;
 
 use anyhow::{Context, Result};
 use serde_json::json;
-use shoal_engine::{
-    ChatMessage, Engine, Event, FinishReason, GenerateRequest, SamplingParams,
-};
+use shoal_engine::{ChatMessage, Engine, Event, FinishReason, GenerateRequest, SamplingParams};
 
 use crate::ModelArgs;
 

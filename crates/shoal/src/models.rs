@@ -244,7 +244,9 @@ pub fn list(a: ListArgs) -> Result<()> {
             ]
         })
         .collect();
-    let head = ["ID", "ARCH", "QUANT", "PARAMS", "SIZE", "CONTEXT", "BACKEND", "FROM"];
+    let head = [
+        "ID", "ARCH", "QUANT", "PARAMS", "SIZE", "CONTEXT", "BACKEND", "FROM",
+    ];
     let mut widths = head.map(str::len);
     for r in &rows {
         for (w, cell) in widths.iter_mut().zip(r) {

@@ -135,7 +135,7 @@ pub fn type_name(ggml_type: u32) -> String {
 }
 
 fn known_type(ggml_type: u32) -> bool {
-    if ggml_type >= llama_cpp_sys_2::GGML_TYPE_COUNT as u32 {
+    if ggml_type >= llama_cpp_sys_2::GGML_TYPE_COUNT {
         return false;
     }
     // SAFETY: in range of ggml's type table; removed types have block size 0.
@@ -184,10 +184,7 @@ pub fn check_gguf(path: &Path) -> Result<shoal_gguf::Header> {
             )));
         }
         let bytes = (t.elements() / block).saturating_mul(size);
-        let end = h
-            .data_offset
-            .saturating_add(t.offset)
-            .saturating_add(bytes);
+        let end = h.data_offset.saturating_add(t.offset).saturating_add(bytes);
         if end > h.file_len {
             return Err(EngineError::InvalidModel(format!(
                 "{}: the file is truncated: tensor {} ends at byte {end} but the file has {} bytes",
@@ -216,7 +213,10 @@ mod tests {
     fn tiny(arch: &'static str) -> Vec<u8> {
         gguf_bytes(
             &[("general.architecture", MetaValue::Str(arch))],
-            &[("token_embd.weight", &[64, 8]), ("output_norm.weight", &[64])],
+            &[
+                ("token_embd.weight", &[64, 8]),
+                ("output_norm.weight", &[64]),
+            ],
         )
     }
 
@@ -226,7 +226,10 @@ mod tests {
         // Cut inside the tensor data.
         let p = file("cut.gguf", &bytes[..bytes.len() - 100]);
         let e = check_gguf(&p).unwrap_err().to_string();
-        assert!(e.contains("truncated") && e.contains("output_norm.weight"), "{e}");
+        assert!(
+            e.contains("truncated") && e.contains("output_norm.weight"),
+            "{e}"
+        );
         // A tensor type no ggml knows.
         let mut odd = bytes.clone();
         let at = odd
@@ -242,7 +245,10 @@ mod tests {
         assert!(e.contains("tensor type 99") && e.contains("tried"), "{e}");
         // Not a GGUF at all.
         let p = file("zip.gguf", b"PK\x03\x04 not a model at all, just bytes");
-        let e = crate::loader::load(&p, &Default::default()).err().expect("refused").to_string();
+        let e = crate::loader::load(&p, &Default::default())
+            .err()
+            .expect("refused")
+            .to_string();
         assert!(e.contains("not a GGUF"), "{e}");
     }
 
@@ -250,10 +256,13 @@ mod tests {
     fn an_architecture_nobody_runs_is_named_with_the_backends_tried() {
         let p = file("foo.gguf", &tiny("foo"));
         for choice in [BackendChoice::Auto, BackendChoice::Llama] {
-            let e = crate::loader::load(&p, &crate::loader::LoadOptions {
-                backend: choice,
-                ..Default::default()
-            })
+            let e = crate::loader::load(
+                &p,
+                &crate::loader::LoadOptions {
+                    backend: choice,
+                    ..Default::default()
+                },
+            )
             .err()
             .expect("refused")
             .to_string();
@@ -273,9 +282,15 @@ mod tests {
             BackendKind::Llama
         };
         assert_eq!(choose(&p, BackendChoice::Auto).expect("auto"), want);
-        assert_eq!(choose(&p, BackendChoice::Mlx).expect("mlx reads F32"), BackendKind::Mlx);
+        assert_eq!(
+            choose(&p, BackendChoice::Mlx).expect("mlx reads F32"),
+            BackendKind::Mlx
+        );
         let dir = p.parent().expect("dir");
-        assert_eq!(choose(dir, BackendChoice::Auto).expect("dir"), BackendKind::Mlx);
+        assert_eq!(
+            choose(dir, BackendChoice::Auto).expect("dir"),
+            BackendKind::Mlx
+        );
         assert!(choose(dir, BackendChoice::Llama).is_err());
         assert_eq!("llama".parse::<BackendChoice>(), Ok(BackendChoice::Llama));
         assert!("tpu".parse::<BackendChoice>().is_err());

@@ -131,8 +131,12 @@ fn per_position(h: &shoal_gguf::Header) -> u64 {
     let n_head = h.arch_uint("attention.head_count").unwrap_or(1).max(1);
     let n_head_kv = h.arch_uint("attention.head_count_kv").unwrap_or(n_head);
     let n_embd = h.arch_uint("embedding_length").unwrap_or(0);
-    let key_len = h.arch_uint("attention.key_length").unwrap_or(n_embd / n_head);
-    let value_len = h.arch_uint("attention.value_length").unwrap_or(n_embd / n_head);
+    let key_len = h
+        .arch_uint("attention.key_length")
+        .unwrap_or(n_embd / n_head);
+    let value_len = h
+        .arch_uint("attention.value_length")
+        .unwrap_or(n_embd / n_head);
     layers * n_head_kv * (key_len + value_len) * 2
 }
 
@@ -155,10 +159,7 @@ impl LlamaCppModel {
         let backend = runtime()?;
         let params = LlamaModelParams::default();
         let model = LlamaModel::load_from_file(backend, path, &params).map_err(|e| {
-            EngineError::InvalidModel(format!(
-                "llama.cpp could not load {}: {e}",
-                path.display()
-            ))
+            EngineError::InvalidModel(format!("llama.cpp could not load {}: {e}", path.display()))
         })?;
         let model = Arc::new(model);
         let n_ctx_train = model.n_ctx_train().max(1) as usize;
@@ -193,7 +194,12 @@ impl LlamaCppModel {
             format: "gguf".into(),
             quantization: header.file_type(),
             dtype: "ggml".into(),
-            device: if cfg!(target_os = "macos") { "gpu" } else { "cpu" }.into(),
+            device: if cfg!(target_os = "macos") {
+                "gpu"
+            } else {
+                "cpu"
+            }
+            .into(),
             weight_bytes: model.size() as usize,
             backend: BackendKind::Llama,
             kv_capacity_bytes: kv_tokens * bytes_per_position,

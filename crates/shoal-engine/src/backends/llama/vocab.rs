@@ -95,7 +95,12 @@ impl LlamaVocab {
         let v = self.model.vocab();
         (0..self.n_tokens)
             .filter(|&id| v.is_control(LlamaToken(id as i32)))
-            .map(|id| (id, String::from_utf8_lossy(&self.piece(id, true)).into_owned()))
+            .map(|id| {
+                (
+                    id,
+                    String::from_utf8_lossy(&self.piece(id, true)).into_owned(),
+                )
+            })
             .collect()
     }
 
