@@ -516,7 +516,7 @@ async fn list(State(s): State<AppState>) -> Reply {
     let (data, budget) = tokio::task::spawn_blocking(move || (pool.entries(), pool.budget()))
         .await
         .map_err(|e| openai(ApiError::internal(e.to_string())))?;
-    let loaded: u64 = s.pool.loaded().iter().map(|e| held_bytes(e)).sum();
+    let loaded: u64 = s.pool.loaded().iter().map(held_bytes).sum();
     let disk: u64 = data
         .iter()
         .filter(|m| m["shoal"]["source"]["kind"] == "hub")

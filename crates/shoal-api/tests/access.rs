@@ -8,7 +8,7 @@ use common::gguf;
 use serde_json::{json, Value};
 use shoal_api::access::Access;
 use shoal_api::AppState;
-use shoal_engine::{Engine, EngineOptions};
+use shoal_engine::Engine;
 
 const MODEL: &str = "smollm2";
 const KEY: &str = "sk-local-7f3a9c";

@@ -103,8 +103,8 @@ fn llama_cpp_greedy(path: &std::path::Path, text: &str, steps: usize) -> (Vec<u3
     ctx.decode(&mut batch).expect("prefill");
     let mut sampler = LlamaSampler::greedy();
     let mut out = Vec::new();
-    let mut pos = prompt.len() as i32;
-    for _ in 0..steps {
+    let start = prompt.len() as i32;
+    for pos in start..start + steps as i32 {
         let t = sampler.sample(&ctx, batch.n_tokens() - 1);
         sampler.accept(t);
         if model.vocab().is_eog(t) {
@@ -113,7 +113,6 @@ fn llama_cpp_greedy(path: &std::path::Path, text: &str, steps: usize) -> (Vec<u3
         out.push(t.0 as u32);
         batch.clear();
         batch.add(t, pos, &[0], true).expect("batch");
-        pos += 1;
         ctx.decode(&mut batch).expect("decode");
     }
     (prompt.iter().map(|t| t.0 as u32).collect(), out)

@@ -243,14 +243,7 @@ impl LanguageModel for LlamaCppModel {
         let n_vocab = self.info.vocab_size;
         let kv = self.kv(cache)?;
         let mut s = lock(&self.shared);
-        let seq = match kv.seq {
-            Some(seq) => seq,
-            None => {
-                let seq = s.take_id().ok_or(EngineError::KvCacheFull)?;
-                kv.seq = Some(seq);
-                seq
-            }
-        };
+        let seq = kv.seq_id(&mut s)?;
         let mut logits = Vec::new();
         for piece in tokens.chunks(N_BATCH) {
             let mut batch = LlamaBatch::new(piece.len(), 1);
@@ -294,14 +287,7 @@ impl LanguageModel for LlamaCppModel {
         let mut seqs = Vec::with_capacity(tokens.len());
         for (row, &t) in rows.rows.iter_mut().zip(tokens) {
             let kv = self.kv(row.as_mut())?;
-            let seq = match kv.seq {
-                Some(seq) => seq,
-                None => {
-                    let seq = s.take_id().ok_or(EngineError::KvCacheFull)?;
-                    kv.seq = Some(seq);
-                    seq
-                }
-            };
+            let seq = kv.seq_id(&mut s)?;
             let pos = i32::try_from(kv.len)
                 .map_err(|_| EngineError::Backend("position out of range".into()))?;
             lb.add(LlamaToken(t as i32), pos, &[seq], true)
@@ -331,6 +317,18 @@ struct LlamaKv {
     len: usize,
     bytes_per_position: usize,
     shared: SharedRef,
+}
+
+impl LlamaKv {
+    /// Its sequence id, taking one now if it has none yet.
+    fn seq_id(&mut self, s: &mut Shared) -> Result<i32> {
+        if let Some(seq) = self.seq {
+            return Ok(seq);
+        }
+        let seq = s.take_id().ok_or(EngineError::KvCacheFull)?;
+        self.seq = Some(seq);
+        Ok(seq)
+    }
 }
 
 impl KvCache for LlamaKv {
