@@ -98,7 +98,7 @@ LIBCLANG_PATH = "$SITE/clang/native"
 CMAKE = "$VENV/bin/cmake"
 # The pip libclang ships no compiler headers (stdbool.h…): use GCC's.
 BINDGEN_EXTRA_CLANG_ARGS = "-isystem $(gcc -print-file-name=include)"
-# llama.cpp's CPU kernels for this machine (tools/llama-linux/cpu-flags.sh).
-$(bash "$ROOT/tools/llama-linux/cpu-flags.sh")
+# llama.cpp's build options for this machine (tools/llama-linux/build-options.sh).
+$(bash "$ROOT/tools/llama-linux/build-options.sh")
 TOML
 log "ready: $CACHE"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Prints the ggml build options for this machine's CPU as TOML `[env]` lines.
+# Prints llama.cpp's build options for this machine as TOML `[env]` lines (Cargo hands
+# them to the llama-cpp-sys-2 build script, which passes GGML_* and CMAKE_* on to CMake).
 #
 # The llama-cpp-sys-2 build script turns GGML_NATIVE off unless Rust itself is
 # built for `target-cpu=native`, and then enables only the features Rust's
@@ -10,6 +11,15 @@ set -euo pipefail
 flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
 has() { [[ "$flags" == *" $1 "* ]]; }
 opt() { if has "$2"; then echo "$1 = \"ON\""; else echo "$1 = \"OFF\""; fi; }
+# libmlx.so defines gguf_* functions of its own and calls them through the dynamic symbol
+# table; an executable that linked ggml's same-named functions with default visibility would
+# export them and win that lookup (MLX's GGUF loader then aborts inside ggml). Hidden, they
+# bind only inside the executable.
+echo 'CMAKE_C_VISIBILITY_PRESET = "hidden"'
+echo 'CMAKE_CXX_VISIBILITY_PRESET = "hidden"'
+# The build script reruns only when a GGML_* variable it saw changes: this one names the
+# option set, so changing the options above (bump it) rebuilds llama.cpp on a warm machine.
+echo 'GGML_SHOAL_OPTIONS = "2"'
 [[ "$(uname -m)" == x86_64 ]] || exit 0
 opt GGML_SSE42 sse4_2
 opt GGML_AVX avx
