@@ -223,7 +223,8 @@ impl ModelPool {
             .await
             .map_err(|e| ApiError::internal(format!("reading the model: {e}")))?
             .map_err(|e| broken(&id, "cannot be read", e))?;
-        let need = self.estimate(&path, &card);
+        let route = shoal_engine::backends::route(&path, self.opts.engine.backend).ok();
+        let need = self.estimate(&card, route.as_ref());
         self.make_room(&id, need)?;
         let opts = self.opts.engine.clone();
         let (load_id, load_path) = (id.clone(), path.clone());
@@ -381,10 +382,13 @@ impl ModelPool {
 
     /// Memory a model will take once loaded: on llama.cpp the file as it is
     /// plus the KV cells it reserves; on MLX what the card says for this device.
-    fn estimate(&self, path: &std::path::Path, card: &ModelCard) -> u64 {
-        match shoal_engine::backends::choose(path, self.opts.engine.backend) {
-            Ok(shoal_engine::BackendKind::Llama) => {
-                let per_position = shoal_engine::backends::llama::kv_bytes_per_position(path);
+    fn estimate(&self, card: &ModelCard, route: Option<&shoal_engine::backends::Route>) -> u64 {
+        match route {
+            Some(shoal_engine::backends::Route {
+                backend: shoal_engine::BackendKind::Llama,
+                header: Some(h),
+            }) => {
+                let per_position = shoal_engine::backends::llama::kv_bytes_per_position(h);
                 card.size_bytes
                     + (self.opts.engine.llama.kv_tokens as u64).saturating_mul(per_position)
             }
@@ -419,12 +423,11 @@ impl ModelPool {
             .get(&m.id)
             .map(|s| s.engine.model.info.clone());
         // The backend it runs on, or would run on, or why none can.
-        let (backend, unavailable) = match &loaded {
-            Some(i) => (Some(i.backend.as_str().to_string()), None),
-            None => match shoal_engine::backends::choose(&m.path, self.opts.engine.backend) {
-                Ok(b) => (Some(b.as_str().to_string()), None),
-                Err(e) => (None, Some(e.to_string())),
-            },
+        let route = shoal_engine::backends::route(&m.path, self.opts.engine.backend);
+        let (backend, unavailable) = match (&loaded, &route) {
+            (Some(i), _) => (Some(i.backend.as_str()), None),
+            (None, Ok(r)) => (Some(r.backend.as_str()), None),
+            (None, Err(e)) => (None, Some(e.to_string())),
         };
         json!({
             "id": m.id, "object": "model", "created": created, "owned_by": "shoal",
@@ -439,9 +442,9 @@ impl ModelPool {
                 "source": m.source,
                 "backend": backend,
                 "unavailable": unavailable,
-                "estimated_memory_bytes": self.estimate(&m.path, &m.card),
+                "estimated_memory_bytes": self.estimate(&m.card, route.as_ref().ok()),
                 "loaded": loaded.is_some(),
-                "memory_bytes": loaded.as_ref().map(|i| i.weight_bytes + i.kv_capacity_bytes),
+                "memory_bytes": loaded.as_ref().map(|i| i.resident_bytes()),
                 "kv_cache_bytes": loaded.as_ref().map(|i| i.kv_capacity_bytes),
                 "dtype": loaded.as_ref().map(|i| i.dtype.clone()),
                 "device": loaded.as_ref().map(|i| i.device.clone()),
@@ -687,5 +690,5 @@ async fn pull(State(s): State<AppState>, body: crate::body::Body) -> Reply {
 
 /// Memory a loaded engine holds: its weights and the KV cells reserved up front.
 fn held_bytes(e: &Engine) -> u64 {
-    (e.model.info.weight_bytes + e.model.info.kv_capacity_bytes) as u64
+    e.model.info.resident_bytes() as u64
 }

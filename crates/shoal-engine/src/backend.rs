@@ -6,7 +6,7 @@
 //! and the adapters never know which one runs.
 use std::any::Any;
 
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 
 /// Static facts about a loaded model that the engine and adapters need.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -32,6 +32,13 @@ pub struct ModelInfo {
     /// Bytes reserved up front for KV state (llama.cpp's cell pool); 0 where
     /// the cache grows with need (MLX).
     pub kv_capacity_bytes: usize,
+}
+
+impl ModelInfo {
+    /// Memory the loaded model holds: weights plus KV state reserved up front.
+    pub fn resident_bytes(&self) -> usize {
+        self.weight_bytes + self.kv_capacity_bytes
+    }
 }
 
 /// The engine behind the seam.
@@ -100,4 +107,48 @@ pub trait DecodeBatch: Any + Send {
     fn join(&mut self, cache: Box<dyn KvCache>) -> Result<()>;
     fn leave(&mut self, row: usize) -> Result<Box<dyn KvCache>>;
     fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+/// A batch that is just its rows' caches, for backends whose caches carry
+/// everything a step needs (llama.cpp's sequence ids, a pipeline's ranks).
+#[derive(Default)]
+pub struct CacheRows {
+    pub rows: Vec<Box<dyn KvCache>>,
+}
+
+impl CacheRows {
+    /// The `CacheRows` behind `batch`, checked to hold one row per token.
+    pub fn of<'a>(batch: &'a mut dyn DecodeBatch, tokens: &[u32]) -> Result<&'a mut CacheRows> {
+        let rows = batch
+            .as_any_mut()
+            .downcast_mut::<CacheRows>()
+            .ok_or_else(|| EngineError::Backend("a decode batch from another backend".into()))?;
+        if rows.rows.len() != tokens.len() {
+            return Err(EngineError::Backend(format!(
+                "{} tokens for {} rows",
+                tokens.len(),
+                rows.rows.len()
+            )));
+        }
+        Ok(rows)
+    }
+}
+
+impl DecodeBatch for CacheRows {
+    fn rows(&self) -> usize {
+        self.rows.len()
+    }
+    fn join(&mut self, cache: Box<dyn KvCache>) -> Result<()> {
+        self.rows.push(cache);
+        Ok(())
+    }
+    fn leave(&mut self, row: usize) -> Result<Box<dyn KvCache>> {
+        if row >= self.rows.len() {
+            return Err(EngineError::Backend(format!("no batch row {row}")));
+        }
+        Ok(self.rows.remove(row))
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
 }

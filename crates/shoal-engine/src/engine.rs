@@ -410,12 +410,7 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
                 let _turn = turn_for(on_mlx);
                 match prefixes.lookup(&job.req.prompt) {
                     Some(hit) => Ok(hit.cache),
-                    None => loop {
-                        match model.new_cache() {
-                            Err(EngineError::KvCacheFull) if prefixes.evict_oldest() => continue,
-                            other => break other,
-                        }
-                    },
+                    None => model.new_cache(),
                 }
             };
             match cache {

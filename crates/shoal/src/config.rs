@@ -156,7 +156,7 @@ impl Default for Model {
             aliases: Vec::new(),
             backend: shoal_engine::BackendChoice::Auto,
             threads: 0,
-            kv_cache_tokens: 8192,
+            kv_cache_tokens: shoal_engine::backends::llama::DEFAULT_KV_TOKENS,
         }
     }
 }
@@ -994,13 +994,7 @@ impl Config {
             blocked_phrases: non_empty(&self.content_filter.phrases),
             blocked_patterns: non_empty(&self.content_filter.patterns),
             backend: self.model.backend,
-            llama: shoal_engine::LlamaOptions {
-                threads: match self.model.threads {
-                    0 => shoal_engine::backends::llama::default_threads(),
-                    n => n,
-                },
-                kv_tokens: self.model.kv_cache_tokens.max(256),
-            },
+            llama: shoal_engine::LlamaOptions::new(self.model.threads, self.model.kv_cache_tokens),
             ..EngineOptions::default()
         })
     }

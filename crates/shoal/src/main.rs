@@ -71,7 +71,7 @@ pub struct ModelArgs {
     #[arg(long, env = "SHOAL_THREADS", default_value_t = 0)]
     pub threads: usize,
     /// KV positions llama.cpp reserves, shared by all requests.
-    #[arg(long, env = "SHOAL_KV_CACHE_TOKENS", default_value_t = 8192)]
+    #[arg(long, env = "SHOAL_KV_CACHE_TOKENS", default_value_t = shoal_engine::backends::llama::DEFAULT_KV_TOKENS)]
     pub kv_cache_tokens: usize,
 }
 
@@ -86,13 +86,7 @@ impl ModelArgs {
     pub fn engine_options(&self) -> shoal_engine::EngineOptions {
         shoal_engine::EngineOptions {
             backend: self.backend,
-            llama: shoal_engine::LlamaOptions {
-                threads: match self.threads {
-                    0 => shoal_engine::backends::llama::default_threads(),
-                    n => n,
-                },
-                kv_tokens: self.kv_cache_tokens.max(256),
-            },
+            llama: shoal_engine::LlamaOptions::new(self.threads, self.kv_cache_tokens),
             ..shoal_engine::EngineOptions::default()
         }
     }

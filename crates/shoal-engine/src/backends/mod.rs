@@ -83,13 +83,29 @@ pub fn mlx_reads(header: &shoal_gguf::Header) -> std::result::Result<(), String>
 /// M-series figures put mlx_lm well ahead of llama.cpp); this machine has no
 /// Metal, so that half of the rule is not measured here.
 pub fn choose(path: &Path, choice: BackendChoice) -> Result<BackendKind> {
+    route(path, choice).map(|r| r.backend)
+}
+
+/// Where a model goes, with the GGUF header read on the way (for the loader
+/// and memory estimates, so the file is not parsed twice).
+pub struct Route {
+    pub backend: BackendKind,
+    /// The checked header of a GGUF file; `None` for a model directory.
+    pub header: Option<shoal_gguf::Header>,
+}
+
+/// [`choose`], keeping the header it read.
+pub fn route(path: &Path, choice: BackendChoice) -> Result<Route> {
     if path.is_dir() {
         return match choice {
             BackendChoice::Llama => Err(EngineError::Unsupported(format!(
                 "{}: llama.cpp runs GGUF files; this is a model directory (use the mlx backend)",
                 path.display()
             ))),
-            _ => Ok(BackendKind::Mlx),
+            _ => Ok(Route {
+                backend: BackendKind::Mlx,
+                header: None,
+            }),
         };
     }
     if !path.is_file() {
@@ -105,23 +121,26 @@ pub fn choose(path: &Path, choice: BackendChoice) -> Result<BackendKind> {
         )));
     }
     let header = check_gguf(path)?;
-    match choice {
-        BackendChoice::Llama => Ok(BackendKind::Llama),
+    let backend = match choice {
+        BackendChoice::Llama => BackendKind::Llama,
         BackendChoice::Mlx => match mlx_reads(&header) {
-            Ok(()) => Ok(BackendKind::Mlx),
-            Err(why) => Err(EngineError::Unsupported(format!(
-                "{}: {why} (tried: mlx; the llama backend runs this file)",
-                path.display()
-            ))),
-        },
-        BackendChoice::Auto => {
-            if cfg!(target_os = "macos") && mlx_reads(&header).is_ok() {
-                Ok(BackendKind::Mlx)
-            } else {
-                Ok(BackendKind::Llama)
+            Ok(()) => BackendKind::Mlx,
+            Err(why) => {
+                return Err(EngineError::Unsupported(format!(
+                    "{}: {why} (tried: mlx; the llama backend runs this file)",
+                    path.display()
+                )))
             }
+        },
+        BackendChoice::Auto if cfg!(target_os = "macos") && mlx_reads(&header).is_ok() => {
+            BackendKind::Mlx
         }
-    }
+        BackendChoice::Auto => BackendKind::Llama,
+    };
+    Ok(Route {
+        backend,
+        header: Some(header),
+    })
 }
 
 /// `ggml_type`'s name, or its number when ggml does not know it.

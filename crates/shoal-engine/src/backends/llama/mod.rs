@@ -21,7 +21,7 @@ use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
 use llama_cpp_2::DecodeError;
 
-use crate::backend::{BackendKind, DecodeBatch, KvCache, LanguageModel, ModelInfo};
+use crate::backend::{BackendKind, CacheRows, DecodeBatch, KvCache, LanguageModel, ModelInfo};
 use crate::error::{EngineError, Result};
 
 pub mod vocab;
@@ -57,12 +57,28 @@ pub struct LlamaOptions {
     pub kv_tokens: usize,
 }
 
+/// KV positions a model reserves unless told otherwise.
+pub const DEFAULT_KV_TOKENS: usize = 8192;
+/// The fewest KV positions a model reserves (smaller settings are raised to it).
+pub const MIN_KV_TOKENS: usize = 256;
+
+impl LlamaOptions {
+    /// From user settings: 0 threads means the physical cores.
+    pub fn new(threads: usize, kv_tokens: usize) -> Self {
+        LlamaOptions {
+            threads: if threads == 0 {
+                default_threads()
+            } else {
+                threads
+            },
+            kv_tokens: kv_tokens.max(MIN_KV_TOKENS),
+        }
+    }
+}
+
 impl Default for LlamaOptions {
     fn default() -> Self {
-        LlamaOptions {
-            threads: default_threads(),
-            kv_tokens: 8192,
-        }
+        LlamaOptions::new(0, DEFAULT_KV_TOKENS)
     }
 }
 
@@ -126,7 +142,7 @@ impl Shared {
 
 /// Bytes of KV state one position takes across all layers, from the header:
 /// f16 keys and values (llama.cpp's default cache type) for every KV head.
-fn per_position(h: &shoal_gguf::Header) -> u64 {
+pub fn kv_bytes_per_position(h: &shoal_gguf::Header) -> u64 {
     let layers = h.arch_uint("block_count").unwrap_or(0);
     let n_head = h.arch_uint("attention.head_count").unwrap_or(1).max(1);
     let n_head_kv = h.arch_uint("attention.head_count_kv").unwrap_or(n_head);
@@ -138,11 +154,6 @@ fn per_position(h: &shoal_gguf::Header) -> u64 {
         .arch_uint("attention.value_length")
         .unwrap_or(n_embd / n_head);
     layers * n_head_kv * (key_len + value_len) * 2
-}
-
-/// [`per_position`] for the GGUF at `path` (0 when its header is unreadable).
-pub fn kv_bytes_per_position(path: &Path) -> u64 {
-    shoal_gguf::Header::read(path).map_or(0, |h| per_position(&h))
 }
 
 /// A GGUF model on llama.cpp.
@@ -163,7 +174,7 @@ impl LlamaCppModel {
         })?;
         let model = Arc::new(model);
         let n_ctx_train = model.n_ctx_train().max(1) as usize;
-        let kv_tokens = opts.kv_tokens.clamp(256, 1 << 20);
+        let kv_tokens = opts.kv_tokens.clamp(MIN_KV_TOKENS, 1 << 20);
         let threads = i32::try_from(opts.threads.max(1)).unwrap_or(1);
         let cparams = LlamaContextParams::default()
             .with_n_ctx(NonZeroU32::new(kv_tokens as u32))
@@ -184,7 +195,7 @@ impl LlamaCppModel {
         let arch = header.architecture().unwrap_or("unknown").to_string();
         let layers = model.n_layer() as usize;
         let n_embd = model.n_embd().max(0) as usize;
-        let bytes_per_position = per_position(header) as usize;
+        let bytes_per_position = kv_bytes_per_position(header) as usize;
         let info = ModelInfo {
             architecture: arch,
             vocab_size: model.n_vocab().max(0) as usize,
@@ -228,11 +239,10 @@ impl LanguageModel for LlamaCppModel {
     }
 
     fn new_cache(&self) -> Result<Box<dyn KvCache>> {
-        let seq = lock(&self.shared)
-            .take_id()
-            .ok_or(EngineError::KvCacheFull)?;
+        // Its sequence id is taken when it first runs: running out of ids is
+        // then the same stall as running out of cells.
         Ok(Box::new(LlamaKv {
-            seq: Some(seq),
+            seq: None,
             len: 0,
             bytes_per_position: self.bytes_per_position,
             shared: self.shared.clone(),
@@ -266,21 +276,11 @@ impl LanguageModel for LlamaCppModel {
     }
 
     fn new_batch(&self) -> Result<Box<dyn DecodeBatch>> {
-        Ok(Box::new(LlamaRows { rows: Vec::new() }))
+        Ok(Box::new(CacheRows::default()))
     }
 
     fn forward_batch(&self, tokens: &[u32], batch: &mut dyn DecodeBatch) -> Result<Vec<Vec<f32>>> {
-        let rows = batch
-            .as_any_mut()
-            .downcast_mut::<LlamaRows>()
-            .ok_or_else(|| EngineError::Backend("a decode batch from another backend".into()))?;
-        if rows.rows.len() != tokens.len() {
-            return Err(EngineError::Backend(format!(
-                "{} tokens for {} rows",
-                tokens.len(),
-                rows.rows.len()
-            )));
-        }
+        let rows = CacheRows::of(batch, tokens)?;
         let n_vocab = self.info.vocab_size;
         let mut s = lock(&self.shared);
         let mut lb = LlamaBatch::new(tokens.len().max(1), 1);
@@ -311,8 +311,8 @@ impl LanguageModel for LlamaCppModel {
 
 /// One sequence's share of the model's KV cells.
 struct LlamaKv {
-    /// `None` once ids ran out for a copy: it holds nothing yet and takes an
-    /// id when it first runs.
+    /// `None` until it first runs (or when ids ran out for a copy: then it
+    /// holds nothing).
     seq: Option<i32>,
     len: usize,
     bytes_per_position: usize,
@@ -397,37 +397,5 @@ impl Drop for LlamaKv {
             s.remove(seq, 0);
             s.free.push(seq);
         }
-    }
-}
-
-/// Sequences decoding together: one `llama_batch` row each per step.
-struct LlamaRows {
-    rows: Vec<Box<dyn KvCache>>,
-}
-
-impl DecodeBatch for LlamaRows {
-    fn rows(&self) -> usize {
-        self.rows.len()
-    }
-
-    fn join(&mut self, mut cache: Box<dyn KvCache>) -> Result<()> {
-        if cache.as_any_mut().downcast_mut::<LlamaKv>().is_none() {
-            return Err(EngineError::Backend(
-                "a KV cache from another backend".into(),
-            ));
-        }
-        self.rows.push(cache);
-        Ok(())
-    }
-
-    fn leave(&mut self, row: usize) -> Result<Box<dyn KvCache>> {
-        if row >= self.rows.len() {
-            return Err(EngineError::Backend(format!("no batch row {row}")));
-        }
-        Ok(self.rows.remove(row))
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
     }
 }

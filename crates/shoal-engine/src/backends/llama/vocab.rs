@@ -103,12 +103,4 @@ impl LlamaVocab {
             })
             .collect()
     }
-
-    /// The id of a token whose whole text is `text`, if there is one.
-    pub fn token_id(&self, text: &str) -> Option<u32> {
-        match self.encode(text).as_slice() {
-            [id] if self.piece(*id, true) == text.as_bytes() => Some(*id),
-            _ => None,
-        }
-    }
 }
