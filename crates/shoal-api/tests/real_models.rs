@@ -18,14 +18,7 @@ struct Model {
 }
 
 fn models() -> Vec<Model> {
-    let real = std::env::var("SHOAL_REAL_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../.cache/models/real-q4km-1"
-            ))
-        });
+    let real = shoal_engine::loader::real_models_dir();
     let all = vec![
         Model {
             id: "smollm2",
@@ -56,11 +49,15 @@ fn models() -> Vec<Model> {
 }
 
 async fn serve(m: &Model, prefix_cache_bytes: usize) -> String {
+    serve_on(m, BackendChoice::Llama, prefix_cache_bytes).await
+}
+
+async fn serve_on(m: &Model, backend: BackendChoice, prefix_cache_bytes: usize) -> String {
     let engine = Engine::start(
         &m.path,
         m.id,
         EngineOptions {
-            backend: BackendChoice::Llama,
+            backend,
             prefix_cache_bytes,
             ..EngineOptions::default()
         },
@@ -437,4 +434,247 @@ async fn json_schema_tools_and_prefix_cache_on_real_models() {
             assert!(n(&v["usage"]["output_tokens"]) > 0);
         }
     }
+}
+
+/// A corpus of conversations, written as OpenAI Chat messages plus tools.
+fn corpus() -> Vec<(&'static str, Value, Value)> {
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}]);
+    let long: String = (0..100)
+        .map(|i| format!("Sentence {i} of a long document about tides, ships and harbours. "))
+        .collect();
+    vec![
+        (
+            "system",
+            json!([{"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Hello there"}]),
+            json!(null),
+        ),
+        (
+            "developer",
+            json!([{"role": "developer", "content": "Answer in French."},
+            {"role": "user", "content": "What is two plus two?"}]),
+            json!(null),
+        ),
+        (
+            "multi-turn",
+            json!([{"role": "user", "content": "Name a colour."},
+            {"role": "assistant", "content": "Blue."},
+            {"role": "user", "content": "Another one?"},
+            {"role": "assistant", "content": "Green."},
+            {"role": "user", "content": "And a third."}]),
+            json!(null),
+        ),
+        (
+            "tools",
+            json!([{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "18 C and sunny"}]),
+            tools,
+        ),
+        (
+            "unicode",
+            json!([{"role": "user",
+            "content": "Übersetze: 東京は晴れ 🌞 — naïve café, ΔT≈3°C, Ж, नमस्ते, 👩‍👩‍👧"}]),
+            json!(null),
+        ),
+        (
+            "code",
+            json!([{"role": "user", "content":
+            "Fix this:\n```rust\nfn main() {\n\tlet v = vec![1, 2];\n    println!(\"{:?}\", v)\n}\n```"}]),
+            json!(null),
+        ),
+        (
+            "long",
+            json!([{"role": "user", "content": long}]),
+            json!(null),
+        ),
+    ]
+}
+
+/// The same conversation in Anthropic's shape: system apart, tool calls and
+/// results as content blocks.
+fn to_anthropic(messages: &Value, tools: &Value) -> Value {
+    let mut system = Vec::new();
+    let mut out = Vec::new();
+    for m in messages.as_array().into_iter().flatten() {
+        let content = m["content"].clone();
+        match m["role"].as_str().unwrap_or("") {
+            "system" | "developer" => system.push(content.as_str().unwrap_or("").to_string()),
+            "tool" => out.push(json!({"role": "user", "content": [{"type": "tool_result",
+                "tool_use_id": m["tool_call_id"], "content": content}]})),
+            "assistant" if m["tool_calls"].is_array() => {
+                let blocks: Vec<Value> = m["tool_calls"].as_array().into_iter().flatten()
+                    .map(|c| json!({"type": "tool_use", "id": c["id"], "name": c["function"]["name"],
+                        "input": serde_json::from_str::<Value>(c["function"]["arguments"].as_str().unwrap_or("{}"))
+                            .unwrap_or(json!({}))}))
+                    .collect();
+                out.push(json!({"role": "assistant", "content": blocks}));
+            }
+            role => out.push(json!({"role": role, "content": content})),
+        }
+    }
+    let mut body = json!({"messages": out});
+    if !system.is_empty() {
+        body["system"] = json!(system.join("\n"));
+    }
+    if let Some(t) = tools.as_array() {
+        body["tools"] = t
+            .iter()
+            .map(|t| {
+                json!({"name": t["function"]["name"],
+            "description": t["function"]["description"],
+            "input_schema": t["function"]["parameters"]})
+            })
+            .collect();
+    }
+    body
+}
+
+/// The same conversation as Responses input items.
+fn to_responses(messages: &Value, tools: &Value) -> Value {
+    let mut input = Vec::new();
+    for m in messages.as_array().into_iter().flatten() {
+        match m["role"].as_str().unwrap_or("") {
+            "tool" => input.push(json!({"type": "function_call_output",
+                "call_id": m["tool_call_id"], "output": m["content"]})),
+            "assistant" if m["tool_calls"].is_array() => {
+                for c in m["tool_calls"].as_array().into_iter().flatten() {
+                    input.push(json!({"type": "function_call", "call_id": c["id"],
+                        "name": c["function"]["name"], "arguments": c["function"]["arguments"]}));
+                }
+            }
+            role => input.push(json!({"role": role, "content": m["content"]})),
+        }
+    }
+    let mut body = json!({"input": input});
+    if let Some(t) = tools.as_array() {
+        body["tools"] = t
+            .iter()
+            .map(|t| {
+                json!({"type": "function", "name": t["function"]["name"],
+            "description": t["function"]["description"],
+            "parameters": t["function"]["parameters"]})
+            })
+            .collect();
+    }
+    body
+}
+
+/// Prompt tokens one server reports for `conversation` in every dialect and
+/// in count_tokens, by name.
+async fn prompt_tokens(base: &str, messages: &Value, tools: &Value) -> Vec<(String, u64)> {
+    let mut chat =
+        json!({"model": "smollm2", "messages": messages, "max_tokens": 1, "temperature": 0});
+    if !tools.is_null() {
+        chat["tools"] = tools.clone();
+    }
+    let mut anthropic = to_anthropic(messages, tools);
+    anthropic["model"] = json!("smollm2");
+    let mut count = anthropic.clone();
+    anthropic["max_tokens"] = json!(1);
+    let mut responses = to_responses(messages, tools);
+    responses["model"] = json!("smollm2");
+    responses["max_output_tokens"] = json!(1);
+    let mut out = Vec::new();
+    for (name, path, body, field) in [
+        ("chat", "/v1/chat/completions", chat, "/usage/prompt_tokens"),
+        ("messages", "/v1/messages", anthropic, "/usage/input_tokens"),
+        (
+            "count_tokens",
+            "/v1/messages/count_tokens",
+            count.take(),
+            "/input_tokens",
+        ),
+        (
+            "responses",
+            "/v1/responses",
+            responses,
+            "/usage/input_tokens",
+        ),
+    ] {
+        let (s, t) = post(base, path, &body).await;
+        assert_eq!(s, 200, "{name}: {t}");
+        let v: Value = serde_json::from_str(&t).expect("json");
+        out.push((
+            name.to_string(),
+            v.pointer(field).and_then(Value::as_u64).expect(field),
+        ));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompt_tokens_do_not_depend_on_the_backend() {
+    // The same file on both engines: MLX tokenizes with Shoal's tokenizer built from the
+    // GGUF's vocabulary, llama.cpp with its own. Every dialect must report the same.
+    let m = models().remove(0);
+    let (mlx, llama) = (
+        serve_on(&m, BackendChoice::Mlx, 0).await,
+        serve_on(&m, BackendChoice::Llama, 0).await,
+    );
+    let mut checked = 0;
+    for (name, messages, tools) in corpus() {
+        let a = prompt_tokens(&mlx, &messages, &tools).await;
+        let b = prompt_tokens(&llama, &messages, &tools).await;
+        assert_eq!(a, b, "{name}: MLX vs llama.cpp");
+        checked += a.len();
+    }
+    for text in [
+        "Once upon a time",
+        "  leading spaces and trailing  ",
+        "<|im_start|>user\nspecial tokens written out<|im_end|>",
+        "数字 1234567 and emoji 🧪 in raw text",
+    ] {
+        let body = json!({"model": "smollm2", "prompt": text, "max_tokens": 1, "temperature": 0});
+        let count =
+            |t: &str| n(&serde_json::from_str::<Value>(t).expect("json")["usage"]["prompt_tokens"]);
+        let (_, ta) = post(&mlx, "/v1/completions", &body).await;
+        let (_, tb) = post(&llama, "/v1/completions", &body).await;
+        assert_eq!(count(&ta), count(&tb), "completions {text:?}: {ta} vs {tb}");
+        assert!(count(&ta) > 0);
+        checked += 1;
+    }
+    assert_eq!(checked, corpus().len() * 4 + 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn models_list_says_which_backend_and_counts_the_kv_pool() {
+    let m = models().remove(1);
+    for (backend, name) in [(BackendChoice::Llama, "llama"), (BackendChoice::Mlx, "mlx")] {
+        if backend == BackendChoice::Mlx {
+            // Qwen's Q4_K tensors are not for MLX: the list says so before a load.
+            let base = serve_on(&models().remove(0), BackendChoice::Mlx, 0).await;
+            let (_, t) = get(&base, "/v1/models").await;
+            let v: Value = serde_json::from_str(&t).expect("json");
+            assert_eq!(v["data"][0]["shoal"]["backend"], "mlx", "{t}");
+            assert_eq!(v["data"][0]["shoal"]["kv_cache_bytes"], 0, "{t}");
+            continue;
+        }
+        let base = serve_on(&m, backend, 0).await;
+        let (_, t) = get(&base, "/v1/models").await;
+        let v: Value = serde_json::from_str(&t).expect("json");
+        let s = &v["data"][0]["shoal"];
+        assert_eq!(s["backend"], name, "{t}");
+        let (kv, mem, est) = (
+            n(&s["kv_cache_bytes"]),
+            n(&s["memory_bytes"]),
+            n(&s["estimated_memory_bytes"]),
+        );
+        // Qwen2.5-0.5B: 24 layers x 2 KV heads x (64 + 64) x 2 bytes per position, 8192 positions.
+        assert_eq!(kv, 24 * 2 * 128 * 2 * 8192, "{t}");
+        assert!(mem > kv && mem - kv <= n(&s["size_bytes"]), "{t}");
+        // The estimate made before loading is the file plus the same KV pool.
+        assert_eq!(est, n(&s["size_bytes"]) + kv, "{t}");
+    }
+}
+
+async fn get(base: &str, path: &str) -> (u16, String) {
+    let r = reqwest::get(format!("{base}{path}"))
+        .await
+        .expect("request");
+    (r.status().as_u16(), r.text().await.expect("body"))
 }

