@@ -10,6 +10,8 @@ set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export SHOAL_BIN="${SHOAL_BIN:-$ROOT/target/release/shoal}"
+# The replies this suite expects are the default model's greedy replies on MLX.
+export SHOAL_BACKEND="${SHOAL_BACKEND:-mlx}"
 if [[ ! -f "$SHOAL_BIN" || ! -x "$SHOAL_BIN" ]]; then
   echo "run-sdk: shoal binary not found or not executable: $SHOAL_BIN" >&2
   echo "run-sdk: build it first (cargo build --release -p shoal) or set SHOAL_BIN" >&2

@@ -243,6 +243,9 @@ pub fn run(a: Args) -> Result<()> {
         "ttft_prefix_cached_ms": median(cached_ttft),
         "prefix_cached_tokens": cached_tokens,
         "weight_mb": info.weight_bytes as f64 / (1 << 20) as f64,
+        "backend": info.backend,
+        "kv_mb": info.kv_capacity_bytes as f64 / (1 << 20) as f64,
+        "threads": a.model.engine_options().llama.threads,
         "blas": blas(),
         "peak_rss_mb": shoal::peak_rss_mb(),
         "concurrency": a.concurrency,
@@ -262,8 +265,8 @@ pub fn run(a: Args) -> Result<()> {
         println!("{out}");
     } else {
         println!(
-            "shoal {} ({} {}): prompt {} tok, gen {} tok, {} runs\n  prefill {:.1} tok/s | decode {:.1} tok/s | ttft {:.1} ms | ttft with {} of {} prompt tokens cached {:.1} ms | load {:.2} s",
-            engine.model.id, info.device, info.dtype, a.prompt_tokens, a.gen_tokens, a.runs,
+            "shoal {} on {} ({} {}): prompt {} tok, gen {} tok, {} runs\n  prefill {:.1} tok/s | decode {:.1} tok/s | ttft {:.1} ms | ttft with {} of {} prompt tokens cached {:.1} ms | load {:.2} s",
+            engine.model.id, info.backend, info.device, info.dtype, a.prompt_tokens, a.gen_tokens, a.runs,
             out["prefill_tok_s"].as_f64().unwrap_or(0.0), out["decode_tok_s"].as_f64().unwrap_or(0.0),
             out["ttft_ms"].as_f64().unwrap_or(0.0), cached_tokens, a.prompt_tokens,
             out["ttft_prefix_cached_ms"].as_f64().unwrap_or(0.0), load_s
