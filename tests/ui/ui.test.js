@@ -737,6 +737,8 @@ test('the model picker lists the configured model with its quantization, size an
     assert.match(opt.text, /Q4_1/);
     assert.ok(opt.text.includes(`Q4_1 · ${shownBytes(configured.shoal.size_bytes)}`), `size on disk in ${opt.text}`);
     assert.ok(opt.text.includes(`loaded, ${shownBytes(configured.shoal.memory_bytes)}`), `memory in ${opt.text}`);
+    assert.equal(configured.shoal.backend, 'mlx', 'run-ui.sh serves on MLX');
+    assert.ok(opt.text.endsWith('on MLX'), `engine in ${opt.text}`);
     assert.equal(await page.getByTestId('model-picker').inputValue(), configured.id, 'the configured model is the initial choice');
     assert.equal(await page.getByTestId('model-state-chosen').getAttribute('data-loaded'), 'true');
 
@@ -748,6 +750,8 @@ test('the model picker lists the configured model with its quantization, size an
     assert.equal(await row.getAttribute('data-source'), 'path');
     assert.equal(await row.getAttribute('data-selected'), 'true');
     assert.equal(await row.getByTestId('model-quant').innerText(), 'Q4_1');
+    assert.equal(await row.getByTestId('model-backend').getAttribute('data-backend'), 'mlx');
+    assert.equal(await row.getByTestId('model-backend').innerText(), 'MLX');
     assert.equal(Number(await row.getByTestId('model-size').getAttribute('data-bytes')), configured.shoal.size_bytes);
     assert.equal(await row.getByTestId('model-size').innerText(), shownBytes(configured.shoal.size_bytes));
     assert.equal(Number(await row.getByTestId('model-memory').getAttribute('data-bytes')), configured.shoal.memory_bytes);
@@ -819,6 +823,9 @@ test('downloading a model from the hub shows its progress up to 100% and adds it
     assert.match(await row.getByTestId('model-source').innerText(), new RegExp(`hub: ${HUB_REPO} @ ${pulled.shoal.source.commit.slice(0, 7)}`));
     assert.equal(Number(await row.getByTestId('model-size').getAttribute('data-bytes')), pulled.shoal.size_bytes);
     assert.equal(await row.getByTestId('model-state').innerText(), 'not loaded');
+    // Not loaded yet, the panel already says which engine would run it.
+    assert.equal(await row.getByTestId('model-backend').getAttribute('data-backend'), pulled.shoal.backend);
+    assert.ok(['mlx', 'llama'].includes(pulled.shoal.backend), pulled.shoal.backend);
     assert.equal(await row.getByTestId('model-delete').count(), 1);
     await page.waitForFunction(
       (want) => document.querySelector('[data-testid=library-bytes]')?.dataset.bytes === String(want),

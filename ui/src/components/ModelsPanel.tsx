@@ -27,14 +27,14 @@ export function backendName(b: string): string {
   return b === 'llama' ? 'llama.cpp' : b === 'mlx' ? 'MLX' : b;
 }
 
-/** One line about a model for the picker: quantization, size on disk, memory if loaded. */
+/** One line about a model for the picker: quantization, size on disk, memory if loaded, engine. */
 export function modelLabel(m: ModelInfo): string {
   const s = m.shoal;
   const parts = [m.id];
   if (s?.quantization) parts.push(s.quantization);
-  if (s?.backend) parts.push(backendName(s.backend));
   if (s?.size_bytes != null) parts.push(fmtBytes(s.size_bytes));
   if (s?.loaded) parts.push(s.memory_bytes != null ? `loaded, ${fmtBytes(s.memory_bytes)}` : 'loaded');
+  parts.push(s?.backend ? `on ${backendName(s.backend)}` : 'cannot run');
   return parts.join(' · ');
 }
 
