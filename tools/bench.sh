@@ -36,35 +36,43 @@ for B in mlx llama; do
     grep -E "concurrent|decode"
 done
 
-# llama.cpp backend vs llama-bench (pp512 / tg128), interleaved pairs per model.
-LLAMA_BENCH="$(bash "$ROOT/tools/llama-linux/reference.sh")"
+# llama.cpp backend vs llama.cpp alone (pp512 / tg128, llama-bench's method, the same
+# llama.cpp build: examples/llama_reference.rs), interleaved pairs per model.
+cargo build --release --quiet -p shoal-engine --example llama_reference
+REF="$ROOT/target/release/examples/llama_reference"
 mapfile -t REAL < <(bash "$ROOT/tools/fetch-real-models.sh")
-python3 - "$SHOAL" "$LLAMA_BENCH" "$RUNS" "$GGUF" "${REAL[@]}" <<'PY'
+python3 - "$SHOAL" "$REF" "$RUNS" "$GGUF" "${REAL[@]}" <<'PY'
 import json, os, statistics, subprocess, sys
-shoal, bench, runs, models = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
-def ours(m):
-    out = subprocess.run([shoal, "bench", "--backend", "llama", "--model", m, "--prompt-tokens", "512",
-                          "--gen-tokens", "128", "--runs", "1", "--json"], capture_output=True, text=True,
+shoal, ref, runs, models = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
+def ours(m, p, g):
+    out = subprocess.run([shoal, "bench", "--backend", "llama", "--model", m, "--prompt-tokens", str(p),
+                          "--gen-tokens", str(g), "--runs", "1", "--json"], capture_output=True, text=True,
                          check=True, env={**os.environ, "SHOAL_LOG": "warn"}).stdout
     return json.loads(out)
-def theirs(m, t):
-    out = subprocess.run([bench, "-m", m, "-p", "512", "-n", "128", "-r", "1", "-t", str(t), "-o", "json"],
-                         capture_output=True, text=True, check=True).stdout
-    rows = json.loads(out)
-    pp = next(r["avg_ts"] for r in rows if r["n_prompt"] == 512 and r["n_gen"] == 0)
-    tg = next(r["avg_ts"] for r in rows if r["n_gen"] == 128 and r["n_prompt"] == 0)
-    return pp, tg
-print(f"{'model':40s} {'shoal pp512':>11s} {'llama pp512':>11s} {'ratio':>6s} {'shoal tg128':>11s} {'llama tg128':>11s} {'ratio':>6s} {'peak RSS MiB':>12s} {'file+KV MiB':>11s}")
+def theirs(m, p, g, t):
+    r = json.loads(subprocess.run([ref, m, str(p), str(g), str(t)], capture_output=True, text=True,
+                                  check=True).stdout)
+    return r["pp_tok_s"], r["tg_tok_s"]
+# pp512: prefill of 512 tokens; tg128: 128 tokens after an 8-token prompt (llama-bench's
+# tg128 starts on an empty context); tg128@512: 128 tokens after the 512-token prompt.
+print(f"{'model':34s} {'pp512 shoal/llama':>22s} {'tg128 shoal/llama':>22s} {'tg128@512 shoal/llama':>24s} {'peak RSS':>9s} {'file+KV':>8s}")
 for m in models:
-    pre, dec, rss, kv_mb = [], [], [], 0.0
+    rows = {"pp": [], "tg": [], "tgd": []}
+    rss, kv_mb = [], 0.0
     for _ in range(runs):
-        s = ours(m)
-        pp, tg = theirs(m, s["threads"])  # the same thread count as Shoal used
-        pre.append((s["prefill_tok_s"], pp)); dec.append((s["decode_tok_s"], tg))
-        rss.append(s.get("peak_rss_mb") or 0.0); kv_mb = s.get("kv_mb") or 0.0
-    med = lambda xs, i: statistics.median(x[i] for x in xs)
-    ratio = lambda xs: statistics.median(a / b for a, b in xs)
+        deep = ours(m, 512, 128)
+        t = deep["threads"]  # llama.cpp alone gets the same thread count
+        pp, tgd = theirs(m, 512, 128, t)
+        shallow = ours(m, 8, 128)
+        _, tg = theirs(m, 8, 128, t)
+        rows["pp"].append((deep["prefill_tok_s"], pp))
+        rows["tgd"].append((deep["decode_tok_s"], tgd))
+        rows["tg"].append((shallow["decode_tok_s"], tg))
+        rss.append(deep.get("peak_rss_mb") or 0.0); kv_mb = deep.get("kv_mb") or 0.0
+    def cell(xs):
+        return (f"{statistics.median(a for a, _ in xs):6.1f}/{statistics.median(b for _, b in xs):6.1f}"
+                f" {statistics.median(a / b for a, b in xs):4.2f}x")
     file_mb = os.path.getsize(m) / 2**20
-    print(f"{os.path.basename(m)[:40]:40s} {med(pre,0):11.1f} {med(pre,1):11.1f} {ratio(pre):5.2f}x "
-          f"{med(dec,0):11.1f} {med(dec,1):11.1f} {ratio(dec):5.2f}x {statistics.median(rss):12.0f} {file_mb + kv_mb:11.0f}")
+    print(f"{os.path.basename(m)[:34]:34s} {cell(rows['pp']):>22s} {cell(rows['tg']):>22s} {cell(rows['tgd']):>24s}"
+          f" {statistics.median(rss):6.0f}MiB {file_mb + kv_mb:5.0f}MiB")
 PY

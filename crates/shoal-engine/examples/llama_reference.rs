@@ -1,0 +1,62 @@
+//! llama.cpp alone, timed as llama-bench times it: `pp` prompt tokens
+//! decoded in one batch, then `tg` tokens one at a time after them (llama-bench's
+//! tg at depth `pp`; a tiny `pp` is its plain tg128), with no sampling. It links the very llama.cpp build Shoal uses (same
+//! source, same options), so `make bench` can set Shoal's llama.cpp backend
+//! beside llama.cpp's own speed. The crate's vendored source does not carry
+//! llama-bench itself.
+//!
+//! `cargo run --release -p shoal-engine --example llama_reference -- MODEL PP TG THREADS`
+//! prints one JSON object: `{"pp_tok_s": …, "tg_tok_s": …}`.
+use std::num::NonZeroU32;
+use std::time::Instant;
+
+use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::token::LlamaToken;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let [_, model, pp, tg, threads] = args.as_slice() else {
+        return Err("usage: llama_reference MODEL PP TG THREADS".into());
+    };
+    let (pp, tg, threads): (usize, usize, i32) = (pp.parse()?, tg.parse()?, threads.parse()?);
+    let backend = shoal_engine::backends::llama::runtime()?;
+    let model = LlamaModel::load_from_file(backend, model, &LlamaModelParams::default())?;
+    let n_vocab = model.n_vocab().max(1);
+    let ctx_params = || {
+        LlamaContextParams::default()
+            .with_n_ctx(NonZeroU32::new((pp + tg + 16) as u32))
+            .with_n_batch(pp.max(1) as u32)
+            .with_n_threads(threads)
+            .with_n_threads_batch(threads)
+    };
+    // Token ids spread over the vocabulary, as llama-bench uses random ones.
+    let token = |i: usize| LlamaToken(((i * 7919 + 13) % n_vocab as usize) as i32);
+
+    // A fresh context: `pp` prompt tokens in one batch, then `tg` tokens one
+    // at a time after them (the depth a reply to that prompt decodes at).
+    let mut ctx = model.new_context(backend, ctx_params())?;
+    let mut batch = LlamaBatch::new(pp, 1);
+    for i in 0..pp {
+        batch.add(token(i), i as i32, &[0], i + 1 == pp)?;
+    }
+    let t = Instant::now();
+    ctx.decode(&mut batch)?;
+    let pp_s = t.elapsed().as_secs_f64();
+    let mut one = LlamaBatch::new(1, 1);
+    let t = Instant::now();
+    for i in pp..pp + tg {
+        one.clear();
+        one.add(token(i), i as i32, &[0], true)?;
+        ctx.decode(&mut one)?;
+    }
+    let tg_s = t.elapsed().as_secs_f64();
+    println!(
+        "{{\"pp_tok_s\": {:.3}, \"tg_tok_s\": {:.3}}}",
+        pp as f64 / pp_s.max(1e-9),
+        tg as f64 / tg_s.max(1e-9)
+    );
+    Ok(())
+}
