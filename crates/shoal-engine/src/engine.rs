@@ -172,7 +172,7 @@ impl Engine {
     pub fn start(path: &Path, id: &str, opts: EngineOptions) -> Result<Engine> {
         let load = LoadOptions {
             backend: opts.backend,
-            llama: opts.llama.clone(),
+            llama: opts.llama.clone().for_batch(opts.max_batch),
         };
         Self::start_with(path, id, opts, move |p| loader::load(p, &load))
     }

@@ -339,3 +339,29 @@ fn model_info_says_llama_cpp_and_quantized_memory() {
         assert!(i.kv_capacity_bytes > 0, "{name}");
     }
 }
+
+#[test]
+fn running_out_of_sequence_ids_evicts_the_prefix_cache_too() {
+    // max_batch 2 gives the context 8 sequence ids: the prefix cache fills them
+    // after 8 distinct requests, and every later one must take an entry's id.
+    let e = Engine::start(
+        &common::gguf_path(),
+        "smollm2",
+        EngineOptions {
+            backend: BackendChoice::Llama,
+            max_batch: 2,
+            prefix_cache_bytes: 256 << 20,
+            ..EngineOptions::default()
+        },
+    )
+    .expect("load");
+    for seed in 0..12 {
+        let p = prose(&e, seed + 10, 24);
+        let (_, c) = collect_blocking(e.submit(greedy(p, 4)).expect("submit")).expect("done");
+        assert!(
+            matches!(c.finish, FinishReason::Length | FinishReason::Stop),
+            "request {seed}: {c:?}"
+        );
+        assert_eq!(c.usage.prompt_tokens, 24);
+    }
+}

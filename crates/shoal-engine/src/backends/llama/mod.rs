@@ -26,9 +26,8 @@ use crate::error::{EngineError, Result};
 
 pub mod vocab;
 
-/// Most sequences one context tracks (llama.cpp's `LLAMA_MAX_SEQ`): running
-/// requests plus the prefix cache's entries.
-const MAX_SEQ: u32 = 256;
+/// llama.cpp's `LLAMA_MAX_SEQ`: most sequences one context can track.
+const LLAMA_MAX_SEQ: usize = 256;
 /// Tokens handed to one `llama_decode` call; longer prompts go in pieces.
 const N_BATCH: usize = 2048;
 
@@ -55,6 +54,10 @@ pub struct LlamaOptions {
     pub threads: usize,
     /// KV positions shared by all sequences of the model (the cache's bound).
     pub kv_tokens: usize,
+    /// Sequences the context tracks: running requests plus prefix-cache
+    /// entries. llama.cpp reserves logits for each up front, so this is not
+    /// simply the maximum.
+    pub sequences: usize,
 }
 
 /// KV positions a model reserves unless told otherwise.
@@ -72,7 +75,15 @@ impl LlamaOptions {
                 threads
             },
             kv_tokens: kv_tokens.max(MIN_KV_TOKENS),
+            sequences: 64,
         }
+    }
+
+    /// Room for `max_batch` running requests and as many prefix-cache entries
+    /// again, twice over.
+    pub fn for_batch(mut self, max_batch: usize) -> Self {
+        self.sequences = (max_batch * 4).clamp(8, LLAMA_MAX_SEQ);
+        self
     }
 }
 
@@ -176,11 +187,12 @@ impl LlamaCppModel {
         let n_ctx_train = model.n_ctx_train().max(1) as usize;
         let kv_tokens = opts.kv_tokens.clamp(MIN_KV_TOKENS, 1 << 20);
         let threads = i32::try_from(opts.threads.max(1)).unwrap_or(1);
+        let sequences = opts.sequences.clamp(1, LLAMA_MAX_SEQ);
         let cparams = LlamaContextParams::default()
             .with_n_ctx(NonZeroU32::new(kv_tokens as u32))
             .with_n_batch(N_BATCH as u32)
             .with_n_ubatch(512)
-            .with_n_seq_max(MAX_SEQ)
+            .with_n_seq_max(sequences as u32)
             .with_n_threads(threads)
             .with_n_threads_batch(threads)
             .with_kv_unified(true)
@@ -218,7 +230,7 @@ impl LlamaCppModel {
         Ok(LlamaCppModel {
             shared: Arc::new(Mutex::new(Shared {
                 ctx,
-                free: (0..MAX_SEQ as i32).rev().collect(),
+                free: (0..sequences as i32).rev().collect(),
             })),
             info,
             bytes_per_position,
