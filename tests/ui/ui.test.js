@@ -113,6 +113,45 @@ test('a reply streams token by token and its final usage equals the API usage', 
   });
 });
 
+test('a new chat caps replies at 1024 tokens and shows the model\'s own sampling default', async () => {
+  // A first-time user: the store has no chats yet (the suite's server has other tests' chats,
+  // and a new chat starts from the previous chat's settings).
+  const setup = (page) =>
+    page.route('**/v1/conversations', (r) =>
+      r.request().method() === 'GET' ? r.fulfill({ json: { object: 'list', data: [] } }) : r.continue(),
+    );
+  await withPage('defaults', { setup }, async (page) => {
+    await page.getByTestId('model-picker').locator('option').first().waitFor({ state: 'attached' });
+    await page.waitForFunction(() => document.querySelector('[data-testid=model-picker]')?.value);
+    if (page.viewportSize().width <= 720) await page.getByTestId('sidebar-toggle').click();
+    await page.getByTestId('new-chat').click();
+    if ((await page.getByTestId('settings-panel').count()) === 0) await page.getByTestId('settings-toggle').click();
+    // The cap is in the settings, where it can be changed.
+    assert.equal(await page.getByTestId('setting-max-tokens').inputValue(), '1024');
+    // Temperature left empty: the field names the model's default and where it came from.
+    const listed = (await api('/v1/models')).json.data.find((m) => m.id === model);
+    const want = listed.shoal.sampling_defaults.temperature;
+    const temp = page.getByTestId('setting-temperature');
+    assert.equal(await temp.inputValue(), '');
+    assert.equal(Number(await temp.getAttribute('data-default')), want.value);
+    assert.equal(await temp.getAttribute('data-default-source'), want.source);
+    assert.equal(await temp.getAttribute('placeholder'), `model default ${want.value}`);
+    // What is sent: the cap, and no temperature (the server applies the model's).
+    await temp.fill('0');
+    const body = await send(page, FRANCE);
+    assert.equal(body.max_tokens, 1024);
+    await waitFinish(page);
+    await temp.fill('');
+    await page.getByTestId('setting-max-tokens').fill('');
+    const again = await send(page, FRANCE);
+    assert.equal(again.max_tokens, undefined, 'cleared: no cap sent');
+    assert.equal(again.temperature, undefined, 'empty: the model default');
+    // Uncapped, it could run to the context window: stop it.
+    await page.getByTestId('stop-button').click();
+    await waitFinish(page);
+  });
+});
+
 test('max tokens 3 ends with the length badge', async () => {
   await withPage('badge-length', {}, async (page) => {
     await newChat(page, { maxTokens: '3' });

@@ -33,6 +33,11 @@ export interface ModelDetails {
   unavailable?: string | null;
   /** KV cells reserved up front (llama.cpp). */
   kv_cache_bytes?: number | null;
+  /** What a request that leaves a sampling parameter out gets, and where it came from. */
+  sampling_defaults?: Record<'temperature' | 'top_p' | 'top_k' | 'min_p' | 'repetition_penalty', {
+    value: number;
+    source: string;
+  }>;
   loaded?: boolean;
   memory_bytes?: number | null;
   dtype?: string | null;

@@ -66,11 +66,18 @@ export interface Conversation {
   messages: Message[];
 }
 
+/**
+ * Replies in a new chat stop at this many tokens unless the settings say
+ * otherwise: a small model that rambles would otherwise run to the end of its
+ * context window. Cleared, the server's limit (the context window) applies.
+ */
+export const DEFAULT_MAX_TOKENS = 1024;
+
 export const DEFAULT_SETTINGS: ChatSettings = {
   model: '',
   systemPrompt: '',
   temperature: null,
-  maxTokens: null,
+  maxTokens: DEFAULT_MAX_TOKENS,
   stop: [],
   reasoning: false,
 };

@@ -333,11 +333,14 @@ fn prepare(state: &Served, req: &MessagesRequest) -> Result<Job, ApiError> {
         tools: p.tools,
         prompts: vec![p.tokens],
         max_tokens,
-        sampling: SamplingParams {
-            temperature: req.temperature.unwrap_or(1.0),
-            top_p: req.top_p.unwrap_or(1.0),
-            top_k: req.top_k.unwrap_or(0) as usize,
-            ..SamplingParams::default()
+        sampling: {
+            let d = state.engine.model.defaults.params();
+            SamplingParams {
+                temperature: req.temperature.unwrap_or(d.temperature),
+                top_p: req.top_p.unwrap_or(d.top_p),
+                top_k: req.top_k.map_or(d.top_k, |k| k as usize),
+                ..d
+            }
         },
         stop: stops,
         n: 1,

@@ -126,7 +126,9 @@ fn check_all(bytes: Vec<u8>) -> Result<(), String> {
                 crate::openai_chat::tool_request(&req).map(|_| ()),
                 crate::openai_chat::format_grammar(req.response_format.as_ref()).map(|_| ()),
                 crate::openai_chat::wanted_reasoning(&req).map(|_| ()),
-                req.sampling.params(Some(3)).map(|_| ()),
+                req.sampling
+                    .params(&Default::default(), Some(3))
+                    .map(|_| ()),
             ] {
                 if let Err(e) = r.as_ref() {
                     if !client_error(e) {

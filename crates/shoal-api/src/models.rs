@@ -446,6 +446,8 @@ impl ModelPool {
                 "loaded": loaded.is_some(),
                 "memory_bytes": loaded.as_ref().map(|i| i.resident_bytes()),
                 "kv_cache_bytes": loaded.as_ref().map(|i| i.kv_capacity_bytes),
+                // What a request that leaves them out gets, and from where.
+                "sampling_defaults": shoal_engine::SamplingDefaults::read(&m.path),
                 "dtype": loaded.as_ref().map(|i| i.dtype.clone()),
                 "device": loaded.as_ref().map(|i| i.device.clone()),
             }

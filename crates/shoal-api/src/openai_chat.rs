@@ -265,8 +265,13 @@ impl OpenAiSampling {
         self.n.unwrap_or(1) as usize
     }
 
-    /// Validates the ranges and builds the engine's parameters (OpenAI defaults).
-    pub fn params(&self, top_logprobs: Option<usize>) -> Result<SamplingParams, ApiError> {
+    /// Validates the ranges and builds the engine's parameters; what the
+    /// request leaves out comes from the model's `defaults`.
+    pub fn params(
+        &self,
+        defaults: &SamplingParams,
+        top_logprobs: Option<usize>,
+    ) -> Result<SamplingParams, ApiError> {
         check_range("temperature", self.temperature, 0.0, 2.0)?;
         check_range("top_p", self.top_p, 0.0, 1.0)?;
         if self.top_p == Some(0.0) {
@@ -276,13 +281,13 @@ impl OpenAiSampling {
         check_range("presence_penalty", self.presence_penalty, -2.0, 2.0)?;
         check_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)?;
         Ok(SamplingParams {
-            temperature: self.temperature.unwrap_or(1.0),
-            top_p: self.top_p.unwrap_or(1.0),
+            temperature: self.temperature.unwrap_or(defaults.temperature),
+            top_p: self.top_p.unwrap_or(defaults.top_p),
             seed: self.seed.map(|s| s as u64),
             presence_penalty: self.presence_penalty.unwrap_or(0.0),
             frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
             top_logprobs,
-            ..SamplingParams::default()
+            ..defaults.clone()
         })
     }
 }
@@ -572,9 +577,10 @@ fn prepare(state: &Served, req: &mut ChatRequest) -> Result<Job, ApiError> {
         (Some(v), _) => check_max_tokens("max_completion_tokens", Some(v), ctx)?,
         (None, v) => check_max_tokens("max_tokens", v, ctx)?,
     };
-    let sampling = req
-        .sampling
-        .params(req.logprobs.then(|| req.top_logprobs.unwrap_or(0) as usize))?;
+    let sampling = req.sampling.params(
+        &state.engine.model.defaults.params(),
+        req.logprobs.then(|| req.top_logprobs.unwrap_or(0) as usize),
+    )?;
     check_range("top_logprobs", req.top_logprobs, 0, 20)?;
     if req.top_logprobs.is_some() && !req.logprobs {
         return Err(ApiError::param(

@@ -79,7 +79,10 @@ fn prepare(state: &Served, req: &mut CompletionRequest) -> Result<Prepared, ApiE
             "'suffix' (insertion) is not supported by this model",
         ));
     }
-    let sampling = req.sampling.params(req.logprobs.map(|n| n as usize))?;
+    let sampling = req.sampling.params(
+        &state.engine.model.defaults.params(),
+        req.logprobs.map(|n| n as usize),
+    )?;
     if let Some(b) = req.best_of {
         if b != req.sampling.n() as i64 {
             return Err(ApiError::param(

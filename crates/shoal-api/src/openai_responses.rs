@@ -640,10 +640,13 @@ fn prepare(
         Job {
             prompts: vec![p.tokens],
             max_tokens,
-            sampling: SamplingParams {
-                temperature: req.temperature.unwrap_or(1.0),
-                top_p: req.top_p.unwrap_or(1.0),
-                ..SamplingParams::default()
+            sampling: {
+                let d = state.engine.model.defaults.params();
+                SamplingParams {
+                    temperature: req.temperature.unwrap_or(d.temperature),
+                    top_p: req.top_p.unwrap_or(d.top_p),
+                    ..d
+                }
             },
             stop: Vec::new(),
             n: 1,

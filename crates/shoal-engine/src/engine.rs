@@ -16,6 +16,7 @@ use crate::backends::BackendChoice;
 use crate::completion::{Completion, Event, FinishReason, Timings, Usage};
 use crate::constraint::{Grammar, GrammarCompiler};
 use crate::content_filter::ContentPolicy;
+use crate::defaults::SamplingDefaults;
 use crate::error::{EngineError, Result};
 use crate::loader::{self, LoadOptions, Vocabulary};
 use crate::prefix_cache::PrefixCache;
@@ -165,6 +166,8 @@ pub struct ModelHandle {
     pub vocab: Arc<Vocabulary>,
     /// Compiles structured-output grammars against this model's vocabulary.
     pub grammars: GrammarCompiler,
+    /// What a request gets for the sampling parameters it leaves out.
+    pub defaults: SamplingDefaults,
 }
 
 impl Engine {
@@ -235,6 +238,7 @@ impl Engine {
                 id: id.to_string(),
                 path: path.to_path_buf(),
                 grammars: GrammarCompiler::new(vocab.clone(), info.vocab_size),
+                defaults: SamplingDefaults::read(path),
                 info,
                 vocab,
             }),

@@ -9,6 +9,7 @@ pub mod constraint;
 pub mod content_filter;
 #[cfg(target_os = "linux")]
 pub mod cpu_blas;
+pub mod defaults;
 pub mod detok;
 pub mod engine;
 pub mod error;
@@ -31,6 +32,7 @@ pub use backends::llama::LlamaOptions;
 pub use backends::BackendChoice;
 pub use completion::{Completion, Event, FinishReason, Timings, TokenLogprob, Usage};
 pub use constraint::Grammar;
+pub use defaults::SamplingDefaults;
 pub use engine::{
     collect_blocking, CancelFlag, Engine, EngineOptions, EngineStats, EventStream, GenerateRequest,
     ModelHandle,

@@ -21,6 +21,7 @@ import { UsageStats } from '../components/UsageStats';
 import { renderMarkdown } from '../markdown';
 import { fmtBytes } from '../format';
 import { lib, modelById } from '../models';
+import type { ModelInfo } from '../api';
 import type { Conversation, Message } from '../store';
 
 export function ChatView() {
@@ -207,7 +208,7 @@ export function ChatView() {
 
         <Show when={settingsOpen()}>
           <Show when={current()} keyed>
-            {(c) => <SettingsPanel conv={c} />}
+            {(c) => <SettingsPanel conv={c} model={chosen()} />}
           </Show>
         </Show>
 
@@ -391,8 +392,10 @@ function numberOrNull(v: string): number | null {
 }
 
 /** Per-chat settings; inputs start from the chat's saved values and write back as you type. */
-function SettingsPanel(props: { conv: Conversation }) {
+function SettingsPanel(props: { conv: Conversation; model: ModelInfo | undefined }) {
   const s = untrack(() => props.conv.settings);
+  /** The model's own default for a setting left empty, and where it came from. */
+  const modelDefault = (key: 'temperature') => props.model?.shoal?.sampling_defaults?.[key];
   return (
     <div class="settings" data-testid="settings-panel">
       <label class="field span2">
@@ -413,7 +416,10 @@ function SettingsPanel(props: { conv: Conversation }) {
           min="0"
           max="2"
           step="0.1"
-          placeholder="server default"
+          placeholder={modelDefault('temperature') ? `model default ${modelDefault('temperature')!.value}` : 'model default'}
+          title={modelDefault('temperature') ? `from ${modelDefault('temperature')!.source}` : ''}
+          data-default={modelDefault('temperature')?.value ?? ''}
+          data-default-source={modelDefault('temperature')?.source ?? ''}
           value={s.temperature ?? ''}
           onInput={(e) => updateSettings({ temperature: numberOrNull(e.currentTarget.value) })}
         />
@@ -425,7 +431,7 @@ function SettingsPanel(props: { conv: Conversation }) {
           type="number"
           min="1"
           step="1"
-          placeholder="server default"
+          placeholder="the context window"
           value={s.maxTokens ?? ''}
           onInput={(e) => updateSettings({ maxTokens: numberOrNull(e.currentTarget.value) })}
         />
