@@ -62,10 +62,7 @@ impl Screen {
     /// End of generation: release held-back text (still screened by the regexes).
     pub fn flush(&mut self) -> StopStep {
         let rest = self.literal.flush();
-        self.check(StopStep {
-            emit: rest,
-            matched: None,
-        })
+        self.check(rest)
     }
 
     fn check(&mut self, step: StopStep) -> StopStep {

@@ -55,7 +55,9 @@ proptest! {
             }
         }
         if matched.is_none() {
-            out.push_str(&m.flush());
+            let last = m.flush();
+            out.push_str(&last.emit);
+            matched = last.matched;
         }
         let earliest = stops
             .iter()

@@ -347,9 +347,17 @@ impl Sequence {
                 }
                 let stepped = d.stops.push(&text);
                 let mut rest = stepped.emit;
-                match stepped.matched {
-                    Some(i) => reason = FinishReason::StopSequence(d.stops.stops()[i].clone()),
-                    None => rest.push_str(&d.stops.flush()),
+                let matched = match stepped.matched {
+                    Some(i) => Some(i),
+                    None => {
+                        // Held text may complete a stop only now that nothing follows.
+                        let last = d.stops.flush();
+                        rest.push_str(&last.emit);
+                        last.matched
+                    }
+                };
+                if let Some(i) = matched {
+                    reason = FinishReason::StopSequence(d.stops.stops()[i].clone());
                 }
                 emit(
                     &job.events,

@@ -47,16 +47,15 @@ impl StopMatcher {
         }
         self.pending.push_str(text);
 
+        let mut hold_from = self.partial_start();
         if let Some((at, index)) = self.earliest_match() {
-            self.pending.truncate(at);
-            self.done = true;
-            return StopStep {
-                emit: std::mem::take(&mut self.pending),
-                matched: Some(index),
-            };
+            // A longer stop that starts earlier may still complete (`"ab>b"` while
+            // `"b"` already matched in `"ab"`): the earliest start wins, so wait.
+            match self.open_start_before(at) {
+                Some(open) => hold_from = open,
+                None => return self.finish_at(at, index),
+            }
         }
-
-        let hold_from = self.partial_start();
         let held = self.pending.split_off(hold_from);
         StopStep {
             emit: std::mem::replace(&mut self.pending, held),
@@ -64,9 +63,43 @@ impl StopMatcher {
         }
     }
 
-    /// Releases held-back text at the end of generation.
-    pub fn flush(&mut self) -> String {
-        std::mem::take(&mut self.pending)
+    /// Releases held-back text at the end of generation: up to the earliest
+    /// complete stop in it, if one was waiting on a longer one that never came.
+    pub fn flush(&mut self) -> StopStep {
+        if self.done {
+            return StopStep::default();
+        }
+        match self.earliest_match() {
+            Some((at, index)) => self.finish_at(at, index),
+            None => StopStep {
+                emit: std::mem::take(&mut self.pending),
+                matched: None,
+            },
+        }
+    }
+
+    fn finish_at(&mut self, at: usize, index: usize) -> StopStep {
+        self.pending.truncate(at);
+        self.done = true;
+        StopStep {
+            emit: std::mem::take(&mut self.pending),
+            matched: Some(index),
+        }
+    }
+
+    /// The first position before `before` where the held text could still
+    /// grow into a stop sequence.
+    fn open_start_before(&self, before: usize) -> Option<usize> {
+        self.pending
+            .char_indices()
+            .map(|(i, _)| i)
+            .take_while(|&i| i < before)
+            .find(|&i| {
+                let tail = &self.pending[i..];
+                self.stops
+                    .iter()
+                    .any(|stop| stop.len() > tail.len() && stop.starts_with(tail))
+            })
     }
 
     /// The earliest complete stop in `pending` as (byte offset, stop index); at equal offsets
@@ -124,7 +157,7 @@ mod tests {
         assert_eq!(m.push("hello STOP world"), step("hello ", Some(0)));
         assert!(m.is_done());
         assert_eq!(m.push("more"), step("", None));
-        assert_eq!(m.flush(), "");
+        assert_eq!(m.flush(), step("", None));
     }
 
     #[test]
@@ -139,8 +172,25 @@ mod tests {
     fn false_partial_is_released_by_flush() {
         let mut m = matcher(&["###"]);
         assert_eq!(m.push("x ##"), step("x ", None));
-        assert_eq!(m.flush(), "##");
-        assert_eq!(m.flush(), "");
+        assert_eq!(m.flush(), step("##", None));
+        assert_eq!(m.flush(), step("", None));
+    }
+
+    #[test]
+    fn an_earlier_longer_stop_beats_a_shorter_one_already_complete() {
+        // Found by the fuzzer: "b" is complete in "ab", but "ab>b" starts earlier.
+        let mut m = matcher(&["ab>b", "b"]);
+        assert_eq!(m.push("a"), step("", None));
+        assert_eq!(m.push("b"), step("", None));
+        assert_eq!(m.push(">b"), step("", Some(0)));
+        // The longer one never completes: the shorter one ends it after all.
+        let mut m = matcher(&["ab>b", "b"]);
+        assert_eq!(m.push("xab"), step("x", None));
+        assert_eq!(m.push(">c"), step("a", Some(1)));
+        // Or generation ends while it is still open.
+        let mut m = matcher(&["ab>b", "b"]);
+        assert_eq!(m.push("ab>"), step("", None));
+        assert_eq!(m.flush(), step("a", Some(1)));
     }
 
     #[test]
