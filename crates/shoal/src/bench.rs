@@ -102,8 +102,10 @@ pub fn run(a: Args) -> Result<()> {
         queue_capacity: EngineOptions::default().queue_capacity.max(a.concurrency),
         ..a.model.engine_options()
     };
-    let engine = Engine::start(&a.model.path(), &a.model.id(), opts)
-        .with_context(|| format!("loading {}", a.model.path().display()))?;
+    let engine = shoal::OwnedEngine::new(
+        Engine::start(&a.model.path(), &a.model.id(), opts)
+            .with_context(|| format!("loading {}", a.model.path().display()))?,
+    );
     let load_s = load_start.elapsed().as_secs_f64();
     let vocab = &engine.model.vocab;
     let mut filler = Vec::new();
@@ -350,15 +352,16 @@ fn pipeline_decode(a: &Args, filler: &[u32], threads: usize) -> Result<f64> {
             prefix_cache_bytes: 0,
             ..EngineOptions::default()
         };
-        let engine = Engine::start_with(&path, "bench-split", opts, move |p| {
-            let group = Group::init_ring()?;
-            let (stage, vocab) = shoal_engine::loader::load_stage(p, Some(first.0..first.1))?;
-            Ok(shoal_engine::loader::Loaded {
-                model: Box::new(PipelineModel::new(stage, group)?),
-                vocab,
-                path: p.to_path_buf(),
-            })
-        })?;
+        let engine =
+            shoal::OwnedEngine::new(Engine::start_with(&path, "bench-split", opts, move |p| {
+                let group = Group::init_ring()?;
+                let (stage, vocab) = shoal_engine::loader::load_stage(p, Some(first.0..first.1))?;
+                Ok(shoal_engine::loader::Loaded {
+                    model: Box::new(PipelineModel::new(stage, group)?),
+                    vocab,
+                    path: p.to_path_buf(),
+                })
+            })?);
         let mut dec = Vec::new();
         for run in 0..=a.runs {
             let mut prompt = filler.to_vec();

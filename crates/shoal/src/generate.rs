@@ -45,8 +45,10 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let engine = Engine::start(&a.model.path(), &a.model.id(), a.model.engine_options())
-        .with_context(|| format!("loading {}", a.model.path().display()))?;
+    let engine = shoal::OwnedEngine::new(
+        Engine::start(&a.model.path(), &a.model.id(), a.model.engine_options())
+            .with_context(|| format!("loading {}", a.model.path().display()))?,
+    );
     let mut messages = Vec::new();
     if let Some(s) = &a.system {
         messages.push(ChatMessage {

@@ -46,6 +46,38 @@ pub fn load_engine(cfg: &config::Config) -> anyhow::Result<shoal_engine::Engine>
         .with_context(|| format!("loading {}", path.display()))
 }
 
+/// An engine a one-shot command owns: when it goes out of scope, on any
+/// path, the engine thread finishes and frees the model before the process
+/// exits, so MLX's and the BLAS library's static teardown never runs under a
+/// thread still using them (that corrupted the heap at exit on a busy host).
+pub struct OwnedEngine(Option<shoal_engine::Engine>);
+
+impl OwnedEngine {
+    /// How long exit waits for the engine thread.
+    const STOP_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+    pub fn new(engine: shoal_engine::Engine) -> Self {
+        OwnedEngine(Some(engine))
+    }
+}
+
+impl std::ops::Deref for OwnedEngine {
+    type Target = shoal_engine::Engine;
+    fn deref(&self) -> &shoal_engine::Engine {
+        self.0.as_ref().expect("present until dropped")
+    }
+}
+
+impl Drop for OwnedEngine {
+    fn drop(&mut self) {
+        if let Some(e) = self.0.take() {
+            if !e.stop_and_wait(Self::STOP_LIMIT) {
+                tracing::warn!("the engine did not stop in time");
+            }
+        }
+    }
+}
+
 /// The API server's state for `engine` under `cfg`: model pool, conversation
 /// store, prompt logging, cluster and access settings. `shoal serve` and the
 /// desktop app both serve exactly this.
