@@ -341,6 +341,12 @@ test('the cluster panel lists this node with live figures', async () => {
     assert.equal(await card.getByTestId('node-address').innerText(), api1.address);
     assert.equal(await card.getByTestId('node-status').innerText(), 'online');
     assert.match(await card.getByTestId('node-models').innerText(), new RegExp(model.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')));
+    // Each model names the engine it runs on, as /v1/cluster/nodes says.
+    const held = api1.models.find((m) => m.id === model);
+    assert.ok(['mlx', 'llama'].includes(held.backend), JSON.stringify(api1.models));
+    const item = card.getByTestId('node-model').filter({ hasText: model });
+    assert.equal(await item.getAttribute('data-backend'), held.backend);
+    assert.match(await item.innerText(), held.backend === 'mlx' ? /\bMLX\b/ : /llama\.cpp/);
     const mem = card.getByTestId('node-memory');
     assert.equal(Number(await mem.getAttribute('data-total')), api1.memory.total_bytes);
     const used = Number(await mem.getAttribute('data-used'));

@@ -100,7 +100,7 @@ export interface ClusterNode {
   memory: { total_bytes: number; used_bytes: number };
   accelerator: string | null;
   backend: 'cpu' | 'metal' | string;
-  models: { id: string; memory_bytes: number }[];
+  models: { id: string; memory_bytes: number; backend?: string }[];
   requests: { in_flight: number; queued: number };
   last_seen_ms: number;
 }

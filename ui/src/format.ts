@@ -38,3 +38,8 @@ export function fmtTime(epochSeconds: number): string {
   const d = new Date(epochSeconds * 1000);
   return d.toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', second: '2-digit' });
 }
+
+/** How the engine behind a model is called in the UI. */
+export function backendName(b: string): string {
+  return b === 'llama' ? 'llama.cpp' : b === 'mlx' ? 'MLX' : b;
+}

@@ -87,10 +87,11 @@ async fn control_load(
         .engine(&req.model)
         .await
         .map_err(|e| e.in_dialect(Dialect::OpenAi))?;
-    Ok(
-        Json(json!({"model": engine.model.id, "memory_bytes": engine.model.info.weight_bytes}))
-            .into_response(),
+    Ok(Json(
+        json!({"model": engine.model.id, "memory_bytes": engine.model.info.resident_bytes(),
+                    "backend": engine.model.info.backend}),
     )
+    .into_response())
 }
 
 async fn control_unload(
@@ -239,10 +240,15 @@ async fn place(
             .collect::<Result<_, _>>()?,
         Some(_) => return Err(bad("'nodes' is a list of node ids or \"auto\"")),
     };
+    if req.sharding.as_deref().is_some_and(|x| x != "pipeline") {
+        return Err(bad("'sharding' is \"pipeline\" (by layers)"));
+    }
+    if req.sharding.is_some() && chosen.len() <= 1 {
+        crate::shards::splittable(&s, &req.model)
+            .await
+            .map_err(|e| e.in_dialect(Dialect::OpenAi))?;
+    }
     if chosen.len() > 1 {
-        if req.sharding.as_deref().is_some_and(|x| x != "pipeline") {
-            return Err(bad("'sharding' is \"pipeline\" (by layers)"));
-        }
         return crate::shards::place(&s, &req.model, chosen, true)
             .await
             .map(|v| Json(v).into_response())
@@ -400,7 +406,8 @@ impl AppState {
             .iter()
             .map(|e| ModelLoad {
                 id: e.model.id.clone(),
-                memory_bytes: e.model.info.weight_bytes as u64,
+                memory_bytes: e.model.info.resident_bytes() as u64,
+                backend: e.model.info.backend.to_string(),
             })
             .collect();
         // Models split over nodes from here are served here too.
@@ -417,6 +424,7 @@ impl AppState {
                 models.push(ModelLoad {
                     id: i.model.clone(),
                     memory_bytes: 0,
+                    backend: shoal_engine::BackendKind::Mlx.to_string(),
                 });
             }
         }

@@ -196,6 +196,19 @@ impl ModelPool {
         self.resolve(requested)
     }
 
+    /// The backend a model runs on: the one it is loaded on, else the one
+    /// this pool's backend setting would load it on. Reads a GGUF header, so
+    /// call it off the async runtime.
+    pub fn backend_of(&self, requested: &str) -> Result<shoal_engine::BackendKind, ApiError> {
+        if let Some(e) = self.loaded_engine(requested) {
+            return Ok(e.model.info.backend);
+        }
+        let (_, path) = self.resolve(requested)?;
+        shoal_engine::backends::route(&path, self.opts.engine.backend)
+            .map(|r| r.backend)
+            .map_err(|e| ApiError::unavailable(format!("model '{requested}' cannot run here: {e}")))
+    }
+
     /// What a name refers to: a named model, else a model in the library.
     fn resolve(&self, requested: &str) -> Result<(String, PathBuf), ApiError> {
         if let Some(n) = self.named_id(requested) {

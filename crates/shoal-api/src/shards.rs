@@ -219,6 +219,27 @@ pub fn split(layers: usize, free: &[u64]) -> Vec<(usize, usize)> {
 }
 
 /// Places a pipeline instance over `nodes` (this node first).
+/// Refuses to split a model that runs on llama.cpp: splitting by layers runs
+/// over MLX's own ring, and a llama.cpp model is placed whole on one node.
+pub async fn splittable(s: &AppState, model: &str) -> Result<(), ApiError> {
+    let pool = s.pool.clone();
+    let name = model.to_string();
+    let backend = tokio::task::spawn_blocking(move || pool.backend_of(&name))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??;
+    if backend == shoal_engine::BackendKind::Llama {
+        return Err(ApiError::param(
+            "sharding",
+            format!(
+                "model '{model}' runs on llama.cpp, which places a model whole on one node; \
+                 splitting by layers runs over MLX's ring (start the nodes with --backend mlx \
+                 to split this model)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 pub async fn place(
     s: &AppState,
     model: &str,
@@ -235,6 +256,7 @@ pub async fn place(
             "send the placement to one of the instance's nodes: it becomes the first stage",
         ));
     }
+    splittable(s, model).await?;
     let mut order = vec![self_id.clone()];
     order.extend(nodes.iter().filter(|n| **n != self_id).cloned());
     let (model_id, path) = s.pool.path_of(model)?;

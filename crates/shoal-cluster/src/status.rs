@@ -13,7 +13,12 @@ use crate::identity::NodeIdentity;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelLoad {
     pub id: String,
+    /// Weights plus the KV state the model holds.
     pub memory_bytes: u64,
+    /// The engine it runs on (`mlx` or `llama`); empty from nodes that
+    /// predate the field.
+    #[serde(default)]
+    pub backend: String,
 }
 
 /// Requests a node is working on.
@@ -215,6 +220,7 @@ mod tests {
             vec![ModelLoad {
                 id: "m".into(),
                 memory_bytes: 42,
+                backend: "llama".into(),
             }],
             Requests {
                 in_flight: 1,
@@ -229,6 +235,7 @@ mod tests {
         assert_eq!(v["address"], "127.0.0.1:8421");
         assert_eq!(v["requests"]["queued"], 2);
         assert_eq!(v["models"][0]["memory_bytes"], 42);
+        assert_eq!(v["models"][0]["backend"], "llama");
         assert_eq!(v["backend"], "cpu");
         assert!(v["last_seen_ms"].as_u64().is_some_and(|t| t > 0));
     }

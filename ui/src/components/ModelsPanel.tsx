@@ -1,6 +1,6 @@
 import { createSignal, For, onCleanup, onMount, Show } from 'solid-js';
 import type { ModelInfo } from '../api';
-import { fmtBytes } from '../format';
+import { backendName, fmtBytes } from '../format';
 import {
   deleteOne,
   dismissActionError,
@@ -20,11 +20,6 @@ const REFRESH_MS = 3000;
 /** A model's quantization (or its format when it has none), for labels. */
 export function quantOf(m: ModelInfo): string {
   return m.shoal?.quantization || m.shoal?.format || '—';
-}
-
-/** How the engine behind a model is called in the UI. */
-export function backendName(b: string): string {
-  return b === 'llama' ? 'llama.cpp' : b === 'mlx' ? 'MLX' : b;
 }
 
 /** One line about a model for the picker: quantization, size on disk, memory if loaded, engine. */

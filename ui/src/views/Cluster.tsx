@@ -1,6 +1,6 @@
 import { For, Show } from 'solid-js';
 import { clusterNodes, type ClusterNode } from '../api';
-import { fmtAgo, fmtBytes } from '../format';
+import { backendName, fmtAgo, fmtBytes } from '../format';
 import { usePoll } from '../poll';
 
 const REFRESH_MS = 2000;
@@ -75,8 +75,12 @@ function NodeCard(props: { node: ClusterNode }) {
             <ul class="plain">
               <For each={n().models}>
                 {(m) => (
-                  <li>
+                  <li data-testid="node-model" data-backend={m.backend ?? ''}>
                     <span class="mono">{m.id}</span> <span class="muted">{fmtBytes(m.memory_bytes)}</span>
+                    <Show when={m.backend}>
+                      {' '}
+                      <span class="tag">{backendName(m.backend ?? '')}</span>
+                    </Show>
                   </li>
                 )}
               </For>
