@@ -28,17 +28,24 @@ run: build
 test: setup ui lint
 	@set -o pipefail; $(CARGO) test --release --workspace --exclude shoal-desktop 2>&1 | tee $(CACHE)/cargo-test.log
 	@grep -E "^test result:" $(CACHE)/cargo-test.log | awk '{p+=$$4; f+=$$6} END {print "rust: " p " passed, " f " failed"; if (p == 0) exit 1}'
-	@# Suites whose expectations do not depend on the reply's words, again on llama.cpp.
-	@set -o pipefail; SHOAL_TEST_BACKEND=llama $(CARGO) test --release -p shoal-api --test faults 2>&1 | tee $(CACHE)/cargo-test-llama.log
+	@# The behaviour suites again with the default GGUF on llama.cpp.
+	@set -o pipefail; SHOAL_TEST_BACKEND=llama SHOAL_BACKEND=llama $(CARGO) test --release $(BEHAVIOUR_SUITES) 2>&1 | tee $(CACHE)/cargo-test-llama.log
 	@grep -E "^test result:" $(CACHE)/cargo-test-llama.log | awk '{p+=$$4; f+=$$6} END {print "rust (default GGUF on llama.cpp): " p " passed, " f " failed"; if (p == 0) exit 1}'
 	@$(CARGO) build --release -p shoal
 	@bash tests/run-sdk.sh
+	@SHOAL_BACKEND=llama bash tests/run-sdk.sh
 	@$(CARGO) build --release -p shoal-models --features fixture --bin shoal-hub-fixture
 	@bash tests/run-ui.sh
 
+# The engine, API, CLI and SDK suites about behaviour run on both backends: first on MLX
+# with the whole workspace, then these again (and the SDK suites) on llama.cpp. The
+# llama.cpp backend also has suites of its own (real_models) on all three real models.
+BEHAVIOUR_SUITES := -p shoal-engine --test e2e --test batching \
+	-p shoal-api --test http --test faults --test access --test models --test defaults \
+	-p shoal --test cli --test netns
+
 # Test runs keep to an empty model library of their own and never reach a hub.
-# Suites that spawn `shoal serve` (CLI, SDKs, UI, desktop) expect the default model's greedy
-# replies on MLX; the llama.cpp backend has suites of its own (real_models) on all three models.
+# The UI and desktop suites serve on MLX (their replies are checked word for word).
 test test-ui desktop load: export SHOAL_BACKEND := mlx
 test test-ui: export HF_HOME := $(ROOT)/target/hf-home-test
 test test-ui: export HF_ENDPOINT := http://127.0.0.1:9

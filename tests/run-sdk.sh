@@ -10,7 +10,7 @@ set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export SHOAL_BIN="${SHOAL_BIN:-$ROOT/target/release/shoal}"
-# The replies this suite expects are the default model's greedy replies on MLX.
+# The backend the server runs the default GGUF on (`make test` runs the suites on both).
 export SHOAL_BACKEND="${SHOAL_BACKEND:-mlx}"
 if [[ ! -f "$SHOAL_BIN" || ! -x "$SHOAL_BIN" ]]; then
   echo "run-sdk: shoal binary not found or not executable: $SHOAL_BIN" >&2
@@ -67,6 +67,6 @@ if ((node_rc != 0 || node_fail > 0 || node_pass == 0)); then status=1; fi
 ((node_pass == 0)) && echo "run-sdk: the Node suite ran no test" >&2
 echo
 echo "python sdk took ${py_secs}s (pytest exit $py_rc); node sdk took ${node_secs}s (exit $node_rc)"
-echo "python sdk: $py_pass passed, $py_fail failed"
-echo "node sdk: $node_pass passed, $node_fail failed"
+echo "python sdk (on $SHOAL_BACKEND): $py_pass passed, $py_fail failed"
+echo "node sdk (on $SHOAL_BACKEND): $node_pass passed, $node_fail failed"
 exit "$status"

@@ -31,10 +31,10 @@ STARTUP_TIMEOUT_S = 180.0
 LISTEN_RE = re.compile(r"shoal listening on (http://\S+) \(model (.+)\)")
 
 # Facts of the default model under greedy decoding (temperature 0).
-QUESTION = "What is the capital of France?"
+QUESTION = "What is the capital of France? Answer in one sentence."
 ANSWER = "The capital of France is Paris."
 ANSWER_TOKENS = 8  # seven text tokens plus the closing <|im_end|> (EOS counts)
-PROMPT_TOKENS = 37  # QUESTION under the template's default system prompt
+PROMPT_TOKENS = 42  # QUESTION under the template's default system prompt
 STOP = "Paris"
 STOPPED_TEXT = "The capital of France is "
 STOPPED_TOKENS = 6  # includes the token that completed the stop sequence
@@ -46,8 +46,9 @@ RAW_PROMPT = (
     "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
     "<|im_end|>\n<|im_start|>user\n" + QUESTION + "<|im_end|>\n<|im_start|>assistant\n"
 )
-# A prompt the model answers at length, for cancellation and queue tests.
-LONG_PROMPT = "Write a long story about a dragon who learns to bake bread."
+# A prompt the model answers at length on both backends (greedy runs to any
+# max_tokens used here), for cancellation and queue tests.
+LONG_PROMPT = "Write the numbers from 1 to 500 separated by commas."
 
 
 @dataclass

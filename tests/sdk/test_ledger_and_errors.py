@@ -255,7 +255,8 @@ QUEUE_ALIAS = "shoal-alias"
 
 @pytest.fixture(scope="module")
 def small_queue_server():
-    srv = start_server("--queue", "1", "--model-id", QUEUE_MODEL_ID, "--alias", QUEUE_ALIAS)
+    # One running request and one queued: the next one overflows, whatever the speed.
+    srv = start_server("--queue", "1", "--max-batch", "1", "--model-id", QUEUE_MODEL_ID, "--alias", QUEUE_ALIAS)
     try:
         yield srv
     finally:
@@ -279,7 +280,7 @@ def test_queue_overflow_429_and_529(small_queue_server):
     srv = small_queue_server
     oai2 = openai_client(srv)
     claude2 = anthropic_client(srv)
-    long_chat = dict(model=QUEUE_MODEL_ID, messages=[user(LONG_PROMPT)], max_tokens=400, stream=True, **GREEDY)
+    long_chat = dict(model=QUEUE_MODEL_ID, messages=[user(LONG_PROMPT)], max_tokens=2000, stream=True, **GREEDY)
     running = oai2.chat.completions.create(**long_chat)
     first = next(iter(running))  # the engine is busy with it now
     waiting = oai2.chat.completions.create(**long_chat)  # takes the one queue slot

@@ -44,7 +44,7 @@ def test_multi_turn_chat_reuses_the_first_turn(cached_server: Server) -> None:
 def test_cached_and_uncached_greedy_output_match(cached_server: Server) -> None:
     oai = openai_client(cached_server)
     m = cached_server.model
-    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is the capital of France?"}]
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
     cold = oai.chat.completions.create(model=m, messages=msgs, temperature=0, max_tokens=12)
     warm = oai.chat.completions.create(model=m, messages=msgs, temperature=0, max_tokens=12)
     assert warm.usage.prompt_tokens_details.cached_tokens == warm.usage.prompt_tokens - 1

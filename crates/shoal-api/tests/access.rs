@@ -352,7 +352,7 @@ async fn requests_over_the_time_limit_end_with_a_timeout_and_keep_their_usage() 
     );
 
     // Each streamed dialect ends with its own error event.
-    let count = "Count from 1 to 1000, one number per line.";
+    let count = "Write the numbers from 1 to 500 separated by commas.";
     let chat = json!({"model": MODEL, "max_tokens": 4000, "stream": true, "temperature": 0,
                       "messages": [{"role": "user", "content": count}]});
     let streamed = [

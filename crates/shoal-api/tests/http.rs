@@ -66,7 +66,7 @@ async fn post(base: &str, path: &str, body: &str) -> (u16, String, reqwest::head
 }
 
 fn france() -> Value {
-    json!([{"role": "user", "content": "What is the capital of France?"}])
+    json!([{"role": "user", "content": "What is the capital of France? Answer in one sentence."}])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -95,7 +95,7 @@ async fn chat_sse_order_and_usage_only_when_asked() {
             let last = chunks.last().expect("usage chunk");
             assert_eq!(last["choices"], json!([]));
             assert_eq!(last["usage"]["completion_tokens"], 5);
-            assert_eq!(last["usage"]["prompt_tokens"], 37);
+            assert_eq!(last["usage"]["prompt_tokens"], 42);
             for c in &chunks[..chunks.len() - 1] {
                 assert!(
                     c["usage"].is_null(),
@@ -137,13 +137,13 @@ async fn anthropic_and_responses_sse_order() {
         );
     }
     let start: Value = serde_json::from_str(&ev[0].1).expect("json");
-    assert_eq!(start["message"]["usage"]["input_tokens"], 37);
+    assert_eq!(start["message"]["usage"]["input_tokens"], 42);
     let delta: Value = serde_json::from_str(&ev[ev.len() - 2].1).expect("json");
     assert_eq!(delta["delta"]["stop_reason"], "stop_sequence");
     assert_eq!(delta["delta"]["stop_sequence"], "Paris");
     assert_eq!(delta["usage"]["output_tokens"], 6);
 
-    let body = json!({"model": MODEL, "input": "What is the capital of France?", "max_output_tokens": 3,
+    let body = json!({"model": MODEL, "input": "What is the capital of France? Answer in one sentence.", "max_output_tokens": 3,
                       "temperature": 0, "stream": true});
     let (status, text, _) = post(&base, "/v1/responses", &body.to_string()).await;
     assert_eq!(status, 200);
@@ -158,7 +158,7 @@ async fn anthropic_and_responses_sse_order() {
         "max_output_tokens"
     );
     assert_eq!(last["response"]["usage"]["output_tokens"], 3);
-    assert_eq!(last["response"]["usage"]["input_tokens"], 37);
+    assert_eq!(last["response"]["usage"]["input_tokens"], 42);
     for (i, (_, d)) in ev.iter().enumerate() {
         let v: Value = serde_json::from_str(d).expect("json");
         assert_eq!(v["sequence_number"], i as u64);
@@ -434,7 +434,7 @@ async fn content_filter_in_every_dialect_with_usage() {
         v["usage"]["completion_tokens"], 6,
         "tokens spent before the filter fired still count"
     );
-    assert_eq!(v["usage"]["prompt_tokens"], 37);
+    assert_eq!(v["usage"]["prompt_tokens"], 42);
 
     let mut streamed = chat.clone();
     streamed["stream"] = json!(true);
@@ -457,7 +457,7 @@ async fn content_filter_in_every_dialect_with_usage() {
     assert_eq!(v["stop_reason"], "refusal");
     assert_eq!(v["usage"]["output_tokens"], 6);
 
-    let resp = json!({"model": MODEL, "input": "What is the capital of France?", "temperature": 0});
+    let resp = json!({"model": MODEL, "input": "What is the capital of France? Answer in one sentence.", "temperature": 0});
     let (_, t, _) = post(&base, "/v1/responses", &resp.to_string()).await;
     let v: Value = serde_json::from_str(&t).expect("json");
     assert_eq!(v["status"], "incomplete");
@@ -584,7 +584,7 @@ async fn reasoning_budget_is_exact_in_every_dialect() {
     assert_eq!(s, 400, "budget must be below max_tokens");
 
     // Responses: a reasoning item before the message, reasoning_tokens in usage.
-    let resp = json!({"model": MODEL, "input": "What is the capital of France?", "temperature": 0,
+    let resp = json!({"model": MODEL, "input": "What is the capital of France? Answer in one sentence.", "temperature": 0,
                       "max_output_tokens": 30, "reasoning": {"effort": "low"}});
     let (_, t, _) = post(&base, "/v1/responses", &resp.to_string()).await;
     let v: Value = serde_json::from_str(&t).expect("json");
@@ -729,7 +729,7 @@ async fn conversations_store_replies_with_the_ledger_metadata_not_the_clients() 
     let (st, user) = send(
         Method::POST,
         format!("{base}/v1/conversations/{cid}/messages"),
-        Some(json!({"role": "user", "content": "What is the capital of France?"})),
+        Some(json!({"role": "user", "content": "What is the capital of France? Answer in one sentence."})),
     )
     .await;
     assert_eq!((st, user["role"].as_str()), (200, Some("user")), "{user}");
@@ -738,7 +738,7 @@ async fn conversations_store_replies_with_the_ledger_metadata_not_the_clients() 
     let (_, body, _) = post(
         &base,
         "/v1/chat/completions",
-        &json!({"model": MODEL, "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        &json!({"model": MODEL, "messages": [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}],
                 "max_tokens": 40, "temperature": 0, "stop": ["."], "stream": true,
                 "stream_options": {"include_usage": true}})
         .to_string(),

@@ -47,7 +47,7 @@ fn run(req: GenerateRequest) -> (String, Completion) {
 #[test]
 fn france_greedy_answer_and_exact_usage() {
     let e = engine();
-    let prompt = chat_prompt(e, "What is the capital of France?");
+    let prompt = chat_prompt(e, "What is the capital of France? Answer in one sentence.");
     let n_prompt = prompt.len();
     let (text, c) = run(greedy(prompt, Some(64), vec![]));
     assert_eq!(text, "The capital of France is Paris.");
@@ -78,7 +78,7 @@ fn max_tokens_gives_length_with_exact_count() {
 fn stop_sequence_is_reported_and_excluded() {
     let e = engine();
     let (text, c) = run(greedy(
-        chat_prompt(e, "What is the capital of France?"),
+        chat_prompt(e, "What is the capital of France? Answer in one sentence."),
         Some(64),
         vec!["Paris".into()],
     ));
@@ -99,7 +99,7 @@ fn stop_sequence_across_tokens() {
     let e = engine();
     // "of Fr" spans the tokens " of" and " France".
     let (text, c) = run(greedy(
-        chat_prompt(e, "What is the capital of France?"),
+        chat_prompt(e, "What is the capital of France? Answer in one sentence."),
         Some(64),
         vec!["of Fr".into()],
     ));
@@ -233,7 +233,7 @@ fn utf8_never_broken_in_deltas() {
 fn logprobs_are_reported_per_token() {
     let e = engine();
     let mut req = greedy(
-        chat_prompt(e, "What is the capital of France?"),
+        chat_prompt(e, "What is the capital of France? Answer in one sentence."),
         Some(5),
         vec![],
     );
@@ -324,7 +324,7 @@ fn prefix_cache_reuses_shared_prompts_with_identical_greedy_output() {
     let run_on = |prompt: Vec<u32>| {
         collect_blocking(e.submit(greedy(prompt, Some(16), vec![])).unwrap()).unwrap()
     };
-    let a = msgs("What is the capital of France?");
+    let a = msgs("What is the capital of France? Answer in one sentence.");
     let (cold_text, cold) = run_on(a.clone());
     assert_eq!(cold.usage.cached_tokens, 0);
     // Same prompt again: all but the last token come from the cache.

@@ -30,14 +30,14 @@ fn run_json(args: &[&str]) -> Value {
 
 #[test]
 fn generate_json_natural_stop() {
-    let v = run_json(&["What is the capital of France?"]);
+    let v = run_json(&["What is the capital of France? Answer in one sentence."]);
     assert_eq!(v["text"], "The capital of France is Paris.");
     assert_eq!(v["finish_reason"], "stop");
     assert!(v["stop_sequence"].is_null());
     let u = &v["usage"];
-    assert_eq!(u["prompt_tokens"], 37);
+    assert_eq!(u["prompt_tokens"], 42);
     assert_eq!(u["completion_tokens"], 8);
-    assert_eq!(u["total_tokens"], 45);
+    assert_eq!(u["total_tokens"], 50);
     assert_eq!(u["cached_tokens"], 0);
     assert_eq!(u["reasoning_tokens"], 0);
     assert!(v["timings"]["ttft_ms"].as_f64().unwrap_or(0.0) > 0.0);
@@ -45,7 +45,11 @@ fn generate_json_natural_stop() {
 
 #[test]
 fn generate_json_max_tokens_and_stop_sequence() {
-    let v = run_json(&["--max-tokens", "3", "What is the capital of France?"]);
+    let v = run_json(&[
+        "--max-tokens",
+        "3",
+        "What is the capital of France? Answer in one sentence.",
+    ]);
     assert_eq!(v["finish_reason"], "length");
     assert_eq!(v["usage"]["completion_tokens"], 3);
     assert_eq!(v["text"], "The capital of");
@@ -55,7 +59,7 @@ fn generate_json_max_tokens_and_stop_sequence() {
         "Paris",
         "--stop",
         "Berlin",
-        "What is the capital of France?",
+        "What is the capital of France? Answer in one sentence.",
     ]);
     assert_eq!(v["finish_reason"], "stop_sequence");
     assert_eq!(v["stop_sequence"], "Paris");
@@ -90,8 +94,9 @@ fn missing_and_unsupported_models_fail_clearly() {
         r#"{"model_type": "gpt_neox", "hidden_size": 8}"#,
     )
     .expect("write");
+    // Model directories run on MLX whatever backend the environment asks for.
     let out = shoal()
-        .args(["generate", "--model"])
+        .args(["generate", "--backend", "auto", "--model"])
         .arg(&dir)
         .arg("hi")
         .output()
@@ -109,8 +114,9 @@ fn missing_and_unsupported_models_fail_clearly() {
             "num_attention_heads": 2, "vocab_size": 10}"#,
     )
     .expect("write");
+    // Model directories run on MLX whatever backend the environment asks for.
     let out = shoal()
-        .args(["generate", "--model"])
+        .args(["generate", "--backend", "auto", "--model"])
         .arg(&dir)
         .arg("hi")
         .output()
@@ -298,7 +304,7 @@ fn serve_applies_content_filter_from_config_file() {
 
     let body = serde_json::json!({
         "model": "filtered",
-        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "messages": [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}],
         "temperature": 0,
         "max_tokens": 20,
     });
@@ -339,7 +345,7 @@ fn chat_records_what_the_server_sent_in_every_dialect() {
                 .arg(&db)
                 .args([
                     "--once",
-                    "What is the capital of France?",
+                    "What is the capital of France? Answer in one sentence.",
                     "--max-tokens",
                     "5",
                 ])
@@ -782,6 +788,7 @@ fn cluster_nodes_join_report_status_refuse_strangers_and_drop_the_dead() {
             assert_eq!(n["backend"], "cpu");
             assert!(n["os"].as_str().is_some_and(|s| !s.is_empty()));
             assert_eq!(n["models"][0]["id"], shoal::id_from_path(&gguf()));
+            assert_eq!(n["models"][0]["backend"], gguf_backend(), "{n}");
             assert!(
                 n["models"][0]["memory_bytes"].as_u64().unwrap_or(0) > 100 << 20,
                 "{n}"
@@ -929,7 +936,7 @@ fn requests_are_forwarded_and_instances_survive_a_dead_node() {
 
     // Forwarded: the same greedy answer and usage as asking B directly.
     let ask = json!({"model": model, "max_tokens": 8, "temperature": 0,
-                     "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+                     "messages": [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]})
     .to_string();
     let (status, direct) = post_json(&b, "/v1/chat/completions", &ask);
     assert_eq!(status, 200, "{direct}");
@@ -1084,6 +1091,51 @@ fn exposure_needs_a_key_and_keys_stay_out_of_output() {
     assert!(!log.contains(key), "the key is in the log");
 }
 
+/// A model on llama.cpp is placed whole: asking to split it by layers gets a
+/// 400 that says why, and the node lists the model with its backend.
+#[test]
+fn a_model_on_llama_cpp_is_never_split() {
+    let dir = temp_dir("llama-whole");
+    let (_server, a) = start_server(&dir, |c| {
+        c.args(["serve", "--port", "0", "--no-mdns", "--backend", "llama"])
+            .args(["--cluster-secret", "whole", "--model"])
+            .arg(gguf());
+    });
+    let self_id = wait_nodes(&a, |n| !n.is_empty())[0]["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let model = shoal::id_from_path(&gguf());
+    for nodes in [json!([self_id]), json!([self_id, "another"])] {
+        let (status, v) = post_json(
+            &a,
+            "/v1/instances",
+            &json!({"model": model, "nodes": nodes, "sharding": "pipeline"}).to_string(),
+        );
+        assert_eq!(status, 400, "{v}");
+        assert_eq!(v["error"]["param"], "sharding", "{v}");
+        let msg = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.contains("llama.cpp") && msg.contains("MLX"), "{msg}");
+    }
+    let (status, v) = post_json(
+        &a,
+        "/v1/instances/preview",
+        &json!({"model": model, "nodes": [self_id, "another"]}).to_string(),
+    );
+    assert_eq!(status, 400, "{v}");
+    // Placed whole, it loads and the node panel's source says on what.
+    let (status, inst) = post_json(
+        &a,
+        "/v1/instances",
+        &json!({"model": model, "nodes": [self_id]}).to_string(),
+    );
+    assert_eq!(status, 200, "{inst}");
+    let nodes = get_json(&a, "/v1/cluster/nodes");
+    let held = &nodes["nodes"][0]["models"][0];
+    assert_eq!(held["id"], model.as_str(), "{nodes}");
+    assert_eq!(held["backend"], "llama", "{nodes}");
+}
+
 /// A model split by layers over two nodes answers exactly like one node
 /// (same greedy text and usage, streaming or not); when a node dies
 /// mid-stream the client gets an error event, the instance shows failed,
@@ -1107,7 +1159,8 @@ fn a_model_split_over_two_nodes_answers_like_one_and_survives_a_dead_node() {
                 "0",
                 "--no-mdns",
             ])
-            .args(["--cluster-secret", "pipe", "--config"])
+            // Splitting by layers runs on MLX's ring.
+            .args(["--backend", "mlx", "--cluster-secret", "pipe", "--config"])
             .arg(&cfg)
             .arg("--model")
             .arg(gguf())
@@ -1124,7 +1177,7 @@ fn a_model_split_over_two_nodes_answers_like_one_and_survives_a_dead_node() {
     let b_id = nodes[1]["id"].as_str().expect("id").to_string();
     let model = shoal::id_from_path(&gguf());
     let ask = json!({"model": model, "max_tokens": 12, "temperature": 0,
-                     "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+                     "messages": [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]})
     .to_string();
     let (status, single) = post_json(&a, "/v1/chat/completions", &ask);
     assert_eq!(status, 200, "{single}");
@@ -1199,7 +1252,7 @@ fn a_model_split_over_two_nodes_answers_like_one_and_survives_a_dead_node() {
         "/v1/chat/completions",
         &json!({"model": model, "max_tokens": 12, "temperature": 0, "stream": true,
                 "stream_options": {"include_usage": true},
-                "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+                "messages": [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]})
         .to_string(),
         || {},
     );

@@ -101,6 +101,8 @@ fn node(ns: &str, addr: &str, secret: &str) -> (Server, String) {
     isolate(&mut cmd, &dir);
     cmd.args(["serve", "--host", addr, "--port", "8421", "--api-key", KEY])
         .args(["--prefix-cache-mb", "0", "--cluster-secret", secret])
+        // The model is split by layers below, which runs on MLX's ring.
+        .args(["--backend", "mlx"])
         .arg("--model")
         .arg(gguf());
     spawn_server(cmd, &dir)
@@ -170,7 +172,7 @@ fn hosts_on_a_network_discover_each_other_and_split_a_model() {
     // A pipeline over both hosts: the MLX ring between namespaces.
     let model = shoal::id_from_path(&gguf());
     let ask = json!({"model": model, "max_tokens": 12, "temperature": 0,
-                     "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+                     "messages": [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]})
     .to_string();
     let (status, single) = post_json_with(&a, "/v1/chat/completions", &ask, &auth());
     assert_eq!(status, 200, "{single}");

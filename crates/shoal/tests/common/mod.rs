@@ -72,6 +72,17 @@ pub fn gguf() -> PathBuf {
         })
 }
 
+/// The backend servers started by these tests run the default GGUF on:
+/// `SHOAL_BACKEND` passes through to them (`make test` runs the suites on
+/// each backend); `auto` sends a GGUF to llama.cpp.
+pub fn gguf_backend() -> &'static str {
+    match std::env::var("SHOAL_BACKEND").as_deref() {
+        Ok("mlx") => "mlx",
+        _ if cfg!(target_os = "macos") => "mlx",
+        _ => "llama",
+    }
+}
+
 /// Runs `cmd` and returns (success, stdout, stderr).
 pub fn output(cmd: &mut Command) -> (bool, String, String) {
     let out = cmd.output().expect("run shoal");
