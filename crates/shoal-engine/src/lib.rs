@@ -16,8 +16,6 @@ pub mod error;
 #[cfg(test)]
 mod fuzz_tests;
 pub mod loader;
-pub mod model;
-pub mod pipeline;
 pub mod prefix_cache;
 pub mod reasoning;
 pub mod sampler;

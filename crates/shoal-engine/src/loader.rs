@@ -8,10 +8,10 @@ use tokenizers::Tokenizer;
 use crate::backend::{BackendKind, LanguageModel};
 use crate::backends::llama::vocab::LlamaVocab;
 use crate::backends::llama::{LlamaCppModel, LlamaOptions};
+use crate::backends::mlx::{gguf, gguf_subset, hf, DevicePolicy, Transformer};
 use crate::backends::{self, BackendChoice};
 use crate::detok::Decode;
 use crate::error::{EngineError, Result};
-use crate::model::{self, gguf, gguf_subset, hf, DevicePolicy, Transformer};
 use crate::template::{ChatMessage, ChatTemplate};
 use crate::tokenizer::{tokenizer_from_gguf, GgufVocab};
 
@@ -413,7 +413,7 @@ fn cache_dir() -> PathBuf {
         .unwrap_or_else(|_| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../.cache")))
 }
 
-pub use model::ModelConfig;
+pub use crate::backends::mlx::ModelConfig;
 
 #[cfg(test)]
 mod tests {

@@ -5,10 +5,10 @@ use std::collections::BTreeSet;
 
 use mlx_rs::Array;
 use shoal_engine::backend::LanguageModel;
+use shoal_engine::backends::mlx::gguf_subset::write_stage;
+use shoal_engine::backends::mlx::stage::{gguf_part, Span};
+use shoal_engine::backends::mlx::{gguf, DevicePolicy, MlxCache, Transformer};
 use shoal_engine::loader;
-use shoal_engine::model::gguf_subset::write_stage;
-use shoal_engine::model::stage::{gguf_part, Span};
-use shoal_engine::model::{gguf, DevicePolicy, MlxCache, Transformer};
 
 fn names(path: &std::path::Path) -> BTreeSet<String> {
     let f = gguf::open(path).expect("open GGUF");

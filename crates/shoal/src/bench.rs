@@ -309,7 +309,7 @@ pub fn run(a: Args) -> Result<()> {
 /// Decode speed with the model split over `a.split` processes: this one is
 /// rank 0 (the engine), `shoal shard` children run the other layers.
 fn pipeline_decode(a: &Args, filler: &[u32], threads: usize) -> Result<f64> {
-    use shoal_engine::pipeline::{Group, PipelineModel};
+    use shoal_engine::backends::mlx::pipeline::{Group, PipelineModel};
     let path = a.model.path();
     let layers = shoal_models::ModelCard::read(&path)?
         .layers

@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use anyhow::{anyhow, bail, Context, Result};
 use shoal_api::AppState;
 use shoal_engine::backend::LanguageModel;
+use shoal_engine::backends::mlx::pipeline::{serve_stage, Group, PipelineModel};
 use shoal_engine::loader::{self, Loaded};
-use shoal_engine::pipeline::{serve_stage, Group, PipelineModel};
 use shoal_engine::{Engine, EngineOptions};
 
 #[derive(clap::Args, Debug)]

@@ -7,6 +7,7 @@ use crate::backend::BackendKind;
 use crate::error::{EngineError, Result};
 
 pub mod llama;
+pub mod mlx;
 
 /// Which backend a user asked for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -19,8 +19,8 @@ use std::sync::Arc;
 use mlx_rs::{Array, Dtype, Stream};
 
 use crate::backend::{CacheRows, DecodeBatch, KvCache, LanguageModel, ModelInfo};
+use crate::backends::mlx::{MlxCache, Transformer};
 use crate::error::{EngineError, Result};
-use crate::model::{MlxCache, Transformer};
 
 /// A process's membership in MLX's distributed group.
 pub struct Group {

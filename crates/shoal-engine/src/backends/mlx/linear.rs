@@ -1,0 +1,165 @@
+//! Projections: dense or MLX-affine-quantized weights, fused when possible.
+
+use mlx_rs::ops::{self, concatenate};
+use mlx_rs::{Array, Dtype};
+
+use crate::error::{EngineError, Result};
+
+/// A projection `y = x Wᵀ (+ b)`, dense or MLX-affine-quantized.
+pub(super) enum Linear {
+    Dense {
+        w: Array,
+        b: Option<Array>,
+    },
+    Quantized {
+        w: Array,
+        scales: Array,
+        biases: Array,
+        group: i32,
+        bits: i32,
+        b: Option<Array>,
+    },
+}
+
+impl Linear {
+    pub(super) fn apply(&self, x: &Array) -> Result<Array> {
+        let (y, b) = match self {
+            Linear::Dense { w, b } => (x.matmul(w.t())?, b),
+            Linear::Quantized {
+                w,
+                scales,
+                biases,
+                group,
+                bits,
+                b,
+            } => (
+                ops::quantized_matmul(x, w, scales, biases, true, *group, *bits)?,
+                b,
+            ),
+        };
+        Ok(match b {
+            Some(b) => y.add(b)?,
+            None => y,
+        })
+    }
+
+    pub(super) fn out_features(&self) -> i32 {
+        match self {
+            Linear::Dense { w, .. } | Linear::Quantized { w, .. } => w.shape()[0],
+        }
+    }
+
+    pub(super) fn nbytes(&self) -> usize {
+        match self {
+            Linear::Dense { w, b } => w.nbytes() + b.as_ref().map_or(0, Array::nbytes),
+            Linear::Quantized {
+                w,
+                scales,
+                biases,
+                b,
+                ..
+            } => {
+                w.nbytes() + scales.nbytes() + biases.nbytes() + b.as_ref().map_or(0, Array::nbytes)
+            }
+        }
+    }
+
+    /// Stacks dense projections that read the same input into one matmul
+    /// (q/k/v, gate/up): fewer, larger ops are what decode speed depends on.
+    pub(super) fn fuse(parts: Vec<Linear>) -> Result<(Linear, Vec<i32>)> {
+        let mut splits = Vec::new();
+        let mut acc = 0;
+        for p in &parts[..parts.len().saturating_sub(1)] {
+            acc += p.out_features();
+            splits.push(acc);
+        }
+        let all_dense = parts.iter().all(|p| matches!(p, Linear::Dense { .. }));
+        if !all_dense {
+            return Err(EngineError::Backend(
+                "only dense projections are fused".into(),
+            ));
+        }
+        let mut ws = Vec::new();
+        let mut bs = Vec::new();
+        let mut any_bias = false;
+        for p in &parts {
+            if let Linear::Dense { w, b } = p {
+                ws.push(w.clone());
+                any_bias |= b.is_some();
+                bs.push(match b {
+                    Some(b) => b.clone(),
+                    None => ops::zeros_dtype(&[w.shape()[0]], w.dtype())?,
+                });
+            }
+        }
+        let w = concatenate(&ws, 0)?;
+        let b = if any_bias {
+            Some(concatenate(&bs, 0)?)
+        } else {
+            None
+        };
+        Ok((Linear::Dense { w, b }, splits))
+    }
+}
+
+/// A group of projections of one input, fused when possible.
+pub(super) enum Projections {
+    Fused(Linear, Vec<i32>),
+    Separate(Vec<Linear>),
+}
+
+impl Projections {
+    pub(super) fn new(parts: Vec<Linear>) -> Result<Self> {
+        if parts.iter().all(|p| matches!(p, Linear::Dense { .. })) {
+            let (l, s) = Linear::fuse(parts)?;
+            Ok(Projections::Fused(l, s))
+        } else {
+            Ok(Projections::Separate(parts))
+        }
+    }
+    pub(super) fn apply(&self, x: &Array) -> Result<Vec<Array>> {
+        match self {
+            Projections::Fused(l, splits) => Ok(ops::split_at_indices(l.apply(x)?, splits, -1)?),
+            Projections::Separate(ls) => ls.iter().map(|l| l.apply(x)).collect(),
+        }
+    }
+    pub(super) fn nbytes(&self) -> usize {
+        match self {
+            Projections::Fused(l, _) => l.nbytes(),
+            Projections::Separate(ls) => ls.iter().map(Linear::nbytes).sum(),
+        }
+    }
+}
+
+/// Dequantizes with float32 scales: they are float16 on disk, and letting MLX
+/// compute in their dtype would round every weight to half precision.
+pub(super) fn dequantize_f32(
+    w: &Array,
+    scales: &Array,
+    biases: &Array,
+    group: i32,
+    bits: i32,
+) -> Result<Array> {
+    let s = scales.as_dtype(Dtype::Float32)?;
+    let b = biases.as_dtype(Dtype::Float32)?;
+    Ok(ops::dequantize(w, &s, &b, group, bits)?)
+}
+
+pub(super) fn push_linear<'a>(out: &mut Vec<&'a Array>, l: &'a Linear) {
+    match l {
+        Linear::Dense { w, b } => {
+            out.push(w);
+            out.extend(b.iter());
+        }
+        Linear::Quantized {
+            w,
+            scales,
+            biases,
+            b,
+            ..
+        } => {
+            out.extend([w, scales, biases]);
+            out.extend(b.iter());
+        }
+    }
+}

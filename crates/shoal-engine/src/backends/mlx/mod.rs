@@ -1,0 +1,27 @@
+//! Decoder-only transformers (llama, qwen2, qwen3) on MLX.
+//!
+//! Loaders (`gguf`, `hf`) normalise weights to Hugging Face tensor names and a
+//! [`ModelConfig`]; [`Transformer`] runs them. On the CPU backend quantized
+//! weights are dequantized at load time (MLX's CPU quantized matmul is far
+//! slower than dense float32 here); on Metal they stay quantized.
+pub mod batch;
+pub mod cache;
+pub mod config;
+pub mod gguf;
+pub mod gguf_subset;
+pub mod hf;
+mod layer;
+mod linear;
+pub mod pipeline;
+pub mod stage;
+pub mod transformer;
+mod weights;
+
+pub use batch::MlxBatch;
+pub use cache::MlxCache;
+use cache::CACHE_STEP;
+pub use config::{DevicePolicy, ModelConfig};
+use layer::*;
+use linear::*;
+pub use transformer::Transformer;
+use weights::*;
