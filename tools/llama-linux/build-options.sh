@@ -39,9 +39,11 @@ opt GGML_AVX_VNNI avx_vnni
 echo 'GGML_AMX_TILE = "OFF"'
 echo 'GGML_AMX_INT8 = "OFF"'
 echo 'GGML_AMX_BF16 = "OFF"'
-# Batch-invariant kernels: a sequence's logits must not depend on what else is in its
-# batch (greedy replies equal alone and in company, with or without a cached prefix).
-# Weight repacking and llamafile's tiled GEMM pick other kernels (another summation
-# order) once a pass has several rows; ggml's per-row dot products do not.
+# ggml's per-row kernels: weight repacking and llamafile's tiled GEMM switch to other
+# kernels once a step has several rows. Measured here with them on: no faster (Qwen pp512
+# 85 vs 103 tok/s, 8 streams 1.65x vs 1.58x one stream, noisy host), while a batched
+# row's logprobs moved by up to 0.07 and Qwen's greedy reply parted from the lone one at
+# a 0.11 gap. Per-row kernels keep a batched row nearest its lone run (the attention
+# kernel still varies with the step's size: see ARCHITECTURE.md, Invariants).
 echo 'GGML_CPU_REPACK = "OFF"'
 echo 'GGML_LLAMAFILE = "OFF"'

@@ -28,9 +28,7 @@ pub async fn serve(state: shoal_api::AppState) -> String {
 }
 
 /// The backend the behaviour tests run on: `SHOAL_TEST_BACKEND` (`mlx`, the
-/// default, `llama` or `auto`). The replies these suites expect are the
-/// default model's greedy replies on MLX; `make test` also runs the suites
-/// whose expectations do not depend on the reply's words on llama.cpp.
+/// default, `llama` or `auto`). `make test` runs these suites on each.
 #[allow(dead_code)]
 pub fn test_backend() -> shoal_engine::BackendChoice {
     match std::env::var("SHOAL_TEST_BACKEND") {
