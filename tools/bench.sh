@@ -49,15 +49,25 @@ def ours(m, p, g):
                           "--gen-tokens", str(g), "--runs", "1", "--json"], capture_output=True, text=True,
                          check=True, env={**os.environ, "SHOAL_LOG": "warn"}).stdout
     return json.loads(out)
-def theirs(m, p, g, t):
-    r = json.loads(subprocess.run([ref, m, str(p), str(g), str(t)], capture_output=True, text=True,
-                                  check=True).stdout)
+def theirs(m, p, g, t, par=1):
+    r = json.loads(subprocess.run([ref, m, str(p), str(g), str(t), str(par)], capture_output=True,
+                                  text=True, check=True).stdout)
     return r["pp_tok_s"], r["tg_tok_s"]
+def ours8(m):
+    out = subprocess.run([shoal, "bench", "--backend", "llama", "--model", m, "--prompt-tokens", "100",
+                          "--gen-tokens", "64", "--runs", "1", "--concurrency", "8", "--json"],
+                         capture_output=True, text=True, check=True,
+                         env={**os.environ, "SHOAL_LOG": "warn"}).stdout
+    return json.loads(out)
 # pp512: prefill of 512 tokens; tg128: 128 tokens after an 8-token prompt (llama-bench's
-# tg128 starts on an empty context); tg128@512: 128 tokens after the 512-token prompt.
-print(f"{'model':34s} {'pp512 shoal/llama':>22s} {'tg128 shoal/llama':>22s} {'tg128@512 shoal/llama':>24s} {'peak RSS':>9s} {'file+KV':>8s}")
+# tg128 starts on an empty context); tg128@512: 128 tokens after the 512-token prompt;
+# 8 streams: aggregate decode of 8 concurrent 100-token prompts, Shoal's scheduler against
+# llama.cpp alone decoding 8 sequences per step in one unified cache (the ceiling of
+# llama-server --parallel 8 on the same build).
+print(f"{'model':34s} {'pp512 shoal/llama':>22s} {'tg128 shoal/llama':>22s} {'tg128@512 shoal/llama':>24s}"
+      f" {'8 streams shoal/llama':>24s} {'peak RSS':>9s} {'file+KV':>8s}")
 for m in models:
-    rows = {"pp": [], "tg": [], "tgd": []}
+    rows = {"pp": [], "tg": [], "tgd": [], "par": []}
     rss, kv_mb = [], 0.0
     for _ in range(runs):
         deep = ours(m, 512, 128)
@@ -68,11 +78,14 @@ for m in models:
         rows["pp"].append((deep["prefill_tok_s"], pp))
         rows["tgd"].append((deep["decode_tok_s"], tgd))
         rows["tg"].append((shallow["decode_tok_s"], tg))
+        eight = ours8(m)
+        _, tg8 = theirs(m, 100, 64, t, 8)
+        rows["par"].append((eight["concurrent_aggregate_decode_tok_s"], tg8))
         rss.append(deep.get("peak_rss_mb") or 0.0); kv_mb = deep.get("kv_mb") or 0.0
     def cell(xs):
         return (f"{statistics.median(a for a, _ in xs):6.1f}/{statistics.median(b for _, b in xs):6.1f}"
                 f" {statistics.median(a / b for a, b in xs):4.2f}x")
     file_mb = os.path.getsize(m) / 2**20
     print(f"{os.path.basename(m)[:34]:34s} {cell(rows['pp']):>22s} {cell(rows['tg']):>22s} {cell(rows['tgd']):>24s}"
-          f" {statistics.median(rss):6.0f}MiB {file_mb + kv_mb:5.0f}MiB")
+          f" {cell(rows['par']):>24s} {statistics.median(rss):6.0f}MiB {file_mb + kv_mb:5.0f}MiB")
 PY

@@ -5,8 +5,12 @@
 //! beside llama.cpp's own speed. The crate's vendored source does not carry
 //! llama-bench itself.
 //!
-//! `cargo run --release -p shoal-engine --example llama_reference -- MODEL PP TG THREADS`
-//! prints one JSON object: `{"pp_tok_s": …, "tg_tok_s": …}`.
+//! `cargo run --release -p shoal-engine --example llama_reference -- MODEL PP TG THREADS [PAR]`
+//! prints one JSON object: `{"pp_tok_s": …, "tg_tok_s": …}`. With `PAR` > 1 it
+//! runs `PAR` sequences in one unified KV cache instead (llama-batched-bench's
+//! method, the ceiling of any server's `--parallel PAR`): each prompt of `PP`
+//! tokens, then `TG` steps that each decode one token of every sequence, and
+//! `tg_tok_s` is the aggregate.
 use std::num::NonZeroU32;
 use std::time::Instant;
 
@@ -18,10 +22,13 @@ use llama_cpp_2::token::LlamaToken;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
-    let [_, model, pp, tg, threads] = args.as_slice() else {
-        return Err("usage: llama_reference MODEL PP TG THREADS".into());
+    let (model, pp, tg, threads, par) = match args.as_slice() {
+        [_, m, pp, tg, th] => (m, pp, tg, th, "1"),
+        [_, m, pp, tg, th, par] => (m, pp, tg, th, par.as_str()),
+        _ => return Err("usage: llama_reference MODEL PP TG THREADS [PAR]".into()),
     };
-    let (pp, tg, threads): (usize, usize, i32) = (pp.parse()?, tg.parse()?, threads.parse()?);
+    let (pp, tg, threads, par): (usize, usize, i32, usize) =
+        (pp.parse()?, tg.parse()?, threads.parse()?, par.parse()?);
     let backend = shoal_engine::backends::llama::runtime()?;
     let model = LlamaModel::load_from_file(backend, model, &LlamaModelParams::default())?;
     let n_vocab = model.n_vocab().max(1);
@@ -34,6 +41,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     // Token ids spread over the vocabulary, as llama-bench uses random ones.
     let token = |i: usize| LlamaToken(((i * 7919 + 13) % n_vocab as usize) as i32);
+
+    if par > 1 {
+        return parallel(&model, backend, pp, tg, threads, par, &token);
+    }
 
     // A fresh context: `pp` prompt tokens in one batch, then `tg` tokens one
     // at a time after them (the depth a reply to that prompt decodes at).
@@ -57,6 +68,52 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "{{\"pp_tok_s\": {:.3}, \"tg_tok_s\": {:.3}}}",
         pp as f64 / pp_s.max(1e-9),
         tg as f64 / tg_s.max(1e-9)
+    );
+    Ok(())
+}
+
+/// `par` sequences side by side: their prompts in one batch, then `tg` steps
+/// of one token per sequence, every token's logits asked for (a server samples
+/// each).
+fn parallel(
+    model: &LlamaModel,
+    backend: &llama_cpp_2::llama_backend::LlamaBackend,
+    pp: usize,
+    tg: usize,
+    threads: i32,
+    par: usize,
+    token: &dyn Fn(usize) -> LlamaToken,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let params = LlamaContextParams::default()
+        .with_n_ctx(NonZeroU32::new((par * (pp + tg) + 256) as u32))
+        .with_n_batch((par * pp).max(par) as u32)
+        .with_n_seq_max(par as u32)
+        .with_kv_unified(true)
+        .with_n_threads(threads)
+        .with_n_threads_batch(threads);
+    let mut ctx = model.new_context(backend, params)?;
+    let mut batch = LlamaBatch::new((par * pp).max(par), par as i32);
+    for s in 0..par {
+        for i in 0..pp {
+            batch.add(token(s * 1000 + i), i as i32, &[s as i32], i + 1 == pp)?;
+        }
+    }
+    let t = Instant::now();
+    ctx.decode(&mut batch)?;
+    let pp_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    for i in pp..pp + tg {
+        batch.clear();
+        for s in 0..par {
+            batch.add(token(s * 1000 + i), i as i32, &[s as i32], true)?;
+        }
+        ctx.decode(&mut batch)?;
+    }
+    let tg_s = t.elapsed().as_secs_f64();
+    println!(
+        "{{\"pp_tok_s\": {:.3}, \"tg_tok_s\": {:.3}}}",
+        (par * pp) as f64 / pp_s.max(1e-9),
+        (par * tg) as f64 / tg_s.max(1e-9)
     );
     Ok(())
 }
