@@ -211,8 +211,8 @@ fn load_llama(path: &Path, header: &shoal_gguf::Header, opts: &LlamaOptions) -> 
             }
         ))
     };
-    let lv = LlamaVocab::load(path).map_err(refused)?;
     let model = LlamaCppModel::load(path, header, opts).map_err(refused)?;
+    let lv = model.vocab();
     let text =
         |id: Option<u32>| id.map(|i| String::from_utf8_lossy(&lv.piece(i, true)).into_owned());
     let bos = lv.bos();

@@ -169,6 +169,9 @@ pub fn kv_bytes_per_position(h: &shoal_gguf::Header) -> u64 {
 
 /// A GGUF model on llama.cpp.
 pub struct LlamaCppModel {
+    /// The weights (the context in `shared` borrows them too); its vocabulary
+    /// is the tokenizer's.
+    model: Arc<LlamaModel>,
     shared: SharedRef,
     info: ModelInfo,
     /// Bytes of KV state one position takes across all layers.
@@ -228,6 +231,7 @@ impl LlamaCppModel {
             kv_capacity_bytes: kv_tokens * bytes_per_position,
         };
         Ok(LlamaCppModel {
+            model,
             shared: Arc::new(Mutex::new(Shared {
                 ctx,
                 free: (0..sequences as i32).rev().collect(),
@@ -235,6 +239,11 @@ impl LlamaCppModel {
             info,
             bytes_per_position,
         })
+    }
+
+    /// The tokenizer of this model, sharing its vocabulary.
+    pub fn vocab(&self) -> vocab::LlamaVocab {
+        vocab::LlamaVocab::of(self.model.clone())
     }
 
     fn kv<'a>(&self, cache: &'a mut dyn KvCache) -> Result<&'a mut LlamaKv> {

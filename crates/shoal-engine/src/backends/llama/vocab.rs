@@ -1,33 +1,25 @@
 //! Text ↔ tokens through llama.cpp's own tokenizer, so a GGUF run on
 //! llama.cpp is tokenized exactly as llama.cpp tokenizes it, for every
 //! vocabulary type it knows (BPE, SentencePiece, WordPiece…).
-use std::path::Path;
+use std::sync::Arc;
 
-use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
 
-use crate::error::{EngineError, Result};
-
-/// A vocabulary-only load of a GGUF (no weights): cheap, immutable, and safe
-/// to share between threads (llama.cpp's tokenizer only reads it).
+/// A llama.cpp model's vocabulary: immutable, and safe to share between
+/// threads (llama.cpp's tokenizer only reads it).
 pub struct LlamaVocab {
-    model: LlamaModel,
+    model: Arc<LlamaModel>,
     n_tokens: u32,
 }
 
 impl LlamaVocab {
-    pub fn load(path: &Path) -> Result<Self> {
-        let backend = super::runtime()?;
-        let params = LlamaModelParams::default().with_vocab_only(true);
-        let model = LlamaModel::load_from_file(backend, path, &params).map_err(|e| {
-            EngineError::Tokenizer(format!(
-                "llama.cpp could not read the vocabulary of {}: {e}",
-                path.display()
-            ))
-        })?;
+    /// The vocabulary of a model already loaded: a second, vocabulary-only
+    /// load of the file would hold another copy (~40 MB for Gemma 3's 262k
+    /// tokens).
+    pub fn of(model: Arc<LlamaModel>) -> Self {
         let n_tokens = model.vocab().n_tokens().max(0) as u32;
-        Ok(LlamaVocab { model, n_tokens })
+        LlamaVocab { model, n_tokens }
     }
 
     pub fn n_tokens(&self) -> u32 {
