@@ -109,7 +109,10 @@ fn stop_sequence_across_tokens() {
 
 #[test]
 fn seeded_sampling_is_reproducible() {
-    let e = engine();
+    // Its own engine, like `utf8_never_broken_in_deltas`: two runs of a seed
+    // must not share decode steps with other tests' requests.
+    let e = &Engine::start(&gguf_path(), "smollm2", common::options()).expect("load");
+    let run = |r| collect_blocking(e.submit(r).expect("submit")).expect("complete");
     let mk = |seed| GenerateRequest {
         prompt: chat_prompt(e, "Write a short poem about the sea."),
         max_tokens: Some(24),
@@ -185,7 +188,10 @@ fn dropping_the_receiver_cancels_promptly() {
 
 #[test]
 fn utf8_never_broken_in_deltas() {
-    let e = engine();
+    // An engine of its own: on llama.cpp a sampled reply depends on what
+    // shares its decode steps (the attention kernel follows the step's size),
+    // and the reply this test checks must be this prompt's and seed's alone.
+    let e = &Engine::start(&gguf_path(), "smollm2", common::options()).expect("load");
     let mut rx = e
         .submit(GenerateRequest {
             prompt: chat_prompt(
