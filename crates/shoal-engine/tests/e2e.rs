@@ -23,6 +23,12 @@ fn engine() -> &'static Engine {
     })
 }
 
+/// An engine of a test's own, for replies that must not share decode steps
+/// with other tests' requests (on llama.cpp they would change a sampled reply).
+fn own_engine() -> Engine {
+    Engine::start(&gguf_path(), "smollm2", common::options()).expect("load")
+}
+
 fn greedy(prompt: Vec<u32>, max_tokens: Option<usize>, stop: Vec<String>) -> GenerateRequest {
     GenerateRequest {
         prompt,
@@ -111,7 +117,7 @@ fn stop_sequence_across_tokens() {
 fn seeded_sampling_is_reproducible() {
     // Its own engine, like `utf8_never_broken_in_deltas`: two runs of a seed
     // must not share decode steps with other tests' requests.
-    let e = &Engine::start(&gguf_path(), "smollm2", common::options()).expect("load");
+    let e = &own_engine();
     let run = |r| collect_blocking(e.submit(r).expect("submit")).expect("complete");
     let mk = |seed| GenerateRequest {
         prompt: chat_prompt(e, "Write a short poem about the sea."),
@@ -191,7 +197,7 @@ fn utf8_never_broken_in_deltas() {
     // An engine of its own: on llama.cpp a sampled reply depends on what
     // shares its decode steps (the attention kernel follows the step's size),
     // and the reply this test checks must be this prompt's and seed's alone.
-    let e = &Engine::start(&gguf_path(), "smollm2", common::options()).expect("load");
+    let e = &own_engine();
     let mut rx = e
         .submit(GenerateRequest {
             prompt: chat_prompt(
@@ -307,7 +313,7 @@ fn cancel_flag_ends_with_a_cancelled_record_and_exact_usage() {
 
 #[test]
 fn prefix_cache_reuses_shared_prompts_with_identical_greedy_output() {
-    let e = Engine::start(&gguf_path(), "smollm2", common::options()).expect("load");
+    let e = own_engine();
     let system = "You are a careful assistant who answers in one sentence. ".repeat(8);
     let msgs = |user: &str| {
         let m = [
