@@ -26,11 +26,12 @@ run: build
 ## Everything CI runs: lint, Rust unit/e2e/reference tests, the official SDK suites,
 ## then the web UI in a real browser.
 test: setup ui lint
-	@set -o pipefail; $(CARGO) test --release --workspace --exclude shoal-desktop 2>&1 | tee $(CACHE)/cargo-test.log
-	@grep -E "^test result:" $(CACHE)/cargo-test.log | awk '{p+=$$4; f+=$$6} END {print "rust: " p " passed, " f " failed"; if (p == 0) exit 1}'
+	@bash tools/cargo-tally.sh "rust" $(CACHE)/cargo-test.log \
+	  $(CARGO) test --release --no-fail-fast --workspace --exclude shoal-desktop
 	@# The behaviour suites again with the default GGUF on llama.cpp.
-	@set -o pipefail; SHOAL_TEST_BACKEND=llama SHOAL_BACKEND=llama $(CARGO) test --release $(BEHAVIOUR_SUITES) 2>&1 | tee $(CACHE)/cargo-test-llama.log
-	@grep -E "^test result:" $(CACHE)/cargo-test-llama.log | awk '{p+=$$4; f+=$$6} END {print "rust (default GGUF on llama.cpp): " p " passed, " f " failed"; if (p == 0) exit 1}'
+	@SHOAL_TEST_BACKEND=llama SHOAL_BACKEND=llama bash tools/cargo-tally.sh \
+	  "rust (default GGUF on llama.cpp)" $(CACHE)/cargo-test-llama.log \
+	  $(CARGO) test --release --no-fail-fast $(BEHAVIOUR_SUITES)
 	@$(CARGO) build --release -p shoal
 	@bash tests/run-sdk.sh
 	@SHOAL_BACKEND=llama bash tests/run-sdk.sh

@@ -17,7 +17,12 @@ step() {
   shift
   local t0=$SECONDS rc=0
   echo "[desktop] $name: $*"
-  "$@" || rc=$?
+  # A subshell with errexit of its own: under `"$@" || rc=$?` bash would
+  # ignore `set -e` inside a step function, and only its last line would count.
+  set +e
+  (set -e; "$@")
+  rc=$?
+  set -e
   steps+=("$(printf '%-28s %4ds%s' "$name" $((SECONDS - t0)) "$([ $rc = 0 ] || echo " (failed: $rc)")")")
   return $rc
 }

@@ -81,7 +81,7 @@ export async function ledger(server) {
 }
 
 /** Waits until the ledger has an entry for `id` that satisfies `want`. */
-export async function ledgerEntry(server, id, want = () => true, timeoutMs = 5000) {
+export async function ledgerEntry(server, id, want = () => true, timeoutMs = 60_000) {
   const deadline = Date.now() + timeoutMs;
   let last;
   for (;;) {

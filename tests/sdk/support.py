@@ -187,8 +187,9 @@ def ledger(srv: Server, limit: int = 1000) -> list[dict]:
     return body["data"]
 
 
-def ledger_entry(srv: Server, request_id: str, timeout: float = 5.0, want=None) -> dict:
-    """Waits until the ledger has an entry for `request_id` (matching `want`, if given)."""
+def ledger_entry(srv: Server, request_id: str, timeout: float = 60.0, want=None) -> dict:
+    """Waits until the ledger has an entry for `request_id` (matching `want`, if given).
+    The deadline only guards against a hang: the wait ends on the entry itself."""
     deadline = time.monotonic() + timeout
     last = None
     while True:

@@ -9,7 +9,19 @@ from concurrent.futures import ThreadPoolExecutor
 import json
 import urllib.request
 
-from support import user
+import pytest
+
+from support import anthropic_client, openai_client, start_server, stop_server, user
+
+
+@pytest.fixture(scope="module")
+def own_server():
+    """A server of this module's own: its peak batch counts these requests only."""
+    srv = start_server("--prefix-cache-mb", "0")
+    try:
+        yield srv
+    finally:
+        stop_server(srv)
 
 PROMPTS = [
     "What is the capital of France? Answer in one sentence.",
@@ -36,7 +48,9 @@ def responses(oai, model, prompt):
     return ("responses", r.output_text, r.status, r.usage.model_dump())
 
 
-def test_concurrent_requests_equal_sequential_ones(server, oai, claude, model):
+def test_concurrent_requests_equal_sequential_ones(own_server):
+    server, model = own_server, own_server.model
+    oai, claude = openai_client(server), anthropic_client(server)
     calls = []
     for i, p in enumerate(PROMPTS):
         kind = (chat, messages, responses)[i % 3]

@@ -33,6 +33,9 @@ from support import (
 
 GREEDY = {"temperature": 0}
 ANTHROPIC_GREEDY = {"extra_body": GREEDY}  # this SDK version has no `temperature` argument
+# A cap the counting reply cannot reach before its client leaves, on any machine:
+# what a test cancels is still running when it cancels it.
+LONG_MAX = 4000
 
 
 def test_health_and_models(server, oai, model):
@@ -112,7 +115,7 @@ def _cancelled(e):
 
 def test_closed_openai_chat_stream_is_cancelled(server, oai, model):
     stream = oai.chat.completions.create(
-        model=model, messages=[user(LONG_PROMPT)], max_tokens=400, stream=True, **GREEDY
+        model=model, messages=[user(LONG_PROMPT)], max_tokens=LONG_MAX, stream=True, **GREEDY
     )
     got, rid = 0, None
     for chunk in stream:
@@ -121,9 +124,9 @@ def test_closed_openai_chat_stream_is_cancelled(server, oai, model):
         if got >= 2:
             break
     stream.close()
-    e = ledger_entry(server, rid, timeout=5.0, want=_cancelled)
+    e = ledger_entry(server, rid, want=_cancelled)
     assert e["stream"] is True
-    assert 2 <= e["usage"]["completion_tokens"] < 400
+    assert 2 <= e["usage"]["completion_tokens"] < LONG_MAX
     assert e["usage"]["prompt_tokens"] > 0
     assert e["usage"]["total_tokens"] == e["usage"]["prompt_tokens"] + e["usage"]["completion_tokens"]
 
@@ -131,7 +134,7 @@ def test_closed_openai_chat_stream_is_cancelled(server, oai, model):
 def test_closed_anthropic_stream_is_cancelled(server, claude, model):
     rid = None
     with claude.messages.stream(
-        model=model, messages=[user(LONG_PROMPT)], max_tokens=400, **ANTHROPIC_GREEDY
+        model=model, messages=[user(LONG_PROMPT)], max_tokens=LONG_MAX, **ANTHROPIC_GREEDY
     ) as stream:
         deltas = 0
         for event in stream:
@@ -141,31 +144,31 @@ def test_closed_anthropic_stream_is_cancelled(server, claude, model):
                 deltas += 1
                 if deltas >= 2:
                     break
-    e = ledger_entry(server, rid, timeout=5.0, want=_cancelled)
+    e = ledger_entry(server, rid, want=_cancelled)
     assert e["dialect"] == "anthropic.messages"
-    assert 2 <= e["usage"]["output_tokens"] < 400
+    assert 2 <= e["usage"]["output_tokens"] < LONG_MAX
 
 
 def test_closed_responses_stream_is_cancelled(server, oai, model):
     rid = None
     with oai.responses.create(
-        model=model, input=LONG_PROMPT, max_output_tokens=400, stream=True, **GREEDY
+        model=model, input=LONG_PROMPT, max_output_tokens=LONG_MAX, stream=True, **GREEDY
     ) as stream:
         for event in stream:
             if event.type == "response.created":
                 rid = event.response.id
             if event.type == "response.output_text.delta":
                 break
-    e = ledger_entry(server, rid, timeout=5.0, want=_cancelled)
+    e = ledger_entry(server, rid, want=_cancelled)
     assert e["dialect"] == "openai.responses"
-    assert 1 <= e["usage"]["output_tokens"] < 400
+    assert 1 <= e["usage"]["output_tokens"] < LONG_MAX
 
 
 def test_closed_n2_stream_cancels_every_choice(server, oai, model):
     """The ledger has one finish reason per choice, also when the client leaves
     during the first choice and the second never gets to run."""
     stream = oai.chat.completions.create(
-        model=model, messages=[user(LONG_PROMPT)], n=2, max_tokens=400, stream=True, **GREEDY
+        model=model, messages=[user(LONG_PROMPT)], n=2, max_tokens=LONG_MAX, stream=True, **GREEDY
     )
     got, rid = 0, None
     for chunk in stream:
@@ -174,9 +177,9 @@ def test_closed_n2_stream_cancels_every_choice(server, oai, model):
         if got >= 2:
             break
     stream.close()
-    e = ledger_entry(server, rid, timeout=5.0, want=lambda e: "cancelled" in e["finish_reasons"])
+    e = ledger_entry(server, rid, want=lambda e: "cancelled" in e["finish_reasons"])
     assert e["finish_reasons"] == ["cancelled", "cancelled"], e
-    assert 2 <= e["usage"]["completion_tokens"] < 400
+    assert 2 <= e["usage"]["completion_tokens"] < LONG_MAX
 
 
 def test_abandoned_non_stream_request_is_cancelled(server, model):
@@ -184,8 +187,8 @@ def test_abandoned_non_stream_request_is_cancelled(server, model):
     before = {e["id"] for e in ledger(server)}
     impatient = openai.OpenAI(base_url=server.url + "/v1", api_key="shoal-test", max_retries=0, timeout=1.5)
     with pytest.raises(openai.APITimeoutError):
-        impatient.chat.completions.create(model=model, messages=[user(LONG_PROMPT)], max_tokens=400, **GREEDY)
-    deadline = time.monotonic() + 5
+        impatient.chat.completions.create(model=model, messages=[user(LONG_PROMPT)], max_tokens=LONG_MAX, **GREEDY)
+    deadline = time.monotonic() + 60  # a hang guard: the loop ends on the entry
     while True:
         new = [e for e in ledger(server) if e["id"] not in before]
         if new or time.monotonic() > deadline:
@@ -194,7 +197,7 @@ def test_abandoned_non_stream_request_is_cancelled(server, model):
     assert len(new) == 1, new
     assert new[0]["stream"] is False
     assert new[0]["finish_reasons"] == ["cancelled"]
-    assert new[0]["usage"]["completion_tokens"] < 400
+    assert new[0]["usage"]["completion_tokens"] < LONG_MAX
 
 
 # ------------------------------------------------------------ unknown model
@@ -302,7 +305,7 @@ def test_queue_overflow_429_and_529(small_queue_server):
         running.close()
     # Both clients left: the running one is cancelled, the queued one is dropped,
     # and the server takes new work again.
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60
     while True:
         try:
             r = oai2.chat.completions.create(model=QUEUE_MODEL_ID, messages=[user(QUESTION)], max_tokens=2, **GREEDY)
@@ -318,7 +321,7 @@ def test_queued_then_abandoned_stream_is_cancelled_in_ledger(small_queue_server)
     """A stream closed while still waiting in the queue is a cancelled request too."""
     srv = small_queue_server
     oai2 = openai_client(srv)
-    long_chat = dict(model=QUEUE_MODEL_ID, messages=[user(LONG_PROMPT)], max_tokens=400, stream=True, **GREEDY)
+    long_chat = dict(model=QUEUE_MODEL_ID, messages=[user(LONG_PROMPT)], max_tokens=LONG_MAX, stream=True, **GREEDY)
     before = {e["id"] for e in ledger(srv)}
     running = oai2.chat.completions.create(**long_chat)
     first = next(iter(running))
@@ -327,7 +330,7 @@ def test_queued_then_abandoned_stream_is_cancelled_in_ledger(small_queue_server)
     waiting.close()
     running.close()
     ledger_entry(srv, first.id, want=_cancelled)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while True:
         new = [e for e in ledger(srv) if e["id"] not in before and e["id"] != first.id]
         if new or time.monotonic() > deadline:

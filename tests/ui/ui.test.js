@@ -22,7 +22,8 @@ import {
 } from './helpers.js';
 
 const FRANCE = 'What is the capital of France?';
-const DRAGON = 'Write a long story about a dragon';
+// A reply far longer than any test waits for: what a test stops is still running.
+const COUNT = 'Write the numbers from 1 to 500 separated by commas.';
 
 let browser;
 let model;
@@ -202,9 +203,9 @@ test('a stop sequence ends with the stop-sequence badge', async () => {
 
 test('Stop during a long reply cancels it on the server and shows cancelled', async () => {
   await withPage('badge-cancelled', {}, async (page) => {
-    await newChat(page, { maxTokens: '400' });
-    const body = await send(page, DRAGON);
-    assert.equal(body.max_tokens, 400);
+    await newChat(page, { maxTokens: '4000' });
+    const body = await send(page, COUNT);
+    assert.equal(body.max_tokens, 4000);
     // Let a few tokens arrive, then press the Stop button.
     await page.waitForFunction(() => {
       const r = [...document.querySelectorAll('[data-testid=message-assistant]')].pop();
@@ -220,7 +221,7 @@ test('Stop during a long reply cancels it on the server and shows cancelled', as
     const id = await reply.getAttribute('data-response-id');
     const entry = await ledgerEntry(id);
     assert.deepEqual(entry.finish_reasons, ['cancelled']);
-    assert.ok(entry.usage.completion_tokens < 400, `cancelled early: ${JSON.stringify(entry.usage)}`);
+    assert.ok(entry.usage.completion_tokens < 4000, `cancelled early: ${JSON.stringify(entry.usage)}`);
     // The figures shown are the ones the server recorded for the cancelled request.
     const shown = await shownStats(reply);
     assert.equal(shown.source, 'ledger');
@@ -250,7 +251,7 @@ test('Stop during a long reply cancels it on the server and shows cancelled', as
 
 test('keyboard: Enter sends, Shift+Enter adds a line, Esc stops', async () => {
   await withPage('keyboard', {}, async (page) => {
-    await newChat(page, { maxTokens: '400' });
+    await newChat(page, { maxTokens: '4000' });
     const input = page.getByTestId('composer-input');
     await input.click();
     await input.pressSequentially('first line');
@@ -258,7 +259,7 @@ test('keyboard: Enter sends, Shift+Enter adds a line, Esc stops', async () => {
     await input.pressSequentially('second line');
     assert.equal(await input.inputValue(), 'first line\nsecond line');
     assert.equal(await page.getByTestId('message-user').count(), 0, 'Shift+Enter does not send');
-    await input.fill(DRAGON);
+    await input.fill(COUNT);
     await input.press('Enter');
     await page.getByTestId('message-user').waitFor();
     assert.equal(await input.inputValue(), '', 'Enter sent and cleared the input');
@@ -354,12 +355,13 @@ test('the cluster panel lists this node with live figures', async () => {
     assert.match(await mem.innerText(), /GiB|MiB/);
     assert.match(await card.getByTestId('node-requests').innerText(), /in flight/);
     // Polled every 2 s: a request in flight shows up while it runs, and goes
-    // away when it ends (here: its client leaves).
+    // away when it ends (here: its client leaves). The request runs until the
+    // test ends it, so the poll cannot miss it.
     const client = new AbortController();
     const story = fetch(BASE + '/v1/chat/completions', {
       method: 'POST',
       headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ model, messages: [{ role: 'user', content: DRAGON }], max_tokens: 400, stream: true }),
+      body: JSON.stringify({ model, messages: [{ role: 'user', content: COUNT }], max_tokens: 4000, temperature: 0, stream: true }),
       signal: client.signal,
     }).then((r) => r.text()).catch(() => null);
     const inFlight = (n) =>
@@ -367,7 +369,7 @@ test('the cluster panel lists this node with live figures', async () => {
         (want) =>
           document.querySelector('[data-testid=node-card][data-self=true] [data-testid=node-requests]')?.getAttribute('data-in-flight') === want,
         String(n),
-        { timeout: 15_000 },
+        { timeout: 120_000 }, // a hang guard: the wait ends on the state
       );
     await inFlight(1);
     await screenshot(page, 'cluster-busy');

@@ -124,7 +124,7 @@ async fn chat(base: &str, model: &str) -> (u16, Value) {
 
 /// Waits (bounded) until `model`'s `loaded` flag is `want`.
 async fn until_loaded(base: &str, model: &str, want: bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let list = get_json(base, "/v1/models").await;
         if entry(&list, model)["shoal"]["loaded"] == want || Instant::now() > deadline {

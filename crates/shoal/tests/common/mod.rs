@@ -211,10 +211,11 @@ pub fn get_with(addr: &str, path: &str, headers: &[(&str, String)]) -> (u16, Val
     (status, serde_json::from_str(&body).unwrap_or(Value::Null))
 }
 
-/// Reads `read` every 250 ms until `done` holds of it or 30 s pass; returns
+/// Reads `read` every 250 ms until `done` holds of it or 120 s pass (a hang guard); returns
 /// the last reading.
 pub fn poll_until<T>(read: impl Fn() -> T, done: impl Fn(&T) -> bool) -> T {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    // Only a hang guard: each wait ends on the state it waits for.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     loop {
         let got = read();
         if done(&got) || std::time::Instant::now() > deadline {
@@ -224,7 +225,7 @@ pub fn poll_until<T>(read: impl Fn() -> T, done: impl Fn(&T) -> bool) -> T {
     }
 }
 
-/// Waits (up to 30 s) for a server's log file to contain `needle`; fails
+/// Waits (up to 120 s) for a server's log file to contain `needle`; fails
 /// with the log and `why` otherwise.
 pub fn wait_for_log(log: &Path, needle: &str, why: &str) {
     let text = poll_until(
@@ -234,12 +235,12 @@ pub fn wait_for_log(log: &Path, needle: &str, why: &str) {
     assert!(text.contains(needle), "{why}: {text}");
 }
 
-/// Polls a node list (`list` returns one) until `done` holds or 30 s pass.
+/// Polls a node list (`list` returns one) until `done` holds or 120 s pass.
 pub fn poll_nodes(list: impl Fn() -> Vec<Value>, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
     poll_until(list, |n| done(n))
 }
 
-/// Polls `addr`'s node list until `done` holds (or 30 s pass); returns it.
+/// Polls `addr`'s node list until `done` holds (or 120 s pass); returns it.
 pub fn wait_nodes(addr: &str, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
     poll_nodes(
         || {
