@@ -75,14 +75,17 @@ impl LlamaOptions {
                 threads
             },
             kv_tokens: kv_tokens.max(MIN_KV_TOKENS),
-            sequences: 64,
+            sequences: 32,
         }
     }
 
-    /// Room for `max_batch` running requests and as many prefix-cache entries
-    /// again, twice over.
+    /// Room for `max_batch` running requests and as many prefix-cache
+    /// entries. No more: llama.cpp keeps (and clears) a logits row per
+    /// sequence it can track, a vocabulary's worth of floats each (1 MiB for
+    /// Gemma 3's 262k tokens). A prefix-cache copy that finds no id left is a
+    /// miss, never an error.
     pub fn for_batch(mut self, max_batch: usize) -> Self {
-        self.sequences = (max_batch * 4).clamp(8, LLAMA_MAX_SEQ);
+        self.sequences = (max_batch * 2).clamp(8, LLAMA_MAX_SEQ);
         self
     }
 }
