@@ -61,6 +61,9 @@ export function finishFromApi(reason: string | null | undefined): Finish {
       return 'stop';
     case 'max_tokens':
       return 'length';
+    // The engine's word for a reply the server's time limit stopped.
+    case 'timeout':
+      return 'error';
     default:
       return 'stop';
   }

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::error::{ApiError, Dialect, ErrorKind};
+use crate::error::{ApiError, ErrorKind, ErrorShape};
 use crate::AppState;
 
 /// Origins of the desktop app's webview, allowed by default.
@@ -89,14 +89,6 @@ impl Access {
     }
 }
 
-fn dialect_of(path: &str) -> Dialect {
-    if path.starts_with("/v1/messages") {
-        Dialect::Anthropic
-    } else {
-        Dialect::OpenAi
-    }
-}
-
 /// Routes open without a key: liveness, the web UI's files, and the cluster
 /// control routes (signed with the cluster secret instead).
 fn open_route(path: &str) -> bool {
@@ -128,7 +120,7 @@ fn presented_key(headers: &HeaderMap) -> Option<&[u8]> {
 /// The access check, run before every route.
 pub async fn guard(State(s): State<AppState>, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
-    let dialect = dialect_of(&path);
+    let dialect = ErrorShape::for_path(&path);
     let access = &s.access;
     if let Some(origin) = req
         .headers()

@@ -8,7 +8,7 @@ use shoal_engine::{ChatMessage, Event, FinishReason, SamplingParams, Usage};
 use tokio::sync::mpsc;
 
 use crate::body::{parse, Body};
-use crate::error::{ApiError, Dialect, DialectError};
+use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::openai_chat::{check_max_tokens, check_range};
 use crate::run::{self, Job, LedgerFormat};
 use crate::tools::{ToolChoice, ToolRequest};
@@ -112,7 +112,7 @@ pub fn stop_reason(f: &FinishReason) -> &'static str {
         FinishReason::Length | FinishReason::ContextWindow => "max_tokens",
         FinishReason::ToolCalls => "tool_use",
         FinishReason::ContentFilter => "refusal",
-        FinishReason::Error(_) => "error",
+        FinishReason::Error(_) | FinishReason::Timeout { .. } => "error",
     }
 }
 
@@ -326,7 +326,7 @@ fn prepare(state: &Served, req: &MessagesRequest) -> Result<Job, ApiError> {
     }
     let want = wanted_thinking(req.thinking.as_ref(), max_tokens)?;
     let messages = to_messages(state, req.system.as_ref(), &req.messages)?;
-    let p = state.chat_prompt_full(&messages, want, tools.as_ref())?;
+    let p = state.chat_prompt(&messages, want, tools.as_ref())?;
     Ok(Job {
         reasoning: p.reasoning,
         grammar: p.grammar,
@@ -477,8 +477,8 @@ impl StreamRenderer {
                 }
             }
             Event::Done(c) => {
-                if let FinishReason::Error(msg) = &c.finish {
-                    let err = run::failure(msg).body(Dialect::Anthropic);
+                if let Some(err) = run::failure(&c.finish) {
+                    let err = err.body(ErrorShape::Anthropic);
                     out.push(Self::ev("error", err));
                     return out;
                 }
@@ -527,18 +527,16 @@ fn message_body(id: &str, model: &str, c: &run::Collected) -> Value {
 }
 
 pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Response, DialectError> {
-    let d = Dialect::Anthropic;
+    let d = ErrorShape::Anthropic;
     let req: MessagesRequest = parse(&body).map_err(|e| e.in_dialect(d))?;
     let state = state.serve(&req.model).await.map_err(|e| e.in_dialect(d))?;
     let job = prepare(&state, &req).map_err(|e| e.in_dialect(d))?;
     let id = run::new_id("msg_");
     let fmt = LedgerFormat {
         id: id.clone(),
-        dialect: "anthropic.messages",
+        dialect: shoal_client::Dialect::Messages,
         model: req.model.clone(),
         stream: req.stream,
-        finish: |f| stop_reason(f).to_string(),
-        usage: |c, per| usage_json(&run::combined_usage(c, per)),
     };
     let mut choices = run::start(&state, job, fmt).map_err(|e| e.in_dialect(d))?;
     if !req.stream {
@@ -546,8 +544,8 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
         let c = collected
             .first()
             .ok_or_else(|| ApiError::internal("no output").in_dialect(d))?;
-        if let FinishReason::Error(msg) = &c.completion().finish {
-            return Err(run::failure(msg).in_dialect(d));
+        if let Some(err) = run::failure(&c.completion().finish) {
+            return Err(err.in_dialect(d));
         }
         return Ok(Json(message_body(&id, &req.model, c)).into_response());
     }
@@ -573,7 +571,7 @@ pub async fn count_tokens(
     State(state): State<AppState>,
     body: Body,
 ) -> Result<Response, DialectError> {
-    let d = Dialect::Anthropic;
+    let d = ErrorShape::Anthropic;
     let req: CountRequest = parse(&body).map_err(|e| e.in_dialect(d))?;
     let state = state.serve(&req.model).await.map_err(|e| e.in_dialect(d))?;
     let tools =
@@ -582,7 +580,7 @@ pub async fn count_tokens(
         to_messages(&state, req.system.as_ref(), &req.messages).map_err(|e| e.in_dialect(d))?;
     // Tools take prompt space: they are counted as the request would render them.
     let prompt = state
-        .chat_prompt_full(&messages, None, tools.as_ref())
+        .chat_prompt(&messages, None, tools.as_ref())
         .map_err(|e| e.in_dialect(d))?;
     Ok(Json(json!({"input_tokens": prompt.tokens.len()})).into_response())
 }

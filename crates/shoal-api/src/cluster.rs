@@ -12,7 +12,7 @@ use axum::{Json, Router};
 use serde_json::json;
 use shoal_cluster::{Cluster, ModelLoad, NodeStatus, Requests, Signed, StatusReply};
 
-use crate::error::{ApiError, Dialect, DialectError};
+use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::AppState;
 
 pub fn routes() -> Router<AppState> {
@@ -68,13 +68,13 @@ impl<T: serde::de::DeserializeOwned> axum::extract::FromRequest<AppState> for Pe
         let bytes = axum::body::to_bytes(body, s.access.max_body_bytes)
             .await
             .map_err(|_| {
-                crate::body::too_large(Some(s.access.max_body_bytes)).in_dialect(Dialect::OpenAi)
+                crate::body::too_large(Some(s.access.max_body_bytes)).in_dialect(ErrorShape::OpenAi)
             })?;
         s.verify_peer(&parts.method, &parts.uri, &parts.headers, &bytes)?;
         let json: &[u8] = if bytes.is_empty() { b"null" } else { &bytes };
         serde_json::from_slice(json)
             .map(Peer)
-            .map_err(|e| ApiError::invalid(e.to_string()).in_dialect(Dialect::OpenAi))
+            .map_err(|e| ApiError::invalid(e.to_string()).in_dialect(ErrorShape::OpenAi))
     }
 }
 
@@ -86,7 +86,7 @@ async fn control_load(
         .pool
         .engine(&req.model)
         .await
-        .map_err(|e| e.in_dialect(Dialect::OpenAi))?;
+        .map_err(|e| e.in_dialect(ErrorShape::OpenAi))?;
     Ok(Json(
         json!({"model": engine.model.id, "memory_bytes": engine.model.info.resident_bytes(),
                     "backend": engine.model.info.backend}),
@@ -128,7 +128,7 @@ struct PlaceRequest {
 }
 
 fn bad(message: impl Into<String>) -> DialectError {
-    ApiError::invalid(message).in_dialect(Dialect::OpenAi)
+    ApiError::invalid(message).in_dialect(ErrorShape::OpenAi)
 }
 
 /// An instance as listed: `ready` while its node is up with the model
@@ -215,7 +215,8 @@ async fn place(
     State(s): State<AppState>,
     body: crate::body::Body,
 ) -> Result<Response, DialectError> {
-    let req: PlaceRequest = crate::body::parse(&body).map_err(|e| e.in_dialect(Dialect::OpenAi))?;
+    let req: PlaceRequest =
+        crate::body::parse(&body).map_err(|e| e.in_dialect(ErrorShape::OpenAi))?;
     let self_id = s.node.identity().id.clone();
     let mut candidates = vec![s.self_status()];
     if let Some(c) = s.cluster() {
@@ -246,13 +247,13 @@ async fn place(
     if req.sharding.is_some() && chosen.len() <= 1 {
         crate::shards::splittable(&s, &req.model)
             .await
-            .map_err(|e| e.in_dialect(Dialect::OpenAi))?;
+            .map_err(|e| e.in_dialect(ErrorShape::OpenAi))?;
     }
     if chosen.len() > 1 {
         return crate::shards::place(&s, &req.model, chosen, true)
             .await
             .map(|v| Json(v).into_response())
-            .map_err(|e| e.in_dialect(Dialect::OpenAi));
+            .map_err(|e| e.in_dialect(ErrorShape::OpenAi));
     }
     if chosen.is_empty() {
         return Err(bad("'nodes' is empty"));
@@ -260,18 +261,18 @@ async fn place(
     let node = chosen[0].clone();
     if !candidates.iter().any(|n| n.id == node) {
         return Err(
-            ApiError::not_found(format!("no online node '{node}'")).in_dialect(Dialect::OpenAi)
+            ApiError::not_found(format!("no online node '{node}'")).in_dialect(ErrorShape::OpenAi)
         );
     }
     if node == self_id {
         s.pool
             .engine(&req.model)
             .await
-            .map_err(|e| e.in_dialect(Dialect::OpenAi))?;
+            .map_err(|e| e.in_dialect(ErrorShape::OpenAi))?;
     } else {
         let cluster = s.cluster().ok_or_else(|| bad("not in a cluster"))?;
         let addr = cluster.address_of(&node).ok_or_else(|| {
-            ApiError::not_found(format!("no online node '{node}'")).in_dialect(Dialect::OpenAi)
+            ApiError::not_found(format!("no online node '{node}'")).in_dialect(ErrorShape::OpenAi)
         })?;
         let body = json!({"model": req.model}).to_string().into_bytes();
         let resp = cluster
@@ -281,7 +282,7 @@ async fn place(
             .send()
             .await
             .map_err(|e| {
-                ApiError::unavailable(format!("node {node}: {e}")).in_dialect(Dialect::OpenAi)
+                ApiError::unavailable(format!("node {node}: {e}")).in_dialect(ErrorShape::OpenAi)
             })?;
         if !resp.status().is_success() {
             let status = resp.status();
@@ -360,7 +361,7 @@ async fn remove_instance(
             }
         }
     }
-    Err(ApiError::not_found(format!("no instance '{id}'")).in_dialect(Dialect::OpenAi))
+    Err(ApiError::not_found(format!("no instance '{id}'")).in_dialect(ErrorShape::OpenAi))
 }
 
 /// A peer removes an instance this node placed (signed).
@@ -369,7 +370,7 @@ async fn remove_for_peer(
     Peer(body): Peer<IdBody>,
 ) -> Result<Response, DialectError> {
     remove_placed_here(&s, &body.id).await.ok_or_else(|| {
-        ApiError::not_found(format!("no instance '{}'", body.id)).in_dialect(Dialect::OpenAi)
+        ApiError::not_found(format!("no instance '{}'", body.id)).in_dialect(ErrorShape::OpenAi)
     })
 }
 
@@ -445,7 +446,7 @@ impl AppState {
         headers: &HeaderMap,
         body: &[u8],
     ) -> Result<(Arc<Cluster>, Signed), DialectError> {
-        let deny = |m: String| ApiError::unauthorized(m).in_dialect(Dialect::OpenAi);
+        let deny = |m: String| ApiError::unauthorized(m).in_dialect(ErrorShape::OpenAi);
         let cluster = self
             .cluster()
             .ok_or_else(|| deny("this node is not in a cluster (no cluster secret)".into()))?;
@@ -534,14 +535,6 @@ const FORWARDABLE: &[&str] = &[
     "/v1/messages/count_tokens",
 ];
 
-fn dialect_of(path: &str) -> Dialect {
-    if path.starts_with("/v1/messages") {
-        Dialect::Anthropic
-    } else {
-        Dialect::OpenAi
-    }
-}
-
 /// Sends requests for a model this node does not have to a peer that has
 /// it loaded, and streams the peer's answer back unchanged. If the peer
 /// goes away mid-answer, the stream ends with the dialect's error event.
@@ -565,7 +558,7 @@ pub async fn forward(
         Ok(b) => b,
         Err(_) => {
             return crate::body::too_large(Some(s.access.max_body_bytes))
-                .in_dialect(dialect_of(&path))
+                .in_dialect(ErrorShape::for_path(&path))
                 .into_response()
         }
     };
@@ -574,7 +567,7 @@ pub async fn forward(
         .and_then(|v| v.get("model").and_then(|m| m.as_str()).map(str::to_string));
     // A model split over nodes from here goes to its first stage.
     if let Some(target) = model.as_deref().and_then(|m| crate::shards::route(&s, m)) {
-        return proxy(target, parts, bytes, dialect_of(&path)).await;
+        return proxy(target, parts, bytes, ErrorShape::for_path(&path)).await;
     }
     // A model loaded here is served here; one loaded on a peer goes there
     // (no second copy in memory); otherwise this node loads it if it can.
@@ -609,7 +602,7 @@ pub async fn forward(
                 .then(|| format!("node {id} became unreachable mid-answer"))
         }),
     };
-    proxy(target, parts, bytes, dialect_of(&path)).await
+    proxy(target, parts, bytes, ErrorShape::for_path(&path)).await
 }
 
 /// Where a request is passed on to, and what tells that it has failed.
@@ -628,7 +621,7 @@ pub async fn proxy(
     target: Target,
     parts: axum::http::request::Parts,
     body: axum::body::Bytes,
-    dialect: Dialect,
+    dialect: ErrorShape,
 ) -> Response {
     let Target {
         addr,
@@ -743,15 +736,15 @@ pub async fn proxy(
 fn fail(
     tx: &tokio::sync::mpsc::UnboundedSender<Result<axum::body::Bytes, std::io::Error>>,
     sse: bool,
-    dialect: Dialect,
+    dialect: ErrorShape,
     message: &str,
 ) {
     tracing::warn!("{message}");
     if sse {
         let err = ApiError::unavailable(message.to_string()).body(dialect);
         let frame = match dialect {
-            Dialect::Anthropic => crate::sse::frame(Some("error"), &err.to_string()),
-            Dialect::OpenAi => crate::sse::frame(None, &err.to_string()),
+            ErrorShape::Anthropic => crate::sse::frame(Some("error"), &err.to_string()),
+            ErrorShape::OpenAi => crate::sse::frame(None, &err.to_string()),
         };
         let _ = tx.send(Ok(frame.into()));
     } else {
@@ -764,7 +757,8 @@ async fn preview(
     State(s): State<AppState>,
     body: crate::body::Body,
 ) -> Result<Response, DialectError> {
-    let req: PlaceRequest = crate::body::parse(&body).map_err(|e| e.in_dialect(Dialect::OpenAi))?;
+    let req: PlaceRequest =
+        crate::body::parse(&body).map_err(|e| e.in_dialect(ErrorShape::OpenAi))?;
     let nodes: Vec<String> = match &req.nodes {
         Some(serde_json::Value::Array(ids)) => ids
             .iter()
@@ -775,5 +769,5 @@ async fn preview(
     crate::shards::place(&s, &req.model, nodes, false)
         .await
         .map(|v| Json(v).into_response())
-        .map_err(|e| e.in_dialect(Dialect::OpenAi))
+        .map_err(|e| e.in_dialect(ErrorShape::OpenAi))
 }

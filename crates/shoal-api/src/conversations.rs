@@ -14,9 +14,9 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use shoal_client::metadata::{is_reserved, merge};
-use shoal_client::{Dialect as WireDialect, Metadata, Piece, PieceKind, ProviderMeta, Store};
+use shoal_client::{Metadata, Piece, PieceKind, ProviderMeta, Store};
 
-use crate::error::{ApiError, Dialect, DialectError};
+use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::ledger::LedgerEntry;
 use crate::AppState;
 
@@ -55,7 +55,7 @@ pub fn routes() -> Router<AppState> {
 type Reply = Result<Json<Value>, DialectError>;
 
 fn err(e: ApiError) -> DialectError {
-    e.in_dialect(Dialect::OpenAi)
+    e.in_dialect(ErrorShape::OpenAi)
 }
 
 /// Runs `f` on the store off the async runtime.
@@ -249,11 +249,12 @@ async fn add_message(
             };
             if let Some(e) = &entry {
                 metadata.insert("response_id".into(), json!(e.id));
-                if let Some(f) = e.engine_finish_reasons.first() {
-                    metadata.insert("engine_finish_reason".into(), json!(f));
+                if let Some(f) = e.finish() {
+                    metadata.insert("engine_finish_reason".into(), json!(f.as_str()));
                 }
-                metadata.insert("ttft_ms".into(), json!(e.ttft_ms));
-                metadata.insert("decode_tokens_per_s".into(), json!(e.decode_tokens_per_s));
+                let t = e.timings();
+                metadata.insert("ttft_ms".into(), json!(t.ttft_ms));
+                metadata.insert("decode_tokens_per_s".into(), json!(t.decode_tokens_per_s));
             }
             if let Some(r) = m.reasoning.filter(|r| !r.is_empty()) {
                 metadata.insert("reasoning_content".into(), json!(r));
@@ -270,7 +271,7 @@ async fn add_message(
                 tool_calls: Vec::new(),
                 metadata,
             };
-            let target = entry.as_ref().map(|e| e.dialect.to_string());
+            let target = entry.as_ref().map(|e| e.dialect.ledger_name().to_string());
             let model = entry.map(|e| e.model);
             (piece, target, model)
         }
@@ -305,71 +306,47 @@ fn client_keys(m: &Metadata) -> Metadata {
 /// What the ledger says about a request's first choice, under the reserved
 /// keys of the dialect it was served in.
 fn provider_meta(e: &LedgerEntry) -> ProviderMeta {
-    let mut p = ProviderMeta::default();
-    let finish = e.finish_reasons.first().cloned();
-    let wire = match e.dialect {
-        "openai.responses" => {
-            // The ledger writes a Responses finish as `status` or
-            // `status:reason` (`openai_responses::ledger_finish`).
-            if let Some(f) = finish {
-                let (status, reason) = match f.split_once(':') {
-                    Some((s, r)) => (s.to_string(), Some(r.to_string())),
-                    None => (f, None),
-                };
-                p.status = Some(status);
-                p.incomplete_reason = reason;
-            }
-            WireDialect::Responses
-        }
-        "anthropic.messages" => {
-            p.stop_reason = finish;
-            WireDialect::Messages
-        }
-        "openai.completions" => {
-            p.finish_reason = finish;
-            WireDialect::Completions
-        }
-        _ => {
-            p.finish_reason = finish;
-            WireDialect::Chat
-        }
-    };
-    // The matched stop string, whatever the dialect: the server knows it.
-    p.stop_sequence = e.stop_sequences.first().cloned().flatten();
-    wire.read_usage(&e.usage, &mut p);
-    p
+    crate::wire::provider_meta(e.dialect, e.finish(), &e.usage())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use shoal_client::Dialect as WireDialect;
+    use shoal_engine::{Completion, FinishReason, Usage};
 
-    fn entry(dialect: &'static str, finish: &str, usage: Value) -> LedgerEntry {
+    fn entry(dialect: WireDialect, finishes: Vec<FinishReason>, usage: Usage) -> LedgerEntry {
         LedgerEntry {
             id: "r1".into(),
             dialect,
             model: "m".into(),
             created: 0,
             stream: true,
-            finish_reasons: vec![finish.into()],
-            engine_finish_reasons: vec!["stop_sequence"],
-            stop_sequences: vec![Some("END".into())],
-            usage,
-            ttft_ms: 1.0,
-            decode_tokens_per_s: 2.0,
-            prefill_tokens_per_s: 3.0,
+            per_prompt: 1,
+            completions: finishes
+                .into_iter()
+                .map(|finish| Completion {
+                    finish,
+                    usage,
+                    timings: Default::default(),
+                })
+                .collect(),
+        }
+    }
+
+    fn usage(prompt: usize, cached: usize, completion: usize, reasoning: usize) -> Usage {
+        Usage {
+            prompt_tokens: prompt,
+            cached_tokens: cached,
+            completion_tokens: completion,
+            reasoning_tokens: reasoning,
         }
     }
 
     #[test]
     fn ledger_usage_maps_to_reserved_keys_per_dialect() {
-        let chat = provider_meta(&entry(
-            "openai.chat",
-            "stop",
-            json!({"prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14,
-                   "prompt_tokens_details": {"cached_tokens": 6},
-                   "completion_tokens_details": {"reasoning_tokens": 0}}),
-        ));
+        let stop = || FinishReason::StopSequence("END".into());
+        let chat = provider_meta(&entry(WireDialect::Chat, vec![stop()], usage(10, 6, 4, 0)));
         assert_eq!(chat.finish_reason.as_deref(), Some("stop"));
         assert_eq!(chat.stop_sequence.as_deref(), Some("END"));
         assert_eq!(
@@ -381,20 +358,80 @@ mod tests {
             (Some(10), Some(6), Some(14))
         );
         let resp = provider_meta(&entry(
-            "openai.responses",
-            "incomplete:max_output_tokens",
-            json!({"input_tokens": 3, "output_tokens": 2, "total_tokens": 5}),
+            WireDialect::Responses,
+            vec![FinishReason::Length],
+            usage(3, 0, 2, 0),
         ));
         assert_eq!(resp.status.as_deref(), Some("incomplete"));
         assert_eq!(resp.incomplete_reason.as_deref(), Some("max_output_tokens"));
         assert_eq!(resp.token_usage_completion_tokens, Some(2));
         let msg = provider_meta(&entry(
-            "anthropic.messages",
-            "stop_sequence",
-            json!({"input_tokens": 3, "cache_read_input_tokens": 5, "output_tokens": 2}),
+            WireDialect::Messages,
+            vec![stop()],
+            usage(8, 5, 2, 0),
         ));
         assert_eq!(msg.stop_reason.as_deref(), Some("stop_sequence"));
         assert_eq!(msg.token_usage_prompt_tokens, Some(8));
+        assert_eq!(msg.token_usage_input_tokens, Some(3));
+        let gone = provider_meta(&entry(
+            WireDialect::Responses,
+            vec![FinishReason::Cancelled],
+            usage(3, 0, 1, 0),
+        ));
+        assert_eq!(gone.status.as_deref(), Some("cancelled"));
+        assert_eq!(gone.incomplete_reason, None);
+    }
+
+    /// The reserved keys taken from the typed record are exactly what a
+    /// recorder client reading the reply off the wire would store: the
+    /// dialect's finish words and its usage object read by the client's own
+    /// reader.
+    #[test]
+    fn reserved_keys_from_the_record_equal_what_a_client_reads_off_the_wire() {
+        let finishes = [
+            FinishReason::Stop,
+            FinishReason::StopSequence("END".into()),
+            FinishReason::Length,
+            FinishReason::ContextWindow,
+            FinishReason::ToolCalls,
+            FinishReason::ContentFilter,
+            FinishReason::Cancelled,
+        ];
+        let usages = [usage(10, 6, 4, 2), usage(7, 0, 0, 0), usage(3, 3, 9, 0)];
+        for d in [
+            WireDialect::Chat,
+            WireDialect::Completions,
+            WireDialect::Responses,
+            WireDialect::Messages,
+        ] {
+            for f in &finishes {
+                for u in &usages {
+                    let e = entry(d, vec![f.clone()], *u);
+                    let typed = provider_meta(&e);
+                    let mut wire = ProviderMeta::default();
+                    d.read_usage(&crate::wire::usage_json(d, u), &mut wire);
+                    let words = crate::wire::finish_words(d, f);
+                    match d {
+                        WireDialect::Chat | WireDialect::Completions => {
+                            wire.finish_reason = Some(words)
+                        }
+                        WireDialect::Messages => wire.stop_reason = Some(words),
+                        WireDialect::Responses => {
+                            let (status, reason) = match words.split_once(':') {
+                                Some((s, r)) => (s.to_string(), Some(r.to_string())),
+                                None => (words, None),
+                            };
+                            wire.status = Some(status);
+                            wire.incomplete_reason = reason;
+                        }
+                    }
+                    if let FinishReason::StopSequence(s) = f {
+                        wire.stop_sequence = Some(s.clone());
+                    }
+                    assert_eq!(typed, wire, "{d:?} {f:?} {u:?}");
+                }
+            }
+        }
     }
 
     #[test]

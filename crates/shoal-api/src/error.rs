@@ -2,13 +2,32 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
+use shoal_client::Dialect;
 use shoal_engine::EngineError;
 
-/// Which API family a request belongs to; decides the error shape.
+/// The shape and statuses of an error body: Anthropic's for its dialect,
+/// OpenAI's for everything else (its dialects and Shoal's own routes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Dialect {
+pub enum ErrorShape {
     OpenAi,
     Anthropic,
+}
+
+impl ErrorShape {
+    /// The shape errors take on a request path.
+    pub fn for_path(path: &str) -> Self {
+        Dialect::for_path(path).map_or(ErrorShape::OpenAi, ErrorShape::from)
+    }
+}
+
+impl From<Dialect> for ErrorShape {
+    fn from(d: Dialect) -> Self {
+        if d.is_anthropic() {
+            ErrorShape::Anthropic
+        } else {
+            ErrorShape::OpenAi
+        }
+    }
 }
 
 /// What went wrong, independent of dialect.
@@ -101,14 +120,14 @@ impl ApiError {
         }
     }
 
-    pub fn status(&self, dialect: Dialect) -> StatusCode {
+    pub fn status(&self, dialect: ErrorShape) -> StatusCode {
         match (self.kind, dialect) {
             (ErrorKind::InvalidRequest, _) => StatusCode::BAD_REQUEST,
             (ErrorKind::NotFound, _) => StatusCode::NOT_FOUND,
             (ErrorKind::TooLarge, _) => StatusCode::PAYLOAD_TOO_LARGE,
-            (ErrorKind::Overloaded, Dialect::OpenAi) => StatusCode::TOO_MANY_REQUESTS,
+            (ErrorKind::Overloaded, ErrorShape::OpenAi) => StatusCode::TOO_MANY_REQUESTS,
             // Anthropic's documented "overloaded" status.
-            (ErrorKind::Overloaded, Dialect::Anthropic) => {
+            (ErrorKind::Overloaded, ErrorShape::Anthropic) => {
                 StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
             }
             (ErrorKind::Unavailable, _) => StatusCode::SERVICE_UNAVAILABLE,
@@ -121,9 +140,9 @@ impl ApiError {
     }
 
     /// The error object as it appears in a body or a stream event.
-    pub fn body(&self, dialect: Dialect) -> serde_json::Value {
+    pub fn body(&self, dialect: ErrorShape) -> serde_json::Value {
         match dialect {
-            Dialect::OpenAi => {
+            ErrorShape::OpenAi => {
                 let kind = match self.kind {
                     ErrorKind::InvalidRequest | ErrorKind::NotFound | ErrorKind::TooLarge => {
                         "invalid_request_error"
@@ -138,7 +157,7 @@ impl ApiError {
                 };
                 json!({"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}})
             }
-            Dialect::Anthropic => {
+            ErrorShape::Anthropic => {
                 let kind = match self.kind {
                     ErrorKind::InvalidRequest => "invalid_request_error",
                     ErrorKind::NotFound => "not_found_error",
@@ -156,9 +175,9 @@ impl ApiError {
         }
     }
 
-    pub fn in_dialect(self, dialect: Dialect) -> DialectError {
+    pub fn in_dialect(self, dialect: impl Into<ErrorShape>) -> DialectError {
         DialectError {
-            dialect,
+            dialect: dialect.into(),
             error: self,
         }
     }
@@ -188,7 +207,7 @@ impl From<EngineError> for ApiError {
 /// An error bound to the dialect it must be rendered in.
 #[derive(Debug)]
 pub struct DialectError {
-    pub dialect: Dialect,
+    pub dialect: ErrorShape,
     pub error: ApiError,
 }
 

@@ -7,7 +7,7 @@ use proptest::prelude::*;
 use serde_json::Value;
 
 use crate::body::{parse, Body};
-use crate::error::{ApiError, Dialect};
+use crate::error::{ApiError, ErrorShape};
 
 const KEYS: &[&str] = &[
     "model",
@@ -109,7 +109,8 @@ fn request() -> impl Strategy<Value = Value> {
 }
 
 fn client_error(e: &ApiError) -> bool {
-    e.status(Dialect::OpenAi).is_client_error() && e.status(Dialect::Anthropic).is_client_error()
+    e.status(ErrorShape::OpenAi).is_client_error()
+        && e.status(ErrorShape::Anthropic).is_client_error()
 }
 
 fn body(bytes: Vec<u8>) -> Body {

@@ -1,30 +1,77 @@
-//! `/v1/usage`: the last requests with exactly what was reported to the client.
+//! `/v1/usage`: the last requests, kept as the engine's own records of each
+//! choice; each dialect's words and usage object are rendered from them when
+//! read ([`crate::wire`]), so what the ledger shows is what the client was sent.
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
-use serde::Serialize;
+use serde_json::{json, Value};
+use shoal_client::Dialect;
+use shoal_engine::{Completion, FinishReason, Timings, Usage};
+
+use crate::wire;
 
 /// One served request.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug)]
 pub struct LedgerEntry {
     pub id: String,
-    pub dialect: &'static str,
+    pub dialect: Dialect,
     pub model: String,
     pub created: u64,
     pub stream: bool,
-    /// Finish/stop reason per choice, in the dialect's words ("cancelled" when
-    /// the client left before the end and nothing was sent).
-    pub finish_reasons: Vec<String>,
-    /// The engine's own reason per choice, finer than some dialects
-    /// (`stop_sequence`, `context_window`, `cancelled` …).
-    pub engine_finish_reasons: Vec<&'static str>,
-    /// The stop sequence that matched, per choice (null where none did).
-    pub stop_sequences: Vec<Option<String>>,
-    /// The usage object exactly as sent (or as it would have been sent).
-    pub usage: serde_json::Value,
-    pub ttft_ms: f64,
-    pub decode_tokens_per_s: f64,
-    pub prefill_tokens_per_s: f64,
+    /// Consecutive choices that share a prompt (the request's `n`).
+    pub per_prompt: usize,
+    /// The engine's record of each choice that ended, in choice order.
+    pub completions: Vec<Completion>,
+}
+
+impl LedgerEntry {
+    /// Usage over the choices, as every dialect reports it (each prompt once).
+    pub fn usage(&self) -> Usage {
+        crate::run::combined_usage(&self.completions, self.per_prompt)
+    }
+
+    /// Each choice's finish in the dialect's words.
+    pub fn finish_reasons(&self) -> Vec<String> {
+        self.completions
+            .iter()
+            .map(|c| wire::finish_words(self.dialect, &c.finish))
+            .collect()
+    }
+
+    /// The first choice's finish, the one a single reply is judged by.
+    pub fn finish(&self) -> Option<&FinishReason> {
+        self.completions.first().map(|c| &c.finish)
+    }
+
+    /// The first choice's timings.
+    pub fn timings(&self) -> Timings {
+        self.completions
+            .first()
+            .map(|c| c.timings)
+            .unwrap_or_default()
+    }
+
+    /// The entry as `/v1/usage` lists it.
+    pub fn to_json(&self) -> Value {
+        let t = self.timings();
+        json!({
+            "id": self.id,
+            "dialect": self.dialect.ledger_name(),
+            "model": self.model,
+            "created": self.created,
+            "stream": self.stream,
+            "finish_reasons": self.finish_reasons(),
+            "engine_finish_reasons": self.completions.iter().map(|c| c.finish.as_str()).collect::<Vec<_>>(),
+            "stop_sequences": self.completions.iter().map(|c| match &c.finish {
+                FinishReason::StopSequence(s) => Some(s.as_str()),
+                _ => None,
+            }).collect::<Vec<_>>(),
+            "usage": wire::usage_json(self.dialect, &self.usage()),
+            "ttft_ms": t.ttft_ms,
+            "decode_tokens_per_s": t.decode_tokens_per_s,
+            "prefill_tokens_per_s": t.prefill_tokens_per_s,
+        })
+    }
 }
 
 /// A bounded in-memory ring of recent entries.

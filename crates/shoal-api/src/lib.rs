@@ -22,6 +22,7 @@ pub mod shards;
 pub mod sse;
 pub mod tools;
 pub mod ui;
+pub mod wire;
 
 use std::sync::Arc;
 
@@ -29,12 +30,12 @@ use axum::extract::{DefaultBodyLimit, Query, State};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde_json::json;
+use serde_json::{json, Value};
 use shoal_cluster::{LocalNode, NodeIdentity};
 use shoal_engine::reasoning::ReasoningSpec;
 use shoal_engine::{ChatMessage, Engine};
 
-use crate::error::{ApiError, Dialect, DialectError};
+use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::ledger::Ledger;
 
 /// Shared server state.
@@ -142,27 +143,13 @@ impl AppState {
 }
 
 impl Served {
-    /// Renders a conversation with the model's template and tokenizes it.
-    pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, ApiError> {
-        Ok(self.chat_prompt_reasoning(messages, None)?.0)
-    }
-
-    /// Like `chat_prompt`, also deciding how the reply reasons. `want` is
-    /// `None` when the request did not ask for reasoning, else its token
-    /// budget (`None` inside = unlimited). Templates with a thinking switch get
-    /// `enable_thinking`; for others the server opens the section itself after
-    /// the generation prompt, so any model can be asked to think.
-    pub fn chat_prompt_reasoning(
-        &self,
-        messages: &[ChatMessage],
-        want: Option<Option<usize>>,
-    ) -> Result<(Vec<u32>, Option<ReasoningSpec>), ApiError> {
-        let p = self.chat_prompt_full(messages, want, None)?;
-        Ok((p.tokens, p.reasoning))
-    }
-
-    /// The whole prompt decision: template, reasoning and offered tools.
-    pub fn chat_prompt_full(
+    /// Renders a conversation with the model's template and tokenizes it,
+    /// deciding how the reply reasons and which tools it is offered. `want`
+    /// is `None` when the request did not ask for reasoning, else its token
+    /// budget (`None` inside = unlimited). Templates with a thinking switch
+    /// get `enable_thinking`; for others the server opens the section itself
+    /// after the generation prompt, so any model can be asked to think.
+    pub fn chat_prompt(
         &self,
         messages: &[ChatMessage],
         want: Option<Option<usize>>,
@@ -330,7 +317,12 @@ struct UsageQuery {
 }
 
 async fn usage(State(s): State<AppState>, Query(q): Query<UsageQuery>) -> impl IntoResponse {
-    let entries = s.ledger.recent(q.limit.unwrap_or(100));
+    let entries: Vec<Value> = s
+        .ledger
+        .recent(q.limit.unwrap_or(100))
+        .iter()
+        .map(ledger::LedgerEntry::to_json)
+        .collect();
     Json(json!({"object": "list", "data": entries}))
 }
 
@@ -345,10 +337,6 @@ async fn fallback(method: axum::http::Method, uri: axum::http::Uri) -> axum::res
 }
 
 async fn not_found(uri: axum::http::Uri) -> DialectError {
-    let dialect = if uri.path().starts_with("/v1/messages") {
-        Dialect::Anthropic
-    } else {
-        Dialect::OpenAi
-    };
-    ApiError::not_found(format!("no route for {}", uri.path())).in_dialect(dialect)
+    ApiError::not_found(format!("no route for {}", uri.path()))
+        .in_dialect(ErrorShape::for_path(uri.path()))
 }

@@ -238,7 +238,7 @@ pub async fn handle(State(s): State<AppState>) -> axum::response::Response {
         )
             .into_response(),
         Err(e) => crate::error::ApiError::internal(format!("metrics: {e}"))
-            .in_dialect(crate::error::Dialect::OpenAi)
+            .in_dialect(crate::error::ErrorShape::OpenAi)
             .into_response(),
     }
 }

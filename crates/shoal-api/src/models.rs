@@ -21,7 +21,7 @@ use serde_json::{json, Value};
 use shoal_engine::{Engine, EngineOptions};
 use shoal_models::{HubOptions, Library, LocalModel, ModelCard, ModelsError, PullEvent, PullSpec};
 
-use crate::error::{ApiError, Dialect, DialectError, ErrorKind};
+use crate::error::{ApiError, DialectError, ErrorKind, ErrorShape};
 use crate::AppState;
 
 /// How the pool loads and keeps models.
@@ -526,7 +526,7 @@ pub fn routes() -> Router<AppState> {
 type Reply = Result<Response, DialectError>;
 
 fn openai(e: ApiError) -> DialectError {
-    e.in_dialect(Dialect::OpenAi)
+    e.in_dialect(ErrorShape::OpenAi)
 }
 
 async fn list(State(s): State<AppState>) -> Reply {
@@ -686,12 +686,12 @@ async fn pull(State(s): State<AppState>, body: crate::body::Body) -> Reply {
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "pull failed");
                 let err = ApiError::from(e);
-                let mut body = err.body(Dialect::OpenAi);
+                let mut body = err.body(ErrorShape::OpenAi);
                 body["type"] = json!("error");
                 crate::sse::frame(Some("error"), &body.to_string())
             }
             Err(e) => {
-                let mut body = ApiError::internal(e.to_string()).body(Dialect::OpenAi);
+                let mut body = ApiError::internal(e.to_string()).body(ErrorShape::OpenAi);
                 body["type"] = json!("error");
                 crate::sse::frame(Some("error"), &body.to_string())
             }

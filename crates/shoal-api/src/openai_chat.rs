@@ -10,7 +10,7 @@ use shoal_engine::{
 use tokio::sync::mpsc;
 
 use crate::body::{parse, Body, OneOrMany};
-use crate::error::{ApiError, Dialect, DialectError};
+use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::run::{self, Job, LedgerFormat};
 use crate::tools::{self, ToolRequest};
 use crate::{sse, AppState, Served};
@@ -299,7 +299,7 @@ pub fn finish_reason(f: &FinishReason) -> &'static str {
         FinishReason::Length | FinishReason::ContextWindow => "length",
         FinishReason::ToolCalls => "tool_calls",
         FinishReason::ContentFilter => "content_filter",
-        FinishReason::Error(_) => "error",
+        FinishReason::Error(_) | FinishReason::Timeout { .. } => "error",
     }
 }
 
@@ -405,13 +405,9 @@ impl ChunkRenderer {
             ),
             Event::Done(c) => {
                 st.done[i] = Some(c.clone());
-                if let FinishReason::Error(msg) = &c.finish {
+                if let Some(err) = run::failure(&c.finish) {
                     st.failed = true;
-                    out.push(
-                        run::failure(msg)
-                            .body(Dialect::OpenAi)
-                            .to_string(),
-                    );
+                    out.push(err.body(ErrorShape::OpenAi).to_string());
                 } else {
                     out.push(self.finish(i, &c.finish).to_string());
                 }
@@ -589,7 +585,7 @@ fn prepare(state: &Served, req: &mut ChatRequest) -> Result<Job, ApiError> {
         ));
     }
     let messages = to_messages(state, &req.messages)?;
-    let p = state.chat_prompt_full(&messages, wanted_reasoning(req)?, tools.as_ref())?;
+    let p = state.chat_prompt(&messages, wanted_reasoning(req)?, tools.as_ref())?;
     Ok(Job {
         prompts: vec![p.tokens],
         max_tokens,
@@ -604,7 +600,7 @@ fn prepare(state: &Served, req: &mut ChatRequest) -> Result<Job, ApiError> {
 }
 
 pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Response, DialectError> {
-    let d = Dialect::OpenAi;
+    let d = ErrorShape::OpenAi;
     let mut req: ChatRequest = parse(&body).map_err(|e| e.in_dialect(d))?;
     let state = state.serve(&req.model).await.map_err(|e| e.in_dialect(d))?;
     let job = prepare(&state, &mut req).map_err(|e| e.in_dialect(d))?;
@@ -612,11 +608,9 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
     let created = run::now_secs();
     let fmt = LedgerFormat {
         id: id.clone(),
-        dialect: "openai.chat",
+        dialect: shoal_client::Dialect::Chat,
         model: req.model.clone(),
         stream: req.stream,
-        finish: |f| finish_reason(f).to_string(),
-        usage: |c, per| usage_json(&run::combined_usage(c, per)),
     };
     let n = job.n;
     let choices = run::start(&state, job, fmt).map_err(|e| e.in_dialect(d))?;

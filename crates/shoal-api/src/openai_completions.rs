@@ -4,11 +4,11 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use shoal_engine::{Completion, Event, FinishReason, TokenLogprob};
+use shoal_engine::{Completion, Event, TokenLogprob};
 use tokio::sync::mpsc;
 
 use crate::body::{parse, Body, OneOrMany};
-use crate::error::{ApiError, Dialect, DialectError};
+use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::openai_chat::{
     check_max_tokens, check_range, check_stop, finish_reason, usage_json, OpenAiSampling,
     StreamOptions,
@@ -153,7 +153,7 @@ fn prepare(state: &Served, req: &mut CompletionRequest) -> Result<Prepared, ApiE
 }
 
 pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Response, DialectError> {
-    let d = Dialect::OpenAi;
+    let d = ErrorShape::OpenAi;
     let mut req: CompletionRequest = parse(&body).map_err(|e| e.in_dialect(d))?;
     let state = state.serve(&req.model).await.map_err(|e| e.in_dialect(d))?;
     let Prepared { job, texts } = prepare(&state, &mut req).map_err(|e| e.in_dialect(d))?;
@@ -162,11 +162,9 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
     let created = run::now_secs();
     let fmt = LedgerFormat {
         id: id.clone(),
-        dialect: "openai.completions",
+        dialect: shoal_client::Dialect::Completions,
         model: req.model.clone(),
         stream: req.stream,
-        finish: |f| finish_reason(f).to_string(),
-        usage: |c, per| usage_json(&run::combined_usage(c, per)),
     };
     let want_lp = req.logprobs.is_some();
     let mut choices = run::start(&state, job, fmt).map_err(|e| e.in_dialect(d))?;
@@ -233,19 +231,15 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
                     frames.push(chunk(json!([{"index": i, "text": text, "logprobs": lp, "finish_reason": null}])).to_string());
                 }
                 Event::Done(c) => {
-                    if let FinishReason::Error(msg) = &c.finish {
-                        frames.push(run::failure(msg).body(d).to_string());
+                    if let Some(err) = run::failure(&c.finish) {
+                        frames.push(err.body(d).to_string());
                     } else {
                         frames.push(chunk(json!([{"index": i, "text": "", "logprobs": null, "finish_reason": finish_reason(&c.finish)}])).to_string());
                     }
                     done[i] = Some(c);
                     if done.iter().all(Option::is_some) {
                         let all: Vec<Completion> = done.iter().flatten().cloned().collect();
-                        if include_usage
-                            && !all
-                                .iter()
-                                .any(|c| matches!(c.finish, FinishReason::Error(_)))
-                        {
+                        if include_usage && !all.iter().any(|c| c.finish.is_failure()) {
                             frames.push(json!({"id": id, "object": "text_completion", "created": created, "model": model,
                                 "system_fingerprint": null, "choices": [], "usage": usage_json(&run::combined_usage(&all, per))}).to_string());
                         }

@@ -11,7 +11,7 @@ use shoal_engine::{ChatMessage, Completion, Event, FinishReason, SamplingParams,
 use tokio::sync::mpsc;
 
 use crate::body::{parse, Body};
-use crate::error::{ApiError, Dialect, DialectError};
+use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::openai_chat::{check_max_tokens, check_range, Content};
 use crate::run::{self, Job, LedgerFormat};
 use crate::tools::{self, ToolRequest};
@@ -148,22 +148,15 @@ pub fn status(f: &FinishReason) -> (&'static str, Value, Value) {
             Value::Null,
         ),
         FinishReason::Cancelled => ("cancelled", Value::Null, Value::Null),
-        FinishReason::Error(m) => {
-            let e = crate::run::failure(m);
+        FinishReason::Error(_) | FinishReason::Timeout { .. } => {
+            let e = crate::run::failure(f)
+                .unwrap_or_else(|| crate::error::ApiError::internal("the generation failed"));
             (
                 "failed",
                 Value::Null,
                 json!({"code": e.code.unwrap_or("server_error"), "message": e.message}),
             )
         }
-    }
-}
-
-fn ledger_finish(f: &FinishReason) -> String {
-    let (s, inc, _) = status(f);
-    match inc.get("reason").and_then(Value::as_str) {
-        Some(r) => format!("{s}:{r}"),
-        None => s.to_string(),
     }
 }
 
@@ -635,7 +628,7 @@ fn prepare(
         }
     };
     let msgs = conversation(state, req)?;
-    let p = state.chat_prompt_full(&msgs, want, tools.as_ref())?;
+    let p = state.chat_prompt(&msgs, want, tools.as_ref())?;
     Ok((
         Job {
             prompts: vec![p.tokens],
@@ -739,7 +732,7 @@ pub(crate) fn text_format(text: Option<&Value>) -> Result<Option<Grammar>, ApiEr
 }
 
 pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Response, DialectError> {
-    let d = Dialect::OpenAi;
+    let d = ErrorShape::OpenAi;
     let mut req: ResponsesRequest = parse(&body).map_err(|e| e.in_dialect(d))?;
     let state = state.serve(&req.model).await.map_err(|e| e.in_dialect(d))?;
     let (job, msgs) = prepare(&state, &mut req).map_err(|e| e.in_dialect(d))?;
@@ -767,11 +760,9 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
     };
     let fmt = LedgerFormat {
         id: shape.id.clone(),
-        dialect: "openai.responses",
+        dialect: shoal_client::Dialect::Responses,
         model: req.model.clone(),
         stream: req.stream,
-        finish: ledger_finish,
-        usage: |c, per| usage_json(&run::combined_usage(c, per)),
     };
     let mut choices = run::start(&state, job, fmt).map_err(|e| e.in_dialect(d))?;
     let store = shape.store;
@@ -850,6 +841,6 @@ pub async fn get_response(
         .map(|r| Json(r).into_response())
         .ok_or_else(|| {
             ApiError::not_found(format!("no stored response with id '{id}'"))
-                .in_dialect(Dialect::OpenAi)
+                .in_dialect(ErrorShape::OpenAi)
         })
 }

@@ -9,7 +9,8 @@ use tracing::Instrument;
 
 use crate::error::ApiError;
 use crate::ledger::LedgerEntry;
-use crate::Served;
+use crate::{wire, Served};
+use shoal_client::Dialect;
 
 /// What to generate, after a dialect has parsed and validated its request.
 #[derive(Clone, Debug)]
@@ -27,15 +28,12 @@ pub struct Job {
     pub tools: Option<shoal_engine::tools::ToolSyntax>,
 }
 
-/// How the dialect words its ledger entry.
+/// The facts of a request its ledger entry keeps beside the engine's records.
 pub struct LedgerFormat {
     pub id: String,
-    pub dialect: &'static str,
+    pub dialect: Dialect,
     pub model: String,
     pub stream: bool,
-    pub finish: fn(&FinishReason) -> String,
-    /// Usage as sent, from the completions and the number of choices per prompt.
-    pub usage: fn(&[Completion], usize) -> serde_json::Value,
 }
 
 /// Merged events of all choices, tagged with the choice index.
@@ -185,7 +183,7 @@ pub fn start(state: &Served, job: Job, fmt: LedgerFormat) -> Result<Choices, Api
     let span = tracing::info_span!(
         "request",
         id = %fmt.id,
-        dialect = fmt.dialect,
+        dialect = fmt.dialect.ledger_name(),
         model = %fmt.model,
         stream = fmt.stream,
         finish_reason = tracing::field::Empty,
@@ -215,17 +213,23 @@ pub fn start(state: &Served, job: Job, fmt: LedgerFormat) -> Result<Choices, Api
             // Records the request; called before the last choice's final event is
             // forwarded, so a client that has seen the end finds the entry.
             let record = |done: &[Option<Completion>]| {
-                let completions: Vec<Completion> = done.iter().flatten().cloned().collect();
-                let first = completions.first().map(|c| c.timings).unwrap_or_default();
-                let finish_reasons: Vec<String> = completions
-                    .iter()
-                    .map(|c| match c.finish {
-                        FinishReason::Cancelled => "cancelled".to_string(),
-                        ref f => (fmt.finish)(f),
-                    })
-                    .collect();
-                metrics.observe(fmt.dialect, &finish_reasons, &completions);
-                let usage = (fmt.usage)(&completions, per);
+                let entry = LedgerEntry {
+                    id: fmt.id.clone(),
+                    dialect: fmt.dialect,
+                    model: fmt.model.clone(),
+                    created,
+                    stream: fmt.stream,
+                    per_prompt: per,
+                    completions: done.iter().flatten().cloned().collect(),
+                };
+                let finish_reasons = entry.finish_reasons();
+                metrics.observe(
+                    fmt.dialect.ledger_name(),
+                    &finish_reasons,
+                    &entry.completions,
+                );
+                let usage = wire::usage_json(fmt.dialect, &entry.usage());
+                let first = entry.timings();
                 let span = tracing::Span::current();
                 span.record("finish_reason", tracing::field::debug(&finish_reasons));
                 span.record("usage", tracing::field::display(&usage));
@@ -234,26 +238,7 @@ pub fn start(state: &Served, job: Job, fmt: LedgerFormat) -> Result<Choices, Api
                     decode_tokens_per_s = first.decode_tokens_per_s,
                     "request finished"
                 );
-                ledger.record(LedgerEntry {
-                    id: fmt.id.clone(),
-                    dialect: fmt.dialect,
-                    model: fmt.model.clone(),
-                    created,
-                    stream: fmt.stream,
-                    finish_reasons,
-                    engine_finish_reasons: completions.iter().map(|c| c.finish.as_str()).collect(),
-                    stop_sequences: completions
-                        .iter()
-                        .map(|c| match &c.finish {
-                            FinishReason::StopSequence(s) => Some(s.clone()),
-                            _ => None,
-                        })
-                        .collect(),
-                    usage,
-                    ttft_ms: first.ttft_ms,
-                    decode_tokens_per_s: first.decode_tokens_per_s,
-                    prefill_tokens_per_s: first.prefill_tokens_per_s,
-                });
+                ledger.record(entry);
             };
             let deadline = limit.map(|l| tokio::time::Instant::now() + l);
             let mut timed_out = false;
@@ -275,7 +260,9 @@ pub fn start(state: &Served, job: Job, fmt: LedgerFormat) -> Result<Choices, Api
                 let Some((i, mut ev)) = next else { break };
                 if let (true, Event::Done(c)) = (timed_out, &mut ev) {
                     if c.finish == FinishReason::Cancelled {
-                        c.finish = FinishReason::Error(timeout_message(limit));
+                        c.finish = FinishReason::Timeout {
+                            limit_secs: limit.map_or(0, |l| l.as_secs()),
+                        };
                     }
                 }
                 if let Event::Done(c) = &ev {
@@ -334,38 +321,28 @@ pub fn combined_usage(completions: &[Completion], per_prompt: usize) -> shoal_en
 
 /// The first failed choice of a non-streamed response, as the error to send.
 pub fn check_failed(completions: &[Completion]) -> Result<(), ApiError> {
-    match completions.iter().find_map(|c| match &c.finish {
-        FinishReason::Error(m) => Some(m),
-        _ => None,
-    }) {
-        Some(m) => Err(failure(m)),
+    match completions.iter().find_map(|c| failure(&c.finish)) {
+        Some(e) => Err(e),
         None => Ok(()),
     }
 }
 
-/// The error a generation that ended in `FinishReason::Error` reports: a
-/// timeout (504) or an engine failure (500).
-pub fn failure(m: &str) -> ApiError {
-    if m.starts_with(TIMEOUT_PREFIX) {
-        ApiError {
+/// The error a failed generation reports: a timeout (504) or an engine
+/// failure (500); `None` for every other finish.
+pub fn failure(f: &FinishReason) -> Option<ApiError> {
+    match f {
+        FinishReason::Error(m) => Some(ApiError::generation_failed(m)),
+        FinishReason::Timeout { limit_secs } => Some(ApiError {
             kind: crate::error::ErrorKind::Timeout,
-            message: m.to_string(),
+            message: format!(
+                "the request exceeded the server's time limit of {limit_secs} s \
+                 (server.request_timeout_secs); the usage counts what was generated"
+            ),
             param: None,
             code: Some("request_timeout"),
-        }
-    } else {
-        ApiError::generation_failed(m)
+        }),
+        _ => None,
     }
-}
-
-const TIMEOUT_PREFIX: &str = "the request exceeded";
-
-fn timeout_message(limit: Option<std::time::Duration>) -> String {
-    format!(
-        "{TIMEOUT_PREFIX} the server's time limit of {} s (server.request_timeout_secs); \
-         the usage counts what was generated",
-        limit.map_or(0, |l| l.as_secs())
-    )
 }
 
 /// The generations in progress, so that shutting the server down can cancel

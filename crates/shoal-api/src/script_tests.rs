@@ -111,6 +111,31 @@ fn chat_error_mid_stream_sends_error_then_done() {
         .all(|d| d == "[DONE]" || parse(d)["choices"] != serde_json::json!([])));
 }
 
+/// A timeout is its own finish: each dialect's timeout error, never a
+/// finish that claims the reply ended.
+#[test]
+fn a_timeout_mid_stream_is_the_dialects_timeout_error() {
+    let t = || FinishReason::Timeout { limit_secs: 3 };
+    let out = chat(true, t());
+    let err = parse(&out[out.len() - 2]);
+    assert_eq!(err["error"]["code"], "request_timeout", "{err}");
+    assert_eq!(err["error"]["type"], "timeout_error");
+    assert!(err["error"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("time limit of 3 s")));
+    let f = anthropic_frames(t());
+    let (name, data) = f.last().expect("frames");
+    assert_eq!(
+        (name.as_str(), &data["error"]["type"]),
+        ("error", &serde_json::json!("timeout_error"))
+    );
+    let f = responses_frames(t());
+    let (name, data) = f.last().expect("frames");
+    assert_eq!(name, "response.failed");
+    assert_eq!(data["response"]["error"]["code"], "request_timeout");
+    assert_eq!(data["response"]["usage"]["output_tokens"], 7);
+}
+
 #[test]
 fn chat_n2_each_choice_finishes_and_usage_sums_completions() {
     let r = openai_chat::ChunkRenderer {

@@ -17,7 +17,7 @@ use serde_json::json;
 use tokio::io::AsyncBufReadExt;
 
 use crate::cluster::{Instance, Peer, Target};
-use crate::error::{ApiError, Dialect, DialectError};
+use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::AppState;
 
 pub const PREPARE_PATH: &str = "/v1/cluster/shard/prepare";
@@ -46,7 +46,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 fn openai(e: ApiError) -> DialectError {
-    e.in_dialect(Dialect::OpenAi)
+    e.in_dialect(ErrorShape::OpenAi)
 }
 
 /// Starts one rank. Rank 0 returns once its API listens, which is when

@@ -388,15 +388,21 @@ async fn requests_over_the_time_limit_end_with_a_timeout_and_keep_their_usage() 
     let entries = ledger["data"].as_array().unwrap();
     let timed: Vec<&Value> = entries
         .iter()
-        .filter(|e| e["engine_finish_reasons"][0] == "error")
+        .filter(|e| e["engine_finish_reasons"][0] == "timeout")
         .collect();
     assert_eq!(timed.len(), 5, "{ledger}");
+    // A busy host may reach the limit before the first token, so what must
+    // hold is the prompt counted and the reply cut short of its cap.
     for e in timed {
         let u = &e["usage"];
+        let prompt = u["prompt_tokens"]
+            .as_u64()
+            .or(u["input_tokens"].as_u64())
+            .unwrap_or(0);
         let out = u["completion_tokens"]
             .as_u64()
-            .or(u["output_tokens"].as_u64())
-            .unwrap_or(0);
-        assert!(out > 0 && out < 4000, "usage kept: {e}");
+            .or(u["output_tokens"].as_u64());
+        assert!(prompt > 0, "usage kept: {e}");
+        assert!(out.is_some_and(|n| n < 4000), "usage kept: {e}");
     }
 }

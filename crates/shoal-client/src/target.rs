@@ -45,6 +45,36 @@ impl Dialect {
             Dialect::Messages => "messages",
         }
     }
+
+    /// The name a server's usage ledger, metrics and logs give the dialect.
+    pub fn ledger_name(self) -> &'static str {
+        match self {
+            Dialect::Chat => "openai.chat",
+            Dialect::Completions => "openai.completions",
+            Dialect::Responses => "openai.responses",
+            Dialect::Messages => "anthropic.messages",
+        }
+    }
+
+    /// The dialect a request path belongs to (`/v1/messages/count_tokens`
+    /// is Anthropic's too); `None` for paths of no dialect.
+    pub fn for_path(path: &str) -> Option<Self> {
+        let rest = path.strip_prefix("/v1/")?;
+        let head = |p: &str| rest == p || rest.starts_with(&format!("{p}/"));
+        [
+            Dialect::Chat,
+            Dialect::Completions,
+            Dialect::Responses,
+            Dialect::Messages,
+        ]
+        .into_iter()
+        .find(|d| head(d.path()))
+    }
+
+    /// Whether errors in this dialect take Anthropic's shape.
+    pub fn is_anthropic(self) -> bool {
+        self == Dialect::Messages
+    }
     /// Reads a usage object in this dialect's field names onto the typed
     /// capture; fields not reported stay `None`.
     pub fn read_usage(self, u: &Value, m: &mut ProviderMeta) {
@@ -798,5 +828,30 @@ fn error_choice(message: String) -> Choice {
     Choice {
         error: Some(message),
         ..Choice::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Dialect;
+
+    #[test]
+    fn a_request_path_names_its_dialect() {
+        let cases = [
+            ("/v1/chat/completions", Some(Dialect::Chat)),
+            ("/v1/completions", Some(Dialect::Completions)),
+            ("/v1/responses", Some(Dialect::Responses)),
+            ("/v1/responses/resp_1", Some(Dialect::Responses)),
+            ("/v1/messages", Some(Dialect::Messages)),
+            ("/v1/messages/count_tokens", Some(Dialect::Messages)),
+            ("/v1/messagesx", None),
+            ("/v1/models", None),
+            ("/health", None),
+        ];
+        for (path, want) in cases {
+            assert_eq!(Dialect::for_path(path), want, "{path}");
+        }
+        assert_eq!(Dialect::Messages.ledger_name(), "anthropic.messages");
+        assert!(Dialect::Messages.is_anthropic() && !Dialect::Chat.is_anthropic());
     }
 }

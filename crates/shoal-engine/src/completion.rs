@@ -23,6 +23,9 @@ pub enum FinishReason {
     Cancelled,
     /// Generation failed part-way; the message says why.
     Error(String),
+    /// The server's time limit for the request ran out, and the server
+    /// stopped the generation (the engine itself has no clock).
+    Timeout { limit_secs: u64 },
 }
 
 impl FinishReason {
@@ -37,7 +40,14 @@ impl FinishReason {
             FinishReason::ContentFilter => "content_filter",
             FinishReason::Cancelled => "cancelled",
             FinishReason::Error(_) => "error",
+            FinishReason::Timeout { .. } => "timeout",
         }
+    }
+
+    /// Whether the reply ended in failure (an error or a timeout): a client
+    /// gets the dialect's error instead of a finish.
+    pub fn is_failure(&self) -> bool {
+        matches!(self, FinishReason::Error(_) | FinishReason::Timeout { .. })
     }
 }
 
@@ -58,14 +68,6 @@ pub struct Usage {
 impl Usage {
     pub fn total_tokens(&self) -> usize {
         self.prompt_tokens + self.completion_tokens
-    }
-
-    /// Sums usage over independent choices of one request.
-    pub fn add(&mut self, other: &Usage) {
-        self.prompt_tokens += other.prompt_tokens;
-        self.cached_tokens += other.cached_tokens;
-        self.completion_tokens += other.completion_tokens;
-        self.reasoning_tokens += other.reasoning_tokens;
     }
 }
 
