@@ -51,6 +51,14 @@ def test_health_and_models(server, oai, model):
     assert meta["context_length"] == 8192 and meta["loaded"] is True
     assert meta["memory_bytes"] > meta["size_bytes"] > 0  # dense float32 on the CPU backend
     assert meta["source"] == {"kind": "path"}
+    # What the loaded model's chat template can do, read once at load.
+    assert meta["capabilities"] == {
+        "chat": True,
+        "thinking": False,
+        "tools": False,
+        "tool_syntax": "hermes",
+        "system_role": True,
+    }
     with pytest.raises(openai.NotFoundError) as e:
         oai.models.retrieve("no-such/model")
     assert e.value.body["code"] == "model_not_found"

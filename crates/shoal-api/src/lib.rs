@@ -178,10 +178,7 @@ impl Served {
         }
         let vocab = &self.engine.model.vocab;
         let mut messages = messages.to_vec();
-        let native = vocab
-            .template
-            .as_ref()
-            .is_some_and(|t| t.source().contains("<think>"));
+        let native = vocab.capabilities().thinking;
         let mut extra = serde_json::Map::new();
         if native {
             extra.insert("enable_thinking".into(), json!(want.is_some()));

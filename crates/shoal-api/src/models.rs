@@ -432,9 +432,13 @@ impl ModelPool {
             .ok()
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map_or(0, |d| d.as_secs());
-        let loaded = lock(&self.loaded)
-            .get(&m.id)
-            .map(|s| s.engine.model.info.clone());
+        let (loaded, capabilities) = match lock(&self.loaded).get(&m.id) {
+            Some(s) => (
+                Some(s.engine.model.info.clone()),
+                Some(s.engine.model.vocab.capabilities()),
+            ),
+            None => (None, None),
+        };
         // The backend it runs on, or would run on, or why none can.
         let route = shoal_engine::backends::route(&m.path, self.opts.engine.backend);
         let (backend, unavailable) = match (&loaded, &route) {
@@ -459,6 +463,8 @@ impl ModelPool {
                 "loaded": loaded.is_some(),
                 "memory_bytes": loaded.as_ref().map(|i| i.resident_bytes()),
                 "kv_cache_bytes": loaded.as_ref().map(|i| i.kv_capacity_bytes),
+                // What its chat template can do (known once it is loaded).
+                "capabilities": capabilities,
                 // What a request that leaves them out gets, and from where.
                 "sampling_defaults": shoal_engine::SamplingDefaults::read(&m.path),
                 "dtype": loaded.as_ref().map(|i| i.dtype.clone()),

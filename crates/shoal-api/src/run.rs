@@ -158,7 +158,7 @@ pub fn start(state: &Served, job: Job, fmt: LedgerFormat) -> Result<Choices, Api
             cancel: CancelFlag::default(),
             reasoning: job.reasoning.clone(),
             grammar: job.grammar.clone(),
-            tools: job.tools.clone(),
+            tools: job.tools,
         };
         let flag = req.cancel.clone();
         match state.engine.submit(req) {

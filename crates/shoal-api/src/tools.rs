@@ -133,22 +133,12 @@ pub fn parameters_or_empty(p: Option<&Value>) -> Value {
 impl Served {
     /// How the loaded model writes tool calls.
     pub fn tool_syntax(&self) -> ToolSyntax {
-        self.engine
-            .model
-            .vocab
-            .template
-            .as_ref()
-            .map_or(ToolSyntax::Hermes, |t| ToolSyntax::for_template(t.source()))
+        self.engine.model.vocab.capabilities().tool_syntax
     }
 
     /// Whether the chat template itself lays out a `tools` list.
     fn native_tools(&self) -> bool {
-        self.engine
-            .model
-            .vocab
-            .template
-            .as_ref()
-            .is_some_and(|t| t.source().contains("tools"))
+        self.engine.model.vocab.capabilities().tools
     }
 
     /// An earlier assistant turn's text with its tool calls written out the

@@ -38,7 +38,7 @@ pub use engine::{
 pub use error::{EngineError, Result};
 pub use loader::LoadOptions;
 pub use sampler::SamplingParams;
-pub use template::ChatMessage;
+pub use template::{Capabilities, ChatMessage};
 
 #[cfg(target_os = "linux")]
 mod linux_shim {

@@ -12,7 +12,7 @@ use crate::backends::mlx::{gguf, gguf_subset, hf, DevicePolicy, Transformer};
 use crate::backends::{self, BackendChoice};
 use crate::detok::Decode;
 use crate::error::{EngineError, Result};
-use crate::template::{ChatMessage, ChatTemplate};
+use crate::template::{Capabilities, ChatMessage, ChatTemplate};
 use crate::tokenizer::{tokenizer_from_gguf, GgufVocab};
 
 /// How a model's text becomes tokens and back.
@@ -113,6 +113,13 @@ impl Vocabulary {
     }
 
     /// Renders a conversation through the model's own chat template.
+    /// What the model's chat template can do ([`Capabilities::NONE`] without one).
+    pub fn capabilities(&self) -> Capabilities {
+        self.template
+            .as_ref()
+            .map_or(Capabilities::NONE, ChatTemplate::capabilities)
+    }
+
     pub fn render_chat(
         &self,
         messages: &[ChatMessage],

@@ -159,7 +159,7 @@ impl Sequence {
             pending_logprobs: Vec::new(),
             pending_reasoning: 0,
             forced: Default::default(),
-            tools: req.tools.clone().map(ToolParser::new),
+            tools: req.tools.map(ToolParser::new),
             first_token_at: None,
             last_token_at: None,
         });

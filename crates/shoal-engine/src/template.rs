@@ -8,6 +8,7 @@ use minijinja::{Environment, Error, ErrorKind, Value};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Result};
+use crate::tools::ToolSyntax;
 
 const TEMPLATE_NAME: &str = "chat_template";
 
@@ -37,6 +38,40 @@ pub struct ChatTemplate {
     bos_token: Option<String>,
     eos_token: Option<String>,
     source: String,
+    caps: Capabilities,
+}
+
+/// What a model's chat template can do, decided once when it loads: the
+/// server, the CLI and `/v1/models` read these instead of the template text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Capabilities {
+    /// The model has a chat template (a base model may ship none; then only
+    /// raw completions work).
+    pub chat: bool,
+    /// The template has a thinking switch of its own (`enable_thinking`
+    /// around a `<think>` section); other models are asked to think by the
+    /// server opening the section after the generation prompt.
+    pub thinking: bool,
+    /// The template lays out an offered `tools` list itself; otherwise the
+    /// server describes the tools in a system message.
+    pub tools: bool,
+    /// How the model writes a tool call.
+    pub tool_syntax: ToolSyntax,
+    /// The template renders a system message's text, in a turn of its own or
+    /// folded into the first user turn as Gemma's does (some refuse one with
+    /// an exception, some drop it).
+    pub system_role: bool,
+}
+
+impl Capabilities {
+    /// A model without a chat template.
+    pub const NONE: Capabilities = Capabilities {
+        chat: false,
+        thinking: false,
+        tools: false,
+        tool_syntax: ToolSyntax::Hermes,
+        system_role: false,
+    };
 }
 
 /// Carries the message of `raise_exception` through minijinja so it can be reported verbatim.
@@ -52,9 +87,14 @@ impl std::fmt::Display for RaisedException {
 impl std::error::Error for RaisedException {}
 
 impl ChatTemplate {
-    /// The template text (e.g. to see whether it knows a thinking switch).
+    /// The template text.
     pub fn source(&self) -> &str {
         &self.source
+    }
+
+    /// What the template can do.
+    pub fn capabilities(&self) -> Capabilities {
+        self.caps
     }
 
     /// Compiles `source` with the same whitespace rules and helpers as transformers.
@@ -72,12 +112,37 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         env.add_template_owned(TEMPLATE_NAME, source.to_owned())
             .map_err(template_error)?;
-        Ok(Self {
+        let mut t = Self {
             source: source.to_owned(),
             env,
             bos_token,
             eos_token,
-        })
+            caps: Capabilities::NONE,
+        };
+        t.caps = t.probe();
+        Ok(t)
+    }
+
+    /// Reads the capabilities off the template: its text for the thinking
+    /// switch, a `tools` list and the call syntax; a trial render for the
+    /// system role, where a template that refuses one raises an exception or
+    /// leaves the system text out.
+    fn probe(&self) -> Capabilities {
+        const MARK: &str = "\u{1}shoal-system-probe\u{1}";
+        let trial = [
+            ChatMessage::new("system", MARK),
+            ChatMessage::new("user", "hi"),
+        ];
+        let system_role = self
+            .render(&trial, true, &serde_json::Map::new())
+            .is_ok_and(|text| text.contains(MARK));
+        Capabilities {
+            chat: true,
+            thinking: self.source.contains("<think>"),
+            tools: self.source.contains("tools"),
+            tool_syntax: ToolSyntax::for_template(&self.source),
+            system_role,
+        }
     }
 
     /// Renders the prompt. Keys in `extra` become template variables and may override
@@ -426,6 +491,41 @@ mod tests {
             serde_json::Value::Object(map) => map,
             other => panic!("extra must be an object, got {other}"),
         }
+    }
+
+    fn caps(source: &str) -> Capabilities {
+        ChatTemplate::new(source, None, None)
+            .expect("template compiles")
+            .capabilities()
+    }
+
+    #[test]
+    fn capabilities_are_read_once_from_the_template() {
+        let plain = caps("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}");
+        assert!(plain.chat && plain.system_role);
+        assert!(!plain.thinking && !plain.tools);
+        assert_eq!(plain.tool_syntax, ToolSyntax::Hermes);
+        // A template that refuses the system role, and one that drops it.
+        let refuses = caps(
+            "{% for m in messages %}{% if m.role == 'system' %}\
+             {{ raise_exception('System role not supported') }}{% endif %}\
+             {{ m.content }}{% endfor %}",
+        );
+        assert!(refuses.chat && !refuses.system_role);
+        let drops = caps("{% for m in messages %}{% if m.role != 'system' %}{{ m.content }}{% endif %}{% endfor %}");
+        assert!(!drops.system_role);
+        // Thinking switch, a tools list, and the Llama 3 call syntax.
+        let rich = caps(
+            "{% if tools %}{{ tools | tojson }}<|python_tag|>{% endif %}\
+             {% if enable_thinking %}<think>{% endif %}\
+             {% for m in messages %}{{ m.content }}{% endfor %}",
+        );
+        assert!(rich.thinking && rich.tools && rich.system_role);
+        assert_eq!(rich.tool_syntax, ToolSyntax::Llama3Json);
+        // The default model: ChatML with a system turn and Hermes-style calls.
+        let smol = smollm_template().capabilities();
+        assert!(smol.chat && smol.system_role && !smol.thinking);
+        assert_eq!(smol.tool_syntax, ToolSyntax::Hermes);
     }
 
     fn smollm_template() -> ChatTemplate {

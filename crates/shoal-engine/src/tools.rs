@@ -16,7 +16,8 @@ pub struct ToolDef {
 }
 
 /// How the model writes a call.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ToolSyntax {
     /// Hermes / Qwen: `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>`.
     Hermes,

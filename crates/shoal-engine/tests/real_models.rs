@@ -377,6 +377,21 @@ fn model_info_says_llama_cpp_and_quantized_memory() {
             i.weight_bytes
         );
         assert!(i.kv_capacity_bytes > 0, "{name}");
+        // What each template can do, read from the model's own file: Qwen's
+        // lays out tools and writes Hermes calls; Gemma-3-270m (a base model)
+        // ships no template at all.
+        let c = e.model.vocab.capabilities();
+        let want = match name {
+            "gemma3" => shoal_engine::Capabilities::NONE,
+            _ => shoal_engine::Capabilities {
+                chat: true,
+                thinking: false,
+                tools: name == "qwen2.5-coder",
+                tool_syntax: shoal_engine::tools::ToolSyntax::Hermes,
+                system_role: true,
+            },
+        };
+        assert_eq!(c, want, "{name}");
     }
 }
 
