@@ -101,9 +101,9 @@ fn open_route(path: &str) -> bool {
                 | "/v1/cluster/unload"
                 | crate::cluster::INSTANCES_PATH
                 | crate::cluster::INSTANCE_REMOVE_PATH
-                | crate::shards::PREPARE_PATH
-                | crate::shards::START_PATH
-                | crate::shards::STOP_PATH
+                | crate::cluster::shards::PREPARE_PATH
+                | crate::cluster::shards::START_PATH
+                | crate::cluster::shards::STOP_PATH
         )
 }
 

@@ -15,10 +15,11 @@ pub mod models;
 pub mod openai_chat;
 pub mod openai_completions;
 pub mod openai_responses;
+pub mod pool;
 pub mod run;
 #[cfg(test)]
 mod script_tests;
-pub mod shards;
+
 pub mod sse;
 pub mod tools;
 pub mod ui;
@@ -42,7 +43,7 @@ use crate::ledger::Ledger;
 #[derive(Clone)]
 pub struct AppState {
     /// The models this server answers with, loaded on demand.
-    pub pool: Arc<models::ModelPool>,
+    pub pool: Arc<pool::ModelPool>,
     pub ledger: Arc<Ledger>,
     pub responses: Arc<openai_responses::ResponseStore>,
     /// This node's identity and live status.
@@ -62,7 +63,7 @@ pub struct AppState {
     /// API keys, browser origins and request limits.
     pub access: Arc<access::Access>,
     /// This node's `shoal shard` processes, by instance.
-    pub shards: shards::Shards,
+    pub shards: cluster::shards::Shards,
     /// Models placed on nodes through `/v1/instances`.
     pub instances: Arc<std::sync::Mutex<std::collections::BTreeMap<String, cluster::Instance>>>,
 }
@@ -85,13 +86,13 @@ impl std::ops::Deref for Served {
 impl AppState {
     /// A server on one already started engine (kept loaded).
     pub fn new(engine: Engine) -> Self {
-        let pool = models::ModelPool::new(models::PoolOptions::default());
+        let pool = pool::ModelPool::new(pool::PoolOptions::default());
         pool.insert(engine, Vec::new());
         AppState::with_pool(pool)
     }
 
     /// A server on a pool of models.
-    pub fn with_pool(pool: Arc<models::ModelPool>) -> Self {
+    pub fn with_pool(pool: Arc<pool::ModelPool>) -> Self {
         let backend = if cfg!(target_os = "macos") {
             "metal"
         } else {
@@ -229,7 +230,7 @@ pub async fn serve_until(
         let cluster = shoal_cluster::Cluster::start(state.node.clone(), opts);
         let _ = state.cluster.set(cluster);
     }
-    models::ModelPool::start_sweeper(&state.pool);
+    pool::ModelPool::start_sweeper(&state.pool);
     let running = state.running.clone();
     // Stop accepting, then cancel what is running so every open stream ends
     // with its final event promptly and the graceful wait is short.

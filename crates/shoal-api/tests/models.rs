@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::gguf;
 use serde_json::{json, Value};
-use shoal_api::models::{ModelPool, PoolOptions};
+use shoal_api::pool::{ModelPool, PoolOptions};
 use shoal_api::AppState;
 use shoal_engine::EngineOptions;
 use shoal_models::fixture::{FixtureFile, FixtureRepo, HubFixture};

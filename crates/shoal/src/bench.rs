@@ -314,7 +314,7 @@ fn pipeline_decode(a: &Args, filler: &[u32], threads: usize) -> Result<f64> {
     let layers = shoal_models::ModelCard::read(&path)?
         .layers
         .context("the model does not say how many layers it has")? as usize;
-    let ranges = shoal_api::shards::split(layers, &vec![1; a.split]);
+    let ranges = shoal_api::cluster::shards::split(layers, &vec![1; a.split]);
     let ports: Vec<String> = (0..a.split)
         .map(|_| {
             let l = std::net::TcpListener::bind("127.0.0.1:0")?;

@@ -910,9 +910,9 @@ impl Config {
     }
 
     /// How the model pool loads, budgets and unloads models.
-    pub fn pool_options(&self) -> Result<shoal_api::models::PoolOptions> {
+    pub fn pool_options(&self) -> Result<shoal_api::pool::PoolOptions> {
         let budget = self.models.memory_budget_mb;
-        Ok(shoal_api::models::PoolOptions {
+        Ok(shoal_api::pool::PoolOptions {
             engine: self.engine_options()?,
             budget_bytes: (budget > 0)
                 .then(|| budget.checked_mul(1 << 20))

@@ -85,7 +85,7 @@ pub fn app_state(
     cfg: &config::Config,
     engine: shoal_engine::Engine,
 ) -> anyhow::Result<shoal_api::AppState> {
-    let pool = shoal_api::models::ModelPool::new(cfg.pool_options()?);
+    let pool = shoal_api::pool::ModelPool::new(cfg.pool_options()?);
     pool.insert(engine, cfg.model.aliases.clone());
     let mut state = open_store(shoal_api::AppState::with_pool(pool), cfg);
     state.log_prompts = cfg.server.log_prompts;

@@ -16,7 +16,7 @@ use axum::Json;
 use serde_json::json;
 use tokio::io::AsyncBufReadExt;
 
-use crate::cluster::{Instance, Peer, Target};
+use super::{Instance, Peer, Upstream};
 use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::AppState;
 
@@ -386,7 +386,7 @@ pub async fn place(
         layers: ranges,
     };
     lock(&s.instances).insert(instance_id, instance.clone());
-    let mut v = crate::cluster::describe(s, &instance);
+    let mut v = super::describe(s, &instance);
     v["placements"] = json!(placements);
     Ok(v)
 }
@@ -429,7 +429,7 @@ pub fn stop_all(s: &AppState, i: &Instance) {
 }
 
 /// Where a request for `model` goes when a healthy pipeline here serves it.
-pub fn route(s: &AppState, model: &str) -> Option<Target> {
+pub fn route(s: &AppState, model: &str) -> Option<Upstream> {
     let instance = lock(&s.instances)
         .values()
         .find(|i| i.sharding == "pipeline" && i.model == model)
@@ -439,7 +439,7 @@ pub fn route(s: &AppState, model: &str) -> Option<Target> {
     }
     let addr = lock(&s.shards).get(&instance.id)?.addr.clone()?;
     let state = s.clone();
-    Some(Target {
+    Some(Upstream {
         addr,
         what: format!("the pipeline of '{model}'"),
         signer: None,

@@ -1,0 +1,244 @@
+//! Passing a request on: a model this node does not hold goes to the peer
+//! that holds it (or to a pipeline's first stage), and the answer streams
+//! back unchanged; a peer that goes away mid-answer ends the stream with the
+//! dialect's error.
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::Method;
+use axum::response::{IntoResponse, Response};
+use shoal_cluster::Cluster;
+
+use crate::error::{ApiError, ErrorShape};
+use crate::AppState;
+
+use super::shards;
+
+/// Marks a request one node forwarded to another, so it is never forwarded again.
+pub const FORWARDED_HEADER: &str = "x-shoal-forwarded";
+
+/// Routes whose body names a model and may run on another node.
+pub(crate) const FORWARDABLE: &[&str] = &[
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/responses",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+];
+
+/// Sends requests for a model this node does not have to a peer that has
+/// it loaded, and streams the peer's answer back unchanged. If the peer
+/// goes away mid-answer, the stream ends with the dialect's error event.
+pub async fn forward(
+    State(s): State<AppState>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let path = req.uri().path().to_string();
+    let Some(cluster) = s.cluster() else {
+        return next.run(req).await;
+    };
+    if req.method() != Method::POST
+        || !FORWARDABLE.contains(&path.as_str())
+        || req.headers().contains_key(FORWARDED_HEADER)
+    {
+        return next.run(req).await;
+    }
+    let (parts, body) = req.into_parts();
+    let bytes = match axum::body::to_bytes(body, s.access.max_body_bytes).await {
+        Ok(b) => b,
+        Err(_) => {
+            return crate::body::too_large(Some(s.access.max_body_bytes))
+                .in_dialect(ErrorShape::for_path(&path))
+                .into_response()
+        }
+    };
+    let model = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .and_then(|v| v.get("model").and_then(|m| m.as_str()).map(str::to_string));
+    // A model split over nodes from here goes to its first stage.
+    if let Some(target) = model.as_deref().and_then(|m| shards::route(&s, m)) {
+        return proxy(target, parts, bytes, ErrorShape::for_path(&path)).await;
+    }
+    // A model loaded here is served here; one loaded on a peer goes there
+    // (no second copy in memory); otherwise this node loads it if it can.
+    let target = model
+        .as_deref()
+        .filter(|m| s.pool.loaded_engine(m).is_none())
+        .and_then(|m| {
+            cluster
+                .peers()
+                .into_iter()
+                .find(|p| p.status == "online" && p.models.iter().any(|x| x.id == m))
+        });
+    let Some(peer) = target else {
+        let req = axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes));
+        return next.run(req).await;
+    };
+    let Some(addr) = cluster.address_of(&peer.id) else {
+        let req = axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes));
+        return next.run(req).await;
+    };
+    tracing::info!(model = model.as_deref().unwrap_or(""), peer = %peer.id, "forwarding");
+    let watched = cluster.clone();
+    let id = peer.id.clone();
+    let target = Upstream {
+        addr,
+        what: format!("node {}", peer.id),
+        signer: Some(cluster),
+        watch: Box::new(move || {
+            watched
+                .address_of(&id)
+                .is_none()
+                .then(|| format!("node {id} became unreachable mid-answer"))
+        }),
+    };
+    proxy(target, parts, bytes, ErrorShape::for_path(&path)).await
+}
+
+/// Where a request is passed on to, and what tells that it has failed.
+pub struct Upstream {
+    /// `host:port` of the API that answers.
+    pub addr: String,
+    /// Names it in error messages.
+    pub what: String,
+    /// Sign the request as this cluster (peers); `None` for a local shard.
+    pub signer: Option<Arc<Cluster>>,
+    /// Checked twice a second while an answer streams: `Some(reason)` ends it.
+    pub watch: Box<dyn Fn() -> Option<String> + Send + Sync>,
+}
+
+pub async fn proxy(
+    target: Upstream,
+    parts: axum::http::request::Parts,
+    body: axum::body::Bytes,
+    dialect: ErrorShape,
+) -> Response {
+    let Upstream {
+        addr,
+        what: peer,
+        signer,
+        watch: check,
+    } = target;
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or(parts.uri.path(), |p| p.as_str())
+        .to_string();
+    let mut req = match &signer {
+        Some(cluster) => cluster.signed(reqwest::Method::POST, &addr, &path, body.to_vec()),
+        None => reqwest::Client::new()
+            .post(format!("http://{addr}{path}"))
+            .body(body.to_vec()),
+    }
+    .header(FORWARDED_HEADER, "1");
+    for name in [
+        "content-type",
+        "accept",
+        "anthropic-version",
+        "anthropic-beta",
+        "authorization",
+        "x-api-key",
+    ] {
+        if let Some(v) = parts.headers.get(name).and_then(|v| v.to_str().ok()) {
+            req = req.header(name, v);
+        }
+    }
+    // Generations can take long: no overall timeout, but the peer's health
+    // is watched while the answer streams.
+    let resp = match req
+        .timeout(std::time::Duration::from_secs(24 * 3600))
+        .send()
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => {
+            return ApiError::unavailable(format!("{peer} holding the model did not answer: {e}"))
+                .in_dialect(dialect)
+                .into_response()
+        }
+    };
+    let status = resp.status();
+    let content_type = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json")
+        .to_string();
+    let sse = content_type.starts_with("text/event-stream");
+    let out_status = axum::http::StatusCode::from_u16(status.as_u16())
+        .unwrap_or(axum::http::StatusCode::BAD_GATEWAY);
+    if !sse {
+        // A whole JSON answer: passed on as one sized body, or an error if
+        // the peer died before finishing it.
+        return match resp.bytes().await {
+            Ok(b) => (
+                out_status,
+                [(axum::http::header::CONTENT_TYPE, content_type)],
+                b,
+            )
+                .into_response(),
+            Err(e) => ApiError::unavailable(format!("{peer} failed mid-answer: {e}"))
+                .in_dialect(dialect)
+                .into_response(),
+        };
+    }
+    let (tx, rx) =
+        tokio::sync::mpsc::unbounded_channel::<Result<axum::body::Bytes, std::io::Error>>();
+    tokio::spawn(async move {
+        use futures::StreamExt;
+        let mut upstream = resp.bytes_stream();
+        let mut watch = tokio::time::interval(std::time::Duration::from_millis(500));
+        loop {
+            tokio::select! {
+                chunk = upstream.next() => match chunk {
+                    Some(Ok(b)) => {
+                        if tx.send(Ok(b)).is_err() {
+                            return; // client gone: dropping the upstream cancels there
+                        }
+                    }
+                    Some(Err(e)) => {
+                        fail(&tx, sse, dialect, &format!("{peer} failed mid-answer: {e}"));
+                        return;
+                    }
+                    None => return,
+                },
+                _ = watch.tick() => {
+                    if let Some(reason) = check() {
+                        fail(&tx, sse, dialect, &reason);
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
+    let mut out = Response::new(axum::body::Body::from_stream(stream));
+    *out.status_mut() = out_status;
+    if let Ok(v) = axum::http::HeaderValue::from_str(&content_type) {
+        out.headers_mut()
+            .insert(axum::http::header::CONTENT_TYPE, v);
+    }
+    out
+}
+
+/// Ends a forwarded answer with the dialect's error (an SSE error event, or
+/// a cut body for plain JSON, which a client reports as a broken response).
+pub(crate) fn fail(
+    tx: &tokio::sync::mpsc::UnboundedSender<Result<axum::body::Bytes, std::io::Error>>,
+    sse: bool,
+    dialect: ErrorShape,
+    message: &str,
+) {
+    tracing::warn!("{message}");
+    if sse {
+        let err = ApiError::unavailable(message.to_string()).body(dialect);
+        let frame = match dialect {
+            ErrorShape::Anthropic => crate::sse::frame(Some("error"), &err.to_string()),
+            ErrorShape::OpenAi => crate::sse::frame(None, &err.to_string()),
+        };
+        let _ = tx.send(Ok(frame.into()));
+    } else {
+        let _ = tx.send(Err(std::io::Error::other(message.to_string())));
+    }
+}

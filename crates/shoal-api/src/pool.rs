@@ -1,0 +1,528 @@
+//! The models this server can answer with, and which of them are in memory.
+//!
+//! A model is named in the config (by path) or pulled into the local library
+//! (`shoal pull`, `POST /v1/models/pull`). It loads on first use or on
+//! `POST /v1/models/{id}/load`, after a memory check: the estimate from its
+//! card must fit in the budget once idle models are unloaded, and in the
+//! RAM free now. Idle models unload after `idle_unload`. Unloading only
+//! drops the pool's handle: requests already running on the engine finish.
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use shoal_engine::{Engine, EngineOptions};
+use shoal_models::{HubOptions, Library, LocalModel, ModelCard, ModelsError};
+
+use crate::error::{ApiError, ErrorKind};
+
+/// How the pool loads and keeps models.
+#[derive(Clone, Debug)]
+pub struct PoolOptions {
+    pub engine: EngineOptions,
+    /// Memory all loaded models may take together; `None`: three quarters of RAM.
+    pub budget_bytes: Option<u64>,
+    /// Unload a model nobody used for this long; `None`: keep it.
+    pub idle_unload: Option<Duration>,
+    /// Where pulls come from and go to.
+    pub hub: HubOptions,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        PoolOptions {
+            engine: EngineOptions::default(),
+            budget_bytes: None,
+            idle_unload: None,
+            hub: HubOptions::from_env(),
+        }
+    }
+}
+
+/// A model named by path (the config's model), with its other names.
+#[derive(Clone, Debug)]
+struct Named {
+    id: String,
+    path: PathBuf,
+    aliases: Vec<String>,
+}
+
+struct Slot {
+    engine: Engine,
+    last_used: Instant,
+}
+
+/// Loaded engines by id, plus what can be loaded.
+pub struct ModelPool {
+    opts: PoolOptions,
+    named: Mutex<Vec<Named>>,
+    loaded: Mutex<BTreeMap<String, Slot>>,
+    /// One load at a time: two requests for a cold model load it once, and
+    /// memory checks never race.
+    loading: tokio::sync::Mutex<()>,
+    gpu: bool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// A model whose files are damaged (truncated, corrupt, missing parts):
+/// the request cannot be served, but the server and other models are fine.
+fn broken(id: &str, what: &str, e: impl std::fmt::Display) -> ApiError {
+    tracing::warn!(model = %id, error = %e, "model {what}");
+    ApiError {
+        kind: ErrorKind::Unavailable,
+        message: format!("model '{id}' {what}: {e}"),
+        param: Some("model".into()),
+        code: Some("model_unavailable"),
+    }
+}
+
+fn insufficient(message: String) -> ApiError {
+    ApiError {
+        kind: ErrorKind::Unavailable,
+        message,
+        param: Some("model".into()),
+        code: Some("insufficient_memory"),
+    }
+}
+
+impl ModelPool {
+    pub fn new(opts: PoolOptions) -> Arc<ModelPool> {
+        Arc::new(ModelPool {
+            opts,
+            named: Mutex::new(Vec::new()),
+            loaded: Mutex::new(BTreeMap::new()),
+            loading: tokio::sync::Mutex::new(()),
+            gpu: cfg!(target_os = "macos"),
+        })
+    }
+
+    /// Makes a model given by path known under `id` (and `aliases`).
+    pub fn add_named(&self, id: &str, path: PathBuf, aliases: Vec<String>) {
+        let mut named = lock(&self.named);
+        named.retain(|n| n.id != id);
+        named.push(Named {
+            id: id.to_string(),
+            path,
+            aliases,
+        });
+    }
+
+    /// Adopts an engine started elsewhere (its model becomes a named one).
+    pub fn insert(&self, engine: Engine, aliases: Vec<String>) {
+        let id = engine.model.id.clone();
+        self.add_named(&id, engine.model.path.clone(), aliases);
+        lock(&self.loaded).insert(
+            id,
+            Slot {
+                engine,
+                last_used: Instant::now(),
+            },
+        );
+    }
+
+    pub fn library(&self) -> &Library {
+        &self.opts.hub.library
+    }
+
+    pub fn hub(&self) -> &HubOptions {
+        &self.opts.hub
+    }
+
+    /// The memory budget in bytes.
+    pub fn budget(&self) -> u64 {
+        self.opts
+            .budget_bytes
+            .unwrap_or_else(|| shoal_cluster::memory_now().0 / 4 * 3)
+    }
+
+    /// Whether `requested` names a model of the config (a file of the
+    /// user's, never the library's to delete).
+    pub fn is_named(&self, requested: &str) -> bool {
+        self.named_id(requested).is_some()
+    }
+
+    /// The canonical id for a name: a named model or one of its aliases.
+    fn named_id(&self, requested: &str) -> Option<Named> {
+        lock(&self.named)
+            .iter()
+            .find(|n| n.id == requested || n.aliases.iter().any(|a| a == requested))
+            .cloned()
+    }
+
+    /// The loaded engine for a name, without loading anything.
+    pub fn loaded_engine(&self, requested: &str) -> Option<Engine> {
+        let id = self
+            .named_id(requested)
+            .map_or_else(|| requested.to_string(), |n| n.id);
+        let mut loaded = lock(&self.loaded);
+        if !loaded.contains_key(&id) {
+            // A repo id names its one GGUF file (`org/name` → `org/name/x.gguf`).
+            let prefix = format!("{id}/");
+            let mut under = loaded.keys().filter(|k| k.starts_with(&prefix));
+            if let (Some(only), None) = (under.next(), under.next()) {
+                let only = only.clone();
+                let slot = loaded.get_mut(&only)?;
+                slot.last_used = Instant::now();
+                return Some(slot.engine.clone());
+            }
+        }
+        let slot = loaded.get_mut(&id)?;
+        slot.last_used = Instant::now();
+        Some(slot.engine.clone())
+    }
+
+    /// Loaded engines by id.
+    pub fn loaded(&self) -> Vec<Engine> {
+        lock(&self.loaded)
+            .values()
+            .map(|s| s.engine.clone())
+            .collect()
+    }
+
+    /// The id and file of a model this node has (loaded or not).
+    pub fn path_of(&self, requested: &str) -> Result<(String, PathBuf), ApiError> {
+        if let Some(e) = self.loaded_engine(requested) {
+            return Ok((e.model.id.clone(), e.model.path.clone()));
+        }
+        self.resolve(requested)
+    }
+
+    /// The backend a model runs on: the one it is loaded on, else the one
+    /// this pool's backend setting would load it on. Reads a GGUF header, so
+    /// call it off the async runtime.
+    pub fn backend_of(&self, requested: &str) -> Result<shoal_engine::BackendKind, ApiError> {
+        if let Some(e) = self.loaded_engine(requested) {
+            return Ok(e.model.info.backend);
+        }
+        let (_, path) = self.resolve(requested)?;
+        shoal_engine::backends::route(&path, self.opts.engine.backend)
+            .map(|r| r.backend)
+            .map_err(|e| ApiError::unavailable(format!("model '{requested}' cannot run here: {e}")))
+    }
+
+    /// What a name refers to: a named model, else a model in the library.
+    fn resolve(&self, requested: &str) -> Result<(String, PathBuf), ApiError> {
+        if let Some(n) = self.named_id(requested) {
+            return Ok((n.id, n.path));
+        }
+        self.library()
+            .find(requested)
+            .map(|m| (m.id, m.path))
+            .ok_or_else(|| ApiError::model_not_found(requested))
+    }
+
+    /// The engine for `requested`, loading the model first if it is not in
+    /// memory.
+    pub async fn engine(&self, requested: &str) -> Result<Engine, ApiError> {
+        if let Some(e) = self.loaded_engine(requested) {
+            return Ok(e);
+        }
+        let (id, path) = self.resolve(requested)?;
+        let _one = self.loading.lock().await;
+        if let Some(e) = self.loaded_engine(&id) {
+            return Ok(e);
+        }
+        let card_path = path.clone();
+        let card = tokio::task::spawn_blocking(move || ModelCard::read(&card_path))
+            .await
+            .map_err(|e| ApiError::internal(format!("reading the model: {e}")))?
+            .map_err(|e| broken(&id, "cannot be read", e))?;
+        let route = shoal_engine::backends::route(&path, self.opts.engine.backend).ok();
+        let need = self.estimate(&card, route.as_ref());
+        self.make_room(&id, need)?;
+        let opts = self.opts.engine.clone();
+        let (load_id, load_path) = (id.clone(), path.clone());
+        let started = Instant::now();
+        let engine = tokio::task::spawn_blocking(move || Engine::start(&load_path, &load_id, opts))
+            .await
+            .map_err(|e| ApiError::internal(format!("loading the model: {e}")))?
+            .map_err(|e| broken(&id, "failed to load", e))?;
+        tracing::info!(model = %id, estimate_mb = need >> 20,
+            memory_mb = engine.model.info.weight_bytes >> 20,
+            ms = started.elapsed().as_millis() as u64, "model loaded on demand");
+        lock(&self.loaded).insert(
+            id,
+            Slot {
+                engine: engine.clone(),
+                last_used: Instant::now(),
+            },
+        );
+        Ok(engine)
+    }
+
+    /// Unloads idle models, least recently used first, until `need` more
+    /// bytes fit in the budget; refuses if they cannot, or if the machine
+    /// does not have them free.
+    fn make_room(&self, id: &str, need: u64) -> Result<(), ApiError> {
+        let budget = self.budget();
+        if need > budget {
+            return Err(insufficient(format!(
+                "model '{id}' needs about {} and the memory budget is {} (models.memory_budget_mb)",
+                gib(need),
+                gib(budget)
+            )));
+        }
+        let mut loaded = lock(&self.loaded);
+        let used =
+            |l: &BTreeMap<String, Slot>| -> u64 { l.values().map(|s| held_bytes(&s.engine)).sum() };
+        let mut freed = 0u64;
+        while used(&loaded) + need > budget {
+            let victim = loaded
+                .iter()
+                .filter(|(_, s)| idle(&s.engine))
+                .min_by_key(|(_, s)| s.last_used)
+                .map(|(k, _)| k.clone());
+            let Some(victim) = victim else {
+                return Err(insufficient(format!(
+                    "model '{id}' needs about {} but {} of the {} budget is held by models serving requests; retry when they finish",
+                    gib(need),
+                    gib(used(&loaded)),
+                    gib(budget)
+                )));
+            };
+            if let Some(s) = loaded.remove(&victim) {
+                freed += held_bytes(&s.engine);
+                tracing::info!(model = %victim, "unloaded to make room for {id}");
+            }
+        }
+        let (_, available) = shoal_cluster::memory_now();
+        if need > available + freed {
+            return Err(insufficient(format!(
+                "model '{id}' needs about {} but only {} of RAM is free",
+                gib(need),
+                gib(available + freed)
+            )));
+        }
+        Ok(())
+    }
+
+    /// Drops the pool's handle on a model. Returns whether it was loaded.
+    pub fn unload(&self, requested: &str) -> bool {
+        let id = self
+            .named_id(requested)
+            .map_or_else(|| requested.to_string(), |n| n.id);
+        let gone = lock(&self.loaded).remove(&id).is_some();
+        if gone {
+            tracing::info!(model = %id, "unloaded");
+        }
+        gone
+    }
+
+    /// Unloads every model and waits (up to `limit` each) for its engine to
+    /// free it: called when the server stops, before the process exits.
+    pub fn shutdown(&self, limit: Duration) {
+        let slots: Vec<Slot> = std::mem::take(&mut *lock(&self.loaded))
+            .into_values()
+            .collect();
+        for slot in slots {
+            let id = slot.engine.model.id.clone();
+            if !slot.engine.stop_and_wait(limit) {
+                tracing::warn!(model = %id, "engine still busy at shutdown");
+            }
+        }
+    }
+
+    /// Unloads models idle for longer than the configured time.
+    pub fn sweep(&self) {
+        let Some(limit) = self.opts.idle_unload else {
+            return;
+        };
+        let mut loaded = lock(&self.loaded);
+        for slot in loaded.values_mut() {
+            // A model busy now counts as used now.
+            if !idle(&slot.engine) {
+                slot.last_used = Instant::now();
+            }
+        }
+        let stale: Vec<String> = loaded
+            .iter()
+            .filter(|(_, s)| s.last_used.elapsed() >= limit)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for id in stale {
+            loaded.remove(&id);
+            tracing::info!(model = %id, idle_s = limit.as_secs(), "unloaded after idling");
+        }
+    }
+
+    /// Runs `sweep` every second until the pool is dropped.
+    pub fn start_sweeper(pool: &Arc<ModelPool>) {
+        if pool.opts.idle_unload.is_none() {
+            return;
+        }
+        let weak: Weak<ModelPool> = Arc::downgrade(pool);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(500));
+            loop {
+                tick.tick().await;
+                let Some(pool) = weak.upgrade() else { break };
+                pool.sweep();
+            }
+        });
+    }
+
+    /// Every model that can be served: named ones, then the library.
+    fn local_models(&self) -> Vec<(LocalModel, Vec<String>)> {
+        let mut out = Vec::new();
+        for n in lock(&self.named).iter() {
+            let card = ModelCard::read(&n.path).unwrap_or_default();
+            out.push((
+                LocalModel {
+                    id: n.id.clone(),
+                    path: n.path.clone(),
+                    source: shoal_models::Source::Path,
+                    card,
+                },
+                n.aliases.clone(),
+            ));
+        }
+        for m in self.library().list() {
+            if !out.iter().any(|(o, _)| o.id == m.id) {
+                out.push((m, Vec::new()));
+            }
+        }
+        out
+    }
+
+    /// Memory a model will take once loaded: on llama.cpp the file as it is
+    /// plus the KV cells it reserves; on MLX what the card says for this device.
+    fn estimate(&self, card: &ModelCard, route: Option<&shoal_engine::backends::Route>) -> u64 {
+        match route {
+            Some(shoal_engine::backends::Route {
+                backend: shoal_engine::BackendKind::Llama,
+                header: Some(h),
+            }) => {
+                let per_position = shoal_engine::backends::llama::kv_bytes_per_position(h);
+                card.size_bytes
+                    + (self.opts.engine.llama.kv_tokens as u64).saturating_mul(per_position)
+            }
+            _ => card.weight_memory(self.gpu),
+        }
+    }
+
+    /// `/v1/models` entries: every local model with its card and whether
+    /// (and in how much memory) it is loaded, then aliases.
+    pub fn entries(&self) -> Vec<Value> {
+        let mut data = Vec::new();
+        let mut aliases = Vec::new();
+        for (m, names) in self.local_models() {
+            let e = self.entry(&m);
+            for a in names {
+                aliases.push(json!({"id": a, "object": "model", "created": e["created"],
+                    "owned_by": "shoal", "shoal": {"alias_of": m.id}}));
+            }
+            data.push(e);
+        }
+        data.extend(aliases);
+        data
+    }
+
+    fn entry(&self, m: &LocalModel) -> Value {
+        let created = std::fs::metadata(&m.path)
+            .and_then(|md| md.modified())
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs());
+        let (loaded, capabilities) = match lock(&self.loaded).get(&m.id) {
+            Some(s) => (
+                Some(s.engine.model.info.clone()),
+                Some(s.engine.model.vocab.capabilities()),
+            ),
+            None => (None, None),
+        };
+        // The backend it runs on, or would run on, or why none can.
+        let route = shoal_engine::backends::route(&m.path, self.opts.engine.backend);
+        let (backend, unavailable) = match (&loaded, &route) {
+            (Some(i), _) => (Some(i.backend.as_str()), None),
+            (None, Ok(r)) => (Some(r.backend.as_str()), None),
+            (None, Err(e)) => (None, Some(e.to_string())),
+        };
+        json!({
+            "id": m.id, "object": "model", "created": created, "owned_by": "shoal",
+            "shoal": {
+                "architecture": m.card.architecture,
+                "quantization": m.card.quantization,
+                "context_length": m.card.context_length,
+                "format": m.card.format,
+                "parameters": m.card.parameters,
+                "size_bytes": m.card.size_bytes,
+                "path": m.path,
+                "source": m.source,
+                "backend": backend,
+                "unavailable": unavailable,
+                "estimated_memory_bytes": self.estimate(&m.card, route.as_ref().ok()),
+                "loaded": loaded.is_some(),
+                "memory_bytes": loaded.as_ref().map(|i| i.resident_bytes()),
+                "kv_cache_bytes": loaded.as_ref().map(|i| i.kv_capacity_bytes),
+                // What its chat template can do (known once it is loaded).
+                "capabilities": capabilities,
+                // What a request that leaves them out gets, and from where.
+                "sampling_defaults": shoal_engine::SamplingDefaults::read(&m.path),
+                "dtype": loaded.as_ref().map(|i| i.dtype.clone()),
+                "device": loaded.as_ref().map(|i| i.device.clone()),
+            }
+        })
+    }
+
+    pub(crate) fn entry_for(&self, requested: &str) -> Option<Value> {
+        let id = self
+            .named_id(requested)
+            .map(|n| n.id)
+            .or_else(|| self.library().find(requested).map(|m| m.id))?;
+        self.local_models()
+            .into_iter()
+            .find(|(m, _)| m.id == id)
+            .map(|(m, _)| self.entry(&m))
+    }
+}
+
+impl Drop for ModelPool {
+    /// Waits for engines only this pool held to free their models, so a
+    /// process that ends right after never tears MLX down under them.
+    fn drop(&mut self) {
+        self.shutdown(Duration::from_secs(10));
+    }
+}
+
+/// Engines are idle when nothing is queued or running on them.
+fn idle(e: &Engine) -> bool {
+    e.stats.running.load(Relaxed) == 0 && e.stats.queued.load(Relaxed) == 0
+}
+
+impl From<ModelsError> for ApiError {
+    fn from(e: ModelsError) -> Self {
+        let (kind, code) = match &e {
+            ModelsError::BadSpec(_)
+            | ModelsError::ChooseFile { .. }
+            | ModelsError::NoModelFiles(_) => (ErrorKind::InvalidRequest, None),
+            ModelsError::RepoNotFound { .. } | ModelsError::MissingFile { .. } => {
+                (ErrorKind::NotFound, Some("hub_not_found"))
+            }
+            ModelsError::NotFound(_) => (ErrorKind::NotFound, Some("model_not_found")),
+            ModelsError::Unauthorized(_) => (ErrorKind::Upstream, Some("hub_unauthorized")),
+            ModelsError::Checksum { .. } => (ErrorKind::Upstream, Some("checksum_mismatch")),
+            ModelsError::Hub(_) => (ErrorKind::Upstream, Some("hub_error")),
+            ModelsError::Unreadable { .. } | ModelsError::Io(_) => (ErrorKind::Internal, None),
+        };
+        ApiError {
+            kind,
+            message: e.to_string(),
+            param: None,
+            code,
+        }
+    }
+}
+
+/// Memory a loaded engine holds: its weights and the KV cells reserved up front.
+pub(crate) fn held_bytes(e: &Engine) -> u64 {
+    e.model.info.resident_bytes() as u64
+}
