@@ -5,14 +5,13 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use shoal_engine::{ChatMessage, Event, FinishReason, SamplingParams, Usage};
-use tokio::sync::mpsc;
 
 use crate::body::{parse, Body};
 use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::openai_chat::{check_max_tokens, check_range};
 use crate::run::{self, Job, LedgerFormat};
 use crate::tools::{ToolChoice, ToolRequest};
-use crate::{sse, AppState, Served};
+use crate::{AppState, Served};
 use shoal_engine::tools::ToolDef;
 
 #[derive(Debug, Deserialize)]
@@ -360,6 +359,15 @@ pub struct StreamRenderer {
     tool_blocks: Vec<usize>,
 }
 
+impl run::StreamRender for StreamRenderer {
+    fn frames(&mut self, _choice: usize, ev: &Event) -> run::Step {
+        run::Step {
+            frames: run::named(self.step(ev)),
+            last: matches!(ev, Event::Done(_)),
+        }
+    }
+}
+
 impl StreamRenderer {
     pub fn new(id: String, model: String) -> Self {
         StreamRenderer {
@@ -538,7 +546,7 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
         model: req.model.clone(),
         stream: req.stream,
     };
-    let mut choices = run::start(&state, job, fmt).map_err(|e| e.in_dialect(d))?;
+    let choices = run::start(&state, job, fmt).map_err(|e| e.in_dialect(d))?;
     if !req.stream {
         let collected = choices.collect().await.map_err(|e| e.in_dialect(d))?;
         let c = collected
@@ -549,22 +557,10 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
         }
         return Ok(Json(message_body(&id, &req.model, c)).into_response());
     }
-    let (tx, rx) = mpsc::unbounded_channel();
-    let mut renderer = StreamRenderer::new(id, req.model.clone());
-    tokio::spawn(async move {
-        while let Some((_, ev)) = choices.next_streamed(&tx).await {
-            let last = matches!(ev, Event::Done(_));
-            for (name, data) in renderer.step(&ev) {
-                if tx.send(sse::frame(Some(&name), &data.to_string())).is_err() {
-                    return;
-                }
-            }
-            if last {
-                return;
-            }
-        }
-    });
-    Ok(sse::response(rx))
+    Ok(run::stream(
+        choices,
+        StreamRenderer::new(id, req.model.clone()),
+    ))
 }
 
 pub async fn count_tokens(

@@ -7,13 +7,12 @@ use serde_json::{json, Value};
 use shoal_engine::{
     ChatMessage, Completion, Event, FinishReason, SamplingParams, TokenLogprob, Usage,
 };
-use tokio::sync::mpsc;
 
 use crate::body::{parse, Body, OneOrMany};
 use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::run::{self, Job, LedgerFormat};
 use crate::tools::{self, ToolRequest};
-use crate::{sse, AppState, Served};
+use crate::{AppState, Served};
 use shoal_engine::tools::ToolDef;
 use shoal_engine::Grammar;
 
@@ -427,6 +426,22 @@ impl ChunkRenderer {
     }
 }
 
+/// The live chat stream: the renderer and its progress across choices.
+pub struct ChatStream {
+    pub renderer: ChunkRenderer,
+    pub state: StreamState,
+}
+
+impl run::StreamRender for ChatStream {
+    fn frames(&mut self, choice: usize, ev: &Event) -> run::Step {
+        let frames = self.renderer.step(&mut self.state, choice, ev);
+        run::Step {
+            frames: frames.into_iter().map(|d| (None, d)).collect(),
+            last: self.state.done.iter().all(Option::is_some),
+        }
+    }
+}
+
 /// Progress of a stream across choices.
 pub struct StreamState {
     started: Vec<bool>,
@@ -660,21 +675,11 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
         include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
         logprobs: req.logprobs,
     };
-    let (tx, rx) = mpsc::unbounded_channel();
-    let mut choices = choices;
-    tokio::spawn(async move {
-        let mut st = StreamState::new(n);
-        while let Some((i, ev)) = choices.next_streamed(&tx).await {
-            for data in renderer.step(&mut st, i, &ev) {
-                let last = data == "[DONE]";
-                if tx.send(sse::frame(None, &data)).is_err() {
-                    return; // client gone: dropping `choices` cancels the generation
-                }
-                if last {
-                    return;
-                }
-            }
-        }
-    });
-    Ok(sse::response(rx))
+    Ok(run::stream(
+        choices,
+        ChatStream {
+            renderer,
+            state: StreamState::new(n),
+        },
+    ))
 }

@@ -5,7 +5,6 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use shoal_engine::{Completion, Event, TokenLogprob};
-use tokio::sync::mpsc;
 
 use crate::body::{parse, Body, OneOrMany};
 use crate::error::{ApiError, DialectError, ErrorShape};
@@ -14,7 +13,7 @@ use crate::openai_chat::{
     StreamOptions,
 };
 use crate::run::{self, Job, LedgerFormat};
-use crate::{sse, AppState, Served};
+use crate::{AppState, Served};
 
 #[derive(Debug, Deserialize)]
 pub struct CompletionRequest {
@@ -167,7 +166,7 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
         stream: req.stream,
     };
     let want_lp = req.logprobs.is_some();
-    let mut choices = run::start(&state, job, fmt).map_err(|e| e.in_dialect(d))?;
+    let choices = run::start(&state, job, fmt).map_err(|e| e.in_dialect(d))?;
     let total = choices.n;
     if !req.stream {
         let collected = choices.collect().await.map_err(|e| e.in_dialect(d))?;
@@ -193,67 +192,119 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
         }))
         .into_response());
     }
-    let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
-    let model = req.model.clone();
-    let echo = req.echo;
-    let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        let chunk = |choices: Value| {
-            let mut c = json!({"id": id, "object": "text_completion", "created": created, "model": model,
-                               "system_fingerprint": null, "choices": choices});
-            if include_usage {
-                c["usage"] = Value::Null;
-            }
-            c
+    let render = CompletionRenderer {
+        id,
+        created,
+        model: req.model.clone(),
+        include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        logprobs: want_lp,
+        per,
+        echo: req.echo.then_some(texts),
+        done: vec![None; total],
+        offsets: vec![None; total],
+    };
+    Ok(run::stream(choices, render))
+}
+
+/// Renders the chunks of a streamed completion. Pure: events in, `data:`
+/// payloads out, `[DONE]` after the last choice ends.
+pub struct CompletionRenderer {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    pub include_usage: bool,
+    pub logprobs: bool,
+    /// Choices per prompt (`n`).
+    pub per: usize,
+    /// The prompts' texts, sent first in each choice when `echo` is on.
+    pub echo: Option<Vec<String>>,
+    /// Each choice's final record, once it ended.
+    pub done: Vec<Option<Completion>>,
+    /// Each choice's text offset so far (`None` until its first chunk).
+    pub offsets: Vec<Option<usize>>,
+}
+
+impl CompletionRenderer {
+    fn chunk(&self, choices: Value) -> Value {
+        let mut c = json!({"id": self.id, "object": "text_completion", "created": self.created,
+                           "model": self.model, "system_fingerprint": null, "choices": choices});
+        if self.include_usage {
+            c["usage"] = Value::Null;
+        }
+        c
+    }
+
+    /// The payloads for one event of choice `i`.
+    pub fn step(&mut self, i: usize, ev: &Event) -> Vec<String> {
+        let mut out = Vec::new();
+        let (Some(done), Some(offset)) = (self.done.get(i), self.offsets.get(i)) else {
+            return out;
         };
-        let mut done: Vec<Option<Completion>> = vec![None; total];
-        let mut echoed = vec![!echo; total];
-        let mut offsets = vec![0usize; total];
-        while let Some((i, ev)) = choices.next_streamed(&tx).await {
-            let mut frames = Vec::new();
-            if !echoed[i] {
-                echoed[i] = true;
-                offsets[i] = texts[i / per].len();
-                frames.push(chunk(json!([{"index": i, "text": texts[i / per], "logprobs": null, "finish_reason": null}])).to_string());
+        if done.is_some() {
+            return out;
+        }
+        if offset.is_none() {
+            let echoed = self
+                .echo
+                .as_ref()
+                .and_then(|t| t.get(i / self.per.max(1)))
+                .cloned();
+            self.offsets[i] = Some(echoed.as_ref().map_or(0, String::len));
+            if let Some(text) = echoed {
+                out.push(self.chunk(json!([{"index": i, "text": text, "logprobs": null, "finish_reason": null}])).to_string());
             }
-            match ev {
-                Event::Started { .. }
-                | Event::Reasoning { .. }
-                | Event::ToolCallStart { .. }
-                | Event::ToolCallArgs { .. } => {}
-                Event::Delta { text, logprobs } => {
-                    let lp = if want_lp {
-                        logprobs_json(&logprobs, offsets[i])
-                    } else {
-                        Value::Null
-                    };
-                    offsets[i] += text.len();
-                    frames.push(chunk(json!([{"index": i, "text": text, "logprobs": lp, "finish_reason": null}])).to_string());
-                }
-                Event::Done(c) => {
-                    if let Some(err) = run::failure(&c.finish) {
-                        frames.push(err.body(d).to_string());
-                    } else {
-                        frames.push(chunk(json!([{"index": i, "text": "", "logprobs": null, "finish_reason": finish_reason(&c.finish)}])).to_string());
-                    }
-                    done[i] = Some(c);
-                    if done.iter().all(Option::is_some) {
-                        let all: Vec<Completion> = done.iter().flatten().cloned().collect();
-                        if include_usage && !all.iter().any(|c| c.finish.is_failure()) {
-                            frames.push(json!({"id": id, "object": "text_completion", "created": created, "model": model,
-                                "system_fingerprint": null, "choices": [], "usage": usage_json(&run::combined_usage(&all, per))}).to_string());
-                        }
-                        frames.push("[DONE]".into());
-                    }
-                }
+        }
+        match ev {
+            Event::Started { .. }
+            | Event::Reasoning { .. }
+            | Event::ToolCallStart { .. }
+            | Event::ToolCallArgs { .. } => {}
+            Event::Delta { text, logprobs } => {
+                let at = self.offsets[i].unwrap_or(0);
+                let lp = if self.logprobs {
+                    logprobs_json(logprobs, at)
+                } else {
+                    Value::Null
+                };
+                self.offsets[i] = Some(at + text.len());
+                out.push(
+                    self.chunk(
+                        json!([{"index": i, "text": text, "logprobs": lp, "finish_reason": null}]),
+                    )
+                    .to_string(),
+                );
             }
-            for f in frames {
-                let last = f == "[DONE]";
-                if tx.send(sse::frame(None, &f)).is_err() || last {
-                    return;
+            Event::Done(c) => {
+                match run::failure(&c.finish) {
+                    Some(err) => out.push(err.body(ErrorShape::OpenAi).to_string()),
+                    None => out.push(
+                        self.chunk(json!([{"index": i, "text": "", "logprobs": null,
+                        "finish_reason": finish_reason(&c.finish)}]))
+                            .to_string(),
+                    ),
+                }
+                self.done[i] = Some(c.clone());
+                if self.done.iter().all(Option::is_some) {
+                    let all: Vec<Completion> = self.done.iter().flatten().cloned().collect();
+                    if self.include_usage && !all.iter().any(|c| c.finish.is_failure()) {
+                        out.push(json!({"id": self.id, "object": "text_completion", "created": self.created,
+                            "model": self.model, "system_fingerprint": null, "choices": [],
+                            "usage": usage_json(&run::combined_usage(&all, self.per))}).to_string());
+                    }
+                    out.push("[DONE]".into());
                 }
             }
         }
-    });
-    Ok(sse::response(rx))
+        out
+    }
+}
+
+impl run::StreamRender for CompletionRenderer {
+    fn frames(&mut self, choice: usize, ev: &Event) -> run::Step {
+        let frames = self.step(choice, ev);
+        run::Step {
+            frames: frames.into_iter().map(|d| (None, d)).collect(),
+            last: self.done.iter().all(Option::is_some),
+        }
+    }
 }

@@ -8,14 +8,13 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use shoal_engine::{ChatMessage, Completion, Event, FinishReason, SamplingParams, Usage};
-use tokio::sync::mpsc;
 
 use crate::body::{parse, Body};
 use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::openai_chat::{check_max_tokens, check_range, Content};
 use crate::run::{self, Job, LedgerFormat};
 use crate::tools::{self, ToolRequest};
-use crate::{sse, AppState, Served};
+use crate::{AppState, Served};
 use shoal_engine::tools::ToolDef;
 use shoal_engine::Grammar;
 
@@ -764,7 +763,7 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
         model: req.model.clone(),
         stream: req.stream,
     };
-    let mut choices = run::start(&state, job, fmt).map_err(|e| e.in_dialect(d))?;
+    let choices = run::start(&state, job, fmt).map_err(|e| e.in_dialect(d))?;
     let store = shape.store;
     if !req.stream {
         let collected = choices.collect().await.map_err(|e| e.in_dialect(d))?;
@@ -782,37 +781,47 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
         }
         return Ok(Json(body).into_response());
     }
-    let (tx, rx) = mpsc::unbounded_channel();
-    let mut renderer = StreamRenderer::new(shape.clone());
-    tokio::spawn(async move {
-        let mut text = String::new();
-        let mut reasoning = String::new();
-        while let Some((_, ev)) = choices.next_streamed(&tx).await {
-            match &ev {
-                Event::Delta { text: t, .. } => text.push_str(t),
-                Event::Reasoning { text: t } => reasoning.push_str(t),
-                _ => {}
-            }
-            let done = match &ev {
-                Event::Done(c) => Some(c.clone()),
-                _ => None,
-            };
-            for (name, data) in renderer.step(&ev) {
-                if tx.send(sse::frame(Some(&name), &data.to_string())).is_err() {
-                    return;
-                }
-            }
-            if let Some(c) = done {
-                if store {
-                    let calls = renderer.calls();
-                    let body = shape.response_full(Some(&reasoning), &text, &calls, Some(&c));
-                    remember(&state, &shape, msgs, &text, &calls, &body);
-                }
-                return;
-            }
+    let live = ResponsesStream {
+        renderer: StreamRenderer::new(shape.clone()),
+        text: String::new(),
+        reasoning: String::new(),
+        done: None,
+        keep: store.then_some((state, shape, msgs)),
+    };
+    Ok(run::stream(choices, live))
+}
+
+/// The live Responses stream: the renderer, and what storing the finished
+/// response (`store: true`) needs.
+struct ResponsesStream {
+    renderer: StreamRenderer,
+    text: String,
+    reasoning: String,
+    done: Option<Completion>,
+    keep: Option<(Served, Shape, Vec<ChatMessage>)>,
+}
+
+impl run::StreamRender for ResponsesStream {
+    fn frames(&mut self, _choice: usize, ev: &Event) -> run::Step {
+        match ev {
+            Event::Delta { text, .. } => self.text.push_str(text),
+            Event::Reasoning { text } => self.reasoning.push_str(text),
+            Event::Done(c) => self.done = Some(c.clone()),
+            _ => {}
         }
-    });
-    Ok(sse::response(rx))
+        run::Step {
+            frames: run::named(self.renderer.step(ev)),
+            last: matches!(ev, Event::Done(_)),
+        }
+    }
+
+    fn finished(&mut self) {
+        if let (Some((state, shape, msgs)), Some(c)) = (self.keep.take(), &self.done) {
+            let calls = self.renderer.calls();
+            let body = shape.response_full(Some(&self.reasoning), &self.text, &calls, Some(c));
+            remember(&state, &shape, msgs, &self.text, &calls, &body);
+        }
+    }
 }
 
 fn remember(

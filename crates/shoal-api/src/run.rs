@@ -106,6 +106,55 @@ impl Choices {
     }
 }
 
+/// What a dialect's stream renderer makes of one event: SSE frames (an
+/// optional event name and the data) and whether the stream is over.
+#[derive(Debug, Default)]
+pub struct Step {
+    pub frames: Vec<(Option<String>, String)>,
+    pub last: bool,
+}
+
+/// A dialect's streaming half: pure, events in and frames out, so scripted
+/// events can test it without an engine.
+pub trait StreamRender: Send + 'static {
+    /// The frames for event `ev` of choice `choice`.
+    fn frames(&mut self, choice: usize, ev: &Event) -> Step;
+
+    /// Called once the last frame went out (Responses stores the response).
+    fn finished(&mut self) {}
+}
+
+/// Streams a request's events through `render` as an SSE response. Writes
+/// keep-alive comments while idle; a client that leaves ends the loop, and
+/// dropping `choices` then cancels the generation.
+pub fn stream(mut choices: Choices, mut render: impl StreamRender) -> axum::response::Response {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some((i, ev)) = choices.next_streamed(&tx).await {
+            let step = render.frames(i, &ev);
+            for (name, data) in &step.frames {
+                if tx.send(crate::sse::frame(name.as_deref(), data)).is_err() {
+                    return;
+                }
+            }
+            if step.last {
+                render.finished();
+                return;
+            }
+        }
+    });
+    crate::sse::response(rx)
+}
+
+/// Named frames (`event:` name and JSON data), as the Anthropic and
+/// Responses renderers make them.
+pub fn named(frames: Vec<(String, serde_json::Value)>) -> Vec<(Option<String>, String)> {
+    frames
+        .into_iter()
+        .map(|(name, data)| (Some(name), data.to_string()))
+        .collect()
+}
+
 /// One choice, fully generated.
 #[derive(Default, Debug)]
 pub struct Collected {

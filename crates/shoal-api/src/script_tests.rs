@@ -4,7 +4,7 @@
 use serde_json::Value;
 use shoal_engine::{Completion, Event, FinishReason, Timings, Usage};
 
-use crate::{anthropic, openai_chat, openai_responses};
+use crate::{anthropic, openai_chat, openai_completions, openai_responses};
 
 fn usage() -> Usage {
     Usage {
@@ -553,4 +553,80 @@ fn responses_stream_a_function_call_item() {
     for (i, (_, d)) in f.iter().enumerate() {
         assert_eq!(d["sequence_number"], i as u64);
     }
+}
+
+fn completions(n: usize, echo: Option<&str>, finish: FinishReason) -> Vec<String> {
+    let mut r = openai_completions::CompletionRenderer {
+        id: "cmpl-x".into(),
+        created: 1,
+        model: "m".into(),
+        include_usage: true,
+        logprobs: false,
+        per: n,
+        echo: echo.map(|t| vec![t.to_string()]),
+        done: vec![None; n],
+        offsets: vec![None; n],
+    };
+    // Choices interleave as the engine sends them.
+    let mut out = Vec::new();
+    let evs = script(finish);
+    for ev in &evs {
+        for i in 0..n {
+            out.extend(r.step(i, ev));
+        }
+    }
+    out
+}
+
+#[test]
+fn completions_every_finish_reason_has_exact_usage_once_all_choices_end() {
+    for (finish, word) in [
+        (FinishReason::Stop, "stop"),
+        (FinishReason::StopSequence("x".into()), "stop"),
+        (FinishReason::Length, "length"),
+        (FinishReason::ContentFilter, "content_filter"),
+    ] {
+        let out = completions(2, None, finish);
+        assert_eq!(out.last().map(String::as_str), Some("[DONE]"));
+        let usage = parse(&out[out.len() - 2]);
+        assert_eq!(usage["choices"], serde_json::json!([]));
+        // The prompt counts once for both choices; completions add up.
+        assert_eq!(usage["usage"]["prompt_tokens"], 40);
+        assert_eq!(usage["usage"]["completion_tokens"], 14);
+        assert_eq!(usage["usage"]["total_tokens"], 54);
+        assert_eq!(usage["usage"]["prompt_tokens_details"]["cached_tokens"], 10);
+        let finishes: Vec<Value> = out[..out.len() - 2]
+            .iter()
+            .map(|d| parse(d)["choices"][0]["finish_reason"].clone())
+            .filter(|f| !f.is_null())
+            .collect();
+        assert_eq!(finishes, vec![serde_json::json!(word); 2]);
+        // Every chunk before the usage chunk carries `usage: null`.
+        assert!(out[..out.len() - 2]
+            .iter()
+            .all(|d| parse(d)["usage"].is_null()));
+    }
+}
+
+#[test]
+fn completions_echo_comes_first_in_each_choice() {
+    let out = completions(1, Some("Say: "), FinishReason::Stop);
+    let texts: Vec<String> = out
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .filter_map(|d| parse(d)["choices"][0]["text"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(texts.concat(), "Say: Hello");
+    assert_eq!(texts.first().map(String::as_str), Some("Say: "));
+}
+
+#[test]
+fn completions_error_mid_stream_sends_error_then_done_without_usage() {
+    let out = completions(1, None, FinishReason::Error("boom".into()));
+    assert_eq!(out.last().map(String::as_str), Some("[DONE]"));
+    let err = parse(&out[out.len() - 2]);
+    assert_eq!(err["error"]["type"], "server_error");
+    assert!(out.iter().all(|d| d == "[DONE]"
+        || parse(d).get("error").is_some()
+        || parse(d)["choices"] != serde_json::json!([])));
 }
