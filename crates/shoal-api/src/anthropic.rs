@@ -9,7 +9,7 @@ use shoal_engine::{ChatMessage, Event, FinishReason, SamplingParams, Usage};
 use crate::body::{parse, Body};
 use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::openai_chat::{check_max_tokens, check_range};
-use crate::run::{self, Job, LedgerFormat};
+use crate::run::{self, Job};
 use crate::tools::{ToolChoice, ToolRequest};
 use crate::{AppState, Served};
 use shoal_engine::tools::ToolDef;
@@ -534,49 +534,64 @@ fn message_body(id: &str, model: &str, c: &run::Collected) -> Value {
     })
 }
 
-pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Response, DialectError> {
-    let d = ErrorShape::Anthropic;
-    let req: MessagesRequest = parse(&body).map_err(|e| e.in_dialect(d))?;
-    let state = state.serve(&req.model).await.map_err(|e| e.in_dialect(d))?;
-    let job = prepare(&state, &req).map_err(|e| e.in_dialect(d))?;
-    let id = run::new_id("msg_");
-    let fmt = LedgerFormat {
-        id: id.clone(),
-        dialect: shoal_client::Dialect::Messages,
-        model: req.model.clone(),
-        stream: req.stream,
-    };
-    let choices = run::start(&state, job, fmt).map_err(|e| e.in_dialect(d))?;
-    if !req.stream {
-        let collected = choices.collect().await.map_err(|e| e.in_dialect(d))?;
+/// Anthropic Messages as an [`run::Adapter`]: what rendering a request needs.
+pub struct Messages {
+    id: String,
+    model: String,
+}
+
+impl run::Adapter for Messages {
+    type Request = MessagesRequest;
+    type Stream = StreamRenderer;
+    const DIALECT: shoal_client::Dialect = shoal_client::Dialect::Messages;
+    const ID_PREFIX: &'static str = "msg_";
+
+    fn model(req: &MessagesRequest) -> &str {
+        &req.model
+    }
+
+    fn streaming(req: &MessagesRequest) -> bool {
+        req.stream
+    }
+
+    fn prepare(served: &Served, req: MessagesRequest, id: String) -> Result<(Job, Self), ApiError> {
+        let job = prepare(served, &req)?;
+        Ok((
+            job,
+            Messages {
+                id,
+                model: req.model,
+            },
+        ))
+    }
+
+    fn respond(self, _: &Served, collected: Vec<run::Collected>) -> Result<Value, ApiError> {
         let c = collected
             .first()
-            .ok_or_else(|| ApiError::internal("no output").in_dialect(d))?;
+            .ok_or_else(|| ApiError::internal("no output"))?;
         if let Some(err) = run::failure(&c.completion().finish) {
-            return Err(err.in_dialect(d));
+            return Err(err);
         }
-        return Ok(Json(message_body(&id, &req.model, c)).into_response());
+        Ok(message_body(&self.id, &self.model, c))
     }
-    Ok(run::stream(
-        choices,
-        StreamRenderer::new(id, req.model.clone()),
-    ))
+
+    fn stream(self, _: Served) -> StreamRenderer {
+        StreamRenderer::new(self.id, self.model)
+    }
 }
 
 pub async fn count_tokens(
     State(state): State<AppState>,
     body: Body,
 ) -> Result<Response, DialectError> {
-    let d = ErrorShape::Anthropic;
-    let req: CountRequest = parse(&body).map_err(|e| e.in_dialect(d))?;
-    let state = state.serve(&req.model).await.map_err(|e| e.in_dialect(d))?;
-    let tools =
-        tool_request(req.tools.as_ref(), req.tool_choice.as_ref()).map_err(|e| e.in_dialect(d))?;
-    let messages =
-        to_messages(&state, req.system.as_ref(), &req.messages).map_err(|e| e.in_dialect(d))?;
-    // Tools take prompt space: they are counted as the request would render them.
-    let prompt = state
-        .chat_prompt(&messages, None, tools.as_ref())
-        .map_err(|e| e.in_dialect(d))?;
-    Ok(Json(json!({"input_tokens": prompt.tokens.len()})).into_response())
+    let count = async {
+        let req: CountRequest = parse(&body)?;
+        let state = state.serve(&req.model).await?;
+        let tools = tool_request(req.tools.as_ref(), req.tool_choice.as_ref())?;
+        let messages = to_messages(&state, req.system.as_ref(), &req.messages)?;
+        // Tools take prompt space: they are counted as the request would render them.
+        let prompt = state.chat_prompt(&messages, None, tools.as_ref())?;
+        Ok::<_, ApiError>(Json(json!({"input_tokens": prompt.tokens.len()})).into_response())
+    };
+    count.await.map_err(|e| e.in_dialect(ErrorShape::Anthropic))
 }

@@ -249,11 +249,20 @@ pub fn router(state: AppState) -> Router {
         .route("/health", get(health))
         .route("/v1/usage", get(usage))
         .route("/metrics", get(metrics::handle))
-        .route("/v1/chat/completions", post(openai_chat::handle))
-        .route("/v1/completions", post(openai_completions::handle))
-        .route("/v1/responses", post(openai_responses::handle))
+        .route(
+            "/v1/chat/completions",
+            post(run::serve::<openai_chat::Chat>),
+        )
+        .route(
+            "/v1/completions",
+            post(run::serve::<openai_completions::Completions>),
+        )
+        .route(
+            "/v1/responses",
+            post(run::serve::<openai_responses::Responses>),
+        )
         .route("/v1/responses/{id}", get(openai_responses::get_response))
-        .route("/v1/messages", post(anthropic::handle))
+        .route("/v1/messages", post(run::serve::<anthropic::Messages>))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .merge(conversations::routes())
         .merge(models::routes())

@@ -1,18 +1,15 @@
 //! `POST /v1/chat/completions`.
-use axum::extract::State;
-use axum::response::{IntoResponse, Response};
-use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use shoal_engine::{
     ChatMessage, Completion, Event, FinishReason, SamplingParams, TokenLogprob, Usage,
 };
 
-use crate::body::{parse, Body, OneOrMany};
-use crate::error::{ApiError, DialectError, ErrorShape};
-use crate::run::{self, Job, LedgerFormat};
+use crate::body::OneOrMany;
+use crate::error::{ApiError, ErrorShape};
+use crate::run::{self, Job};
 use crate::tools::{self, ToolRequest};
-use crate::{AppState, Served};
+use crate::Served;
 use shoal_engine::tools::ToolDef;
 use shoal_engine::Grammar;
 
@@ -614,26 +611,47 @@ fn prepare(state: &Served, req: &mut ChatRequest) -> Result<Job, ApiError> {
     })
 }
 
-pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Response, DialectError> {
-    let d = ErrorShape::OpenAi;
-    let mut req: ChatRequest = parse(&body).map_err(|e| e.in_dialect(d))?;
-    let state = state.serve(&req.model).await.map_err(|e| e.in_dialect(d))?;
-    let job = prepare(&state, &mut req).map_err(|e| e.in_dialect(d))?;
-    let id = run::new_id("chatcmpl-");
-    let created = run::now_secs();
-    let fmt = LedgerFormat {
-        id: id.clone(),
-        dialect: shoal_client::Dialect::Chat,
-        model: req.model.clone(),
-        stream: req.stream,
-    };
-    let n = job.n;
-    let choices = run::start(&state, job, fmt).map_err(|e| e.in_dialect(d))?;
-    if !req.stream {
-        let collected = choices.collect().await.map_err(|e| e.in_dialect(d))?;
+/// Chat Completions as an [`run::Adapter`]: what rendering a request needs.
+pub struct Chat {
+    id: String,
+    created: u64,
+    model: String,
+    logprobs: bool,
+    include_usage: bool,
+    n: usize,
+}
+
+impl run::Adapter for Chat {
+    type Request = ChatRequest;
+    type Stream = ChatStream;
+    const DIALECT: shoal_client::Dialect = shoal_client::Dialect::Chat;
+    const ID_PREFIX: &'static str = "chatcmpl-";
+
+    fn model(req: &ChatRequest) -> &str {
+        &req.model
+    }
+
+    fn streaming(req: &ChatRequest) -> bool {
+        req.stream
+    }
+
+    fn prepare(served: &Served, mut req: ChatRequest, id: String) -> Result<(Job, Self), ApiError> {
+        let job = prepare(served, &mut req)?;
+        let chat = Chat {
+            id,
+            created: run::now_secs(),
+            model: req.model,
+            logprobs: req.logprobs,
+            include_usage: req.stream_options.is_some_and(|o| o.include_usage),
+            n: job.n,
+        };
+        Ok((job, chat))
+    }
+
+    fn respond(self, _: &Served, collected: Vec<run::Collected>) -> Result<Value, ApiError> {
         let completions: Vec<Completion> =
             collected.iter().map(|c| c.completion().clone()).collect();
-        run::check_failed(&completions).map_err(|e| e.in_dialect(d))?;
+        run::check_failed(&completions)?;
         let out: Vec<Value> = collected
             .iter()
             .enumerate()
@@ -656,30 +674,28 @@ pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Respons
                 json!({
                     "index": i,
                     "message": message,
-                    "logprobs": if req.logprobs { json!({"content": c.logprobs.iter().map(logprob_entry).collect::<Vec<_>>()}) } else { Value::Null },
+                    "logprobs": if self.logprobs { json!({"content": c.logprobs.iter().map(logprob_entry).collect::<Vec<_>>()}) } else { Value::Null },
                     "finish_reason": finish_reason(&c.completion().finish),
                 })
             })
             .collect();
-        return Ok(Json(json!({
-            "id": id, "object": "chat.completion", "created": created, "model": req.model,
+        Ok(json!({
+            "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
             "system_fingerprint": null, "choices": out,
-            "usage": usage_json(&run::combined_usage(&completions, n)),
+            "usage": usage_json(&run::combined_usage(&completions, self.n)),
         }))
-        .into_response());
     }
-    let renderer = ChunkRenderer {
-        id,
-        created,
-        model: req.model.clone(),
-        include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
-        logprobs: req.logprobs,
-    };
-    Ok(run::stream(
-        choices,
+
+    fn stream(self, _: Served) -> ChatStream {
         ChatStream {
-            renderer,
-            state: StreamState::new(n),
-        },
-    ))
+            renderer: ChunkRenderer {
+                id: self.id,
+                created: self.created,
+                model: self.model,
+                include_usage: self.include_usage,
+                logprobs: self.logprobs,
+            },
+            state: StreamState::new(self.n),
+        }
+    }
 }

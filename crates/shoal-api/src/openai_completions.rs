@@ -1,19 +1,16 @@
 //! `POST /v1/completions` (legacy text completions, no chat template).
-use axum::extract::State;
-use axum::response::{IntoResponse, Response};
-use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use shoal_engine::{Completion, Event, TokenLogprob};
 
-use crate::body::{parse, Body, OneOrMany};
-use crate::error::{ApiError, DialectError, ErrorShape};
+use crate::body::OneOrMany;
+use crate::error::{ApiError, ErrorShape};
 use crate::openai_chat::{
     check_max_tokens, check_range, check_stop, finish_reason, usage_json, OpenAiSampling,
     StreamOptions,
 };
-use crate::run::{self, Job, LedgerFormat};
-use crate::{AppState, Served};
+use crate::run::{self, Job};
+use crate::Served;
 
 #[derive(Debug, Deserialize)]
 pub struct CompletionRequest {
@@ -151,59 +148,94 @@ fn prepare(state: &Served, req: &mut CompletionRequest) -> Result<Prepared, ApiE
     })
 }
 
-pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Response, DialectError> {
-    let d = ErrorShape::OpenAi;
-    let mut req: CompletionRequest = parse(&body).map_err(|e| e.in_dialect(d))?;
-    let state = state.serve(&req.model).await.map_err(|e| e.in_dialect(d))?;
-    let Prepared { job, texts } = prepare(&state, &mut req).map_err(|e| e.in_dialect(d))?;
-    let per = job.n;
-    let id = run::new_id("cmpl-");
-    let created = run::now_secs();
-    let fmt = LedgerFormat {
-        id: id.clone(),
-        dialect: shoal_client::Dialect::Completions,
-        model: req.model.clone(),
-        stream: req.stream,
-    };
-    let want_lp = req.logprobs.is_some();
-    let choices = run::start(&state, job, fmt).map_err(|e| e.in_dialect(d))?;
-    let total = choices.n;
-    if !req.stream {
-        let collected = choices.collect().await.map_err(|e| e.in_dialect(d))?;
+/// Legacy Completions as an [`run::Adapter`]: what rendering a request needs.
+pub struct Completions {
+    id: String,
+    created: u64,
+    model: String,
+    logprobs: bool,
+    include_usage: bool,
+    /// Choices per prompt (`n`), and choices in all.
+    per: usize,
+    total: usize,
+    /// The prompts' texts when `echo` is on.
+    echo: Option<Vec<String>>,
+}
+
+impl run::Adapter for Completions {
+    type Request = CompletionRequest;
+    type Stream = CompletionRenderer;
+    const DIALECT: shoal_client::Dialect = shoal_client::Dialect::Completions;
+    const ID_PREFIX: &'static str = "cmpl-";
+
+    fn model(req: &CompletionRequest) -> &str {
+        &req.model
+    }
+
+    fn streaming(req: &CompletionRequest) -> bool {
+        req.stream
+    }
+
+    fn prepare(
+        served: &Served,
+        mut req: CompletionRequest,
+        id: String,
+    ) -> Result<(Job, Self), ApiError> {
+        let Prepared { job, texts } = prepare(served, &mut req)?;
+        let per = job.n.max(1);
+        let adapter = Completions {
+            id,
+            created: run::now_secs(),
+            model: req.model,
+            logprobs: req.logprobs.is_some(),
+            include_usage: req.stream_options.is_some_and(|o| o.include_usage),
+            per,
+            total: per * job.prompts.len(),
+            echo: req.echo.then_some(texts),
+        };
+        Ok((job, adapter))
+    }
+
+    fn respond(self, _: &Served, collected: Vec<run::Collected>) -> Result<Value, ApiError> {
         let completions: Vec<Completion> =
             collected.iter().map(|c| c.completion().clone()).collect();
-        run::check_failed(&completions).map_err(|e| e.in_dialect(d))?;
+        run::check_failed(&completions)?;
         let out: Vec<Value> = collected
             .iter()
             .enumerate()
             .map(|(i, c)| {
-                let prefix = if req.echo { texts[i / per].as_str() } else { "" };
+                let prefix = self
+                    .echo
+                    .as_ref()
+                    .and_then(|t| t.get(i / self.per))
+                    .map_or("", String::as_str);
                 json!({
                     "index": i, "text": format!("{prefix}{}", c.text),
-                    "logprobs": if want_lp { logprobs_json(&c.logprobs, prefix.len()) } else { Value::Null },
+                    "logprobs": if self.logprobs { logprobs_json(&c.logprobs, prefix.len()) } else { Value::Null },
                     "finish_reason": finish_reason(&c.completion().finish),
                 })
             })
             .collect();
-        return Ok(Json(json!({
-            "id": id, "object": "text_completion", "created": created, "model": req.model,
+        Ok(json!({
+            "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
             "system_fingerprint": null, "choices": out,
-            "usage": usage_json(&run::combined_usage(&completions, per)),
+            "usage": usage_json(&run::combined_usage(&completions, self.per)),
         }))
-        .into_response());
     }
-    let render = CompletionRenderer {
-        id,
-        created,
-        model: req.model.clone(),
-        include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
-        logprobs: want_lp,
-        per,
-        echo: req.echo.then_some(texts),
-        done: vec![None; total],
-        offsets: vec![None; total],
-    };
-    Ok(run::stream(choices, render))
+
+    fn stream(self, _: Served) -> CompletionRenderer {
+        CompletionRenderer {
+            id: self.id,
+            created: self.created,
+            model: self.model,
+            include_usage: self.include_usage,
+            logprobs: self.logprobs,
+            per: self.per,
+            echo: self.echo,
+            done: vec![None; self.total],
+            offsets: vec![None; self.total],
+        }
+    }
 }
 
 /// Renders the chunks of a streamed completion. Pure: events in, `data:`

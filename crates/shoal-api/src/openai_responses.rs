@@ -9,10 +9,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use shoal_engine::{ChatMessage, Completion, Event, FinishReason, SamplingParams, Usage};
 
-use crate::body::{parse, Body};
 use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::openai_chat::{check_max_tokens, check_range, Content};
-use crate::run::{self, Job, LedgerFormat};
+use crate::run::{self, Job};
 use crate::tools::{self, ToolRequest};
 use crate::{AppState, Served};
 use shoal_engine::tools::ToolDef;
@@ -730,70 +729,94 @@ pub(crate) fn text_format(text: Option<&Value>) -> Result<Option<Grammar>, ApiEr
     }
 }
 
-pub async fn handle(State(state): State<AppState>, body: Body) -> Result<Response, DialectError> {
-    let d = ErrorShape::OpenAi;
-    let mut req: ResponsesRequest = parse(&body).map_err(|e| e.in_dialect(d))?;
-    let state = state.serve(&req.model).await.map_err(|e| e.in_dialect(d))?;
-    let (job, msgs) = prepare(&state, &mut req).map_err(|e| e.in_dialect(d))?;
-    let shape = Shape {
-        id: run::new_id("resp_"),
-        msg_id: run::new_id("msg_"),
-        reasoning_id: run::new_id("rs_"),
-        created: run::now_secs(),
-        model: req.model.clone(),
-        instructions: req.instructions.clone(),
-        max_output_tokens: req.max_output_tokens,
-        previous_response_id: req.previous_response_id.clone(),
-        temperature: job.sampling.temperature,
-        top_p: job.sampling.top_p,
-        store: req.store.unwrap_or(true),
-        metadata: req.metadata.clone().unwrap_or_else(|| json!({})),
-        tools: json!(req.tools.clone().unwrap_or_default()),
-        tool_choice: req.tool_choice.clone().unwrap_or_else(|| json!("auto")),
-        text_format: req
-            .text
-            .as_ref()
-            .and_then(|t| t.get("format"))
-            .cloned()
-            .unwrap_or_else(|| json!({"type": "text"})),
-    };
-    let fmt = LedgerFormat {
-        id: shape.id.clone(),
-        dialect: shoal_client::Dialect::Responses,
-        model: req.model.clone(),
-        stream: req.stream,
-    };
-    let choices = run::start(&state, job, fmt).map_err(|e| e.in_dialect(d))?;
-    let store = shape.store;
-    if !req.stream {
-        let collected = choices.collect().await.map_err(|e| e.in_dialect(d))?;
+/// Responses as an [`run::Adapter`]: the response's shape, and the
+/// conversation to store with it.
+pub struct Responses {
+    shape: Shape,
+    msgs: Vec<ChatMessage>,
+}
+
+impl run::Adapter for Responses {
+    type Request = ResponsesRequest;
+    type Stream = ResponsesStream;
+    const DIALECT: shoal_client::Dialect = shoal_client::Dialect::Responses;
+    const ID_PREFIX: &'static str = "resp_";
+
+    fn model(req: &ResponsesRequest) -> &str {
+        &req.model
+    }
+
+    fn streaming(req: &ResponsesRequest) -> bool {
+        req.stream
+    }
+
+    fn prepare(
+        served: &Served,
+        mut req: ResponsesRequest,
+        id: String,
+    ) -> Result<(Job, Self), ApiError> {
+        let (job, msgs) = prepare(served, &mut req)?;
+        let shape = Shape {
+            id,
+            msg_id: run::new_id("msg_"),
+            reasoning_id: run::new_id("rs_"),
+            created: run::now_secs(),
+            model: req.model.clone(),
+            instructions: req.instructions.clone(),
+            max_output_tokens: req.max_output_tokens,
+            previous_response_id: req.previous_response_id.clone(),
+            temperature: job.sampling.temperature,
+            top_p: job.sampling.top_p,
+            store: req.store.unwrap_or(true),
+            metadata: req.metadata.clone().unwrap_or_else(|| json!({})),
+            tools: json!(req.tools.clone().unwrap_or_default()),
+            tool_choice: req.tool_choice.clone().unwrap_or_else(|| json!("auto")),
+            text_format: req
+                .text
+                .as_ref()
+                .and_then(|t| t.get("format"))
+                .cloned()
+                .unwrap_or_else(|| json!({"type": "text"})),
+        };
+        Ok((job, Responses { shape, msgs }))
+    }
+
+    fn respond(self, served: &Served, collected: Vec<run::Collected>) -> Result<Value, ApiError> {
         let c = collected
             .first()
-            .ok_or_else(|| ApiError::internal("no output").in_dialect(d))?;
+            .ok_or_else(|| ApiError::internal("no output"))?;
         let calls: Vec<OutCall> = c
             .tool_calls
             .iter()
             .map(|t| OutCall::new(&t.name, &t.arguments))
             .collect();
-        let body = shape.response_full(Some(&c.reasoning), &c.text, &calls, Some(c.completion()));
-        if store {
-            remember(&state, &shape, msgs, &c.text, &calls, &body);
+        let body =
+            self.shape
+                .response_full(Some(&c.reasoning), &c.text, &calls, Some(c.completion()));
+        if self.shape.store {
+            remember(served, &self.shape, self.msgs, &c.text, &calls, &body);
         }
-        return Ok(Json(body).into_response());
+        Ok(body)
     }
-    let live = ResponsesStream {
-        renderer: StreamRenderer::new(shape.clone()),
-        text: String::new(),
-        reasoning: String::new(),
-        done: None,
-        keep: store.then_some((state, shape, msgs)),
-    };
-    Ok(run::stream(choices, live))
+
+    fn stream(self, served: Served) -> ResponsesStream {
+        let keep = self
+            .shape
+            .store
+            .then(|| (served, self.shape.clone(), self.msgs));
+        ResponsesStream {
+            renderer: StreamRenderer::new(self.shape),
+            text: String::new(),
+            reasoning: String::new(),
+            done: None,
+            keep,
+        }
+    }
 }
 
 /// The live Responses stream: the renderer, and what storing the finished
 /// response (`store: true`) needs.
-struct ResponsesStream {
+pub struct ResponsesStream {
     renderer: StreamRenderer,
     text: String,
     reasoning: String,

@@ -146,6 +146,67 @@ pub fn stream(mut choices: Choices, mut render: impl StreamRender) -> axum::resp
     crate::sse::response(rx)
 }
 
+/// A dialect's part in serving a generation request, as pure steps. The one
+/// path in [`serve`] owns the rest: body parsing, the model lookup, the
+/// engine start with its ledger entry, streaming or collecting, and the
+/// error mapping into the dialect's shape. A new dialect is one impl.
+pub trait Adapter: Sized + Send + 'static {
+    /// The request as the wire carries it.
+    type Request: serde::de::DeserializeOwned + Send;
+    /// The live stream's renderer.
+    type Stream: StreamRender;
+    const DIALECT: Dialect;
+    /// Prefix of the response ids (`chatcmpl-`, `msg_`, …).
+    const ID_PREFIX: &'static str;
+
+    /// The model the request names.
+    fn model(req: &Self::Request) -> &str;
+    /// Whether the client asked for a stream.
+    fn streaming(req: &Self::Request) -> bool;
+    /// Wire request to engine job, validation included, plus what the
+    /// rendering needs; `id` is the response's id.
+    fn prepare(served: &Served, req: Self::Request, id: String) -> Result<(Job, Self), ApiError>;
+    /// The whole response body from every collected choice.
+    fn respond(
+        self,
+        served: &Served,
+        collected: Vec<Collected>,
+    ) -> Result<serde_json::Value, ApiError>;
+    /// The renderer for the streamed response.
+    fn stream(self, served: Served) -> Self::Stream;
+}
+
+/// Serves one generation request in dialect `A`.
+pub async fn serve<A: Adapter>(
+    axum::extract::State(state): axum::extract::State<crate::AppState>,
+    body: crate::body::Body,
+) -> Result<axum::response::Response, crate::error::DialectError> {
+    use axum::response::IntoResponse;
+    let answer = async {
+        let req: A::Request = crate::body::parse(&body)?;
+        let streaming = A::streaming(&req);
+        let model = A::model(&req).to_string();
+        let served = state.serve(&model).await?;
+        let id = new_id(A::ID_PREFIX);
+        let (job, adapter) = A::prepare(&served, req, id.clone())?;
+        let fmt = LedgerFormat {
+            id,
+            dialect: A::DIALECT,
+            model,
+            stream: streaming,
+        };
+        let choices = start(&served, job, fmt)?;
+        if streaming {
+            let render = adapter.stream(served);
+            return Ok(stream(choices, render));
+        }
+        let collected = choices.collect().await?;
+        let body = adapter.respond(&served, collected)?;
+        Ok::<_, ApiError>(axum::Json(body).into_response())
+    };
+    answer.await.map_err(|e| e.in_dialect(A::DIALECT))
+}
+
 /// Named frames (`event:` name and JSON data), as the Anthropic and
 /// Responses renderers make them.
 pub fn named(frames: Vec<(String, serde_json::Value)>) -> Vec<(Option<String>, String)> {
