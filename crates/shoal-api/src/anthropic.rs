@@ -546,14 +546,6 @@ impl run::Adapter for Messages {
     const DIALECT: shoal_client::Dialect = shoal_client::Dialect::Messages;
     const ID_PREFIX: &'static str = "msg_";
 
-    fn model(req: &MessagesRequest) -> &str {
-        &req.model
-    }
-
-    fn streaming(req: &MessagesRequest) -> bool {
-        req.stream
-    }
-
     fn prepare(served: &Served, req: MessagesRequest, id: String) -> Result<(Job, Self), ApiError> {
         let job = prepare(served, &req)?;
         Ok((

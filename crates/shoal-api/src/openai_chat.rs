@@ -627,14 +627,6 @@ impl run::Adapter for Chat {
     const DIALECT: shoal_client::Dialect = shoal_client::Dialect::Chat;
     const ID_PREFIX: &'static str = "chatcmpl-";
 
-    fn model(req: &ChatRequest) -> &str {
-        &req.model
-    }
-
-    fn streaming(req: &ChatRequest) -> bool {
-        req.stream
-    }
-
     fn prepare(served: &Served, mut req: ChatRequest, id: String) -> Result<(Job, Self), ApiError> {
         let job = prepare(served, &mut req)?;
         let chat = Chat {

@@ -168,14 +168,6 @@ impl run::Adapter for Completions {
     const DIALECT: shoal_client::Dialect = shoal_client::Dialect::Completions;
     const ID_PREFIX: &'static str = "cmpl-";
 
-    fn model(req: &CompletionRequest) -> &str {
-        &req.model
-    }
-
-    fn streaming(req: &CompletionRequest) -> bool {
-        req.stream
-    }
-
     fn prepare(
         served: &Served,
         mut req: CompletionRequest,

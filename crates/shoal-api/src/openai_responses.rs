@@ -742,14 +742,6 @@ impl run::Adapter for Responses {
     const DIALECT: shoal_client::Dialect = shoal_client::Dialect::Responses;
     const ID_PREFIX: &'static str = "resp_";
 
-    fn model(req: &ResponsesRequest) -> &str {
-        &req.model
-    }
-
-    fn streaming(req: &ResponsesRequest) -> bool {
-        req.stream
-    }
-
     fn prepare(
         served: &Served,
         mut req: ResponsesRequest,

@@ -146,23 +146,47 @@ pub fn stream(mut choices: Choices, mut render: impl StreamRender) -> axum::resp
     crate::sse::response(rx)
 }
 
+/// What every dialect's request carries: the model it names and whether it
+/// asks for a stream.
+pub trait WireRequest: serde::de::DeserializeOwned + Send {
+    fn model(&self) -> &str;
+    fn stream(&self) -> bool;
+}
+
+/// Implements [`WireRequest`] for request types with `model` and `stream` fields.
+macro_rules! wire_requests {
+    ($($t:ty),*) => {$(
+        impl WireRequest for $t {
+            fn model(&self) -> &str {
+                &self.model
+            }
+            fn stream(&self) -> bool {
+                self.stream
+            }
+        }
+    )*};
+}
+
+wire_requests!(
+    crate::openai_chat::ChatRequest,
+    crate::openai_completions::CompletionRequest,
+    crate::openai_responses::ResponsesRequest,
+    crate::anthropic::MessagesRequest
+);
+
 /// A dialect's part in serving a generation request, as pure steps. The one
 /// path in [`serve`] owns the rest: body parsing, the model lookup, the
 /// engine start with its ledger entry, streaming or collecting, and the
 /// error mapping into the dialect's shape. A new dialect is one impl.
 pub trait Adapter: Sized + Send + 'static {
     /// The request as the wire carries it.
-    type Request: serde::de::DeserializeOwned + Send;
+    type Request: WireRequest;
     /// The live stream's renderer.
     type Stream: StreamRender;
     const DIALECT: Dialect;
     /// Prefix of the response ids (`chatcmpl-`, `msg_`, …).
     const ID_PREFIX: &'static str;
 
-    /// The model the request names.
-    fn model(req: &Self::Request) -> &str;
-    /// Whether the client asked for a stream.
-    fn streaming(req: &Self::Request) -> bool;
     /// Wire request to engine job, validation included, plus what the
     /// rendering needs; `id` is the response's id.
     fn prepare(served: &Served, req: Self::Request, id: String) -> Result<(Job, Self), ApiError>;
@@ -184,8 +208,8 @@ pub async fn serve<A: Adapter>(
     use axum::response::IntoResponse;
     let answer = async {
         let req: A::Request = crate::body::parse(&body)?;
-        let streaming = A::streaming(&req);
-        let model = A::model(&req).to_string();
+        let streaming = req.stream();
+        let model = req.model().to_string();
         let served = state.serve(&model).await?;
         let id = new_id(A::ID_PREFIX);
         let (job, adapter) = A::prepare(&served, req, id.clone())?;
