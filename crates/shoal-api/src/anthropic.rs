@@ -15,6 +15,9 @@ use crate::{AppState, Served};
 use shoal_engine::tools::ToolDef;
 
 #[derive(Debug, Deserialize)]
+// Some fields are accepted (and type-checked) for SDK compatibility without
+// changing anything here.
+#[allow(dead_code)]
 pub struct MessagesRequest {
     pub model: String,
     pub messages: Vec<InMessage>,

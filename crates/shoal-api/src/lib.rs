@@ -2,28 +2,28 @@
 //! Anthropic Messages, all rendered from the engine's one event stream and
 //! final `Completion` record.
 pub mod access;
-pub mod anthropic;
-pub mod body;
+mod anthropic;
+mod body;
 pub mod cluster;
-pub mod conversations;
-pub mod error;
+mod conversations;
+mod error;
 #[cfg(test)]
 mod fuzz_tests;
-pub mod ledger;
-pub mod metrics;
-pub mod models;
-pub mod openai_chat;
-pub mod openai_completions;
-pub mod openai_responses;
+mod ledger;
+mod metrics;
+mod models;
+mod openai_chat;
+mod openai_completions;
+mod openai_responses;
 pub mod pool;
-pub mod run;
+mod run;
 #[cfg(test)]
 mod script_tests;
 
-pub mod sse;
-pub mod tools;
-pub mod ui;
-pub mod wire;
+mod sse;
+mod tools;
+mod ui;
+mod wire;
 
 use std::sync::Arc;
 

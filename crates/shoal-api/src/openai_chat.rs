@@ -14,6 +14,9 @@ use shoal_engine::tools::ToolDef;
 use shoal_engine::Grammar;
 
 #[derive(Debug, Deserialize)]
+// Some fields are accepted (and type-checked) for SDK compatibility without
+// changing anything here.
+#[allow(dead_code)]
 pub struct ChatRequest {
     pub model: String,
     pub messages: Vec<InMessage>,
@@ -104,6 +107,9 @@ pub struct ResponseFormat {
 }
 
 #[derive(Debug, Deserialize)]
+// Some fields are accepted (and type-checked) for SDK compatibility without
+// changing anything here.
+#[allow(dead_code)]
 pub struct JsonSchemaFormat {
     pub name: String,
     pub schema: Option<Value>,
@@ -120,6 +126,9 @@ pub struct ChatTool {
 }
 
 #[derive(Debug, Deserialize)]
+// Some fields are accepted (and type-checked) for SDK compatibility without
+// changing anything here.
+#[allow(dead_code)]
 pub struct FunctionDef {
     pub name: String,
     pub description: Option<String>,
@@ -139,6 +148,9 @@ pub struct InMessage {
 }
 
 #[derive(Debug, Deserialize)]
+// Some fields are accepted (and type-checked) for SDK compatibility without
+// changing anything here.
+#[allow(dead_code)]
 pub struct InToolCall {
     pub id: Option<String>,
     #[serde(rename = "type")]
@@ -363,8 +375,9 @@ impl ChunkRenderer {
         })
     }
 
-    /// The `data:` payloads for a whole scripted stream, `[DONE]` included.
-    /// Used by the live handler step by step, and by tests over scripted events.
+    /// The `data:` payloads for a whole scripted stream, `[DONE]` included
+    /// (tests over scripted events; the live stream goes step by step).
+    #[cfg(test)]
     pub fn render_all(&self, n: usize, events: &[(usize, Event)]) -> Vec<String> {
         let mut st = StreamState::new(n);
         let mut out = Vec::new();

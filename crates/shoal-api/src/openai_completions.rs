@@ -13,6 +13,9 @@ use crate::run::{self, Job};
 use crate::Served;
 
 #[derive(Debug, Deserialize)]
+// Some fields are accepted (and type-checked) for SDK compatibility without
+// changing anything here.
+#[allow(dead_code)]
 pub struct CompletionRequest {
     pub model: String,
     pub prompt: Option<Prompt>,

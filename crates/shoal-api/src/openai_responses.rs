@@ -18,6 +18,9 @@ use shoal_engine::tools::ToolDef;
 use shoal_engine::Grammar;
 
 #[derive(Debug, Deserialize)]
+// Some fields are accepted (and type-checked) for SDK compatibility without
+// changing anything here.
+#[allow(dead_code)]
 pub struct ResponsesRequest {
     pub model: String,
     pub input: Option<Input>,
