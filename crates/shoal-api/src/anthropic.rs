@@ -8,7 +8,7 @@ use shoal_engine::{ChatMessage, Event, FinishReason, SamplingParams, Usage};
 
 use crate::body::{parse, Body};
 use crate::error::{ApiError, DialectError, ErrorShape};
-use crate::openai_chat::{check_max_tokens, check_range};
+use crate::params::{check_max_tokens, check_range};
 use crate::run::{self, Job};
 use crate::tools::{ToolChoice, ToolRequest};
 use crate::{AppState, Served};

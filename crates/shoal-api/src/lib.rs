@@ -15,6 +15,7 @@ mod models;
 mod openai_chat;
 mod openai_completions;
 mod openai_responses;
+mod params;
 pub mod pool;
 mod run;
 #[cfg(test)]

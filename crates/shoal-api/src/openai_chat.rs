@@ -1,12 +1,11 @@
 //! `POST /v1/chat/completions`.
 use serde::Deserialize;
 use serde_json::{json, Value};
-use shoal_engine::{
-    ChatMessage, Completion, Event, FinishReason, SamplingParams, TokenLogprob, Usage,
-};
+use shoal_engine::{ChatMessage, Completion, Event, FinishReason, TokenLogprob, Usage};
 
 use crate::body::OneOrMany;
 use crate::error::{ApiError, ErrorShape};
+use crate::params::{check_max_tokens, check_range, check_stop, OpenAiSampling};
 use crate::run::{self, Job};
 use crate::tools::{self, ToolRequest};
 use crate::Served;
@@ -204,99 +203,6 @@ impl Content {
                 Ok(out)
             }
         }
-    }
-}
-
-/// Checks a value against an inclusive range, naming the parameter.
-pub fn check_range<T: PartialOrd + std::fmt::Display + Copy>(
-    name: &str,
-    v: Option<T>,
-    lo: T,
-    hi: T,
-) -> Result<(), ApiError> {
-    match v {
-        Some(x) if !(x >= lo && x <= hi) => Err(ApiError::param(
-            name,
-            format!("'{name}' must be between {lo} and {hi}, got {x}"),
-        )),
-        _ => Ok(()),
-    }
-}
-
-/// `max_tokens`-style limits: positive and below the context window.
-pub fn check_max_tokens(
-    name: &str,
-    v: Option<i64>,
-    context: usize,
-) -> Result<Option<usize>, ApiError> {
-    match v {
-        None => Ok(None),
-        Some(x) if x < 1 => Err(ApiError::param(
-            name,
-            format!("'{name}' must be at least 1, got {x}"),
-        )),
-        Some(x) if x as u64 > context as u64 => Err(ApiError::param(
-            name,
-            format!("'{name}' is {x} but the model's context window is {context} tokens"),
-        )),
-        Some(x) => Ok(Some(x as usize)),
-    }
-}
-
-/// Stop strings: at most 4, as OpenAI allows.
-pub fn check_stop(stop: Option<OneOrMany<String>>) -> Result<Vec<String>, ApiError> {
-    let stops = stop.map(OneOrMany::into_vec).unwrap_or_default();
-    if stops.len() > 4 {
-        return Err(ApiError::param(
-            "stop",
-            format!("at most 4 stop sequences are allowed, got {}", stops.len()),
-        ));
-    }
-    Ok(stops.into_iter().filter(|s| !s.is_empty()).collect())
-}
-
-/// Sampling parameters shared by Chat Completions and Completions, checked
-/// in one place so both endpoints accept and refuse the same values.
-#[derive(Debug, Deserialize)]
-pub struct OpenAiSampling {
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub n: Option<i64>,
-    pub seed: Option<i64>,
-    pub presence_penalty: Option<f32>,
-    pub frequency_penalty: Option<f32>,
-}
-
-impl OpenAiSampling {
-    /// Choices per prompt.
-    pub fn n(&self) -> usize {
-        self.n.unwrap_or(1) as usize
-    }
-
-    /// Validates the ranges and builds the engine's parameters; what the
-    /// request leaves out comes from the model's `defaults`.
-    pub fn params(
-        &self,
-        defaults: &SamplingParams,
-        top_logprobs: Option<usize>,
-    ) -> Result<SamplingParams, ApiError> {
-        check_range("temperature", self.temperature, 0.0, 2.0)?;
-        check_range("top_p", self.top_p, 0.0, 1.0)?;
-        if self.top_p == Some(0.0) {
-            return Err(ApiError::param("top_p", "'top_p' must be greater than 0"));
-        }
-        check_range("n", self.n, 1, 16)?;
-        check_range("presence_penalty", self.presence_penalty, -2.0, 2.0)?;
-        check_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)?;
-        Ok(SamplingParams {
-            temperature: self.temperature.unwrap_or(defaults.temperature),
-            top_p: self.top_p.unwrap_or(defaults.top_p),
-            seed: self.seed.map(|s| s as u64),
-            presence_penalty: self.presence_penalty.unwrap_or(0.0),
-            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
-            top_logprobs,
-            ..defaults.clone()
-        })
     }
 }
 

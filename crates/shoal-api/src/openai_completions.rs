@@ -5,10 +5,8 @@ use shoal_engine::{Completion, Event, TokenLogprob};
 
 use crate::body::OneOrMany;
 use crate::error::{ApiError, ErrorShape};
-use crate::openai_chat::{
-    check_max_tokens, check_range, check_stop, finish_reason, usage_json, OpenAiSampling,
-    StreamOptions,
-};
+use crate::openai_chat::{finish_reason, usage_json, StreamOptions};
+use crate::params::{check_max_tokens, check_range, check_stop, OpenAiSampling};
 use crate::run::{self, Job};
 use crate::Served;
 

@@ -10,7 +10,8 @@ use serde_json::{json, Value};
 use shoal_engine::{ChatMessage, Completion, Event, FinishReason, SamplingParams, Usage};
 
 use crate::error::{ApiError, DialectError, ErrorShape};
-use crate::openai_chat::{check_max_tokens, check_range, Content};
+use crate::openai_chat::Content;
+use crate::params::{check_max_tokens, check_range};
 use crate::run::{self, Job};
 use crate::tools::{self, ToolRequest};
 use crate::{AppState, Served};
