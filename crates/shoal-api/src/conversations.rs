@@ -14,7 +14,8 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use shoal_client::metadata::{is_reserved, merge};
-use shoal_client::{Metadata, Piece, PieceKind, ProviderMeta, Store};
+use shoal_client::ProviderMeta;
+use shoal_store::{Metadata, Piece, PieceKind, Store};
 
 use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::ledger::LedgerEntry;
@@ -77,7 +78,7 @@ async fn with_store<T: Send + 'static>(
     .map_err(err)
 }
 
-fn store_err(e: shoal_client::ClientError) -> ApiError {
+fn store_err(e: shoal_store::StoreError) -> ApiError {
     tracing::error!(error = %e, "conversation store");
     ApiError::internal(format!("conversation store: {e}"))
 }

@@ -117,8 +117,8 @@ impl AppState {
     }
 
     /// Opens (creating or migrating) the conversation store at `path`.
-    pub fn with_store(mut self, path: &std::path::Path) -> Result<Self, shoal_client::ClientError> {
-        let store = shoal_client::Store::open(path)?;
+    pub fn with_store(mut self, path: &std::path::Path) -> Result<Self, shoal_store::StoreError> {
+        let store = shoal_store::Store::open(path)?;
         self.store = Some(Arc::new(std::sync::Mutex::new(store)));
         Ok(self)
     }

@@ -8,10 +8,8 @@ pub enum ClientError {
     Transport { url: String, message: String },
     #[error("the provider's response could not be read: {0}")]
     Protocol(String),
-    #[error("conversation store: {0}")]
-    Store(#[from] rusqlite::Error),
-    #[error("conversation store: {0}")]
-    StoreData(String),
+    #[error(transparent)]
+    Store(#[from] shoal_store::StoreError),
 }
 
 pub type Result<T> = std::result::Result<T, ClientError>;

@@ -2,10 +2,10 @@
 //! reason and every `token_usage_` figure. They are captured into a typed
 //! struct (one field per key, so an unknown key does not compile), and the
 //! same list drives both clearing them from caller metadata and writing them.
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 /// Caller or stored metadata: string keys, JSON values.
-pub type Metadata = Map<String, Value>;
+pub use shoal_store::Metadata;
 
 /// Declares [`ProviderMeta`] and [`RESERVED_KEYS`] from one field list.
 macro_rules! provider_meta {

@@ -12,6 +12,7 @@ use serde_json::{json, Map, Value};
 use crate::error::{ClientError, Result};
 use crate::metadata::{self, count, text, Metadata, Price, ProviderMeta};
 use crate::sse;
+pub use shoal_store::{Piece, PieceKind};
 
 /// The API a target speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -188,24 +189,6 @@ pub struct Request {
     pub metadata: Metadata,
     /// Extra body fields passed through as given.
     pub extra: Map<String, Value>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PieceKind {
-    Text,
-    Error,
-}
-
-/// One response piece (one per choice).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Piece {
-    pub kind: PieceKind,
-    pub text: String,
-    /// Tool calls as `{"id", "name", "arguments"}` objects.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tool_calls: Vec<Value>,
-    pub metadata: Metadata,
 }
 
 /// The pieces of one response, and the HTTP status (0 if none arrived).

@@ -9,7 +9,8 @@ use axum::routing::post;
 use axum::Router;
 use serde_json::{json, Value};
 use shoal_client::target::{Dialect, Message, PieceKind, Request, Target, TargetConfig};
-use shoal_client::{Metadata, Store};
+use shoal_client::Metadata;
+use shoal_store::Store;
 
 /// (status, content type, body) for a scenario name.
 fn scenario(name: &str) -> (u16, &'static str, String) {

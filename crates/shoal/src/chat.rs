@@ -7,9 +7,10 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
-use shoal_client::store::StoredMessage;
 use shoal_client::target::{Dialect, Message, Piece, PieceKind, Request, Target, TargetConfig};
-use shoal_client::{Metadata, Store};
+use shoal_client::Metadata;
+use shoal_store::Store;
+use shoal_store::StoredMessage;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {

@@ -6,8 +6,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
 use serde_json::json;
-use shoal_client::target::{Piece, PieceKind};
-use shoal_client::{Metadata, Store};
+use shoal_store::{Metadata, Piece, PieceKind, Store};
 
 const DB_ENV: &str = "SHOAL_CRASH_TEST_DB";
 

@@ -1,4 +1,5 @@
-//! The conversation store: SQLite in WAL mode, one transaction per message,
+//! The conversation store (the recorder client's, shared by the CLI, the
+//! desktop app and the server's `/v1/conversations`): SQLite in WAL mode, one transaction per message,
 //! so a process killed mid-write loses at most the message being written.
 //! Schema changes are numbered migrations tracked in `PRAGMA user_version`.
 use std::path::Path;
@@ -7,9 +8,41 @@ use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::error::{ClientError, Result};
-use crate::metadata::Metadata;
-use crate::target::{Piece, PieceKind};
+use serde::Deserialize;
+use serde_json::Map;
+
+/// Metadata of a stored piece: string keys, JSON values.
+pub type Metadata = Map<String, Value>;
+
+/// What a stored piece holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PieceKind {
+    Text,
+    Error,
+}
+
+/// One response piece (one per choice).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Piece {
+    pub kind: PieceKind,
+    pub text: String,
+    /// Tool calls as `{"id", "name", "arguments"}` objects.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<Value>,
+    pub metadata: Metadata,
+}
+
+/// What can go wrong in the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("conversation store: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("conversation store: {0}")]
+    Data(String),
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
 
 /// Migrations in order; `user_version` is how many have run.
 const MIGRATIONS: &[&str] = &[
@@ -90,7 +123,7 @@ impl Store {
     pub fn open(path: &Path) -> Result<Self> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)
-                .map_err(|e| ClientError::StoreData(format!("{}: {e}", dir.display())))?;
+                .map_err(|e| StoreError::Data(format!("{}: {e}", dir.display())))?;
         }
         let conn = Connection::open(path)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
@@ -108,7 +141,7 @@ impl Store {
             .conn
             .pragma_query_value(None, "user_version", |r| r.get(0))?;
         if version as usize > MIGRATIONS.len() {
-            return Err(ClientError::StoreData(format!(
+            return Err(StoreError::Data(format!(
                 "the store is schema version {version}, newer than this program ({})",
                 MIGRATIONS.len()
             )));
@@ -236,7 +269,7 @@ impl Store {
             let calls = (!p.tool_calls.is_empty())
                 .then(|| serde_json::to_string(&p.tool_calls))
                 .transpose()
-                .map_err(|e| ClientError::StoreData(e.to_string()))?;
+                .map_err(|e| StoreError::Data(e.to_string()))?;
             tx.execute(
                 "INSERT INTO pieces (message_id, idx, kind, content, tool_calls) VALUES (?1, ?2, ?3, ?4, ?5)",
                 params![message_id, idx as i64, kind, p.text, calls],
@@ -292,13 +325,11 @@ impl Store {
                 .collect::<std::result::Result<_, _>>()?;
             for (k, v) in rows {
                 let value: Value = serde_json::from_str(&v)
-                    .map_err(|e| ClientError::StoreData(format!("metadata {k}: {e}")))?;
+                    .map_err(|e| StoreError::Data(format!("metadata {k}: {e}")))?;
                 metadata.insert(k, value);
             }
             let tool_calls = match calls {
-                Some(c) => {
-                    serde_json::from_str(&c).map_err(|e| ClientError::StoreData(e.to_string()))?
-                }
+                Some(c) => serde_json::from_str(&c).map_err(|e| StoreError::Data(e.to_string()))?,
                 None => Vec::new(),
             };
             m.pieces.push(Piece {
@@ -352,7 +383,7 @@ impl Store {
             return Ok(None);
         };
         let settings: Value = serde_json::from_str(&settings)
-            .map_err(|e| ClientError::StoreData(format!("conversation {id} settings: {e}")))?;
+            .map_err(|e| StoreError::Data(format!("conversation {id} settings: {e}")))?;
         let ids: Vec<i64> = self
             .conn
             .prepare("SELECT id FROM messages WHERE conversation_id = ?1 ORDER BY seq")?
