@@ -31,20 +31,31 @@ fn host_name() -> String {
     sysinfo::System::host_name().unwrap_or_else(|| "localhost".into())
 }
 
+/// The most processes on one machine (sharing a config directory) that get
+/// an identity of their own that lasts; beyond that a process gets a fresh one.
+const SLOTS: usize = 64;
+
+/// Identity files this process holds locked until it exits, so no other
+/// process on the machine claims the same one.
+static HELD: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
+
 impl NodeIdentity {
     /// The identity stored in `dir/node-id`, created on first use.
     pub fn load_or_create(dir: &Path) -> Result<Self, IdentityError> {
-        let path = dir.join("node-id");
+        Self::read_or_write(&dir.join("node-id"), dir)
+    }
+
+    fn read_or_write(path: &Path, dir: &Path) -> Result<Self, IdentityError> {
         let io = |source| IdentityError::Io {
-            path: path.clone(),
+            path: path.to_path_buf(),
             source,
         };
-        let id = match std::fs::read_to_string(&path) {
+        let id = match std::fs::read_to_string(path) {
             Ok(s) if s.trim().len() >= 8 => s.trim().to_string(),
             Ok(_) | Err(_) => {
                 std::fs::create_dir_all(dir).map_err(io)?;
                 let id = new_id();
-                std::fs::write(&path, format!("{id}\n")).map_err(io)?;
+                std::fs::write(path, format!("{id}\n")).map_err(io)?;
                 id
             }
         };
@@ -54,12 +65,59 @@ impl NodeIdentity {
         })
     }
 
-    /// The persisted identity in the platform config directory, or a fresh
-    /// one for this process if that directory cannot be used.
+    /// The first identity in `dir` no other running process holds:
+    /// `node-id`, else `node-id.2`, `node-id.3`, … Each is kept locked for
+    /// the life of this process, so two servers on one machine (one config
+    /// directory) are two nodes, and each gets the same id again when
+    /// restarted in the same order.
+    pub fn claim(dir: &Path) -> Result<Self, IdentityError> {
+        std::fs::create_dir_all(dir).map_err(|source| IdentityError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        for slot in 1..=SLOTS {
+            let name = match slot {
+                1 => "node-id".to_string(),
+                n => format!("node-id.{n}"),
+            };
+            let lock_path = dir.join(format!("{name}.lock"));
+            let lock = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&lock_path)
+                .map_err(|source| IdentityError::Io {
+                    path: lock_path.clone(),
+                    source,
+                })?;
+            match lock.try_lock() {
+                Ok(()) => {
+                    let id = Self::read_or_write(&dir.join(&name), dir)?;
+                    HELD.lock().unwrap_or_else(|p| p.into_inner()).push(lock);
+                    return Ok(id);
+                }
+                Err(std::fs::TryLockError::WouldBlock) => continue,
+                Err(std::fs::TryLockError::Error(source)) => {
+                    return Err(IdentityError::Io {
+                        path: lock_path,
+                        source,
+                    })
+                }
+            }
+        }
+        tracing::warn!(
+            slots = SLOTS,
+            "every node identity here is in use; using a fresh one"
+        );
+        Ok(Self::ephemeral())
+    }
+
+    /// This process's identity in the platform config directory (see
+    /// [`NodeIdentity::claim`]), or a fresh one if that directory cannot be used.
     pub fn for_this_machine() -> Self {
         let dir =
             directories::ProjectDirs::from("", "", "shoal").map(|d| d.config_dir().to_path_buf());
-        match dir.map(|d| Self::load_or_create(&d)) {
+        match dir.map(|d| Self::claim(&d)) {
             Some(Ok(id)) => id,
             Some(Err(e)) => {
                 tracing::warn!(error = %e, "node identity not persisted");
@@ -88,6 +146,30 @@ mod tests {
         let b = NodeIdentity::load_or_create(&dir).expect("reload");
         assert_eq!(a, b);
         assert_eq!(a.id.len(), 32);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// Claims within one process stand for claims by several processes: an
+    /// identity file's lock is held by the open file, so a second claim on
+    /// the same directory cannot take the first one's slot.
+    #[test]
+    fn two_claims_on_one_directory_get_two_identities() {
+        let dir = std::env::temp_dir().join(format!("shoal-node-{}", new_id()));
+        let first = NodeIdentity::claim(&dir).expect("first");
+        let second = NodeIdentity::claim(&dir).expect("second");
+        assert_ne!(first.id, second.id);
+        assert_eq!(
+            std::fs::read_to_string(dir.join("node-id"))
+                .expect("slot 1")
+                .trim(),
+            first.id
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.join("node-id.2"))
+                .expect("slot 2")
+                .trim(),
+            second.id
+        );
         std::fs::remove_dir_all(&dir).ok();
     }
 }

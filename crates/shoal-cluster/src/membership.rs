@@ -78,6 +78,8 @@ pub struct Cluster {
     candidates: Mutex<BTreeSet<String>>,
     events: tokio::sync::broadcast::Sender<ClusterEvent>,
     client: reqwest::Client,
+    /// Addresses already warned about for speaking with this node's id.
+    twins: Mutex<BTreeSet<String>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -94,6 +96,7 @@ impl Cluster {
             opts,
             node,
             peers: Mutex::new(BTreeMap::new()),
+            twins: Mutex::new(BTreeSet::new()),
             events,
             client: reqwest::Client::builder()
                 .timeout(Duration::from_secs(2))
@@ -135,6 +138,22 @@ impl Cluster {
     pub fn heard_from(&self, who: &Signed) {
         if who.node != self.node.identity().id {
             self.consider(who.addr.clone());
+        } else if who.addr != self.own_address() {
+            self.twin(&who.addr);
+        }
+    }
+
+    /// Another process answers to this node's id: say so once per address,
+    /// since the two can never see each other as peers.
+    fn twin(&self, address: &str) {
+        if lock(&self.twins).insert(address.to_string()) {
+            tracing::warn!(
+                id = %self.node.identity().id,
+                other = %address,
+                own = %self.own_address(),
+                "another node has this node's id, so neither lists the other; \
+                 give each its own config directory (the id lives in its node-id file)"
+            );
         }
     }
 
@@ -238,7 +257,16 @@ impl Cluster {
         for (addr, reply) in replies {
             let Some(reply) = reply else { continue };
             if reply.node.id == self_id {
-                // A --peer that points back at this node.
+                // A --peer that points back at this node, or another process
+                // with the same id.
+                if reply
+                    .node
+                    .address
+                    .as_deref()
+                    .is_some_and(|a| a != self.own_address())
+                {
+                    self.twin(&addr);
+                }
                 lock(&self.candidates).remove(&addr);
                 continue;
             }

@@ -1322,3 +1322,100 @@ fn a_model_split_over_two_nodes_answers_like_one_and_survives_a_dead_node() {
     );
     assert_eq!(local["usage"], single["usage"]);
 }
+
+/// Two plain `shoal serve` processes on one machine (one HOME, no special
+/// environment) are two nodes that list each other, and each keeps its
+/// identity across a restart.
+#[test]
+fn two_servers_sharing_a_home_are_two_nodes() {
+    let home = temp_dir("shared-home");
+    let start = |name: &str, peer: Option<&str>| {
+        let dir = home.join(name);
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let mut cmd = shoal();
+        for v in [
+            "XDG_CONFIG_HOME",
+            "XDG_DATA_HOME",
+            "SHOAL_CONFIG",
+            "SHOAL_PEERS",
+        ] {
+            cmd.env_remove(v);
+        }
+        cmd.env("HOME", &home)
+            .args([
+                "serve",
+                "--port",
+                "0",
+                "--prefix-cache-mb",
+                "0",
+                "--no-mdns",
+            ])
+            .args(["--cluster-secret", "shared"])
+            .arg("--model")
+            .arg(gguf());
+        if let Some(p) = peer {
+            cmd.args(["--peer", p]);
+        }
+        spawn_server(cmd, &dir)
+    };
+    let self_id = |addr: &str| {
+        let nodes = get_json(addr, "/v1/cluster/nodes")["nodes"].clone();
+        let me = nodes
+            .as_array()
+            .and_then(|n| n.iter().find(|x| x["self"] == true).cloned())
+            .expect("a self entry");
+        me["id"].as_str().expect("id").to_string()
+    };
+    let (a_server, a) = start("a", None);
+    let (b_server, b) = start("b", Some(&a));
+    let (a_id, b_id) = (self_id(&a), self_id(&b));
+    assert_ne!(a_id, b_id, "two processes, two identities");
+    for addr in [&a, &b] {
+        let nodes = wait_nodes(addr, |n| {
+            n.len() == 2 && n.iter().all(|x| x["status"] == "online")
+        });
+        let ids: std::collections::BTreeSet<&str> =
+            nodes.iter().filter_map(|n| n["id"].as_str()).collect();
+        assert_eq!(
+            ids,
+            [a_id.as_str(), b_id.as_str()].into(),
+            "{addr}: {nodes:?}"
+        );
+    }
+    drop(b_server);
+    drop(a_server);
+    // Restarted alone, the first takes its own identity again.
+    let (again_server, again) = start("a2", None);
+    assert_eq!(self_id(&again), a_id);
+
+    // A copied config directory makes a twin: the node that hears its own
+    // id from another address says so in its log.
+    let copy = temp_dir("twin-config");
+    std::fs::create_dir_all(copy.join("shoal")).expect("mkdir");
+    let config = home.join(".config/shoal/node-id");
+    std::fs::copy(&config, copy.join("shoal/node-id")).expect("copy node-id");
+    let dir = copy.join("run");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let mut cmd = shoal();
+    cmd.env("XDG_CONFIG_HOME", &copy)
+        .env("HOME", &home)
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--prefix-cache-mb",
+            "0",
+            "--no-mdns",
+        ])
+        .args(["--cluster-secret", "shared", "--peer", &again])
+        .arg("--model")
+        .arg(gguf());
+    let (_twin, twin) = spawn_server(cmd, &dir);
+    assert_eq!(self_id(&twin), a_id, "the copy carries the id");
+    wait_for_log(
+        &dir.join("stderr.log"),
+        "another node has this node's id",
+        "the twin never warned",
+    );
+    drop(again_server);
+}
