@@ -11,6 +11,7 @@ use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::params::{check_max_tokens, check_range};
 use crate::run::{self, Job};
 use crate::tools::{ToolChoice, ToolRequest};
+use crate::wire::messages::{stop_reason, usage_json};
 use crate::{AppState, Served};
 use shoal_engine::tools::ToolDef;
 
@@ -34,6 +35,8 @@ pub struct MessagesRequest {
     pub tool_choice: Option<Value>,
     pub thinking: Option<Value>,
 }
+
+run::wire_request!(MessagesRequest);
 
 /// A client tool: `{"name", "description", "input_schema"}`. Server tools
 /// (web search, code execution …) carry a `type` and are refused.
@@ -106,33 +109,11 @@ impl TextOrBlocks {
     }
 }
 
-/// The dialect's stop_reason for a finish.
-pub fn stop_reason(f: &FinishReason) -> &'static str {
-    match f {
-        FinishReason::Stop | FinishReason::Cancelled => "end_turn",
-        FinishReason::StopSequence(_) => "stop_sequence",
-        FinishReason::Length | FinishReason::ContextWindow => "max_tokens",
-        FinishReason::ToolCalls => "tool_use",
-        FinishReason::ContentFilter => "refusal",
-        FinishReason::Error(_) | FinishReason::Timeout { .. } => "error",
-    }
-}
-
 fn stop_sequence(f: &FinishReason) -> Value {
     match f {
         FinishReason::StopSequence(s) => Value::String(s.clone()),
         _ => Value::Null,
     }
-}
-
-/// The one usage builder: `input_tokens` excludes what was read from cache.
-pub fn usage_json(u: &Usage) -> Value {
-    json!({
-        "input_tokens": u.prompt_tokens - u.cached_tokens.min(u.prompt_tokens),
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": u.cached_tokens,
-        "output_tokens": u.completion_tokens,
-    })
 }
 
 fn to_messages(
@@ -488,7 +469,7 @@ impl StreamRenderer {
                 }
             }
             Event::Done(c) => {
-                if let Some(err) = run::failure(&c.finish) {
+                if let Some(err) = crate::wire::failure(&c.finish) {
                     let err = err.body(ErrorShape::Anthropic);
                     out.push(Self::ev("error", err));
                     return out;
@@ -564,7 +545,7 @@ impl run::Adapter for Messages {
         let c = collected
             .first()
             .ok_or_else(|| ApiError::internal("no output"))?;
-        if let Some(err) = run::failure(&c.completion().finish) {
+        if let Some(err) = crate::wire::failure(&c.completion().finish) {
             return Err(err);
         }
         Ok(message_body(&self.id, &self.model, c))

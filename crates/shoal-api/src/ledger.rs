@@ -27,7 +27,7 @@ pub struct LedgerEntry {
 impl LedgerEntry {
     /// Usage over the choices, as every dialect reports it (each prompt once).
     pub fn usage(&self) -> Usage {
-        crate::run::combined_usage(&self.completions, self.per_prompt)
+        crate::wire::combined_usage(&self.completions, self.per_prompt)
     }
 
     /// Each choice's finish in the dialect's words.

@@ -8,6 +8,7 @@ use crate::error::{ApiError, ErrorShape};
 use crate::params::{check_max_tokens, check_range, check_stop, OpenAiSampling};
 use crate::run::{self, Job};
 use crate::tools::{self, ToolRequest};
+use crate::wire::chat::{finish_reason, usage_json};
 use crate::Served;
 use shoal_engine::tools::ToolDef;
 use shoal_engine::Grammar;
@@ -41,6 +42,8 @@ pub struct ChatRequest {
     /// Finer control: `{"effort": ..}` or an explicit `{"max_tokens": N}` budget.
     pub reasoning: Option<ReasoningOptions>,
 }
+
+run::wire_request!(ChatRequest);
 
 #[derive(Debug, Deserialize)]
 pub struct ReasoningOptions {
@@ -206,28 +209,6 @@ impl Content {
     }
 }
 
-/// The dialect's word for why a choice ended.
-pub fn finish_reason(f: &FinishReason) -> &'static str {
-    match f {
-        FinishReason::Stop | FinishReason::StopSequence(_) | FinishReason::Cancelled => "stop",
-        FinishReason::Length | FinishReason::ContextWindow => "length",
-        FinishReason::ToolCalls => "tool_calls",
-        FinishReason::ContentFilter => "content_filter",
-        FinishReason::Error(_) | FinishReason::Timeout { .. } => "error",
-    }
-}
-
-/// The one usage builder for this dialect, streaming or not.
-pub fn usage_json(u: &Usage) -> Value {
-    json!({
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.total_tokens(),
-        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-        "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
-    })
-}
-
 fn logprob_entry(l: &TokenLogprob) -> Value {
     json!({
         "token": l.text, "logprob": l.logprob, "bytes": l.bytes,
@@ -320,7 +301,7 @@ impl ChunkRenderer {
             ),
             Event::Done(c) => {
                 st.done[i] = Some(c.clone());
-                if let Some(err) = run::failure(&c.finish) {
+                if let Some(err) = crate::wire::failure(&c.finish) {
                     st.failed = true;
                     out.push(err.body(ErrorShape::OpenAi).to_string());
                 } else {
@@ -330,7 +311,7 @@ impl ChunkRenderer {
                     if self.include_usage && !st.failed {
                         let all: Vec<Completion> = st.done.iter().flatten().cloned().collect();
                         out.push(
-                            self.usage(&run::combined_usage(&all, st.done.len()))
+                            self.usage(&crate::wire::combined_usage(&all, st.done.len()))
                                 .to_string(),
                         );
                     }
@@ -593,7 +574,7 @@ impl run::Adapter for Chat {
         Ok(json!({
             "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
             "system_fingerprint": null, "choices": out,
-            "usage": usage_json(&run::combined_usage(&completions, self.n)),
+            "usage": usage_json(&crate::wire::combined_usage(&completions, self.n)),
         }))
     }
 

@@ -5,9 +5,10 @@ use shoal_engine::{Completion, Event, TokenLogprob};
 
 use crate::body::OneOrMany;
 use crate::error::{ApiError, ErrorShape};
-use crate::openai_chat::{finish_reason, usage_json, StreamOptions};
+use crate::openai_chat::StreamOptions;
 use crate::params::{check_max_tokens, check_range, check_stop, OpenAiSampling};
 use crate::run::{self, Job};
+use crate::wire::chat::{finish_reason, usage_json};
 use crate::Served;
 
 #[derive(Debug, Deserialize)]
@@ -31,6 +32,8 @@ pub struct CompletionRequest {
     pub best_of: Option<i64>,
     pub user: Option<String>,
 }
+
+run::wire_request!(CompletionRequest);
 
 /// A prompt: text, texts, token ids, or lists of token ids.
 #[derive(Debug, Deserialize)]
@@ -212,7 +215,7 @@ impl run::Adapter for Completions {
         Ok(json!({
             "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
             "system_fingerprint": null, "choices": out,
-            "usage": usage_json(&run::combined_usage(&completions, self.per)),
+            "usage": usage_json(&crate::wire::combined_usage(&completions, self.per)),
         }))
     }
 
@@ -300,7 +303,7 @@ impl CompletionRenderer {
                 );
             }
             Event::Done(c) => {
-                match run::failure(&c.finish) {
+                match crate::wire::failure(&c.finish) {
                     Some(err) => out.push(err.body(ErrorShape::OpenAi).to_string()),
                     None => out.push(
                         self.chunk(json!([{"index": i, "text": "", "logprobs": null,
@@ -314,7 +317,7 @@ impl CompletionRenderer {
                     if self.include_usage && !all.iter().any(|c| c.finish.is_failure()) {
                         out.push(json!({"id": self.id, "object": "text_completion", "created": self.created,
                             "model": self.model, "system_fingerprint": null, "choices": [],
-                            "usage": usage_json(&run::combined_usage(&all, self.per))}).to_string());
+                            "usage": usage_json(&crate::wire::combined_usage(&all, self.per))}).to_string());
                     }
                     out.push("[DONE]".into());
                 }

@@ -7,13 +7,14 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use shoal_engine::{ChatMessage, Completion, Event, FinishReason, SamplingParams, Usage};
+use shoal_engine::{ChatMessage, Completion, Event, SamplingParams};
 
 use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::openai_chat::Content;
 use crate::params::{check_max_tokens, check_range};
 use crate::run::{self, Job};
 use crate::tools::{self, ToolRequest};
+use crate::wire::responses::{status, usage_json};
 use crate::{AppState, Served};
 use shoal_engine::tools::ToolDef;
 use shoal_engine::Grammar;
@@ -42,6 +43,8 @@ pub struct ResponsesRequest {
     pub truncation: Option<String>,
     pub parallel_tool_calls: Option<bool>,
 }
+
+run::wire_request!(ResponsesRequest);
 
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
@@ -119,46 +122,6 @@ impl ResponseStore {
         q.iter()
             .find(|(i, _, _)| i == id)
             .map(|(_, _, r)| r.clone())
-    }
-}
-
-/// The one usage builder for this dialect.
-pub fn usage_json(u: &Usage) -> Value {
-    json!({
-        "input_tokens": u.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": u.cached_tokens},
-        "output_tokens": u.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
-        "total_tokens": u.total_tokens(),
-    })
-}
-
-/// `status` and `incomplete_details` / `error` for a finish.
-pub fn status(f: &FinishReason) -> (&'static str, Value, Value) {
-    match f {
-        FinishReason::Stop | FinishReason::StopSequence(_) | FinishReason::ToolCalls => {
-            ("completed", Value::Null, Value::Null)
-        }
-        FinishReason::Length | FinishReason::ContextWindow => (
-            "incomplete",
-            json!({"reason": "max_output_tokens"}),
-            Value::Null,
-        ),
-        FinishReason::ContentFilter => (
-            "incomplete",
-            json!({"reason": "content_filter"}),
-            Value::Null,
-        ),
-        FinishReason::Cancelled => ("cancelled", Value::Null, Value::Null),
-        FinishReason::Error(_) | FinishReason::Timeout { .. } => {
-            let e = crate::run::failure(f)
-                .unwrap_or_else(|| crate::error::ApiError::internal("the generation failed"));
-            (
-                "failed",
-                Value::Null,
-                json!({"code": e.code.unwrap_or("server_error"), "message": e.message}),
-            )
-        }
     }
 }
 

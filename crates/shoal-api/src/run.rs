@@ -153,10 +153,10 @@ pub trait WireRequest: serde::de::DeserializeOwned + Send {
     fn stream(&self) -> bool;
 }
 
-/// Implements [`WireRequest`] for request types with `model` and `stream` fields.
-macro_rules! wire_requests {
-    ($($t:ty),*) => {$(
-        impl WireRequest for $t {
+/// Implements [`WireRequest`] for a request type with `model` and `stream` fields.
+macro_rules! wire_request {
+    ($t:ty) => {
+        impl $crate::run::WireRequest for $t {
             fn model(&self) -> &str {
                 &self.model
             }
@@ -164,15 +164,9 @@ macro_rules! wire_requests {
                 self.stream
             }
         }
-    )*};
+    };
 }
-
-wire_requests!(
-    crate::openai_chat::ChatRequest,
-    crate::openai_completions::CompletionRequest,
-    crate::openai_responses::ResponsesRequest,
-    crate::anthropic::MessagesRequest
-);
+pub(crate) use wire_request;
 
 /// A dialect's part in serving a generation request, as pure steps. The one
 /// path in [`serve`] owns the rest: body parsing, the model lookup, the
@@ -435,47 +429,11 @@ pub fn new_id(prefix: &str) -> String {
     format!("{prefix}{tail}")
 }
 
-/// Usage over choices: each prompt counts once (as the APIs define `n`),
-/// completion and reasoning tokens add up over every choice. `per_prompt` is
-/// the number of consecutive choices that share a prompt.
-pub fn combined_usage(completions: &[Completion], per_prompt: usize) -> shoal_engine::Usage {
-    let mut u = shoal_engine::Usage::default();
-    for group in completions.chunks(per_prompt.max(1)) {
-        if let Some(first) = group.first() {
-            u.prompt_tokens += first.usage.prompt_tokens;
-            u.cached_tokens += first.usage.cached_tokens;
-        }
-        for c in group {
-            u.completion_tokens += c.usage.completion_tokens;
-            u.reasoning_tokens += c.usage.reasoning_tokens;
-        }
-    }
-    u
-}
-
 /// The first failed choice of a non-streamed response, as the error to send.
 pub fn check_failed(completions: &[Completion]) -> Result<(), ApiError> {
-    match completions.iter().find_map(|c| failure(&c.finish)) {
+    match completions.iter().find_map(|c| wire::failure(&c.finish)) {
         Some(e) => Err(e),
         None => Ok(()),
-    }
-}
-
-/// The error a failed generation reports: a timeout (504) or an engine
-/// failure (500); `None` for every other finish.
-pub fn failure(f: &FinishReason) -> Option<ApiError> {
-    match f {
-        FinishReason::Error(m) => Some(ApiError::generation_failed(m)),
-        FinishReason::Timeout { limit_secs } => Some(ApiError {
-            kind: crate::error::ErrorKind::Timeout,
-            message: format!(
-                "the request exceeded the server's time limit of {limit_secs} s \
-                 (server.request_timeout_secs); the usage counts what was generated"
-            ),
-            param: None,
-            code: Some("request_timeout"),
-        }),
-        _ => None,
     }
 }
 

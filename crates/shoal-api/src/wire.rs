@@ -5,9 +5,9 @@
 //! dialects only rename it.
 use serde_json::Value;
 use shoal_client::{Dialect, ProviderMeta};
-use shoal_engine::{FinishReason, Usage};
+use shoal_engine::{Completion, FinishReason, Usage};
 
-use crate::{anthropic, openai_chat, openai_responses};
+use crate::error::ApiError;
 
 /// The word for a choice whose client left before it ended: no dialect has one.
 pub const CANCELLED: &str = "cancelled";
@@ -19,8 +19,8 @@ pub fn finish_words(d: Dialect, f: &FinishReason) -> String {
         return CANCELLED.into();
     }
     match d {
-        Dialect::Chat | Dialect::Completions => openai_chat::finish_reason(f).to_string(),
-        Dialect::Messages => anthropic::stop_reason(f).to_string(),
+        Dialect::Chat | Dialect::Completions => chat::finish_reason(f).to_string(),
+        Dialect::Messages => messages::stop_reason(f).to_string(),
         Dialect::Responses => match responses_status(f) {
             (status, Some(reason)) => format!("{status}:{reason}"),
             (status, None) => status.to_string(),
@@ -30,7 +30,7 @@ pub fn finish_words(d: Dialect, f: &FinishReason) -> String {
 
 /// A Responses finish: `status` and `incomplete_details.reason`.
 fn responses_status(f: &FinishReason) -> (&'static str, Option<String>) {
-    let (status, incomplete, _) = openai_responses::status(f);
+    let (status, incomplete, _) = responses::status(f);
     let reason = incomplete
         .get("reason")
         .and_then(Value::as_str)
@@ -41,9 +41,9 @@ fn responses_status(f: &FinishReason) -> (&'static str, Option<String>) {
 /// The usage object exactly as the dialect sends it.
 pub fn usage_json(d: Dialect, u: &Usage) -> Value {
     match d {
-        Dialect::Chat | Dialect::Completions => openai_chat::usage_json(u),
-        Dialect::Responses => openai_responses::usage_json(u),
-        Dialect::Messages => anthropic::usage_json(u),
+        Dialect::Chat | Dialect::Completions => chat::usage_json(u),
+        Dialect::Responses => responses::usage_json(u),
+        Dialect::Messages => messages::usage_json(u),
     }
 }
 
@@ -83,4 +83,142 @@ pub fn provider_meta(d: Dialect, finish: Option<&FinishReason>, u: &Usage) -> Pr
         p.stop_sequence = Some(s.clone());
     }
     p
+}
+
+/// Usage over choices: each prompt counts once (as the APIs define `n`),
+/// completion and reasoning tokens add up over every choice. `per_prompt` is
+/// the number of consecutive choices that share a prompt.
+pub fn combined_usage(completions: &[Completion], per_prompt: usize) -> Usage {
+    let mut u = Usage::default();
+    for group in completions.chunks(per_prompt.max(1)) {
+        if let Some(first) = group.first() {
+            u.prompt_tokens += first.usage.prompt_tokens;
+            u.cached_tokens += first.usage.cached_tokens;
+        }
+        for c in group {
+            u.completion_tokens += c.usage.completion_tokens;
+            u.reasoning_tokens += c.usage.reasoning_tokens;
+        }
+    }
+    u
+}
+
+/// The error a failed generation reports: a timeout (504) or an engine
+/// failure (500); `None` for every other finish.
+pub fn failure(f: &FinishReason) -> Option<ApiError> {
+    match f {
+        FinishReason::Error(m) => Some(ApiError::generation_failed(m)),
+        FinishReason::Timeout { limit_secs } => Some(ApiError {
+            kind: crate::error::ErrorKind::Timeout,
+            message: format!(
+                "the request exceeded the server's time limit of {limit_secs} s \
+                 (server.request_timeout_secs); the usage counts what was generated"
+            ),
+            param: None,
+            code: Some("request_timeout"),
+        }),
+        _ => None,
+    }
+}
+
+/// Chat Completions' and legacy Completions' words.
+pub mod chat {
+    use serde_json::{json, Value};
+    use shoal_engine::{FinishReason, Usage};
+
+    /// The dialect's word for why a choice ended.
+    pub fn finish_reason(f: &FinishReason) -> &'static str {
+        match f {
+            FinishReason::Stop | FinishReason::StopSequence(_) | FinishReason::Cancelled => "stop",
+            FinishReason::Length | FinishReason::ContextWindow => "length",
+            FinishReason::ToolCalls => "tool_calls",
+            FinishReason::ContentFilter => "content_filter",
+            FinishReason::Error(_) | FinishReason::Timeout { .. } => "error",
+        }
+    }
+
+    /// The one usage builder for this dialect, streaming or not.
+    pub fn usage_json(u: &Usage) -> Value {
+        json!({
+            "prompt_tokens": u.prompt_tokens,
+            "completion_tokens": u.completion_tokens,
+            "total_tokens": u.total_tokens(),
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+            "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
+        })
+    }
+}
+
+/// Responses' words.
+pub mod responses {
+    use serde_json::{json, Value};
+    use shoal_engine::{FinishReason, Usage};
+
+    /// The one usage builder for this dialect.
+    pub fn usage_json(u: &Usage) -> Value {
+        json!({
+            "input_tokens": u.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": u.cached_tokens},
+            "output_tokens": u.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
+            "total_tokens": u.total_tokens(),
+        })
+    }
+
+    /// `status` and `incomplete_details` / `error` for a finish.
+    pub fn status(f: &FinishReason) -> (&'static str, Value, Value) {
+        match f {
+            FinishReason::Stop | FinishReason::StopSequence(_) | FinishReason::ToolCalls => {
+                ("completed", Value::Null, Value::Null)
+            }
+            FinishReason::Length | FinishReason::ContextWindow => (
+                "incomplete",
+                json!({"reason": "max_output_tokens"}),
+                Value::Null,
+            ),
+            FinishReason::ContentFilter => (
+                "incomplete",
+                json!({"reason": "content_filter"}),
+                Value::Null,
+            ),
+            FinishReason::Cancelled => ("cancelled", Value::Null, Value::Null),
+            FinishReason::Error(_) | FinishReason::Timeout { .. } => {
+                let e = super::failure(f)
+                    .unwrap_or_else(|| crate::error::ApiError::internal("the generation failed"));
+                (
+                    "failed",
+                    Value::Null,
+                    json!({"code": e.code.unwrap_or("server_error"), "message": e.message}),
+                )
+            }
+        }
+    }
+}
+
+/// Anthropic Messages' words.
+pub mod messages {
+    use serde_json::{json, Value};
+    use shoal_engine::{FinishReason, Usage};
+
+    /// The dialect's stop_reason for a finish.
+    pub fn stop_reason(f: &FinishReason) -> &'static str {
+        match f {
+            FinishReason::Stop | FinishReason::Cancelled => "end_turn",
+            FinishReason::StopSequence(_) => "stop_sequence",
+            FinishReason::Length | FinishReason::ContextWindow => "max_tokens",
+            FinishReason::ToolCalls => "tool_use",
+            FinishReason::ContentFilter => "refusal",
+            FinishReason::Error(_) | FinishReason::Timeout { .. } => "error",
+        }
+    }
+
+    /// The one usage builder: `input_tokens` excludes what was read from cache.
+    pub fn usage_json(u: &Usage) -> Value {
+        json!({
+            "input_tokens": u.prompt_tokens - u.cached_tokens.min(u.prompt_tokens),
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": u.cached_tokens,
+            "output_tokens": u.completion_tokens,
+        })
+    }
 }

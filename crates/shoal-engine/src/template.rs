@@ -8,7 +8,6 @@ use minijinja::{Environment, Error, ErrorKind, Value};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Result};
-use crate::tools::ToolSyntax;
 
 const TEMPLATE_NAME: &str = "chat_template";
 
@@ -27,6 +26,30 @@ impl ChatMessage {
         Self {
             role: role.into(),
             content: content.into(),
+        }
+    }
+}
+
+/// How the model writes a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolSyntax {
+    /// Hermes / Qwen: `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>`.
+    Hermes,
+    /// Llama 3: the reply is one bare `{"name": …, "parameters": {…}}` object.
+    Llama3Json,
+}
+
+impl ToolSyntax {
+    /// Picks the syntax a chat template was trained on; templates without
+    /// tool support get Hermes, which the server then explains in the prompt.
+    pub fn for_template(source: &str) -> Self {
+        if source.contains("<tool_call>") {
+            ToolSyntax::Hermes
+        } else if source.contains("<|python_tag|>") || source.contains("\"parameters\"") {
+            ToolSyntax::Llama3Json
+        } else {
+            ToolSyntax::Hermes
         }
     }
 }
