@@ -9,7 +9,7 @@ use shoal_engine::{ChatMessage, Event, FinishReason, SamplingParams, Usage};
 use crate::body::{parse, Body};
 use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::params::{check_max_tokens, check_range};
-use crate::run::{self, Job};
+use crate::run::{self, Generation};
 use crate::tools::{ToolChoice, ToolRequest};
 use crate::wire::messages::{stop_reason, usage_json};
 use crate::{AppState, Served};
@@ -285,7 +285,7 @@ fn wanted_thinking(
     }
 }
 
-fn prepare(state: &Served, req: &MessagesRequest) -> Result<Job, ApiError> {
+fn prepare(state: &Served, req: &MessagesRequest) -> Result<Generation, ApiError> {
     let tools = tool_request(req.tools.as_ref(), req.tool_choice.as_ref())?;
     let ctx = state.engine.model.info.context_length;
     let max_tokens = match req.max_tokens {
@@ -310,7 +310,7 @@ fn prepare(state: &Served, req: &MessagesRequest) -> Result<Job, ApiError> {
     let want = wanted_thinking(req.thinking.as_ref(), max_tokens)?;
     let messages = to_messages(state, req.system.as_ref(), &req.messages)?;
     let p = state.chat_prompt(&messages, want, tools.as_ref())?;
-    Ok(Job {
+    Ok(Generation {
         reasoning: p.reasoning,
         grammar: p.grammar,
         tools: p.tools,
@@ -331,7 +331,7 @@ fn prepare(state: &Served, req: &MessagesRequest) -> Result<Job, ApiError> {
 }
 
 /// Renders the event stream of one message. Pure: engine events in, SSE frames out.
-pub struct StreamRenderer {
+pub struct MessagesRenderer {
     pub id: String,
     pub model: String,
     started: bool,
@@ -343,7 +343,7 @@ pub struct StreamRenderer {
     tool_blocks: Vec<usize>,
 }
 
-impl run::StreamRender for StreamRenderer {
+impl run::StreamRender for MessagesRenderer {
     fn frames(&mut self, _choice: usize, ev: &Event) -> run::Step {
         run::Step {
             frames: run::named(self.step(ev)),
@@ -352,9 +352,9 @@ impl run::StreamRender for StreamRenderer {
     }
 }
 
-impl StreamRenderer {
+impl MessagesRenderer {
     pub fn new(id: String, model: String) -> Self {
-        StreamRenderer {
+        MessagesRenderer {
             id,
             model,
             started: false,
@@ -526,11 +526,15 @@ pub struct Messages {
 
 impl run::Adapter for Messages {
     type Request = MessagesRequest;
-    type Stream = StreamRenderer;
+    type Stream = MessagesRenderer;
     const DIALECT: shoal_client::Dialect = shoal_client::Dialect::Messages;
     const ID_PREFIX: &'static str = "msg_";
 
-    fn prepare(served: &Served, req: MessagesRequest, id: String) -> Result<(Job, Self), ApiError> {
+    fn prepare(
+        served: &Served,
+        req: MessagesRequest,
+        id: String,
+    ) -> Result<(Generation, Self), ApiError> {
         let job = prepare(served, &req)?;
         Ok((
             job,
@@ -551,8 +555,8 @@ impl run::Adapter for Messages {
         Ok(message_body(&self.id, &self.model, c))
     }
 
-    fn stream(self, _: Served) -> StreamRenderer {
-        StreamRenderer::new(self.id, self.model)
+    fn stream(self, _: Served) -> MessagesRenderer {
+        MessagesRenderer::new(self.id, self.model)
     }
 }
 

@@ -6,7 +6,7 @@ use shoal_engine::{ChatMessage, Completion, Event, FinishReason, TokenLogprob, U
 use crate::body::OneOrMany;
 use crate::error::{ApiError, ErrorShape};
 use crate::params::{check_max_tokens, check_range, check_stop, OpenAiSampling};
-use crate::run::{self, Job};
+use crate::run::{self, Generation};
 use crate::tools::{self, ToolRequest};
 use crate::wire::chat::{finish_reason, usage_json};
 use crate::Served;
@@ -477,7 +477,7 @@ pub(crate) fn format_grammar(f: Option<&ResponseFormat>) -> Result<Option<Gramma
 }
 
 /// Validates a request and turns it into an engine job.
-fn prepare(state: &Served, req: &mut ChatRequest) -> Result<Job, ApiError> {
+fn prepare(state: &Served, req: &mut ChatRequest) -> Result<Generation, ApiError> {
     let tools = tool_request(req)?;
     let format = format_grammar(req.response_format.as_ref())?;
     let ctx = state.engine.model.info.context_length;
@@ -498,7 +498,7 @@ fn prepare(state: &Served, req: &mut ChatRequest) -> Result<Job, ApiError> {
     }
     let messages = to_messages(state, &req.messages)?;
     let p = state.chat_prompt(&messages, wanted_reasoning(req)?, tools.as_ref())?;
-    Ok(Job {
+    Ok(Generation {
         prompts: vec![p.tokens],
         max_tokens,
         sampling,
@@ -527,7 +527,11 @@ impl run::Adapter for Chat {
     const DIALECT: shoal_client::Dialect = shoal_client::Dialect::Chat;
     const ID_PREFIX: &'static str = "chatcmpl-";
 
-    fn prepare(served: &Served, mut req: ChatRequest, id: String) -> Result<(Job, Self), ApiError> {
+    fn prepare(
+        served: &Served,
+        mut req: ChatRequest,
+        id: String,
+    ) -> Result<(Generation, Self), ApiError> {
         let job = prepare(served, &mut req)?;
         let chat = Chat {
             id,

@@ -7,7 +7,7 @@ use crate::body::OneOrMany;
 use crate::error::{ApiError, ErrorShape};
 use crate::openai_chat::StreamOptions;
 use crate::params::{check_max_tokens, check_range, check_stop, OpenAiSampling};
-use crate::run::{self, Job};
+use crate::run::{self, Generation};
 use crate::wire::chat::{finish_reason, usage_json};
 use crate::Served;
 
@@ -68,7 +68,7 @@ fn logprobs_json(lps: &[TokenLogprob], offset: usize) -> Value {
 }
 
 struct Prepared {
-    job: Job,
+    job: Generation,
     texts: Vec<String>,
 }
 
@@ -138,7 +138,7 @@ fn prepare(state: &Served, req: &mut CompletionRequest) -> Result<Prepared, ApiE
         ));
     }
     Ok(Prepared {
-        job: Job {
+        job: Generation {
             prompts,
             max_tokens,
             sampling,
@@ -176,7 +176,7 @@ impl run::Adapter for Completions {
         served: &Served,
         mut req: CompletionRequest,
         id: String,
-    ) -> Result<(Job, Self), ApiError> {
+    ) -> Result<(Generation, Self), ApiError> {
         let Prepared { job, texts } = prepare(served, &mut req)?;
         let per = job.n.max(1);
         let adapter = Completions {

@@ -12,7 +12,7 @@ use shoal_engine::{ChatMessage, Completion, Event, SamplingParams};
 use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::openai_chat::Content;
 use crate::params::{check_max_tokens, check_range};
-use crate::run::{self, Job};
+use crate::run::{self, Generation};
 use crate::tools::{self, ToolRequest};
 use crate::wire::responses::{status, usage_json};
 use crate::{AppState, Served};
@@ -224,7 +224,7 @@ impl Shape {
 }
 
 /// Renders the streamed events. Pure: engine events in, (name, data) out.
-pub struct StreamRenderer {
+pub struct ResponsesRenderer {
     shape: Shape,
     seq: u64,
     text: String,
@@ -241,9 +241,9 @@ pub struct StreamRenderer {
     next_index: u64,
 }
 
-impl StreamRenderer {
+impl ResponsesRenderer {
     pub fn new(shape: Shape) -> Self {
-        StreamRenderer {
+        ResponsesRenderer {
             shape,
             seq: 0,
             text: String::new(),
@@ -575,7 +575,7 @@ fn conversation(state: &Served, req: &mut ResponsesRequest) -> Result<Vec<ChatMe
 fn prepare(
     state: &Served,
     req: &mut ResponsesRequest,
-) -> Result<(Job, Vec<ChatMessage>), ApiError> {
+) -> Result<(Generation, Vec<ChatMessage>), ApiError> {
     let tools = tool_request(req)?;
     let format = text_format(req.text.as_ref())?;
     let ctx = state.engine.model.info.context_length;
@@ -595,7 +595,7 @@ fn prepare(
     let msgs = conversation(state, req)?;
     let p = state.chat_prompt(&msgs, want, tools.as_ref())?;
     Ok((
-        Job {
+        Generation {
             prompts: vec![p.tokens],
             max_tokens,
             sampling: {
@@ -713,7 +713,7 @@ impl run::Adapter for Responses {
         served: &Served,
         mut req: ResponsesRequest,
         id: String,
-    ) -> Result<(Job, Self), ApiError> {
+    ) -> Result<(Generation, Self), ApiError> {
         let (job, msgs) = prepare(served, &mut req)?;
         let shape = Shape {
             id,
@@ -764,7 +764,7 @@ impl run::Adapter for Responses {
             .store
             .then(|| (served, self.shape.clone(), self.msgs));
         ResponsesStream {
-            renderer: StreamRenderer::new(self.shape),
+            renderer: ResponsesRenderer::new(self.shape),
             text: String::new(),
             reasoning: String::new(),
             done: None,
@@ -776,7 +776,7 @@ impl run::Adapter for Responses {
 /// The live Responses stream: the renderer, and what storing the finished
 /// response (`store: true`) needs.
 pub struct ResponsesStream {
-    renderer: StreamRenderer,
+    renderer: ResponsesRenderer,
     text: String,
     reasoning: String,
     done: Option<Completion>,

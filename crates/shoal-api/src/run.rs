@@ -14,7 +14,7 @@ use shoal_client::Dialect;
 
 /// What to generate, after a dialect has parsed and validated its request.
 #[derive(Clone, Debug)]
-pub struct Job {
+pub struct Generation {
     /// One or more prompts; each gets `n` choices, indexed `prompt * n + choice`.
     pub prompts: Vec<Vec<u32>>,
     pub max_tokens: Option<usize>,
@@ -183,7 +183,11 @@ pub trait Adapter: Sized + Send + 'static {
 
     /// Wire request to engine job, validation included, plus what the
     /// rendering needs; `id` is the response's id.
-    fn prepare(served: &Served, req: Self::Request, id: String) -> Result<(Job, Self), ApiError>;
+    fn prepare(
+        served: &Served,
+        req: Self::Request,
+        id: String,
+    ) -> Result<(Generation, Self), ApiError>;
     /// The whole response body from every collected choice.
     fn respond(
         self,
@@ -268,7 +272,7 @@ pub fn now_secs() -> u64 {
 }
 
 /// Submits the job and starts the forwarding task.
-pub fn start(state: &Served, job: Job, fmt: LedgerFormat) -> Result<Choices, ApiError> {
+pub fn start(state: &Served, job: Generation, fmt: LedgerFormat) -> Result<Choices, ApiError> {
     let per = job.n.max(1);
     let n = per * job.prompts.len();
     let mut streams = Vec::with_capacity(n);

@@ -170,7 +170,7 @@ fn chat_n2_each_choice_finishes_and_usage_sums_completions() {
 }
 
 fn anthropic_frames(finish: FinishReason) -> Vec<(String, Value)> {
-    let mut r = anthropic::StreamRenderer::new("msg_x".into(), "m".into());
+    let mut r = anthropic::MessagesRenderer::new("msg_x".into(), "m".into());
     script(finish).iter().flat_map(|e| r.step(e)).collect()
 }
 
@@ -247,7 +247,7 @@ fn shape() -> openai_responses::Shape {
 fn responses_frames(finish: FinishReason) -> Vec<(String, Value)> {
     let mut shape = shape();
     shape.max_output_tokens = Some(7);
-    let mut r = openai_responses::StreamRenderer::new(shape);
+    let mut r = openai_responses::ResponsesRenderer::new(shape);
     script(finish).iter().flat_map(|e| r.step(e)).collect()
 }
 
@@ -328,7 +328,7 @@ fn responses_error_mid_stream_fails_with_usage() {
 #[test]
 fn responses_reasoning_item_streams_before_the_message() {
     let shape = shape();
-    let mut r = openai_responses::StreamRenderer::new(shape);
+    let mut r = openai_responses::ResponsesRenderer::new(shape);
     let mut evs = vec![Event::Reasoning { text: "hmm".into() }];
     evs.extend(script(FinishReason::Stop));
     let f: Vec<(String, Value)> = evs.iter().flat_map(|e| r.step(e)).collect();
@@ -365,7 +365,7 @@ fn responses_reasoning_item_streams_before_the_message() {
 
 #[test]
 fn anthropic_thinking_block_precedes_text_block() {
-    let mut r = anthropic::StreamRenderer::new("msg_x".into(), "m".into());
+    let mut r = anthropic::MessagesRenderer::new("msg_x".into(), "m".into());
     let mut evs = vec![
         Event::Started {
             prompt_tokens: 40,
@@ -472,7 +472,7 @@ fn chat_streams_tool_call_deltas_and_finishes_tool_calls() {
 
 #[test]
 fn anthropic_streams_a_tool_use_block_with_input_json_deltas() {
-    let mut r = anthropic::StreamRenderer::new("msg_x".into(), "m".into());
+    let mut r = anthropic::MessagesRenderer::new("msg_x".into(), "m".into());
     let f: Vec<(String, Value)> = tool_script().iter().flat_map(|e| r.step(e)).collect();
     let starts: Vec<&Value> = f
         .iter()
@@ -509,7 +509,7 @@ fn anthropic_streams_a_tool_use_block_with_input_json_deltas() {
 
 #[test]
 fn responses_stream_a_function_call_item() {
-    let mut r = openai_responses::StreamRenderer::new(shape());
+    let mut r = openai_responses::ResponsesRenderer::new(shape());
     let f: Vec<(String, Value)> = tool_script().iter().flat_map(|e| r.step(e)).collect();
     let names: Vec<&str> = f.iter().map(|(n, _)| n.as_str()).collect();
     let added: Vec<&Value> = f
