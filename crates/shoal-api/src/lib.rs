@@ -34,7 +34,6 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 use shoal_cluster::{LocalNode, NodeIdentity};
-use shoal_engine::reasoning::ReasoningSpec;
 use shoal_engine::{ChatMessage, Engine};
 
 use crate::error::{ApiError, DialectError, ErrorShape};
@@ -156,7 +155,7 @@ impl Served {
         messages: &[ChatMessage],
         want: Option<Option<usize>>,
         tools: Option<&tools::ToolRequest>,
-    ) -> Result<Prompt, ApiError> {
+    ) -> Result<shoal_engine::prompt::ChatPrompt, ApiError> {
         let limits = &self.access;
         if messages.len() > limits.max_messages {
             return Err(ApiError::param(
@@ -178,42 +177,17 @@ impl Served {
                 ),
             ));
         }
-        let vocab = &self.engine.model.vocab;
-        let mut messages = messages.to_vec();
-        let native = vocab.capabilities().thinking;
-        let mut extra = serde_json::Map::new();
-        if native {
-            extra.insert("enable_thinking".into(), json!(want.is_some()));
-        }
-        let (tool_syntax, grammar) = self.offer_tools(&mut messages, &mut extra, tools);
-        let mut text = vocab.render_chat(&messages, true, &extra)?;
-        let spec = match (want, native) {
-            (Some(budget), true) => Some(ReasoningSpec::think(false, budget)),
-            (Some(budget), false) => {
-                text.push_str("<think>\n");
-                Some(ReasoningSpec::think(true, budget))
-            }
-            // A thinking model may still open the section on its own.
-            (None, true) => Some(ReasoningSpec::think(false, None)),
-            (None, false) => None,
-        };
-        Ok(Prompt {
-            tokens: vocab.encode(&text)?,
-            reasoning: spec,
-            tools: tool_syntax,
-            grammar,
-        })
+        let offer = tools.map(|t| shoal_engine::prompt::ToolOffer {
+            defs: &t.defs,
+            choice: &t.choice,
+        });
+        Ok(shoal_engine::prompt::chat_prompt(
+            &self.engine.model.vocab,
+            messages,
+            want,
+            offer,
+        )?)
     }
-}
-
-/// A rendered chat prompt and what the engine must know about its reply.
-pub struct Prompt {
-    pub tokens: Vec<u32>,
-    pub reasoning: Option<ReasoningSpec>,
-    /// Parse tool calls in this syntax.
-    pub tools: Option<shoal_engine::tools::ToolSyntax>,
-    /// A tool call is required: the grammar that forces it.
-    pub grammar: Option<shoal_engine::Grammar>,
 }
 
 /// Serves `router(state)` on `listener` until `shutdown` completes; then stops

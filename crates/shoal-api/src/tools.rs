@@ -1,24 +1,13 @@
 //! Tool calling shared by the dialects: what a request offers and demands,
 //! how tools and earlier calls reach the prompt, and what the engine is told.
 use serde_json::{json, Value};
-use shoal_engine::tools::{tool_instructions, ToolDef, ToolSyntax};
-use shoal_engine::{ChatMessage, Grammar};
+use shoal_engine::tools::{ToolDef, ToolSyntax};
+use shoal_engine::ChatMessage;
 
 use crate::error::ApiError;
 use crate::Served;
 
-/// Whether and which tool the model must call.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ToolChoice {
-    /// Tools are not offered this turn.
-    None,
-    /// The model decides.
-    Auto,
-    /// The model must call one of the tools (decoding is constrained).
-    Required,
-    /// The model must call this tool (decoding is constrained).
-    Named(String),
-}
+pub use shoal_engine::prompt::ToolChoice;
 
 /// Tools offered by a request, already validated.
 #[derive(Clone, Debug)]
@@ -80,10 +69,6 @@ impl ToolRequest {
         }
         Ok(ToolRequest { defs, choice })
     }
-
-    fn active(&self) -> bool {
-        !self.defs.is_empty() && self.choice != ToolChoice::None
-    }
 }
 
 /// OpenAI's `tool_choice`: `"none" | "auto" | "required"` or an object
@@ -136,11 +121,6 @@ impl Served {
         self.engine.model.vocab.capabilities().tool_syntax
     }
 
-    /// Whether the chat template itself lays out a `tools` list.
-    fn native_tools(&self) -> bool {
-        self.engine.model.vocab.capabilities().tools
-    }
-
     /// An earlier assistant turn's text with its tool calls written out the
     /// way the model writes them.
     pub fn assistant_with_calls(&self, text: &str, calls: &[(String, Value)]) -> ChatMessage {
@@ -158,7 +138,7 @@ impl Served {
     /// A tool's result as the next turn. Templates without tool support get
     /// it wrapped the way the injected instructions describe.
     pub fn tool_result(&self, content: &str) -> ChatMessage {
-        if self.native_tools() {
+        if self.engine.model.vocab.capabilities().tools {
             ChatMessage::new("tool", content)
         } else {
             ChatMessage::new(
@@ -166,49 +146,6 @@ impl Served {
                 format!("<tool_response>\n{content}\n</tool_response>"),
             )
         }
-    }
-
-    /// Puts the offered tools into the prompt (the template's own `tools`
-    /// variable, or instructions in the system message) and says how the
-    /// engine should parse and, if a call is required, constrain the reply.
-    pub(crate) fn offer_tools(
-        &self,
-        messages: &mut Vec<ChatMessage>,
-        extra: &mut serde_json::Map<String, Value>,
-        tools: Option<&ToolRequest>,
-    ) -> (Option<ToolSyntax>, Option<Grammar>) {
-        let Some(req) = tools.filter(|t| t.active()) else {
-            return (None, None);
-        };
-        let syntax = self.tool_syntax();
-        if self.native_tools() {
-            let list: Vec<Value> = req
-                .defs
-                .iter()
-                .map(|d| {
-                    json!({"type": "function", "function": {
-                        "name": d.name, "description": d.description, "parameters": d.parameters}})
-                })
-                .collect();
-            extra.insert("tools".into(), Value::Array(list));
-        } else {
-            let text = tool_instructions(&req.defs);
-            match messages.first_mut() {
-                Some(m) if m.role == "system" => {
-                    m.content = format!("{}\n\n{text}", m.content);
-                }
-                _ => messages.insert(0, ChatMessage::new("system", text)),
-            }
-        }
-        let grammar = match &req.choice {
-            ToolChoice::Required => Some(syntax.forced_call(&req.defs)),
-            ToolChoice::Named(n) => {
-                let one: Vec<ToolDef> = req.defs.iter().filter(|d| &d.name == n).cloned().collect();
-                Some(syntax.forced_call(&one))
-            }
-            ToolChoice::Auto | ToolChoice::None => None,
-        };
-        (Some(syntax), grammar)
     }
 }
 

@@ -17,6 +17,7 @@ pub mod error;
 mod fuzz_tests;
 pub mod loader;
 pub mod prefix_cache;
+pub mod prompt;
 pub mod reasoning;
 pub mod sampler;
 mod sequence;

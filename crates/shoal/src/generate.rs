@@ -1,4 +1,5 @@
-//! `shoal generate`: one chat turn through the model's own template.
+//! `shoal generate`: one chat turn through the model's own template, built
+//! as the server builds a chat prompt (`shoal_engine::prompt`).
 use std::io::Write;
 
 use anyhow::{Context, Result};
@@ -60,9 +61,8 @@ pub fn run(a: Args) -> Result<()> {
         role: "user".into(),
         content: a.prompt.clone(),
     });
-    let vocab = &engine.model.vocab;
-    let text = vocab.render_chat(&messages, true, &Default::default())?;
-    let prompt = vocab.encode(&text)?;
+    // The same prompt decision as the server's chat dialects.
+    let prompt = shoal_engine::prompt::chat_prompt(&engine.model.vocab, &messages, None, None)?;
     let sampling = SamplingParams {
         temperature: a.temperature,
         top_p: a.top_p,
@@ -75,13 +75,13 @@ pub fn run(a: Args) -> Result<()> {
         ..SamplingParams::default()
     };
     let mut rx = engine.submit(GenerateRequest {
-        prompt,
+        prompt: prompt.tokens,
         max_tokens: a.max_tokens,
         sampling,
         stop: a.stop.clone(),
         ignore_eos: false,
         cancel: Default::default(),
-        reasoning: None,
+        reasoning: prompt.reasoning,
         grammar: None,
         tools: None,
     })?;

@@ -74,6 +74,39 @@ fn generate_with_custom_system_prompt_changes_prompt_size() {
     assert!(a["usage"]["prompt_tokens"].as_u64() > b["usage"]["prompt_tokens"].as_u64());
 }
 
+/// `shoal generate` builds its prompt as the server's chat dialects do: the
+/// same conversation reports the same prompt tokens and the same greedy reply.
+#[test]
+fn generate_and_the_server_build_the_same_prompt() {
+    let dir = temp_dir("same-prompt");
+    let (_server, addr) = start_server(&dir, |c| {
+        c.args(["serve", "--port", "0", "--prefix-cache-mb", "0"])
+            .arg("--model")
+            .arg(gguf());
+    });
+    let question = "What is the capital of France? Answer in one sentence.";
+    let cli = run_json(&[
+        "--max-tokens",
+        "12",
+        "--temperature",
+        "0",
+        "--system",
+        "Be brief.",
+        "--model",
+        gguf().to_str().expect("utf8 path"),
+        question,
+    ]);
+    let body = json!({"model": shoal::id_from_path(&gguf()), "max_tokens": 12, "temperature": 0,
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": question}]});
+    let (status, reply) = post_json(&addr, "/v1/chat/completions", &body.to_string());
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(
+        cli["usage"]["prompt_tokens"], reply["usage"]["prompt_tokens"],
+        "cli {cli}\nserver {reply}"
+    );
+    assert_eq!(cli["text"], reply["choices"][0]["message"]["content"]);
+}
+
 #[test]
 fn missing_and_unsupported_models_fail_clearly() {
     let out = shoal()

@@ -1,0 +1,120 @@
+//! The one chat-prompt decision, for the server's dialects and the CLI
+//! alike: the model's template renders the conversation, the reply's
+//! reasoning is arranged (a template's own thinking switch, or the section
+//! opened after the generation prompt), and offered tools reach the prompt
+//! (the template's own `tools` list, or instructions in a system message),
+//! with the grammar a required call needs.
+use serde_json::{json, Value};
+
+use crate::error::Result;
+use crate::loader::Vocabulary;
+use crate::reasoning::ReasoningSpec;
+use crate::template::{ChatMessage, ToolSyntax};
+use crate::tools::{tool_instructions, ToolDef};
+use crate::Grammar;
+
+/// Whether and which tool the model must call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// Tools are not offered this turn.
+    None,
+    /// The model decides.
+    Auto,
+    /// The model must call one of the tools (decoding is constrained).
+    Required,
+    /// The model must call this tool (decoding is constrained).
+    Named(String),
+}
+
+/// Tools a turn offers (already validated by the caller).
+#[derive(Clone, Copy, Debug)]
+pub struct ToolOffer<'a> {
+    pub defs: &'a [ToolDef],
+    pub choice: &'a ToolChoice,
+}
+
+/// A rendered chat prompt and what the engine must know about its reply.
+#[derive(Debug)]
+pub struct ChatPrompt {
+    pub tokens: Vec<u32>,
+    pub reasoning: Option<ReasoningSpec>,
+    /// Parse tool calls in this syntax.
+    pub tools: Option<ToolSyntax>,
+    /// A tool call is required: the grammar that forces it.
+    pub grammar: Option<Grammar>,
+}
+
+/// Renders and tokenizes `messages` for a reply. `reasoning` is `None` when
+/// the turn does not ask for reasoning, else its token budget (`None` inside
+/// = unlimited).
+pub fn chat_prompt(
+    vocab: &Vocabulary,
+    messages: &[ChatMessage],
+    reasoning: Option<Option<usize>>,
+    tools: Option<ToolOffer<'_>>,
+) -> Result<ChatPrompt> {
+    let caps = vocab.capabilities();
+    let mut messages = messages.to_vec();
+    let mut extra = serde_json::Map::new();
+    if caps.thinking {
+        extra.insert("enable_thinking".into(), json!(reasoning.is_some()));
+    }
+    let (syntax, grammar) = match tools
+        .filter(|t| !t.defs.is_empty() && *t.choice != ToolChoice::None)
+    {
+        Some(offer) => {
+            let syntax = caps.tool_syntax;
+            if caps.tools {
+                let list: Vec<Value> = offer
+                    .defs
+                    .iter()
+                    .map(|d| {
+                        json!({"type": "function", "function": {
+                            "name": d.name, "description": d.description, "parameters": d.parameters}})
+                    })
+                    .collect();
+                extra.insert("tools".into(), Value::Array(list));
+            } else {
+                let text = tool_instructions(offer.defs);
+                match messages.first_mut() {
+                    Some(m) if m.role == "system" => {
+                        m.content = format!("{}\n\n{text}", m.content);
+                    }
+                    _ => messages.insert(0, ChatMessage::new("system", text)),
+                }
+            }
+            let grammar = match offer.choice {
+                ToolChoice::Required => Some(syntax.forced_call(offer.defs)),
+                ToolChoice::Named(n) => {
+                    let one: Vec<ToolDef> = offer
+                        .defs
+                        .iter()
+                        .filter(|d| &d.name == n)
+                        .cloned()
+                        .collect();
+                    Some(syntax.forced_call(&one))
+                }
+                ToolChoice::Auto | ToolChoice::None => None,
+            };
+            (Some(syntax), grammar)
+        }
+        None => (None, None),
+    };
+    let mut text = vocab.render_chat(&messages, true, &extra)?;
+    let spec = match (reasoning, caps.thinking) {
+        (Some(budget), true) => Some(ReasoningSpec::think(false, budget)),
+        (Some(budget), false) => {
+            text.push_str("<think>\n");
+            Some(ReasoningSpec::think(true, budget))
+        }
+        // A thinking model may still open the section on its own.
+        (None, true) => Some(ReasoningSpec::think(false, None)),
+        (None, false) => None,
+    };
+    Ok(ChatPrompt {
+        tokens: vocab.encode(&text)?,
+        reasoning: spec,
+        tools: syntax,
+        grammar,
+    })
+}
