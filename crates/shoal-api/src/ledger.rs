@@ -124,3 +124,225 @@ impl Ledger {
         q.iter().rev().take(limit).cloned().collect()
     }
 }
+
+/// How `/v1/usage` sums entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupBy {
+    Day,
+    Hour,
+    Model,
+    Dialect,
+    Finish,
+}
+
+/// `/v1/usage`'s query: filters, and a listing, a grouping or a CSV export.
+#[derive(Clone, Debug, Default)]
+pub struct UsageQuery {
+    pub limit: Option<usize>,
+    pub model: Option<String>,
+    /// A ledger name (`openai.chat`) or a short one (`chat`).
+    pub dialect: Option<Dialect>,
+    /// The engine's reason (`length`, `timeout`, …) or the dialect's word.
+    pub finish: Option<String>,
+    /// Unix seconds, inclusive.
+    pub since: Option<u64>,
+    /// Unix seconds, exclusive.
+    pub until: Option<u64>,
+    pub group_by: Option<GroupBy>,
+    pub csv: bool,
+}
+
+impl UsageQuery {
+    /// Reads the query string's pairs; an unknown key or a bad value is an
+    /// error naming the parameter.
+    pub fn parse<'a>(
+        pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<Self, crate::error::ApiError> {
+        use crate::error::ApiError;
+        let number = |k: &str, v: &str| {
+            v.parse::<u64>()
+                .map_err(|_| ApiError::param(k, format!("'{k}' must be a whole number, got {v:?}")))
+        };
+        let mut q = UsageQuery::default();
+        for (k, v) in pairs {
+            match k {
+                "limit" => q.limit = Some(number(k, v)? as usize),
+                "model" => q.model = Some(v.to_string()),
+                "dialect" => {
+                    let all = [
+                        Dialect::Chat,
+                        Dialect::Completions,
+                        Dialect::Responses,
+                        Dialect::Messages,
+                    ];
+                    q.dialect = Some(
+                        all.into_iter()
+                            .find(|d| d.ledger_name() == v || d.name() == v)
+                            .ok_or_else(|| {
+                                ApiError::param(
+                                    k,
+                                    format!(
+                                        "'dialect' must be one of openai.chat, openai.completions, \
+                                         openai.responses, anthropic.messages, got {v:?}"
+                                    ),
+                                )
+                            })?,
+                    )
+                }
+                "finish" => q.finish = Some(v.to_string()),
+                "since" => q.since = Some(number(k, v)?),
+                "until" => q.until = Some(number(k, v)?),
+                "group_by" => {
+                    q.group_by = Some(match v {
+                        "day" => GroupBy::Day,
+                        "hour" => GroupBy::Hour,
+                        "model" => GroupBy::Model,
+                        "dialect" => GroupBy::Dialect,
+                        "finish" => GroupBy::Finish,
+                        _ => {
+                            return Err(ApiError::param(
+                                k,
+                                format!(
+                                "'group_by' must be day, hour, model, dialect or finish, got {v:?}"
+                            ),
+                            ))
+                        }
+                    })
+                }
+                "format" => match v {
+                    "csv" => q.csv = true,
+                    "json" => q.csv = false,
+                    _ => {
+                        return Err(ApiError::param(
+                            k,
+                            format!("'format' must be json or csv, got {v:?}"),
+                        ))
+                    }
+                },
+                other => {
+                    return Err(ApiError::param(
+                        other,
+                        format!("unknown parameter '{other}'"),
+                    ))
+                }
+            }
+        }
+        Ok(q)
+    }
+
+    fn matches(&self, e: &LedgerEntry) -> bool {
+        self.model.as_ref().is_none_or(|m| &e.model == m)
+            && self.dialect.is_none_or(|d| e.dialect == d)
+            && self.since.is_none_or(|t| e.created >= t)
+            && self.until.is_none_or(|t| e.created < t)
+            && self.finish.as_ref().is_none_or(|f| {
+                e.completions.iter().any(|c| c.finish.as_str() == f)
+                    || e.finish_reasons().iter().any(|w| w == f)
+            })
+    }
+}
+
+/// `YYYY-MM-DD` (and `THH` with `hour`) of Unix seconds, in UTC.
+fn utc_key(secs: u64, hour: bool) -> String {
+    let days = (secs / 86_400) as i64;
+    // Civil date from days since 1970-01-01 (the proleptic Gregorian calendar).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let date = format!("{year:04}-{month:02}-{day:02}");
+    if hour {
+        format!("{date}T{:02}", (secs % 86_400) / 3_600)
+    } else {
+        date
+    }
+}
+
+impl Ledger {
+    /// The entries `q` selects, newest first (`q.limit` applies to listings).
+    pub fn query(&self, q: &UsageQuery) -> Vec<LedgerEntry> {
+        let all = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        all.iter().rev().filter(|e| q.matches(e)).cloned().collect()
+    }
+}
+
+/// Sums per group: requests and each kind of token, as every dialect counts
+/// them (each prompt once per request).
+pub fn grouped(entries: &[LedgerEntry], by: GroupBy) -> Vec<Value> {
+    let mut groups: std::collections::BTreeMap<String, (u64, Usage)> = Default::default();
+    for e in entries {
+        let key = match by {
+            GroupBy::Day => utc_key(e.created, false),
+            GroupBy::Hour => utc_key(e.created, true),
+            GroupBy::Model => e.model.clone(),
+            GroupBy::Dialect => e.dialect.ledger_name().to_string(),
+            GroupBy::Finish => e.finish().map_or("none", FinishReason::as_str).to_string(),
+        };
+        let u = e.usage();
+        let g = groups.entry(key).or_default();
+        g.0 += 1;
+        g.1.prompt_tokens += u.prompt_tokens;
+        g.1.cached_tokens += u.cached_tokens;
+        g.1.completion_tokens += u.completion_tokens;
+        g.1.reasoning_tokens += u.reasoning_tokens;
+    }
+    groups
+        .into_iter()
+        .map(|(key, (requests, u))| {
+            json!({"key": key, "requests": requests, "prompt_tokens": u.prompt_tokens,
+                   "cached_tokens": u.cached_tokens, "completion_tokens": u.completion_tokens,
+                   "reasoning_tokens": u.reasoning_tokens, "total_tokens": u.total_tokens()})
+        })
+        .collect()
+}
+
+/// The entries as CSV, one row each with the engine's reason and usage.
+pub fn csv(entries: &[LedgerEntry]) -> String {
+    let mut out = String::from(
+        "id,created,dialect,model,stream,finish,prompt_tokens,cached_tokens,completion_tokens,reasoning_tokens\n",
+    );
+    // Fields that may hold a comma or a quote are quoted.
+    let field = |s: &str| {
+        if s.contains([',', '"', '\n']) {
+            format!("\"{}\"", s.replace('"', "\"\""))
+        } else {
+            s.to_string()
+        }
+    };
+    for e in entries {
+        let u = e.usage();
+        out.push_str(&format!(
+            "{},{},{},{},{},{},{},{},{},{}\n",
+            field(&e.id),
+            e.created,
+            e.dialect.ledger_name(),
+            field(&e.model),
+            e.stream,
+            e.finish().map_or("", FinishReason::as_str),
+            u.prompt_tokens,
+            u.cached_tokens,
+            u.completion_tokens,
+            u.reasoning_tokens
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::utc_key;
+
+    #[test]
+    fn utc_keys_are_calendar_dates() {
+        assert_eq!(utc_key(0, false), "1970-01-01");
+        // 2024-02-29 12:34:56 UTC, a leap day.
+        assert_eq!(utc_key(1_709_210_096, true), "2024-02-29T12");
+        // 2026-12-02 00:00:00 UTC.
+        assert_eq!(utc_key(1_796_169_600, false), "2026-12-02");
+    }
+}

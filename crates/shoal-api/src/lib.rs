@@ -293,19 +293,32 @@ async fn health(State(s): State<AppState>) -> impl IntoResponse {
     }))
 }
 
-#[derive(serde::Deserialize)]
-struct UsageQuery {
-    limit: Option<usize>,
-}
-
-async fn usage(State(s): State<AppState>, Query(q): Query<UsageQuery>) -> impl IntoResponse {
-    let entries: Vec<Value> = s
-        .ledger
-        .recent(q.limit.unwrap_or(100))
-        .iter()
-        .map(ledger::LedgerEntry::to_json)
-        .collect();
-    Json(json!({"object": "list", "data": entries}))
+/// `/v1/usage`: the ledger's entries newest first (`limit`, default 100),
+/// filtered by `model`, `dialect`, `finish`, `since` and `until`; summed with
+/// `group_by`; or exported with `format=csv`. Bad parameters get a 400.
+async fn usage(
+    State(s): State<AppState>,
+    Query(pairs): Query<Vec<(String, String)>>,
+) -> axum::response::Response {
+    let q = match ledger::UsageQuery::parse(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str()))) {
+        Ok(q) => q,
+        Err(e) => return e.in_dialect(ErrorShape::OpenAi).into_response(),
+    };
+    let entries = s.ledger.query(&q);
+    if let Some(by) = q.group_by {
+        return Json(json!({"object": "list", "data": ledger::grouped(&entries, by)}))
+            .into_response();
+    }
+    let listed = &entries[..entries.len().min(q.limit.unwrap_or(100))];
+    if q.csv {
+        return (
+            [(axum::http::header::CONTENT_TYPE, "text/csv; charset=utf-8")],
+            ledger::csv(listed),
+        )
+            .into_response();
+    }
+    let data: Vec<Value> = listed.iter().map(ledger::LedgerEntry::to_json).collect();
+    Json(json!({"object": "list", "data": data})).into_response()
 }
 
 /// API paths that match no route get the dialect's 404; everything else is

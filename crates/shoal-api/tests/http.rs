@@ -1160,3 +1160,118 @@ async fn metrics_count_cached_and_reasoning_tokens_as_reported() {
     let ratio = sample_sum(&scrape, "shoal_prefix_cache_hit_ratio", &[]);
     assert!(ratio > 0.0 && ratio <= 1.0, "{text}");
 }
+
+async fn get_text(base: &str, path: &str) -> (u16, String) {
+    let r = reqwest::get(format!("{base}{path}"))
+        .await
+        .expect("request");
+    let status = r.status().as_u16();
+    (status, r.text().await.expect("body"))
+}
+
+/// `/v1/usage` filters, groups and exports what the ledger recorded, and the
+/// sums equal what the clients were sent; bad parameters get a 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_filters_groups_and_exports_the_ledger() {
+    let base = server(engine()).await;
+    let chat = |max: u32| {
+        json!({"model": MODEL, "messages": france(), "max_tokens": max, "temperature": 0})
+            .to_string()
+    };
+    let mut sent_chat = (0u64, 0u64);
+    let mut chat_ids = Vec::new();
+    for max in [3, 40] {
+        let (status, body, _) = post(&base, "/v1/chat/completions", &chat(max)).await;
+        assert_eq!(status, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).expect("json");
+        sent_chat.0 += v["usage"]["prompt_tokens"].as_u64().expect("prompt");
+        sent_chat.1 += v["usage"]["completion_tokens"]
+            .as_u64()
+            .expect("completion");
+        chat_ids.push(v["id"].as_str().expect("id").to_string());
+    }
+    let msg = json!({"model": MODEL, "messages": france(), "max_tokens": 3, "temperature": 0});
+    let (status, body, _) = post(&base, "/v1/messages", &msg.to_string()).await;
+    assert_eq!(status, 200, "{body}");
+    let m: Value = serde_json::from_str(&body).expect("json");
+    let sent_msg = (
+        m["usage"]["input_tokens"].as_u64().expect("input")
+            + m["usage"]["cache_read_input_tokens"].as_u64().unwrap_or(0),
+        m["usage"]["output_tokens"].as_u64().expect("output"),
+    );
+
+    let list = |path: &'static str| {
+        let base = base.clone();
+        async move {
+            let (status, body) = get_text(&base, path).await;
+            assert_eq!(status, 200, "{path}: {body}");
+            serde_json::from_str::<Value>(&body).expect("json")
+        }
+    };
+    let only_chat = list("/v1/usage?dialect=openai.chat").await;
+    let ids: Vec<&str> = only_chat["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .filter_map(|e| e["id"].as_str())
+        .collect();
+    assert_eq!(
+        ids,
+        [chat_ids[1].as_str(), chat_ids[0].as_str()],
+        "newest first"
+    );
+    let cut = list("/v1/usage?dialect=chat&finish=length").await;
+    assert_eq!(cut["data"].as_array().map(Vec::len), Some(1), "{cut}");
+    assert_eq!(cut["data"][0]["id"], chat_ids[0].as_str());
+    let none = list("/v1/usage?model=nope").await;
+    assert_eq!(none["data"], json!([]));
+    let future = list("/v1/usage?since=99999999999").await;
+    assert_eq!(future["data"], json!([]));
+
+    // Sums per dialect are what the clients were sent.
+    let groups = list("/v1/usage?group_by=dialect").await;
+    let group = |name: &str| {
+        groups["data"]
+            .as_array()
+            .and_then(|g| g.iter().find(|x| x["key"] == name).cloned())
+            .unwrap_or_else(|| panic!("no group {name}: {groups}"))
+    };
+    let c = group("openai.chat");
+    assert_eq!(c["requests"], 2);
+    assert_eq!(
+        (c["prompt_tokens"].as_u64(), c["completion_tokens"].as_u64()),
+        (Some(sent_chat.0), Some(sent_chat.1))
+    );
+    let a = group("anthropic.messages");
+    assert_eq!(
+        (a["prompt_tokens"].as_u64(), a["completion_tokens"].as_u64()),
+        (Some(sent_msg.0), Some(sent_msg.1))
+    );
+    let days = list("/v1/usage?group_by=day").await;
+    assert_eq!(days["data"].as_array().map(Vec::len), Some(1), "{days}");
+    assert_eq!(days["data"][0]["requests"], 3);
+
+    // CSV: a header and one row per request.
+    let (status, text) = get_text(&base, "/v1/usage?format=csv&dialect=anthropic.messages").await;
+    assert_eq!(status, 200);
+    let rows: Vec<&str> = text.lines().collect();
+    assert_eq!(rows.len(), 2, "{text}");
+    assert!(rows[0].starts_with("id,created,dialect,model"), "{text}");
+    assert!(
+        rows[1].contains(",anthropic.messages,") && rows[1].contains(m["id"].as_str().expect("id"))
+    );
+
+    // Bad parameters: the OpenAI error shape, naming the parameter.
+    for (path, param) in [
+        ("/v1/usage?group_by=week", "group_by"),
+        ("/v1/usage?limit=many", "limit"),
+        ("/v1/usage?dialect=gemini", "dialect"),
+        ("/v1/usage?colour=blue", "colour"),
+    ] {
+        let (status, body) = get_text(&base, path).await;
+        assert_eq!(status, 400, "{path}: {body}");
+        let v: Value = serde_json::from_str(&body).expect("json");
+        assert_eq!(v["error"]["param"], param, "{path}: {v}");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+    }
+}
