@@ -1362,18 +1362,17 @@ fn a_model_split_over_two_nodes_answers_like_one_and_survives_a_dead_node() {
 #[test]
 fn two_servers_sharing_a_home_are_two_nodes() {
     let home = temp_dir("shared-home");
-    let start = |name: &str, peer: Option<&str>| {
-        let dir = home.join(name);
-        std::fs::create_dir_all(&dir).expect("mkdir");
+    // A plain `shoal serve` in `home` (its config directory unless
+    // `config_home` names another), joining `peer` if given.
+    let serve = |config_home: Option<&Path>, peer: Option<&str>| {
         let mut cmd = shoal();
-        for v in [
-            "XDG_CONFIG_HOME",
-            "XDG_DATA_HOME",
-            "SHOAL_CONFIG",
-            "SHOAL_PEERS",
-        ] {
+        for v in ["XDG_DATA_HOME", "SHOAL_CONFIG", "SHOAL_PEERS"] {
             cmd.env_remove(v);
         }
+        match config_home {
+            Some(c) => cmd.env("XDG_CONFIG_HOME", c),
+            None => cmd.env_remove("XDG_CONFIG_HOME"),
+        };
         cmd.env("HOME", &home)
             .args([
                 "serve",
@@ -1389,7 +1388,12 @@ fn two_servers_sharing_a_home_are_two_nodes() {
         if let Some(p) = peer {
             cmd.args(["--peer", p]);
         }
-        spawn_server(cmd, &dir)
+        cmd
+    };
+    let start = |name: &str, peer: Option<&str>| {
+        let dir = home.join(name);
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        spawn_server(serve(None, peer), &dir)
     };
     let self_id = |addr: &str| {
         let nodes = get_json(addr, "/v1/cluster/nodes")["nodes"].clone();
@@ -1429,21 +1433,7 @@ fn two_servers_sharing_a_home_are_two_nodes() {
     std::fs::copy(&config, copy.join("shoal/node-id")).expect("copy node-id");
     let dir = copy.join("run");
     std::fs::create_dir_all(&dir).expect("mkdir");
-    let mut cmd = shoal();
-    cmd.env("XDG_CONFIG_HOME", &copy)
-        .env("HOME", &home)
-        .args([
-            "serve",
-            "--port",
-            "0",
-            "--prefix-cache-mb",
-            "0",
-            "--no-mdns",
-        ])
-        .args(["--cluster-secret", "shared", "--peer", &again])
-        .arg("--model")
-        .arg(gguf());
-    let (_twin, twin) = spawn_server(cmd, &dir);
+    let (_twin, twin) = spawn_server(serve(Some(&copy), Some(&again)), &dir);
     assert_eq!(self_id(&twin), a_id, "the copy carries the id");
     wait_for_log(
         &dir.join("stderr.log"),
