@@ -411,19 +411,22 @@ mod tests {
                     let typed = provider_meta(&e);
                     let mut wire = ProviderMeta::default();
                     d.read_usage(&crate::wire::usage_json(d, u), &mut wire);
-                    let words = crate::wire::finish_words(d, f);
+                    // The finish as the response body carries it; a client
+                    // that left hears none, and the ledger says "cancelled".
+                    let gone = *f == FinishReason::Cancelled;
+                    let word = |w: &str| Some(if gone { "cancelled" } else { w }.to_string());
                     match d {
                         WireDialect::Chat | WireDialect::Completions => {
-                            wire.finish_reason = Some(words)
+                            wire.finish_reason = word(crate::wire::chat::finish_reason(f))
                         }
-                        WireDialect::Messages => wire.stop_reason = Some(words),
+                        WireDialect::Messages => {
+                            wire.stop_reason = word(crate::wire::messages::stop_reason(f))
+                        }
                         WireDialect::Responses => {
-                            let (status, reason) = match words.split_once(':') {
-                                Some((s, r)) => (s.to_string(), Some(r.to_string())),
-                                None => (words, None),
-                            };
-                            wire.status = Some(status);
-                            wire.incomplete_reason = reason;
+                            let (status, incomplete, _) = crate::wire::responses::status(f);
+                            wire.status = word(status);
+                            wire.incomplete_reason =
+                                incomplete["reason"].as_str().map(str::to_string);
                         }
                     }
                     if let FinishReason::StopSequence(s) = f {

@@ -117,12 +117,6 @@ impl Ledger {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
     }
-
-    /// Newest first.
-    pub fn recent(&self, limit: usize) -> Vec<LedgerEntry> {
-        let q = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        q.iter().rev().take(limit).cloned().collect()
-    }
 }
 
 /// How `/v1/usage` sums entries.
@@ -169,14 +163,9 @@ impl UsageQuery {
                 "limit" => q.limit = Some(number(k, v)? as usize),
                 "model" => q.model = Some(v.to_string()),
                 "dialect" => {
-                    let all = [
-                        Dialect::Chat,
-                        Dialect::Completions,
-                        Dialect::Responses,
-                        Dialect::Messages,
-                    ];
                     q.dialect = Some(
-                        all.into_iter()
+                        Dialect::ALL
+                            .into_iter()
                             .find(|d| d.ledger_name() == v || d.name() == v)
                             .ok_or_else(|| {
                                 ApiError::param(
@@ -244,23 +233,8 @@ impl UsageQuery {
 
 /// `YYYY-MM-DD` (and `THH` with `hour`) of Unix seconds, in UTC.
 fn utc_key(secs: u64, hour: bool) -> String {
-    let days = (secs / 86_400) as i64;
-    // Civil date from days since 1970-01-01 (the proleptic Gregorian calendar).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let date = format!("{year:04}-{month:02}-{day:02}");
-    if hour {
-        format!("{date}T{:02}", (secs % 86_400) / 3_600)
-    } else {
-        date
-    }
+    let format = if hour { "%Y-%m-%dT%H" } else { "%Y-%m-%d" };
+    shoal_engine::template::strftime_utc(format, i64::try_from(secs).unwrap_or(i64::MAX))
 }
 
 impl Ledger {

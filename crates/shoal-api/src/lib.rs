@@ -144,12 +144,8 @@ impl AppState {
 }
 
 impl Served {
-    /// Renders a conversation with the model's template and tokenizes it,
-    /// deciding how the reply reasons and which tools it is offered. `want`
-    /// is `None` when the request did not ask for reasoning, else its token
-    /// budget (`None` inside = unlimited). Templates with a thinking switch
-    /// get `enable_thinking`; for others the server opens the section itself
-    /// after the generation prompt, so any model can be asked to think.
+    /// A chat request's prompt: the server's limits on messages and tools,
+    /// then the engine's one prompt decision (`shoal_engine::prompt`).
     pub fn chat_prompt(
         &self,
         messages: &[ChatMessage],

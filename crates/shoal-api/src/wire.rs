@@ -21,21 +21,11 @@ pub fn finish_words(d: Dialect, f: &FinishReason) -> String {
     match d {
         Dialect::Chat | Dialect::Completions => chat::finish_reason(f).to_string(),
         Dialect::Messages => messages::stop_reason(f).to_string(),
-        Dialect::Responses => match responses_status(f) {
+        Dialect::Responses => match responses::outcome(f) {
             (status, Some(reason)) => format!("{status}:{reason}"),
             (status, None) => status.to_string(),
         },
     }
-}
-
-/// A Responses finish: `status` and `incomplete_details.reason`.
-fn responses_status(f: &FinishReason) -> (&'static str, Option<String>) {
-    let (status, incomplete, _) = responses::status(f);
-    let reason = incomplete
-        .get("reason")
-        .and_then(Value::as_str)
-        .map(str::to_string);
-    (status, reason)
 }
 
 /// The usage object exactly as the dialect sends it.
@@ -62,9 +52,9 @@ pub fn provider_meta(d: Dialect, finish: Option<&FinishReason>, u: &Usage) -> Pr
         Dialect::Responses => match finish {
             Some(FinishReason::Cancelled) => p.status = Some(CANCELLED.into()),
             Some(f) => {
-                let (status, reason) = responses_status(f);
+                let (status, reason) = responses::outcome(f);
                 p.status = Some(status.into());
-                p.incomplete_reason = reason;
+                p.incomplete_reason = reason.map(str::to_string);
             }
             None => {}
         },
@@ -74,7 +64,7 @@ pub fn provider_meta(d: Dialect, finish: Option<&FinishReason>, u: &Usage) -> Pr
     p.token_usage_total_tokens = n(u.total_tokens());
     p.token_usage_cached_tokens = n(u.cached_tokens);
     if d == Dialect::Messages {
-        p.token_usage_input_tokens = n(u.prompt_tokens - u.cached_tokens.min(u.prompt_tokens));
+        p.token_usage_input_tokens = n(messages::uncached(u));
         p.token_usage_cache_creation_tokens = n(0);
     } else {
         p.token_usage_reasoning_tokens = n(u.reasoning_tokens);
@@ -165,33 +155,30 @@ pub mod responses {
         })
     }
 
-    /// `status` and `incomplete_details` / `error` for a finish.
-    pub fn status(f: &FinishReason) -> (&'static str, Value, Value) {
+    /// `status` and `incomplete_details.reason` of a finish.
+    pub fn outcome(f: &FinishReason) -> (&'static str, Option<&'static str>) {
         match f {
             FinishReason::Stop | FinishReason::StopSequence(_) | FinishReason::ToolCalls => {
-                ("completed", Value::Null, Value::Null)
+                ("completed", None)
             }
-            FinishReason::Length | FinishReason::ContextWindow => (
-                "incomplete",
-                json!({"reason": "max_output_tokens"}),
-                Value::Null,
-            ),
-            FinishReason::ContentFilter => (
-                "incomplete",
-                json!({"reason": "content_filter"}),
-                Value::Null,
-            ),
-            FinishReason::Cancelled => ("cancelled", Value::Null, Value::Null),
-            FinishReason::Error(_) | FinishReason::Timeout { .. } => {
-                let e = super::failure(f)
-                    .unwrap_or_else(|| crate::error::ApiError::internal("the generation failed"));
-                (
-                    "failed",
-                    Value::Null,
-                    json!({"code": e.code.unwrap_or("server_error"), "message": e.message}),
-                )
+            FinishReason::Length | FinishReason::ContextWindow => {
+                ("incomplete", Some("max_output_tokens"))
             }
+            FinishReason::ContentFilter => ("incomplete", Some("content_filter")),
+            FinishReason::Cancelled => ("cancelled", None),
+            FinishReason::Error(_) | FinishReason::Timeout { .. } => ("failed", None),
         }
+    }
+
+    /// `status`, `incomplete_details` and `error` of a finish, as JSON.
+    pub fn status(f: &FinishReason) -> (&'static str, Value, Value) {
+        let (status, reason) = outcome(f);
+        let incomplete = reason.map_or(Value::Null, |r| json!({ "reason": r }));
+        let error = super::failure(f).map_or(
+            Value::Null,
+            |e| json!({"code": e.code.unwrap_or("server_error"), "message": e.message}),
+        );
+        (status, incomplete, error)
     }
 }
 
@@ -212,10 +199,15 @@ pub mod messages {
         }
     }
 
+    /// Anthropic's `input_tokens`: the prompt less what was read from cache.
+    pub fn uncached(u: &Usage) -> usize {
+        u.prompt_tokens - u.cached_tokens.min(u.prompt_tokens)
+    }
+
     /// The one usage builder: `input_tokens` excludes what was read from cache.
     pub fn usage_json(u: &Usage) -> Value {
         json!({
-            "input_tokens": u.prompt_tokens - u.cached_tokens.min(u.prompt_tokens),
+            "input_tokens": uncached(u),
             "cache_creation_input_tokens": 0,
             "cache_read_input_tokens": u.cached_tokens,
             "output_tokens": u.completion_tokens,

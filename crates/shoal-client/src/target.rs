@@ -29,6 +29,14 @@ pub enum Dialect {
 }
 
 impl Dialect {
+    /// Every dialect.
+    pub const ALL: [Dialect; 4] = [
+        Dialect::Chat,
+        Dialect::Completions,
+        Dialect::Responses,
+        Dialect::Messages,
+    ];
+
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "chat" => Some(Dialect::Chat),
@@ -62,14 +70,7 @@ impl Dialect {
     pub fn for_path(path: &str) -> Option<Self> {
         let rest = path.strip_prefix("/v1/")?;
         let head = |p: &str| rest == p || rest.starts_with(&format!("{p}/"));
-        [
-            Dialect::Chat,
-            Dialect::Completions,
-            Dialect::Responses,
-            Dialect::Messages,
-        ]
-        .into_iter()
-        .find(|d| head(d.path()))
+        Dialect::ALL.into_iter().find(|d| head(d.path()))
     }
 
     /// Whether errors in this dialect take Anthropic's shape.

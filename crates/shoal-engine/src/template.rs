@@ -293,7 +293,7 @@ fn day_of_year(year: i64, month: u32, day: u32) -> u32 {
 
 /// A subset of C `strftime` for UTC timestamps, including the glibc `%-d` no-padding flag.
 /// Unknown directives are copied through, as glibc does.
-fn strftime_utc(format: &str, unix_secs: i64) -> String {
+pub fn strftime_utc(format: &str, unix_secs: i64) -> String {
     let days = unix_secs.div_euclid(86_400);
     let secs_of_day = unix_secs.rem_euclid(86_400);
     let (year, month, day) = civil_from_days(days);
