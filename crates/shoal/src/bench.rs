@@ -96,15 +96,17 @@ pub fn run(a: Args) -> Result<()> {
         a.prompt_tokens > 0 && a.gen_tokens > 1 && a.runs > 0,
         "sizes must be positive (gen-tokens >= 2)"
     );
+    let cfg = a.model.config()?;
     let load_start = std::time::Instant::now();
     let opts = EngineOptions {
         max_batch: EngineOptions::default().max_batch.max(a.concurrency),
         queue_capacity: EngineOptions::default().queue_capacity.max(a.concurrency),
-        ..a.model.engine_options()
+        ..cfg.engine_options()?
     };
+    let llama_threads = opts.llama.threads;
     let engine = shoal::OwnedEngine::new(
-        Engine::start(&a.model.path(), &a.model.id(), opts)
-            .with_context(|| format!("loading {}", a.model.path().display()))?,
+        Engine::start(&cfg.model_path(), &cfg.model_id(), opts)
+            .with_context(|| format!("loading {}", cfg.model_path().display()))?,
     );
     let load_s = load_start.elapsed().as_secs_f64();
     let vocab = &engine.model.vocab;
@@ -247,7 +249,7 @@ pub fn run(a: Args) -> Result<()> {
         "weight_mb": info.weight_bytes as f64 / (1 << 20) as f64,
         "backend": info.backend,
         "kv_mb": info.kv_capacity_bytes as f64 / (1 << 20) as f64,
-        "threads": a.model.engine_options().llama.threads,
+        "threads": llama_threads,
         "blas": blas(),
         "peak_rss_mb": shoal::peak_rss_mb(),
         "concurrency": a.concurrency,
@@ -310,7 +312,7 @@ pub fn run(a: Args) -> Result<()> {
 /// rank 0 (the engine), `shoal shard` children run the other layers.
 fn pipeline_decode(a: &Args, filler: &[u32], threads: usize) -> Result<f64> {
     use shoal_engine::backends::mlx::pipeline::{Group, PipelineModel};
-    let path = a.model.path();
+    let path = a.model.config()?.model_path();
     let layers = shoal_models::ModelCard::read(&path)?
         .layers
         .context("the model does not say how many layers it has")? as usize;

@@ -117,7 +117,7 @@ async fn run_async(a: &Args, server: &str) -> Result<()> {
         "a split needs at least 2 nodes; {server} sees {} online",
         online.len()
     );
-    let model = a.model.id();
+    let model = a.model.config()?.model_id();
     let target = Target::new(TargetConfig {
         dialect: Dialect::Chat,
         base_url: server.to_string(),

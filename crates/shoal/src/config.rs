@@ -1,565 +1,435 @@
-//! Settings for `shoal serve`, layered so that each source overrides the one
-//! before it: built-in defaults, the TOML config file, environment variables,
+//! Settings for `shoal serve` (and the model settings of `generate` and
+//! `bench`), layered so that each source overrides the one before it:
+//! built-in defaults, the TOML config file, environment variables,
 //! command-line flags. `shoal config` prints the result with each value's source.
+//!
+//! Every setting is one row of the [`settings!`] table below: field, type,
+//! default, environment variable, flag and help. The config structs, the
+//! clap flags, the environment reading, the file's keys and the printout
+//! all come from that table, so adding a setting touches one place.
 use std::collections::BTreeMap;
-use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
+use shoal_api::access::Access;
 use shoal_engine::content_filter::ContentPolicy;
 use shoal_engine::EngineOptions;
 
 /// Environment variable naming the config file (like `--config`).
 pub const CONFIG_ENV: &str = "SHOAL_CONFIG";
 
-/// Everything `shoal serve` can be told, as written in the config file.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Config {
-    pub server: Server,
-    pub model: Model,
-    pub cache: Cache,
-    pub models: Models,
-    pub content_filter: ContentFilter,
-    pub cluster: ClusterSettings,
+/// How a value given as text (a flag or an environment variable) becomes a
+/// TOML value; the typed field then checks it like a value from the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Text,
+    /// Text naming a file; relative paths in a config file are taken from
+    /// the file's own directory, so a config travels with its model.
+    Path,
+    Integer,
+    Bool,
+    List,
 }
 
-/// Joining a cluster: off unless a secret is set.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ClusterSettings {
-    /// Shared by every node; signs all control messages. Empty: no cluster.
-    pub secret: String,
-    /// Other nodes' API addresses (`host:port`) for networks without multicast.
-    pub peers: Vec<String>,
-    /// Announce and find nodes on the LAN with mDNS.
-    pub mdns: bool,
-    /// Seconds without a heartbeat before a node shows as unreachable.
-    pub unreachable_after_secs: u64,
-    /// Seconds without a heartbeat before a node is dropped.
-    pub remove_after_secs: u64,
+/// The [`Kind`] of each field type the table uses.
+pub trait SettingType {
+    const KIND: Kind;
 }
 
-impl Default for ClusterSettings {
-    fn default() -> Self {
-        ClusterSettings {
-            secret: String::new(),
-            peers: Vec::new(),
-            mdns: true,
-            unreachable_after_secs: 3,
-            remove_after_secs: 20,
+macro_rules! kinds {
+    ($kind:ident: $($t:ty),*) => { $(impl SettingType for $t { const KIND: Kind = Kind::$kind; })* };
+}
+kinds!(Text: String, IpAddr, shoal_engine::BackendChoice, crate::LogFormat);
+kinds!(Path: PathBuf);
+kinds!(Integer: u16, u64, usize);
+kinds!(Bool: bool);
+kinds!(List: Vec<String>);
+
+impl<T: SettingType> SettingType for Option<T> {
+    const KIND: Kind = T::KIND;
+}
+
+/// The environment variable that overrides a setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Env {
+    None,
+    Var(&'static str),
+    /// A list, one item per line (phrases may contain commas).
+    Lines(&'static str),
+    /// A list separated by commas or newlines.
+    Commas(&'static str),
+}
+
+impl Env {
+    fn name(self) -> Option<&'static str> {
+        match self {
+            Env::None => None,
+            Env::Var(n) | Env::Lines(n) | Env::Commas(n) => Some(n),
         }
     }
 }
 
-/// Which models stay in memory.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Models {
-    /// Memory all loaded models may take together (0 = three quarters of RAM).
-    /// A model that would not fit unloads idle ones first, else is refused.
-    pub memory_budget_mb: u64,
-    /// Unload a model nobody has used for this many seconds (0 = never).
-    pub idle_unload_secs: u64,
+/// A setting's command-line form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flag {
+    /// File (and environment) only.
+    None,
+    /// `--name VALUE`; repeatable for lists, and a flag list replaces the
+    /// lower layers' list.
+    Value(&'static str, &'static str),
+    /// A switch that sets the value to true.
+    On(&'static str),
+    /// A switch that sets the value to false.
+    Off(&'static str),
+    /// A global flag read before the subcommand (`--log-format`).
+    Global(&'static str),
 }
 
-impl Default for Models {
-    fn default() -> Self {
-        Models {
-            memory_budget_mb: 0,
-            idle_unload_secs: 1800,
+impl Flag {
+    fn long(self) -> Option<&'static str> {
+        match self {
+            Flag::None => None,
+            Flag::Value(l, _) | Flag::On(l) | Flag::Off(l) | Flag::Global(l) => Some(l),
         }
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Server {
-    pub host: IpAddr,
-    pub port: u16,
-    /// Requests allowed to wait behind the running ones; more get 429/529.
-    pub queue: usize,
-    /// Requests decoded together in one batched forward pass.
-    pub max_batch: usize,
-    /// Conversation store behind /v1/conversations (the one `shoal chat` and
-    /// `shoal history` use); the platform data directory when absent.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub db: Option<PathBuf>,
-    /// Log each request's prompt text (off: prompts stay out of the logs).
-    pub log_prompts: bool,
-    /// `text` (human-readable) or `json` (one object per line).
-    pub log_format: crate::LogFormat,
-    /// Keys clients must send (`Authorization: Bearer` or `x-api-key`); any
-    /// one is accepted. Required to listen beyond loopback.
-    pub api_keys: Vec<String>,
-    /// Browser origins allowed besides the server's own pages and the desktop
-    /// app (`*` for any).
-    pub cors_origins: Vec<String>,
-    /// Most messages one request may carry.
-    pub max_messages: usize,
-    /// Most tools one request may offer.
-    pub max_tools: usize,
-    /// Largest request body accepted, in MiB; a bigger one gets a 413.
-    pub max_body_mb: usize,
-    /// Longest a request may run, in seconds (0 = no limit); then it ends
-    /// with a timeout error that still reports its usage.
-    pub request_timeout_secs: u64,
+/// One row of the settings table.
+#[derive(Debug)]
+pub struct Setting {
+    pub section: &'static str,
+    pub key: &'static str,
+    /// `section.key`: the name in messages, in the source map and the flag's id.
+    pub id: &'static str,
+    pub help: &'static str,
+    pub kind: Kind,
+    pub env: Env,
+    pub flag: Flag,
 }
 
-impl Default for Server {
-    fn default() -> Self {
-        Server {
-            host: IpAddr::V4(Ipv4Addr::LOCALHOST),
-            port: 8421,
-            queue: 64,
-            max_batch: 16,
-            db: None,
-            log_prompts: false,
-            log_format: crate::LogFormat::Text,
-            api_keys: Vec::new(),
-            cors_origins: Vec::new(),
-            max_messages: 2048,
-            max_tools: 256,
-            max_body_mb: 8,
-            request_timeout_secs: 600,
+/// Declares the settings: each section becomes a config struct whose
+/// `Default` is the rows' defaults, and each row a [`Setting`] in `SETTINGS`.
+macro_rules! settings {
+    ($(
+        $(#[doc = $sdoc:literal])*
+        [$section:ident] $Section:ident {
+            $(
+                $(#[doc = $doc:literal])*
+                $key:ident: $ty:ty = $default:expr, env $env:expr, flag $flag:expr;
+            )*
         }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Model {
-    /// A .gguf file or a model directory; relative paths in the file are
-    /// taken from the file's own directory, so a config travels with its model.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub path: Option<PathBuf>,
-    /// The name clients use; the file or directory name when absent.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub id: Option<String>,
-    /// Other names that resolve to the model.
-    pub aliases: Vec<String>,
-    /// `auto` (MLX for model directories, llama.cpp for GGUF), `mlx` or `llama`.
-    pub backend: shoal_engine::BackendChoice,
-    /// llama.cpp threads (0 = the physical cores).
-    pub threads: usize,
-    /// KV positions llama.cpp reserves per model, shared by its requests.
-    pub kv_cache_tokens: usize,
-}
-
-impl Default for Model {
-    fn default() -> Self {
-        Model {
-            path: None,
-            id: None,
-            aliases: Vec::new(),
-            backend: shoal_engine::BackendChoice::Auto,
-            threads: 0,
-            kv_cache_tokens: shoal_engine::backends::llama::DEFAULT_KV_TOKENS,
+    )*) => {
+        /// Everything `shoal serve` can be told, as written in the config file.
+        #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+        #[serde(deny_unknown_fields, default)]
+        pub struct Config {
+            $( $(#[doc = $sdoc])* pub $section: $Section, )*
         }
+        $(
+            $(#[doc = $sdoc])*
+            #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+            #[serde(deny_unknown_fields, default)]
+            pub struct $Section {
+                $(
+                    $(#[doc = $doc])*
+                    pub $key: $ty,
+                )*
+            }
+            impl Default for $Section {
+                fn default() -> Self {
+                    $Section { $( $key: $default, )* }
+                }
+            }
+        )*
+        /// Every setting, in the order `shoal config` prints them.
+        pub const SETTINGS: &[Setting] = &[$($(Setting {
+            section: stringify!($section),
+            key: stringify!($key),
+            id: concat!(stringify!($section), ".", stringify!($key)),
+            help: concat!($($doc),*),
+            kind: <$ty as SettingType>::KIND,
+            env: $env,
+            flag: $flag,
+        },)*)*];
+    };
+}
+
+settings! {
+    [server] Server {
+        /// Address to listen on.
+        host: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST),
+            env Env::Var("SHOAL_HOST"), flag Flag::Value("host", "ADDR");
+        /// Port to listen on; 0 picks a free one.
+        port: u16 = 8421, env Env::Var("SHOAL_PORT"), flag Flag::Value("port", "PORT");
+        /// Requests allowed to wait behind the running ones; more get 429/529.
+        queue: usize = EngineOptions::default().queue_capacity,
+            env Env::Var("SHOAL_QUEUE"), flag Flag::Value("queue", "N");
+        /// Requests decoded together in one batched forward pass (continuous batching).
+        max_batch: usize = EngineOptions::default().max_batch,
+            env Env::Var("SHOAL_MAX_BATCH"), flag Flag::Value("max-batch", "N");
+        /// Conversation store behind /v1/conversations, shared with `shoal chat`
+        /// and `shoal history` (default: the platform data directory).
+        db: Option<PathBuf> = None, env Env::Var("SHOAL_DB"), flag Flag::Value("db", "PATH");
+        /// Log each request's prompt text (off: prompts stay out of the logs).
+        log_prompts: bool = false, env Env::Var("SHOAL_LOG_PROMPTS"), flag Flag::On("log-prompts");
+        /// Log lines as `text` (human-readable) or `json` (one object per line).
+        log_format: crate::LogFormat = crate::LogFormat::Text,
+            env Env::Var("SHOAL_LOG_FORMAT"), flag Flag::Global("log-format");
+        /// A key clients must send as `Authorization: Bearer KEY` or `x-api-key`;
+        /// any one is accepted. Needed to listen beyond loopback.
+        api_keys: Vec<String> = Vec::new(),
+            env Env::Commas("SHOAL_API_KEYS"), flag Flag::Value("api-key", "KEY");
+        /// A browser origin allowed to call the API besides the server's own
+        /// pages and the desktop app (`*` for any).
+        cors_origins: Vec<String> = Vec::new(),
+            env Env::Commas("SHOAL_CORS_ORIGINS"), flag Flag::Value("cors-origin", "ORIGIN");
+        /// Most messages one request may carry.
+        max_messages: usize = Access::default().max_messages,
+            env Env::Var("SHOAL_MAX_MESSAGES"), flag Flag::Value("max-messages", "N");
+        /// Most tools one request may offer.
+        max_tools: usize = Access::default().max_tools,
+            env Env::Var("SHOAL_MAX_TOOLS"), flag Flag::Value("max-tools", "N");
+        /// Largest request body accepted, in MiB; a bigger one gets a 413.
+        max_body_mb: usize = Access::default().max_body_bytes >> 20,
+            env Env::Var("SHOAL_MAX_BODY_MB"), flag Flag::Value("max-body-mb", "MIB");
+        /// Longest a request may run, in seconds (0 = no limit); then it ends
+        /// with a timeout error that still reports its usage.
+        request_timeout_secs: u64 = Access::default().request_timeout.map_or(0, |d| d.as_secs()),
+            env Env::Var("SHOAL_REQUEST_TIMEOUT_SECS"), flag Flag::Value("request-timeout-secs", "SECS");
+    }
+    [model] Model {
+        /// A .gguf file or a Hugging Face / MLX model directory.
+        path: Option<PathBuf> = None, env Env::Var("SHOAL_MODEL"), flag Flag::Value("model", "PATH");
+        /// The name clients use for the model (default: the file or directory name).
+        id: Option<String> = None, env Env::Var("SHOAL_MODEL_ID"), flag Flag::Value("model-id", "ID");
+        /// Another name that resolves to the model.
+        aliases: Vec<String> = Vec::new(), env Env::None, flag Flag::Value("alias", "NAME");
+        /// Which engine runs the model: auto (MLX for model directories,
+        /// llama.cpp for GGUF files), mlx or llama.
+        backend: shoal_engine::BackendChoice = shoal_engine::BackendChoice::Auto,
+            env Env::Var("SHOAL_BACKEND"), flag Flag::Value("backend", "auto|mlx|llama");
+        /// llama.cpp threads (0 = the physical cores).
+        threads: usize = 0, env Env::Var("SHOAL_THREADS"), flag Flag::Value("threads", "N");
+        /// KV positions llama.cpp reserves per model, shared by its requests.
+        kv_cache_tokens: usize = shoal_engine::backends::llama::DEFAULT_KV_TOKENS,
+            env Env::Var("SHOAL_KV_CACHE_TOKENS"), flag Flag::Value("kv-cache-tokens", "N");
+    }
+    [cache] Cache {
+        /// Memory for reusing KV state of shared prompt prefixes across
+        /// requests, in MiB (0 = off).
+        prefix_cache_mb: usize = EngineOptions::default().prefix_cache_bytes >> 20,
+            env Env::Var("SHOAL_PREFIX_CACHE_MB"), flag Flag::Value("prefix-cache-mb", "MIB");
+    }
+    /// Which models stay in memory.
+    [models] Models {
+        /// Memory all loaded models may take together, in MiB; a model that
+        /// would not fit unloads idle ones first, else is refused (0 = three
+        /// quarters of RAM).
+        memory_budget_mb: u64 = 0,
+            env Env::Var("SHOAL_MEMORY_BUDGET_MB"), flag Flag::Value("memory-budget-mb", "MIB");
+        /// Unload a model nobody has used for this many seconds (0 = never).
+        idle_unload_secs: u64 = 1800,
+            env Env::Var("SHOAL_IDLE_UNLOAD_SECS"), flag Flag::Value("idle-unload-secs", "SECS");
+    }
+    /// Off unless phrases or patterns are given.
+    [content_filter] ContentFilter {
+        /// Replies containing this phrase are cut before it and end with finish
+        /// reason content_filter / refusal.
+        phrases: Vec<String> = Vec::new(), env Env::Lines("SHOAL_BLOCK"), flag Flag::Value("block", "PHRASE");
+        /// A regular expression that ends a reply the same way.
+        patterns: Vec<String> = Vec::new(),
+            env Env::Lines("SHOAL_BLOCK_REGEX"), flag Flag::Value("block-regex", "RE");
+    }
+    /// Joining a cluster: off unless a secret is set.
+    [cluster] ClusterSettings {
+        /// The secret every node shares; it signs heartbeats and control
+        /// requests. Empty: no cluster.
+        secret: String = String::new(),
+            env Env::Var("SHOAL_CLUSTER_SECRET"), flag Flag::Value("cluster-secret", "SECRET");
+        /// Another node's API address, HOST:PORT, for networks without multicast.
+        peers: Vec<String> = Vec::new(), env Env::Commas("SHOAL_PEERS"), flag Flag::Value("peer", "HOST:PORT");
+        /// Announce and find nodes on the LAN with mDNS.
+        mdns: bool = true, env Env::Var("SHOAL_MDNS"), flag Flag::Off("no-mdns");
+        /// Seconds without a heartbeat before a node shows as unreachable.
+        unreachable_after_secs: u64 = 3, env Env::None, flag Flag::None;
+        /// Seconds without a heartbeat before a node is dropped.
+        remove_after_secs: u64 = 20, env Env::None, flag Flag::None;
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Cache {
-    /// Memory for reusing KV state of shared prompt prefixes (0 = off).
-    pub prefix_cache_mb: usize,
+fn find_setting(id: &str) -> Option<&'static Setting> {
+    SETTINGS.iter().find(|s| s.id == id)
 }
 
-impl Default for Cache {
-    fn default() -> Self {
-        Cache {
-            prefix_cache_mb: 1024,
-        }
+/// The built-in defaults as TOML, for the flags' help and the lowest layer.
+fn default_table() -> toml::Table {
+    // The defaults are values of the table's own types, so they render.
+    toml::Table::try_from(Config::default()).unwrap_or_default()
+}
+
+/// Turns text from a flag or the environment into the TOML value of `kind`.
+fn text_value(kind: Kind, mut items: Vec<String>) -> Result<toml::Value, String> {
+    use toml::Value;
+    if kind == Kind::List {
+        return Ok(Value::Array(items.into_iter().map(Value::String).collect()));
+    }
+    let text = items.pop().unwrap_or_default();
+    match kind {
+        Kind::Integer => text
+            .trim()
+            .parse::<i64>()
+            .map(Value::Integer)
+            .map_err(|e| format!("{text:?} is not a whole number: {e}")),
+        Kind::Bool => text
+            .trim()
+            .parse::<bool>()
+            .map(Value::Boolean)
+            .map_err(|_| format!("{text:?} is not true or false")),
+        Kind::Text | Kind::Path | Kind::List => Ok(Value::String(text)),
     }
 }
 
-/// Off unless phrases or patterns are given.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ContentFilter {
-    /// Replies containing one of these are cut before it and end with
-    /// finish reason content_filter / refusal.
-    pub phrases: Vec<String>,
-    /// Regular expressions that end a reply the same way.
-    pub patterns: Vec<String>,
-}
-
-/// One setting: its key in the file, and the environment variable and flag that override it.
-struct Setting {
-    section: &'static str,
-    key: &'static str,
-    env: Option<&'static str>,
-    flag: &'static str,
-}
-
-const fn setting(
-    section: &'static str,
-    key: &'static str,
-    env: Option<&'static str>,
-    flag: &'static str,
-) -> Setting {
-    Setting {
-        section,
-        key,
-        env,
-        flag,
-    }
-}
-
-/// Every setting, in the order `shoal config` prints them.
-const SETTINGS: &[Setting] = &[
-    setting("server", "host", Some("SHOAL_HOST"), "--host"),
-    setting("server", "port", Some("SHOAL_PORT"), "--port"),
-    setting("server", "queue", Some("SHOAL_QUEUE"), "--queue"),
-    setting(
-        "server",
-        "max_batch",
-        Some("SHOAL_MAX_BATCH"),
-        "--max-batch",
-    ),
-    setting("server", "db", Some("SHOAL_DB"), "--db"),
-    setting(
-        "server",
-        "log_prompts",
-        Some("SHOAL_LOG_PROMPTS"),
-        "--log-prompts",
-    ),
-    setting(
-        "server",
-        "log_format",
-        Some("SHOAL_LOG_FORMAT"),
-        "--log-format",
-    ),
-    setting("server", "api_keys", Some("SHOAL_API_KEYS"), "--api-key"),
-    setting(
-        "server",
-        "cors_origins",
-        Some("SHOAL_CORS_ORIGINS"),
-        "--cors-origin",
-    ),
-    setting(
-        "server",
-        "max_messages",
-        Some("SHOAL_MAX_MESSAGES"),
-        "--max-messages",
-    ),
-    setting(
-        "server",
-        "max_tools",
-        Some("SHOAL_MAX_TOOLS"),
-        "--max-tools",
-    ),
-    setting(
-        "server",
-        "max_body_mb",
-        Some("SHOAL_MAX_BODY_MB"),
-        "--max-body-mb",
-    ),
-    setting(
-        "server",
-        "request_timeout_secs",
-        Some("SHOAL_REQUEST_TIMEOUT_SECS"),
-        "--request-timeout-secs",
-    ),
-    setting("model", "path", Some("SHOAL_MODEL"), "--model"),
-    setting("model", "id", Some("SHOAL_MODEL_ID"), "--model-id"),
-    setting("model", "aliases", None, "--alias"),
-    setting("model", "backend", Some("SHOAL_BACKEND"), "--backend"),
-    setting("model", "threads", Some("SHOAL_THREADS"), "--threads"),
-    setting(
-        "model",
-        "kv_cache_tokens",
-        Some("SHOAL_KV_CACHE_TOKENS"),
-        "--kv-cache-tokens",
-    ),
-    setting(
-        "cache",
-        "prefix_cache_mb",
-        Some("SHOAL_PREFIX_CACHE_MB"),
-        "--prefix-cache-mb",
-    ),
-    setting(
-        "models",
-        "memory_budget_mb",
-        Some("SHOAL_MEMORY_BUDGET_MB"),
-        "--memory-budget-mb",
-    ),
-    setting(
-        "models",
-        "idle_unload_secs",
-        Some("SHOAL_IDLE_UNLOAD_SECS"),
-        "--idle-unload-secs",
-    ),
-    setting("content_filter", "phrases", Some("SHOAL_BLOCK"), "--block"),
-    setting(
-        "content_filter",
-        "patterns",
-        Some("SHOAL_BLOCK_REGEX"),
-        "--block-regex",
-    ),
-    setting(
-        "cluster",
-        "secret",
-        Some("SHOAL_CLUSTER_SECRET"),
-        "--cluster-secret",
-    ),
-    setting("cluster", "peers", Some("SHOAL_PEERS"), "--peer"),
-    setting("cluster", "mdns", Some("SHOAL_MDNS"), "--no-mdns"),
-    setting("cluster", "unreachable_after_secs", None, "(file only)"),
-    setting("cluster", "remove_after_secs", None, "(file only)"),
-];
-
-fn find_setting(section: &str, key: &str) -> Option<&'static Setting> {
-    SETTINGS
-        .iter()
-        .find(|s| s.section == section && s.key == key)
-}
-
-/// The `section.key` name used in messages and in the source map.
-fn dotted(s: &Setting) -> String {
-    format!("{}.{}", s.section, s.key)
-}
-
-/// Flags shared by `shoal serve` and `shoal config`; absent ones leave the
-/// lower layers' values in place.
-#[derive(clap::Args, Debug, Clone, Default)]
+/// Command-line values for the settings; absent ones leave the lower layers'
+/// values in place. The flags themselves are built from the table.
+#[derive(Debug, Clone, Default)]
 pub struct Flags {
-    /// TOML config file [env: SHOAL_CONFIG] (default: shoal/config.toml in the
-    /// platform config directory, used when it exists).
-    #[arg(long, value_name = "PATH")]
+    /// TOML config file (`--config`).
     pub config: Option<PathBuf>,
-    /// A .gguf file or a Hugging Face / MLX model directory [env: SHOAL_MODEL].
-    #[arg(long)]
-    pub model: Option<PathBuf>,
-    /// The name clients use for the model (default: the file or directory name)
-    /// [env: SHOAL_MODEL_ID].
-    #[arg(long)]
-    pub model_id: Option<String>,
-    /// Which engine runs the model: auto (MLX for model directories, llama.cpp
-    /// for GGUF files), mlx or llama [env: SHOAL_BACKEND].
-    #[arg(long)]
-    pub backend: Option<shoal_engine::BackendChoice>,
-    /// llama.cpp threads (0 = the physical cores, the default) [env: SHOAL_THREADS].
-    #[arg(long)]
-    pub threads: Option<usize>,
-    /// KV positions llama.cpp reserves per model, shared by all its requests
-    /// (default 8192) [env: SHOAL_KV_CACHE_TOKENS].
-    #[arg(long)]
-    pub kv_cache_tokens: Option<usize>,
-    /// Address to listen on (default 127.0.0.1) [env: SHOAL_HOST].
-    #[arg(long)]
-    pub host: Option<IpAddr>,
-    /// Port to listen on; 0 picks a free one (default 8421) [env: SHOAL_PORT].
-    #[arg(long)]
-    pub port: Option<u16>,
-    /// Requests allowed to wait behind the running ones; more get 429/529
-    /// (default 64) [env: SHOAL_QUEUE].
-    #[arg(long)]
-    pub queue: Option<usize>,
-    /// Requests decoded together in one batched forward pass (continuous
-    /// batching; default 16) [env: SHOAL_MAX_BATCH].
-    #[arg(long)]
-    pub max_batch: Option<usize>,
-    /// Conversation store for the web UI's history, shared with `shoal chat`
-    /// (default: the platform data directory) [env: SHOAL_DB].
-    #[arg(long, value_name = "PATH")]
-    pub db: Option<PathBuf>,
-    /// Log each request's prompt text; off by default so prompts stay out of
-    /// the logs [env: SHOAL_LOG_PROMPTS=true].
-    #[arg(long)]
-    pub log_prompts: bool,
-    /// Memory for reusing KV state of shared prompt prefixes across requests,
-    /// 0 = off (default 1024) [env: SHOAL_PREFIX_CACHE_MB].
-    #[arg(long)]
-    pub prefix_cache_mb: Option<usize>,
-    /// Content filter: replies containing this phrase are cut before it and end
-    /// with finish reason content_filter / refusal (repeatable; replaces the
-    /// config file's phrases) [env: SHOAL_BLOCK, one per line].
-    #[arg(long = "block", value_name = "PHRASE")]
-    pub blocked: Vec<String>,
-    /// Content filter: a regular expression that ends a reply the same way
-    /// (repeatable; replaces the config file's patterns) [env: SHOAL_BLOCK_REGEX,
-    /// one per line].
-    #[arg(long = "block-regex", value_name = "RE")]
-    pub blocked_regex: Vec<String>,
-    /// Another name that resolves to the model (repeatable; replaces the config
-    /// file's aliases).
-    #[arg(long = "alias", value_name = "NAME")]
-    pub aliases: Vec<String>,
-    /// Memory all loaded models may take together; a model that would not fit
-    /// unloads idle ones first, else is refused (0 = three quarters of RAM,
-    /// the default) [env: SHOAL_MEMORY_BUDGET_MB].
-    #[arg(long)]
-    pub memory_budget_mb: Option<u64>,
-    /// Unload a model nobody has used for this many seconds (0 = never;
-    /// default 1800) [env: SHOAL_IDLE_UNLOAD_SECS].
-    #[arg(long)]
-    pub idle_unload_secs: Option<u64>,
-    /// Join a cluster: the secret every node shares (signs heartbeats and
-    /// control requests) [env: SHOAL_CLUSTER_SECRET].
-    #[arg(long, value_name = "SECRET")]
-    pub cluster_secret: Option<String>,
-    /// Another node's API address, HOST:PORT (repeatable; for networks without
-    /// multicast) [env: SHOAL_PEERS, comma-separated].
-    #[arg(long = "peer", value_name = "HOST:PORT")]
-    pub peers: Vec<String>,
-    /// Do not announce or look for nodes with mDNS [env: SHOAL_MDNS=false].
-    #[arg(long)]
-    pub no_mdns: bool,
-    /// A key clients must send as `Authorization: Bearer KEY` or `x-api-key`
-    /// (repeatable; needed to listen beyond loopback) [env: SHOAL_API_KEYS,
-    /// comma-separated].
-    #[arg(long = "api-key", value_name = "KEY")]
-    pub api_keys: Vec<String>,
-    /// A browser origin allowed to call the API besides the server's own pages
-    /// and the desktop app (repeatable; `*` for any) [env: SHOAL_CORS_ORIGINS].
-    #[arg(long = "cors-origin", value_name = "ORIGIN")]
-    pub cors_origins: Vec<String>,
-    /// Most messages one request may carry (default 2048) [env: SHOAL_MAX_MESSAGES].
-    #[arg(long)]
-    pub max_messages: Option<usize>,
-    /// Most tools one request may offer (default 256) [env: SHOAL_MAX_TOOLS].
-    #[arg(long)]
-    pub max_tools: Option<usize>,
-    /// Largest request body accepted, in MiB (default 8) [env: SHOAL_MAX_BODY_MB].
-    #[arg(long)]
-    pub max_body_mb: Option<usize>,
-    /// Longest a request may run, in seconds; then it ends with a timeout
-    /// error that still reports its usage (0 = no limit; default 600)
-    /// [env: SHOAL_REQUEST_TIMEOUT_SECS].
-    #[arg(long)]
-    pub request_timeout_secs: Option<u64>,
+    /// Raw values by setting id, as given on the command line.
+    given: BTreeMap<&'static str, Vec<String>>,
 }
 
-/// Values one layer (environment or flags) sets; `None` leaves the value below.
-#[derive(Debug, Default)]
-struct Overrides {
-    host: Option<IpAddr>,
-    port: Option<u16>,
-    queue: Option<usize>,
-    max_batch: Option<usize>,
-    db: Option<PathBuf>,
-    log_prompts: Option<bool>,
-    model_path: Option<PathBuf>,
-    model_id: Option<String>,
-    aliases: Option<Vec<String>>,
-    backend: Option<shoal_engine::BackendChoice>,
-    threads: Option<usize>,
-    kv_cache_tokens: Option<usize>,
-    prefix_cache_mb: Option<usize>,
-    phrases: Option<Vec<String>>,
-    patterns: Option<Vec<String>>,
-    memory_budget_mb: Option<u64>,
-    idle_unload_secs: Option<u64>,
-    log_format: Option<crate::LogFormat>,
-    cluster_secret: Option<String>,
-    peers: Option<Vec<String>>,
-    mdns: Option<bool>,
-    api_keys: Option<Vec<String>>,
-    cors_origins: Option<Vec<String>>,
-    max_messages: Option<usize>,
-    max_tools: Option<usize>,
-    max_body_mb: Option<usize>,
-    request_timeout_secs: Option<u64>,
-}
-
-impl Overrides {
-    /// Reads the environment through `get`, which treats empty values as unset
-    /// (as clap did for these variables).
-    fn from_env(get: &dyn Fn(&str) -> Option<String>) -> Result<Self> {
-        let var = |name: &str| get(name).filter(|v| !v.is_empty());
-        fn parsed<T: std::str::FromStr>(name: &str, value: Option<String>) -> Result<Option<T>>
-        where
-            T::Err: fmt::Display,
-        {
-            value
-                .map(|v| {
-                    v.parse::<T>()
-                        .map_err(|e| anyhow!("environment variable {name}={v:?}: {e}"))
-                })
-                .transpose()
+impl Flags {
+    /// Sets a value as if its flag was given (`section.key`, the flag's text;
+    /// a list takes one item per call).
+    pub fn set(&mut self, id: &str, value: &str) -> Result<()> {
+        let s = find_setting(id).ok_or_else(|| anyhow!("no setting {id}"))?;
+        let items = self.given.entry(s.id).or_default();
+        if s.kind != Kind::List {
+            items.clear();
         }
-        let lines = |v: String| v.split('\n').map(str::to_owned).collect::<Vec<_>>();
-        let commas = |v: String| -> Vec<String> {
-            v.split([',', '\n'])
-                .map(str::trim)
-                .filter(|p| !p.is_empty())
-                .map(str::to_owned)
-                .collect()
-        };
-        Ok(Overrides {
-            host: parsed("SHOAL_HOST", var("SHOAL_HOST"))?,
-            port: parsed("SHOAL_PORT", var("SHOAL_PORT"))?,
-            queue: parsed("SHOAL_QUEUE", var("SHOAL_QUEUE"))?,
-            max_batch: parsed("SHOAL_MAX_BATCH", var("SHOAL_MAX_BATCH"))?,
-            db: var("SHOAL_DB").map(PathBuf::from),
-            log_prompts: parsed("SHOAL_LOG_PROMPTS", var("SHOAL_LOG_PROMPTS"))?,
-            model_path: var("SHOAL_MODEL").map(PathBuf::from),
-            model_id: var("SHOAL_MODEL_ID"),
-            aliases: None,
-            backend: parsed("SHOAL_BACKEND", var("SHOAL_BACKEND"))?,
-            threads: parsed("SHOAL_THREADS", var("SHOAL_THREADS"))?,
-            kv_cache_tokens: parsed("SHOAL_KV_CACHE_TOKENS", var("SHOAL_KV_CACHE_TOKENS"))?,
-            prefix_cache_mb: parsed("SHOAL_PREFIX_CACHE_MB", var("SHOAL_PREFIX_CACHE_MB"))?,
-            phrases: var("SHOAL_BLOCK").map(lines),
-            patterns: var("SHOAL_BLOCK_REGEX").map(lines),
-            memory_budget_mb: parsed("SHOAL_MEMORY_BUDGET_MB", var("SHOAL_MEMORY_BUDGET_MB"))?,
-            idle_unload_secs: parsed("SHOAL_IDLE_UNLOAD_SECS", var("SHOAL_IDLE_UNLOAD_SECS"))?,
-            log_format: var("SHOAL_LOG_FORMAT")
-                .map(|v| {
-                    <crate::LogFormat as clap::ValueEnum>::from_str(&v, true)
-                        .map_err(|e| anyhow!("environment variable SHOAL_LOG_FORMAT={v:?}: {e}"))
-                })
-                .transpose()?,
-            cluster_secret: var("SHOAL_CLUSTER_SECRET"),
-            peers: var("SHOAL_PEERS").map(commas),
-            mdns: parsed("SHOAL_MDNS", var("SHOAL_MDNS"))?,
-            api_keys: var("SHOAL_API_KEYS").map(commas),
-            cors_origins: var("SHOAL_CORS_ORIGINS").map(commas),
-            max_messages: parsed("SHOAL_MAX_MESSAGES", var("SHOAL_MAX_MESSAGES"))?,
-            max_tools: parsed("SHOAL_MAX_TOOLS", var("SHOAL_MAX_TOOLS"))?,
-            max_body_mb: parsed("SHOAL_MAX_BODY_MB", var("SHOAL_MAX_BODY_MB"))?,
-            request_timeout_secs: parsed(
-                "SHOAL_REQUEST_TIMEOUT_SECS",
-                var("SHOAL_REQUEST_TIMEOUT_SECS"),
-            )?,
-        })
+        items.push(value.to_owned());
+        Ok(())
     }
 
-    fn from_flags(f: &Flags) -> Self {
-        let list = |v: &Vec<String>| (!v.is_empty()).then(|| v.clone());
-        Overrides {
-            host: f.host,
-            port: f.port,
-            queue: f.queue,
-            max_batch: f.max_batch,
-            db: f.db.clone(),
-            log_prompts: f.log_prompts.then_some(true),
-            model_path: f.model.clone(),
-            model_id: f.model_id.clone(),
-            aliases: list(&f.aliases),
-            backend: f.backend,
-            threads: f.threads,
-            kv_cache_tokens: f.kv_cache_tokens,
-            prefix_cache_mb: f.prefix_cache_mb,
-            phrases: list(&f.blocked),
-            patterns: list(&f.blocked_regex),
-            memory_budget_mb: f.memory_budget_mb,
-            idle_unload_secs: f.idle_unload_secs,
-            log_format: None,
-            cluster_secret: f.cluster_secret.clone(),
-            peers: list(&f.peers),
-            mdns: f.no_mdns.then_some(false),
-            api_keys: list(&f.api_keys),
-            cors_origins: list(&f.cors_origins),
-            max_messages: f.max_messages,
-            max_tools: f.max_tools,
-            max_body_mb: f.max_body_mb,
-            request_timeout_secs: f.request_timeout_secs,
+    fn augment(cmd: clap::Command, offered: fn(&Setting) -> bool) -> clap::Command {
+        use clap::{Arg, ArgAction};
+        let defaults = default_table();
+        let mut cmd = cmd.arg(
+            Arg::new("config")
+                .long("config")
+                .value_name("PATH")
+                .value_parser(clap::value_parser!(PathBuf))
+                .help(format!(
+                    "TOML config file [env: {CONFIG_ENV}] (default: shoal/config.toml in the \
+                     platform config directory, used when it exists)"
+                )),
+        );
+        for s in SETTINGS.iter().filter(|s| offered(s)) {
+            let mut help = s.help.trim().to_owned();
+            let default = defaults
+                .get(s.section)
+                .and_then(|t| t.get(s.key))
+                .filter(|v| !matches!(v, toml::Value::Array(a) if a.is_empty()));
+            let arg = Arg::new(s.id);
+            let arg = match s.flag {
+                Flag::Value(long, value_name) => {
+                    if let Some(d) = default.filter(|_| s.kind != Kind::List) {
+                        let d = d.as_str().map_or_else(|| d.to_string(), str::to_owned);
+                        help.push_str(&format!(" [default: {d}]"));
+                    }
+                    let action = if s.kind == Kind::List {
+                        help.push_str(" [repeatable; replaces the config file's list]");
+                        ArgAction::Append
+                    } else {
+                        ArgAction::Set
+                    };
+                    arg.long(long)
+                        .value_name(value_name)
+                        .action(action)
+                        .value_parser(clap::value_parser!(String))
+                }
+                Flag::On(long) | Flag::Off(long) => arg.long(long).action(ArgAction::SetTrue),
+                Flag::None | Flag::Global(_) => continue,
+            };
+            if let Some(env) = s.env.name() {
+                let how = match s.env {
+                    Env::Lines(_) => ", one per line",
+                    Env::Commas(_) => ", comma-separated",
+                    _ => "",
+                };
+                help.push_str(&format!(" [env: {env}{how}]"));
+            }
+            cmd = cmd.arg(arg.help(help));
         }
+        cmd
+    }
+
+    fn from_matches(m: &clap::ArgMatches) -> Self {
+        let mut flags = Flags {
+            config: m.get_one::<PathBuf>("config").cloned(),
+            given: BTreeMap::new(),
+        };
+        for s in SETTINGS {
+            let items: Vec<String> = match s.flag {
+                Flag::Value(..) => match m.try_get_many::<String>(s.id) {
+                    Ok(Some(v)) => v.cloned().collect(),
+                    _ => continue,
+                },
+                Flag::On(_) | Flag::Off(_) => match m.try_get_one::<bool>(s.id) {
+                    Ok(Some(true)) => vec![matches!(s.flag, Flag::On(_)).to_string()],
+                    _ => continue,
+                },
+                Flag::None | Flag::Global(_) => continue,
+            };
+            flags.given.insert(s.id, items);
+        }
+        flags
+    }
+}
+
+impl clap::FromArgMatches for Flags {
+    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        Ok(Flags::from_matches(m))
+    }
+    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
+        *self = Flags::from_matches(m);
+        Ok(())
+    }
+}
+
+impl clap::Args for Flags {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        Flags::augment(cmd, |_| true)
+    }
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
+}
+
+/// The `[model]` flags alone, for the commands that run a model without
+/// serving it (`generate`, `bench`); they resolve like `serve`'s.
+#[derive(Debug, Clone, Default)]
+pub struct ModelFlags(pub Flags);
+
+impl clap::FromArgMatches for ModelFlags {
+    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        Ok(ModelFlags(Flags::from_matches(m)))
+    }
+    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
+        self.0 = Flags::from_matches(m);
+        Ok(())
+    }
+}
+
+impl clap::Args for ModelFlags {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        Flags::augment(cmd, |s| s.section == "model" && s.key != "aliases")
+    }
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
     }
 }
 
@@ -626,167 +496,91 @@ fn resolve_with(
         file: None,
         sources: BTreeMap::new(),
     };
+    let mut table = default_table();
     if let (Some(text), Some(path)) = (text, file) {
-        let (config, keys) = parse_file(&text, &path)?;
-        resolved.config = config;
-        for key in keys {
-            resolved.sources.insert(key, Source::File);
+        for (s, value) in parse_file(&text, &path)? {
+            resolved.set(&mut table, s, value, Source::File);
         }
         resolved.file = Some(path);
     }
-    resolved.apply(Overrides::from_env(env)?, Source::Env);
-    resolved.apply(Overrides::from_flags(flags), Source::Flag);
+    // Empty variables count as unset.
+    for s in SETTINGS {
+        let Some(name) = s.env.name() else { continue };
+        let Some(text) = env(name).filter(|v| !v.is_empty()) else {
+            continue;
+        };
+        let items = match s.env {
+            Env::Lines(_) => text.split('\n').map(str::to_owned).collect(),
+            Env::Commas(_) => text
+                .split([',', '\n'])
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            _ => vec![text.clone()],
+        };
+        let value = text_value(s.kind, items)
+            .map_err(|e| anyhow!("environment variable {name}={text:?}: {e}"))?;
+        resolved.set(&mut table, s, value, Source::Env);
+    }
+    for (id, items) in &flags.given {
+        let Some(s) = find_setting(id) else { continue };
+        let flag = s.flag.long().unwrap_or(s.id);
+        let value = text_value(s.kind, items.clone()).map_err(|e| anyhow!("--{flag}: {e}"))?;
+        resolved.set(&mut table, s, value, Source::Flag);
+    }
+    resolved.config = serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
+        let at = e.path().to_string();
+        anyhow!("{at} (from {}): {}", resolved.describe(&at), e.into_inner())
+    })?;
     resolved.validate()?;
     Ok(resolved)
 }
 
-/// Parses a config file's text; returns the config and the keys the file set.
-fn parse_file(text: &str, path: &Path) -> Result<(Config, Vec<String>)> {
+/// Checks a config file (unknown keys and wrong types, with the line) and
+/// returns the values it sets, relative paths taken from its directory.
+fn parse_file(text: &str, path: &Path) -> Result<Vec<(&'static Setting, toml::Value)>> {
     let invalid = || format!("invalid config file {}", path.display());
     let de = toml::Deserializer::parse(text).with_context(invalid)?;
-    let mut config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+    let _: Config = serde_path_to_error::deserialize(de).map_err(|e| {
         let at = e.path().to_string();
         anyhow!("{}, key `{at}`:\n{}", invalid(), e.into_inner())
     })?;
     // The text parsed above, so this only lists which keys were present.
     let table: toml::Table = text.parse().with_context(invalid)?;
-    let mut keys = Vec::new();
-    for (section, values) in &table {
-        if let toml::Value::Table(values) = values {
-            for key in values.keys() {
-                if let Some(s) = find_setting(section, key) {
-                    keys.push(dotted(s));
+    let mut values = Vec::new();
+    for (section, keys) in table {
+        let toml::Value::Table(keys) = keys else {
+            continue;
+        };
+        for (key, mut value) in keys {
+            let Some(s) = find_setting(&format!("{section}.{key}")) else {
+                continue;
+            };
+            if let (Kind::Path, toml::Value::String(p), Some(dir)) =
+                (s.kind, &mut value, path.parent())
+            {
+                if Path::new(p.as_str()).is_relative() {
+                    *p = dir.join(&*p).to_string_lossy().into_owned();
                 }
             }
+            values.push((s, value));
         }
     }
-    if let Some(dir) = path.parent() {
-        for p in [config.model.path.as_mut(), config.server.db.as_mut()]
-            .into_iter()
-            .flatten()
-        {
-            if p.is_relative() {
-                *p = dir.join(&*p);
-            }
-        }
-    }
-    Ok((config, keys))
+    Ok(values)
 }
 
 impl Resolved {
-    fn apply(&mut self, o: Overrides, source: Source) {
-        let mut set = |key: &str| {
-            self.sources.insert(key.to_owned(), source);
-        };
-        let c = &mut self.config;
-        if let Some(v) = o.host {
-            c.server.host = v;
-            set("server.host");
+    /// Sets one value in the layered table and records its source.
+    fn set(&mut self, table: &mut toml::Table, s: &Setting, value: toml::Value, source: Source) {
+        if let Some(toml::Value::Table(section)) = table.get_mut(s.section) {
+            section.insert(s.key.to_owned(), value);
+        } else {
+            let mut section = toml::Table::new();
+            section.insert(s.key.to_owned(), value);
+            table.insert(s.section.to_owned(), toml::Value::Table(section));
         }
-        if let Some(v) = o.port {
-            c.server.port = v;
-            set("server.port");
-        }
-        if let Some(v) = o.queue {
-            c.server.queue = v;
-            set("server.queue");
-        }
-        if let Some(v) = o.max_batch {
-            c.server.max_batch = v;
-            set("server.max_batch");
-        }
-        if let Some(v) = o.db {
-            c.server.db = Some(v);
-            set("server.db");
-        }
-        if let Some(v) = o.log_prompts {
-            c.server.log_prompts = v;
-            set("server.log_prompts");
-        }
-        if let Some(v) = o.model_path {
-            c.model.path = Some(v);
-            set("model.path");
-        }
-        if let Some(v) = o.model_id {
-            c.model.id = Some(v);
-            set("model.id");
-        }
-        if let Some(v) = o.aliases {
-            c.model.aliases = v;
-            set("model.aliases");
-        }
-        if let Some(v) = o.backend {
-            c.model.backend = v;
-            set("model.backend");
-        }
-        if let Some(v) = o.threads {
-            c.model.threads = v;
-            set("model.threads");
-        }
-        if let Some(v) = o.kv_cache_tokens {
-            c.model.kv_cache_tokens = v;
-            set("model.kv_cache_tokens");
-        }
-        if let Some(v) = o.prefix_cache_mb {
-            c.cache.prefix_cache_mb = v;
-            set("cache.prefix_cache_mb");
-        }
-        if let Some(v) = o.phrases {
-            c.content_filter.phrases = v;
-            set("content_filter.phrases");
-        }
-        if let Some(v) = o.patterns {
-            c.content_filter.patterns = v;
-            set("content_filter.patterns");
-        }
-        if let Some(v) = o.memory_budget_mb {
-            c.models.memory_budget_mb = v;
-            set("models.memory_budget_mb");
-        }
-        if let Some(v) = o.idle_unload_secs {
-            c.models.idle_unload_secs = v;
-            set("models.idle_unload_secs");
-        }
-        if let Some(v) = o.log_format {
-            c.server.log_format = v;
-            set("server.log_format");
-        }
-        if let Some(v) = o.cluster_secret {
-            c.cluster.secret = v;
-            set("cluster.secret");
-        }
-        if let Some(v) = o.peers {
-            c.cluster.peers = v;
-            set("cluster.peers");
-        }
-        if let Some(v) = o.mdns {
-            c.cluster.mdns = v;
-            set("cluster.mdns");
-        }
-        if let Some(v) = o.api_keys {
-            c.server.api_keys = v;
-            set("server.api_keys");
-        }
-        if let Some(v) = o.cors_origins {
-            c.server.cors_origins = v;
-            set("server.cors_origins");
-        }
-        if let Some(v) = o.max_messages {
-            c.server.max_messages = v;
-            set("server.max_messages");
-        }
-        if let Some(v) = o.max_tools {
-            c.server.max_tools = v;
-            set("server.max_tools");
-        }
-        if let Some(v) = o.max_body_mb {
-            c.server.max_body_mb = v;
-            set("server.max_body_mb");
-        }
-        if let Some(v) = o.request_timeout_secs {
-            c.server.request_timeout_secs = v;
-            set("server.request_timeout_secs");
-        }
+        self.sources.insert(s.id.to_owned(), source);
     }
 
     /// The global `--log-format` flag, which is parsed before the settings.
@@ -803,16 +597,13 @@ impl Resolved {
 
     /// Names the source of `key` for messages: the file's path, the variable or the flag.
     fn describe(&self, key: &str) -> String {
-        let setting = key
-            .split_once('.')
-            .and_then(|(section, k)| find_setting(section, k));
-        match (self.source(key), setting) {
+        match (self.source(key), find_setting(key)) {
             (Source::File, _) => match &self.file {
                 Some(p) => format!("config file {}", p.display()),
                 None => "config file".into(),
             },
-            (Source::Env, Some(s)) => format!("env {}", s.env.unwrap_or("?")),
-            (Source::Flag, Some(s)) => s.flag.to_owned(),
+            (Source::Env, Some(s)) => format!("env {}", s.env.name().unwrap_or("?")),
+            (Source::Flag, Some(s)) => format!("--{}", s.flag.long().unwrap_or(s.id)),
             (Source::Env, None) => "env".into(),
             (Source::Flag, None) => "command line".into(),
             (Source::Default, _) => "default".into(),
@@ -882,9 +673,9 @@ impl Resolved {
                 out.push_str(&format!("\n[{}]\n", s.section));
                 section = s.section;
             }
-            let key = dotted(s);
-            let mut from = self.describe(&key);
-            if self.source(&key) == Source::Default && s.key == "id" {
+            let key = s.id;
+            let mut from = self.describe(key);
+            if self.source(key) == Source::Default && s.key == "id" {
                 from = "default: the model's file name".into();
             }
             let mut one = toml::Table::new();
@@ -1036,6 +827,78 @@ mod tests {
     }
 
     #[test]
+    fn every_setting_has_a_default_but_the_optional_ones() {
+        let table = default_table();
+        let optional = ["server.db", "model.path", "model.id"];
+        for s in SETTINGS {
+            let present = table.get(s.section).and_then(|t| t.get(s.key)).is_some();
+            assert_eq!(present, !optional.contains(&s.id), "{}", s.id);
+        }
+    }
+
+    #[derive(clap::Parser)]
+    struct Serve {
+        #[command(flatten)]
+        flags: Flags,
+    }
+
+    #[derive(clap::Parser)]
+    struct Generate {
+        #[command(flatten)]
+        flags: ModelFlags,
+    }
+
+    #[test]
+    fn flags_come_from_the_table() {
+        use clap::Parser;
+        let parse = |args: &[&str]| {
+            let f = Serve::try_parse_from(std::iter::once("serve").chain(args.iter().copied()))
+                .expect("flags parse")
+                .flags;
+            resolve_with(&f, &env_of(&[("SHOAL_PEERS", "a:1,b:2")]), None)
+        };
+        let r = parse(&[
+            "--port",
+            "9",
+            "--no-mdns",
+            "--log-prompts",
+            "--peer",
+            "c:3",
+            "--peer",
+            "d:4",
+            "--backend",
+            "llama",
+        ])
+        .expect("resolve");
+        let c = &r.config;
+        assert_eq!(c.server.port, 9);
+        assert!(!c.cluster.mdns && c.server.log_prompts);
+        assert_eq!(
+            c.cluster.peers,
+            ["c:3", "d:4"],
+            "a flag list replaces the env's"
+        );
+        assert_eq!(c.model.backend, shoal_engine::BackendChoice::Llama);
+        assert_eq!(r.source("cluster.mdns"), Source::Flag);
+        // No switch given: the lower layers stand.
+        let r = parse(&[]).expect("resolve");
+        assert!(r.config.cluster.mdns);
+        assert_eq!(r.config.cluster.peers, ["a:1", "b:2"]);
+        assert_eq!(r.source("cluster.peers"), Source::Env);
+        // A value the type refuses names the flag.
+        let err = parse(&["--port", "70000"]).expect_err("port out of range");
+        assert!(format!("{err:#}").contains("--port"), "{err:#}");
+        let err = parse(&["--queue", "many"]).expect_err("not a number");
+        assert!(format!("{err:#}").contains("--queue"), "{err:#}");
+        // `generate` and `bench` offer the model rows only.
+        let g = Generate::try_parse_from(["generate", "--threads", "3"]).expect("model flags");
+        let r = resolve_with(&g.flags.0, &env_of(&[]), None).expect("resolve");
+        assert_eq!(r.config.model.threads, 3);
+        assert!(Generate::try_parse_from(["generate", "--port", "1"]).is_err());
+        assert!(Generate::try_parse_from(["generate", "--alias", "x"]).is_err());
+    }
+
+    #[test]
     fn defaults_match_the_former_flag_defaults() {
         let r = resolve_with(&Flags::default(), &env_of(&[]), None).expect("resolve");
         let c = &r.config;
@@ -1073,8 +936,10 @@ phrases = ["Paris", "Rome"]
         );
         let env = env_of(&[("SHOAL_PORT", "9001"), ("SHOAL_QUEUE", "6")]);
         let mut flags = flags_with(&path);
-        flags.queue = Some(8);
-        flags.blocked = vec!["Berlin".into()];
+        flags.set("server.queue", "8").expect("queue");
+        flags
+            .set("content_filter.phrases", "Berlin")
+            .expect("phrases");
         let r = resolve_with(&flags, &env, None).expect("resolve");
         let c = &r.config;
         assert_eq!(c.server.host.to_string(), "0.0.0.0", "file over default");
@@ -1212,7 +1077,7 @@ phrases = ["Paris", "Rome"]
             "[server]\nport = 9000\n[content_filter]\nphrases = [\"two\\nlines\", \"x\"]\n",
         );
         let mut flags = flags_with(&path);
-        flags.host = Some(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+        flags.set("server.host", "0.0.0.0").expect("host");
         let r = resolve_with(&flags, &env_of(&[("SHOAL_QUEUE", "3")]), None).expect("resolve");
         let text = r.to_annotated_toml().expect("toml");
         assert!(text.contains("host = \"0.0.0.0\"  # --host"), "{text}");

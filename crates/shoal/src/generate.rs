@@ -46,9 +46,10 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    let cfg = a.model.config()?;
     let engine = shoal::OwnedEngine::new(
-        Engine::start(&a.model.path(), &a.model.id(), a.model.engine_options())
-            .with_context(|| format!("loading {}", a.model.path().display()))?,
+        Engine::start(&cfg.model_path(), &cfg.model_id(), cfg.engine_options()?)
+            .with_context(|| format!("loading {}", cfg.model_path().display()))?,
     );
     let mut messages = Vec::new();
     if let Some(s) = &a.system {

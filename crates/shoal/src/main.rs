@@ -6,11 +6,9 @@ mod generate;
 mod models;
 mod serve;
 
-use std::path::PathBuf;
-
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use shoal::{config, id_from_path};
+use shoal::config;
 
 #[derive(Parser)]
 #[command(
@@ -21,7 +19,8 @@ use shoal::{config, id_from_path};
 struct Cli {
     /// Log lines as human-readable text or as one JSON object per line
     /// (default: the config file's server.log_format, else text).
-    #[arg(long, global = true, value_enum, env = "SHOAL_LOG_FORMAT")]
+    /// (The environment's SHOAL_LOG_FORMAT is one of the settings.)
+    #[arg(long, global = true, value_enum)]
     log_format: Option<shoal::LogFormat>,
     #[command(subcommand)]
     command: Command,
@@ -54,49 +53,17 @@ enum Command {
     Shard(shoal::shard::Args),
 }
 
-/// Model path for `generate` and `bench` (`serve` takes it from `config::Flags`).
+/// The model settings of `generate` and `bench`: `serve`'s `[model]` rows,
+/// resolved the same way (config file, environment, flags).
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// A .gguf file or a Hugging Face / MLX model directory.
-    #[arg(long, env = "SHOAL_MODEL")]
-    pub model: Option<PathBuf>,
-    /// The name clients use for the model (default: the file or directory name).
-    #[arg(long, env = "SHOAL_MODEL_ID")]
-    pub model_id: Option<String>,
-    /// Which engine runs it: auto (MLX for model directories, llama.cpp for
-    /// GGUF files), mlx or llama.
-    #[arg(long, env = "SHOAL_BACKEND", default_value = "auto")]
-    pub backend: shoal_engine::BackendChoice,
-    /// llama.cpp threads (0 = the physical cores).
-    #[arg(long, env = "SHOAL_THREADS", default_value_t = 0)]
-    pub threads: usize,
-    /// KV positions llama.cpp reserves, shared by all requests.
-    #[arg(long, env = "SHOAL_KV_CACHE_TOKENS", default_value_t = shoal_engine::backends::llama::DEFAULT_KV_TOKENS)]
-    pub kv_cache_tokens: usize,
+    #[command(flatten)]
+    pub settings: config::ModelFlags,
 }
 
 impl ModelArgs {
-    pub fn path(&self) -> PathBuf {
-        self.model
-            .clone()
-            .unwrap_or_else(shoal_engine::loader::default_model_path)
-    }
-
-    /// Engine options with this backend choice and the other defaults.
-    pub fn engine_options(&self) -> shoal_engine::EngineOptions {
-        shoal_engine::EngineOptions {
-            backend: self.backend,
-            llama: shoal_engine::LlamaOptions::new(self.threads, self.kv_cache_tokens),
-            ..shoal_engine::EngineOptions::default()
-        }
-    }
-
-    /// The id clients see: `--model-id`, else the model's file or directory name.
-    pub fn id(&self) -> String {
-        match &self.model_id {
-            Some(id) => id.clone(),
-            None => id_from_path(&self.path()),
-        }
+    pub fn config(&self) -> Result<config::Config> {
+        Ok(config::resolve(&self.settings.0)?.config)
     }
 }
 
