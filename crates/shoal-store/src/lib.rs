@@ -11,6 +11,9 @@ use serde_json::Value;
 use serde::Deserialize;
 use serde_json::Map;
 
+pub mod usage;
+pub use usage::{UsageFilter, UsageLog, UsageRow};
+
 /// Metadata of a stored piece: string keys, JSON values.
 pub type Metadata = Map<String, Value>;
 
@@ -80,6 +83,8 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE conversations ADD COLUMN settings TEXT NOT NULL DEFAULT '{}';
     ALTER TABLE conversations ADD COLUMN updated_ms INTEGER NOT NULL DEFAULT 0;
     UPDATE conversations SET updated_ms = created_ms;",
+    // 3: the server's usage ledger (see `usage.rs`).
+    usage::MIGRATION,
 ];
 
 /// A stored message with its pieces.
@@ -118,41 +123,51 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-impl Store {
-    /// Opens (creating if needed) and migrates the store at `path`.
-    pub fn open(path: &Path) -> Result<Self> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| StoreError::Data(format!("{}: {e}", dir.display())))?;
-        }
-        let conn = Connection::open(path)?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        // A commit is on disk before it returns: a killed process loses nothing committed.
-        conn.pragma_update(None, "synchronous", "FULL")?;
-        conn.pragma_update(None, "foreign_keys", "ON")?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        let mut store = Store { conn };
-        store.migrate()?;
-        Ok(store)
+/// Opens (creating if needed) and migrates the database at `path`, in WAL
+/// mode with every commit on disk before it returns.
+fn connect(path: &Path) -> Result<Connection> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| StoreError::Data(format!("{}: {e}", dir.display())))?;
     }
+    let mut conn = Connection::open(path)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    // A commit is on disk before it returns: a killed process loses nothing committed.
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    migrate(&mut conn)?;
+    Ok(conn)
+}
 
-    fn migrate(&mut self) -> Result<()> {
-        let version: i64 = self
-            .conn
-            .pragma_query_value(None, "user_version", |r| r.get(0))?;
+/// Runs the migrations this database has not had yet, each in a transaction
+/// that takes the write lock first, so two connections opening at once do
+/// not both run one.
+fn migrate(conn: &mut Connection) -> Result<()> {
+    loop {
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let version: i64 = tx.pragma_query_value(None, "user_version", |r| r.get(0))?;
         if version as usize > MIGRATIONS.len() {
             return Err(StoreError::Data(format!(
                 "the store is schema version {version}, newer than this program ({})",
                 MIGRATIONS.len()
             )));
         }
-        for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
-            let tx = self.conn.transaction()?;
-            tx.execute_batch(sql)?;
-            tx.pragma_update(None, "user_version", (i + 1) as i64)?;
-            tx.commit()?;
-        }
-        Ok(())
+        let Some(sql) = MIGRATIONS.get(version as usize) else {
+            return Ok(());
+        };
+        tx.execute_batch(sql)?;
+        tx.pragma_update(None, "user_version", version + 1)?;
+        tx.commit()?;
+    }
+}
+
+impl Store {
+    /// Opens (creating if needed) and migrates the store at `path`.
+    pub fn open(path: &Path) -> Result<Self> {
+        Ok(Store {
+            conn: connect(path)?,
+        })
     }
 
     pub fn schema_version(&self) -> Result<i64> {
