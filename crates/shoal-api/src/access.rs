@@ -21,11 +21,88 @@ pub const APP_ORIGINS: &[&str] = &[
     "https://tauri.localhost",
 ];
 
+/// One API key: its name (what the ledger records), the SHA-256 digest of
+/// the key, and its optional limits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Key {
+    pub name: String,
+    digest: [u8; 32],
+    /// Prompt plus completion tokens per UTC day.
+    pub tokens_per_day: Option<u64>,
+    pub requests_per_minute: Option<u32>,
+}
+
+impl Key {
+    /// Reads a key as configured: `KEY`, or `NAME=KEY` with optional
+    /// `;tokens_per_day=N` and `;requests_per_minute=N` after it. A key with
+    /// no name is named after its digest (`key-1a2b3c4d`), never after itself.
+    pub fn parse(spec: &str) -> Result<Key, String> {
+        let mut parts = spec.split(';');
+        let head = parts.next().unwrap_or_default();
+        let named = head
+            .split_once('=')
+            .filter(|(name, key)| is_name(name) && !key.is_empty());
+        let (name, key) = match named {
+            Some((name, key)) => (Some(name), key),
+            None => (None, head),
+        };
+        if key.is_empty() {
+            return Err("an API key may not be empty".into());
+        }
+        let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
+        let mut k = Key {
+            name: name.map_or_else(|| format!("key-{}", hex(&digest[..4])), str::to_owned),
+            digest,
+            tokens_per_day: None,
+            requests_per_minute: None,
+        };
+        for part in parts {
+            let (limit, value) = part
+                .split_once('=')
+                .ok_or_else(|| format!("key {}: {part:?} is not LIMIT=N", k.name))?;
+            let bad = |e: std::num::ParseIntError| format!("key {}: {limit}: {e}", k.name);
+            match limit.trim() {
+                "tokens_per_day" => k.tokens_per_day = Some(value.trim().parse().map_err(bad)?),
+                "requests_per_minute" => {
+                    k.requests_per_minute = Some(value.trim().parse().map_err(bad)?)
+                }
+                other => {
+                    return Err(format!(
+                        "key {}: unknown limit {other:?} (tokens_per_day or requests_per_minute)",
+                        k.name
+                    ))
+                }
+            }
+        }
+        Ok(k)
+    }
+
+    /// The spec with the key itself hidden, for printing settings.
+    pub fn redacted(spec: &str) -> String {
+        match Key::parse(spec) {
+            Ok(k) => {
+                let limits: String = spec.split(';').skip(1).map(|p| format!(";{p}")).collect();
+                format!("{}=(set){limits}", k.name)
+            }
+            Err(_) => "(set)".into(),
+        }
+    }
+}
+
+fn is_name(s: &str) -> bool {
+    (1..=64).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// Access rules and request limits.
 #[derive(Clone, Debug)]
 pub struct Access {
-    /// SHA-256 digests of the keys.
-    keys: Vec<[u8; 32]>,
+    keys: Vec<Key>,
     /// Browser origins besides the server's own.
     pub origins: Vec<String>,
     /// Most messages one request may carry.
@@ -53,27 +130,42 @@ impl Default for Access {
 }
 
 impl Access {
-    /// Requires one of `keys` on every API request (none: open, loopback only).
-    pub fn with_keys(mut self, keys: &[String]) -> Self {
+    /// Requires one of `keys` on every API request (none: open, loopback
+    /// only). Each is a [`Key::parse`] spec.
+    pub fn with_keys(mut self, keys: &[String]) -> Result<Self, String> {
         self.keys = keys
             .iter()
             .filter(|k| !k.is_empty())
-            .map(|k| Sha256::digest(k.as_bytes()).into())
-            .collect();
-        self
+            .map(|k| Key::parse(k))
+            .collect::<Result<_, _>>()?;
+        let mut names: Vec<&str> = self.keys.iter().map(|k| k.name.as_str()).collect();
+        names.sort_unstable();
+        if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+            return Err(format!("two API keys are named {}", w[0]));
+        }
+        Ok(self)
+    }
+
+    pub fn keys(&self) -> &[Key] {
+        &self.keys
     }
 
     pub fn requires_key(&self) -> bool {
         !self.keys.is_empty()
     }
 
-    /// Whether `given` is one of the keys. Every key is compared in full,
-    /// as SHA-256 digests so that the comparison's time does not depend on
-    /// the keys' lengths either.
-    fn key_ok(&self, given: &[u8]) -> bool {
+    /// The key `given` is, if any. Every key is compared in full, as
+    /// SHA-256 digests so that the comparison's time does not depend on the
+    /// keys' lengths either.
+    fn key_for(&self, given: &[u8]) -> Option<&Key> {
         let given = Sha256::digest(given);
-        self.keys.iter().fold(false, |ok, k| {
-            ok | bool::from(k.as_slice().ct_eq(given.as_slice()))
+        self.keys.iter().fold(None, |found, k| {
+            let hit = bool::from(k.digest.as_slice().ct_eq(given.as_slice()));
+            if hit {
+                Some(k)
+            } else {
+                found
+            }
         })
     }
 
@@ -86,6 +178,78 @@ impl Access {
         let own = !host.is_empty()
             && (origin == format!("http://{host}") || origin == format!("https://{host}"));
         own || self.origins.iter().any(|o| o == origin || o == "*")
+    }
+}
+
+/// Per-key request times, for `requests_per_minute`.
+#[derive(Debug, Default)]
+pub struct Limits {
+    recent: std::sync::Mutex<
+        std::collections::HashMap<String, std::collections::VecDeque<std::time::Instant>>,
+    >,
+}
+
+impl Limits {
+    /// Admits a request made with `key`, or refuses it with a 429 naming the
+    /// limit and when to retry. The day's tokens are the ledger's (prompt
+    /// plus completion, UTC day); a refused request counts toward neither.
+    pub fn admit(&self, key: &Key, ledger: &crate::ledger::Ledger) -> Result<(), ApiError> {
+        let limited = |message: String, retry_after_secs: u64| ApiError {
+            kind: ErrorKind::RateLimited { retry_after_secs },
+            message,
+            param: None,
+            code: Some("rate_limit_exceeded"),
+        };
+        if let Some(quota) = key.tokens_per_day {
+            let now = crate::run::now_secs();
+            let midnight = now - now % 86_400;
+            let used = ledger.tokens_since(&key.name, midnight)?;
+            if used >= quota {
+                return Err(limited(
+                    format!(
+                        "API key {} has used {used} of its {quota} tokens for today (UTC)",
+                        key.name
+                    ),
+                    midnight + 86_400 - now,
+                ));
+            }
+        }
+        if let Some(rpm) = key.requests_per_minute {
+            let now = std::time::Instant::now();
+            let minute = std::time::Duration::from_secs(60);
+            let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+            let times = recent.entry(key.name.clone()).or_default();
+            while times
+                .front()
+                .is_some_and(|t| now.duration_since(*t) >= minute)
+            {
+                times.pop_front();
+            }
+            if let Some(first) = times.front().filter(|_| times.len() >= rpm as usize) {
+                let wait = minute.saturating_sub(now.duration_since(*first));
+                return Err(limited(
+                    format!(
+                        "API key {} is over its limit of {rpm} requests per minute",
+                        key.name
+                    ),
+                    wait.as_secs() + 1,
+                ));
+            }
+            times.push_back(now);
+        }
+        Ok(())
+    }
+
+    /// Requests `name` made in the last minute.
+    pub fn last_minute(&self, name: &str) -> usize {
+        let now = std::time::Instant::now();
+        let recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        recent.get(name).map_or(0, |times| {
+            times
+                .iter()
+                .filter(|t| now.duration_since(**t) < std::time::Duration::from_secs(60))
+                .count()
+        })
     }
 }
 
@@ -144,7 +308,13 @@ pub async fn guard(State(s): State<AppState>, req: Request, next: Next) -> Respo
     if !access.requires_key() || open_route(&path) || req.method() == Method::OPTIONS {
         return next.run(req).await;
     }
-    if presented_key(req.headers()).is_some_and(|k| access.key_ok(k)) {
+    if let Some(key) = presented_key(req.headers()).and_then(|k| access.key_for(k)) {
+        if let Some(tracked) = req.extensions().get::<crate::ledger::Tracked>() {
+            let _ = tracked.client.set(key.name.clone());
+            if let Err(e) = s.limits.admit(key, &s.ledger) {
+                return e.in_dialect(dialect).into_response();
+            }
+        }
         return next.run(req).await;
     }
     // A peer's forwarded request: admitted by its cluster signature.

@@ -332,6 +332,10 @@ mod tests {
                     timings: Default::default(),
                 })
                 .collect(),
+            facts: Default::default(),
+            backend: "mlx".into(),
+            status: 200,
+            error: None,
         }
     }
 

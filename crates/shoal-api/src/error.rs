@@ -47,6 +47,10 @@ pub enum ErrorKind {
     Forbidden,
     /// The request ran past the server's time limit.
     Timeout,
+    /// The API key is over its quota; try again after this many seconds.
+    RateLimited {
+        retry_after_secs: u64,
+    },
     Internal,
 }
 
@@ -135,6 +139,7 @@ impl ApiError {
             (ErrorKind::Unauthorized, _) => StatusCode::UNAUTHORIZED,
             (ErrorKind::Forbidden, _) => StatusCode::FORBIDDEN,
             (ErrorKind::Timeout, _) => StatusCode::GATEWAY_TIMEOUT,
+            (ErrorKind::RateLimited { .. }, _) => StatusCode::TOO_MANY_REQUESTS,
             (ErrorKind::Internal, _) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -147,7 +152,7 @@ impl ApiError {
                     ErrorKind::InvalidRequest | ErrorKind::NotFound | ErrorKind::TooLarge => {
                         "invalid_request_error"
                     }
-                    ErrorKind::Overloaded => "rate_limit_error",
+                    ErrorKind::Overloaded | ErrorKind::RateLimited { .. } => "rate_limit_error",
                     ErrorKind::Unauthorized => "authentication_error",
                     ErrorKind::Forbidden => "permission_error",
                     ErrorKind::Timeout => "timeout_error",
@@ -163,6 +168,7 @@ impl ApiError {
                     ErrorKind::NotFound => "not_found_error",
                     ErrorKind::TooLarge => "request_too_large",
                     ErrorKind::Overloaded => "overloaded_error",
+                    ErrorKind::RateLimited { .. } => "rate_limit_error",
                     ErrorKind::Unauthorized => "authentication_error",
                     ErrorKind::Forbidden => "permission_error",
                     ErrorKind::Timeout => "timeout_error",
@@ -218,9 +224,14 @@ impl IntoResponse for DialectError {
     fn into_response(self) -> Response {
         let status = self.error.status(self.dialect);
         let mut resp = (status, axum::Json(self.error.body(self.dialect))).into_response();
-        if self.error.kind == ErrorKind::Overloaded {
+        let retry_after = match self.error.kind {
+            ErrorKind::Overloaded => Some(RETRY_AFTER_SECS),
+            ErrorKind::RateLimited { retry_after_secs } => Some(retry_after_secs.max(1)),
+            _ => None,
+        };
+        if let Some(secs) = retry_after {
             resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         resp
     }

@@ -1,27 +1,57 @@
-//! `/v1/usage`: the last requests, kept as the engine's own records of each
-//! choice; each dialect's words and usage object are rendered from them when
-//! read ([`crate::wire`]), so what the ledger shows is what the client was sent.
-use std::collections::VecDeque;
-use std::sync::Mutex;
+//! The usage ledger: one record per request the server answers, written to
+//! SQLite (the conversation store's file, or memory without one) before the
+//! request's final event goes out. A record keeps the engine's own
+//! `Completion`s plus the request's facts; each dialect's words and usage
+//! object are rendered from them when read ([`crate::wire`]), so what the
+//! ledger shows is what the client was sent. `/v1/usage` and `shoal usage`
+//! query it.
+use std::sync::{Arc, Mutex, OnceLock};
 
+use axum::extract::{Query, Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use shoal_client::Dialect;
 use shoal_engine::{Completion, FinishReason, Timings, Usage};
+use shoal_store::{UsageFilter, UsageLog, UsageRow};
 
+use crate::error::{ApiError, ErrorShape};
 use crate::wire;
 
-/// One served request.
+/// One answered request.
 #[derive(Clone, Debug)]
 pub struct LedgerEntry {
     pub id: String,
     pub dialect: Dialect,
     pub model: String,
+    /// Unix seconds.
     pub created: u64,
     pub stream: bool,
     /// Consecutive choices that share a prompt (the request's `n`).
     pub per_prompt: usize,
-    /// The engine's record of each choice that ended, in choice order.
+    /// The engine's record of each choice that ended, in choice order
+    /// (none for a request refused before generating).
     pub completions: Vec<Completion>,
+    /// Who asked and how, and who answered.
+    pub facts: Facts,
+    /// The engine that ran it (`mlx`, `llama.cpp`; empty if none did).
+    pub backend: String,
+    /// The HTTP status the response went out with.
+    pub status: u16,
+    /// Why a request ended in an error response, in the words sent.
+    pub error: Option<String>,
+}
+
+/// A request's facts, known before any handler runs.
+#[derive(Clone, Debug, Default)]
+pub struct Facts {
+    pub endpoint: String,
+    /// The API key's name (never the key itself).
+    pub client: Option<String>,
+    pub user_agent: Option<String>,
+    pub origin: Option<String>,
+    /// The node that received the request.
+    pub node: Option<String>,
 }
 
 impl LedgerEntry {
@@ -43,6 +73,12 @@ impl LedgerEntry {
         self.completions.first().map(|c| &c.finish)
     }
 
+    /// The engine's reason for the first choice; `error` for a request
+    /// refused before generating.
+    fn finish_name(&self) -> &'static str {
+        self.finish().map_or("error", FinishReason::as_str)
+    }
+
     /// The first choice's timings.
     pub fn timings(&self) -> Timings {
         self.completions
@@ -57,49 +93,180 @@ impl LedgerEntry {
         json!({
             "id": self.id,
             "dialect": self.dialect.ledger_name(),
+            "endpoint": self.facts.endpoint,
             "model": self.model,
+            "backend": self.backend,
             "created": self.created,
             "stream": self.stream,
+            "status": self.status,
             "finish_reasons": self.finish_reasons(),
             "engine_finish_reasons": self.completions.iter().map(|c| c.finish.as_str()).collect::<Vec<_>>(),
             "stop_sequences": self.completions.iter().map(|c| match &c.finish {
                 FinishReason::StopSequence(s) => Some(s.as_str()),
                 _ => None,
             }).collect::<Vec<_>>(),
+            "error": self.error,
             "usage": wire::usage_json(self.dialect, &self.usage()),
+            "queue_ms": t.queue_ms,
             "ttft_ms": t.ttft_ms,
             "decode_tokens_per_s": t.decode_tokens_per_s,
             "prefill_tokens_per_s": t.prefill_tokens_per_s,
+            "client": self.facts.client,
+            "user_agent": self.facts.user_agent,
+            "origin": self.facts.origin,
+            "node": self.facts.node,
+        })
+    }
+
+    fn to_row(&self) -> Result<UsageRow, serde_json::Error> {
+        let u = self.usage();
+        let mut finishes: Vec<String> = self
+            .completions
+            .iter()
+            .map(|c| c.finish.as_str().to_string())
+            .chain(self.finish_reasons())
+            .flat_map(|w| {
+                // `incomplete:max_output_tokens` is found by either half too.
+                let halves: Vec<String> = w.split(':').map(str::to_owned).collect();
+                std::iter::once(w).chain(halves)
+            })
+            .collect();
+        if self.completions.is_empty() {
+            finishes.push("error".into());
+        }
+        finishes.sort();
+        finishes.dedup();
+        let record = json!({
+            "per_prompt": self.per_prompt,
+            "completions": self.completions,
+            "error": self.error,
+        });
+        Ok(UsageRow {
+            seq: 0,
+            id: self.id.clone(),
+            created_ms: i64::try_from(self.created)
+                .unwrap_or(i64::MAX)
+                .saturating_mul(1000),
+            dialect: self.dialect.ledger_name().into(),
+            endpoint: self.facts.endpoint.clone(),
+            model: self.model.clone(),
+            backend: self.backend.clone(),
+            stream: self.stream,
+            status: self.status,
+            finishes,
+            client: self.facts.client.clone(),
+            user_agent: self.facts.user_agent.clone(),
+            origin: self.facts.origin.clone(),
+            node: self.facts.node.clone(),
+            prompt_tokens: u.prompt_tokens as u64,
+            cached_tokens: u.cached_tokens as u64,
+            completion_tokens: u.completion_tokens as u64,
+            reasoning_tokens: u.reasoning_tokens as u64,
+            record: serde_json::to_string(&record)?,
+        })
+    }
+
+    fn from_row(r: UsageRow) -> Option<LedgerEntry> {
+        #[derive(serde::Deserialize)]
+        struct Record {
+            per_prompt: usize,
+            completions: Vec<Completion>,
+            error: Option<String>,
+        }
+        let dialect = Dialect::ALL
+            .into_iter()
+            .find(|d| d.ledger_name() == r.dialect)?;
+        let record: Record = match serde_json::from_str(&r.record) {
+            Ok(rec) => rec,
+            Err(e) => {
+                tracing::warn!(id = %r.id, error = %e, "unreadable ledger record skipped");
+                return None;
+            }
+        };
+        Some(LedgerEntry {
+            id: r.id,
+            dialect,
+            model: r.model,
+            created: u64::try_from(r.created_ms / 1000).unwrap_or(0),
+            stream: r.stream,
+            per_prompt: record.per_prompt,
+            completions: record.completions,
+            facts: Facts {
+                endpoint: r.endpoint,
+                client: r.client,
+                user_agent: r.user_agent,
+                origin: r.origin,
+                node: r.node,
+            },
+            backend: r.backend,
+            status: r.status,
+            error: record.error,
         })
     }
 }
 
-/// A bounded in-memory ring of recent entries.
+/// How long the ledger keeps its records.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Retention {
+    /// Records older than this many days go (0 = no age limit).
+    pub days: u64,
+    /// Past this many records the oldest go (0 = no cap).
+    pub rows: usize,
+}
+
+/// The ledger: SQLite through one connection.
 pub struct Ledger {
-    cap: usize,
-    entries: Mutex<VecDeque<LedgerEntry>>,
+    log: Mutex<UsageLog>,
+    retention: Retention,
 }
 
 impl Ledger {
-    pub fn new(cap: usize) -> Self {
+    /// A ledger in memory (a server run without a store), holding at most
+    /// `rows` records.
+    pub fn in_memory(rows: usize) -> Self {
+        let log = UsageLog::in_memory().expect("an in-memory SQLite database opens");
         Ledger {
-            cap: cap.max(1),
-            entries: Mutex::new(VecDeque::new()),
+            log: Mutex::new(log),
+            retention: Retention { days: 0, rows },
         }
     }
 
-    pub fn record(&self, e: LedgerEntry) {
-        let mut q = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        if q.len() == self.cap {
-            q.pop_front();
-        }
-        q.push_back(e);
+    /// The ledger in the database at `path`, kept for `retention`.
+    pub fn open(
+        path: &std::path::Path,
+        retention: Retention,
+    ) -> Result<Self, shoal_store::StoreError> {
+        Ok(Ledger {
+            log: Mutex::new(UsageLog::open(path)?),
+            retention,
+        })
     }
 
-    /// The entry for a response id, if it is still in the ring.
+    fn log(&self) -> std::sync::MutexGuard<'_, UsageLog> {
+        self.log.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Writes `e`; it is on disk when this returns. A failed write is logged
+    /// (the reply itself still goes out).
+    pub fn record(&self, e: &LedgerEntry) {
+        let written = e
+            .to_row()
+            .map_err(|err| err.to_string())
+            .and_then(|row| self.log().insert(&row).map_err(|err| err.to_string()));
+        if let Err(error) = written {
+            tracing::error!(id = %e.id, %error, "usage ledger write failed");
+        }
+    }
+
+    /// The entry for a response id.
     pub fn get(&self, id: &str) -> Option<LedgerEntry> {
-        let q = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        q.iter().rev().find(|e| e.id == id).cloned()
+        match self.log().get(id) {
+            Ok(row) => row.and_then(LedgerEntry::from_row),
+            Err(error) => {
+                tracing::error!(%id, %error, "usage ledger read failed");
+                None
+            }
+        }
     }
 
     /// Like [`Ledger::get`], waiting up to `timeout` for a request that is
@@ -117,6 +284,213 @@ impl Ledger {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
     }
+
+    /// Prompt plus completion tokens `client` used since `since` (Unix seconds).
+    pub fn tokens_since(&self, client: &str, since: u64) -> Result<u64, ApiError> {
+        let since_ms = i64::try_from(since)
+            .unwrap_or(i64::MAX)
+            .saturating_mul(1000);
+        self.log()
+            .client_tokens_since(client, since_ms)
+            .map_err(|e| ApiError::internal(format!("the usage ledger could not be read: {e}")))
+    }
+
+    /// Drops what the retention settings no longer keep.
+    pub fn prune(&self) {
+        let Retention { days, rows } = self.retention;
+        let cutoff = (days > 0).then(|| {
+            let now_ms = crate::run::now_secs().saturating_mul(1000);
+            i64::try_from(now_ms.saturating_sub(days.saturating_mul(86_400_000))).unwrap_or(0)
+        });
+        match self.log().prune(cutoff, rows) {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(removed = n, "usage ledger pruned"),
+            Err(error) => tracing::error!(%error, "usage ledger prune failed"),
+        }
+    }
+
+    /// Prunes now and then hourly, for as long as the ledger is in use.
+    pub fn start_pruning(ledger: &Arc<Ledger>) {
+        let weak = Arc::downgrade(ledger);
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(std::time::Duration::from_secs(3600));
+            loop {
+                every.tick().await;
+                let Some(ledger) = weak.upgrade() else { return };
+                // Pruning a long history may take a while: off the async threads.
+                let _ = tokio::task::spawn_blocking(move || ledger.prune()).await;
+            }
+        });
+    }
+
+    /// The entries `q` selects, newest first, each with its cursor; and
+    /// whether a listing stopped short of them all.
+    pub fn query(&self, q: &UsageQuery) -> Result<Page, ApiError> {
+        let listing = q.group_by.is_none();
+        let limit = q.limit.filter(|_| listing);
+        let filter = UsageFilter {
+            since_ms: q
+                .since
+                .map(|t| i64::try_from(t).unwrap_or(i64::MAX).saturating_mul(1000)),
+            until_ms: q
+                .until
+                .map(|t| i64::try_from(t).unwrap_or(i64::MAX).saturating_mul(1000)),
+            model: q.model.clone(),
+            dialect: q.dialect.map(|d| d.ledger_name().to_string()),
+            finish: q.finish.clone(),
+            client: q.client.clone(),
+            node: q.node.clone(),
+            before: q.cursor,
+            // One more than asked, to know whether there is a next page.
+            limit: limit.map(|n| n + 1),
+        };
+        let rows = self.log().select(&filter).map_err(|e| {
+            tracing::error!(error = %e, "usage ledger read failed");
+            ApiError::internal(format!("the usage ledger could not be read: {e}"))
+        })?;
+        let mut entries: Vec<(i64, LedgerEntry)> = rows
+            .into_iter()
+            .filter_map(|r| {
+                let seq = r.seq;
+                LedgerEntry::from_row(r).map(|e| (seq, e))
+            })
+            .collect();
+        let has_more = limit.is_some_and(|n| entries.len() > n);
+        if let Some(n) = limit {
+            entries.truncate(n);
+        }
+        Ok(Page { entries, has_more })
+    }
+}
+
+/// One page of a query.
+pub struct Page {
+    /// Newest first, each with its cursor.
+    pub entries: Vec<(i64, LedgerEntry)>,
+    pub has_more: bool,
+}
+
+impl Page {
+    pub fn entries(&self) -> Vec<LedgerEntry> {
+        self.entries.iter().map(|(_, e)| e.clone()).collect()
+    }
+
+    /// The cursor that continues after this page.
+    pub fn next_cursor(&self) -> Option<i64> {
+        self.has_more
+            .then(|| self.entries.last().map(|(seq, _)| *seq))
+            .flatten()
+    }
+}
+
+/// Set on a request's extensions by [`track`]: the facts, the client name
+/// the access check finds, and the id a generation is recorded under.
+#[derive(Clone, Debug, Default)]
+pub struct Tracked {
+    pub facts: Facts,
+    pub client: Arc<OnceLock<String>>,
+    pub recorded: Arc<OnceLock<String>>,
+}
+
+impl Tracked {
+    /// The facts with the client the access check found.
+    pub fn facts(&self) -> Facts {
+        Facts {
+            client: self.client.get().cloned(),
+            ..self.facts.clone()
+        }
+    }
+}
+
+/// The generation endpoints, whose every answer is in the ledger.
+fn generation_endpoint(path: &str) -> bool {
+    matches!(
+        path,
+        "/v1/chat/completions" | "/v1/completions" | "/v1/responses" | "/v1/messages"
+    )
+}
+
+/// Middleware around the generation endpoints: notes the request's facts
+/// for the handler, then records what the handler could not — the status of
+/// an error response after generation began, or a request refused before it
+/// (bad body, unknown model, missing key, full queue …) as an error record.
+pub async fn track(State(s): State<crate::AppState>, mut req: Request, next: Next) -> Response {
+    let path = req.uri().path().to_string();
+    let Some(dialect) = Dialect::for_path(&path).filter(|_| generation_endpoint(&path)) else {
+        return next.run(req).await;
+    };
+    // (The request's body is not `Sync`, so no borrow of it may live
+    // across the awaits below.)
+    let (user_agent, origin) = {
+        let header = |name: axum::http::HeaderName| {
+            req.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        (
+            header(axum::http::header::USER_AGENT),
+            header(axum::http::header::ORIGIN),
+        )
+    };
+    let tracked = Tracked {
+        facts: Facts {
+            endpoint: path,
+            client: None,
+            user_agent,
+            origin,
+            node: Some(s.node.identity().id.clone()),
+        },
+        ..Tracked::default()
+    };
+    // A request a peer forwarded here was received there.
+    let forwarded = req.headers().contains_key(crate::cluster::FORWARDED_HEADER);
+    req.extensions_mut().insert(tracked.clone());
+    let response = next.run(req).await;
+    let status = response.status().as_u16();
+    let ledger = s.ledger.clone();
+    match tracked.recorded.get() {
+        Some(id) if status != 200 => {
+            let id = id.clone();
+            if let Err(error) = ledger.log().set_status(&id, status) {
+                tracing::error!(%id, %error, "usage ledger write failed");
+            }
+        }
+        Some(_) => {}
+        // A forwarded request is recorded where it ran; a 200 not recorded
+        // here was answered by a peer.
+        None if status < 400 || forwarded && status == 200 => {}
+        None => {
+            let (parts, body) = response.into_parts();
+            let bytes = axum::body::to_bytes(body, 1 << 20)
+                .await
+                .unwrap_or_default();
+            let message = serde_json::from_slice::<Value>(&bytes)
+                .ok()
+                .and_then(|v| {
+                    v.pointer("/error/message")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned)
+                })
+                .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
+            let entry = LedgerEntry {
+                id: crate::run::new_id("err"),
+                dialect,
+                model: String::new(),
+                created: crate::run::now_secs(),
+                stream: false,
+                per_prompt: 1,
+                completions: Vec::new(),
+                facts: tracked.facts(),
+                backend: String::new(),
+                status,
+                error: Some(message),
+            };
+            ledger.record(&entry);
+            return Response::from_parts(parts, axum::body::Body::from(bytes));
+        }
+    }
+    response
 }
 
 /// How `/v1/usage` sums entries.
@@ -127,6 +501,8 @@ pub enum GroupBy {
     Model,
     Dialect,
     Finish,
+    Client,
+    Node,
 }
 
 /// `/v1/usage`'s query: filters, and a listing, a grouping or a CSV export.
@@ -142,6 +518,12 @@ pub struct UsageQuery {
     pub since: Option<u64>,
     /// Unix seconds, exclusive.
     pub until: Option<u64>,
+    /// The API key's name.
+    pub client: Option<String>,
+    /// The node that received the request.
+    pub node: Option<String>,
+    /// Continue a listing after this cursor (a previous page's `next_cursor`).
+    pub cursor: Option<i64>,
     pub group_by: Option<GroupBy>,
     pub csv: bool,
 }
@@ -152,7 +534,6 @@ impl UsageQuery {
     pub fn parse<'a>(
         pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
     ) -> Result<Self, crate::error::ApiError> {
-        use crate::error::ApiError;
         let number = |k: &str, v: &str| {
             v.parse::<u64>()
                 .map_err(|_| ApiError::param(k, format!("'{k}' must be a whole number, got {v:?}")))
@@ -179,6 +560,9 @@ impl UsageQuery {
                     )
                 }
                 "finish" => q.finish = Some(v.to_string()),
+                "client" => q.client = Some(v.to_string()),
+                "node" => q.node = Some(v.to_string()),
+                "cursor" => q.cursor = Some(number(k, v)?.min(i64::MAX as u64) as i64),
                 "since" => q.since = Some(number(k, v)?),
                 "until" => q.until = Some(number(k, v)?),
                 "group_by" => {
@@ -188,12 +572,15 @@ impl UsageQuery {
                         "model" => GroupBy::Model,
                         "dialect" => GroupBy::Dialect,
                         "finish" => GroupBy::Finish,
+                        "client" => GroupBy::Client,
+                        "node" => GroupBy::Node,
                         _ => {
                             return Err(ApiError::param(
                                 k,
                                 format!(
-                                "'group_by' must be day, hour, model, dialect or finish, got {v:?}"
-                            ),
+                                    "'group_by' must be day, hour, model, client, dialect, node \
+                                     or finish, got {v:?}"
+                                ),
                             ))
                         }
                     })
@@ -218,31 +605,12 @@ impl UsageQuery {
         }
         Ok(q)
     }
-
-    fn matches(&self, e: &LedgerEntry) -> bool {
-        self.model.as_ref().is_none_or(|m| &e.model == m)
-            && self.dialect.is_none_or(|d| e.dialect == d)
-            && self.since.is_none_or(|t| e.created >= t)
-            && self.until.is_none_or(|t| e.created < t)
-            && self.finish.as_ref().is_none_or(|f| {
-                e.completions.iter().any(|c| c.finish.as_str() == f)
-                    || e.finish_reasons().iter().any(|w| w == f)
-            })
-    }
 }
 
 /// `YYYY-MM-DD` (and `THH` with `hour`) of Unix seconds, in UTC.
 fn utc_key(secs: u64, hour: bool) -> String {
     let format = if hour { "%Y-%m-%dT%H" } else { "%Y-%m-%d" };
     shoal_engine::template::strftime_utc(format, i64::try_from(secs).unwrap_or(i64::MAX))
-}
-
-impl Ledger {
-    /// The entries `q` selects, newest first (`q.limit` applies to listings).
-    pub fn query(&self, q: &UsageQuery) -> Vec<LedgerEntry> {
-        let all = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        all.iter().rev().filter(|e| q.matches(e)).cloned().collect()
-    }
 }
 
 /// Sums per group: requests and each kind of token, as every dialect counts
@@ -255,7 +623,9 @@ pub fn grouped(entries: &[LedgerEntry], by: GroupBy) -> Vec<Value> {
             GroupBy::Hour => utc_key(e.created, true),
             GroupBy::Model => e.model.clone(),
             GroupBy::Dialect => e.dialect.ledger_name().to_string(),
-            GroupBy::Finish => e.finish().map_or("none", FinishReason::as_str).to_string(),
+            GroupBy::Finish => e.finish_name().to_string(),
+            GroupBy::Client => e.facts.client.clone().unwrap_or_default(),
+            GroupBy::Node => e.facts.node.clone().unwrap_or_default(),
         };
         let u = e.usage();
         let g = groups.entry(key).or_default();
@@ -277,34 +647,119 @@ pub fn grouped(entries: &[LedgerEntry], by: GroupBy) -> Vec<Value> {
 
 /// The entries as CSV, one row each with the engine's reason and usage.
 pub fn csv(entries: &[LedgerEntry]) -> String {
-    let mut out = String::from(
-        "id,created,dialect,model,stream,finish,prompt_tokens,cached_tokens,completion_tokens,reasoning_tokens\n",
-    );
-    // Fields that may hold a comma or a quote are quoted.
-    let field = |s: &str| {
-        if s.contains([',', '"', '\n']) {
-            format!("\"{}\"", s.replace('"', "\"\""))
-        } else {
-            s.to_string()
-        }
-    };
+    let mut w = csv::Writer::from_writer(Vec::new());
+    let header = [
+        "id",
+        "created",
+        "dialect",
+        "endpoint",
+        "model",
+        "backend",
+        "stream",
+        "status",
+        "finish",
+        "prompt_tokens",
+        "cached_tokens",
+        "completion_tokens",
+        "reasoning_tokens",
+        "client",
+        "node",
+    ];
+    // Writing to memory cannot fail.
+    let _ = w.write_record(header);
     for e in entries {
         let u = e.usage();
-        out.push_str(&format!(
-            "{},{},{},{},{},{},{},{},{},{}\n",
-            field(&e.id),
-            e.created,
-            e.dialect.ledger_name(),
-            field(&e.model),
-            e.stream,
-            e.finish().map_or("", FinishReason::as_str),
-            u.prompt_tokens,
-            u.cached_tokens,
-            u.completion_tokens,
-            u.reasoning_tokens
-        ));
+        let _ = w.write_record([
+            e.id.clone(),
+            e.created.to_string(),
+            e.dialect.ledger_name().to_string(),
+            e.facts.endpoint.clone(),
+            e.model.clone(),
+            e.backend.clone(),
+            e.stream.to_string(),
+            e.status.to_string(),
+            e.finish_name().to_string(),
+            u.prompt_tokens.to_string(),
+            u.cached_tokens.to_string(),
+            u.completion_tokens.to_string(),
+            u.reasoning_tokens.to_string(),
+            e.facts.client.clone().unwrap_or_default(),
+            e.facts.node.clone().unwrap_or_default(),
+        ]);
     }
-    out
+    let bytes = w.into_inner().unwrap_or_default();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// `/v1/usage`: the ledger's entries newest first (`limit`, default 100;
+/// `cursor` continues a listing), filtered by `model`, `dialect`, `finish`,
+/// `client`, `node`, `since` and `until`; summed with `group_by`; or
+/// exported with `format=csv` (every entry the filter selects unless
+/// `limit` is given). Bad parameters get a 400.
+pub async fn handle(
+    State(s): State<crate::AppState>,
+    Query(pairs): Query<Vec<(String, String)>>,
+) -> Response {
+    let answer = || -> Result<Response, ApiError> {
+        let mut q = UsageQuery::parse(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
+        if q.limit.is_none() && !q.csv {
+            q.limit = Some(100);
+        }
+        let page = s.ledger.query(&q)?;
+        if let Some(by) = q.group_by {
+            let data = grouped(&page.entries(), by);
+            return Ok(axum::Json(json!({"object": "list", "data": data})).into_response());
+        }
+        if q.csv {
+            return Ok((
+                [(axum::http::header::CONTENT_TYPE, "text/csv; charset=utf-8")],
+                csv(&page.entries()),
+            )
+                .into_response());
+        }
+        let data: Vec<Value> = page
+            .entries
+            .iter()
+            .map(|(seq, e)| {
+                let mut v = e.to_json();
+                v["cursor"] = json!(seq);
+                v
+            })
+            .collect();
+        Ok(axum::Json(json!({
+            "object": "list",
+            "data": data,
+            "has_more": page.has_more,
+            "next_cursor": page.next_cursor(),
+        }))
+        .into_response())
+    };
+    answer().unwrap_or_else(|e| e.in_dialect(ErrorShape::OpenAi).into_response())
+}
+
+/// `/v1/usage/keys`: each API key's use against its limits (names only).
+pub async fn keys(State(s): State<crate::AppState>) -> Response {
+    let now = crate::run::now_secs();
+    let midnight = now - now % 86_400;
+    let listed: Result<Vec<Value>, ApiError> = s
+        .access
+        .keys()
+        .iter()
+        .map(|k| {
+            let used = s.ledger.tokens_since(&k.name, midnight)?;
+            Ok(json!({
+                "name": k.name,
+                "tokens_today": used,
+                "tokens_per_day": k.tokens_per_day,
+                "requests_last_minute": s.limits.last_minute(&k.name),
+                "requests_per_minute": k.requests_per_minute,
+            }))
+        })
+        .collect();
+    match listed {
+        Ok(data) => axum::Json(json!({"object": "list", "data": data})).into_response(),
+        Err(e) => e.in_dialect(ErrorShape::OpenAi).into_response(),
+    }
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ mod conversations;
 mod error;
 #[cfg(test)]
 mod fuzz_tests;
-mod ledger;
+pub mod ledger;
 mod metrics;
 mod models;
 mod openai_chat;
@@ -28,11 +28,11 @@ mod wire;
 
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::extract::{DefaultBodyLimit, State};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde_json::{json, Value};
+use serde_json::json;
 use shoal_cluster::{LocalNode, NodeIdentity};
 use shoal_engine::{ChatMessage, Engine};
 
@@ -62,6 +62,8 @@ pub struct AppState {
     pub cluster: Arc<std::sync::OnceLock<Arc<shoal_cluster::Cluster>>>,
     /// API keys, browser origins and request limits.
     pub access: Arc<access::Access>,
+    /// The keys' recent requests, for their per-minute limits.
+    pub limits: Arc<access::Limits>,
     /// This node's `shoal shard` processes, by instance.
     pub shards: cluster::shards::Shards,
     /// Models placed on nodes through `/v1/instances`.
@@ -101,7 +103,7 @@ impl AppState {
         AppState {
             node: LocalNode::start(NodeIdentity::for_this_machine(), backend),
             pool,
-            ledger: Arc::new(Ledger::new(1000)),
+            ledger: Arc::new(Ledger::in_memory(10_000)),
             responses: Arc::new(openai_responses::ResponseStore::new(256)),
             running: Arc::new(run::Running::default()),
             store: None,
@@ -110,15 +112,22 @@ impl AppState {
             instances: Arc::default(),
             shards: Arc::default(),
             access: Arc::new(access::Access::default()),
+            limits: Arc::default(),
             metrics: Arc::new(metrics::Metrics::new()),
             log_prompts: false,
         }
     }
 
-    /// Opens (creating or migrating) the conversation store at `path`.
-    pub fn with_store(mut self, path: &std::path::Path) -> Result<Self, shoal_store::StoreError> {
+    /// Opens (creating or migrating) the conversation store at `path`, and
+    /// the usage ledger in the same file, kept for `retention`.
+    pub fn with_store(
+        mut self,
+        path: &std::path::Path,
+        retention: ledger::Retention,
+    ) -> Result<Self, shoal_store::StoreError> {
         let store = shoal_store::Store::open(path)?;
         self.store = Some(Arc::new(std::sync::Mutex::new(store)));
+        self.ledger = Arc::new(Ledger::open(path, retention)?);
         Ok(self)
     }
 
@@ -202,6 +211,7 @@ pub async fn serve_until(
         let _ = state.cluster.set(cluster);
     }
     pool::ModelPool::start_sweeper(&state.pool);
+    Ledger::start_pruning(&state.ledger);
     let running = state.running.clone();
     // Stop accepting, then cancel what is running so every open stream ends
     // with its final event promptly and the graceful wait is short.
@@ -218,7 +228,8 @@ pub async fn serve_until(
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/health", get(health))
-        .route("/v1/usage", get(usage))
+        .route("/v1/usage", get(ledger::handle))
+        .route("/v1/usage/keys", get(ledger::keys))
         .route("/metrics", get(metrics::handle))
         .route(
             "/v1/chat/completions",
@@ -246,6 +257,10 @@ pub fn router(state: AppState) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             access::guard,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            ledger::track,
         ))
         .layer(access::cors(&state.access))
         // Bodies are read up to the limit before the 413, so a client still
@@ -287,34 +302,6 @@ async fn health(State(s): State<AppState>) -> impl IntoResponse {
             "decode_steps": sum(|s| &s.decode_steps),
         },
     }))
-}
-
-/// `/v1/usage`: the ledger's entries newest first (`limit`, default 100),
-/// filtered by `model`, `dialect`, `finish`, `since` and `until`; summed with
-/// `group_by`; or exported with `format=csv`. Bad parameters get a 400.
-async fn usage(
-    State(s): State<AppState>,
-    Query(pairs): Query<Vec<(String, String)>>,
-) -> axum::response::Response {
-    let q = match ledger::UsageQuery::parse(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str()))) {
-        Ok(q) => q,
-        Err(e) => return e.in_dialect(ErrorShape::OpenAi).into_response(),
-    };
-    let entries = s.ledger.query(&q);
-    if let Some(by) = q.group_by {
-        return Json(json!({"object": "list", "data": ledger::grouped(&entries, by)}))
-            .into_response();
-    }
-    let listed = &entries[..entries.len().min(q.limit.unwrap_or(100))];
-    if q.csv {
-        return (
-            [(axum::http::header::CONTENT_TYPE, "text/csv; charset=utf-8")],
-            ledger::csv(listed),
-        )
-            .into_response();
-    }
-    let data: Vec<Value> = listed.iter().map(ledger::LedgerEntry::to_json).collect();
-    Json(json!({"object": "list", "data": data})).into_response()
 }
 
 /// API paths that match no route get the dialect's 404; everything else is

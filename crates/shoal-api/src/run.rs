@@ -8,7 +8,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tracing::Instrument;
 
 use crate::error::ApiError;
-use crate::ledger::LedgerEntry;
+use crate::ledger::{LedgerEntry, Tracked};
 use crate::{wire, Served};
 use shoal_client::Dialect;
 
@@ -34,6 +34,9 @@ pub struct LedgerFormat {
     pub dialect: Dialect,
     pub model: String,
     pub stream: bool,
+    /// The request's facts and where to say it was recorded (absent when
+    /// the handler runs outside the router, as in unit tests).
+    pub tracked: Option<crate::ledger::Tracked>,
 }
 
 /// Merged events of all choices, tagged with the choice index.
@@ -201,6 +204,7 @@ pub trait Adapter: Sized + Send + 'static {
 /// Serves one generation request in dialect `A`.
 pub async fn serve<A: Adapter>(
     axum::extract::State(state): axum::extract::State<crate::AppState>,
+    tracked: Option<axum::Extension<crate::ledger::Tracked>>,
     body: crate::body::Body,
 ) -> Result<axum::response::Response, crate::error::DialectError> {
     use axum::response::IntoResponse;
@@ -216,6 +220,7 @@ pub async fn serve<A: Adapter>(
             dialect: A::DIALECT,
             model,
             stream: streaming,
+            tracked: tracked.map(|t| t.0),
         };
         let choices = start(&served, job, fmt)?;
         if streaming {
@@ -311,6 +316,7 @@ pub fn start(state: &Served, job: Generation, fmt: LedgerFormat) -> Result<Choic
     let (tx, rx) = mpsc::unbounded_channel();
     let ledger = state.ledger.clone();
     let metrics = state.metrics.clone();
+    let backend = state.engine.model.info.backend.to_string();
     // One span per request; its outcome is recorded on it when it ends.
     let span = tracing::info_span!(
         "request",
@@ -353,6 +359,10 @@ pub fn start(state: &Served, job: Generation, fmt: LedgerFormat) -> Result<Choic
                     stream: fmt.stream,
                     per_prompt: per,
                     completions: done.iter().flatten().cloned().collect(),
+                    facts: fmt.tracked.as_ref().map(Tracked::facts).unwrap_or_default(),
+                    backend: backend.clone(),
+                    status: 200,
+                    error: None,
                 };
                 let finish_reasons = entry.finish_reasons();
                 metrics.observe(
@@ -370,7 +380,10 @@ pub fn start(state: &Served, job: Generation, fmt: LedgerFormat) -> Result<Choic
                     decode_tokens_per_s = first.decode_tokens_per_s,
                     "request finished"
                 );
-                ledger.record(entry);
+                ledger.record(&entry);
+                if let Some(t) = &fmt.tracked {
+                    let _ = t.recorded.set(entry.id.clone());
+                }
             };
             let deadline = limit.map(|l| tokio::time::Instant::now() + l);
             let mut timed_out = false;

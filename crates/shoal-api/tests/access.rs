@@ -55,7 +55,10 @@ fn messages() -> Value {
 
 #[tokio::test]
 async fn keys_are_required_in_both_headers_and_refusals_use_each_dialects_shape() {
-    let base = server(Access::default().with_keys(&[KEY.into(), "second-key".into()])).await;
+    let access = Access::default()
+        .with_keys(&[KEY.into(), "second-key".into()])
+        .expect("keys");
+    let base = server(access).await;
     let post = reqwest::Method::POST;
     let (status, _, body) = call(
         post.clone(),
@@ -142,6 +145,168 @@ async fn keys_are_required_in_both_headers_and_refusals_use_each_dialects_shape(
         "a key leaked into the ledger"
     );
     assert!(usage.contains("openai.chat") && usage.contains("anthropic.messages"));
+}
+
+/// Named keys: the ledger records each request under its key's name (never
+/// the key), with the user agent and origin; a key past its requests per
+/// minute or its tokens per day gets a 429 in the dialect's shape with
+/// `retry-after`, generates nothing, and the refusal is in the ledger too.
+#[tokio::test]
+async fn named_keys_are_recorded_and_held_to_their_limits() {
+    let access = Access::default()
+        .with_keys(&[
+            "opencode=sk-oc-1;requests_per_minute=2".into(),
+            "ci=sk-ci-2;tokens_per_day=20".into(),
+        ])
+        .expect("keys");
+    let base = server(access).await;
+    let post = reqwest::Method::POST;
+    let oc = [
+        ("authorization", "Bearer sk-oc-1"),
+        ("user-agent", "opencode/0.9"),
+    ];
+    for _ in 0..2 {
+        let (status, _, body) = call(
+            post.clone(),
+            format!("{base}/v1/chat/completions"),
+            &oc,
+            Some(chat()),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let (status, h, body) = call(
+        post.clone(),
+        format!("{base}/v1/chat/completions"),
+        &oc,
+        Some(chat()),
+    )
+    .await;
+    assert_eq!(status, 429, "{body}");
+    let wait: u64 = h["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=60).contains(&wait), "retry-after {wait}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["type"], "rate_limit_error", "{v}");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("2 requests per minute"));
+    // Anthropic's shape for the same refusal.
+    let (status, h, body) = call(
+        post.clone(),
+        format!("{base}/v1/messages"),
+        &[("x-api-key", "sk-oc-1")],
+        Some(messages()),
+    )
+    .await;
+    assert_eq!(status, 429, "{body}");
+    assert!(h.contains_key("retry-after"));
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (v["type"].as_str(), v["error"]["type"].as_str()),
+        (Some("error"), Some("rate_limit_error"))
+    );
+
+    // The first request of `ci` takes it past 20 tokens (its prompt alone
+    // is longer); the next is refused until the UTC day ends.
+    let ci = [("x-api-key", "sk-ci-2")];
+    let (status, _, body) = call(
+        post.clone(),
+        format!("{base}/v1/messages"),
+        &ci,
+        Some(messages()),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let sent: Value = serde_json::from_str(&body).unwrap();
+    // Anthropic's input_tokens leave out what the prefix cache served.
+    let used: u64 = [
+        "input_tokens",
+        "cache_read_input_tokens",
+        "cache_creation_input_tokens",
+        "output_tokens",
+    ]
+    .iter()
+    .map(|k| sent["usage"][*k].as_u64().unwrap())
+    .sum();
+    assert!(used >= 20, "{sent}");
+    let (status, h, body) = call(
+        post.clone(),
+        format!("{base}/v1/messages"),
+        &ci,
+        Some(messages()),
+    )
+    .await;
+    assert_eq!(status, 429, "{body}");
+    let wait: u64 = h["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=86_400).contains(&wait), "retry-after {wait}");
+    assert!(
+        body.contains(&format!("used {used} of its 20 tokens")),
+        "{body}"
+    );
+
+    let get = reqwest::Method::GET;
+    let (status, _, listed) = call(
+        get.clone(),
+        format!("{base}/v1/usage?client=opencode"),
+        &[("x-api-key", "sk-ci-2")],
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{listed}");
+    assert!(
+        !listed.contains("sk-oc-1") && !listed.contains("sk-ci-2"),
+        "a key leaked"
+    );
+    let data = serde_json::from_str::<Value>(&listed).unwrap()["data"].clone();
+    let statuses: Vec<u64> = data
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["status"].as_u64().unwrap())
+        .collect();
+    assert_eq!(statuses, [429, 429, 200, 200], "{data}");
+    for e in data.as_array().unwrap() {
+        assert_eq!(e["client"], "opencode", "{e}");
+    }
+    assert_eq!(data[2]["user_agent"], "opencode/0.9");
+    assert_eq!(
+        data[0]["engine_finish_reasons"],
+        json!([]),
+        "a refusal generated nothing"
+    );
+    assert_eq!(data[0]["usage"]["input_tokens"], 0, "{}", data[0]);
+    assert_eq!(data[1]["usage"]["prompt_tokens"], 0, "{}", data[1]);
+    let (_, _, keys) = call(
+        get.clone(),
+        format!("{base}/v1/usage/keys"),
+        &[("x-api-key", "sk-ci-2")],
+        None,
+    )
+    .await;
+    let keys: Value = serde_json::from_str(&keys).unwrap();
+    assert_eq!(keys["data"][0]["name"], "opencode");
+    assert_eq!(keys["data"][0]["requests_last_minute"], 2, "{keys}");
+    assert_eq!(keys["data"][1]["tokens_today"], used, "{keys}");
+    assert_eq!(keys["data"][1]["tokens_per_day"], 20);
+    // Sums per client match what each was sent.
+    let (_, _, grouped) = call(
+        get,
+        format!("{base}/v1/usage?group_by=client"),
+        &[("x-api-key", "sk-ci-2")],
+        None,
+    )
+    .await;
+    let grouped: Value = serde_json::from_str(&grouped).unwrap();
+    let ci_row = grouped["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["key"] == "ci")
+        .cloned()
+        .unwrap();
+    assert_eq!(ci_row["requests"], 2, "{grouped}");
+    assert_eq!(ci_row["total_tokens"], used, "{grouped}");
 }
 
 #[tokio::test]

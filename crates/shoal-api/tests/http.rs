@@ -699,7 +699,7 @@ async fn server_with_store(name: &str) -> String {
     let dir = std::env::temp_dir().join(format!("shoal-http-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let state = AppState::new(engine())
-        .with_store(&dir.join("store.sqlite"))
+        .with_store(&dir.join("store.sqlite"), Default::default())
         .expect("store");
     serve_state(state).await
 }
@@ -1256,13 +1256,36 @@ async fn usage_filters_groups_and_exports_the_ledger() {
     assert_eq!(status, 200);
     let rows: Vec<&str> = text.lines().collect();
     assert_eq!(rows.len(), 2, "{text}");
-    assert!(rows[0].starts_with("id,created,dialect,model"), "{text}");
+    assert!(
+        rows[0].starts_with("id,created,dialect,endpoint,model,backend"),
+        "{text}"
+    );
     assert!(
         rows[1].contains(",anthropic.messages,") && rows[1].contains(m["id"].as_str().expect("id"))
     );
 
+    // Pages of one follow the cursor through every entry, newest first.
+    let mut paged = Vec::new();
+    let mut path = "/v1/usage?limit=1".to_string();
+    loop {
+        let (status, body) = get_text(&base, &path).await;
+        assert_eq!(status, 200, "{body}");
+        let page: Value = serde_json::from_str(&body).expect("json");
+        assert_eq!(page["data"].as_array().map(Vec::len), Some(1), "{page}");
+        paged.push(page["data"][0]["id"].as_str().expect("id").to_string());
+        if page["has_more"] == false {
+            assert!(page["next_cursor"].is_null(), "{page}");
+            break;
+        }
+        let cursor = page["next_cursor"].as_i64().expect("cursor");
+        path = format!("/v1/usage?limit=1&cursor={cursor}");
+    }
+    let m_id = m["id"].as_str().expect("id").to_string();
+    assert_eq!(paged, [m_id, chat_ids[1].clone(), chat_ids[0].clone()]);
+
     // Bad parameters: the OpenAI error shape, naming the parameter.
     for (path, param) in [
+        ("/v1/usage?cursor=-1", "cursor"),
         ("/v1/usage?group_by=week", "group_by"),
         ("/v1/usage?limit=many", "limit"),
         ("/v1/usage?dialect=gemini", "dialect"),

@@ -1,10 +1,10 @@
 //! The record every API adapter renders: what was produced, why it stopped,
 //! and exactly what it cost. Adapters translate; they never recount.
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Why a generation ended. Kept finer-grained than any API dialect so each
 /// adapter can map it in its own words without losing information.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", content = "detail", rename_all = "snake_case")]
 pub enum FinishReason {
     /// The model produced an end-of-sequence token.
@@ -53,7 +53,7 @@ impl FinishReason {
 
 /// Token accounting for one generation. `total` is derived, never stored, so
 /// it cannot disagree with its parts.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
     /// Every token of the rendered prompt, whether or not it came from cache.
     pub prompt_tokens: usize,
@@ -72,7 +72,7 @@ impl Usage {
 }
 
 /// Wall-clock figures for one generation.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Timings {
     /// Time spent waiting for the engine before work began.
     pub queue_ms: f64,
@@ -87,7 +87,7 @@ pub struct Timings {
 }
 
 /// The final record of a generation.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Completion {
     pub finish: FinishReason,
     pub usage: Usage,

@@ -32,7 +32,8 @@ pub(crate) const MIGRATION: &str = "CREATE TABLE usage (
         record TEXT NOT NULL
     );
     CREATE INDEX usage_created ON usage (created_ms);
-    CREATE INDEX usage_id ON usage (id);";
+    CREATE INDEX usage_id ON usage (id);
+    CREATE INDEX usage_client ON usage (client, created_ms);";
 
 /// One request as stored.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -205,6 +206,17 @@ impl UsageLog {
             .map_err(StoreError::from)
     }
 
+    /// Prompt plus completion tokens of `client`'s requests since `since_ms`.
+    pub fn client_tokens_since(&self, client: &str, since_ms: i64) -> Result<u64> {
+        let n: i64 = self.conn.query_row(
+            "SELECT COALESCE(SUM(prompt_tokens + completion_tokens), 0) FROM usage
+             WHERE client = ?1 AND created_ms >= ?2",
+            params![client, since_ms],
+            |r| r.get(0),
+        )?;
+        Ok(n.max(0) as u64)
+    }
+
     /// Deletes rows created before `older_than_ms` and, past `keep_rows`
     /// (0 = no cap), the oldest ones. Returns how many went.
     pub fn prune(&self, older_than_ms: Option<i64>, keep_rows: usize) -> Result<usize> {
@@ -282,8 +294,13 @@ mod tests {
         let log = UsageLog::in_memory().expect("ledger");
         for i in 0..5 {
             let model = if i % 2 == 0 { "a" } else { "b" };
-            log.insert(&row(&format!("r{i}"), 1000 * i, model, &["stop", "end_turn"]))
-                .expect("insert");
+            log.insert(&row(
+                &format!("r{i}"),
+                1000 * i,
+                model,
+                &["stop", "end_turn"],
+            ))
+            .expect("insert");
         }
         log.insert(&row("r5", 5000, "a", &["stop_sequence"]))
             .expect("insert");
@@ -303,7 +320,11 @@ mod tests {
             finish: Some("stop".into()),
             ..Default::default()
         };
-        assert_eq!(ids(&stop).len(), 5, "whole words only: stop_sequence is not stop");
+        assert_eq!(
+            ids(&stop).len(),
+            5,
+            "whole words only: stop_sequence is not stop"
+        );
         // Pages follow the cursor.
         let first = log
             .select(&UsageFilter {

@@ -178,7 +178,9 @@ settings! {
         log_format: crate::LogFormat = crate::LogFormat::Text,
             env Env::Var("SHOAL_LOG_FORMAT"), flag Flag::Global("log-format");
         /// A key clients must send as `Authorization: Bearer KEY` or `x-api-key`;
-        /// any one is accepted. Needed to listen beyond loopback.
+        /// any one is accepted. Needed to listen beyond loopback. `NAME=KEY`
+        /// names it in the usage ledger; `;tokens_per_day=N` and
+        /// `;requests_per_minute=N` after it limit it.
         api_keys: Vec<String> = Vec::new(),
             env Env::Commas("SHOAL_API_KEYS"), flag Flag::Value("api-key", "KEY");
         /// A browser origin allowed to call the API besides the server's own
@@ -232,6 +234,15 @@ settings! {
         /// Unload a model nobody has used for this many seconds (0 = never).
         idle_unload_secs: u64 = 1800,
             env Env::Var("SHOAL_IDLE_UNLOAD_SECS"), flag Flag::Value("idle-unload-secs", "SECS");
+    }
+    /// How long the usage ledger keeps its records.
+    [usage] UsageSettings {
+        /// Days a request's record is kept (0 = no age limit).
+        retention_days: u64 = 90,
+            env Env::Var("SHOAL_USAGE_RETENTION_DAYS"), flag Flag::Value("usage-retention-days", "DAYS");
+        /// Most records kept; past it the oldest go (0 = no cap).
+        retention_rows: u64 = 0,
+            env Env::Var("SHOAL_USAGE_RETENTION_ROWS"), flag Flag::Value("usage-retention-rows", "N");
     }
     /// Off unless phrases or patterns are given.
     [content_filter] ContentFilter {
@@ -610,9 +621,13 @@ impl Resolved {
         }
     }
 
-    /// Catches what the file format cannot: bad regular expressions and sizes
-    /// that overflow. Each message names the key and where its value came from.
+    /// Catches what the file format cannot: bad regular expressions, key
+    /// specs and sizes that overflow. Each message names the key and where
+    /// its value came from.
     fn validate(&self) -> Result<()> {
+        if let Err(e) = self.config.access() {
+            bail!("{e:#} (from {})", self.describe("server.api_keys"));
+        }
         let key = "content_filter.patterns";
         for (i, p) in self.config.content_filter.patterns.iter().enumerate() {
             if p.is_empty() {
@@ -648,7 +663,7 @@ impl Resolved {
         shown.server.db = self.config.db_path().ok();
         // Keys and secrets are shown as set, never printed.
         for k in shown.server.api_keys.iter_mut() {
-            *k = "(set)".into();
+            *k = shoal_api::access::Key::redacted(k);
         }
         if !shown.cluster.secret.is_empty() {
             // Shown as set, never printed.
@@ -716,15 +731,25 @@ impl Config {
     }
 
     /// API keys, allowed origins and request limits for the server.
-    pub fn access(&self) -> shoal_api::access::Access {
-        let mut a = shoal_api::access::Access::default().with_keys(&self.server.api_keys);
+    pub fn access(&self) -> Result<shoal_api::access::Access> {
+        let mut a = shoal_api::access::Access::default()
+            .with_keys(&self.server.api_keys)
+            .map_err(|e| anyhow!("server.api_keys: {e}"))?;
         a.origins.extend(self.server.cors_origins.iter().cloned());
         a.max_messages = self.server.max_messages.max(1);
         a.max_tools = self.server.max_tools;
         a.max_body_bytes = self.server.max_body_mb.max(1).saturating_mul(1 << 20);
         a.request_timeout = (self.server.request_timeout_secs > 0)
             .then(|| std::time::Duration::from_secs(self.server.request_timeout_secs));
-        a
+        Ok(a)
+    }
+
+    /// How long the usage ledger keeps its records.
+    pub fn retention(&self) -> shoal_api::ledger::Retention {
+        shoal_api::ledger::Retention {
+            days: self.usage.retention_days,
+            rows: usize::try_from(self.usage.retention_rows).unwrap_or(usize::MAX),
+        }
     }
 
     /// Refuses to listen beyond loopback without an API key: a LAN must not

@@ -26,7 +26,7 @@ pub fn open_store(state: shoal_api::AppState, cfg: &config::Config) -> shoal_api
             return state;
         }
     };
-    match state.clone().with_store(&db) {
+    match state.clone().with_store(&db, cfg.retention()) {
         Ok(with) => {
             tracing::info!(db = %db.display(), "conversation store");
             with
@@ -90,7 +90,7 @@ pub fn app_state(
     let mut state = open_store(shoal_api::AppState::with_pool(pool), cfg);
     state.log_prompts = cfg.server.log_prompts;
     state.cluster_options = cfg.cluster_options();
-    state.access = std::sync::Arc::new(cfg.access());
+    state.access = std::sync::Arc::new(cfg.access()?);
     Ok(state)
 }
 
