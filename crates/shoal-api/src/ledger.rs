@@ -563,8 +563,8 @@ impl UsageQuery {
                 "client" => q.client = Some(v.to_string()),
                 "node" => q.node = Some(v.to_string()),
                 "cursor" => q.cursor = Some(number(k, v)?.min(i64::MAX as u64) as i64),
-                "since" => q.since = Some(number(k, v)?),
-                "until" => q.until = Some(number(k, v)?),
+                "since" => q.since = Some(instant(k, v)?),
+                "until" => q.until = Some(instant(k, v)?),
                 "group_by" => {
                     q.group_by = Some(match v {
                         "day" => GroupBy::Day,
@@ -605,6 +605,50 @@ impl UsageQuery {
         }
         Ok(q)
     }
+}
+
+/// A moment as `since` and `until` take it, in Unix seconds: a number of
+/// seconds, `now`, `today` or `yesterday` (UTC midnight), a span ago
+/// (`90m`, `24h`, `7d`), a UTC date (`2026-12-01`) or an RFC 3339 time.
+pub fn instant(param: &str, v: &str) -> Result<u64, ApiError> {
+    let now = chrono::Utc::now().timestamp().max(0) as u64;
+    let midnight = now - now % 86_400;
+    let bad = || {
+        ApiError::param(
+            param,
+            format!(
+                "'{param}' must be Unix seconds, now, today, yesterday, a span ago (90m, 24h, \
+                 7d), a date (2026-12-01) or an RFC 3339 time, got {v:?}"
+            ),
+        )
+    };
+    if let Ok(secs) = v.parse::<u64>() {
+        return Ok(secs);
+    }
+    match v {
+        "now" => return Ok(now),
+        "today" => return Ok(midnight),
+        "yesterday" => return Ok(midnight.saturating_sub(86_400)),
+        _ => {}
+    }
+    if let Some(unit) = v.chars().last().and_then(|c| match c {
+        'm' => Some(60),
+        'h' => Some(3600),
+        'd' => Some(86_400),
+        _ => None,
+    }) {
+        if let Ok(n) = v[..v.len() - 1].parse::<u64>() {
+            return Ok(now.saturating_sub(n.saturating_mul(unit)));
+        }
+    }
+    if let Ok(d) = chrono::NaiveDate::parse_from_str(v, "%Y-%m-%d") {
+        let secs = d.and_time(chrono::NaiveTime::MIN).and_utc().timestamp();
+        return u64::try_from(secs).map_err(|_| bad());
+    }
+    chrono::DateTime::parse_from_rfc3339(v)
+        .ok()
+        .and_then(|t| u64::try_from(t.timestamp()).ok())
+        .ok_or_else(bad)
 }
 
 /// `YYYY-MM-DD` (and `THH` with `hour`) of Unix seconds, in UTC.
@@ -765,6 +809,28 @@ pub async fn keys(State(s): State<crate::AppState>) -> Response {
 #[cfg(test)]
 mod tests {
     use super::utc_key;
+
+    #[test]
+    fn instants_in_every_accepted_form() {
+        use super::instant;
+        assert_eq!(instant("since", "1700000000").unwrap(), 1_700_000_000);
+        assert_eq!(instant("since", "2026-12-02").unwrap(), 1_796_169_600);
+        assert_eq!(
+            instant("since", "2026-12-02T01:00:00+01:00").unwrap(),
+            1_796_169_600
+        );
+        let today = instant("since", "today").unwrap();
+        assert_eq!(today % 86_400, 0);
+        assert_eq!(instant("since", "yesterday").unwrap(), today - 86_400);
+        let now = instant("until", "now").unwrap();
+        let day_ago = instant("since", "24h").unwrap();
+        // `now` is read twice; a second may pass between.
+        assert!((now - day_ago).abs_diff(86_400) <= 1);
+        for bad in ["soon", "-5", "12x", "2026-13-01", ""] {
+            let e = instant("since", bad).expect_err(bad);
+            assert_eq!(e.param.as_deref(), Some("since"), "{bad}");
+        }
+    }
 
     #[test]
     fn utc_keys_are_calendar_dates() {

@@ -5,6 +5,7 @@ mod chat;
 mod generate;
 mod models;
 mod serve;
+mod usage;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -41,6 +42,9 @@ enum Command {
     Chat(chat::Args),
     /// Stored conversations with per-reply reasons and usage, and totals per model.
     History(chat::HistoryArgs),
+    /// The server's usage ledger: requests, sums per day, model, client …,
+    /// or each API key against its quota (read from the store; no server needed).
+    Usage(usage::Args),
     /// Download a model from the Hugging Face hub (HF_ENDPOINT, HF_TOKEN and
     /// HF_HOME are honoured); an interrupted pull resumes.
     Pull(models::PullArgs),
@@ -86,6 +90,7 @@ fn main() -> Result<()> {
         Command::Serve(a) => serve::run(a),
         Command::Chat(a) => chat::run(a),
         Command::History(a) => chat::history(a),
+        Command::Usage(a) => usage::run(a),
         Command::Pull(a) => models::pull(a),
         Command::Models(a) => models::list(a),
         Command::Rm(a) => models::rm(a),

@@ -1442,3 +1442,120 @@ fn two_servers_sharing_a_home_are_two_nodes() {
     );
     drop(again_server);
 }
+
+/// The usage ledger lasts: requests answered before a `kill -9` are all in
+/// it after a restart, and `shoal usage` (reading the store, no server)
+/// lists, sums per client and exports them with the totals the clients
+/// were sent.
+#[test]
+fn the_usage_ledger_survives_kill_9_and_shoal_usage_reads_it() {
+    let dir = temp_dir("ledger-kill");
+    let db = dir.join("store.sqlite");
+    let serve = |c: &mut std::process::Command| {
+        c.args(["serve", "--port", "0", "--backend", gguf_backend()])
+            .arg("--model")
+            .arg(gguf())
+            .arg("--db")
+            .arg(&db)
+            .args(["--api-key", "opencode=sk-oc", "--api-key", "ci=sk-ci"]);
+    };
+    let (mut server, addr) = start_server(&dir, serve);
+    let key = |k: &str| [("authorization", format!("Bearer {k}"))];
+    let chat = |n: u32| {
+        json!({"model": crate_model_id(), "n": n, "max_tokens": 6,
+               "messages": [{"role": "user", "content": "Name a colour."}]})
+        .to_string()
+    };
+    // (client, prompt + completion tokens as each client was told)
+    let mut sent: std::collections::BTreeMap<&str, u64> = Default::default();
+    let mut ids = Vec::new();
+    for (client, k, n) in [
+        ("opencode", "sk-oc", 1),
+        ("opencode", "sk-oc", 2),
+        ("ci", "sk-ci", 1),
+    ] {
+        let (status, v) = post_json_with(&addr, "/v1/chat/completions", &chat(n), &key(k));
+        assert_eq!(status, 200, "{v}");
+        *sent.entry(client).or_default() += v["usage"]["total_tokens"].as_u64().expect("total");
+        ids.push(v["id"].as_str().expect("id").to_string());
+    }
+    let msg = json!({"model": crate_model_id(), "max_tokens": 5,
+                     "messages": [{"role": "user", "content": "Hi"}]});
+    let (status, m) = post_json_with(
+        &addr,
+        "/v1/messages",
+        &msg.to_string(),
+        &[("x-api-key", "sk-ci".to_string())],
+    );
+    assert_eq!(status, 200, "{m}");
+    let u = &m["usage"];
+    *sent.entry("ci").or_default() += [
+        "input_tokens",
+        "cache_read_input_tokens",
+        "cache_creation_input_tokens",
+        "output_tokens",
+    ]
+    .iter()
+    .map(|f| u[*f].as_u64().unwrap_or(0))
+    .sum::<u64>();
+    ids.push(m["id"].as_str().expect("id").to_string());
+
+    // SIGKILL: no shutdown, no flush.
+    server.0.kill().expect("kill -9");
+    let _ = server.0.wait();
+
+    let usage = |args: &[&str]| {
+        let (ok, out, err) = output(
+            shoal_isolated(&dir)
+                .arg("usage")
+                .arg("--db")
+                .arg(&db)
+                .args(args),
+        );
+        assert!(ok, "shoal usage {args:?}: {err}");
+        out
+    };
+    let listed: Value = serde_json::from_str(&usage(&["--json"])).expect("json");
+    let mut listed_ids: Vec<String> = listed["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|e| e["id"].as_str().expect("id").to_string())
+        .collect();
+    listed_ids.reverse();
+    assert_eq!(listed_ids, ids, "every answered request survived, in order");
+    let groups: Value =
+        serde_json::from_str(&usage(&["--group-by", "client", "--json"])).expect("json");
+    for (client, total) in &sent {
+        let g = groups
+            .as_array()
+            .and_then(|g| g.iter().find(|x| x["key"] == *client))
+            .unwrap_or_else(|| panic!("no {client} in {groups}"));
+        assert_eq!(
+            g["total_tokens"].as_u64(),
+            Some(*total),
+            "{client}: {groups}"
+        );
+    }
+    let csv = usage(&["--csv", "--client", "ci"]);
+    assert_eq!(
+        csv.lines().count(),
+        3,
+        "a header and ci's two requests: {csv}"
+    );
+    let table = usage(&["--since", "today", "--client", "opencode"]);
+    assert!(table.contains("2 requests:"), "{table}");
+    assert!(
+        !table.contains("sk-oc") && !csv.contains("sk-ci"),
+        "a key leaked"
+    );
+
+    // A restarted server serves the same ledger.
+    let (_server, addr) = start_server(&dir, serve);
+    let (status, v) = get_with(&addr, "/v1/usage", &key("sk-oc"));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["data"].as_array().map(Vec::len), Some(4), "{v}");
+    assert_eq!(v["data"][0]["id"], ids[3].as_str());
+    assert_eq!(v["data"][0]["client"], "ci");
+    let _ = std::fs::remove_dir_all(&dir);
+}
