@@ -127,8 +127,9 @@ keyed_status="$(curl -s -o /dev/null -w '%{http_code}' "$KEYED_URL/v1/models")"
 [[ "$keyed_status" == 401 ]] || fail "$KEYED_URL/v1/models answered $keyed_status without a key, not 401 (was --api-key taken?)"
 
 suite_start=$SECONDS
+# SHOAL_BIN lets a test start (and kill) servers of its own.
 (cd "$ROOT/tests/ui" && SHOAL_URL="$URL" HUB_URL="$HUB_URL" SHOAL_UI_KEYED_URL="$KEYED_URL" SHOAL_UI_KEY="$SHOAL_UI_KEY" \
-  node --test --test-reporter=spec) 2>&1 | tee "$LOGDIR/ui.log"
+  SHOAL_BIN="$SHOAL_BIN" SHOAL_UI_TMP="$LOGDIR" node --test --test-reporter=spec) 2>&1 | tee "$LOGDIR/ui.log"
 rc=${PIPESTATUS[0]}
 secs=$((SECONDS - suite_start))
 

@@ -1,5 +1,6 @@
 // Shared pieces of the browser tests: Debian's chromium through playwright-core,
 // the server under test (SHOAL_URL, started by tests/run-ui.sh), screenshots.
+import { spawn } from 'node:child_process';
 import { mkdirSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -213,4 +214,35 @@ export async function traceReplies(page) {
     new MutationObserver(snap).observe(document.body, { subtree: true, childList: true, characterData: true, attributes: true });
   });
   return () => page.evaluate(() => window.__trace);
+}
+
+/**
+ * Starts a server of the test's own (`shoal serve --port 0` plus `args`,
+ * the model from the environment) and waits for its listening line;
+ * resolves with its URL and process. The caller stops it.
+ */
+export function startServer(args) {
+  const bin = process.env.SHOAL_BIN;
+  if (!bin) throw new Error('SHOAL_BIN is not set: run the suite through tests/run-ui.sh');
+  const proc = spawn(bin, ['serve', '--port', '0', '--prefix-cache-mb', '0', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let err = '';
+  proc.stderr.on('data', (d) => (err = (err + d).slice(-4000)));
+  return new Promise((resolveUrl, reject) => {
+    let out = '';
+    proc.stdout.on('data', (d) => {
+      out += d;
+      const m = out.match(/^shoal listening on (http:\/\/\S+) /m);
+      if (m) resolveUrl({ url: m[1], proc });
+    });
+    proc.on('exit', (code) => reject(new Error(`shoal serve exited (${code}) before listening: ${err}`)));
+  });
+}
+
+/** Kills a server started by `startServer` with SIGKILL and waits for it to be gone. */
+export function killServer(proc) {
+  return new Promise((done) => {
+    if (proc.exitCode !== null || proc.signalCode !== null) return done();
+    proc.once('exit', () => done());
+    proc.kill('SIGKILL');
+  });
 }

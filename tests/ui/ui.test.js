@@ -7,6 +7,7 @@ import {
   BASE,
   currentServerId,
   launch,
+  killServer,
   lastReply,
   ledgerEntry,
   newChat,
@@ -14,6 +15,7 @@ import {
   screenshot,
   send,
   shownStats,
+  startServer,
   storedConversation,
   streamChat,
   traceReplies,
@@ -399,9 +401,83 @@ test('the usage view lists requests made outside the UI and refreshes by itself'
     assert.equal(await row.getByTestId('usage-row-completion').innerText(), String(usage.completion_tokens));
     assert.equal(await row.getByTestId('usage-row-total').innerText(), String(usage.total_tokens));
     assert.equal(await row.getByTestId('usage-row-finish').innerText(), 'length');
-    assert.ok((await page.getByTestId('chart-bar').count()) >= 1, 'chart drawn');
-    assert.ok((await page.locator('[data-testid=usage-chart] polyline').count()) === 1, 'tok/s line drawn');
+    // The chart has a bar per UTC day, today's as tall as the API's sum for it.
+    const days = (await api('/v1/usage?group_by=day')).json.data;
+    const today = days[days.length - 1];
+    const bar = page.locator(`[data-testid=chart-bar][data-day="${today.key}"]`);
+    await page.waitForFunction(
+      ([day, total]) => document.querySelector(`[data-testid=chart-bar][data-day="${day}"]`)?.dataset.total >= total,
+      [today.key, today.total_tokens],
+    );
+    assert.ok(Number(await bar.getAttribute('data-total')) >= today.total_tokens);
   });
+});
+
+test('the usage dashboard: its filters, sums and export match /v1/usage', async () => {
+  // One request in each of two dialects, so a dialect filter has something to leave out.
+  const chat = await api('/v1/chat/completions', { model, messages: [{ role: 'user', content: FRANCE }], temperature: 0, max_tokens: 4 });
+  assert.equal(chat.status, 200, chat.text);
+  const msg = await api('/v1/messages', { model, messages: [{ role: 'user', content: FRANCE }], temperature: 0, max_tokens: 3 });
+  assert.equal(msg.status, 200, msg.text);
+  await withPage('usage-dashboard', { path: '/usage' }, async (page) => {
+    await page.getByTestId('usage-updated').filter({ hasText: 'updated' }).waitFor();
+    await page.getByTestId('usage-filter-dialect').selectOption('anthropic.messages');
+    const q = 'dialect=anthropic.messages';
+    // Every row shown is a Messages request, and the newest is ours.
+    await page.locator(`[data-testid=usage-row][data-id="${msg.json.id}"]`).waitFor();
+    const want = (await api(`/v1/usage?${q}&limit=100`)).json.data.map((e) => e.id);
+    await page.waitForFunction((n) => document.querySelectorAll('[data-testid=usage-row]').length === n, want.length);
+    const shown = await page.getByTestId('usage-row').evaluateAll((rows) => rows.map((r) => r.dataset.id));
+    assert.deepEqual(shown, want);
+    assert.ok(!shown.includes(chat.json.id), 'the chat request is filtered out');
+    // The cards and the per-model sums are the API's sums for the filter.
+    const byModel = (await api(`/v1/usage?${q}&group_by=model`)).json.data;
+    const total = byModel.reduce((a, g) => a + g.requests, 0);
+    await page.waitForFunction((n) => document.querySelector('[data-testid=usage-count]')?.textContent === String(n), total);
+    const prompt = byModel.reduce((a, g) => a + g.prompt_tokens, 0);
+    const cached = byModel.reduce((a, g) => a + g.cached_tokens, 0);
+    assert.equal(await page.getByTestId('usage-total-prompt').innerText(), prompt.toLocaleString('en-US'));
+    assert.equal(await page.getByTestId('usage-cache-hit').innerText(), prompt ? `${((cached * 100) / prompt).toFixed(1)}%` : '–');
+    const row = page.locator(`[data-testid=usage-by-model] [data-testid=group-row][data-key="${model}"]`);
+    const g = byModel.find((x) => x.key === model);
+    assert.equal(await row.getByTestId('group-requests').innerText(), String(g.requests));
+    assert.equal(await row.getByTestId('group-total').innerText(), g.total_tokens.toLocaleString('en-US'));
+    // The export is the server's CSV for the same filter.
+    const download = page.waitForEvent('download');
+    await page.getByTestId('usage-export').click();
+    const file = await (await download).path();
+    const { readFileSync } = await import('node:fs');
+    const exported = readFileSync(file, 'utf8');
+    assert.equal(exported, (await api(`/v1/usage?${q}&format=csv`)).text);
+    assert.equal(exported.trim().split('\n').length, want.length + 1, exported);
+  });
+});
+
+test('a server killed and restarted keeps its usage history in the dashboard', async () => {
+  const { mkdtempSync } = await import('node:fs');
+  const { join } = await import('node:path');
+  const dir = mkdtempSync(join(process.env.SHOAL_UI_TMP || '/tmp', 'restart-'));
+  const args = ['--db', join(dir, 'store.sqlite')];
+  let { url, proc } = await startServer(args);
+  let ids = [];
+  try {
+    for (const max_tokens of [2, 3]) {
+      const r = await api('/v1/chat/completions', { model, messages: [{ role: 'user', content: FRANCE }], temperature: 0, max_tokens }, 'POST', { base: url });
+      assert.equal(r.status, 200, r.text);
+      ids.push(r.json.id);
+    }
+  } finally {
+    await killServer(proc);
+  }
+  ({ url, proc } = await startServer(args));
+  try {
+    await withPage('usage-after-restart', { path: '/usage', base: url }, async (page) => {
+      for (const id of ids) await page.locator(`[data-testid=usage-row][data-id="${id}"]`).waitFor();
+      assert.equal(await page.getByTestId('usage-count').innerText(), '2');
+    });
+  } finally {
+    await killServer(proc);
+  }
 });
 
 test('conversations and their settings persist across reloads and can be deleted', async () => {

@@ -87,6 +87,16 @@ export interface LedgerEntry {
   engine_finish_reasons?: string[];
   /** The stop sequence that matched, per choice. */
   stop_sequences?: (string | null)[];
+  /** The HTTP status the response went out with. */
+  status?: number;
+  /** The API key's name. */
+  client?: string | null;
+  /** The node that received the request. */
+  node?: string | null;
+  /** Why a refused request was refused. */
+  error?: string | null;
+  /** Continue a listing after this entry. */
+  cursor?: number;
 }
 
 export interface ClusterNode {
@@ -219,6 +229,56 @@ export async function pullModel(
 
 export const usageLedger = (limit: number) =>
   getJson<{ data: LedgerEntry[] }>(`/v1/usage?limit=${limit}`).then((r) => r.data ?? []);
+
+/** `/v1/usage`'s filters, as the server takes them (`since` / `until`: seconds, `today`, `24h` …). */
+export interface UsageFilters {
+  since?: string;
+  until?: string;
+  model?: string;
+  client?: string;
+  dialect?: string;
+  finish?: string;
+}
+
+/** One `group_by` sum. */
+export interface UsageGroup {
+  key: string;
+  requests: number;
+  prompt_tokens: number;
+  cached_tokens: number;
+  completion_tokens: number;
+  reasoning_tokens: number;
+  total_tokens: number;
+}
+
+/** An API key's use against its limits (`/v1/usage/keys`). */
+export interface KeyUse {
+  name: string;
+  tokens_today: number;
+  tokens_per_day: number | null;
+  requests_last_minute: number;
+  requests_per_minute: number | null;
+}
+
+/** The query string of `f` plus `extra`, empty filters left out. */
+export function usageQuery(f: UsageFilters, extra: Record<string, string> = {}): string {
+  const q = new URLSearchParams();
+  for (const [k, v] of Object.entries({ ...f, ...extra })) if (v) q.set(k, v);
+  return q.toString();
+}
+
+export const usagePage = (f: UsageFilters, limit: number, cursor?: number) =>
+  getJson<{ data: LedgerEntry[]; has_more: boolean; next_cursor: number | null }>(
+    `/v1/usage?${usageQuery(f, { limit: String(limit), cursor: cursor == null ? '' : String(cursor) })}`,
+  );
+
+export const usageGroups = (f: UsageFilters, by: 'day' | 'hour' | 'model' | 'client' | 'dialect' | 'node' | 'finish') =>
+  getJson<{ data: UsageGroup[] }>(`/v1/usage?${usageQuery(f, { group_by: by })}`).then((r) => r.data ?? []);
+
+export const usageKeys = () => getJson<{ data: KeyUse[] }>('/v1/usage/keys').then((r) => r.data ?? []);
+
+/** Every entry `f` selects, as the server's CSV. */
+export const usageCsv = (f: UsageFilters) => request('GET', `/v1/usage?${usageQuery(f, { format: 'csv' })}`).then((r) => r.text());
 
 export const clusterNodes = () => getJson<{ nodes: ClusterNode[] }>('/v1/cluster/nodes').then((r) => r.nodes ?? []);
 

@@ -1,5 +1,5 @@
 import { Show } from 'solid-js';
-import { fmtInt, fmtMs, fmtRate } from '../format';
+import { fmtInt, fmtMs, fmtRate, fmtShare } from '../format';
 import type { ReplyStats } from '../store';
 
 /**
@@ -33,6 +33,13 @@ export function UsageStats(props: { stats: ReplyStats }) {
       </Show>
       {item('prompt', 'prompt', s().prompt, fmtInt(s().prompt), 'Prompt tokens')}
       {item('cached', 'cached', s().cached, fmtInt(s().cached), 'Prompt tokens served from the prefix cache')}
+      {item(
+        'cache-hit',
+        'cache hit',
+        s().prompt ? (s().cached ?? 0) / s().prompt! : null,
+        fmtShare(s().cached, s().prompt),
+        'Cached ÷ prompt tokens: the share of the prompt the prefix cache served',
+      )}
       {item(
         'completion',
         s().live ? 'completion ≈' : 'completion',

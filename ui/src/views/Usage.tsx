@@ -1,11 +1,29 @@
 import { createMemo, createSignal, For, onCleanup, onMount, Show } from 'solid-js';
-import { usageLedger, type LedgerEntry } from '../api';
-import { fmtAgo, fmtInt, fmtMs, fmtRate, fmtTime } from '../format';
+import {
+  usageCsv,
+  usageGroups,
+  usageKeys,
+  usagePage,
+  type KeyUse,
+  type LedgerEntry,
+  type UsageFilters,
+  type UsageGroup,
+} from '../api';
+import { fmtAgo, fmtInt, fmtMs, fmtRate, fmtShare, fmtTime } from '../format';
 import { usePoll } from '../poll';
 
 const LIMIT = 100;
-const CHART_N = 30;
 const REFRESH_MS = 3000;
+const DIALECTS = ['openai.chat', 'openai.completions', 'openai.responses', 'anthropic.messages'];
+const SPANS: [string, string][] = [
+  ['', 'all time'],
+  ['1h', 'last hour'],
+  ['today', 'today (UTC)'],
+  ['24h', 'last 24 hours'],
+  ['7d', 'last 7 days'],
+  ['30d', 'last 30 days'],
+];
+const FINISHES = ['stop', 'length', 'stop_sequence', 'tool_calls', 'content_filter', 'cancelled', 'timeout', 'error'];
 
 interface Row {
   e: LedgerEntry;
@@ -32,25 +50,101 @@ function normalize(e: LedgerEntry): Row {
   return { e, prompt, cached, completion, reasoning, total };
 }
 
+/** The sums of several groups (the filter's totals are the sum of its days). */
+function sum(groups: UsageGroup[]): UsageGroup {
+  const t: UsageGroup = { key: 'all', requests: 0, prompt_tokens: 0, cached_tokens: 0, completion_tokens: 0, reasoning_tokens: 0, total_tokens: 0 };
+  for (const g of groups) {
+    t.requests += g.requests;
+    t.prompt_tokens += g.prompt_tokens;
+    t.cached_tokens += g.cached_tokens;
+    t.completion_tokens += g.completion_tokens;
+    t.reasoning_tokens += g.reasoning_tokens;
+    t.total_tokens += g.total_tokens;
+  }
+  return t;
+}
+
+interface Loaded {
+  rows: Row[];
+  hasMore: boolean;
+  nextCursor: number | null;
+  days: UsageGroup[];
+  models: UsageGroup[];
+  clients: UsageGroup[];
+  keys: KeyUse[];
+}
+
 export function UsageView() {
-  const poll = usePoll(() => usageLedger(LIMIT), REFRESH_MS);
-  const rows = createMemo(() => (poll.data() ?? []).map(normalize));
-  const totals = createMemo(() => {
-    const r = rows();
-    const rates = r.map((x) => x.e.decode_tokens_per_s).filter((v) => v > 0);
-    return {
-      requests: r.length,
-      prompt: r.reduce((a, x) => a + (x.prompt ?? 0), 0),
-      completion: r.reduce((a, x) => a + (x.completion ?? 0), 0),
-      rate: rates.length ? rates.reduce((a, b) => a + b, 0) / rates.length : null,
-    };
-  });
+  const [filters, setFilters] = createSignal<UsageFilters>({});
+  const [older, setOlder] = createSignal<Row[]>([]);
+  const [olderCursor, setOlderCursor] = createSignal<number | null>(null);
+  const [exporting, setExporting] = createSignal(false);
+  const [exportError, setExportError] = createSignal<string | null>(null);
+  const load = async (): Promise<Loaded> => {
+    const f = filters();
+    const [page, days, models, clients, keys] = await Promise.all([
+      usagePage(f, LIMIT),
+      usageGroups(f, 'day'),
+      usageGroups(f, 'model'),
+      usageGroups(f, 'client'),
+      usageKeys().catch(() => [] as KeyUse[]),
+    ]);
+    return { rows: page.data.map(normalize), hasMore: page.has_more, nextCursor: page.next_cursor, days, models, clients, keys };
+  };
+  const poll = usePoll(load, REFRESH_MS);
+  const setFilter = (k: keyof UsageFilters, v: string) => {
+    setFilters({ ...filters(), [k]: v || undefined });
+    setOlder([]);
+    setOlderCursor(null);
+    void poll.refresh();
+  };
+  const rows = createMemo(() => [...(poll.data()?.rows ?? []), ...older()]);
+  const totals = createMemo(() => sum(poll.data()?.days ?? []));
+  const cursor = () => (older().length ? olderCursor() : (poll.data()?.nextCursor ?? null));
+  const loadMore = async () => {
+    const c = cursor();
+    if (c == null) return;
+    const page = await usagePage(filters(), LIMIT, c);
+    setOlder([...older(), ...page.data.map(normalize)]);
+    setOlderCursor(page.has_more ? page.next_cursor : null);
+  };
+  const exportCsv = async () => {
+    setExporting(true);
+    setExportError(null);
+    try {
+      const text = await usageCsv(filters());
+      const url = URL.createObjectURL(new Blob([text], { type: 'text/csv' }));
+      const a = document.createElement('a');
+      a.href = url;
+      a.download = 'shoal-usage.csv';
+      document.body.appendChild(a);
+      a.click();
+      a.remove();
+      setTimeout(() => URL.revokeObjectURL(url), 10_000);
+    } catch (e) {
+      setExportError((e as Error).message);
+    } finally {
+      setExporting(false);
+    }
+  };
+  const select = (k: keyof UsageFilters, label: string, options: [string, string][]) => (
+    <label class="filter">
+      <span class="muted small">{label}</span>
+      <select data-testid={`usage-filter-${k}`} value={filters()[k] ?? ''} onChange={(e) => setFilter(k, e.currentTarget.value)}>
+        <For each={options}>{([v, text]) => <option value={v}>{text}</option>}</For>
+      </select>
+    </label>
+  );
+  const named = (groups: UsageGroup[] | undefined, all: string): [string, string][] => [
+    ['', all],
+    ...(groups ?? []).filter((g) => g.key).map((g): [string, string] => [g.key, g.key]),
+  ];
 
   return (
     <div class="page" data-testid="usage-view">
       <div class="page-head">
         <h1>Usage</h1>
-        <span class="muted">Every request this server answered, from any client, newest first.</span>
+        <span class="muted">Every request this server answered, from any client, kept in its ledger.</span>
         <span class="spacer" />
         <span class="muted small" data-testid="usage-updated">
           {poll.updated() ? `updated ${fmtAgo(Date.now() - poll.updated()!)}` : 'loading…'}
@@ -58,10 +152,20 @@ export function UsageView() {
         <button class="btn small" data-testid="usage-refresh" onClick={() => void poll.refresh()}>
           Refresh
         </button>
+        <button class="btn small" data-testid="usage-export" disabled={exporting()} onClick={() => void exportCsv()}>
+          Export CSV
+        </button>
       </div>
-      <Show when={poll.error()}>
+      <div class="filters" data-testid="usage-filters">
+        {select('since', 'time', SPANS)}
+        {select('model', 'model', named(poll.data()?.models, 'any model'))}
+        {select('client', 'client (API key)', named(poll.data()?.clients, 'any client'))}
+        {select('dialect', 'dialect', [['', 'any dialect'], ...DIALECTS.map((d): [string, string] => [d, d])])}
+        {select('finish', 'finish', [['', 'any finish'], ...FINISHES.map((d): [string, string] => [d, d])])}
+      </div>
+      <Show when={poll.error() || exportError()}>
         <div class="banner error" role="alert" data-testid="usage-error">
-          Cannot load the usage ledger: {poll.error()}
+          {poll.error() ? `Cannot load the usage ledger: ${poll.error()}` : `Cannot export: ${exportError()}`}
         </div>
       </Show>
       <div class="cards">
@@ -71,20 +175,33 @@ export function UsageView() {
         </div>
         <div class="card stat-card">
           <span class="muted">prompt tokens</span>
-          <b>{fmtInt(totals().prompt)}</b>
+          <b data-testid="usage-total-prompt">{fmtInt(totals().prompt_tokens)}</b>
+        </div>
+        <div class="card stat-card" title="Cached ÷ prompt tokens: the share of prompts the prefix cache served">
+          <span class="muted">cache hit</span>
+          <b data-testid="usage-cache-hit">{fmtShare(totals().cached_tokens, totals().prompt_tokens)}</b>
+          <span class="muted small">{fmtInt(totals().cached_tokens)} cached</span>
         </div>
         <div class="card stat-card">
           <span class="muted">completion tokens</span>
-          <b>{fmtInt(totals().completion)}</b>
+          <b data-testid="usage-total-completion">{fmtInt(totals().completion_tokens)}</b>
         </div>
-        <div class="card stat-card">
-          <span class="muted">mean decode tok/s</span>
-          <b>{fmtRate(totals().rate)}</b>
+        <div class="card stat-card" title="Reasoning ÷ completion tokens">
+          <span class="muted">reasoning share</span>
+          <b data-testid="usage-reasoning-share">{fmtShare(totals().reasoning_tokens, totals().completion_tokens)}</b>
+          <span class="muted small">{fmtInt(totals().reasoning_tokens)} reasoning</span>
         </div>
       </div>
       <div class="card">
-        <UsageChart rows={rows().slice(0, CHART_N).reverse()} />
+        <DayChart days={poll.data()?.days ?? []} />
       </div>
+      <div class="split">
+        <GroupTable title="Per model" testid="usage-by-model" groups={poll.data()?.models ?? []} />
+        <GroupTable title="Per client" testid="usage-by-client" groups={poll.data()?.clients ?? []} />
+      </div>
+      <Show when={(poll.data()?.keys ?? []).length > 0}>
+        <KeyTable keys={poll.data()!.keys} />
+      </Show>
       <div class="table-wrap card">
         <table class="table" data-testid="usage-table">
           <thead>
@@ -92,6 +209,8 @@ export function UsageView() {
               <th>time</th>
               <th>id</th>
               <th>dialect</th>
+              <th>client</th>
+              <th>status</th>
               <th>finish</th>
               <th class="num">prompt</th>
               <th class="num">cached</th>
@@ -105,14 +224,14 @@ export function UsageView() {
           <tbody>
             <Show when={rows().length === 0 && poll.updated()}>
               <tr>
-                <td colSpan={11} class="muted center" data-testid="usage-empty">
-                  No requests yet.
+                <td colSpan={13} class="muted center" data-testid="usage-empty">
+                  No requests {Object.values(filters()).some(Boolean) ? 'match these filters' : 'yet'}.
                 </td>
               </tr>
             </Show>
             <For each={rows()}>
               {(r) => (
-                <tr data-testid="usage-row" data-id={r.e.id}>
+                <tr data-testid="usage-row" data-id={r.e.id} title={r.e.error ?? undefined}>
                   <td>{fmtTime(r.e.created)}</td>
                   <td class="mono ellipsis" title={r.e.id}>
                     {r.e.id}
@@ -121,7 +240,9 @@ export function UsageView() {
                     {r.e.dialect}
                     {r.e.stream ? ' · stream' : ''}
                   </td>
-                  <td data-testid="usage-row-finish">{r.e.finish_reasons.join(', ')}</td>
+                  <td data-testid="usage-row-client">{r.e.client ?? '–'}</td>
+                  <td data-testid="usage-row-status">{r.e.status ?? ''}</td>
+                  <td data-testid="usage-row-finish">{r.e.finish_reasons.length ? r.e.finish_reasons.join(', ') : (r.e.engine_finish_reasons ?? []).join(', ') || 'error'}</td>
                   <td class="num" data-testid="usage-row-prompt">{fmtInt(r.prompt)}</td>
                   <td class="num">{fmtInt(r.cached)}</td>
                   <td class="num" data-testid="usage-row-completion">{fmtInt(r.completion)}</td>
@@ -134,17 +255,99 @@ export function UsageView() {
             </For>
           </tbody>
         </table>
+        <Show when={cursor() != null}>
+          <button class="btn small" data-testid="usage-more" onClick={() => void loadMore()}>
+            Older requests
+          </button>
+        </Show>
       </div>
     </div>
   );
 }
 
-/** Tokens per request (prompt + completion, stacked bars) and decode tok/s (line), oldest left. */
-function UsageChart(props: { rows: Row[] }) {
+/** Sums per group: requests, tokens, cache-hit % and reasoning share. */
+function GroupTable(props: { title: string; testid: string; groups: UsageGroup[] }) {
+  return (
+    <div class="table-wrap card">
+      <h2 class="small-head">{props.title}</h2>
+      <table class="table" data-testid={props.testid}>
+        <thead>
+          <tr>
+            <th />
+            <th class="num">requests</th>
+            <th class="num">prompt</th>
+            <th class="num">cache hit</th>
+            <th class="num">completion</th>
+            <th class="num">reasoning</th>
+            <th class="num">total</th>
+          </tr>
+        </thead>
+        <tbody>
+          <For each={props.groups}>
+            {(g) => (
+              <tr data-testid="group-row" data-key={g.key}>
+                <td>{g.key || '–'}</td>
+                <td class="num" data-testid="group-requests">{fmtInt(g.requests)}</td>
+                <td class="num" data-testid="group-prompt">{fmtInt(g.prompt_tokens)}</td>
+                <td class="num">{fmtShare(g.cached_tokens, g.prompt_tokens)}</td>
+                <td class="num" data-testid="group-completion">{fmtInt(g.completion_tokens)}</td>
+                <td class="num">{fmtShare(g.reasoning_tokens, g.completion_tokens)}</td>
+                <td class="num" data-testid="group-total">{fmtInt(g.total_tokens)}</td>
+              </tr>
+            )}
+          </For>
+        </tbody>
+      </table>
+    </div>
+  );
+}
+
+/** Each API key's tokens today against its daily quota, and requests this minute. */
+function KeyTable(props: { keys: KeyUse[] }) {
+  return (
+    <div class="table-wrap card">
+      <h2 class="small-head">API keys</h2>
+      <table class="table" data-testid="usage-keys">
+        <thead>
+          <tr>
+            <th>key</th>
+            <th class="num">tokens today</th>
+            <th class="num">daily quota</th>
+            <th>used</th>
+            <th class="num">requests this minute</th>
+          </tr>
+        </thead>
+        <tbody>
+          <For each={props.keys}>
+            {(k) => (
+              <tr data-testid="key-row" data-key={k.name}>
+                <td>{k.name}</td>
+                <td class="num">{fmtInt(k.tokens_today)}</td>
+                <td class="num">{k.tokens_per_day == null ? 'none' : fmtInt(k.tokens_per_day)}</td>
+                <td>
+                  <Show when={k.tokens_per_day != null} fallback="–">
+                    <meter min={0} max={k.tokens_per_day!} value={Math.min(k.tokens_today, k.tokens_per_day!)} /> {fmtShare(k.tokens_today, k.tokens_per_day)}
+                  </Show>
+                </td>
+                <td class="num">
+                  {fmtInt(k.requests_last_minute)}
+                  {k.requests_per_minute == null ? '' : ` / ${k.requests_per_minute}`}
+                </td>
+              </tr>
+            )}
+          </For>
+        </tbody>
+      </table>
+    </div>
+  );
+}
+
+/** Tokens per UTC day: uncached prompt, cached prompt and completion, stacked. */
+function DayChart(props: { days: UsageGroup[] }) {
   // Drawn at the figure's real pixel width so text and bars keep their size.
   const [W, setW] = createSignal(640);
   const H = 180;
-  const pad = { l: 52, r: 64, t: 14, b: 22 };
+  const pad = { l: 52, r: 16, t: 14, b: 22 };
   let fig!: HTMLElement;
   onMount(() => {
     const ro = new ResizeObserver(() => setW(Math.max(240, Math.round(fig.clientWidth))));
@@ -153,37 +356,27 @@ function UsageChart(props: { rows: Row[] }) {
   });
   const geo = createMemo(() => {
     const W_ = W();
-    const rows = props.rows;
-    const maxTok = Math.max(1, ...rows.map((r) => (r.prompt ?? 0) + (r.completion ?? 0)));
-    const maxRate = Math.max(1, ...rows.map((r) => r.e.decode_tokens_per_s || 0));
-    const n = Math.max(rows.length, 1);
+    const days = props.days;
+    const maxTok = Math.max(1, ...days.map((d) => d.total_tokens));
+    const n = Math.max(days.length, 1);
     const slot = (W_ - pad.l - pad.r) / n;
-    const bw = Math.max(2, Math.min(18, slot * 0.7));
+    const bw = Math.max(4, Math.min(40, slot * 0.7));
     const y = (v: number) => pad.t + (H - pad.t - pad.b) * (1 - v / maxTok);
-    const yr = (v: number) => pad.t + (H - pad.t - pad.b) * (1 - v / maxRate);
-    const x = (i: number) => pad.l + slot * i + slot / 2;
-    const bars = rows.map((r, i) => {
-      const p = r.prompt ?? 0;
-      const c = r.completion ?? 0;
-      return {
-        r,
-        x: x(i) - bw / 2,
-        w: bw,
-        yPrompt: y(p),
-        hPrompt: y(0) - y(p),
-        yComp: y(p + c),
-        hComp: y(p) - y(p + c),
-      };
+    const bars = days.map((d, i) => {
+      const x = pad.l + slot * i + slot / 2 - bw / 2;
+      const fresh = d.prompt_tokens - d.cached_tokens;
+      const segs = [
+        { cls: 'bar-prompt', from: 0, to: fresh },
+        { cls: 'bar-cached', from: fresh, to: d.prompt_tokens },
+        { cls: 'bar-completion', from: d.prompt_tokens, to: d.total_tokens },
+      ].map((s) => ({ cls: s.cls, y: y(s.to), h: Math.max(0, y(s.from) - y(s.to)) }));
+      return { d, x, w: bw, segs, labelX: x + bw / 2 };
     });
-    const pts = rows
-      .map((r, i) => (r.e.decode_tokens_per_s > 0 ? `${x(i).toFixed(1)},${yr(r.e.decode_tokens_per_s).toFixed(1)}` : null))
-      .filter(Boolean)
-      .join(' ');
-    return { maxTok, maxRate, bars, pts, base: y(0) };
+    return { maxTok, bars, base: y(0) };
   });
   return (
     <figure class="chart" data-testid="usage-chart" ref={fig}>
-      <svg viewBox={`0 0 ${W()} ${H}`} width={W()} height={H} role="img" aria-label="Tokens and decode speed of recent requests">
+      <svg viewBox={`0 0 ${W()} ${H}`} width={W()} height={H} role="img" aria-label="Tokens per day">
         <line class="axis" x1={pad.l} x2={W() - pad.r} y1={geo().base} y2={geo().base} />
         <line class="grid" x1={pad.l} x2={W() - pad.r} y1={pad.t} y2={pad.t} />
         <text class="axis-label" x={pad.l - 6} y={pad.t + 4} text-anchor="end">
@@ -195,39 +388,29 @@ function UsageChart(props: { rows: Row[] }) {
         <text class="axis-label" x={pad.l - 6} y={geo().base} text-anchor="end">
           0
         </text>
-        <text class="axis-label rate" x={W() - pad.r + 6} y={pad.t + 4}>
-          {fmtRate(geo().maxRate)} tok/s
-        </text>
-        <text class="axis-label" x={pad.l} y={H - 6}>
-          older
-        </text>
-        <text class="axis-label" x={W() - pad.r} y={H - 6} text-anchor="end">
-          newer
-        </text>
         <For each={geo().bars}>
           {(b) => (
-            <g data-testid="chart-bar">
+            <g data-testid="chart-bar" data-day={b.d.key} data-total={b.d.total_tokens}>
               <title>
-                {`${b.r.e.id}\nprompt ${fmtInt(b.r.prompt)} · completion ${fmtInt(b.r.completion)} · ${fmtRate(b.r.e.decode_tokens_per_s)} tok/s`}
+                {`${b.d.key}: ${fmtInt(b.d.requests)} requests · prompt ${fmtInt(b.d.prompt_tokens)} (${fmtShare(b.d.cached_tokens, b.d.prompt_tokens)} cached) · completion ${fmtInt(b.d.completion_tokens)}`}
               </title>
-              <rect class="bar-prompt" x={b.x} y={b.yPrompt} width={b.w} height={Math.max(0, b.hPrompt)} />
-              <rect class="bar-completion" x={b.x} y={b.yComp} width={b.w} height={Math.max(0, b.hComp)} />
+              <For each={b.segs}>{(s) => <rect class={s.cls} x={b.x} y={s.y} width={b.w} height={s.h} />}</For>
+              <text class="axis-label" x={b.labelX} y={H - 6} text-anchor="middle">
+                {b.d.key.slice(5)}
+              </text>
             </g>
           )}
         </For>
-        <Show when={geo().pts}>
-          <polyline class="rate-line" points={geo().pts} />
-        </Show>
       </svg>
       <figcaption class="legend">
         <span>
           <i class="swatch prompt" /> prompt tokens
         </span>
         <span>
-          <i class="swatch completion" /> completion tokens
+          <i class="swatch cached" /> cached prompt tokens
         </span>
         <span>
-          <i class="swatch rate" /> decode tok/s (right scale)
+          <i class="swatch completion" /> completion tokens
         </span>
       </figcaption>
     </figure>
