@@ -261,6 +261,7 @@ fn open_route(path: &str) -> bool {
         || matches!(
             path,
             shoal_cluster::STATUS_PATH
+                | crate::ledger::PEER_USAGE_PATH
                 | "/v1/cluster/load"
                 | "/v1/cluster/unload"
                 | crate::cluster::INSTANCES_PATH

@@ -52,7 +52,18 @@ pub struct Facts {
     pub origin: Option<String>,
     /// The node that received the request.
     pub node: Option<String>,
+    /// The node that ran it, when another node received it.
+    pub ran_on: Option<String>,
 }
+
+/// Response header naming the ledger id a generation was recorded under, so
+/// a node that forwarded the request can record it under the same id.
+pub const REQUEST_ID_HEADER: &str = "x-shoal-request-id";
+/// Headers a node adds to a request it forwards (trusted only on a request
+/// whose cluster signature checks out): who received it and from whom.
+pub const RECEIVED_BY_HEADER: &str = "x-shoal-received-by";
+pub const CLIENT_HEADER: &str = "x-shoal-client";
+pub const ORIGIN_HEADER: &str = "x-shoal-origin";
 
 impl LedgerEntry {
     /// Usage over the choices, as every dialect reports it (each prompt once).
@@ -115,6 +126,7 @@ impl LedgerEntry {
             "user_agent": self.facts.user_agent,
             "origin": self.facts.origin,
             "node": self.facts.node,
+            "ran_on": self.facts.ran_on,
         })
     }
 
@@ -158,6 +170,7 @@ impl LedgerEntry {
             user_agent: self.facts.user_agent.clone(),
             origin: self.facts.origin.clone(),
             node: self.facts.node.clone(),
+            ran_on: self.facts.ran_on.clone(),
             prompt_tokens: u.prompt_tokens as u64,
             cached_tokens: u.cached_tokens as u64,
             completion_tokens: u.completion_tokens as u64,
@@ -197,6 +210,7 @@ impl LedgerEntry {
                 user_agent: r.user_agent,
                 origin: r.origin,
                 node: r.node,
+                ran_on: r.ran_on,
             },
             backend: r.backend,
             status: r.status,
@@ -255,6 +269,20 @@ impl Ledger {
             .and_then(|row| self.log().insert(&row).map_err(|err| err.to_string()));
         if let Err(error) = written {
             tracing::error!(id = %e.id, %error, "usage ledger write failed");
+        }
+    }
+
+    /// Writes a row as another node recorded it (a request this node
+    /// forwarded there), unless this node already has that id.
+    pub fn record_row(&self, row: &UsageRow) {
+        let log = self.log();
+        let written = match log.has(&row.id) {
+            Ok(true) => Ok(0),
+            Ok(false) => log.insert(row),
+            Err(e) => Err(e),
+        };
+        if let Err(error) = written {
+            tracing::error!(id = %row.id, %error, "usage ledger write failed");
         }
     }
 
@@ -323,18 +351,15 @@ impl Ledger {
         });
     }
 
-    /// The entries `q` selects, newest first, each with its cursor; and
-    /// whether a listing stopped short of them all.
-    pub fn query(&self, q: &UsageQuery) -> Result<Page, ApiError> {
+    /// The rows `q` selects, newest first (`q.limit` applies to listings);
+    /// and whether a listing stopped short of them all.
+    pub fn rows(&self, q: &UsageQuery) -> Result<(Vec<UsageRow>, bool), ApiError> {
         let listing = q.group_by.is_none();
         let limit = q.limit.filter(|_| listing);
+        let ms = |t: u64| i64::try_from(t).unwrap_or(i64::MAX).saturating_mul(1000);
         let filter = UsageFilter {
-            since_ms: q
-                .since
-                .map(|t| i64::try_from(t).unwrap_or(i64::MAX).saturating_mul(1000)),
-            until_ms: q
-                .until
-                .map(|t| i64::try_from(t).unwrap_or(i64::MAX).saturating_mul(1000)),
+            since_ms: q.since.map(ms),
+            until_ms: q.until.map(ms),
             model: q.model.clone(),
             dialect: q.dialect.map(|d| d.ledger_name().to_string()),
             finish: q.finish.clone(),
@@ -344,22 +369,22 @@ impl Ledger {
             // One more than asked, to know whether there is a next page.
             limit: limit.map(|n| n + 1),
         };
-        let rows = self.log().select(&filter).map_err(|e| {
+        let mut rows = self.log().select(&filter).map_err(|e| {
             tracing::error!(error = %e, "usage ledger read failed");
             ApiError::internal(format!("the usage ledger could not be read: {e}"))
         })?;
-        let mut entries: Vec<(i64, LedgerEntry)> = rows
-            .into_iter()
-            .filter_map(|r| {
-                let seq = r.seq;
-                LedgerEntry::from_row(r).map(|e| (seq, e))
-            })
-            .collect();
-        let has_more = limit.is_some_and(|n| entries.len() > n);
+        let has_more = limit.is_some_and(|n| rows.len() > n);
         if let Some(n) = limit {
-            entries.truncate(n);
+            rows.truncate(n);
         }
-        Ok(Page { entries, has_more })
+        Ok((rows, has_more))
+    }
+
+    /// The entries `q` selects, newest first, each with its cursor; and
+    /// whether a listing stopped short of them all.
+    pub fn query(&self, q: &UsageQuery) -> Result<Page, ApiError> {
+        let (rows, has_more) = self.rows(q)?;
+        Ok(Page::of(rows, has_more))
     }
 }
 
@@ -371,6 +396,17 @@ pub struct Page {
 }
 
 impl Page {
+    fn of(rows: Vec<UsageRow>, has_more: bool) -> Page {
+        let entries = rows
+            .into_iter()
+            .filter_map(|r| {
+                let seq = r.seq;
+                LedgerEntry::from_row(r).map(|e| (seq, e))
+            })
+            .collect();
+        Page { entries, has_more }
+    }
+
     pub fn entries(&self) -> Vec<LedgerEntry> {
         self.entries.iter().map(|(_, e)| e.clone()).collect()
     }
@@ -414,10 +450,18 @@ fn generation_endpoint(path: &str) -> bool {
 /// for the handler, then records what the handler could not — the status of
 /// an error response after generation began, or a request refused before it
 /// (bad body, unknown model, missing key, full queue …) as an error record.
-pub async fn track(State(s): State<crate::AppState>, mut req: Request, next: Next) -> Response {
+/// A request another node forwarded here carries that node's facts (who
+/// received it, the key's name, the origin), taken only when its cluster
+/// signature checks out.
+pub async fn track(State(s): State<crate::AppState>, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
     let Some(dialect) = Dialect::for_path(&path).filter(|_| generation_endpoint(&path)) else {
         return next.run(req).await;
+    };
+    let own = s.node.identity().id.clone();
+    let (mut req, forwarded) = match forwarded_facts(&s, req).await {
+        Ok(pair) => pair,
+        Err(resp) => return resp,
     };
     // (The request's body is not `Sync`, so no borrow of it may live
     // across the awaits below.)
@@ -434,34 +478,46 @@ pub async fn track(State(s): State<crate::AppState>, mut req: Request, next: Nex
         )
     };
     let tracked = Tracked {
-        facts: Facts {
-            endpoint: path,
-            client: None,
-            user_agent,
-            origin,
-            node: Some(s.node.identity().id.clone()),
+        facts: match forwarded {
+            Some(f) => Facts {
+                endpoint: path,
+                user_agent: f.user_agent.or(user_agent),
+                ran_on: Some(own),
+                ..f
+            },
+            None => Facts {
+                endpoint: path,
+                client: None,
+                user_agent,
+                origin,
+                node: Some(own),
+                ran_on: None,
+            },
         },
         ..Tracked::default()
     };
-    // A request a peer forwarded here was received there.
-    let forwarded = req.headers().contains_key(crate::cluster::FORWARDED_HEADER);
+    if let Some(client) = &tracked.facts.client {
+        let _ = tracked.client.set(client.clone());
+    }
     req.extensions_mut().insert(tracked.clone());
-    let response = next.run(req).await;
+    let mut response = next.run(req).await;
     let status = response.status().as_u16();
     let ledger = s.ledger.clone();
     match tracked.recorded.get() {
-        Some(id) if status != 200 => {
-            let id = id.clone();
-            if let Err(error) = ledger.log().set_status(&id, status) {
-                tracing::error!(%id, %error, "usage ledger write failed");
+        Some(id) => {
+            if status != 200 {
+                if let Err(error) = ledger.log().set_status(id, status) {
+                    tracing::error!(%id, %error, "usage ledger write failed");
+                }
             }
+            if let Ok(v) = axum::http::HeaderValue::from_str(id) {
+                response.headers_mut().insert(REQUEST_ID_HEADER, v);
+            }
+            response
         }
-        Some(_) => {}
-        // A forwarded request is recorded where it ran; a 200 not recorded
-        // here was answered by a peer.
-        None if status < 400 || forwarded && status == 200 => {}
+        None if status < 400 => response,
         None => {
-            let (parts, body) = response.into_parts();
+            let (mut parts, body) = response.into_parts();
             let bytes = axum::body::to_bytes(body, 1 << 20)
                 .await
                 .unwrap_or_default();
@@ -473,8 +529,14 @@ pub async fn track(State(s): State<crate::AppState>, mut req: Request, next: Nex
                         .map(str::to_owned)
                 })
                 .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
+            // A peer's refusal passed on keeps the peer's id.
+            let id = parts
+                .headers
+                .get(REQUEST_ID_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .map_or_else(|| crate::run::new_id("err"), str::to_owned);
             let entry = LedgerEntry {
-                id: crate::run::new_id("err"),
+                id,
                 dialect,
                 model: String::new(),
                 created: crate::run::now_secs(),
@@ -487,10 +549,130 @@ pub async fn track(State(s): State<crate::AppState>, mut req: Request, next: Nex
                 error: Some(message),
             };
             ledger.record(&entry);
-            return Response::from_parts(parts, axum::body::Body::from(bytes));
+            if let Ok(v) = axum::http::HeaderValue::from_str(&entry.id) {
+                parts.headers.insert(REQUEST_ID_HEADER, v);
+            }
+            Response::from_parts(parts, axum::body::Body::from(bytes))
         }
     }
-    response
+}
+
+/// The receiving node's facts on a request forwarded here, if its
+/// signature checks out (the body is read for that and put back).
+async fn forwarded_facts(
+    s: &crate::AppState,
+    req: Request,
+) -> Result<(Request, Option<Facts>), Response> {
+    if !req.headers().contains_key(crate::cluster::FORWARDED_HEADER) || s.cluster().is_none() {
+        return Ok((req, None));
+    }
+    let (parts, body) = req.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, s.access.max_body_bytes).await else {
+        return Err(crate::body::too_large(Some(s.access.max_body_bytes))
+            .in_dialect(ErrorShape::for_path(parts.uri.path()))
+            .into_response());
+    };
+    let verified = s
+        .verify_peer(&parts.method, &parts.uri, &parts.headers, &bytes)
+        .is_ok();
+    let header = |name: &str| {
+        parts
+            .headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let facts = verified.then(|| Facts {
+        endpoint: String::new(),
+        client: header(CLIENT_HEADER),
+        user_agent: header(axum::http::header::USER_AGENT.as_str()),
+        origin: header(ORIGIN_HEADER),
+        node: header(RECEIVED_BY_HEADER),
+        ran_on: None,
+    });
+    Ok((
+        Request::from_parts(parts, axum::body::Body::from(bytes)),
+        facts,
+    ))
+}
+
+/// What a peer asks of this node's ledger: one request's row, or the rows a
+/// `/v1/usage` query selects (for `scope=cluster`).
+#[derive(serde::Deserialize)]
+pub struct PeerUsage {
+    pub id: Option<String>,
+    #[serde(default)]
+    pub query: Vec<(String, String)>,
+}
+
+/// The control route behind attribution and `scope=cluster`.
+pub const PEER_USAGE_PATH: &str = "/v1/cluster/usage";
+
+/// `POST /v1/cluster/usage` (signed): this node's rows for a peer.
+pub async fn peer_usage(
+    State(s): State<crate::AppState>,
+    crate::cluster::Peer(ask): crate::cluster::Peer<PeerUsage>,
+) -> Response {
+    let rows = match &ask.id {
+        Some(id) => s
+            .ledger
+            .log()
+            .get(id)
+            .map(|r| r.into_iter().collect())
+            .map_err(|e| ApiError::internal(format!("the usage ledger could not be read: {e}"))),
+        None => UsageQuery::parse(ask.query.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .and_then(|q| s.ledger.rows(&q).map(|(rows, _)| rows)),
+    };
+    match rows {
+        Ok(rows) => axum::Json(json!({ "data": rows })).into_response(),
+        Err(e) => e.in_dialect(ErrorShape::OpenAi).into_response(),
+    }
+}
+
+/// Copies the record of a request this node forwarded from the node that
+/// ran it, once its answer has ended, so both ledgers hold it under one id.
+pub async fn copy_from_peer(
+    ledger: Arc<Ledger>,
+    cluster: Arc<shoal_cluster::Cluster>,
+    addr: String,
+    id: String,
+) {
+    // The peer writes its record when the generation has stopped, which for
+    // a client that hung up is a moment after the answer ended here.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let body = json!({ "id": id }).to_string().into_bytes();
+        let fetched = async {
+            let resp = cluster
+                .signed(reqwest::Method::POST, &addr, PEER_USAGE_PATH, body)
+                .header("content-type", "application/json")
+                .send()
+                .await?
+                .error_for_status()?;
+            resp.json::<Value>().await
+        };
+        match fetched.await {
+            Ok(v) => {
+                let rows: Vec<UsageRow> =
+                    serde_json::from_value(v["data"].clone()).unwrap_or_default();
+                for row in &rows {
+                    ledger.record_row(row);
+                }
+                if !rows.is_empty() {
+                    return;
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%id, %addr, %error, "could not copy a forwarded request's record");
+                return;
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(%id, %addr, "the node that ran a forwarded request has no record of it");
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
 }
 
 /// How `/v1/usage` sums entries.
@@ -526,6 +708,8 @@ pub struct UsageQuery {
     pub cursor: Option<i64>,
     pub group_by: Option<GroupBy>,
     pub csv: bool,
+    /// Every online node's ledger merged (`scope=cluster`), not this node's.
+    pub cluster: bool,
 }
 
 impl UsageQuery {
@@ -585,6 +769,16 @@ impl UsageQuery {
                         }
                     })
                 }
+                "scope" => match v {
+                    "node" => q.cluster = false,
+                    "cluster" => q.cluster = true,
+                    _ => {
+                        return Err(ApiError::param(
+                            k,
+                            format!("'scope' must be node or cluster, got {v:?}"),
+                        ))
+                    }
+                },
                 "format" => match v {
                     "csv" => q.csv = true,
                     "json" => q.csv = false,
@@ -744,15 +938,22 @@ pub async fn handle(
     State(s): State<crate::AppState>,
     Query(pairs): Query<Vec<(String, String)>>,
 ) -> Response {
-    let answer = || -> Result<Response, ApiError> {
+    let answer = async {
         let mut q = UsageQuery::parse(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
         if q.limit.is_none() && !q.csv {
             q.limit = Some(100);
         }
-        let page = s.ledger.query(&q)?;
+        let (page, missing) = if q.cluster {
+            cluster_page(&s, &q, &pairs).await?
+        } else {
+            (s.ledger.query(&q)?, Vec::new())
+        };
         if let Some(by) = q.group_by {
             let data = grouped(&page.entries(), by);
-            return Ok(axum::Json(json!({"object": "list", "data": data})).into_response());
+            return Ok::<_, ApiError>(
+                axum::Json(json!({"object": "list", "data": data, "missing_nodes": missing}))
+                    .into_response(),
+            );
         }
         if q.csv {
             return Ok((
@@ -766,7 +967,10 @@ pub async fn handle(
             .iter()
             .map(|(seq, e)| {
                 let mut v = e.to_json();
-                v["cursor"] = json!(seq);
+                // A cursor pages one node's ledger.
+                if !q.cluster {
+                    v["cursor"] = json!(seq);
+                }
                 v
             })
             .collect();
@@ -774,11 +978,78 @@ pub async fn handle(
             "object": "list",
             "data": data,
             "has_more": page.has_more,
-            "next_cursor": page.next_cursor(),
+            "next_cursor": if q.cluster { None } else { page.next_cursor() },
+            "missing_nodes": missing,
         }))
         .into_response())
     };
-    answer().unwrap_or_else(|e| e.in_dialect(ErrorShape::OpenAi).into_response())
+    answer
+        .await
+        .unwrap_or_else(|e| e.in_dialect(ErrorShape::OpenAi).into_response())
+}
+
+/// Every online node's rows for `q`, merged newest first; a request that
+/// two nodes hold (received by one, run by the other) counts once. Returns
+/// the page and the nodes that could not be asked.
+async fn cluster_page(
+    s: &crate::AppState,
+    q: &UsageQuery,
+    pairs: &[(String, String)],
+) -> Result<(Page, Vec<String>), ApiError> {
+    if q.cursor.is_some() {
+        return Err(ApiError::param(
+            "cursor",
+            "a cursor pages one node's ledger; it does not go with scope=cluster",
+        ));
+    }
+    let (mut rows, mut has_more) = s.ledger.rows(q)?;
+    let mut missing = Vec::new();
+    if let Some(cluster) = s.cluster() {
+        let ask: Vec<(String, String)> = pairs
+            .iter()
+            .filter(|(k, _)| k != "scope" && k != "format")
+            .cloned()
+            .collect();
+        let body = json!({ "query": ask }).to_string().into_bytes();
+        let peers: Vec<_> = cluster
+            .peers()
+            .into_iter()
+            .filter(|p| p.status == "online")
+            .collect();
+        let asks = peers.iter().map(|p| {
+            let cluster = cluster.clone();
+            let body = body.clone();
+            let id = p.id.clone();
+            async move {
+                let addr = cluster.address_of(&id)?;
+                let resp = cluster
+                    .signed(reqwest::Method::POST, &addr, PEER_USAGE_PATH, body)
+                    .header("content-type", "application/json")
+                    .timeout(std::time::Duration::from_secs(30))
+                    .send()
+                    .await
+                    .ok()?
+                    .error_for_status()
+                    .ok()?;
+                let v: Value = resp.json().await.ok()?;
+                serde_json::from_value::<Vec<UsageRow>>(v["data"].clone()).ok()
+            }
+        });
+        for (peer, got) in peers.iter().zip(futures::future::join_all(asks).await) {
+            match got {
+                Some(r) => rows.extend(r),
+                None => missing.push(peer.id.clone()),
+            }
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    rows.sort_by(|a, b| b.created_ms.cmp(&a.created_ms).then(b.seq.cmp(&a.seq)));
+    rows.retain(|r| seen.insert(r.id.clone()));
+    if let Some(n) = q.limit.filter(|_| q.group_by.is_none()) {
+        has_more |= rows.len() > n;
+        rows.truncate(n);
+    }
+    Ok((Page::of(rows, has_more), missing))
 }
 
 /// `/v1/usage/keys`: each API key's use against its limits (names only).

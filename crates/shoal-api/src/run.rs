@@ -340,6 +340,11 @@ pub fn start(state: &Served, job: Generation, fmt: LedgerFormat) -> Result<Choic
     }
     let created = now_secs();
     let limit = state.access.request_timeout;
+    // From here the request is the ledger's: it is recorded under this id
+    // before its final event (the response carries the id in a header).
+    if let Some(t) = &fmt.tracked {
+        let _ = t.recorded.set(fmt.id.clone());
+    }
     // Registered so a server shutdown can end it with a proper final event.
     let running = state.running.register(flags.clone());
     tokio::spawn(
@@ -381,9 +386,6 @@ pub fn start(state: &Served, job: Generation, fmt: LedgerFormat) -> Result<Choic
                     "request finished"
                 );
                 ledger.record(&entry);
-                if let Some(t) = &fmt.tracked {
-                    let _ = t.recorded.set(entry.id.clone());
-                }
             };
             let deadline = limit.map(|l| tokio::time::Instant::now() + l);
             let mut timed_out = false;

@@ -25,6 +25,7 @@ pub(crate) const MIGRATION: &str = "CREATE TABLE usage (
         user_agent TEXT,
         origin TEXT,
         node TEXT,
+        ran_on TEXT,
         prompt_tokens INTEGER NOT NULL,
         cached_tokens INTEGER NOT NULL,
         completion_tokens INTEGER NOT NULL,
@@ -35,8 +36,8 @@ pub(crate) const MIGRATION: &str = "CREATE TABLE usage (
     CREATE INDEX usage_id ON usage (id);
     CREATE INDEX usage_client ON usage (client, created_ms);";
 
-/// One request as stored.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// One request as stored (and as nodes pass it to each other).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct UsageRow {
     /// Insertion order; the cursor of a paginated listing (assigned on insert).
     pub seq: i64,
@@ -57,6 +58,8 @@ pub struct UsageRow {
     pub origin: Option<String>,
     /// The node that received the request.
     pub node: Option<String>,
+    /// The node that ran it, when another node received it.
+    pub ran_on: Option<String>,
     pub prompt_tokens: u64,
     pub cached_tokens: u64,
     pub completion_tokens: u64,
@@ -89,7 +92,7 @@ pub struct UsageLog {
 }
 
 const COLUMNS: &str = "seq, id, created_ms, dialect, endpoint, model, backend, stream, status, \
-     finishes, client, user_agent, origin, node, prompt_tokens, cached_tokens, \
+     finishes, client, user_agent, origin, node, ran_on, prompt_tokens, cached_tokens, \
      completion_tokens, reasoning_tokens, record";
 
 impl UsageLog {
@@ -113,9 +116,10 @@ impl UsageLog {
         let finishes = format!(" {} ", r.finishes.join(" "));
         self.conn.execute(
             "INSERT INTO usage (id, created_ms, dialect, endpoint, model, backend, stream, status,
-                 finishes, client, user_agent, origin, node, prompt_tokens, cached_tokens,
+                 finishes, client, user_agent, origin, node, ran_on, prompt_tokens, cached_tokens,
                  completion_tokens, reasoning_tokens, record)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
+                 ?18, ?19)",
             params![
                 r.id,
                 r.created_ms,
@@ -130,6 +134,7 @@ impl UsageLog {
                 r.user_agent,
                 r.origin,
                 r.node,
+                r.ran_on,
                 to_sql(r.prompt_tokens)?,
                 to_sql(r.cached_tokens)?,
                 to_sql(r.completion_tokens)?,
@@ -147,6 +152,11 @@ impl UsageLog {
             params![id, status],
         )?;
         Ok(n > 0)
+    }
+
+    /// Whether a row for request `id` is here.
+    pub fn has(&self, id: &str) -> Result<bool> {
+        Ok(self.get(id)?.is_some())
     }
 
     /// The newest row for request `id`.
@@ -259,11 +269,12 @@ fn read_row(r: &rusqlite::Row) -> rusqlite::Result<UsageRow> {
         user_agent: r.get(11)?,
         origin: r.get(12)?,
         node: r.get(13)?,
-        prompt_tokens: count(14)?,
-        cached_tokens: count(15)?,
-        completion_tokens: count(16)?,
-        reasoning_tokens: count(17)?,
-        record: r.get(18)?,
+        ran_on: r.get(14)?,
+        prompt_tokens: count(15)?,
+        cached_tokens: count(16)?,
+        completion_tokens: count(17)?,
+        reasoning_tokens: count(18)?,
+        record: r.get(19)?,
     })
 }
 

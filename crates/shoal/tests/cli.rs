@@ -996,6 +996,94 @@ fn requests_are_forwarded_and_instances_survive_a_dead_node() {
     assert!(sse.contains("event: message_stop"), "{sse}");
     assert!(sse.contains("\"output_tokens\":5"), "{sse}");
 
+    // Attribution: a forwarded request is in both ledgers under one id, as
+    // received by A and run by B; the cluster-wide view counts it once.
+    let a_id = get_json(&a, "/v1/cluster/nodes")["nodes"][0]["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let claude_id = sse
+        .split("\"id\":\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .expect("message id")
+        .to_string();
+    for (id, received, ran) in [
+        (direct["id"].as_str().expect("id"), &b_id, None),
+        (via_a["id"].as_str().expect("id"), &a_id, Some(&b_id)),
+        (claude_id.as_str(), &a_id, Some(&b_id)),
+    ] {
+        let holders: Vec<&str> = if ran.is_some() {
+            vec![&a, &b]
+        } else {
+            vec![&b]
+        };
+        for node in holders {
+            // A copies its record once the answer has ended: wait for it.
+            let entry = poll_until(
+                || {
+                    get_json(node, "/v1/usage?limit=50")["data"]
+                        .as_array()
+                        .and_then(|d| d.iter().find(|e| e["id"] == id).cloned())
+                },
+                Option::is_some,
+            )
+            .unwrap_or_else(|| panic!("{id} not in {node}'s ledger"));
+            assert_eq!(entry["node"], received.as_str(), "{node}: {entry}");
+            assert_eq!(
+                entry["ran_on"].as_str(),
+                ran.map(String::as_str),
+                "{node}: {entry}"
+            );
+        }
+    }
+    let (_, a_only) = get_with(&a, "/v1/usage?limit=50", &[]);
+    assert!(
+        a_only["data"]
+            .as_array()
+            .expect("data")
+            .iter()
+            .all(|e| e["id"] != direct["id"]),
+        "a request B received and ran is B's alone"
+    );
+    let total = |v: &Value| v["usage"]["total_tokens"].as_u64().unwrap_or(0);
+    let claude_total = {
+        let e = get_json(&b, "/v1/usage?limit=50")["data"]
+            .as_array()
+            .and_then(|d| d.iter().find(|e| e["id"] == claude_id.as_str()).cloned())
+            .expect("claude entry");
+        [
+            "input_tokens",
+            "cache_read_input_tokens",
+            "cache_creation_input_tokens",
+            "output_tokens",
+        ]
+        .iter()
+        .map(|f| e["usage"][*f].as_u64().unwrap_or(0))
+        .sum::<u64>()
+    };
+    for node in [&a, &b] {
+        let groups = get_json(node, "/v1/usage?scope=cluster&group_by=node")["data"].clone();
+        let requests: u64 = groups
+            .as_array()
+            .expect("groups")
+            .iter()
+            .map(|g| g["requests"].as_u64().unwrap_or(0))
+            .sum();
+        let tokens: u64 = groups
+            .as_array()
+            .expect("groups")
+            .iter()
+            .map(|g| g["total_tokens"].as_u64().unwrap_or(0))
+            .sum();
+        assert_eq!(requests, 3, "{node}: {groups}");
+        assert_eq!(
+            tokens,
+            total(&direct) + total(&via_a) + claude_total,
+            "{node}: {groups}"
+        );
+    }
+
     // An instance on B.
     let (status, inst) = post_json(
         &a,

@@ -86,6 +86,7 @@ pub async fn forward(
         addr,
         what: format!("node {}", peer.id),
         signer: Some(cluster),
+        ledger: Some(s.ledger.clone()),
         watch: Box::new(move || {
             watched
                 .address_of(&id)
@@ -104,6 +105,8 @@ pub struct Upstream {
     pub what: String,
     /// Sign the request as this cluster (peers); `None` for a local shard.
     pub signer: Option<Arc<Cluster>>,
+    /// Copy the peer's record of the request here once it has answered.
+    pub ledger: Option<Arc<crate::ledger::Ledger>>,
     /// Checked twice a second while an answer streams: `Some(reason)` ends it.
     pub watch: Box<dyn Fn() -> Option<String> + Send + Sync>,
 }
@@ -118,8 +121,10 @@ pub async fn proxy(
         addr,
         what: peer,
         signer,
+        ledger,
         watch: check,
     } = target;
+    let tracked = parts.extensions.get::<crate::ledger::Tracked>().cloned();
     let path = parts
         .uri
         .path_and_query()
@@ -132,6 +137,21 @@ pub async fn proxy(
             .body(body.to_vec()),
     }
     .header(FORWARDED_HEADER, "1");
+    // Who received the request, for the ledger of the node that runs it.
+    if let (Some(t), Some(_)) = (&tracked, &signer) {
+        let f = t.facts();
+        use crate::ledger::{CLIENT_HEADER, ORIGIN_HEADER, RECEIVED_BY_HEADER};
+        for (name, value) in [
+            (RECEIVED_BY_HEADER, f.node),
+            (CLIENT_HEADER, f.client),
+            (ORIGIN_HEADER, f.origin),
+            ("user-agent", f.user_agent),
+        ] {
+            if let Some(v) = value {
+                req = req.header(name, v);
+            }
+        }
+    }
     for name in [
         "content-type",
         "accept",
@@ -168,16 +188,50 @@ pub async fn proxy(
     let sse = content_type.starts_with("text/event-stream");
     let out_status = axum::http::StatusCode::from_u16(status.as_u16())
         .unwrap_or(axum::http::StatusCode::BAD_GATEWAY);
+    let request_id = resp
+        .headers()
+        .get(crate::ledger::REQUEST_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    // Once the answer has ended, the peer's record is copied here under its id.
+    let copy = match (ledger, signer.clone(), request_id.clone()) {
+        (Some(ledger), Some(cluster), Some(id)) if status.is_success() => {
+            if let Some(t) = &tracked {
+                let _ = t.recorded.set(id.clone());
+            }
+            let addr = addr.clone();
+            Some(move || {
+                tokio::spawn(crate::ledger::copy_from_peer(ledger, cluster, addr, id));
+            })
+        }
+        _ => None,
+    };
+    let with_id = |mut r: Response| {
+        if let Some(v) = request_id
+            .as_deref()
+            .and_then(|id| axum::http::HeaderValue::from_str(id).ok())
+        {
+            r.headers_mut().insert(crate::ledger::REQUEST_ID_HEADER, v);
+        }
+        r
+    };
     if !sse {
         // A whole JSON answer: passed on as one sized body, or an error if
         // the peer died before finishing it.
         return match resp.bytes().await {
-            Ok(b) => (
-                out_status,
-                [(axum::http::header::CONTENT_TYPE, content_type)],
-                b,
-            )
-                .into_response(),
+            Ok(b) => {
+                if let Some(copy) = copy {
+                    copy();
+                }
+                with_id(
+                    (
+                        out_status,
+                        [(axum::http::header::CONTENT_TYPE, content_type)],
+                        b,
+                    )
+                        .into_response(),
+                )
+            }
             Err(e) => ApiError::unavailable(format!("{peer} failed mid-answer: {e}"))
                 .in_dialect(dialect)
                 .into_response(),
@@ -187,6 +241,17 @@ pub async fn proxy(
         tokio::sync::mpsc::unbounded_channel::<Result<axum::body::Bytes, std::io::Error>>();
     tokio::spawn(async move {
         use futures::StreamExt;
+        // However the answer ends (done, client gone, peer failed), the
+        // peer's record is copied: a cancelled request is billed too.
+        struct CopyOnDrop<F: FnOnce()>(Option<F>);
+        impl<F: FnOnce()> Drop for CopyOnDrop<F> {
+            fn drop(&mut self) {
+                if let Some(f) = self.0.take() {
+                    f();
+                }
+            }
+        }
+        let _copy = CopyOnDrop(copy);
         let mut upstream = resp.bytes_stream();
         let mut watch = tokio::time::interval(std::time::Duration::from_millis(500));
         loop {
@@ -219,7 +284,7 @@ pub async fn proxy(
         out.headers_mut()
             .insert(axum::http::header::CONTENT_TYPE, v);
     }
-    out
+    with_id(out)
 }
 
 /// Ends a forwarded answer with the dialect's error (an SSE error event, or

@@ -33,6 +33,10 @@ pub fn routes() -> Router<AppState> {
         .route(LOAD_PATH, axum::routing::post(control_load))
         .route(UNLOAD_PATH, axum::routing::post(control_unload))
         .route("/v1/cluster/nodes", get(nodes))
+        .route(
+            crate::ledger::PEER_USAGE_PATH,
+            axum::routing::post(crate::ledger::peer_usage),
+        )
         .route("/v1/cluster/events", get(events))
         .route(shards::PREPARE_PATH, axum::routing::post(shards::prepare))
         .route(shards::START_PATH, axum::routing::post(shards::start))

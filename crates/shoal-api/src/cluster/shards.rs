@@ -443,6 +443,7 @@ pub fn route(s: &AppState, model: &str) -> Option<Upstream> {
         addr,
         what: format!("the pipeline of '{model}'"),
         signer: None,
+        ledger: None,
         watch: Box::new(move || {
             let bad = healthy(&state, &instance).err()?;
             tracing::warn!(instance = %instance.id, reason = %bad, "pipeline failed");
