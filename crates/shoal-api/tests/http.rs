@@ -1298,3 +1298,155 @@ async fn usage_filters_groups_and_exports_the_ledger() {
         assert_eq!(v["error"]["type"], "invalid_request_error");
     }
 }
+
+/// The ledger's sums equal what the clients were sent, as the recorder
+/// client reads it off the wire: every dialect, streamed and not, two
+/// choices where the dialect has `n`, content-filter finishes, and a
+/// cancelled stream (whose client saw no usage: the ledger's record of it is
+/// the one figure that says what it cost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ledger_totals_equal_what_the_clients_were_sent() {
+    use shoal_client::{Dialect, Message, Request, Target, TargetConfig};
+    let filtered = Engine::start(
+        &gguf(),
+        MODEL,
+        EngineOptions {
+            prefix_cache_bytes: 0,
+            blocked_phrases: vec!["Paris".into()],
+            ..common::options()
+        },
+    )
+    .expect("load");
+    let base = server(filtered).await;
+    // Per ledger dialect: requests, then prompt, cached, completion and
+    // reasoning tokens as the clients were told.
+    let mut sent: std::collections::BTreeMap<&str, [u64; 5]> = Default::default();
+    let mut filtered_replies = 0;
+    for dialect in Dialect::ALL {
+        for stream in [false, true] {
+            let target = Target::new(TargetConfig {
+                dialect,
+                base_url: base.clone(),
+                model: MODEL.into(),
+                api_key: None,
+                headers: Vec::new(),
+                stream,
+                price: None,
+            })
+            .expect("target");
+            let has_n = matches!(dialect, Dialect::Chat | Dialect::Completions);
+            for (question, n) in [
+                ("Name a colour.", if has_n { Some(2) } else { None }),
+                (
+                    "What is the capital of France? Answer in one sentence.",
+                    None,
+                ),
+            ] {
+                let req = Request {
+                    messages: vec![Message {
+                        role: "user".into(),
+                        content: question.into(),
+                    }],
+                    max_tokens: Some(12),
+                    temperature: Some(0.0),
+                    n,
+                    ..Request::default()
+                };
+                let reply = target.send(&req).await;
+                assert_eq!(reply.http_status, 200, "{dialect:?} {stream}: {reply:?}");
+                assert_eq!(reply.pieces.len(), n.unwrap_or(1) as usize, "{reply:?}");
+                let m = &reply.pieces[0].metadata;
+                let get = |k: &str| m.get(k).and_then(Value::as_u64).unwrap_or(0);
+                let s = sent.entry(dialect.ledger_name()).or_default();
+                s[0] += 1;
+                s[1] += get("token_usage_prompt_tokens");
+                s[2] += get("token_usage_cached_tokens");
+                s[3] += get("token_usage_completion_tokens");
+                s[4] += get("token_usage_reasoning_tokens");
+                for p in &reply.pieces {
+                    let word = |k: &str| p.metadata.get(k).and_then(Value::as_str);
+                    if word("finish_reason") == Some("content_filter")
+                        || word("stop_reason") == Some("refusal")
+                        || word("incomplete_reason") == Some("content_filter")
+                    {
+                        filtered_replies += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        filtered_replies >= 6,
+        "the filter fired in too few replies: {filtered_replies}"
+    );
+
+    // A stream the client leaves after its first chunk.
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "Count to one hundred in words."}],
+                      "max_tokens": 300, "temperature": 0, "stream": true});
+    let resp = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .expect("send");
+    let id = resp.headers()[shoal_api::ledger::REQUEST_ID_HEADER]
+        .to_str()
+        .expect("id")
+        .to_string();
+    let mut stream = resp.bytes_stream();
+    use futures::StreamExt;
+    stream.next().await.expect("a chunk").expect("bytes");
+    drop(stream);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let cancelled = loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no cancelled entry for {id}"
+        );
+        let (_, text) = get_text(&base, "/v1/usage?finish=cancelled").await;
+        let v: Value = serde_json::from_str(&text).expect("json");
+        if let Some(e) = v["data"]
+            .as_array()
+            .and_then(|d| d.iter().find(|e| e["id"] == id.as_str()).cloned())
+        {
+            break e;
+        }
+        // Only a hang guard: the loop ends on the entry itself.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let u = &cancelled["usage"];
+    let s = sent.entry("openai.chat").or_default();
+    s[0] += 1;
+    s[1] += u["prompt_tokens"].as_u64().expect("prompt");
+    s[3] += u["completion_tokens"].as_u64().expect("completion");
+
+    let (_, text) = get_text(&base, "/v1/usage?group_by=dialect").await;
+    let groups: Value = serde_json::from_str(&text).expect("json");
+    for (dialect, s) in &sent {
+        let g = groups["data"]
+            .as_array()
+            .and_then(|g| g.iter().find(|x| x["key"] == *dialect).cloned())
+            .unwrap_or_else(|| panic!("no {dialect}: {groups}"));
+        let ledger = [
+            "requests",
+            "prompt_tokens",
+            "cached_tokens",
+            "completion_tokens",
+            "reasoning_tokens",
+        ]
+        .map(|k| g[k].as_u64().unwrap_or(u64::MAX));
+        assert_eq!(&ledger, s, "{dialect}: ledger {g} vs sent {s:?}");
+    }
+    let (_, text) = get_text(&base, "/v1/usage?group_by=finish").await;
+    let finishes: Value = serde_json::from_str(&text).expect("json");
+    let count = |key: &str| {
+        finishes["data"]
+            .as_array()
+            .and_then(|g| g.iter().find(|x| x["key"] == key))
+            .map_or(0, |g| g["requests"].as_u64().unwrap_or(0))
+    };
+    assert_eq!(count("cancelled"), 1, "{finishes}");
+    // (A request with two choices is counted by its first; every filtered
+    // reply here is a single choice.)
+    assert_eq!(count("content_filter"), filtered_replies, "{finishes}");
+}
