@@ -480,6 +480,48 @@ test('a server killed and restarted keeps its usage history in the dashboard', a
   }
 });
 
+test('the whole-cluster scope and the cluster view show a second node\'s requests', async () => {
+  const { mkdtempSync } = await import('node:fs');
+  const { join } = await import('node:path');
+  const dir = mkdtempSync(join(process.env.SHOAL_UI_TMP || '/tmp', 'cluster-'));
+  const common = ['--cluster-secret', 'ui-cluster', '--no-mdns'];
+  const a = await startServer([...common, '--db', join(dir, 'a.sqlite')]);
+  let b;
+  try {
+    b = await startServer([...common, '--db', join(dir, 'b.sqlite'), '--peer', a.url.replace('http://', '')]);
+    // Wait until A lists B online (the deadline only guards against a hang).
+    const bId = (await api('/v1/cluster/nodes', undefined, 'GET', { base: b.url })).json.nodes.find((n) => n.self).id;
+    for (const deadline = Date.now() + 120_000; ; ) {
+      assert.ok(Date.now() < deadline, 'node B never came online at A');
+      const nodes = (await api('/v1/cluster/nodes', undefined, 'GET', { base: a.url })).json.nodes;
+      if (nodes.some((n) => n.id === bId && n.status === 'online')) break;
+      await new Promise((r) => setTimeout(r, 200));
+    }
+    // A request B received and ran: only B's ledger has it.
+    const r = await api('/v1/chat/completions', { model, messages: [{ role: 'user', content: FRANCE }], temperature: 0, max_tokens: 3 }, 'POST', { base: b.url });
+    assert.equal(r.status, 200, r.text);
+    await withPage('usage-cluster-scope', { path: '/usage', base: a.url }, async (page) => {
+      await page.getByTestId('usage-updated').filter({ hasText: 'updated' }).waitFor();
+      assert.equal(await page.locator(`[data-testid=usage-row][data-id="${r.json.id}"]`).count(), 0, 'not this server\'s');
+      await page.getByTestId('usage-filter-scope').selectOption('cluster');
+      await page.locator(`[data-testid=usage-row][data-id="${r.json.id}"]`).waitFor();
+      assert.equal(await page.getByTestId('usage-count').innerText(), '1');
+      // The cluster view: B served this request's tokens, A none.
+      await page.getByTestId('nav-cluster').click();
+      const served = page.locator(`[data-testid=node-card][data-node-id="${bId}"] [data-testid=node-served]`);
+      await page.waitForFunction(
+        ([id, total]) => document.querySelector(`[data-testid=node-card][data-node-id="${id}"] [data-testid=node-served]`)?.dataset.tokens === String(total),
+        [bId, r.json.usage.total_tokens],
+      );
+      assert.equal(await served.getAttribute('data-requests'), '1');
+      assert.equal(await page.locator('[data-testid=node-card][data-self=true] [data-testid=node-served]').getAttribute('data-tokens'), '0');
+    });
+  } finally {
+    if (b) await killServer(b.proc);
+    await killServer(a.proc);
+  }
+});
+
 test('conversations and their settings persist across reloads and can be deleted', async () => {
   await withPage('persistence', {}, async (page) => {
     await newChat(page, { maxTokens: '3', system: 'You are terse.' });

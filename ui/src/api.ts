@@ -238,6 +238,8 @@ export interface UsageFilters {
   client?: string;
   dialect?: string;
   finish?: string;
+  /** `cluster`: every online node's ledger merged. */
+  scope?: string;
 }
 
 /** One `group_by` sum. */
@@ -272,7 +274,7 @@ export const usagePage = (f: UsageFilters, limit: number, cursor?: number) =>
     `/v1/usage?${usageQuery(f, { limit: String(limit), cursor: cursor == null ? '' : String(cursor) })}`,
   );
 
-export const usageGroups = (f: UsageFilters, by: 'day' | 'hour' | 'model' | 'client' | 'dialect' | 'node' | 'finish') =>
+export const usageGroups = (f: UsageFilters, by: 'day' | 'hour' | 'model' | 'client' | 'dialect' | 'node' | 'served_by' | 'finish') =>
   getJson<{ data: UsageGroup[] }>(`/v1/usage?${usageQuery(f, { group_by: by })}`).then((r) => r.data ?? []);
 
 export const usageKeys = () => getJson<{ data: KeyUse[] }>('/v1/usage/keys').then((r) => r.data ?? []);

@@ -685,6 +685,8 @@ pub enum GroupBy {
     Finish,
     Client,
     Node,
+    /// The node that ran the request (its receiver when that ran it).
+    ServedBy,
 }
 
 /// `/v1/usage`'s query: filters, and a listing, a grouping or a CSV export.
@@ -758,12 +760,13 @@ impl UsageQuery {
                         "finish" => GroupBy::Finish,
                         "client" => GroupBy::Client,
                         "node" => GroupBy::Node,
+                        "served_by" => GroupBy::ServedBy,
                         _ => {
                             return Err(ApiError::param(
                                 k,
                                 format!(
-                                    "'group_by' must be day, hour, model, client, dialect, node \
-                                     or finish, got {v:?}"
+                                    "'group_by' must be day, hour, model, client, dialect, node, \
+                                     served_by or finish, got {v:?}"
                                 ),
                             ))
                         }
@@ -864,6 +867,12 @@ pub fn grouped(entries: &[LedgerEntry], by: GroupBy) -> Vec<Value> {
             GroupBy::Finish => e.finish_name().to_string(),
             GroupBy::Client => e.facts.client.clone().unwrap_or_default(),
             GroupBy::Node => e.facts.node.clone().unwrap_or_default(),
+            GroupBy::ServedBy => e
+                .facts
+                .ran_on
+                .clone()
+                .or_else(|| e.facts.node.clone())
+                .unwrap_or_default(),
         };
         let u = e.usage();
         let g = groups.entry(key).or_default();

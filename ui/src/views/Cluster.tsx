@@ -1,12 +1,15 @@
 import { For, Show } from 'solid-js';
-import { clusterNodes, type ClusterNode } from '../api';
-import { backendName, fmtAgo, fmtBytes } from '../format';
+import { clusterNodes, usageGroups, type ClusterNode, type UsageGroup } from '../api';
+import { backendName, fmtAgo, fmtBytes, fmtInt, fmtShare } from '../format';
 import { usePoll } from '../poll';
 
 const REFRESH_MS = 2000;
 
 export function ClusterView() {
   const poll = usePoll(clusterNodes, REFRESH_MS);
+  // Tokens each node served, from every node's ledger (a request counts
+  // for the node that ran it).
+  const served = usePoll(() => usageGroups({ scope: 'cluster' }, 'served_by'), REFRESH_MS);
   return (
     <div class="page" data-testid="cluster-view">
       <div class="page-head">
@@ -22,13 +25,15 @@ export function ClusterView() {
         <p class="muted">No nodes reported.</p>
       </Show>
       <div class="nodes">
-        <For each={poll.data() ?? []}>{(n) => <NodeCard node={n} />}</For>
+        <For each={poll.data() ?? []}>
+          {(n) => <NodeCard node={n} served={(served.data() ?? []).find((g) => g.key === n.id)} />}
+        </For>
       </div>
     </div>
   );
 }
 
-function NodeCard(props: { node: ClusterNode }) {
+function NodeCard(props: { node: ClusterNode; served?: UsageGroup }) {
   const n = () => props.node;
   const memPct = () => (n().memory.total_bytes > 0 ? (100 * n().memory.used_bytes) / n().memory.total_bytes : 0);
   const cpuPct = () => Math.max(0, Math.min(100, n().cpu.usage_percent ?? 0));
@@ -90,6 +95,13 @@ function NodeCard(props: { node: ClusterNode }) {
         <dt>requests</dt>
         <dd data-testid="node-requests" data-in-flight={n().requests.in_flight} data-queued={n().requests.queued}>
           {n().requests.in_flight} in flight · {n().requests.queued} queued
+        </dd>
+        <dt>served</dt>
+        <dd data-testid="node-served" data-requests={props.served?.requests ?? 0} data-tokens={props.served?.total_tokens ?? 0}>
+          {fmtInt(props.served?.requests ?? 0)} request{props.served?.requests === 1 ? '' : 's'} · {fmtInt(props.served?.total_tokens ?? 0)} tokens
+          <Show when={props.served?.prompt_tokens}>
+            <span class="muted"> · {fmtShare(props.served?.cached_tokens, props.served?.prompt_tokens)} cache hit</span>
+          </Show>
         </dd>
         <dt>last seen</dt>
         <dd data-testid="node-last-seen" title={new Date(n().last_seen_ms).toLocaleString()}>

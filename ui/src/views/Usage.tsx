@@ -157,6 +157,10 @@ export function UsageView() {
         </button>
       </div>
       <div class="filters" data-testid="usage-filters">
+        {select('scope', 'scope', [
+          ['', 'this server'],
+          ['cluster', 'whole cluster'],
+        ])}
         {select('since', 'time', SPANS)}
         {select('model', 'model', named(poll.data()?.models, 'any model'))}
         {select('client', 'client (API key)', named(poll.data()?.clients, 'any client'))}
