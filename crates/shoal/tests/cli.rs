@@ -1640,12 +1640,23 @@ fn the_usage_ledger_survives_kill_9_and_shoal_usage_reads_it() {
         "a key leaked"
     );
 
-    // A restarted server serves the same ledger.
-    let (_server, addr) = start_server(&dir, serve);
-    let (status, v) = get_with(&addr, "/v1/usage", &key("sk-oc"));
-    assert_eq!(status, 200, "{v}");
-    assert_eq!(v["data"].as_array().map(Vec::len), Some(4), "{v}");
-    assert_eq!(v["data"][0]["id"], ids[3].as_str());
+    // A restarted server serves the same ledger, pruned to the newest three
+    // by the retention setting.
+    let (_server, addr) = start_server(&dir, |c| {
+        serve(c);
+        c.args(["--usage-retention-rows", "3"]);
+    });
+    let v = poll_until(
+        || get_with(&addr, "/v1/usage", &key("sk-oc")).1,
+        |v| v["data"].as_array().map(Vec::len) == Some(3),
+    );
+    let kept: Vec<&str> = v["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .filter_map(|e| e["id"].as_str())
+        .collect();
+    assert_eq!(kept, [&ids[3], &ids[2], &ids[1]], "{v}");
     assert_eq!(v["data"][0]["client"], "ci");
     let _ = std::fs::remove_dir_all(&dir);
 }
