@@ -608,11 +608,32 @@ pub struct PeerUsage {
 /// The control route behind attribution and `scope=cluster`.
 pub const PEER_USAGE_PATH: &str = "/v1/cluster/usage";
 
-/// `POST /v1/cluster/usage` (signed): this node's rows for a peer.
-pub async fn peer_usage(
-    State(s): State<crate::AppState>,
-    crate::cluster::Peer(ask): crate::cluster::Peer<PeerUsage>,
-) -> Response {
+/// `POST /v1/cluster/usage`: this node's rows for a peer (signed), or, on a
+/// node in no cluster and open without a key (a pipeline's local stage),
+/// for its parent node.
+pub async fn peer_usage(State(s): State<crate::AppState>, req: Request) -> Response {
+    let ask: PeerUsage = if s.cluster().is_some() || s.access.requires_key() {
+        match <crate::cluster::Peer<PeerUsage> as axum::extract::FromRequest<_>>::from_request(
+            req, &s,
+        )
+        .await
+        {
+            Ok(crate::cluster::Peer(ask)) => ask,
+            Err(e) => return e.into_response(),
+        }
+    } else {
+        let bytes = axum::body::to_bytes(req.into_body(), s.access.max_body_bytes)
+            .await
+            .unwrap_or_default();
+        match serde_json::from_slice(&bytes) {
+            Ok(ask) => ask,
+            Err(e) => {
+                return ApiError::invalid(e.to_string())
+                    .in_dialect(ErrorShape::OpenAi)
+                    .into_response()
+            }
+        }
+    };
     let rows = match &ask.id {
         Some(id) => s
             .ledger
@@ -630,12 +651,15 @@ pub async fn peer_usage(
 }
 
 /// Copies the record of a request this node forwarded from the node that
-/// ran it, once its answer has ended, so both ledgers hold it under one id.
+/// ran it (signed, through `cluster`) or from a local pipeline stage
+/// (`cluster` none), once its answer has ended, so both ledgers hold it
+/// under one id; `facts`, when given, replace the copy's request facts.
 pub async fn copy_from_peer(
     ledger: Arc<Ledger>,
-    cluster: Arc<shoal_cluster::Cluster>,
+    cluster: Option<Arc<shoal_cluster::Cluster>>,
     addr: String,
     id: String,
+    facts: Option<Facts>,
 ) {
     // The peer writes its record when the generation has stopped, which for
     // a client that hung up is a moment after the answer ended here.
@@ -643,8 +667,13 @@ pub async fn copy_from_peer(
     loop {
         let body = json!({ "id": id }).to_string().into_bytes();
         let fetched = async {
-            let resp = cluster
-                .signed(reqwest::Method::POST, &addr, PEER_USAGE_PATH, body)
+            let req = match &cluster {
+                Some(c) => c.signed(reqwest::Method::POST, &addr, PEER_USAGE_PATH, body),
+                None => reqwest::Client::new()
+                    .post(format!("http://{addr}{PEER_USAGE_PATH}"))
+                    .body(body),
+            };
+            let resp = req
                 .header("content-type", "application/json")
                 .send()
                 .await?
@@ -653,9 +682,16 @@ pub async fn copy_from_peer(
         };
         match fetched.await {
             Ok(v) => {
-                let rows: Vec<UsageRow> =
+                let mut rows: Vec<UsageRow> =
                     serde_json::from_value(v["data"].clone()).unwrap_or_default();
-                for row in &rows {
+                for row in &mut rows {
+                    if let Some(f) = &facts {
+                        row.client = f.client.clone();
+                        row.user_agent = f.user_agent.clone();
+                        row.origin = f.origin.clone();
+                        row.node = f.node.clone();
+                        row.ran_on = f.ran_on.clone();
+                    }
                     ledger.record_row(row);
                 }
                 if !rows.is_empty() {

@@ -1386,13 +1386,22 @@ fn a_model_split_over_two_nodes_answers_like_one_and_survives_a_dead_node() {
         .expect("a usage chunk");
     let chunk: Value = serde_json::from_str(usage_line.trim_start_matches("data: ")).expect("JSON");
     assert_eq!(chunk["usage"], single["usage"]);
-    let after = get_json(&a, "/v1/usage")["data"]
-        .as_array()
-        .map_or(0, Vec::len);
-    assert_eq!(
-        before, after,
-        "the split model's requests ran in the pipeline, not on A alone"
+    // Both are in A's ledger as run by every stage's node (A's own engine
+    // ran neither), with what the clients were sent.
+    let stages = format!("{a_id},{b_id}");
+    let entries = poll_until(
+        || get_json(&a, "/v1/usage")["data"].clone(),
+        |d| d.as_array().map_or(0, Vec::len) == before + 2,
     );
+    for e in entries.as_array().expect("data").iter().take(2) {
+        assert_eq!(
+            e["ran_on"],
+            stages.as_str(),
+            "the split model ran in the pipeline: {e}"
+        );
+        assert_eq!(e["node"], a_id.as_str(), "{e}");
+        assert_eq!(e["usage"], single["usage"], "{e}");
+    }
 
     // B dies mid-stream: an error event, the instance fails.
     let long = json!({"model": model, "prompt": "1, 2, 3, 4, 5,", "max_tokens": 3000,

@@ -87,6 +87,7 @@ pub async fn forward(
         what: format!("node {}", peer.id),
         signer: Some(cluster),
         ledger: Some(s.ledger.clone()),
+        ran_on: None,
         watch: Box::new(move || {
             watched
                 .address_of(&id)
@@ -107,6 +108,9 @@ pub struct Upstream {
     pub signer: Option<Arc<Cluster>>,
     /// Copy the peer's record of the request here once it has answered.
     pub ledger: Option<Arc<crate::ledger::Ledger>>,
+    /// For a local pipeline stage: the nodes that ran the request (the
+    /// stage process knows nothing of who asked; the copy says it).
+    pub ran_on: Option<String>,
     /// Checked twice a second while an answer streams: `Some(reason)` ends it.
     pub watch: Box<dyn Fn() -> Option<String> + Send + Sync>,
 }
@@ -122,6 +126,7 @@ pub async fn proxy(
         what: peer,
         signer,
         ledger,
+        ran_on,
         watch: check,
     } = target;
     let tracked = parts.extensions.get::<crate::ledger::Tracked>().cloned();
@@ -194,14 +199,24 @@ pub async fn proxy(
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     // Once the answer has ended, the peer's record is copied here under its id.
-    let copy = match (ledger, signer.clone(), request_id.clone()) {
-        (Some(ledger), Some(cluster), Some(id)) if status.is_success() => {
+    let copy = match (ledger, request_id.clone()) {
+        (Some(ledger), Some(id)) if status.is_success() => {
+            // A local stage's record gets this node's facts of the request.
+            let facts = match (&signer, &tracked) {
+                (None, Some(t)) => Some(crate::ledger::Facts {
+                    ran_on: ran_on.clone(),
+                    ..t.facts()
+                }),
+                _ => None,
+            };
             if let Some(t) = &tracked {
                 let _ = t.recorded.set(id.clone());
             }
-            let addr = addr.clone();
+            let (addr, signer) = (addr.clone(), signer.clone());
             Some(move || {
-                tokio::spawn(crate::ledger::copy_from_peer(ledger, cluster, addr, id));
+                tokio::spawn(crate::ledger::copy_from_peer(
+                    ledger, signer, addr, id, facts,
+                ));
             })
         }
         _ => None,

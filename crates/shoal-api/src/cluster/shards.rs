@@ -443,7 +443,9 @@ pub fn route(s: &AppState, model: &str) -> Option<Upstream> {
         addr,
         what: format!("the pipeline of '{model}'"),
         signer: None,
-        ledger: None,
+        ledger: Some(s.ledger.clone()),
+        // Every stage's node, in rank order.
+        ran_on: Some(instance.nodes.join(",")),
         watch: Box::new(move || {
             let bad = healthy(&state, &instance).err()?;
             tracing::warn!(instance = %instance.id, reason = %bad, "pipeline failed");
