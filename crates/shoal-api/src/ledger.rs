@@ -910,13 +910,9 @@ pub fn grouped(entries: &[LedgerEntry], by: GroupBy) -> Vec<Value> {
                 .or_else(|| e.facts.node.clone())
                 .unwrap_or_default(),
         };
-        let u = e.usage();
         let g = groups.entry(key).or_default();
         g.0 += 1;
-        g.1.prompt_tokens += u.prompt_tokens;
-        g.1.cached_tokens += u.cached_tokens;
-        g.1.completion_tokens += u.completion_tokens;
-        g.1.reasoning_tokens += u.reasoning_tokens;
+        g.1 += e.usage();
     }
     groups
         .into_iter()

@@ -13,7 +13,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use shoal_engine::Completion;
 
 use crate::AppState;
 
@@ -152,9 +151,12 @@ impl Metrics {
     }
 
     /// Counts one finished request: its choices' finish reasons (dialect
-    /// words) and the usage of each choice, exactly as the engine recorded it.
-    pub fn observe(&self, dialect: &str, finish_reasons: &[String], completions: &[Completion]) {
-        for f in finish_reasons {
+    /// words), the tokens each choice cost the engine (a prompt shared by
+    /// `n` choices was run `n` times) and each choice's timings.
+    pub fn observe(&self, entry: &crate::ledger::LedgerEntry) {
+        let dialect = entry.dialect.ledger_name();
+        let completions = &entry.completions;
+        for f in &entry.finish_reasons() {
             self.requests
                 .get_or_create(&RequestLabels {
                     dialect: dialect.to_string(),
@@ -170,12 +172,14 @@ impl Metrics {
                 })
                 .inc_by(n as u64);
         };
+        let mut work = shoal_engine::Usage::default();
         for c in completions {
-            add("prompt", c.usage.prompt_tokens);
-            add("cached", c.usage.cached_tokens);
-            add("completion", c.usage.completion_tokens);
-            add("reasoning", c.usage.reasoning_tokens);
+            work += c.usage;
         }
+        add("prompt", work.prompt_tokens);
+        add("cached", work.cached_tokens);
+        add("completion", work.completion_tokens);
+        add("reasoning", work.reasoning_tokens);
         let labels = DialectLabels {
             dialect: dialect.to_string(),
         };

@@ -370,11 +370,7 @@ pub fn start(state: &Served, job: Generation, fmt: LedgerFormat) -> Result<Choic
                     error: None,
                 };
                 let finish_reasons = entry.finish_reasons();
-                metrics.observe(
-                    fmt.dialect.ledger_name(),
-                    &finish_reasons,
-                    &entry.completions,
-                );
+                metrics.observe(&entry);
                 let usage = wire::usage_json(fmt.dialect, &entry.usage());
                 let first = entry.timings();
                 let span = tracing::Span::current();

@@ -23,6 +23,21 @@ fn engine() -> Engine {
     .clone()
 }
 
+/// An engine of its own whose content filter blocks "Paris" (the greedy
+/// answer to `france()`).
+fn filtering_engine() -> Engine {
+    Engine::start(
+        &gguf(),
+        MODEL,
+        EngineOptions {
+            prefix_cache_bytes: 0,
+            blocked_phrases: vec!["Paris".into()],
+            ..common::options()
+        },
+    )
+    .expect("load")
+}
+
 /// Starts a server on a free port and returns its base URL.
 async fn server(engine: Engine) -> String {
     serve_state(AppState::new(engine)).await
@@ -410,16 +425,7 @@ async fn oversized_body_is_413_in_each_dialect() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn content_filter_in_every_dialect_with_usage() {
-    let filtered = Engine::start(
-        &gguf(),
-        MODEL,
-        EngineOptions {
-            prefix_cache_bytes: 0,
-            blocked_phrases: vec!["Paris".into()],
-            ..common::options()
-        },
-    )
-    .expect("load");
+    let filtered = filtering_engine();
     let base = server(filtered).await;
     let chat = json!({"model": MODEL, "messages": france(), "temperature": 0, "max_tokens": 20});
     let (s, t, _) = post(&base, "/v1/chat/completions", &chat.to_string()).await;
@@ -1307,16 +1313,7 @@ async fn usage_filters_groups_and_exports_the_ledger() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ledger_totals_equal_what_the_clients_were_sent() {
     use shoal_client::{Dialect, Message, Request, Target, TargetConfig};
-    let filtered = Engine::start(
-        &gguf(),
-        MODEL,
-        EngineOptions {
-            prefix_cache_bytes: 0,
-            blocked_phrases: vec!["Paris".into()],
-            ..common::options()
-        },
-    )
-    .expect("load");
+    let filtered = filtering_engine();
     let base = server(filtered).await;
     // Per ledger dialect: requests, then prompt, cached, completion and
     // reasoning tokens as the clients were told.

@@ -71,6 +71,17 @@ impl Usage {
     }
 }
 
+/// Sums of whole requests' usage (a ledger's totals); never a way to
+/// combine choices that share one prompt (see `wire::combined_usage`).
+impl std::ops::AddAssign for Usage {
+    fn add_assign(&mut self, o: Usage) {
+        self.prompt_tokens += o.prompt_tokens;
+        self.cached_tokens += o.cached_tokens;
+        self.completion_tokens += o.completion_tokens;
+        self.reasoning_tokens += o.reasoning_tokens;
+    }
+}
+
 /// Wall-clock figures for one generation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Timings {

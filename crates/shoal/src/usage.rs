@@ -190,10 +190,7 @@ fn entries_table(entries: &[LedgerEntry]) -> String {
         .iter()
         .map(|e| {
             let u = e.usage();
-            total.prompt_tokens += u.prompt_tokens;
-            total.cached_tokens += u.cached_tokens;
-            total.completion_tokens += u.completion_tokens;
-            total.reasoning_tokens += u.reasoning_tokens;
+            total += u;
             vec![
                 shoal_engine::template::strftime_utc(
                     "%Y-%m-%d %H:%M:%S",
