@@ -201,7 +201,7 @@ impl Limits {
             code: Some("rate_limit_exceeded"),
         };
         if let Some(quota) = key.tokens_per_day {
-            let now = crate::run::now_secs();
+            let now = crate::ids::now_secs();
             let midnight = now - now % 86_400;
             let used = ledger.tokens_since(&key.name, midnight)?;
             if used >= quota {
@@ -261,7 +261,7 @@ fn open_route(path: &str) -> bool {
         || matches!(
             path,
             shoal_cluster::STATUS_PATH
-                | crate::ledger::PEER_USAGE_PATH
+                | crate::cluster::PEER_USAGE_PATH
                 | "/v1/cluster/load"
                 | "/v1/cluster/unload"
                 | crate::cluster::INSTANCES_PATH

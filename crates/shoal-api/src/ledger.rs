@@ -3,19 +3,16 @@
 //! request's final event goes out. A record keeps the engine's own
 //! `Completion`s plus the request's facts; each dialect's words and usage
 //! object are rendered from them when read ([`crate::wire`]), so what the
-//! ledger shows is what the client was sent. `/v1/usage` and `shoal usage`
-//! query it.
+//! ledger shows is what the client was sent. `/v1/usage` (`crate::usage`)
+//! and `shoal usage` query it.
 use std::sync::{Arc, Mutex, OnceLock};
 
-use axum::extract::{Query, Request, State};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use shoal_client::Dialect;
 use shoal_engine::{Completion, FinishReason, Timings, Usage};
 use shoal_store::{UsageFilter, UsageLog, UsageRow};
 
-use crate::error::{ApiError, ErrorShape};
+use crate::error::ApiError;
 use crate::wire;
 
 /// One answered request.
@@ -256,7 +253,7 @@ impl Ledger {
         })
     }
 
-    fn log(&self) -> std::sync::MutexGuard<'_, UsageLog> {
+    pub(crate) fn log(&self) -> std::sync::MutexGuard<'_, UsageLog> {
         self.log.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -327,7 +324,7 @@ impl Ledger {
     pub fn prune(&self) {
         let Retention { days, rows } = self.retention;
         let cutoff = (days > 0).then(|| {
-            let now_ms = crate::run::now_secs().saturating_mul(1000);
+            let now_ms = crate::ids::now_secs().saturating_mul(1000);
             i64::try_from(now_ms.saturating_sub(days.saturating_mul(86_400_000))).unwrap_or(0)
         });
         match self.log().prune(cutoff, rows) {
@@ -396,7 +393,7 @@ pub struct Page {
 }
 
 impl Page {
-    fn of(rows: Vec<UsageRow>, has_more: bool) -> Page {
+    pub(crate) fn of(rows: Vec<UsageRow>, has_more: bool) -> Page {
         let entries = rows
             .into_iter()
             .filter_map(|r| {
@@ -419,7 +416,7 @@ impl Page {
     }
 }
 
-/// Set on a request's extensions by [`track`]: the facts, the client name
+/// Set on a request's extensions by `usage::track`: the facts, the client name
 /// the access check finds, and the id a generation is recorded under.
 #[derive(Clone, Debug, Default)]
 pub struct Tracked {
@@ -435,279 +432,6 @@ impl Tracked {
             client: self.client.get().cloned(),
             ..self.facts.clone()
         }
-    }
-}
-
-/// The generation endpoints, whose every answer is in the ledger.
-fn generation_endpoint(path: &str) -> bool {
-    matches!(
-        path,
-        "/v1/chat/completions" | "/v1/completions" | "/v1/responses" | "/v1/messages"
-    )
-}
-
-/// Middleware around the generation endpoints: notes the request's facts
-/// for the handler, then records what the handler could not — the status of
-/// an error response after generation began, or a request refused before it
-/// (bad body, unknown model, missing key, full queue …) as an error record.
-/// A request another node forwarded here carries that node's facts (who
-/// received it, the key's name, the origin), taken only when its cluster
-/// signature checks out.
-pub async fn track(State(s): State<crate::AppState>, req: Request, next: Next) -> Response {
-    let path = req.uri().path().to_string();
-    let Some(dialect) = Dialect::for_path(&path).filter(|_| generation_endpoint(&path)) else {
-        return next.run(req).await;
-    };
-    let own = s.node.identity().id.clone();
-    let (mut req, forwarded) = match forwarded_facts(&s, req).await {
-        Ok(pair) => pair,
-        Err(resp) => return resp,
-    };
-    // (The request's body is not `Sync`, so no borrow of it may live
-    // across the awaits below.)
-    let (user_agent, origin) = {
-        let header = |name: axum::http::HeaderName| {
-            req.headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        };
-        (
-            header(axum::http::header::USER_AGENT),
-            header(axum::http::header::ORIGIN),
-        )
-    };
-    let tracked = Tracked {
-        facts: match forwarded {
-            Some(f) => Facts {
-                endpoint: path,
-                user_agent: f.user_agent.or(user_agent),
-                ran_on: Some(own),
-                ..f
-            },
-            None => Facts {
-                endpoint: path,
-                client: None,
-                user_agent,
-                origin,
-                node: Some(own),
-                ran_on: None,
-            },
-        },
-        ..Tracked::default()
-    };
-    if let Some(client) = &tracked.facts.client {
-        let _ = tracked.client.set(client.clone());
-    }
-    req.extensions_mut().insert(tracked.clone());
-    let mut response = next.run(req).await;
-    let status = response.status().as_u16();
-    let ledger = s.ledger.clone();
-    match tracked.recorded.get() {
-        Some(id) => {
-            if status != 200 {
-                if let Err(error) = ledger.log().set_status(id, status) {
-                    tracing::error!(%id, %error, "usage ledger write failed");
-                }
-            }
-            if let Ok(v) = axum::http::HeaderValue::from_str(id) {
-                response.headers_mut().insert(REQUEST_ID_HEADER, v);
-            }
-            response
-        }
-        None if status < 400 => response,
-        None => {
-            let (mut parts, body) = response.into_parts();
-            let bytes = axum::body::to_bytes(body, 1 << 20)
-                .await
-                .unwrap_or_default();
-            let message = serde_json::from_slice::<Value>(&bytes)
-                .ok()
-                .and_then(|v| {
-                    v.pointer("/error/message")
-                        .and_then(Value::as_str)
-                        .map(str::to_owned)
-                })
-                .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
-            // A peer's refusal passed on keeps the peer's id.
-            let id = parts
-                .headers
-                .get(REQUEST_ID_HEADER)
-                .and_then(|v| v.to_str().ok())
-                .map_or_else(|| crate::run::new_id("err"), str::to_owned);
-            let entry = LedgerEntry {
-                id,
-                dialect,
-                model: String::new(),
-                created: crate::run::now_secs(),
-                stream: false,
-                per_prompt: 1,
-                completions: Vec::new(),
-                facts: tracked.facts(),
-                backend: String::new(),
-                status,
-                error: Some(message),
-            };
-            ledger.record(&entry);
-            if let Ok(v) = axum::http::HeaderValue::from_str(&entry.id) {
-                parts.headers.insert(REQUEST_ID_HEADER, v);
-            }
-            Response::from_parts(parts, axum::body::Body::from(bytes))
-        }
-    }
-}
-
-/// The receiving node's facts on a request forwarded here, if its
-/// signature checks out (the body is read for that and put back).
-async fn forwarded_facts(
-    s: &crate::AppState,
-    req: Request,
-) -> Result<(Request, Option<Facts>), Response> {
-    if !req.headers().contains_key(crate::cluster::FORWARDED_HEADER) || s.cluster().is_none() {
-        return Ok((req, None));
-    }
-    let (parts, body) = req.into_parts();
-    let Ok(bytes) = axum::body::to_bytes(body, s.access.max_body_bytes).await else {
-        return Err(crate::body::too_large(Some(s.access.max_body_bytes))
-            .in_dialect(ErrorShape::for_path(parts.uri.path()))
-            .into_response());
-    };
-    let verified = s
-        .verify_peer(&parts.method, &parts.uri, &parts.headers, &bytes)
-        .is_ok();
-    let header = |name: &str| {
-        parts
-            .headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-    };
-    let facts = verified.then(|| Facts {
-        endpoint: String::new(),
-        client: header(CLIENT_HEADER),
-        user_agent: header(axum::http::header::USER_AGENT.as_str()),
-        origin: header(ORIGIN_HEADER),
-        node: header(RECEIVED_BY_HEADER),
-        ran_on: None,
-    });
-    Ok((
-        Request::from_parts(parts, axum::body::Body::from(bytes)),
-        facts,
-    ))
-}
-
-/// What a peer asks of this node's ledger: one request's row, or the rows a
-/// `/v1/usage` query selects (for `scope=cluster`).
-#[derive(serde::Deserialize)]
-pub struct PeerUsage {
-    pub id: Option<String>,
-    #[serde(default)]
-    pub query: Vec<(String, String)>,
-}
-
-/// The control route behind attribution and `scope=cluster`.
-pub const PEER_USAGE_PATH: &str = "/v1/cluster/usage";
-
-/// `POST /v1/cluster/usage`: this node's rows for a peer (signed), or, on a
-/// node in no cluster and open without a key (a pipeline's local stage),
-/// for its parent node.
-pub async fn peer_usage(State(s): State<crate::AppState>, req: Request) -> Response {
-    let ask: PeerUsage = if s.cluster().is_some() || s.access.requires_key() {
-        match <crate::cluster::Peer<PeerUsage> as axum::extract::FromRequest<_>>::from_request(
-            req, &s,
-        )
-        .await
-        {
-            Ok(crate::cluster::Peer(ask)) => ask,
-            Err(e) => return e.into_response(),
-        }
-    } else {
-        let bytes = axum::body::to_bytes(req.into_body(), s.access.max_body_bytes)
-            .await
-            .unwrap_or_default();
-        match serde_json::from_slice(&bytes) {
-            Ok(ask) => ask,
-            Err(e) => {
-                return ApiError::invalid(e.to_string())
-                    .in_dialect(ErrorShape::OpenAi)
-                    .into_response()
-            }
-        }
-    };
-    let rows = match &ask.id {
-        Some(id) => s
-            .ledger
-            .log()
-            .get(id)
-            .map(|r| r.into_iter().collect())
-            .map_err(|e| ApiError::internal(format!("the usage ledger could not be read: {e}"))),
-        None => UsageQuery::parse(ask.query.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .and_then(|q| s.ledger.rows(&q).map(|(rows, _)| rows)),
-    };
-    match rows {
-        Ok(rows) => axum::Json(json!({ "data": rows })).into_response(),
-        Err(e) => e.in_dialect(ErrorShape::OpenAi).into_response(),
-    }
-}
-
-/// Copies the record of a request this node forwarded from the node that
-/// ran it (signed, through `cluster`) or from a local pipeline stage
-/// (`cluster` none), once its answer has ended, so both ledgers hold it
-/// under one id; `facts`, when given, replace the copy's request facts.
-pub async fn copy_from_peer(
-    ledger: Arc<Ledger>,
-    cluster: Option<Arc<shoal_cluster::Cluster>>,
-    addr: String,
-    id: String,
-    facts: Option<Facts>,
-) {
-    // The peer writes its record when the generation has stopped, which for
-    // a client that hung up is a moment after the answer ended here.
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        let body = json!({ "id": id }).to_string().into_bytes();
-        let fetched = async {
-            let req = match &cluster {
-                Some(c) => c.signed(reqwest::Method::POST, &addr, PEER_USAGE_PATH, body),
-                None => reqwest::Client::new()
-                    .post(format!("http://{addr}{PEER_USAGE_PATH}"))
-                    .body(body),
-            };
-            let resp = req
-                .header("content-type", "application/json")
-                .send()
-                .await?
-                .error_for_status()?;
-            resp.json::<Value>().await
-        };
-        match fetched.await {
-            Ok(v) => {
-                let mut rows: Vec<UsageRow> =
-                    serde_json::from_value(v["data"].clone()).unwrap_or_default();
-                for row in &mut rows {
-                    if let Some(f) = &facts {
-                        row.client = f.client.clone();
-                        row.user_agent = f.user_agent.clone();
-                        row.origin = f.origin.clone();
-                        row.node = f.node.clone();
-                        row.ran_on = f.ran_on.clone();
-                    }
-                    ledger.record_row(row);
-                }
-                if !rows.is_empty() {
-                    return;
-                }
-            }
-            Err(error) => {
-                tracing::warn!(%id, %addr, %error, "could not copy a forwarded request's record");
-                return;
-            }
-        }
-        if tokio::time::Instant::now() >= deadline {
-            tracing::warn!(%id, %addr, "the node that ran a forwarded request has no record of it");
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
     }
 }
 
@@ -968,154 +692,6 @@ pub fn csv(entries: &[LedgerEntry]) -> String {
     }
     let bytes = w.into_inner().unwrap_or_default();
     String::from_utf8_lossy(&bytes).into_owned()
-}
-
-/// `/v1/usage`: the ledger's entries newest first (`limit`, default 100;
-/// `cursor` continues a listing), filtered by `model`, `dialect`, `finish`,
-/// `client`, `node`, `since` and `until`; summed with `group_by`; or
-/// exported with `format=csv` (every entry the filter selects unless
-/// `limit` is given). Bad parameters get a 400.
-pub async fn handle(
-    State(s): State<crate::AppState>,
-    Query(pairs): Query<Vec<(String, String)>>,
-) -> Response {
-    let answer = async {
-        let mut q = UsageQuery::parse(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
-        if q.limit.is_none() && !q.csv {
-            q.limit = Some(100);
-        }
-        let (page, missing) = if q.cluster {
-            cluster_page(&s, &q, &pairs).await?
-        } else {
-            (s.ledger.query(&q)?, Vec::new())
-        };
-        if let Some(by) = q.group_by {
-            let data = grouped(&page.entries(), by);
-            return Ok::<_, ApiError>(
-                axum::Json(json!({"object": "list", "data": data, "missing_nodes": missing}))
-                    .into_response(),
-            );
-        }
-        if q.csv {
-            return Ok((
-                [(axum::http::header::CONTENT_TYPE, "text/csv; charset=utf-8")],
-                csv(&page.entries()),
-            )
-                .into_response());
-        }
-        let data: Vec<Value> = page
-            .entries
-            .iter()
-            .map(|(seq, e)| {
-                let mut v = e.to_json();
-                // A cursor pages one node's ledger.
-                if !q.cluster {
-                    v["cursor"] = json!(seq);
-                }
-                v
-            })
-            .collect();
-        Ok(axum::Json(json!({
-            "object": "list",
-            "data": data,
-            "has_more": page.has_more,
-            "next_cursor": if q.cluster { None } else { page.next_cursor() },
-            "missing_nodes": missing,
-        }))
-        .into_response())
-    };
-    answer
-        .await
-        .unwrap_or_else(|e| e.in_dialect(ErrorShape::OpenAi).into_response())
-}
-
-/// Every online node's rows for `q`, merged newest first; a request that
-/// two nodes hold (received by one, run by the other) counts once. Returns
-/// the page and the nodes that could not be asked.
-async fn cluster_page(
-    s: &crate::AppState,
-    q: &UsageQuery,
-    pairs: &[(String, String)],
-) -> Result<(Page, Vec<String>), ApiError> {
-    if q.cursor.is_some() {
-        return Err(ApiError::param(
-            "cursor",
-            "a cursor pages one node's ledger; it does not go with scope=cluster",
-        ));
-    }
-    let (mut rows, mut has_more) = s.ledger.rows(q)?;
-    let mut missing = Vec::new();
-    if let Some(cluster) = s.cluster() {
-        let ask: Vec<(String, String)> = pairs
-            .iter()
-            .filter(|(k, _)| k != "scope" && k != "format")
-            .cloned()
-            .collect();
-        let body = json!({ "query": ask }).to_string().into_bytes();
-        let peers: Vec<_> = cluster
-            .peers()
-            .into_iter()
-            .filter(|p| p.status == "online")
-            .collect();
-        let asks = peers.iter().map(|p| {
-            let cluster = cluster.clone();
-            let body = body.clone();
-            let id = p.id.clone();
-            async move {
-                let addr = cluster.address_of(&id)?;
-                let resp = cluster
-                    .signed(reqwest::Method::POST, &addr, PEER_USAGE_PATH, body)
-                    .header("content-type", "application/json")
-                    .timeout(std::time::Duration::from_secs(30))
-                    .send()
-                    .await
-                    .ok()?
-                    .error_for_status()
-                    .ok()?;
-                let v: Value = resp.json().await.ok()?;
-                serde_json::from_value::<Vec<UsageRow>>(v["data"].clone()).ok()
-            }
-        });
-        for (peer, got) in peers.iter().zip(futures::future::join_all(asks).await) {
-            match got {
-                Some(r) => rows.extend(r),
-                None => missing.push(peer.id.clone()),
-            }
-        }
-    }
-    let mut seen = std::collections::HashSet::new();
-    rows.sort_by(|a, b| b.created_ms.cmp(&a.created_ms).then(b.seq.cmp(&a.seq)));
-    rows.retain(|r| seen.insert(r.id.clone()));
-    if let Some(n) = q.limit.filter(|_| q.group_by.is_none()) {
-        has_more |= rows.len() > n;
-        rows.truncate(n);
-    }
-    Ok((Page::of(rows, has_more), missing))
-}
-
-/// `/v1/usage/keys`: each API key's use against its limits (names only).
-pub async fn keys(State(s): State<crate::AppState>) -> Response {
-    let now = crate::run::now_secs();
-    let midnight = now - now % 86_400;
-    let listed: Result<Vec<Value>, ApiError> = s
-        .access
-        .keys()
-        .iter()
-        .map(|k| {
-            let used = s.ledger.tokens_since(&k.name, midnight)?;
-            Ok(json!({
-                "name": k.name,
-                "tokens_today": used,
-                "tokens_per_day": k.tokens_per_day,
-                "requests_last_minute": s.limits.last_minute(&k.name),
-                "requests_per_minute": k.requests_per_minute,
-            }))
-        })
-        .collect();
-    match listed {
-        Ok(data) => axum::Json(json!({"object": "list", "data": data})).into_response(),
-        Err(e) => e.in_dialect(ErrorShape::OpenAi).into_response(),
-    }
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ mod conversations;
 mod error;
 #[cfg(test)]
 mod fuzz_tests;
+mod ids;
 pub mod ledger;
 mod metrics;
 mod models;
@@ -20,6 +21,7 @@ pub mod pool;
 mod run;
 #[cfg(test)]
 mod script_tests;
+mod usage;
 
 mod sse;
 mod tools;
@@ -228,8 +230,9 @@ pub async fn serve_until(
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/health", get(health))
-        .route("/v1/usage", get(ledger::handle))
-        .route("/v1/usage/keys", get(ledger::keys))
+        .route("/v1/usage", get(usage::handle))
+        .route("/v1/usage/keys", get(usage::keys))
+        .route(cluster::PEER_USAGE_PATH, post(usage::peer_usage))
         .route("/metrics", get(metrics::handle))
         .route(
             "/v1/chat/completions",
@@ -260,7 +263,7 @@ pub fn router(state: AppState) -> Router {
         ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
-            ledger::track,
+            usage::track,
         ))
         .layer(access::cors(&state.access))
         // Bodies are read up to the limit before the 413, so a client still

@@ -8,6 +8,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tracing::Instrument;
 
 use crate::error::ApiError;
+pub use crate::ids::{new_id, now_secs};
 use crate::ledger::{LedgerEntry, Tracked};
 use crate::{wire, Served};
 use shoal_client::Dialect;
@@ -269,13 +270,6 @@ impl Collected {
     }
 }
 
-pub fn now_secs() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
 /// Submits the job and starts the forwarding task.
 pub fn start(state: &Served, job: Generation, fmt: LedgerFormat) -> Result<Choices, ApiError> {
     let per = job.n.max(1);
@@ -431,17 +425,6 @@ pub fn start(state: &Served, job: Generation, fmt: LedgerFormat) -> Result<Choic
         .instrument(span),
     );
     Ok(Choices { rx, n })
-}
-
-/// Random id suffix in the style the dialects use.
-pub fn new_id(prefix: &str) -> String {
-    use rand::Rng;
-    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-    let mut rng = rand::rng();
-    let tail: String = (0..24)
-        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
-        .collect();
-    format!("{prefix}{tail}")
 }
 
 /// The first failed choice of a non-streamed response, as the error to send.

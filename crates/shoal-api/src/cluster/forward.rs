@@ -214,9 +214,7 @@ pub async fn proxy(
             }
             let (addr, signer) = (addr.clone(), signer.clone());
             Some(move || {
-                tokio::spawn(crate::ledger::copy_from_peer(
-                    ledger, signer, addr, id, facts,
-                ));
+                tokio::spawn(copy_from_peer(ledger, signer, addr, id, facts));
             })
         }
         _ => None,
@@ -320,5 +318,66 @@ pub(crate) fn fail(
         let _ = tx.send(Ok(frame.into()));
     } else {
         let _ = tx.send(Err(std::io::Error::other(message.to_string())));
+    }
+}
+
+/// Copies the record of a request this node forwarded from the node that
+/// ran it (signed, through `cluster`) or from a local pipeline stage
+/// (`cluster` none), once its answer has ended, so both ledgers hold it
+/// under one id; `facts`, when given, replace the copy's request facts.
+pub(crate) async fn copy_from_peer(
+    ledger: Arc<crate::ledger::Ledger>,
+    cluster: Option<Arc<shoal_cluster::Cluster>>,
+    addr: String,
+    id: String,
+    facts: Option<crate::ledger::Facts>,
+) {
+    // The peer writes its record when the generation has stopped, which for
+    // a client that hung up is a moment after the answer ended here.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let body = serde_json::json!({ "id": id }).to_string().into_bytes();
+        let fetched = async {
+            let req = match &cluster {
+                Some(c) => c.signed(reqwest::Method::POST, &addr, super::PEER_USAGE_PATH, body),
+                None => reqwest::Client::new()
+                    .post(format!("http://{addr}{}", super::PEER_USAGE_PATH))
+                    .body(body),
+            };
+            let resp = req
+                .header("content-type", "application/json")
+                .send()
+                .await?
+                .error_for_status()?;
+            resp.json::<serde_json::Value>().await
+        };
+        match fetched.await {
+            Ok(v) => {
+                let mut rows: Vec<shoal_store::UsageRow> =
+                    serde_json::from_value(v["data"].clone()).unwrap_or_default();
+                for row in &mut rows {
+                    if let Some(f) = &facts {
+                        row.client = f.client.clone();
+                        row.user_agent = f.user_agent.clone();
+                        row.origin = f.origin.clone();
+                        row.node = f.node.clone();
+                        row.ran_on = f.ran_on.clone();
+                    }
+                    ledger.record_row(row);
+                }
+                if !rows.is_empty() {
+                    return;
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%id, %addr, %error, "could not copy a forwarded request's record");
+                return;
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(%id, %addr, "the node that ran a forwarded request has no record of it");
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
     }
 }

@@ -224,12 +224,12 @@ pub(crate) async fn place(
         }
     }
     let instance = Instance {
-        id: crate::run::new_id("inst_"),
+        id: crate::ids::new_id("inst_"),
         model: req.model.clone(),
         sharding: "none".into(),
         nodes: vec![node.clone()],
         entry: node,
-        created: crate::run::now_secs(),
+        created: crate::ids::now_secs(),
         layers: Vec::new(),
     };
     s.instances

@@ -33,10 +33,6 @@ pub fn routes() -> Router<AppState> {
         .route(LOAD_PATH, axum::routing::post(control_load))
         .route(UNLOAD_PATH, axum::routing::post(control_unload))
         .route("/v1/cluster/nodes", get(nodes))
-        .route(
-            crate::ledger::PEER_USAGE_PATH,
-            axum::routing::post(crate::ledger::peer_usage),
-        )
         .route("/v1/cluster/events", get(events))
         .route(shards::PREPARE_PATH, axum::routing::post(shards::prepare))
         .route(shards::START_PATH, axum::routing::post(shards::start))
@@ -62,6 +58,10 @@ pub fn routes() -> Router<AppState> {
             axum::routing::delete(instances::remove_instance),
         )
 }
+
+/// The control route through which nodes read each other's ledger rows
+/// (attribution of forwarded requests, `scope=cluster`); served by `usage.rs`.
+pub const PEER_USAGE_PATH: &str = "/v1/cluster/usage";
 
 /// Control routes a node calls on another to place or drop a model.
 pub(crate) const LOAD_PATH: &str = "/v1/cluster/load";

@@ -299,7 +299,7 @@ pub async fn place(
     if !start {
         return Ok(json!({"model": model_id, "sharding": "pipeline", "placements": placements}));
     }
-    let instance_id = crate::run::new_id("inst_");
+    let instance_id = crate::ids::new_id("inst_");
     // Every rank's address first: the ring needs them all up front.
     let mut hosts = Vec::with_capacity(order.len());
     for id in &order {
@@ -382,7 +382,7 @@ pub async fn place(
         sharding: "pipeline".into(),
         nodes: order.clone(),
         entry: self_id,
-        created: crate::run::now_secs(),
+        created: crate::ids::now_secs(),
         layers: ranges,
     };
     lock(&s.instances).insert(instance_id, instance.clone());
