@@ -1,19 +1,23 @@
 //! LAN discovery over mDNS / DNS-SD: each node announces `_shoal._tcp` with
 //! its id and API port, and contacts the nodes it sees. Finding a node is
 //! not trusting it: it still has to answer a signed heartbeat.
-use std::sync::{Arc, Weak};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use mdns_sd::{ServiceDaemon, ServiceEvent, ServiceInfo};
 
-use crate::membership::Cluster;
-
 pub const SERVICE: &str = "_shoal._tcp.local.";
 
-/// Announces this node and feeds discovered ones to the cluster. Failures
-/// (no multicast on this network) are logged; static peers still work.
-pub fn start(cluster: &Arc<Cluster>) {
-    let Some(addr) = cluster.node().address() else {
+/// Announces node `id` at `addr` and hands each node it sees to `found`
+/// (`Some(host:port)`; `None` after a quiet second), for as long as `found`
+/// returns true (the cluster is alive). Failures (no multicast on this network) are logged; static
+/// peers still work.
+pub fn start(
+    id: String,
+    addr: Option<SocketAddr>,
+    found: impl Fn(Option<String>) -> bool + Send + 'static,
+) {
+    let Some(addr) = addr else {
         tracing::warn!("mDNS off: the API address is not known yet");
         return;
     };
@@ -24,7 +28,6 @@ pub fn start(cluster: &Arc<Cluster>) {
             return;
         }
     };
-    let id = cluster.node().identity().id.clone();
     let host = format!("shoal-{id}.local.");
     let info = ServiceInfo::new(
         SERVICE,
@@ -46,7 +49,6 @@ pub fn start(cluster: &Arc<Cluster>) {
             return;
         }
     };
-    let weak: Weak<Cluster> = Arc::downgrade(cluster);
     let spawned = std::thread::Builder::new()
         .name("shoal-mdns".into())
         .spawn(move || {
@@ -54,17 +56,22 @@ pub fn start(cluster: &Arc<Cluster>) {
             let _daemon = daemon;
             loop {
                 let event = events.recv_timeout(Duration::from_secs(1));
-                let Some(cluster) = weak.upgrade() else { break };
-                let Ok(ServiceEvent::ServiceResolved(found)) = event else {
-                    continue;
+                let Ok(ServiceEvent::ServiceResolved(seen)) = event else {
+                    // A quiet second: stop once the cluster is gone.
+                    if found(None) {
+                        continue;
+                    }
+                    break;
                 };
-                if found.get_property_val_str("id") == Some(id.as_str()) {
+                if seen.get_property_val_str("id") == Some(id.as_str()) {
                     continue;
                 }
-                for ip in found.get_addresses_v4() {
-                    let peer = format!("{ip}:{}", found.get_port());
+                for ip in seen.get_addresses_v4() {
+                    let peer = format!("{ip}:{}", seen.get_port());
                     tracing::debug!(%peer, "found by mDNS");
-                    cluster.consider(peer);
+                    if !found(Some(peer)) {
+                        return;
+                    }
                 }
             }
         });

@@ -104,7 +104,20 @@ impl Cluster {
                 .unwrap_or_default(),
         });
         if cluster.opts.mdns {
-            crate::discovery::start(&cluster);
+            let weak = Arc::downgrade(&cluster);
+            crate::discovery::start(
+                cluster.node.identity().id.clone(),
+                cluster.node.address(),
+                move |peer| {
+                    let Some(cluster) = weak.upgrade() else {
+                        return false;
+                    };
+                    if let Some(peer) = peer {
+                        cluster.consider(peer);
+                    }
+                    true
+                },
+            );
         }
         let weak = Arc::downgrade(&cluster);
         tokio::spawn(heartbeats(weak));

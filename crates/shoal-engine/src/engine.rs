@@ -2,7 +2,7 @@
 //! (continuous batching), and streams [`Event`]s back. Dropping the receiver
 //! cancels.
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,68 +14,14 @@ use crate::backend::{BackendKind, DecodeBatch, KvCache, LanguageModel, ModelInfo
 use crate::backends::llama::LlamaOptions;
 use crate::backends::BackendChoice;
 use crate::completion::{Completion, Event, FinishReason, Timings, Usage};
-use crate::constraint::{Grammar, GrammarCompiler};
+use crate::constraint::GrammarCompiler;
 use crate::content_filter::ContentPolicy;
 use crate::defaults::SamplingDefaults;
 use crate::error::{EngineError, Result};
 use crate::loader::{self, LoadOptions, Vocabulary};
 use crate::prefix_cache::PrefixCache;
-use crate::reasoning::ReasoningSpec;
-use crate::sampler::SamplingParams;
+pub use crate::request::{CancelFlag, EngineStats, GenerateRequest};
 use crate::sequence::{ms, record, Job, Next, Sequence, Stall};
-use crate::tools::ToolSyntax;
-
-/// One generation request, already tokenized.
-#[derive(Clone, Debug)]
-pub struct GenerateRequest {
-    pub prompt: Vec<u32>,
-    /// `None` runs until EOS or the context window.
-    pub max_tokens: Option<usize>,
-    pub sampling: SamplingParams,
-    pub stop: Vec<String>,
-    /// Keep going past EOS (benchmarks).
-    pub ignore_eos: bool,
-    /// Set to stop the generation early; it then ends with `Cancelled` and
-    /// still sends its final record (dropping the stream also cancels, but
-    /// then nobody hears the record).
-    pub cancel: CancelFlag,
-    /// Split a thinking section off the reply (and cap it), if any.
-    pub reasoning: Option<ReasoningSpec>,
-    /// Constrain the output to a grammar (structured output, forced tool calls).
-    pub grammar: Option<Grammar>,
-    /// Parse tool calls written in this syntax out of the reply.
-    pub tools: Option<ToolSyntax>,
-}
-
-/// A shared "please stop" flag for one request.
-#[derive(Clone, Debug, Default)]
-pub struct CancelFlag(Arc<std::sync::atomic::AtomicBool>);
-
-impl CancelFlag {
-    pub fn cancel(&self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
-    pub fn is_cancelled(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
-    }
-}
-
-impl GenerateRequest {
-    /// A request with default sampling, no stops and no limit.
-    pub fn new(prompt: Vec<u32>) -> Self {
-        GenerateRequest {
-            prompt,
-            max_tokens: None,
-            sampling: SamplingParams::default(),
-            stop: Vec::new(),
-            ignore_eos: false,
-            cancel: CancelFlag::default(),
-            reasoning: None,
-            grammar: None,
-            tools: None,
-        }
-    }
-}
 
 /// Engine options.
 #[derive(Clone, Debug)]
@@ -116,36 +62,6 @@ impl Default for EngineOptions {
 
 /// The stream of events for one request. Dropping it cancels the generation.
 pub type EventStream = UnboundedReceiver<Event>;
-
-/// Counters the engine keeps for observability (and for tests to see
-/// cancellations that no client is left to hear about).
-#[derive(Debug, Default)]
-pub struct EngineStats {
-    pub completed: AtomicU64,
-    pub cancelled: AtomicU64,
-    pub errors: AtomicU64,
-    pub prompt_tokens: AtomicU64,
-    pub completion_tokens: AtomicU64,
-    /// Completion tokens of the most recent cancelled generation.
-    pub last_cancelled_tokens: AtomicU64,
-    /// Prompt tokens served from the prefix cache.
-    pub cached_tokens: AtomicU64,
-    /// Bytes the prefix cache holds now.
-    pub prefix_cache_bytes: AtomicU64,
-    /// Requests waiting in the queue now.
-    pub queued: AtomicU64,
-    /// Requests being prefilled or decoded now.
-    pub running: AtomicU64,
-    /// Most sequences ever decoded in one forward pass.
-    pub peak_batch: AtomicU64,
-    /// Batched decode passes run, and the sequence-steps they covered
-    /// (their ratio is the mean batch size).
-    pub decode_passes: AtomicU64,
-    pub decode_steps: AtomicU64,
-    /// Time spent sampling and running batched decode passes (prefill not
-    /// included): `decode_steps` over this is the aggregate decode speed.
-    pub decode_micros: AtomicU64,
-}
 
 /// A handle to a running engine; cheap to clone.
 #[derive(Clone)]

@@ -19,6 +19,7 @@ pub mod loader;
 pub mod prefix_cache;
 pub mod prompt;
 pub mod reasoning;
+mod request;
 pub mod sampler;
 mod sequence;
 pub mod stop;

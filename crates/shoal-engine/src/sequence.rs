@@ -14,10 +14,10 @@ use crate::completion::{Completion, Event, FinishReason, Timings, TokenLogprob, 
 use crate::constraint::Constraint;
 use crate::content_filter::{ContentPolicy, Screen};
 use crate::detok::IncrementalDecoder;
-use crate::engine::GenerateRequest;
 use crate::error::EngineError;
 use crate::loader::Vocabulary;
 use crate::reasoning::{Phase, ReasoningSplitter};
+use crate::request::GenerateRequest;
 use crate::sampler::Sampler;
 use crate::stop::StopMatcher;
 use crate::tools::{ToolOut, ToolParser};
@@ -453,7 +453,7 @@ fn token_logprob(vocab: &Vocabulary, token: u32, logprob: f32, top: &[(u32, f32)
 }
 
 /// Counts a finished generation in the engine's statistics.
-pub(crate) fn record(stats: &crate::engine::EngineStats, c: &Completion) {
+pub(crate) fn record(stats: &crate::request::EngineStats, c: &Completion) {
     let u = c.usage;
     stats
         .cached_tokens

@@ -89,9 +89,6 @@ fn blas() -> String {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    if let Some(server) = &a.server {
-        return crate::bench_cluster::run(&a, server);
-    }
     anyhow::ensure!(
         a.prompt_tokens > 0 && a.gen_tokens > 1 && a.runs > 0,
         "sizes must be positive (gen-tokens >= 2)"

@@ -86,7 +86,11 @@ fn main() -> Result<()> {
     shoal::init_logging(format);
     match cli.command {
         Command::Generate(a) => generate::run(a),
-        Command::Bench(a) => bench::run(a),
+        // `--server`: a split on a running cluster, measured over HTTP.
+        Command::Bench(a) => match a.server.clone() {
+            Some(server) => bench_cluster::run(&a, &server),
+            None => bench::run(a),
+        },
         Command::Serve(a) => serve::run(a),
         Command::Chat(a) => chat::run(a),
         Command::History(a) => chat::history(a),

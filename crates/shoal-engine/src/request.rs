@@ -1,0 +1,91 @@
+//! One generation request as the engine takes it (already tokenized), the
+//! flag that cancels it, and the counters the engine keeps over requests.
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::constraint::Grammar;
+use crate::reasoning::ReasoningSpec;
+use crate::sampler::SamplingParams;
+use crate::tools::ToolSyntax;
+
+/// One generation request, already tokenized.
+#[derive(Clone, Debug)]
+pub struct GenerateRequest {
+    pub prompt: Vec<u32>,
+    /// `None` runs until EOS or the context window.
+    pub max_tokens: Option<usize>,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    /// Keep going past EOS (benchmarks).
+    pub ignore_eos: bool,
+    /// Set to stop the generation early; it then ends with `Cancelled` and
+    /// still sends its final record (dropping the stream also cancels, but
+    /// then nobody hears the record).
+    pub cancel: CancelFlag,
+    /// Split a thinking section off the reply (and cap it), if any.
+    pub reasoning: Option<ReasoningSpec>,
+    /// Constrain the output to a grammar (structured output, forced tool calls).
+    pub grammar: Option<Grammar>,
+    /// Parse tool calls written in this syntax out of the reply.
+    pub tools: Option<ToolSyntax>,
+}
+
+/// A shared "please stop" flag for one request.
+#[derive(Clone, Debug, Default)]
+pub struct CancelFlag(Arc<std::sync::atomic::AtomicBool>);
+
+impl CancelFlag {
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+impl GenerateRequest {
+    /// A request with default sampling, no stops and no limit.
+    pub fn new(prompt: Vec<u32>) -> Self {
+        GenerateRequest {
+            prompt,
+            max_tokens: None,
+            sampling: SamplingParams::default(),
+            stop: Vec::new(),
+            ignore_eos: false,
+            cancel: CancelFlag::default(),
+            reasoning: None,
+            grammar: None,
+            tools: None,
+        }
+    }
+}
+
+/// Counters the engine keeps for observability (and for tests to see
+/// cancellations that no client is left to hear about).
+#[derive(Debug, Default)]
+pub struct EngineStats {
+    pub completed: AtomicU64,
+    pub cancelled: AtomicU64,
+    pub errors: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub completion_tokens: AtomicU64,
+    /// Completion tokens of the most recent cancelled generation.
+    pub last_cancelled_tokens: AtomicU64,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: AtomicU64,
+    /// Bytes the prefix cache holds now.
+    pub prefix_cache_bytes: AtomicU64,
+    /// Requests waiting in the queue now.
+    pub queued: AtomicU64,
+    /// Requests being prefilled or decoded now.
+    pub running: AtomicU64,
+    /// Most sequences ever decoded in one forward pass.
+    pub peak_batch: AtomicU64,
+    /// Batched decode passes run, and the sequence-steps they covered
+    /// (their ratio is the mean batch size).
+    pub decode_passes: AtomicU64,
+    pub decode_steps: AtomicU64,
+    /// Time spent sampling and running batched decode passes (prefill not
+    /// included): `decode_steps` over this is the aggregate decode speed.
+    pub decode_micros: AtomicU64,
+}
