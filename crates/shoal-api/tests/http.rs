@@ -359,9 +359,9 @@ async fn queue_overflow_is_429_and_529_with_retry_after() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn disconnect_mid_stream_is_cancelled_in_ledger() {
-    let base = server(engine()).await;
+/// Starts a long streamed chat, reads its first chunk and hangs up; returns
+/// the request's ledger id.
+async fn leave_after_first_chunk(base: &str) -> String {
     let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "Count to one hundred in words."}],
                       "max_tokens": 300, "temperature": 0, "stream": true});
     let resp = reqwest::Client::new()
@@ -370,11 +370,21 @@ async fn disconnect_mid_stream_is_cancelled_in_ledger() {
         .send()
         .await
         .expect("send");
+    let id = resp.headers()[shoal_api::ledger::REQUEST_ID_HEADER]
+        .to_str()
+        .expect("id")
+        .to_string();
     let mut stream = resp.bytes_stream();
     use futures::StreamExt;
     let first = stream.next().await.expect("a chunk").expect("bytes");
     assert!(!first.is_empty());
-    drop(stream);
+    id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnect_mid_stream_is_cancelled_in_ledger() {
+    let base = server(engine()).await;
+    leave_after_first_chunk(&base).await;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     loop {
         let v: Value = reqwest::get(format!("{base}/v1/usage"))
@@ -1390,22 +1400,7 @@ async fn ledger_totals_equal_what_the_clients_were_sent() {
     );
 
     // A stream the client leaves after its first chunk.
-    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "Count to one hundred in words."}],
-                      "max_tokens": 300, "temperature": 0, "stream": true});
-    let resp = reqwest::Client::new()
-        .post(format!("{base}/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .expect("send");
-    let id = resp.headers()[shoal_api::ledger::REQUEST_ID_HEADER]
-        .to_str()
-        .expect("id")
-        .to_string();
-    let mut stream = resp.bytes_stream();
-    use futures::StreamExt;
-    stream.next().await.expect("a chunk").expect("bytes");
-    drop(stream);
+    let id = leave_after_first_chunk(&base).await;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     let cancelled = loop {
         assert!(
