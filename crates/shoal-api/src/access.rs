@@ -201,16 +201,14 @@ impl Limits {
             code: Some("rate_limit_exceeded"),
         };
         if let Some(quota) = key.tokens_per_day {
-            let now = crate::ids::now_secs();
-            let midnight = now - now % 86_400;
-            let used = ledger.tokens_since(&key.name, midnight)?;
+            let (used, day_left) = ledger.tokens_today(&key.name)?;
             if used >= quota {
                 return Err(limited(
                     format!(
                         "API key {} has used {used} of its {quota} tokens for today (UTC)",
                         key.name
                     ),
-                    midnight + 86_400 - now,
+                    day_left,
                 ));
             }
         }

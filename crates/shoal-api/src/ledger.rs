@@ -283,6 +283,24 @@ impl Ledger {
         }
     }
 
+    /// Sets the HTTP status of request `id` once its response is built.
+    pub fn set_status(&self, id: &str, status: u16) {
+        if let Err(error) = self.log().set_status(id, status) {
+            tracing::error!(%id, %error, "usage ledger write failed");
+        }
+    }
+
+    /// Prompt plus completion tokens `client` used in this UTC day, and the
+    /// seconds until the day ends.
+    pub fn tokens_today(&self, client: &str) -> Result<(u64, u64), ApiError> {
+        let now = crate::ids::now_secs();
+        let midnight = now - now % 86_400;
+        Ok((
+            self.tokens_since(client, midnight)?,
+            midnight + 86_400 - now,
+        ))
+    }
+
     /// The entry for a response id.
     pub fn get(&self, id: &str) -> Option<LedgerEntry> {
         match self.log().get(id) {
@@ -447,6 +465,29 @@ pub enum GroupBy {
     Node,
     /// The node that ran the request (its receiver when that ran it).
     ServedBy,
+}
+
+/// The fields of a `group_by` sum, in CSV column order.
+pub const GROUP_FIELDS: [&str; 6] = [
+    "requests",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "reasoning_tokens",
+    "total_tokens",
+];
+
+/// `group_by` sums as CSV: the key, then [`GROUP_FIELDS`].
+pub fn grouped_csv(groups: &[Value]) -> String {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    // Writing to memory cannot fail.
+    let _ = w.write_record(std::iter::once("key").chain(GROUP_FIELDS));
+    for g in groups {
+        let key = g["key"].as_str().unwrap_or_default().to_string();
+        let values = GROUP_FIELDS.map(|k| g[k].as_u64().unwrap_or(0).to_string());
+        let _ = w.write_record(std::iter::once(key).chain(values));
+    }
+    String::from_utf8_lossy(&w.into_inner().unwrap_or_default()).into_owned()
 }
 
 /// `/v1/usage`'s query: filters, and a listing, a grouping or a CSV export.

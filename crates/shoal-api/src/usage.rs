@@ -8,12 +8,10 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use shoal_client::Dialect;
-use shoal_store::UsageRow;
 
-use crate::cluster::PEER_USAGE_PATH;
 use crate::error::{ApiError, ErrorShape};
 use crate::ledger::{
-    csv, grouped, Facts, LedgerEntry, Page, Tracked, UsageQuery, REQUEST_ID_HEADER,
+    csv, grouped, grouped_csv, Facts, LedgerEntry, Page, Tracked, UsageQuery, REQUEST_ID_HEADER,
 };
 use crate::ledger::{CLIENT_HEADER, ORIGIN_HEADER, RECEIVED_BY_HEADER};
 
@@ -56,7 +54,7 @@ pub async fn track(State(s): State<crate::AppState>, req: Request, next: Next) -
             header(axum::http::header::ORIGIN),
         )
     };
-    let tracked = Tracked {
+    let mut tracked = Tracked {
         facts: match forwarded {
             Some(f) => Facts {
                 endpoint: path,
@@ -75,8 +73,10 @@ pub async fn track(State(s): State<crate::AppState>, req: Request, next: Next) -
         },
         ..Tracked::default()
     };
-    if let Some(client) = &tracked.facts.client {
-        let _ = tracked.client.set(client.clone());
+    // The key's name lives in one place: set here for a forwarded request,
+    // by the access check for one made here.
+    if let Some(client) = tracked.facts.client.take() {
+        let _ = tracked.client.set(client);
     }
     req.extensions_mut().insert(tracked.clone());
     let mut response = next.run(req).await;
@@ -85,9 +85,7 @@ pub async fn track(State(s): State<crate::AppState>, req: Request, next: Next) -
     match tracked.recorded.get() {
         Some(id) => {
             if status != 200 {
-                if let Err(error) = ledger.log().set_status(id, status) {
-                    tracing::error!(%id, %error, "usage ledger write failed");
-                }
+                ledger.set_status(id, status);
             }
             if let Ok(v) = axum::http::HeaderValue::from_str(id) {
                 response.headers_mut().insert(REQUEST_ID_HEADER, v);
@@ -247,10 +245,19 @@ pub async fn handle(
         };
         if let Some(by) = q.group_by {
             let data = grouped(&page.entries(), by);
-            return Ok::<_, ApiError>(
-                axum::Json(json!({"object": "list", "data": data, "missing_nodes": missing}))
-                    .into_response(),
-            );
+            if q.csv {
+                return Ok::<_, ApiError>(
+                    (
+                        [(axum::http::header::CONTENT_TYPE, "text/csv; charset=utf-8")],
+                        grouped_csv(&data),
+                    )
+                        .into_response(),
+                );
+            }
+            return Ok(axum::Json(
+                json!({"object": "list", "data": data, "missing_nodes": missing}),
+            )
+            .into_response());
         }
         if q.csv {
             return Ok((
@@ -307,29 +314,19 @@ async fn cluster_page(
             .filter(|(k, _)| k != "scope" && k != "format")
             .cloned()
             .collect();
-        let body = json!({ "query": ask }).to_string().into_bytes();
+        let ask = json!({ "query": ask });
         let peers: Vec<_> = cluster
             .peers()
             .into_iter()
             .filter(|p| p.status == "online")
             .collect();
         let asks = peers.iter().map(|p| {
-            let cluster = cluster.clone();
-            let body = body.clone();
-            let id = p.id.clone();
+            let (cluster, ask) = (&cluster, &ask);
             async move {
-                let addr = cluster.address_of(&id)?;
-                let resp = cluster
-                    .signed(reqwest::Method::POST, &addr, PEER_USAGE_PATH, body)
-                    .header("content-type", "application/json")
-                    .timeout(std::time::Duration::from_secs(30))
-                    .send()
+                let addr = cluster.address_of(&p.id)?;
+                crate::cluster::peer_rows(Some(cluster), &addr, ask)
                     .await
-                    .ok()?
-                    .error_for_status()
-                    .ok()?;
-                let v: Value = resp.json().await.ok()?;
-                serde_json::from_value::<Vec<UsageRow>>(v["data"].clone()).ok()
+                    .ok()
             }
         });
         for (peer, got) in peers.iter().zip(futures::future::join_all(asks).await) {
@@ -351,14 +348,12 @@ async fn cluster_page(
 
 /// `/v1/usage/keys`: each API key's use against its limits (names only).
 pub async fn keys(State(s): State<crate::AppState>) -> Response {
-    let now = crate::ids::now_secs();
-    let midnight = now - now % 86_400;
     let listed: Result<Vec<Value>, ApiError> = s
         .access
         .keys()
         .iter()
         .map(|k| {
-            let used = s.ledger.tokens_since(&k.name, midnight)?;
+            let (used, _) = s.ledger.tokens_today(&k.name)?;
             Ok(json!({
                 "name": k.name,
                 "tokens_today": used,

@@ -43,6 +43,25 @@ async fn server(engine: Engine) -> String {
     serve_state(AppState::new(engine)).await
 }
 
+/// Like [`server`], also handing back its ledger, so a test can wait on an
+/// entry being written rather than poll the API on a clock.
+async fn server_and_ledger(engine: Engine) -> (String, std::sync::Arc<shoal_api::ledger::Ledger>) {
+    let state = AppState::new(engine);
+    let ledger = state.ledger.clone();
+    (serve_state(state).await, ledger)
+}
+
+/// The ledger entry of a request that is still winding down (a client that
+/// hung up is recorded once the engine has stopped); 120 s only guards
+/// against a hang.
+async fn recorded(ledger: &shoal_api::ledger::Ledger, id: &str) -> Value {
+    ledger
+        .wait_for(id, std::time::Duration::from_secs(120))
+        .await
+        .unwrap_or_else(|| panic!("no ledger entry for {id}"))
+        .to_json()
+}
+
 use common::{gguf, serve as serve_state};
 
 /// Splits an SSE body into (event name, data) pairs.
@@ -383,37 +402,15 @@ async fn leave_after_first_chunk(base: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disconnect_mid_stream_is_cancelled_in_ledger() {
-    let base = server(engine()).await;
-    leave_after_first_chunk(&base).await;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    loop {
-        let v: Value = reqwest::get(format!("{base}/v1/usage"))
-            .await
-            .expect("get")
-            .json()
-            .await
-            .expect("json");
-        let found = v["data"].as_array().and_then(|d| {
-            d.iter()
-                .find(|e| {
-                    e["finish_reasons"] == json!(["cancelled"]) && e["dialect"] == "openai.chat"
-                })
-                .cloned()
-        });
-        if let Some(e) = found {
-            let done = e["usage"]["completion_tokens"].as_u64().unwrap_or(0);
-            assert!(
-                done < 300,
-                "generation was not stopped early ({done} tokens)"
-            );
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no cancelled entry in the ledger: {v}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    let (base, ledger) = server_and_ledger(engine()).await;
+    let id = leave_after_first_chunk(&base).await;
+    let e = recorded(&ledger, &id).await;
+    assert_eq!(e["finish_reasons"], json!(["cancelled"]), "{e}");
+    let done = e["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+    assert!(
+        done < 300,
+        "generation was not stopped early ({done} tokens)"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1275,6 +1272,27 @@ async fn usage_filters_groups_and_exports_the_ledger() {
         (a["prompt_tokens"].as_u64(), a["completion_tokens"].as_u64()),
         (Some(sent_msg.0), Some(sent_msg.1))
     );
+    // The same sums as CSV.
+    let (status, text) = get_text(&base, "/v1/usage?group_by=dialect&format=csv").await;
+    assert_eq!(status, 200, "{text}");
+    let mut lines = text.lines();
+    assert_eq!(
+        lines.next(),
+        Some("key,requests,prompt_tokens,cached_tokens,completion_tokens,reasoning_tokens,total_tokens")
+    );
+    let chat_line = lines
+        .find(|l| l.starts_with("openai.chat,"))
+        .unwrap_or_else(|| panic!("{text}"));
+    let fields: Vec<&str> = chat_line.split(',').collect();
+    assert_eq!(
+        (fields[1], fields[2], fields[4]),
+        (
+            "2",
+            sent_chat.0.to_string().as_str(),
+            sent_chat.1.to_string().as_str()
+        ),
+        "{text}"
+    );
     let days = list("/v1/usage?group_by=day").await;
     assert_eq!(days["data"].as_array().map(Vec::len), Some(1), "{days}");
     assert_eq!(days["data"][0]["requests"], 3);
@@ -1335,8 +1353,7 @@ async fn usage_filters_groups_and_exports_the_ledger() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ledger_totals_equal_what_the_clients_were_sent() {
     use shoal_client::{Dialect, Message, Request, Target, TargetConfig};
-    let filtered = filtering_engine();
-    let base = server(filtered).await;
+    let (base, ledger) = server_and_ledger(filtering_engine()).await;
     // Per ledger dialect: requests, then prompt, cached, completion and
     // reasoning tokens as the clients were told.
     let mut sent: std::collections::BTreeMap<&str, [u64; 5]> = Default::default();
@@ -1401,23 +1418,12 @@ async fn ledger_totals_equal_what_the_clients_were_sent() {
 
     // A stream the client leaves after its first chunk.
     let id = leave_after_first_chunk(&base).await;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    let cancelled = loop {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no cancelled entry for {id}"
-        );
-        let (_, text) = get_text(&base, "/v1/usage?finish=cancelled").await;
-        let v: Value = serde_json::from_str(&text).expect("json");
-        if let Some(e) = v["data"]
-            .as_array()
-            .and_then(|d| d.iter().find(|e| e["id"] == id.as_str()).cloned())
-        {
-            break e;
-        }
-        // Only a hang guard: the loop ends on the entry itself.
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    };
+    let cancelled = recorded(&ledger, &id).await;
+    assert_eq!(
+        cancelled["engine_finish_reasons"],
+        json!(["cancelled"]),
+        "{cancelled}"
+    );
     let u = &cancelled["usage"];
     let s = sent.entry("openai.chat").or_default();
     s[0] += 1;

@@ -110,7 +110,7 @@ pub fn run(a: Args) -> Result<()> {
         if a.json {
             println!("{}", serde_json::to_string_pretty(&groups)?);
         } else if a.csv {
-            print!("{}", groups_csv(&groups));
+            print!("{}", ledger::grouped_csv(&groups));
         } else {
             print!("{}", groups_table(&groups));
         }
@@ -229,22 +229,13 @@ fn percent(part: u64, whole: u64) -> String {
     }
 }
 
-const GROUP_FIELDS: [&str; 6] = [
-    "requests",
-    "prompt_tokens",
-    "cached_tokens",
-    "completion_tokens",
-    "reasoning_tokens",
-    "total_tokens",
-];
-
 fn groups_table(groups: &[serde_json::Value]) -> String {
     let n = |g: &serde_json::Value, k: &str| g[k].as_u64().unwrap_or(0);
     let rows: Vec<Vec<String>> = groups
         .iter()
         .map(|g| {
             let mut row = vec![g["key"].as_str().unwrap_or("-").to_string()];
-            row.extend(GROUP_FIELDS.iter().map(|k| n(g, k).to_string()));
+            row.extend(ledger::GROUP_FIELDS.iter().map(|k| n(g, k).to_string()));
             row.insert(4, percent(n(g, "cached_tokens"), n(g, "prompt_tokens")));
             row
         })
@@ -265,32 +256,12 @@ fn groups_table(groups: &[serde_json::Value]) -> String {
     )
 }
 
-fn groups_csv(groups: &[serde_json::Value]) -> String {
-    let mut out = format!("key,{}\n", GROUP_FIELDS.join(","));
-    for g in groups {
-        let key = g["key"].as_str().unwrap_or_default();
-        let quoted = if key.contains([',', '"', '\n']) {
-            format!("\"{}\"", key.replace('"', "\"\""))
-        } else {
-            key.to_string()
-        };
-        let values: Vec<String> = GROUP_FIELDS
-            .iter()
-            .map(|k| g[*k].as_u64().unwrap_or(0).to_string())
-            .collect();
-        out.push_str(&format!("{quoted},{}\n", values.join(",")));
-    }
-    out
-}
-
 fn print_keys(ledger: &Ledger, cfg: &config::Config, json: bool) -> Result<()> {
     let access = cfg.access()?;
-    let now = shoal_api::ledger::instant("since", "today")
-        .map_err(|e| anyhow::anyhow!("{}", e.message))?;
     let mut listed = Vec::new();
     for k in access.keys() {
-        let used = ledger
-            .tokens_since(&k.name, now)
+        let (used, _) = ledger
+            .tokens_today(&k.name)
             .map_err(|e| anyhow::anyhow!("{}", e.message))?;
         listed.push((k, used));
     }

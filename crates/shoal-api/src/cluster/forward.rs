@@ -336,25 +336,9 @@ pub(crate) async fn copy_from_peer(
     // a client that hung up is a moment after the answer ended here.
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
-        let body = serde_json::json!({ "id": id }).to_string().into_bytes();
-        let fetched = async {
-            let req = match &cluster {
-                Some(c) => c.signed(reqwest::Method::POST, &addr, super::PEER_USAGE_PATH, body),
-                None => reqwest::Client::new()
-                    .post(format!("http://{addr}{}", super::PEER_USAGE_PATH))
-                    .body(body),
-            };
-            let resp = req
-                .header("content-type", "application/json")
-                .send()
-                .await?
-                .error_for_status()?;
-            resp.json::<serde_json::Value>().await
-        };
-        match fetched.await {
-            Ok(v) => {
-                let mut rows: Vec<shoal_store::UsageRow> =
-                    serde_json::from_value(v["data"].clone()).unwrap_or_default();
+        let ask = serde_json::json!({ "id": id });
+        match super::peer_rows(cluster.as_deref(), &addr, &ask).await {
+            Ok(mut rows) => {
                 for row in &mut rows {
                     if let Some(f) = &facts {
                         row.client = f.client.clone();

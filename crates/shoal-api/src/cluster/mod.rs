@@ -63,6 +63,34 @@ pub fn routes() -> Router<AppState> {
 /// (attribution of forwarded requests, `scope=cluster`); served by `usage.rs`.
 pub const PEER_USAGE_PATH: &str = "/v1/cluster/usage";
 
+/// Another node's ledger rows for `ask` (`{"id"}` or `{"query"}`, see
+/// `usage::PeerUsage`): signed through `cluster`, or plain to a local
+/// pipeline stage (`cluster` none).
+pub(crate) async fn peer_rows(
+    cluster: Option<&Cluster>,
+    addr: &str,
+    ask: &serde_json::Value,
+) -> Result<Vec<shoal_store::UsageRow>, reqwest::Error> {
+    let body = ask.to_string().into_bytes();
+    let req = match cluster {
+        Some(c) => c.signed(reqwest::Method::POST, addr, PEER_USAGE_PATH, body),
+        None => reqwest::Client::new()
+            .post(format!("http://{addr}{PEER_USAGE_PATH}"))
+            .body(body),
+    };
+    #[derive(serde::Deserialize)]
+    struct Rows {
+        data: Vec<shoal_store::UsageRow>,
+    }
+    let resp = req
+        .header("content-type", "application/json")
+        .timeout(std::time::Duration::from_secs(30))
+        .send()
+        .await?
+        .error_for_status()?;
+    Ok(resp.json::<Rows>().await?.data)
+}
+
 /// Control routes a node calls on another to place or drop a model.
 pub(crate) const LOAD_PATH: &str = "/v1/cluster/load";
 pub(crate) const UNLOAD_PATH: &str = "/v1/cluster/unload";
