@@ -384,3 +384,76 @@ def test_concurrent_requests_keep_their_own_numbers(oai, claude, model):
         (STOPPED_TEXT, PROMPT_TOKENS, STOPPED_TOKENS),
         (ANSWER, PROMPT_TOKENS, ANSWER_TOKENS),
     ]
+
+
+# ------------------------------------------- the server's time limit
+
+REQUEST_ID = "x-shoal-request-id"
+
+
+@pytest.fixture(scope="module")
+def timeout_server():
+    # A one-second limit the counting reply runs far past on any machine.
+    srv = start_server("--request-timeout-secs", "1")
+    try:
+        yield srv
+    finally:
+        stop_server(srv)
+
+
+def _timed_out(e: dict) -> bool:
+    return e["engine_finish_reasons"] == ["timeout"]
+
+
+@pytest.mark.parametrize("call", ["chat", "chat-stream", "completions", "completions-stream"])
+def test_openai_sdk_reads_a_timeout_that_carries_its_usage(timeout_server, call):
+    """A timeout is the SDK's own error (504, or an error chunk in a stream);
+    the usage Shoal sends beside it does not get in the SDK's way, and the
+    non-streamed body's usage is the ledger's."""
+    srv = timeout_server
+    oai2 = openai_client(srv)
+    kw = dict(model=srv.model, max_tokens=LONG_MAX, **GREEDY)
+    if call.startswith("chat"):
+        make = lambda **more: oai2.chat.completions.create(messages=[user(LONG_PROMPT)], **kw, **more)
+    else:
+        make = lambda **more: oai2.completions.create(prompt="1, 2, 3, 4, 5, 6,", **kw, **more)
+    if call.endswith("stream"):
+        stream = make(stream=True)
+        request_id = stream.response.headers[REQUEST_ID]
+        with pytest.raises(openai.APIError) as e:
+            for _ in stream:
+                pass
+        assert e.value.code == "request_timeout"
+        assert e.value.type == "timeout_error"
+        ledger_entry(srv, request_id, want=_timed_out)
+        return
+    with pytest.raises(openai.InternalServerError) as e:
+        make()
+    err = e.value
+    assert err.status_code == 504
+    assert err.code == "request_timeout"
+    assert "time limit of 1 s" in err.message
+    entry = ledger_entry(srv, err.response.headers[REQUEST_ID], want=_timed_out)
+    assert err.response.json()["usage"] == entry["usage"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropic_sdk_reads_a_timeout_that_carries_its_usage(timeout_server, stream):
+    srv = timeout_server
+    claude2 = anthropic_client(srv)
+    kw = dict(model=srv.model, messages=[user(LONG_PROMPT)], max_tokens=LONG_MAX, **ANTHROPIC_GREEDY)
+    if stream:
+        with claude2.messages.stream(**kw) as s:
+            request_id = s.response.headers[REQUEST_ID]
+            with pytest.raises(anthropic.APIStatusError) as e:
+                s.get_final_message()
+    else:
+        with pytest.raises(anthropic.InternalServerError) as e:
+            claude2.messages.create(**kw)
+        assert e.value.status_code == 504
+        request_id = e.value.response.headers[REQUEST_ID]
+    body = e.value.body
+    assert body["type"] == "error" and body["error"]["type"] == "timeout_error", body
+    entry = ledger_entry(srv, request_id, want=_timed_out)
+    assert body["usage"] == entry["usage"]
+    assert body["usage"]["output_tokens"] < LONG_MAX

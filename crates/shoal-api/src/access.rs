@@ -199,6 +199,7 @@ impl Limits {
             message,
             param: None,
             code: Some("rate_limit_exceeded"),
+            usage: None,
         };
         if let Some(quota) = key.tokens_per_day {
             let (used, day_left) = ledger.tokens_today(&key.name)?;
@@ -299,6 +300,7 @@ pub async fn guard(State(s): State<AppState>, req: Request, next: Next) -> Respo
                 ),
                 param: None,
                 code: Some("origin_not_allowed"),
+                usage: None,
             }
             .in_dialect(dialect)
             .into_response();

@@ -13,6 +13,7 @@ use crate::run::{self, Generation};
 use crate::tools::{ToolChoice, ToolRequest};
 use crate::wire::messages::{stop_reason, usage_json};
 use crate::{AppState, Served};
+use shoal_client::Dialect;
 use shoal_engine::tools::ToolDef;
 
 #[derive(Debug, Deserialize)]
@@ -469,7 +470,9 @@ impl MessagesRenderer {
                 }
             }
             Event::Done(c) => {
-                if let Some(err) = crate::wire::failure(&c.finish) {
+                if let Some(err) =
+                    crate::wire::failed(Dialect::Messages, std::slice::from_ref(c), 1)
+                {
                     let err = err.body(ErrorShape::Anthropic);
                     out.push(Self::ev("error", err));
                     return out;
@@ -549,9 +552,7 @@ impl run::Adapter for Messages {
         let c = collected
             .first()
             .ok_or_else(|| ApiError::internal("no output"))?;
-        if let Some(err) = crate::wire::failure(&c.completion().finish) {
-            return Err(err);
-        }
+        run::check_failed(Dialect::Messages, std::slice::from_ref(c.completion()), 1)?;
         Ok(message_body(&self.id, &self.model, c))
     }
 

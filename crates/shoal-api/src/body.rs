@@ -19,6 +19,7 @@ pub fn too_large(limit: Option<usize>) -> ApiError {
         message: format!("request body exceeds {limit} (set by --max-body-mb)"),
         param: None,
         code: Some("request_too_large"),
+        usage: None,
     }
 }
 

@@ -62,6 +62,11 @@ pub struct ApiError {
     pub param: Option<String>,
     /// A machine-readable code (OpenAI's `code`).
     pub code: Option<&'static str>,
+    /// The dialect's usage object when a generation ended in this error (a
+    /// timeout, an engine failure): sent beside the error, so a client
+    /// still learns what the request spent. (Boxed: errors travel in
+    /// `Result`s on every path and are kept small.)
+    pub usage: Option<Box<serde_json::Value>>,
 }
 
 impl ApiError {
@@ -71,6 +76,7 @@ impl ApiError {
             message: message.into(),
             param: None,
             code: None,
+            usage: None,
         }
     }
     pub fn param(param: &str, message: impl Into<String>) -> Self {
@@ -85,6 +91,7 @@ impl ApiError {
             message: format!("The model '{model}' does not exist or is not loaded"),
             param: Some("model".into()),
             code: Some("model_not_found"),
+            usage: None,
         }
     }
     pub fn not_found(message: impl Into<String>) -> Self {
@@ -93,6 +100,7 @@ impl ApiError {
             message: message.into(),
             param: None,
             code: None,
+            usage: None,
         }
     }
     pub fn unavailable(message: impl Into<String>) -> Self {
@@ -101,6 +109,7 @@ impl ApiError {
             message: message.into(),
             param: None,
             code: None,
+            usage: None,
         }
     }
     pub fn unauthorized(message: impl Into<String>) -> Self {
@@ -109,6 +118,7 @@ impl ApiError {
             message: message.into(),
             param: None,
             code: Some("unauthorized"),
+            usage: None,
         }
     }
     /// The engine failed part-way through a generation.
@@ -121,6 +131,7 @@ impl ApiError {
             message: message.into(),
             param: None,
             code: None,
+            usage: None,
         }
     }
 
@@ -144,8 +155,27 @@ impl ApiError {
         }
     }
 
-    /// The error object as it appears in a body or a stream event.
+    /// Sets the usage a failed generation reports beside its error.
+    pub fn with_usage(self, usage: serde_json::Value) -> Self {
+        ApiError {
+            usage: Some(Box::new(usage)),
+            ..self
+        }
+    }
+
+    /// The error as it appears in a body or a stream event, with the usage
+    /// of a failed generation beside it (the official SDKs read `error`
+    /// and let other top-level keys be).
     pub fn body(&self, dialect: ErrorShape) -> serde_json::Value {
+        let mut body = self.error_object(dialect);
+        if let (Some(usage), Some(obj)) = (&self.usage, body.as_object_mut()) {
+            obj.insert("usage".into(), (**usage).clone());
+        }
+        body
+    }
+
+    /// The error object in the shape's words, without usage.
+    fn error_object(&self, dialect: ErrorShape) -> serde_json::Value {
         match dialect {
             ErrorShape::OpenAi => {
                 let kind = match self.kind {
@@ -204,6 +234,7 @@ impl From<EngineError> for ApiError {
                 message: format!("{e}; retry shortly"),
                 param: None,
                 code: Some("overloaded"),
+                usage: None,
             },
             _ => ApiError::internal(e.to_string()),
         }

@@ -10,6 +10,7 @@ use crate::run::{self, Generation};
 use crate::tools::{self, ToolRequest};
 use crate::wire::chat::{finish_reason, usage_json};
 use crate::Served;
+use shoal_client::Dialect;
 use shoal_engine::tools::ToolDef;
 use shoal_engine::Grammar;
 
@@ -301,19 +302,21 @@ impl ChunkRenderer {
             ),
             Event::Done(c) => {
                 st.done[i] = Some(c.clone());
-                if let Some(err) = crate::wire::failure(&c.finish) {
-                    st.failed = true;
-                    out.push(err.body(ErrorShape::OpenAi).to_string());
-                } else {
+                // A failed choice's error waits for the last choice, so it
+                // can carry the whole request's usage.
+                if !c.finish.is_failure() {
                     out.push(self.finish(i, &c.finish).to_string());
                 }
                 if st.done.iter().all(Option::is_some) {
-                    if self.include_usage && !st.failed {
-                        let all: Vec<Completion> = st.done.iter().flatten().cloned().collect();
-                        out.push(
-                            self.usage(&crate::wire::combined_usage(&all, st.done.len()))
+                    let all: Vec<Completion> = st.done.iter().flatten().cloned().collect();
+                    let per = st.done.len();
+                    match crate::wire::failed(Dialect::Chat, &all, per) {
+                        Some(err) => out.push(err.body(ErrorShape::OpenAi).to_string()),
+                        None if self.include_usage => out.push(
+                            self.usage(&crate::wire::combined_usage(&all, per))
                                 .to_string(),
-                        );
+                        ),
+                        None => {}
                     }
                     out.push("[DONE]".into());
                 }
@@ -343,7 +346,6 @@ impl run::StreamRender for ChatStream {
 pub struct StreamState {
     started: Vec<bool>,
     done: Vec<Option<Completion>>,
-    failed: bool,
 }
 
 impl StreamState {
@@ -351,7 +353,6 @@ impl StreamState {
         StreamState {
             started: vec![false; n],
             done: vec![None; n],
-            failed: false,
         }
     }
 }
@@ -547,7 +548,7 @@ impl run::Adapter for Chat {
     fn respond(self, _: &Served, collected: Vec<run::Collected>) -> Result<Value, ApiError> {
         let completions: Vec<Completion> =
             collected.iter().map(|c| c.completion().clone()).collect();
-        run::check_failed(&completions)?;
+        run::check_failed(Dialect::Chat, &completions, self.n)?;
         let out: Vec<Value> = collected
             .iter()
             .enumerate()

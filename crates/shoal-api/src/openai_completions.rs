@@ -10,6 +10,7 @@ use crate::params::{check_max_tokens, check_range, check_stop, OpenAiSampling};
 use crate::run::{self, Generation};
 use crate::wire::chat::{finish_reason, usage_json};
 use crate::Served;
+use shoal_client::Dialect;
 
 #[derive(Debug, Deserialize)]
 // Some fields are accepted (and type-checked) for SDK compatibility without
@@ -195,7 +196,7 @@ impl run::Adapter for Completions {
     fn respond(self, _: &Served, collected: Vec<run::Collected>) -> Result<Value, ApiError> {
         let completions: Vec<Completion> =
             collected.iter().map(|c| c.completion().clone()).collect();
-        run::check_failed(&completions)?;
+        run::check_failed(Dialect::Completions, &completions, self.per)?;
         let out: Vec<Value> = collected
             .iter()
             .enumerate()
@@ -303,21 +304,24 @@ impl CompletionRenderer {
                 );
             }
             Event::Done(c) => {
-                match crate::wire::failure(&c.finish) {
-                    Some(err) => out.push(err.body(ErrorShape::OpenAi).to_string()),
-                    None => out.push(
+                // A failed choice's error waits for the last choice, so it
+                // can carry the whole request's usage.
+                if !c.finish.is_failure() {
+                    out.push(
                         self.chunk(json!([{"index": i, "text": "", "logprobs": null,
                         "finish_reason": finish_reason(&c.finish)}]))
                             .to_string(),
-                    ),
+                    );
                 }
                 self.done[i] = Some(c.clone());
                 if self.done.iter().all(Option::is_some) {
                     let all: Vec<Completion> = self.done.iter().flatten().cloned().collect();
-                    if self.include_usage && !all.iter().any(|c| c.finish.is_failure()) {
-                        out.push(json!({"id": self.id, "object": "text_completion", "created": self.created,
+                    match crate::wire::failed(Dialect::Completions, &all, self.per) {
+                        Some(err) => out.push(err.body(ErrorShape::OpenAi).to_string()),
+                        None if self.include_usage => out.push(json!({"id": self.id, "object": "text_completion", "created": self.created,
                             "model": self.model, "system_fingerprint": null, "choices": [],
-                            "usage": usage_json(&crate::wire::combined_usage(&all, self.per))}).to_string());
+                            "usage": usage_json(&crate::wire::combined_usage(&all, self.per))}).to_string()),
+                        None => {}
                     }
                     out.push("[DONE]".into());
                 }

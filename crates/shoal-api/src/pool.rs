@@ -82,6 +82,7 @@ fn broken(id: &str, what: &str, e: impl std::fmt::Display) -> ApiError {
         message: format!("model '{id}' {what}: {e}"),
         param: Some("model".into()),
         code: Some("model_unavailable"),
+        usage: None,
     }
 }
 
@@ -91,6 +92,7 @@ fn insufficient(message: String) -> ApiError {
         message,
         param: Some("model".into()),
         code: Some("insufficient_memory"),
+        usage: None,
     }
 }
 
@@ -518,6 +520,7 @@ impl From<ModelsError> for ApiError {
             message: e.to_string(),
             param: None,
             code,
+            usage: None,
         }
     }
 }

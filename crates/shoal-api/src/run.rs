@@ -427,9 +427,14 @@ pub fn start(state: &Served, job: Generation, fmt: LedgerFormat) -> Result<Choic
     Ok(Choices { rx, n })
 }
 
-/// The first failed choice of a non-streamed response, as the error to send.
-pub fn check_failed(completions: &[Completion]) -> Result<(), ApiError> {
-    match completions.iter().find_map(|c| wire::failure(&c.finish)) {
+/// The first failed choice of a non-streamed response, as the error to
+/// send, with the request's usage in `d`'s words beside it.
+pub fn check_failed(
+    d: Dialect,
+    completions: &[Completion],
+    per_prompt: usize,
+) -> Result<(), ApiError> {
+    match wire::failed(d, completions, per_prompt) {
         Some(e) => Err(e),
         None => Ok(()),
     }

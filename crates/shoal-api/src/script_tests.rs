@@ -105,10 +105,67 @@ fn chat_error_mid_stream_sends_error_then_done() {
         .as_str()
         .unwrap_or("")
         .contains("MLX blew up"));
-    // Text that did stream stays; no usage chunk claims success.
+    // Text that did stream stays; no usage chunk claims success, but the
+    // error says what the request spent.
     assert!(out
         .iter()
         .all(|d| d == "[DONE]" || parse(d)["choices"] != serde_json::json!([])));
+    assert_eq!(err["usage"], crate::wire::chat::usage_json(&usage()));
+}
+
+/// A failed choice's error waits for the other choices and carries the
+/// request's usage (the prompt once, every choice's completion), once.
+#[test]
+fn chat_n2_failure_is_one_error_with_the_requests_usage() {
+    let r = openai_chat::ChunkRenderer {
+        id: "c".into(),
+        created: 1,
+        model: "m".into(),
+        include_usage: false,
+        logprobs: false,
+    };
+    let mut evs = Vec::new();
+    for (i, f) in [
+        (0, FinishReason::Timeout { limit_secs: 3 }),
+        (1, FinishReason::Length),
+    ] {
+        for e in script(f) {
+            evs.push((i, e));
+        }
+    }
+    let out = r.render_all(2, &evs);
+    let errors: Vec<Value> = out
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .map(|d| parse(d))
+        .filter(|v| v.get("error").is_some())
+        .collect();
+    assert_eq!(errors.len(), 1, "{out:?}");
+    assert_eq!(
+        out[out.len() - 2],
+        errors[0].to_string(),
+        "the error is last"
+    );
+    let u = &errors[0]["usage"];
+    assert_eq!(
+        (
+            &u["prompt_tokens"],
+            &u["completion_tokens"],
+            &u["total_tokens"]
+        ),
+        (
+            &serde_json::json!(40),
+            &serde_json::json!(14),
+            &serde_json::json!(54)
+        )
+    );
+    let finishes: Vec<Value> = out
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .map(|d| parse(d)["choices"][0]["finish_reason"].clone())
+        .filter(|f| !f.is_null())
+        .collect();
+    assert_eq!(finishes, [serde_json::json!("length")], "{out:?}");
 }
 
 /// A timeout is its own finish: each dialect's timeout error, never a
@@ -123,12 +180,21 @@ fn a_timeout_mid_stream_is_the_dialects_timeout_error() {
     assert!(err["error"]["message"]
         .as_str()
         .is_some_and(|m| m.contains("time limit of 3 s")));
+    // Each error carries the dialect's own usage object beside it.
+    assert_eq!(err["usage"], crate::wire::chat::usage_json(&usage()));
+    let out = completions(1, None, t());
+    let err = parse(&out[out.len() - 2]);
+    assert_eq!(err["error"]["code"], "request_timeout", "{err}");
+    assert_eq!(err["usage"], crate::wire::chat::usage_json(&usage()));
     let f = anthropic_frames(t());
     let (name, data) = f.last().expect("frames");
     assert_eq!(
         (name.as_str(), &data["error"]["type"]),
         ("error", &serde_json::json!("timeout_error"))
     );
+    assert_eq!(data["type"], "error");
+    assert_eq!(data["usage"], crate::wire::messages::usage_json(&usage()));
+    assert_eq!(data["usage"]["input_tokens"], 30, "input excludes cached");
     let f = responses_frames(t());
     let (name, data) = f.last().expect("frames");
     assert_eq!(name, "response.failed");
@@ -221,6 +287,7 @@ fn anthropic_error_mid_stream_is_an_error_event() {
     assert_eq!(name, "error");
     assert_eq!(data["type"], "error");
     assert_eq!(data["error"]["type"], "api_error");
+    assert_eq!(data["usage"]["output_tokens"], 7);
     assert!(f.iter().all(|(n, _)| n != "message_stop"));
 }
 
@@ -621,11 +688,12 @@ fn completions_echo_comes_first_in_each_choice() {
 }
 
 #[test]
-fn completions_error_mid_stream_sends_error_then_done_without_usage() {
+fn completions_error_mid_stream_sends_its_usage_in_the_error_then_done() {
     let out = completions(1, None, FinishReason::Error("boom".into()));
     assert_eq!(out.last().map(String::as_str), Some("[DONE]"));
     let err = parse(&out[out.len() - 2]);
     assert_eq!(err["error"]["type"], "server_error");
+    assert_eq!(err["usage"]["completion_tokens"], 7);
     assert!(out.iter().all(|d| d == "[DONE]"
         || parse(d).get("error").is_some()
         || parse(d)["choices"] != serde_json::json!([])));

@@ -106,9 +106,19 @@ pub fn failure(f: &FinishReason) -> Option<ApiError> {
             ),
             param: None,
             code: Some("request_timeout"),
+            usage: None,
         }),
         _ => None,
     }
+}
+
+/// The error a request whose choice failed reports (the first failed
+/// choice's), with the usage of every choice beside it in `d`'s words —
+/// a timeout still spent tokens, and the client is told how many. `None`
+/// when no choice failed. `per_prompt` as in [`combined_usage`].
+pub fn failed(d: Dialect, completions: &[Completion], per_prompt: usize) -> Option<ApiError> {
+    let error = completions.iter().find_map(|c| failure(&c.finish))?;
+    Some(error.with_usage(usage_json(d, &combined_usage(completions, per_prompt))))
 }
 
 /// Chat Completions' and legacy Completions' words.

@@ -493,80 +493,135 @@ async fn requests_over_the_time_limit_end_with_a_timeout_and_keep_their_usage() 
     let mut access = Access::default();
     access.request_timeout = Some(std::time::Duration::from_millis(1500));
     let base = server(access).await;
-    let long = |stream: bool| {
-        json!({"model": MODEL, "prompt": "1, 2, 3, 4, 5, 6,", "max_tokens": 4000,
-               "temperature": 0, "stream": stream})
-    };
     let post = reqwest::Method::POST;
-    let (status, _, body) = call(
-        post.clone(),
-        format!("{base}/v1/completions"),
-        &[],
-        Some(long(false)),
-    )
-    .await;
-    assert_eq!(status, 504, "{body}");
-    let v: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(v["error"]["code"], "request_timeout");
-    assert!(
-        v["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("time limit of 1 s"),
-        "{v}"
-    );
-
-    // Each streamed dialect ends with its own error event.
+    // A reply far longer than the limit allows, in every dialect.
     let count = "Write the numbers from 1 to 500 separated by commas.";
-    let chat = json!({"model": MODEL, "max_tokens": 4000, "stream": true, "temperature": 0,
-                      "messages": [{"role": "user", "content": count}]});
-    let streamed = [
-        (
-            "/v1/completions",
-            long(true),
-            "\"error\":",
-            "request_timeout",
-        ),
-        (
-            "/v1/chat/completions",
-            chat.clone(),
-            "\"error\":",
-            "request_timeout",
-        ),
-        (
-            "/v1/responses",
-            json!({"model": MODEL, "max_output_tokens": 4000, "stream": true, "temperature": 0,
-                   "input": count}),
-            "event: response.failed",
-            "request_timeout",
-        ),
-        ("/v1/messages", chat, "event: error", "timeout_error"),
+    let body = |path: &str, stream: bool| match path {
+        "/v1/completions" => json!({"model": MODEL, "prompt": "1, 2, 3, 4, 5, 6,",
+            "max_tokens": 4000, "temperature": 0, "stream": stream}),
+        "/v1/responses" => json!({"model": MODEL, "max_output_tokens": 4000, "temperature": 0,
+            "stream": stream, "input": count}),
+        _ => json!({"model": MODEL, "max_tokens": 4000, "temperature": 0, "stream": stream,
+            "messages": [{"role": "user", "content": count}]}),
+    };
+    let paths = [
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/responses",
+        "/v1/messages",
     ];
-    for (path, body, event, code) in streamed {
-        let (status, _, sse) = call(post.clone(), format!("{base}{path}"), &[], Some(body)).await;
+    // Per request: its ledger id and the usage the client was sent.
+    let mut sent: Vec<(String, Value)> = Vec::new();
+    let id_of = |h: &reqwest::header::HeaderMap| {
+        h.get(shoal_api::ledger::REQUEST_ID_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .expect("the response names its ledger id")
+    };
+    for path in paths {
+        let (status, h, text) = call(
+            post.clone(),
+            format!("{base}{path}"),
+            &[],
+            Some(body(path, false)),
+        )
+        .await;
+        let v: Value = serde_json::from_str(&text).unwrap();
+        if path == "/v1/responses" {
+            // Responses reports a failed response object, usage included.
+            assert_eq!(status, 200, "{text}");
+            assert_eq!(v["status"], "failed", "{v}");
+            assert_eq!(v["error"]["code"], "request_timeout", "{v}");
+            sent.push((id_of(&h), v["usage"].clone()));
+            continue;
+        }
+        assert_eq!(status, 504, "{path}: {text}");
+        let code = if path == "/v1/messages" {
+            assert_eq!(v["type"], "error", "{v}");
+            &v["error"]["type"]
+        } else {
+            &v["error"]["code"]
+        };
+        assert!(
+            *code == "request_timeout" || *code == "timeout_error",
+            "{path}: {v}"
+        );
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("time limit of 1 s"),
+            "{v}"
+        );
+        // The usage the generation spent, beside the error.
+        assert!(v["usage"].is_object(), "{path}: {v}");
+        sent.push((id_of(&h), v["usage"].clone()));
+    }
+
+    // Each streamed dialect ends with its own error event, usage beside it.
+    for path in paths {
+        let (status, h, text) = call(
+            post.clone(),
+            format!("{base}{path}"),
+            &[],
+            Some(body(path, true)),
+        )
+        .await;
         assert_eq!(status, 200, "{path}");
-        assert!(sse.contains(event) && sse.contains(code), "{path}: {sse}");
+        let last = text
+            .split("\n\n")
+            .filter_map(|block| {
+                block
+                    .lines()
+                    .find_map(|l| l.strip_prefix("data: "))
+                    .and_then(|d| serde_json::from_str::<Value>(d).ok())
+            })
+            .last()
+            .unwrap_or_else(|| panic!("{path}: no events in {text}"));
+        let usage = match path {
+            "/v1/responses" => {
+                assert_eq!(last["type"], "response.failed", "{last}");
+                assert_eq!(last["response"]["error"]["code"], "request_timeout");
+                last["response"]["usage"].clone()
+            }
+            "/v1/messages" => {
+                assert_eq!(
+                    (&last["type"], &last["error"]["type"]),
+                    (&json!("error"), &json!("timeout_error")),
+                    "{last}"
+                );
+                last["usage"].clone()
+            }
+            _ => {
+                assert_eq!(last["error"]["code"], "request_timeout", "{path}: {last}");
+                assert!(text.trim_end().ends_with("data: [DONE]"), "{path}: {text}");
+                last["usage"].clone()
+            }
+        };
+        sent.push((id_of(&h), usage));
     }
 
     let (_, _, ledger) = call(reqwest::Method::GET, format!("{base}/v1/usage"), &[], None).await;
     let ledger: Value = serde_json::from_str(&ledger).unwrap();
     let entries = ledger["data"].as_array().unwrap();
-    let timed: Vec<&Value> = entries
-        .iter()
-        .filter(|e| e["engine_finish_reasons"][0] == "timeout")
-        .collect();
-    assert_eq!(timed.len(), 5, "{ledger}");
-    // A busy host may reach the limit before the first token, so what must
-    // hold is the prompt counted and the reply cut short of its cap.
-    for e in timed {
-        let u = &e["usage"];
-        let prompt = u["prompt_tokens"]
+    assert_eq!(sent.len(), 8);
+    for (id, usage) in &sent {
+        let e = entries
+            .iter()
+            .find(|e| e["id"] == id.as_str())
+            .unwrap_or_else(|| panic!("no ledger entry {id}: {ledger}"));
+        assert_eq!(e["engine_finish_reasons"], json!(["timeout"]), "{e}");
+        // What the client was told is the ledger's own record.
+        assert_eq!(&e["usage"], usage, "{id}");
+        // A busy host may reach the limit before the first token, so what
+        // must hold is the prompt counted and the reply cut short of its cap.
+        let prompt = usage["prompt_tokens"]
             .as_u64()
-            .or(u["input_tokens"].as_u64())
+            .or(usage["input_tokens"].as_u64())
             .unwrap_or(0);
-        let out = u["completion_tokens"]
+        let out = usage["completion_tokens"]
             .as_u64()
-            .or(u["output_tokens"].as_u64());
+            .or(usage["output_tokens"].as_u64());
         assert!(prompt > 0, "usage kept: {e}");
         assert!(out.is_some_and(|n| n < 4000), "usage kept: {e}");
     }

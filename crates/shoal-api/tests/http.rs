@@ -285,6 +285,8 @@ async fn bad_input_table_openai_then_still_serving() {
             v["error"].get("param").is_some() && v["error"].get("code").is_some(),
             "{text}"
         );
+        // Only a generation that ran reports usage beside its error.
+        assert!(v.get("usage").is_none(), "{text}");
     }
     let body = json!({"model": MODEL, "messages": france(), "temperature": 0});
     let (status, text, _) = post(&base, "/v1/chat/completions", &body.to_string()).await;
@@ -313,6 +315,7 @@ async fn bad_input_table_anthropic_then_still_serving() {
         };
         assert_eq!(v["error"]["type"], kind, "{text}");
         assert!(!v["error"]["message"].as_str().unwrap_or("").is_empty());
+        assert!(v.get("usage").is_none(), "{text}");
     }
     let body = json!({"model": MODEL, "max_tokens": 3, "messages": france()});
     let (status, text, _) = post(&base, "/v1/messages", &body.to_string()).await;
@@ -1459,4 +1462,107 @@ async fn ledger_totals_equal_what_the_clients_were_sent() {
     // (A request with two choices is counted by its first; every filtered
     // reply here is a single choice.)
     assert_eq!(count("content_filter"), filtered_replies, "{finishes}");
+}
+
+/// Requests stopped by the server's time limit, as the recorder client
+/// reads them off the wire (the timeout error and the usage beside it, or
+/// Responses' failed response), sum to the ledger's figures: every dialect,
+/// streamed and not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ledger_totals_of_timed_out_requests_equal_what_the_clients_were_sent() {
+    use shoal_client::{Dialect, Message, PieceKind, Request, Target, TargetConfig};
+    let mut state = AppState::new(engine());
+    let mut access = shoal_api::access::Access::default();
+    access.request_timeout = Some(std::time::Duration::from_millis(1500));
+    state.access = std::sync::Arc::new(access);
+    let base = serve_state(state).await;
+    // Per ledger dialect: requests, then prompt, cached, completion and
+    // reasoning tokens as the clients were told.
+    let mut sent: std::collections::BTreeMap<&str, [u64; 5]> = Default::default();
+    for dialect in Dialect::ALL {
+        for stream in [false, true] {
+            let target = Target::new(TargetConfig {
+                dialect,
+                base_url: base.clone(),
+                model: MODEL.into(),
+                api_key: None,
+                headers: Vec::new(),
+                stream,
+                price: None,
+            })
+            .expect("target");
+            // A reply far longer than the time limit allows (a bare prompt
+            // for legacy Completions, which applies no chat template).
+            let content = match dialect {
+                Dialect::Completions => "1, 2, 3, 4, 5, 6,",
+                _ => "Write the numbers from 1 to 500 separated by commas.",
+            };
+            let req = Request {
+                messages: vec![Message {
+                    role: "user".into(),
+                    content: content.into(),
+                }],
+                max_tokens: Some(4000),
+                temperature: Some(0.0),
+                ..Request::default()
+            };
+            let reply = target.send(&req).await;
+            let want_status = if stream || dialect == Dialect::Responses {
+                200
+            } else {
+                504
+            };
+            assert_eq!(
+                reply.http_status, want_status,
+                "{dialect:?} {stream}: {reply:?}"
+            );
+            assert_eq!(reply.pieces.len(), 1, "{reply:?}");
+            let p = &reply.pieces[0];
+            assert_eq!(p.kind, PieceKind::Error, "{dialect:?} {stream}: {p:?}");
+            let get = |k: &str| {
+                p.metadata
+                    .get(k)
+                    .and_then(Value::as_u64)
+                    .unwrap_or_else(|| panic!("{dialect:?} {stream}: no {k} in {p:?}"))
+            };
+            let s = sent.entry(dialect.ledger_name()).or_default();
+            s[0] += 1;
+            s[1] += get("token_usage_prompt_tokens");
+            s[2] += get("token_usage_cached_tokens");
+            s[3] += get("token_usage_completion_tokens");
+            if dialect != Dialect::Messages {
+                s[4] += get("token_usage_reasoning_tokens");
+            }
+        }
+    }
+    let (_, text) = get_text(&base, "/v1/usage?group_by=dialect").await;
+    let groups: Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(groups["data"].as_array().map(Vec::len), Some(4), "{groups}");
+    for (dialect, s) in &sent {
+        let g = groups["data"]
+            .as_array()
+            .and_then(|g| g.iter().find(|x| x["key"] == *dialect).cloned())
+            .unwrap_or_else(|| panic!("no {dialect}: {groups}"));
+        let ledger = [
+            "requests",
+            "prompt_tokens",
+            "cached_tokens",
+            "completion_tokens",
+            "reasoning_tokens",
+        ]
+        .map(|k| g[k].as_u64().unwrap_or(u64::MAX));
+        assert_eq!(&ledger, s, "{dialect}: ledger {g} vs sent {s:?}");
+    }
+    let (_, text) = get_text(&base, "/v1/usage?group_by=finish").await;
+    let finishes: Value = serde_json::from_str(&text).expect("json");
+    let only = finishes["data"].as_array().map(|g| {
+        g.iter()
+            .map(|x| (x["key"].clone(), x["requests"].clone()))
+            .collect::<Vec<_>>()
+    });
+    assert_eq!(
+        only,
+        Some(vec![(json!("timeout"), json!(8))]),
+        "every request here timed out: {finishes}"
+    );
 }

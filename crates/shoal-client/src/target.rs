@@ -397,8 +397,9 @@ impl Target {
         }
     }
 
-    /// An HTTP error. A content-filter refusal still says so (and keeps any
-    /// usage the body reports).
+    /// An HTTP error. A content-filter refusal still says so; any usage the
+    /// body reports beside the error (a refusal's, or a generation that
+    /// timed out or failed) is kept.
     fn http_error(&self, status: u16, body: &str) -> Choice {
         let v: Value = serde_json::from_str(body).unwrap_or(Value::Null);
         let err = v.get("error").unwrap_or(&Value::Null);
@@ -423,9 +424,9 @@ impl Target {
                 Dialect::Responses => c.meta.incomplete_reason = Some("content_filter".into()),
                 Dialect::Messages => c.meta.stop_reason = Some("refusal".into()),
             }
-            if let Some(u) = v.get("usage") {
-                self.usage(u, &mut c.meta);
-            }
+        }
+        if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
+            self.usage(u, &mut c.meta);
         }
         c
     }
@@ -604,6 +605,10 @@ impl Target {
                 !e.is_null() && v.get("type").and_then(Value::as_str) != Some("response.failed")
             }) {
                 failure = Some(text(e.get("message")).unwrap_or_else(|| e.to_string()));
+                // A generation that failed (a timeout) still says what it spent.
+                if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
+                    self.usage(u, &mut shared);
+                }
                 break;
             }
             match self.cfg.dialect {
