@@ -83,9 +83,18 @@ MODEL_Q4   := $(CACHE)/models/smollm2-135m-mlx-q4-sharded
 $(MODEL_Q4)/config.json: $(MODEL_MLX)/config.json tools/py/quantize_mlx.py
 	@"$$(bash tools/setup-pyenv.sh)/bin/python" tools/py/quantize_mlx.py
 
+## Tiny random-weight models of each MLX architecture, made by mlx-lm's own classes
+## (the architecture reference tests); remade when the script changes.
+TINY := $(CACHE)/models/tiny-v1
+
+$(TINY)/.made: $(MODEL_MLX)/config.json tools/py/tiny_models.py
+	@rm -rf $(TINY)
+	@"$$(bash tools/setup-pyenv.sh)/bin/python" tools/py/tiny_models.py $(TINY) >/dev/null
+	@touch $@
+
 ## The default GGUF and, for reference tests and benchmarks, the same weights as
 ## an MLX/HF directory (float32, and 4-bit quantized in two shards).
-models: $(MODEL_GGUF) $(MODEL_MLX)/config.json $(MODEL_Q4)/config.json $(REAL_QWEN)
+models: $(MODEL_GGUF) $(MODEL_MLX)/config.json $(MODEL_Q4)/config.json $(REAL_QWEN) $(TINY)/.made
 
 build: setup ui
 	$(CARGO) build --release -p shoal

@@ -3,7 +3,7 @@
 
 Usage:
     reference.py [MODEL_DIR] [--prompt TEXT]... [--token-ids 1,2,3]...
-                 [--prompts-json FILE|-] [--max-tokens 32] [--top-k 20]
+                 [--prompts-json FILE|-] [--max-tokens 32] [--top-k 20] [--step-top K]
                  [--no-full-logits] [--out FILE] [--no-openblas]
 
 MODEL_DIR defaults to ${SHOAL_CACHE:-<repo>/.cache}/models/smollm2-135m-mlx-f32
@@ -53,6 +53,9 @@ Output: one JSON object (stdout, or --out FILE):
         "greedy_logprobs": [float]   log-softmax of each chosen token,
         "greedy_margins": [float]    best minus second-best logit at each step
                                      (small values mark fragile argmaxes)
+        "step_top": [[[id, logprob], ...], ...]  with --step-top K: the K
+                                     best log-probabilities at each greedy
+                                     step (highest first)
       }, ...
     ]
   }
@@ -160,7 +163,7 @@ def run_one(model, tokenizer, item: dict, args, eos: set[int]) -> dict:
     if args.full_logits:
         out["logits"] = [f32(v) for v in lv]
 
-    gen_ids, lps, margins = [], [], []
+    gen_ids, lps, margins, step_top = [], [], [], []
     finish = "length"
     for tok, logprobs in generate_step(mx.array(ids), model, max_tokens=args.max_tokens):
         top2 = mx.sort(mx.topk(logprobs, 2))
@@ -168,6 +171,10 @@ def run_one(model, tokenizer, item: dict, args, eos: set[int]) -> dict:
         gen_ids.append(int(tok))
         lps.append(f32(logprobs[int(tok)].item()))
         margins.append(f32(top2[1].item() - top2[0].item()))
+        if args.step_top:
+            lp = np.array(logprobs.astype(mx.float32))
+            best = np.lexsort((np.arange(lp.size), -lp))[: args.step_top]
+            step_top.append([[int(i), f32(lp[i])] for i in best])
         if int(tok) in eos:
             finish = "stop"
             break
@@ -177,6 +184,8 @@ def run_one(model, tokenizer, item: dict, args, eos: set[int]) -> dict:
     out["greedy_text"] = hf.decode(body)
     out["greedy_logprobs"] = lps
     out["greedy_margins"] = margins
+    if args.step_top:
+        out["step_top"] = step_top
     if gen_ids and gen_ids[0] != int(order[0]):
         print(
             f"reference: note: prompt {item['id']}: cached greedy token {gen_ids[0]} "
@@ -184,6 +193,24 @@ def run_one(model, tokenizer, item: dict, args, eos: set[int]) -> dict:
             file=sys.stderr,
         )
     return out
+
+
+def compat_gather_qmm() -> None:
+    """mlx-lm's quantized experts pass `global_scale` (for nvfp4) even when it
+    is None; the pinned mlx wheel's gather_qmm predates that argument. Drop
+    it when unset, so affine-quantized MoE models run unchanged."""
+    import mlx.core as mx
+
+    if "global_scale" in (mx.gather_qmm.__doc__ or ""):
+        return
+    original = mx.gather_qmm
+
+    def gather_qmm(*a, global_scale=None, **kw):
+        if global_scale is not None:
+            raise TypeError("this mlx has no global_scale for gather_qmm")
+        return original(*a, **kw)
+
+    mx.gather_qmm = gather_qmm
 
 
 def main() -> None:
@@ -195,6 +222,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--top-k", type=int, default=20)
     ap.add_argument("--no-full-logits", dest="full_logits", action="store_false")
+    ap.add_argument("--step-top", type=int, default=0, help="record the K best logprobs of each greedy step")
     ap.add_argument("--out", help="write the JSON here instead of stdout")
     ap.add_argument("--no-openblas", action="store_true", help="keep the wheel's bundled BLAS")
     args = ap.parse_args()
@@ -205,6 +233,7 @@ def main() -> None:
     from mlx.utils import tree_flatten
     from mlx_lm import load
 
+    compat_gather_qmm()
     model, tokenizer = load(str(args.model_dir))
     eos = set(int(t) for t in tokenizer.eos_token_ids)
     result = {

@@ -103,10 +103,13 @@ pub fn route(path: &Path, choice: BackendChoice) -> Result<Route> {
                 "{}: llama.cpp runs GGUF files; this is a model directory (use the mlx backend)",
                 path.display()
             ))),
-            _ => Ok(Route {
-                backend: BackendKind::Mlx,
-                header: None,
-            }),
+            _ => {
+                mlx::hf::architecture(path)?;
+                Ok(Route {
+                    backend: BackendKind::Mlx,
+                    header: None,
+                })
+            }
         };
     }
     if !path.is_file() {
@@ -291,6 +294,17 @@ mod tests {
         }
         let e = choose(&p, BackendChoice::Mlx).unwrap_err().to_string();
         assert!(e.contains("\"foo\"") && e.contains("tried: mlx"), "{e}");
+        // A directory: refused before any weight is read, naming the
+        // architecture and what MLX runs.
+        let dir = p.parent().expect("dir").join("falcon-dir");
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        std::fs::write(dir.join("config.json"), r#"{"model_type": "falcon"}"#).expect("config");
+        let e = choose(&dir, BackendChoice::Auto).unwrap_err().to_string();
+        assert!(
+            e.contains("'falcon'") && e.contains("tried: mlx (it runs llama, mistral"),
+            "{e}"
+        );
+        assert!(e.contains("gemma3_text") && e.contains("gpt_oss"), "{e}");
     }
 
     #[test]
@@ -306,12 +320,15 @@ mod tests {
             choose(&p, BackendChoice::Mlx).expect("mlx reads F32"),
             BackendKind::Mlx
         );
-        let dir = p.parent().expect("dir");
+        let dir = p.parent().expect("dir").join("gemma-dir");
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        std::fs::write(dir.join("config.json"), r#"{"model_type": "gemma3_text"}"#)
+            .expect("config");
         assert_eq!(
-            choose(dir, BackendChoice::Auto).expect("dir"),
+            choose(&dir, BackendChoice::Auto).expect("dir"),
             BackendKind::Mlx
         );
-        assert!(choose(dir, BackendChoice::Llama).is_err());
+        assert!(choose(&dir, BackendChoice::Llama).is_err());
         assert_eq!("llama".parse::<BackendChoice>(), Ok(BackendChoice::Llama));
         assert!("tpu".parse::<BackendChoice>().is_err());
     }

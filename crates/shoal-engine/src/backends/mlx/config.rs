@@ -4,8 +4,10 @@ use mlx_rs::Dtype;
 
 use crate::error::{EngineError, Result};
 
-/// Hyperparameters shared by the supported architectures.
-#[derive(Clone, Debug)]
+/// Hyperparameters of the supported architectures. The fields after
+/// `format` say how an architecture departs from the llama shape; their
+/// defaults are the llama shape.
+#[derive(Clone, Debug, Default)]
 pub struct ModelConfig {
     pub architecture: String,
     pub hidden_size: usize,
@@ -27,6 +29,74 @@ pub struct ModelConfig {
     /// Quantization description for display (`Q4_1`, `4-bit g64`, …).
     pub quantization: Option<String>,
     pub format: String,
+    /// Per layer: attend only to the last `w` positions (a sliding window),
+    /// or to all of them. Empty: every layer attends to all.
+    pub layer_windows: Vec<Option<usize>>,
+    /// Rope base of the sliding layers when it differs from the global one
+    /// (gemma3's local base); those layers then take no rope scaling.
+    pub rope_local_theta: Option<f32>,
+    /// Rotated dimensions per head (partial rotary); 0 means all.
+    pub rope_dims: usize,
+    /// Linear rope scaling: positions are multiplied by this (1 / factor).
+    pub rope_scale: Option<f32>,
+    /// Factor on the rotated part of queries and keys before the rope
+    /// (LongRoPE's attention scaling).
+    pub rope_input_scale: Option<f32>,
+    /// Attention score scale; `None` is `1/sqrt(head_dim)`.
+    pub attn_scale: Option<f32>,
+    /// Gemma's layer shape: norms scale by `1 + w`, attention and MLP
+    /// outputs are normed before the residual add, embeddings are scaled.
+    pub gemma: bool,
+    pub activation: Activation,
+    pub moe: Option<MoeConfig>,
+    /// Per-layer quantization that differs from the default (MLX writes
+    /// e.g. 8-bit expert routers): layer prefix → (group size, bits).
+    pub quant_overrides: std::collections::HashMap<String, (i32, i32)>,
+}
+
+/// The gate's activation in the MLP (`act(gate) * up`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Activation {
+    #[default]
+    Silu,
+    /// The tanh approximation of GELU (gemma).
+    GeluApprox,
+    /// gpt-oss's clamped SwiGLU: `(clip(up) + 1) * g * sigmoid(1.702 g)`,
+    /// with the gate clipped from above.
+    SwigluOai,
+}
+
+/// A mixture-of-experts MLP.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeConfig {
+    pub num_experts: usize,
+    pub top_k: usize,
+    /// Qwen: softmax over all experts, then the top k (renormalised when
+    /// `normalize`); gpt-oss: the top k logits, then a softmax over them.
+    pub routing: Routing,
+    pub normalize: bool,
+    /// Per layer: experts (`true`) or a dense MLP.
+    pub sparse_layers: Vec<bool>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Routing {
+    SoftmaxThenTopK,
+    TopKThenSoftmax,
+}
+
+impl ModelConfig {
+    /// Layer `i`'s sliding window, if it has one.
+    pub fn window(&self, i: usize) -> Option<usize> {
+        self.layer_windows.get(i).copied().flatten()
+    }
+
+    /// Whether layer `i`'s MLP is a mixture of experts.
+    pub fn sparse(&self, i: usize) -> bool {
+        self.moe
+            .as_ref()
+            .is_some_and(|m| m.sparse_layers.get(i).copied().unwrap_or(false))
+    }
 }
 
 impl ModelConfig {

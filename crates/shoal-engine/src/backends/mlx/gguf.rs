@@ -123,6 +123,7 @@ pub fn config(f: &GgufFile) -> Result<ModelConfig> {
         tie_word_embeddings: !matches!(f.get_array("output.weight"), Ok(Some(_))),
         quantization: Some(ftype_name(ftype)),
         format: "gguf".into(),
+        ..ModelConfig::default()
     })
 }
 

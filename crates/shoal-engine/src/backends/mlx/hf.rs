@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use mlx_rs::Array;
 use serde_json::Value;
 
-use super::ModelConfig;
+use super::config::{Activation, MoeConfig, Routing};
+use super::{rope, ModelConfig};
 use crate::error::{EngineError, Result};
 
 fn missing(what: &str, detail: impl Into<String>) -> EngineError {
@@ -34,31 +35,77 @@ fn req(cfg: &Value, key: &str) -> Result<usize> {
         .ok_or_else(|| missing("config.json field", key))
 }
 
-/// Parsed `config.json` plus the MLX quantization group size (if quantized).
-pub fn config(dir: &Path) -> Result<(ModelConfig, Option<i32>)> {
+/// The `model_type`s this loader runs.
+pub const ARCHITECTURES: [&str; 8] = [
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "gemma3_text",
+    "phi3",
+    "gpt_oss",
+];
+
+/// The directory's `model_type`, if MLX runs it; otherwise the sentence
+/// that says what was tried (before any weight is read).
+pub fn architecture(dir: &Path) -> Result<String> {
     let cfg = read_json(&dir.join("config.json"))?;
+    check_architecture(dir, &cfg)
+}
+
+fn check_architecture(dir: &Path, cfg: &Value) -> Result<String> {
     let arch = cfg
         .get("model_type")
         .and_then(Value::as_str)
         .ok_or_else(|| missing("config.json field", "model_type"))?
         .to_string();
-    if !matches!(arch.as_str(), "llama" | "qwen2" | "qwen3") {
+    if !ARCHITECTURES.contains(&arch.as_str()) {
         return Err(EngineError::Unsupported(format!(
-            "model_type '{arch}' (supported: llama, qwen2, qwen3)"
+            "{}: no backend here runs model_type '{arch}'; tried: mlx (it runs {}); \
+             llama.cpp runs GGUF files, not model directories",
+            dir.display(),
+            ARCHITECTURES.join(", ")
         )));
     }
+    Ok(arch)
+}
+
+/// Parsed `config.json` plus the MLX quantization group size (if quantized).
+pub fn config(dir: &Path) -> Result<(ModelConfig, Option<i32>)> {
+    let cfg = read_json(&dir.join("config.json"))?;
+    let arch = check_architecture(dir, &cfg)?;
+    let gemma = arch == "gemma3_text";
     let hidden = req(&cfg, "hidden_size")?;
     let heads = req(&cfg, "num_attention_heads")?;
+    let layers = req(&cfg, "num_hidden_layers")?;
     let head_dim = match num(&cfg, "head_dim") {
-        Some(v) => v as usize,
-        None if heads > 0 => hidden / heads,
-        None => 0,
+        // phi3 derives it from the hidden size whatever the file says.
+        Some(v) if arch != "phi3" => v as usize,
+        None if gemma => 256,
+        _ if heads > 0 => hidden / heads,
+        _ => 0,
     };
-    let theta = num(&cfg, "rope_theta").unwrap_or(10000.0) as f32;
-    let rope_freqs = match cfg.get("rope_scaling") {
-        Some(s) if s.is_object() => llama3_freqs(s, theta, head_dim)?,
-        _ => None,
+    let default_theta = match arch.as_str() {
+        "gemma3_text" => 1_000_000.0,
+        "gpt_oss" => 150_000.0,
+        _ => 10_000.0,
     };
+    let theta = num(&cfg, "rope_theta").unwrap_or(default_theta) as f32;
+    let max_positions = num(&cfg, "max_position_embeddings");
+    let rope_dims = match num(&cfg, "partial_rotary_factor") {
+        Some(f) => (head_dim as f64 * f) as usize,
+        None => head_dim,
+    };
+    let scaling = rope::scaling(
+        cfg.get("rope_scaling"),
+        theta,
+        rope_dims,
+        rope::Context {
+            max_positions: max_positions.unwrap_or(131072.0),
+            original: num(&cfg, "original_max_position_embeddings"),
+        },
+    )?;
     let quant = cfg
         .get("quantization")
         .or_else(|| cfg.get("quantization_config"));
@@ -66,73 +113,143 @@ pub fn config(dir: &Path) -> Result<(ModelConfig, Option<i32>)> {
         .and_then(|q| q.get("group_size"))
         .and_then(Value::as_i64)
         .map(|g| g as i32);
+    let quant_overrides = quant
+        .and_then(Value::as_object)
+        .map(|q| {
+            q.iter()
+                .filter_map(|(k, v)| {
+                    let g = v.get("group_size")?.as_i64()? as i32;
+                    let b = v.get("bits")?.as_i64()? as i32;
+                    Some((k.clone(), (g, b)))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     let quantization = quant.and_then(|q| {
         let bits = q.get("bits").and_then(Value::as_i64)?;
         Some(format!("{bits}-bit g{}", group.unwrap_or(64)))
     });
+    let window = num(&cfg, "sliding_window").map(|w| w as usize);
+    let layer_windows = match arch.as_str() {
+        "gemma3_text" => {
+            let pattern = num(&cfg, "sliding_window_pattern")
+                .map_or(6, |p| p as usize)
+                .max(1);
+            let w = window.unwrap_or(512);
+            (0..layers)
+                .map(|i| ((i + 1) % pattern != 0).then_some(w))
+                .collect()
+        }
+        // layer_types decides, as in mlx-lm: a mistral config's bare
+        // sliding_window does not make every layer slide.
+        "llama" | "mistral" | "gpt_oss" => {
+            let types: Vec<String> = match cfg.get("layer_types").and_then(Value::as_array) {
+                Some(t) => t
+                    .iter()
+                    .map(|x| x.as_str().unwrap_or_default().to_string())
+                    .collect(),
+                None if arch == "gpt_oss" => (0..layers)
+                    .map(|i| ["sliding_attention", "full_attention"][i % 2].to_string())
+                    .collect(),
+                None => Vec::new(),
+            };
+            if !types.is_empty() && types.len() != layers {
+                return Err(EngineError::InvalidModel(format!(
+                    "layer_types lists {} layers, the model has {layers}",
+                    types.len()
+                )));
+            }
+            let w = window.unwrap_or(128);
+            types
+                .iter()
+                .map(|t| (t == "sliding_attention").then_some(w))
+                .collect()
+        }
+        _ => Vec::new(),
+    };
+    let moe = match arch.as_str() {
+        "qwen3_moe" => {
+            let experts = req(&cfg, "num_experts")?;
+            let step = num(&cfg, "decoder_sparse_step")
+                .map_or(1, |s| s as usize)
+                .max(1);
+            let dense: Vec<usize> = cfg
+                .get("mlp_only_layers")
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Value::as_u64)
+                        .map(|x| x as usize)
+                        .collect()
+                })
+                .unwrap_or_default();
+            Some(MoeConfig {
+                num_experts: experts,
+                top_k: req(&cfg, "num_experts_per_tok")?,
+                routing: Routing::SoftmaxThenTopK,
+                normalize: cfg
+                    .get("norm_topk_prob")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
+                sparse_layers: (0..layers)
+                    .map(|i| !dense.contains(&i) && experts > 0 && (i + 1) % step == 0)
+                    .collect(),
+            })
+        }
+        "gpt_oss" => Some(MoeConfig {
+            num_experts: req(&cfg, "num_local_experts")?,
+            top_k: req(&cfg, "num_experts_per_tok")?,
+            routing: Routing::TopKThenSoftmax,
+            normalize: false,
+            sparse_layers: vec![true; layers],
+        }),
+        _ => None,
+    };
     let config = ModelConfig {
         architecture: arch.clone(),
         hidden_size: hidden,
         intermediate_size: req(&cfg, "intermediate_size")?,
-        num_layers: req(&cfg, "num_hidden_layers")?,
+        num_layers: layers,
         num_heads: heads,
-        num_kv_heads: num(&cfg, "num_key_value_heads").map_or(heads, |v| v as usize),
+        num_kv_heads: num(&cfg, "num_key_value_heads")
+            .map_or(if gemma { 1 } else { heads }, |v| v as usize),
         head_dim,
         vocab_size: req(&cfg, "vocab_size")?,
-        rms_norm_eps: num(&cfg, "rms_norm_eps").unwrap_or(1e-6) as f32,
+        rms_norm_eps: num(&cfg, "rms_norm_eps").unwrap_or(if gemma { 1e-6 } else { 1e-5 }) as f32,
         rope_theta: theta,
-        rope_traditional: false,
-        rope_freqs,
-        context_length: num(&cfg, "max_position_embeddings").map_or(4096, |v| v as usize),
+        rope_traditional: cfg
+            .get("rope_traditional")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+        rope_freqs: scaling.freqs.clone(),
+        context_length: max_positions.map_or(4096, |v| v as usize),
         tie_word_embeddings: cfg
             .get("tie_word_embeddings")
             .and_then(Value::as_bool)
-            .unwrap_or(false),
+            // gemma ties unless the weights bring an lm_head.
+            .unwrap_or(gemma),
         quantization,
         format: "safetensors".into(),
+        layer_windows,
+        rope_local_theta: gemma
+            .then(|| num(&cfg, "rope_local_base_freq").unwrap_or(10_000.0) as f32),
+        rope_dims,
+        rope_scale: scaling.scale,
+        rope_input_scale: scaling.input_scale,
+        attn_scale: gemma.then(|| {
+            let s = num(&cfg, "query_pre_attn_scalar").unwrap_or(256.0);
+            s.powf(-0.5) as f32
+        }),
+        gemma,
+        activation: match arch.as_str() {
+            "gemma3_text" => Activation::GeluApprox,
+            "gpt_oss" => Activation::SwigluOai,
+            _ => Activation::Silu,
+        },
+        moe,
+        quant_overrides,
     };
     Ok((config, group))
-}
-
-/// Llama 3.1-style frequency scaling, expressed as rotary periods for MLX.
-fn llama3_freqs(s: &Value, theta: f32, head_dim: usize) -> Result<Option<Vec<f32>>> {
-    let kind = s
-        .get("rope_type")
-        .or_else(|| s.get("type"))
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    match kind {
-        "llama3" => {}
-        "default" | "" => return Ok(None),
-        other => {
-            return Err(EngineError::Unsupported(format!(
-                "rope_scaling type '{other}'"
-            )));
-        }
-    }
-    let g = |k: &str, d: f64| s.get(k).and_then(Value::as_f64).unwrap_or(d) as f32;
-    let factor = g("factor", 8.0);
-    let low = g("low_freq_factor", 1.0);
-    let high = g("high_freq_factor", 4.0);
-    let orig = g("original_max_position_embeddings", 8192.0);
-    let low_wavelen = orig / low;
-    let high_wavelen = orig / high;
-    let dims = head_dim as f32;
-    let freqs = (0..head_dim / 2)
-        .map(|i| {
-            let period = theta.powf(2.0 * i as f32 / dims);
-            let wavelen = 2.0 * std::f32::consts::PI * period;
-            if wavelen < high_wavelen {
-                period
-            } else if wavelen > low_wavelen {
-                period * factor
-            } else {
-                let smooth = (orig / wavelen - low) / (high - low);
-                period / ((1.0 - smooth) / factor + smooth)
-            }
-        })
-        .collect();
-    Ok(Some(freqs))
 }
 
 /// Lists the weight files: the shards named by the index, or every `*.safetensors`.

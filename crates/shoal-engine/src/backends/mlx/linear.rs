@@ -64,6 +64,60 @@ impl Linear {
         }
     }
 
+    /// Stacks per-expert projections into one `[experts, out, in]` tensor
+    /// (files that store each expert apart).
+    pub(super) fn stack(parts: Vec<Linear>) -> Result<Linear> {
+        let mut ws = Vec::new();
+        let mut bs = Vec::new();
+        let mut qs: [Vec<Array>; 2] = [Vec::new(), Vec::new()];
+        let mut quant = None;
+        for p in parts {
+            match p {
+                Linear::Dense { w, b } => {
+                    ws.push(w);
+                    bs.extend(b);
+                }
+                Linear::Quantized {
+                    w,
+                    scales,
+                    biases,
+                    group,
+                    bits,
+                    b,
+                } => {
+                    ws.push(w);
+                    qs[0].push(scales);
+                    qs[1].push(biases);
+                    bs.extend(b);
+                    quant = Some((group, bits));
+                }
+            }
+        }
+        let n = ws.len();
+        if n == 0 || (!bs.is_empty() && bs.len() != n) || (quant.is_some() && qs[0].len() != n) {
+            return Err(EngineError::InvalidModel(
+                "experts differ in shape or quantization".into(),
+            ));
+        }
+        let b = if bs.is_empty() {
+            None
+        } else {
+            Some(ops::stack(&bs, 0)?)
+        };
+        let w = ops::stack(&ws, 0)?;
+        Ok(match quant {
+            None => Linear::Dense { w, b },
+            Some((group, bits)) => Linear::Quantized {
+                w,
+                scales: ops::stack(&qs[0], 0)?,
+                biases: ops::stack(&qs[1], 0)?,
+                group,
+                bits,
+                b,
+            },
+        })
+    }
+
     /// Stacks dense projections that read the same input into one matmul
     /// (q/k/v, gate/up): fewer, larger ops are what decode speed depends on.
     pub(super) fn fuse(parts: Vec<Linear>) -> Result<(Linear, Vec<i32>)> {
@@ -123,10 +177,10 @@ impl Projections {
             Projections::Separate(ls) => ls.iter().map(|l| l.apply(x)).collect(),
         }
     }
-    pub(super) fn nbytes(&self) -> usize {
+    pub(super) fn push_arrays<'a>(&'a self, out: &mut Vec<&'a Array>) {
         match self {
-            Projections::Fused(l, _) => l.nbytes(),
-            Projections::Separate(ls) => ls.iter().map(Linear::nbytes).sum(),
+            Projections::Fused(l, _) => push_linear(out, l),
+            Projections::Separate(ls) => ls.iter().for_each(|l| push_linear(out, l)),
         }
     }
 }

@@ -1,4 +1,6 @@
-//! Decoder-only transformers (llama, qwen2, qwen3) on MLX.
+//! Decoder-only transformers on MLX: the llama shape and its relatives
+//! (mistral, qwen2/3, gemma3, phi3) and mixtures of experts (qwen3_moe,
+//! gpt_oss); `hf::ARCHITECTURES` lists them.
 //!
 //! Loaders (`gguf`, `hf`) normalise weights to Hugging Face tensor names and a
 //! [`ModelConfig`]; [`Transformer`] runs them. On the CPU backend quantized
@@ -13,6 +15,7 @@ pub mod hf;
 mod layer;
 mod linear;
 pub mod pipeline;
+mod rope;
 pub mod stage;
 pub mod transformer;
 mod weights;

@@ -6,6 +6,7 @@ use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
 use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
 use mlx_rs::{Array, Dtype};
 
+use super::rope::{Rope, Scaling};
 use super::*;
 use crate::backend::{DecodeBatch, KvCache, LanguageModel, ModelInfo};
 use crate::error::{EngineError, Result};
@@ -19,7 +20,8 @@ pub struct Transformer {
     pub(super) layers: Vec<Layer>,
     /// Final norm and output projection: only on the last stage.
     pub(super) head: Option<Head>,
-    pub(super) rope_freqs: Option<Array>,
+    /// Gemma scales token embeddings by sqrt(hidden).
+    pub(super) embed_scale: Option<Array>,
     pub(super) dtype: Dtype,
 }
 
@@ -70,6 +72,7 @@ impl Transformer {
             map,
             policy,
             group: group_size,
+            overrides: cfg.quant_overrides.clone(),
         };
         let embed = if span.needs_embedding() {
             let e = w.embedding("model.embed_tokens")?;
@@ -87,34 +90,16 @@ impl Transformer {
         };
         let mut layers = Vec::with_capacity(range.len());
         for i in range {
-            let p = format!("model.layers.{i}");
-            let q = w.linear(&format!("{p}.self_attn.q_proj"))?;
-            let k = w.linear(&format!("{p}.self_attn.k_proj"))?;
-            let v = w.linear(&format!("{p}.self_attn.v_proj"))?;
-            let gate = w.linear(&format!("{p}.mlp.gate_proj"))?;
-            let up = w.linear(&format!("{p}.mlp.up_proj"))?;
-            let q_norm = w.map.remove(&format!("{p}.self_attn.q_norm.weight"));
-            let k_norm = w.map.remove(&format!("{p}.self_attn.k_norm.weight"));
-            let dt = policy.dtype();
-            layers.push(Layer {
-                attn_norm: w.dense(&format!("{p}.input_layernorm.weight"))?,
-                qkv: Projections::new(vec![q, k, v])?,
-                q_norm: q_norm.map(|a| a.as_dtype(dt)).transpose()?,
-                k_norm: k_norm.map(|a| a.as_dtype(dt)).transpose()?,
-                o_proj: w.linear(&format!("{p}.self_attn.o_proj"))?,
-                ffn_norm: w.dense(&format!("{p}.post_attention_layernorm.weight"))?,
-                gate_up: Projections::new(vec![gate, up])?,
-                down: w.linear(&format!("{p}.mlp.down_proj"))?,
-            });
+            layers.push(load_layer(&mut w, &cfg, i)?);
         }
-        if cfg.architecture == "qwen3" && layers.iter().any(|l| l.q_norm.is_none()) {
+        if cfg.architecture.starts_with("qwen3") && layers.iter().any(|l| l.q_norm.is_none()) {
             return Err(EngineError::MissingModelPart {
                 what: "tensor".into(),
                 detail: "qwen3 q_norm/k_norm weights".into(),
             });
         }
         let head = if span.last() {
-            let norm = w.dense("model.norm.weight")?;
+            let norm = w.norm("model.norm.weight", cfg.gemma)?;
             let lm_head = if w.map.contains_key("lm_head.weight") && !cfg.tie_word_embeddings {
                 w.linear("lm_head")?
             } else {
@@ -131,18 +116,15 @@ impl Transformer {
         // A last stage that is not also the first keeps the table only as
         // its output projection.
         let embed = if span.first() { embed } else { None };
-        let rope_freqs = cfg
-            .rope_freqs
-            .as_ref()
-            .map(|f| Array::from_slice(f, &[f.len() as i32]));
-
-        let mut all: Vec<&Array> = embed.iter().collect();
-        all.extend(head.as_ref().map(|h| &h.norm));
-        for l in &layers {
-            all.push(&l.attn_norm);
-            all.push(&l.ffn_norm);
-        }
-        mlx_rs::transforms::eval(all)?;
+        let embed_scale = match (&embed, cfg.gemma) {
+            // sqrt(hidden) rounded to bfloat16, as gemma was trained.
+            (Some(_), true) => Some(
+                Array::from_f32((cfg.hidden_size as f32).sqrt())
+                    .as_dtype(Dtype::Bfloat16)?
+                    .as_dtype(policy.dtype())?,
+            ),
+            _ => None,
+        };
         let mut model = Transformer {
             info: ModelInfo {
                 architecture: cfg.architecture.clone(),
@@ -165,7 +147,7 @@ impl Transformer {
             embed,
             layers,
             head,
-            rope_freqs,
+            embed_scale,
             dtype: policy.dtype(),
         };
         model.materialize()?;
@@ -177,25 +159,16 @@ impl Transformer {
     pub(super) fn materialize(&mut self) -> Result<()> {
         let mut bytes = self.embed.as_ref().map_or(0, Array::nbytes)
             + self.head.as_ref().map_or(0, |h| h.norm.nbytes());
+        if let Some(h) = &self.head {
+            mlx_rs::transforms::eval([&h.norm])?;
+        }
+        if let Some(e) = &self.embed {
+            mlx_rs::transforms::eval([e])?;
+        }
         for l in &self.layers {
-            let mut arrays: Vec<&Array> = Vec::new();
-            for p in [&l.qkv, &l.gate_up] {
-                match p {
-                    Projections::Fused(lin, _) => push_linear(&mut arrays, lin),
-                    Projections::Separate(ls) => {
-                        ls.iter().for_each(|x| push_linear(&mut arrays, x))
-                    }
-                }
-            }
-            push_linear(&mut arrays, &l.o_proj);
-            push_linear(&mut arrays, &l.down);
-            mlx_rs::transforms::eval(arrays)?;
-            bytes += l.qkv.nbytes()
-                + l.gate_up.nbytes()
-                + l.o_proj.nbytes()
-                + l.down.nbytes()
-                + l.attn_norm.nbytes()
-                + l.ffn_norm.nbytes();
+            let arrays = l.arrays();
+            mlx_rs::transforms::eval(arrays.iter().copied())?;
+            bytes += arrays.iter().map(|a| a.nbytes()).sum::<usize>();
         }
         if let Some(h) = &self.head {
             let mut arrays: Vec<&Array> = Vec::new();
@@ -215,22 +188,6 @@ impl Transformer {
         &self.cfg
     }
 
-    pub(super) fn rope(&self, x: &Array, offset: i32) -> Result<Array> {
-        let d = self.cfg.head_dim as i32;
-        Ok(match &self.rope_freqs {
-            Some(f) => fast::rope(x, d, self.cfg.rope_traditional, None, 1.0, offset, f)?,
-            None => fast::rope(
-                x,
-                d,
-                self.cfg.rope_traditional,
-                self.cfg.rope_theta,
-                1.0,
-                offset,
-                None,
-            )?,
-        })
-    }
-
     pub(super) fn forward_hidden(&self, tokens: &[u32], cache: &mut MlxCache) -> Result<Array> {
         let h = self.embed_tokens(tokens)?;
         self.run_layers(h, cache)
@@ -238,10 +195,34 @@ impl Transformer {
 
     /// Token embeddings, `[1, n, hidden]`.
     pub fn embed_tokens(&self, tokens: &[u32]) -> Result<Array> {
+        self.lookup(tokens)
+    }
+
+    /// The embedding rows of `tokens` as `[1, n, hidden]` (scaled where the
+    /// architecture scales them).
+    fn lookup(&self, tokens: &[u32]) -> Result<Array> {
         let n = tokens.len() as i32;
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         let ids = Array::from_slice(&ids, &[n]);
-        Ok(self.embedding()?.take_axis(&ids, 0)?.reshape(&[1, n, -1])?)
+        let h = self.embedding()?.take_axis(&ids, 0)?.reshape(&[1, n, -1])?;
+        Ok(match &self.embed_scale {
+            Some(s) => h.multiply(s)?,
+            None => h,
+        })
+    }
+
+    fn shape(&self) -> Shape {
+        Shape {
+            eps: self.cfg.rms_norm_eps,
+            act: self.cfg.activation,
+            clip_f16: self.cfg.gemma,
+        }
+    }
+
+    fn attn_scale(&self) -> f32 {
+        self.cfg
+            .attn_scale
+            .unwrap_or(1.0 / (self.cfg.head_dim as f32).sqrt())
     }
 
     /// Runs this model's layers over hidden states `[1, n, hidden]` after
@@ -261,8 +242,12 @@ impl Transformer {
             self.dtype,
             self.layers.len(),
         )?;
-        let scale = 1.0 / (hd as f32).sqrt();
-        let eps = self.cfg.rms_norm_eps;
+        let scale = self.attn_scale();
+        let shape = self.shape();
+        let eps = shape.eps;
+        let end = offset + n;
+        // Sliding-window masks, one per window size, made on first use.
+        let mut windowed: Vec<(i32, Array)> = Vec::new();
         for (i, l) in self.layers.iter().enumerate() {
             let [q, k, v] = l.qkv(&h, eps)?;
             let mut q = q.reshape(&[1, n, nh, hd])?;
@@ -274,21 +259,184 @@ impl Transformer {
             if let Some(w) = &l.k_norm {
                 k = fast::rms_norm(&k, Some(w), eps)?;
             }
-            let q = self.rope(&q.transpose_axes(&[0, 2, 1, 3])?, offset)?;
-            let k = self.rope(&k.transpose_axes(&[0, 2, 1, 3])?, offset)?;
-            let (keys, values) = cache.update(i, offset, &k, &v)?;
-            let mask = if n > 1 {
-                Some(ScaledDotProductAttentionMask::Causal)
-            } else {
-                None
+            let q = l.rope.apply(&q.transpose_axes(&[0, 2, 1, 3])?, offset)?;
+            let k = l.rope.apply(&k.transpose_axes(&[0, 2, 1, 3])?, offset)?;
+            let (mut keys, mut values) = cache.update(i, offset, &k, &v)?;
+            let mut window_at = None;
+            match l.window {
+                // One query: its window is the last `w` keys.
+                Some(w) if end > w && n == 1 => {
+                    keys = keys.index((.., .., end - w..end, ..));
+                    values = values.index((.., .., end - w..end, ..));
+                }
+                Some(w) if end > w => {
+                    if !windowed.iter().any(|(x, _)| *x == w) {
+                        windowed.push((w, window_mask(offset, n, w)));
+                    }
+                    window_at = windowed.iter().position(|(x, _)| *x == w);
+                }
+                _ => {}
+            }
+            let mask = match (window_at.and_then(|p| windowed.get(p)), n > 1) {
+                (Some((_, m)), _) => Some(ScaledDotProductAttentionMask::Array(m)),
+                (None, true) => Some(ScaledDotProductAttentionMask::Causal),
+                (None, false) => None,
             };
-            let o = fast::scaled_dot_product_attention(&q, &keys, &values, scale, mask, None)?;
+            let o = fast::scaled_dot_product_attention(
+                &q,
+                &keys,
+                &values,
+                scale,
+                mask,
+                l.sinks.as_ref(),
+            )?;
             let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[1, n, nh * hd])?;
-            h = l.finish(h, &o, eps)?;
+            h = l.finish(h, &o, shape)?;
         }
         cache.offset += n as usize;
         Ok(h)
     }
+}
+
+/// Queries at positions `offset..offset + n` may see keys `j` with
+/// `q - w < j <= q`: `[n, offset + n]`.
+fn window_mask(offset: i32, n: i32, w: i32) -> Array {
+    let end = offset + n;
+    let mut m = Vec::with_capacity((n * end) as usize);
+    for q in offset..end {
+        m.extend((0..end).map(|j| j <= q && j > q - w));
+    }
+    Array::from_slice(&m, &[n, end])
+}
+
+/// Loads layer `i`: the projections by whichever names the architecture
+/// uses, fused where the file has them fused.
+fn load_layer(w: &mut Weights, cfg: &ModelConfig, i: usize) -> Result<Layer> {
+    let p = format!("model.layers.{i}");
+    let a = format!("{p}.self_attn");
+    let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+    let qkv = if w.has(&format!("{a}.qkv_proj.weight")) {
+        let (q, kv) = ((nh * hd) as i32, (nkv * hd) as i32);
+        Projections::Fused(w.linear(&format!("{a}.qkv_proj"))?, vec![q, q + kv])
+    } else {
+        Projections::new(vec![
+            w.linear(&format!("{a}.q_proj"))?,
+            w.linear(&format!("{a}.k_proj"))?,
+            w.linear(&format!("{a}.v_proj"))?,
+        ])?
+    };
+    let g = cfg.gemma;
+    let optional_norm = |w: &mut Weights, name: &str| -> Result<Option<Array>> {
+        if w.has(name) {
+            Ok(Some(w.norm(name, g)?))
+        } else {
+            Ok(None)
+        }
+    };
+    let q_norm = optional_norm(w, &format!("{a}.q_norm.weight"))?;
+    let k_norm = optional_norm(w, &format!("{a}.k_norm.weight"))?;
+    // Gemma's post_attention_layernorm norms the attention output; the
+    // llama shape's is the norm before the MLP.
+    let (post_attn_norm, ffn_norm, post_ffn_norm) = if g {
+        (
+            Some(w.norm(&format!("{p}.post_attention_layernorm.weight"), g)?),
+            w.norm(&format!("{p}.pre_feedforward_layernorm.weight"), g)?,
+            Some(w.norm(&format!("{p}.post_feedforward_layernorm.weight"), g)?),
+        )
+    } else {
+        (
+            None,
+            w.norm(&format!("{p}.post_attention_layernorm.weight"), g)?,
+            None,
+        )
+    };
+    let m = format!("{p}.mlp");
+    let mlp = match &cfg.moe {
+        Some(moe) if cfg.sparse(i) => {
+            let router = if w.has(&format!("{m}.router.weight")) {
+                w.linear(&format!("{m}.router"))?
+            } else {
+                w.linear(&format!("{m}.gate"))?
+            };
+            let mut expert = |name: &str| -> Result<Linear> {
+                for stacked in [
+                    format!("{m}.switch_mlp.{name}"),
+                    format!("{m}.experts.{name}"),
+                ] {
+                    if w.has(&format!("{stacked}.weight")) {
+                        return w.linear(&stacked);
+                    }
+                }
+                let parts = (0..moe.num_experts)
+                    .map(|e| w.linear(&format!("{m}.experts.{e}.{name}")))
+                    .collect::<Result<Vec<_>>>()?;
+                Linear::stack(parts)
+            };
+            Mlp::Experts(Experts {
+                gate: expert("gate_proj")?,
+                up: expert("up_proj")?,
+                down: expert("down_proj")?,
+                router,
+                top_k: moe.top_k as i32,
+                routing: moe.routing,
+                normalize: moe.normalize,
+            })
+        }
+        _ => {
+            let gate_up = if w.has(&format!("{m}.gate_up_proj.weight")) {
+                let l = w.linear(&format!("{m}.gate_up_proj"))?;
+                let half = l.out_features() / 2;
+                Projections::Fused(l, vec![half])
+            } else {
+                Projections::new(vec![
+                    w.linear(&format!("{m}.gate_proj"))?,
+                    w.linear(&format!("{m}.up_proj"))?,
+                ])?
+            };
+            Mlp::Dense {
+                gate_up,
+                down: w.linear(&format!("{m}.down_proj"))?,
+            }
+        }
+    };
+    let dims = if cfg.rope_dims == 0 {
+        hd
+    } else {
+        cfg.rope_dims
+    };
+    let window = cfg.window(i);
+    let rope = match (window, cfg.rope_local_theta) {
+        (Some(_), Some(local)) => Rope::new(dims, cfg.rope_traditional, local, &Scaling::default()),
+        _ => Rope::new(
+            dims,
+            cfg.rope_traditional,
+            cfg.rope_theta,
+            &Scaling {
+                freqs: cfg.rope_freqs.clone(),
+                scale: cfg.rope_scale,
+                input_scale: cfg.rope_input_scale,
+            },
+        ),
+    };
+    let sinks = if w.has(&format!("{a}.sinks")) {
+        Some(w.dense(&format!("{a}.sinks"))?)
+    } else {
+        None
+    };
+    Ok(Layer {
+        attn_norm: w.norm(&format!("{p}.input_layernorm.weight"), g)?,
+        qkv,
+        q_norm,
+        k_norm,
+        o_proj: w.linear(&format!("{a}.o_proj"))?,
+        post_attn_norm,
+        ffn_norm,
+        mlp,
+        post_ffn_norm,
+        rope,
+        window: window.map(|x| x as i32),
+        sinks,
+    })
 }
 
 impl Transformer {
@@ -302,11 +450,9 @@ impl Transformer {
         batch: &mut MlxBatch,
     ) -> Result<Array> {
         let b = tokens.len() as i32;
-        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        let ids = Array::from_slice(&ids, &[b]);
         // Rows of one matrix, not a batch of 1-row matrices: the projections
         // then run as one [B, hidden] matmul instead of B matrix-vector products.
-        let mut h = self.embedding()?.take_axis(&ids, 0)?.reshape(&[1, b, -1])?;
+        let mut h = self.lookup(tokens)?;
         let (nh, nkv, hd) = (
             self.cfg.num_heads as i32,
             self.cfg.num_kv_heads as i32,
@@ -317,13 +463,25 @@ impl Transformer {
         let t = col + 1;
         let positions: Vec<i32> = batch.pads.iter().map(|&p| col - p).collect();
         let positions = Array::from_slice(&positions, &[b]);
-        let mut mask = Vec::with_capacity((b * t) as usize);
-        for &p in &batch.pads {
-            mask.extend((0..t).map(|c| c >= p));
+        // Row r sees columns from its first real one, and a sliding layer
+        // only the last `w` of those.
+        let mask_from = |w: Option<i32>| {
+            let mut m = Vec::with_capacity((b * t) as usize);
+            for &p in &batch.pads {
+                let first = w.map_or(p, |w| p.max(col - w + 1));
+                m.extend((0..t).map(|c| c >= first));
+            }
+            Array::from_slice(&m, &[b, 1, 1, t])
+        };
+        let mut masks: Vec<(Option<i32>, Array)> = Vec::new();
+        for l in &self.layers {
+            if !masks.iter().any(|(w, _)| *w == l.window) {
+                masks.push((l.window, mask_from(l.window)));
+            }
         }
-        let mask = Array::from_slice(&mask, &[b, 1, 1, t]);
-        let scale = 1.0 / (hd as f32).sqrt();
-        let eps = self.cfg.rms_norm_eps;
+        let scale = self.attn_scale();
+        let shape = self.shape();
+        let eps = shape.eps;
         for (li, l) in self.layers.iter().enumerate() {
             let [q, k, v] = l.qkv(&h, eps)?;
             // One position per row: [B, 1, heads, dim] and [B, heads, 1, dim]
@@ -337,8 +495,8 @@ impl Transformer {
             if let Some(w) = &l.k_norm {
                 k = fast::rms_norm(&k, Some(w), eps)?;
             }
-            let q = self.rope_at(&q, &positions)?;
-            let k = self.rope_at(&k, &positions)?;
+            let q = l.rope.apply_at(&q, &positions)?;
+            let k = l.rope.apply_at(&k, &positions)?;
             let (kb, vb) = batch
                 .layers
                 .get_mut(li)
@@ -347,29 +505,24 @@ impl Transformer {
             vb.try_index_mut((.., .., col..t, ..), &v)?;
             let keys = kb.index((.., .., 0..t, ..));
             let values = vb.index((.., .., 0..t, ..));
+            let mask = masks
+                .iter()
+                .find(|(w, _)| *w == l.window)
+                .map(|(_, m)| m)
+                .ok_or_else(|| EngineError::Backend("attention mask".into()))?;
             let o = fast::scaled_dot_product_attention(
                 &q,
                 &keys,
                 &values,
                 scale,
-                ScaledDotProductAttentionMask::Array(&mask),
-                None,
+                ScaledDotProductAttentionMask::Array(mask),
+                l.sinks.as_ref(),
             )?;
             let o = o.reshape(&[1, b, nh * hd])?;
-            h = l.finish(h, &o, eps)?;
+            h = l.finish(h, &o, shape)?;
         }
         batch.idx += 1;
         Ok(h)
-    }
-
-    /// Rotary embedding with a position per batch row.
-    pub(super) fn rope_at(&self, x: &Array, positions: &Array) -> Result<Array> {
-        let d = self.cfg.head_dim as i32;
-        let trad = self.cfg.rope_traditional;
-        Ok(match &self.rope_freqs {
-            Some(f) => fast::rope_dynamic(x, d, trad, None, 1.0, positions, f)?,
-            None => fast::rope_dynamic(x, d, trad, self.cfg.rope_theta, 1.0, positions, None)?,
-        })
     }
 }
 

@@ -12,6 +12,8 @@ pub(super) struct Weights {
     pub(super) policy: DevicePolicy,
     /// Default group size for quantized tensors (bits are inferred from shapes).
     pub(super) group: i32,
+    /// Layers quantized otherwise: prefix → (group size, bits).
+    pub(super) overrides: std::collections::HashMap<String, (i32, i32)>,
 }
 
 impl Weights {
@@ -22,6 +24,21 @@ impl Weights {
                 what: "tensor".into(),
                 detail: name.into(),
             })
+    }
+
+    pub(super) fn has(&self, name: &str) -> bool {
+        self.map.contains_key(name)
+    }
+
+    /// An RMS norm's scale; gemma's norms scale by `1 + w`.
+    pub(super) fn norm(&mut self, name: &str, plus_one: bool) -> Result<Array> {
+        let w = self.dense(name)?;
+        if plus_one {
+            let one = Array::from_f32(1.0).as_dtype(w.dtype())?;
+            Ok(w.add(one)?)
+        } else {
+            Ok(w)
+        }
     }
 
     pub(super) fn dense(&mut self, name: &str) -> Result<Array> {
@@ -82,6 +99,9 @@ impl Weights {
     }
 
     pub(super) fn group_bits(&self, prefix: &str, w: &Array, scales: &Array) -> Result<(i32, i32)> {
+        if let Some(&gb) = self.overrides.get(prefix) {
+            return Ok(gb);
+        }
         let (wc, sc) = match (w.shape().last(), scales.shape().last()) {
             (Some(&wc), Some(&sc)) if sc > 0 => (wc, sc),
             _ => {
