@@ -8,6 +8,7 @@
 use std::sync::{Arc, Mutex, OnceLock};
 
 use serde_json::{json, Value};
+use shoal_client::metadata::{Cost, Price};
 use shoal_client::Dialect;
 use shoal_engine::{Completion, FinishReason, Timings, Usage};
 use shoal_store::{UsageFilter, UsageLog, UsageRow};
@@ -38,6 +39,11 @@ pub struct LedgerEntry {
     /// Why a request ended in an error response, in the words sent.
     pub error: Option<String>,
 }
+
+/// Per-million-token prices by model, under the name the ledger records
+/// (the one clients ask for): the server's `[prices.MODEL]`, for what the
+/// same traffic would have cost there.
+pub type Prices = std::collections::BTreeMap<String, Price>;
 
 /// A request's facts, known before any handler runs.
 #[derive(Clone, Debug, Default)]
@@ -85,6 +91,28 @@ impl LedgerEntry {
     /// refused before generating.
     fn finish_name(&self) -> &'static str {
         self.finish().map_or("error", FinishReason::as_str)
+    }
+
+    /// What this request would have cost at `prices`; `None` when its
+    /// model has no price.
+    pub fn cost(&self, prices: &Prices) -> Option<Cost> {
+        let p = prices.get(&self.model)?;
+        let u = self.usage();
+        Some(p.cost(
+            u.prompt_tokens as u64,
+            u.cached_tokens as u64,
+            u.completion_tokens as u64,
+        ))
+    }
+
+    /// The entry as `/v1/usage` lists it, with its `cost` when prices are
+    /// set (`null` for a model without one).
+    pub fn to_json_priced(&self, prices: &Prices) -> Value {
+        let mut v = self.to_json();
+        if !prices.is_empty() {
+            v["cost"] = self.cost(prices).map_or(Value::Null, |c| c.to_json());
+        }
+        v
     }
 
     /// The first choice's timings.
@@ -477,17 +505,43 @@ pub const GROUP_FIELDS: [&str; 6] = [
     "total_tokens",
 ];
 
-/// `group_by` sums as CSV: the key, then [`GROUP_FIELDS`].
-pub fn grouped_csv(groups: &[Value]) -> String {
+/// `group_by` sums as CSV: the key, then [`GROUP_FIELDS`], then — when
+/// `priced` (prices are set) — the group's total `cost`.
+pub fn grouped_csv(groups: &[Value], priced: bool) -> String {
     let mut w = csv::Writer::from_writer(Vec::new());
+    let cost_column = priced.then_some("cost");
     // Writing to memory cannot fail.
-    let _ = w.write_record(std::iter::once("key").chain(GROUP_FIELDS));
+    let _ = w.write_record(
+        std::iter::once("key")
+            .chain(GROUP_FIELDS)
+            .chain(cost_column),
+    );
     for g in groups {
         let key = g["key"].as_str().unwrap_or_default().to_string();
         let values = GROUP_FIELDS.map(|k| g[k].as_u64().unwrap_or(0).to_string());
-        let _ = w.write_record(std::iter::once(key).chain(values));
+        let cost = priced.then(|| g["cost"]["total"].as_f64().unwrap_or(0.0).to_string());
+        let _ = w.write_record(std::iter::once(key).chain(values).chain(cost));
     }
     String::from_utf8_lossy(&w.into_inner().unwrap_or_default()).into_owned()
+}
+
+/// What `entries` would have cost at `prices` (rows of a model without a
+/// price add nothing), and those models by name, so an answer that shows
+/// the cost says what it leaves out.
+pub fn total_cost(entries: &[LedgerEntry], prices: &Prices) -> (Cost, Vec<String>) {
+    let mut total = Cost::default();
+    let mut unpriced = std::collections::BTreeSet::new();
+    for e in entries {
+        match e.cost(prices) {
+            Some(c) => total += c,
+            // A request refused before naming a model has none to price.
+            None if !e.model.is_empty() => {
+                unpriced.insert(e.model.clone());
+            }
+            None => {}
+        }
+    }
+    (total, unpriced.into_iter().collect())
 }
 
 /// `/v1/usage`'s query: filters, and a listing, a grouping or a CSV export.
@@ -656,9 +710,10 @@ fn utc_key(secs: u64, hour: bool) -> String {
 }
 
 /// Sums per group: requests and each kind of token, as every dialect counts
-/// them (each prompt once per request).
-pub fn grouped(entries: &[LedgerEntry], by: GroupBy) -> Vec<Value> {
-    let mut groups: std::collections::BTreeMap<String, (u64, Usage)> = Default::default();
+/// them (each prompt once per request), and with prices set, what the
+/// group's priced requests would have cost.
+pub fn grouped(entries: &[LedgerEntry], by: GroupBy, prices: &Prices) -> Vec<Value> {
+    let mut groups: std::collections::BTreeMap<String, (u64, Usage, Cost)> = Default::default();
     for e in entries {
         let key = match by {
             GroupBy::Day => utc_key(e.created, false),
@@ -678,13 +733,20 @@ pub fn grouped(entries: &[LedgerEntry], by: GroupBy) -> Vec<Value> {
         let g = groups.entry(key).or_default();
         g.0 += 1;
         g.1 += e.usage();
+        if let Some(c) = e.cost(prices) {
+            g.2 += c;
+        }
     }
     groups
         .into_iter()
-        .map(|(key, (requests, u))| {
-            json!({"key": key, "requests": requests, "prompt_tokens": u.prompt_tokens,
+        .map(|(key, (requests, u, cost))| {
+            let mut g = json!({"key": key, "requests": requests, "prompt_tokens": u.prompt_tokens,
                    "cached_tokens": u.cached_tokens, "completion_tokens": u.completion_tokens,
-                   "reasoning_tokens": u.reasoning_tokens, "total_tokens": u.total_tokens()})
+                   "reasoning_tokens": u.reasoning_tokens, "total_tokens": u.total_tokens()});
+            if !prices.is_empty() {
+                g["cost"] = cost.to_json();
+            }
+            g
         })
         .collect()
 }
@@ -738,6 +800,100 @@ pub fn csv(entries: &[LedgerEntry]) -> String {
 #[cfg(test)]
 mod tests {
     use super::utc_key;
+
+    /// A request to `model` with one choice that used `u`.
+    fn entry(model: &str, u: shoal_engine::Usage) -> super::LedgerEntry {
+        super::LedgerEntry {
+            id: format!("id-{model}"),
+            dialect: shoal_client::Dialect::Chat,
+            model: model.into(),
+            created: 0,
+            stream: false,
+            per_prompt: 1,
+            completions: vec![shoal_engine::Completion {
+                finish: shoal_engine::FinishReason::Stop,
+                usage: u,
+                timings: Default::default(),
+            }],
+            facts: Default::default(),
+            backend: String::new(),
+            status: 200,
+            error: None,
+        }
+    }
+
+    /// Groups and totals price cached prompt tokens at the cached price,
+    /// the rest of the prompt at the input price and every completion token
+    /// (reasoning among them) at the output price; a model without a price
+    /// adds nothing and is named.
+    #[test]
+    fn costs_follow_the_prices_of_each_rows_model() {
+        use super::{grouped, total_cost, GroupBy, Prices};
+        use shoal_client::metadata::Price;
+        use shoal_engine::Usage;
+        let mut prices = Prices::new();
+        prices.insert(
+            "a".into(),
+            Price {
+                input_per_mtok: 2.0,
+                output_per_mtok: 10.0,
+                cached_input_per_mtok: Some(0.5),
+            },
+        );
+        let u = |prompt, cached, completion, reasoning| Usage {
+            prompt_tokens: prompt,
+            cached_tokens: cached,
+            completion_tokens: completion,
+            reasoning_tokens: reasoning,
+        };
+        let mut refused = entry("", Usage::default());
+        refused.completions.clear();
+        let entries = [
+            entry("a", u(1_000_000, 400_000, 100_000, 60_000)),
+            entry("a", u(500_000, 0, 0, 0)),
+            entry("b", u(7, 0, 7, 0)),
+            refused,
+        ];
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        let (total, unpriced) = total_cost(&entries, &prices);
+        // 1.1M uncached × 2 + 0.4M cached × 0.5 + 0.1M output × 10, per million.
+        assert!(close(total.input, 2.2), "{total:?}");
+        assert!(close(total.cached_input, 0.2), "{total:?}");
+        assert!(close(total.output, 1.0), "{total:?}");
+        assert_eq!(unpriced, ["b"]);
+        let groups = grouped(&entries, GroupBy::Model, &prices);
+        let cost = |key: &str| {
+            groups
+                .iter()
+                .find(|g| g["key"] == key)
+                .map(|g| g["cost"].clone())
+                .unwrap_or_else(|| panic!("no group {key}: {groups:?}"))
+        };
+        let of = |key: &str, part: &str| cost(key)[part].as_f64().unwrap_or(f64::NAN);
+        assert!(close(of("a", "total"), 3.4), "{groups:?}");
+        assert!(close(of("a", "cached_input"), 0.2), "{groups:?}");
+        assert_eq!(of("b", "total"), 0.0, "no price adds nothing");
+        // Without prices nothing speaks of cost.
+        let bare = grouped(&entries, GroupBy::Model, &Prices::new());
+        assert!(bare.iter().all(|g| g.get("cost").is_none()), "{bare:?}");
+        assert_eq!(
+            super::grouped_csv(&bare, false).lines().next(),
+            Some("key,requests,prompt_tokens,cached_tokens,completion_tokens,reasoning_tokens,total_tokens")
+        );
+        let csv = super::grouped_csv(&groups, true);
+        assert!(
+            csv.lines()
+                .next()
+                .is_some_and(|h| h.ends_with(",total_tokens,cost")),
+            "{csv}"
+        );
+        let a = csv
+            .lines()
+            .find(|l| l.starts_with("a,2,"))
+            .unwrap_or_default();
+        let last = a.rsplit(',').next().and_then(|c| c.parse::<f64>().ok());
+        assert!(last.is_some_and(|c| close(c, 3.4)), "{csv}");
+    }
 
     #[test]
     fn instants_in_every_accepted_form() {

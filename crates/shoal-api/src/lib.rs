@@ -70,6 +70,9 @@ pub struct AppState {
     pub shards: cluster::shards::Shards,
     /// Models placed on nodes through `/v1/instances`.
     pub instances: Arc<std::sync::Mutex<std::collections::BTreeMap<String, cluster::Instance>>>,
+    /// Per-million-token prices by model (`[prices.MODEL]`): `/v1/usage`
+    /// shows what its traffic would have cost there. Empty: no costs.
+    pub prices: Arc<ledger::Prices>,
 }
 
 /// One request's view of the server: the shared state and the engine of
@@ -117,6 +120,7 @@ impl AppState {
             limits: Arc::default(),
             metrics: Arc::new(metrics::Metrics::new()),
             log_prompts: false,
+            prices: Arc::default(),
         }
     }
 

@@ -11,7 +11,8 @@ use shoal_client::Dialect;
 
 use crate::error::{ApiError, ErrorShape};
 use crate::ledger::{
-    csv, grouped, grouped_csv, Facts, LedgerEntry, Page, Tracked, UsageQuery, REQUEST_ID_HEADER,
+    csv, grouped, grouped_csv, total_cost, Facts, LedgerEntry, Page, Tracked, UsageQuery,
+    REQUEST_ID_HEADER,
 };
 use crate::ledger::{CLIENT_HEADER, ORIGIN_HEADER, RECEIVED_BY_HEADER};
 
@@ -228,7 +229,9 @@ pub async fn peer_usage(State(s): State<crate::AppState>, req: Request) -> Respo
 /// `cursor` continues a listing), filtered by `model`, `dialect`, `finish`,
 /// `client`, `node`, `since` and `until`; summed with `group_by`; or
 /// exported with `format=csv` (every entry the filter selects unless
-/// `limit` is given). Bad parameters get a 400.
+/// `limit` is given). Bad parameters get a 400. With `[prices.MODEL]` set,
+/// entries and sums carry a `cost` (a group answer also its total) and the
+/// answer names the `unpriced_models` whose rows add nothing to it.
 pub async fn handle(
     State(s): State<crate::AppState>,
     Query(pairs): Query<Vec<(String, String)>>,
@@ -243,21 +246,27 @@ pub async fn handle(
         } else {
             (s.ledger.query(&q)?, Vec::new())
         };
+        let prices = &*s.prices;
         if let Some(by) = q.group_by {
-            let data = grouped(&page.entries(), by);
+            let entries = page.entries();
+            let data = grouped(&entries, by, prices);
             if q.csv {
                 return Ok::<_, ApiError>(
                     (
                         [(axum::http::header::CONTENT_TYPE, "text/csv; charset=utf-8")],
-                        grouped_csv(&data),
+                        grouped_csv(&data, !prices.is_empty()),
                     )
                         .into_response(),
                 );
             }
-            return Ok(axum::Json(
-                json!({"object": "list", "data": data, "missing_nodes": missing}),
-            )
-            .into_response());
+            let mut body = json!({"object": "list", "data": data, "missing_nodes": missing});
+            if !prices.is_empty() {
+                // The sums' total cost, and the models it leaves out.
+                let (cost, unpriced) = total_cost(&entries, prices);
+                body["cost"] = cost.to_json();
+                body["unpriced_models"] = json!(unpriced);
+            }
+            return Ok(axum::Json(body).into_response());
         }
         if q.csv {
             return Ok((
@@ -270,7 +279,7 @@ pub async fn handle(
             .entries
             .iter()
             .map(|(seq, e)| {
-                let mut v = e.to_json();
+                let mut v = e.to_json_priced(prices);
                 // A cursor pages one node's ledger.
                 if !q.cluster {
                     v["cursor"] = json!(seq);
@@ -278,14 +287,18 @@ pub async fn handle(
                 v
             })
             .collect();
-        Ok(axum::Json(json!({
+        let mut body = json!({
             "object": "list",
             "data": data,
             "has_more": page.has_more,
             "next_cursor": if q.cluster { None } else { page.next_cursor() },
             "missing_nodes": missing,
-        }))
-        .into_response())
+        });
+        if !prices.is_empty() {
+            // A page has no total: each entry carries its own cost.
+            body["unpriced_models"] = json!(total_cost(&page.entries(), prices).1);
+        }
+        Ok(axum::Json(body).into_response())
     };
     answer
         .await

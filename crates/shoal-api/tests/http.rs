@@ -1266,6 +1266,11 @@ async fn usage_filters_groups_and_exports_the_ledger() {
     };
     let c = group("openai.chat");
     assert_eq!(c["requests"], 2);
+    // Without prices nothing speaks of cost.
+    assert!(
+        c.get("cost").is_none() && groups.get("cost").is_none(),
+        "{groups}"
+    );
     assert_eq!(
         (c["prompt_tokens"].as_u64(), c["completion_tokens"].as_u64()),
         (Some(sent_chat.0), Some(sent_chat.1))
@@ -1346,6 +1351,112 @@ async fn usage_filters_groups_and_exports_the_ledger() {
         assert_eq!(v["error"]["param"], param, "{path}: {v}");
         assert_eq!(v["error"]["type"], "invalid_request_error");
     }
+}
+
+/// With prices set, `/v1/usage` says what the traffic would have cost:
+/// each entry, each group and the groups' total, from what the clients were
+/// sent; a model without a price adds nothing and is named; the group CSV
+/// has the cost column.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_prices_the_traffic_of_models_with_a_price() {
+    use shoal_client::metadata::Price;
+    // The same engine under a second name that has no price.
+    let pool = shoal_api::pool::ModelPool::new(shoal_api::pool::PoolOptions::default());
+    pool.insert(engine(), vec!["unpriced-alias".into()]);
+    let mut state = AppState::with_pool(pool);
+    let price = Price {
+        input_per_mtok: 2.0,
+        output_per_mtok: 10.0,
+        cached_input_per_mtok: Some(0.5),
+    };
+    state.prices = std::sync::Arc::new([(MODEL.to_string(), price.clone())].into());
+    let base = serve_state(state).await;
+
+    // What each request would cost, from the usage its client was sent.
+    let mut want = std::collections::BTreeMap::new();
+    for (path, model, max) in [
+        ("/v1/chat/completions", MODEL, 5),
+        ("/v1/messages", MODEL, 3),
+        ("/v1/chat/completions", "unpriced-alias", 4),
+    ] {
+        let body =
+            json!({"model": model, "messages": france(), "max_tokens": max, "temperature": 0});
+        let (status, text, _) = post(&base, path, &body.to_string()).await;
+        assert_eq!(status, 200, "{text}");
+        let v: Value = serde_json::from_str(&text).expect("json");
+        let u = &v["usage"];
+        let n = |k: &str| u[k].as_u64().unwrap_or(0);
+        let (prompt, cached, completion) = if path == "/v1/messages" {
+            let cached = n("cache_read_input_tokens");
+            (n("input_tokens") + cached, cached, n("output_tokens"))
+        } else {
+            (
+                n("prompt_tokens"),
+                u["prompt_tokens_details"]["cached_tokens"]
+                    .as_u64()
+                    .unwrap_or(0),
+                n("completion_tokens"),
+            )
+        };
+        assert!(prompt > 0 && completion > 0, "{v}");
+        let cost = (model == MODEL).then(|| {
+            ((prompt - cached) as f64 * 2.0 + cached as f64 * 0.5 + completion as f64 * 10.0) / 1e6
+        });
+        want.insert(v["id"].as_str().expect("id").to_string(), (model, cost));
+    }
+    let close = |a: Option<f64>, b: f64| a.is_some_and(|a| (a - b).abs() < 1e-12);
+    let priced_total: f64 = want.values().filter_map(|(_, c)| *c).sum();
+
+    // Each entry, priced or `null`.
+    let (_, text) = get_text(&base, "/v1/usage").await;
+    let list: Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(list["unpriced_models"], json!(["unpriced-alias"]), "{list}");
+    for e in list["data"].as_array().expect("data") {
+        let (_, cost) = want[e["id"].as_str().expect("id")];
+        match cost {
+            Some(c) => assert!(close(e["cost"]["total"].as_f64(), c), "{e} vs {c}"),
+            None => assert!(e["cost"].is_null(), "{e}"),
+        }
+    }
+
+    // Each group, and the total of the sums.
+    let (_, text) = get_text(&base, "/v1/usage?group_by=model").await;
+    let groups: Value = serde_json::from_str(&text).expect("json");
+    let group = |key: &str| {
+        groups["data"]
+            .as_array()
+            .and_then(|g| g.iter().find(|x| x["key"] == key).cloned())
+            .unwrap_or_else(|| panic!("no group {key}: {groups}"))
+    };
+    let g = group(MODEL);
+    assert_eq!(g["requests"], 2);
+    assert!(close(g["cost"]["total"].as_f64(), priced_total), "{g}");
+    let parts = ["input", "cached_input", "output"].map(|k| g["cost"][k].as_f64().unwrap_or(-1.0));
+    assert!(close(Some(parts.iter().sum()), priced_total), "{g}");
+    assert_eq!(group("unpriced-alias")["cost"]["total"], 0.0, "{groups}");
+    assert!(
+        close(groups["cost"]["total"].as_f64(), priced_total),
+        "{groups}"
+    );
+    assert_eq!(
+        groups["unpriced_models"],
+        json!(["unpriced-alias"]),
+        "{groups}"
+    );
+
+    // The group CSV ends with the cost.
+    let (status, csv) = get_text(&base, "/v1/usage?group_by=model&format=csv").await;
+    assert_eq!(status, 200, "{csv}");
+    assert_eq!(
+        csv.lines().next(),
+        Some("key,requests,prompt_tokens,cached_tokens,completion_tokens,reasoning_tokens,total_tokens,cost")
+    );
+    let row = csv
+        .lines()
+        .find(|l| l.starts_with(&format!("{MODEL},")))
+        .unwrap_or_else(|| panic!("{csv}"));
+    let cost = row.rsplit(',').next().and_then(|c| c.parse::<f64>().ok());
+    assert!(close(cost, priced_total), "{csv}");
 }
 
 /// The ledger's sums equal what the clients were sent, as the recorder

@@ -92,13 +92,68 @@ pub fn text(v: Option<&Value>) -> Option<String> {
     v?.as_str().filter(|s| !s.is_empty()).map(str::to_string)
 }
 
-/// Per-million-token prices for one model.
+/// Per-million-token prices for one model: the recorder's providers file
+/// and the server's `[prices.MODEL]` both read this shape. A key not listed
+/// here is an error, so a misspelt price is not silently a different bill.
 #[derive(Clone, Debug, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct Price {
     pub input_per_mtok: f64,
     pub output_per_mtok: f64,
     /// Price of cached prompt tokens; defaults to the input price.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cached_input_per_mtok: Option<f64>,
+}
+
+/// What tokens cost at a [`Price`], per kind (no currency: the prices'
+/// own). Sums of costs add up field by field.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Cost {
+    /// The prompt tokens not read from cache.
+    pub input: f64,
+    pub cached_input: f64,
+    /// Completion tokens, reasoning included.
+    pub output: f64,
+}
+
+impl Cost {
+    pub fn total(&self) -> f64 {
+        self.input + self.cached_input + self.output
+    }
+
+    /// As an API reports it: each part and the total.
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({"input": self.input, "cached_input": self.cached_input,
+                           "output": self.output, "total": self.total()})
+    }
+}
+
+impl std::ops::AddAssign for Cost {
+    fn add_assign(&mut self, o: Cost) {
+        self.input += o.input;
+        self.cached_input += o.cached_input;
+        self.output += o.output;
+    }
+}
+
+impl Price {
+    /// The cost of a usage: `cached` of the `prompt` tokens at the cached
+    /// price (the input price if none is set), the rest of the prompt at the
+    /// input price, every completion token (reasoning is part of them) at
+    /// the output price. Cached counts over the prompt are taken as the
+    /// whole prompt.
+    pub fn cost(&self, prompt: u64, cached: u64, completion: u64) -> Cost {
+        let cached = cached.min(prompt);
+        let per = |tokens: u64, price: f64| tokens as f64 * price / 1e6;
+        Cost {
+            input: per(prompt - cached, self.input_per_mtok),
+            cached_input: per(
+                cached,
+                self.cached_input_per_mtok.unwrap_or(self.input_per_mtok),
+            ),
+            output: per(completion, self.output_per_mtok),
+        }
+    }
 }
 
 impl ProviderMeta {
@@ -110,13 +165,8 @@ impl ProviderMeta {
         ) else {
             return;
         };
-        let cached = self.token_usage_cached_tokens.unwrap_or(0).min(prompt);
-        let cached_price = p.cached_input_per_mtok.unwrap_or(p.input_per_mtok);
-        let cost = ((prompt - cached) as f64 * p.input_per_mtok
-            + cached as f64 * cached_price
-            + completion as f64 * p.output_per_mtok)
-            / 1e6;
-        self.response_cost_usd = Some(cost);
+        let cached = self.token_usage_cached_tokens.unwrap_or(0);
+        self.response_cost_usd = Some(p.cost(prompt, cached, completion).total());
     }
 }
 
@@ -181,5 +231,52 @@ mod tests {
             cached_input_per_mtok: Some(0.5),
         });
         assert_eq!(p.response_cost_usd, Some(1.0 + 0.25 + 8.0));
+    }
+
+    #[test]
+    fn cost_splits_cached_input_and_output() {
+        let p = Price {
+            input_per_mtok: 3.0,
+            output_per_mtok: 15.0,
+            cached_input_per_mtok: Some(0.3),
+        };
+        // 2,000 prompt tokens (500 cached), 1,000 completion tokens.
+        let c = p.cost(2_000, 500, 1_000);
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+        assert!(close(c.input, 1_500.0 * 3.0 / 1e6), "{c:?}");
+        assert!(close(c.cached_input, 500.0 * 0.3 / 1e6), "{c:?}");
+        assert!(close(c.output, 1_000.0 * 15.0 / 1e6), "{c:?}");
+        assert!(close(c.total(), 0.0045 + 0.00015 + 0.015), "{c:?}");
+        // No cached price: cached tokens cost what input does.
+        let flat = Price {
+            cached_input_per_mtok: None,
+            ..p.clone()
+        };
+        let c = flat.cost(2_000, 500, 0);
+        assert!(close(c.cached_input, 500.0 * 3.0 / 1e6), "{c:?}");
+        assert!(close(c.input + c.cached_input, 2_000.0 * 3.0 / 1e6));
+        // A cached count over the prompt is the whole prompt, never negative input.
+        let c = p.cost(100, 250, 0);
+        assert_eq!(c.input, 0.0);
+        assert!(close(c.cached_input, 100.0 * 0.3 / 1e6), "{c:?}");
+        // Sums add part by part.
+        let mut sum = Cost::default();
+        sum += p.cost(1_000_000, 0, 0);
+        sum += p.cost(0, 0, 1_000_000);
+        assert_eq!((sum.input, sum.output, sum.total()), (3.0, 15.0, 18.0));
+        let v = sum.to_json();
+        assert_eq!(v["total"], 18.0);
+        assert_eq!(v["cached_input"], 0.0);
+    }
+
+    #[test]
+    fn a_misspelt_price_key_is_an_error() {
+        let ok: Price =
+            serde_json::from_value(json!({"input_per_mtok": 1.0, "output_per_mtok": 2.0})).unwrap();
+        assert_eq!(ok.cached_input_per_mtok, None);
+        let bad = serde_json::from_value::<Price>(
+            json!({"input_per_mtok": 1.0, "output_per_mtok": 2.0, "cached_input_per_mtk": 0.1}),
+        );
+        assert!(bad.is_err());
     }
 }

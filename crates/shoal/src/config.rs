@@ -31,6 +31,9 @@ pub enum Kind {
     Integer,
     Bool,
     List,
+    /// A TOML table of its own at the top of the file (`[prices.MODEL]`):
+    /// set in the config file only.
+    Table,
 }
 
 /// The [`Kind`] of each field type the table uses.
@@ -46,6 +49,10 @@ kinds!(Path: PathBuf);
 kinds!(Integer: u16, u64, usize);
 kinds!(Bool: bool);
 kinds!(List: Vec<String>);
+
+impl<V> SettingType for BTreeMap<String, V> {
+    const KIND: Kind = Kind::Table;
+}
 
 impl<T: SettingType> SettingType for Option<T> {
     const KIND: Kind = T::KIND;
@@ -99,6 +106,7 @@ impl Flag {
 /// One row of the settings table.
 #[derive(Debug)]
 pub struct Setting {
+    /// Empty for a table of its own at the top of the file.
     pub section: &'static str,
     pub key: &'static str,
     /// `section.key`: the name in messages, in the source map and the flag's id.
@@ -109,8 +117,20 @@ pub struct Setting {
     pub flag: Flag,
 }
 
+impl Setting {
+    /// This setting's value in a config table.
+    fn value_in<'t>(&self, table: &'t toml::Table) -> Option<&'t toml::Value> {
+        if self.section.is_empty() {
+            return table.get(self.key);
+        }
+        table.get(self.section)?.as_table()?.get(self.key)
+    }
+}
+
 /// Declares the settings: each section becomes a config struct whose
 /// `Default` is the rows' defaults, and each row a [`Setting`] in `SETTINGS`.
+/// The rows under `tables` are tables of their own at the top of the file
+/// (a map by name, such as `[prices.MODEL]`), set in the file only.
 macro_rules! settings {
     ($(
         $(#[doc = $sdoc:literal])*
@@ -120,12 +140,27 @@ macro_rules! settings {
                 $key:ident: $ty:ty = $default:expr, env $env:expr, flag $flag:expr;
             )*
         }
-    )*) => {
+    )*
+    tables {
+        $(
+            $(#[doc = $tdoc:literal])*
+            $tkey:ident: $tty:ty = $tdefault:expr, env $tenv:expr, flag $tflag:expr;
+        )*
+    }) => {
         /// Everything `shoal serve` can be told, as written in the config file.
-        #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
         #[serde(deny_unknown_fields, default)]
         pub struct Config {
             $( $(#[doc = $sdoc])* pub $section: $Section, )*
+            $( $(#[doc = $tdoc])* pub $tkey: $tty, )*
+        }
+        impl Default for Config {
+            fn default() -> Self {
+                Config {
+                    $( $section: $Section::default(), )*
+                    $( $tkey: $tdefault, )*
+                }
+            }
         }
         $(
             $(#[doc = $sdoc])*
@@ -152,7 +187,15 @@ macro_rules! settings {
             kind: <$ty as SettingType>::KIND,
             env: $env,
             flag: $flag,
-        },)*)*];
+        },)*)* $(Setting {
+            section: "",
+            key: stringify!($tkey),
+            id: stringify!($tkey),
+            help: concat!($($tdoc),*),
+            kind: <$tty as SettingType>::KIND,
+            env: $tenv,
+            flag: $tflag,
+        },)*];
     };
 }
 
@@ -268,6 +311,15 @@ settings! {
         /// Seconds without a heartbeat before a node is dropped.
         remove_after_secs: u64 = 20, env Env::None, flag Flag::None;
     }
+    tables {
+        /// Per-million-token prices by model, as the usage ledger names it
+        /// (`[prices.MODEL]` with `input_per_mtok`, `cached_input_per_mtok`,
+        /// `output_per_mtok`; the recorder's providers file's shape), so
+        /// `/v1/usage`, `shoal usage` and the Usage view show what the same
+        /// traffic would have cost there.
+        prices: BTreeMap<String, shoal_client::metadata::Price> = BTreeMap::new(),
+            env Env::None, flag Flag::None;
+    }
 }
 
 fn find_setting(id: &str) -> Option<&'static Setting> {
@@ -299,6 +351,7 @@ fn text_value(kind: Kind, mut items: Vec<String>) -> Result<toml::Value, String>
             .map(Value::Boolean)
             .map_err(|_| format!("{text:?} is not true or false")),
         Kind::Text | Kind::Path | Kind::List => Ok(Value::String(text)),
+        Kind::Table => Err("is set in the config file only".into()),
     }
 }
 
@@ -340,9 +393,8 @@ impl Flags {
         );
         for s in SETTINGS.iter().filter(|s| offered(s)) {
             let mut help = s.help.trim().to_owned();
-            let default = defaults
-                .get(s.section)
-                .and_then(|t| t.get(s.key))
+            let default = s
+                .value_in(&defaults)
                 .filter(|v| !matches!(v, toml::Value::Array(a) if a.is_empty()));
             let arg = Arg::new(s.id);
             let arg = match s.flag {
@@ -561,6 +613,11 @@ fn parse_file(text: &str, path: &Path) -> Result<Vec<(&'static Setting, toml::Va
     let table: toml::Table = text.parse().with_context(invalid)?;
     let mut values = Vec::new();
     for (section, keys) in table {
+        // A table of its own is one setting.
+        if let Some(s) = find_setting(&section).filter(|s| s.section.is_empty()) {
+            values.push((s, keys));
+            continue;
+        }
         let toml::Value::Table(keys) = keys else {
             continue;
         };
@@ -584,7 +641,9 @@ fn parse_file(text: &str, path: &Path) -> Result<Vec<(&'static Setting, toml::Va
 impl Resolved {
     /// Sets one value in the layered table and records its source.
     fn set(&mut self, table: &mut toml::Table, s: &Setting, value: toml::Value, source: Source) {
-        if let Some(toml::Value::Table(section)) = table.get_mut(s.section) {
+        if s.section.is_empty() {
+            table.insert(s.key.to_owned(), value);
+        } else if let Some(toml::Value::Table(section)) = table.get_mut(s.section) {
             section.insert(s.key.to_owned(), value);
         } else {
             let mut section = toml::Table::new();
@@ -637,6 +696,21 @@ impl Resolved {
                 bail!("{key}[{i}] (from {}): {e}", self.describe(key));
             }
         }
+        for (model, p) in &self.config.prices {
+            let parts = [
+                ("input_per_mtok", Some(p.input_per_mtok)),
+                ("cached_input_per_mtok", p.cached_input_per_mtok),
+                ("output_per_mtok", Some(p.output_per_mtok)),
+            ];
+            for (part, v) in parts {
+                if let Some(v) = v.filter(|v| !v.is_finite() || *v < 0.0) {
+                    bail!(
+                        "prices.{model}.{part} = {v} (from {}): a price is a number of at least 0",
+                        self.describe("prices")
+                    );
+                }
+            }
+        }
         let key = "cache.prefix_cache_mb";
         if self
             .config
@@ -677,17 +751,16 @@ impl Resolved {
         }
         let mut section = "";
         for s in SETTINGS {
-            let Some(value) = table
-                .get(s.section)
-                .and_then(|t| t.as_table())
-                .and_then(|t| t.get(s.key))
-            else {
+            let Some(value) = s.value_in(&table) else {
                 continue;
             };
-            if s.section != section {
+            if s.section.is_empty() {
+                // A table of its own: it brings its own headers.
+                out.push('\n');
+            } else if s.section != section {
                 out.push_str(&format!("\n[{}]\n", s.section));
-                section = s.section;
             }
+            section = s.section;
             let key = s.id;
             let mut from = self.describe(key);
             if self.source(key) == Source::Default && s.key == "id" {
@@ -856,7 +929,7 @@ mod tests {
         let table = default_table();
         let optional = ["server.db", "model.path", "model.id"];
         for s in SETTINGS {
-            let present = table.get(s.section).and_then(|t| t.get(s.key)).is_some();
+            let present = s.value_in(&table).is_some();
             assert_eq!(present, !optional.contains(&s.id), "{}", s.id);
         }
     }
@@ -1092,6 +1165,60 @@ phrases = ["Paris", "Rome"]
         assert_eq!(r.source("server.db"), Source::Env);
         assert_eq!(r.config.model_id(), "m");
         assert_eq!(r.config.model.aliases, ["x"]);
+    }
+
+    #[test]
+    fn prices_are_one_setting_of_tables_by_model_from_the_file() {
+        let dir = temp_dir("prices");
+        let path = write(
+            &dir,
+            "[server]\nport = 9000\n\n[prices.\"qwen2.5-coder\"]\ninput_per_mtok = 3\n\
+             output_per_mtok = 15.0\ncached_input_per_mtok = 0.3\n\n[prices.smollm2]\n\
+             input_per_mtok = 0.1\noutput_per_mtok = 0.2\n",
+        );
+        let r = resolve_with(&flags_with(&path), &env_of(&[]), None).expect("resolve");
+        let p = &r.config.prices;
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert_eq!(
+            p["qwen2.5-coder"].input_per_mtok, 3.0,
+            "an integer is a price too"
+        );
+        assert_eq!(p["qwen2.5-coder"].cached_input_per_mtok, Some(0.3));
+        assert_eq!(p["smollm2"].cached_input_per_mtok, None);
+        assert_eq!(r.source("prices"), Source::File);
+        // `shoal config` prints them, and what it prints reads back.
+        let text = r.to_annotated_toml().expect("toml");
+        assert!(text.contains("[prices.\"qwen2.5-coder\"]"), "{text}");
+        assert!(
+            text.contains(&format!("# config file {}", path.display())),
+            "{text}"
+        );
+        let back: Config = toml::from_str(&text).expect("output is a valid config");
+        assert_eq!(&back.prices, p);
+        assert_eq!(back.server.port, 9000);
+        // None set: printed empty, still valid.
+        let r = resolve_with(&Flags::default(), &env_of(&[]), None).expect("resolve");
+        let text = r.to_annotated_toml().expect("toml");
+        let back: Config = toml::from_str(&text).expect("valid");
+        assert!(back.prices.is_empty() && text.contains("prices"), "{text}");
+        // A misspelt part and a price below 0 name the key.
+        let check = |text: &str, expected: &[&str]| {
+            let path = write(&dir, text);
+            let err = resolve_with(&flags_with(&path), &env_of(&[]), None).expect_err(text);
+            let msg = format!("{err:#}");
+            for e in expected {
+                assert!(msg.contains(e), "{e:?} not in {msg}");
+            }
+        };
+        check(
+            "[prices.m]\ninput_per_mtok = 1.0\noutput_per_mtok = 1.0\ncached_input_per_mtk = 0.1\n",
+            &["prices.m", "cached_input_per_mtk"],
+        );
+        check(
+            "[prices.m]\ninput_per_mtok = -1.0\noutput_per_mtok = 1.0\n",
+            &["prices.m.input_per_mtok", "at least 0"],
+        );
+        check("[prices.m]\ninput_per_mtok = 1.0\n", &["output_per_mtok"]);
     }
 
     #[test]

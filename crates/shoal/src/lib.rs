@@ -79,7 +79,7 @@ impl Drop for OwnedEngine {
 }
 
 /// The API server's state for `engine` under `cfg`: model pool, conversation
-/// store, prompt logging, cluster and access settings. `shoal serve` and the
+/// store, prompt logging, cluster and access settings, prices. `shoal serve` and the
 /// desktop app both serve exactly this.
 pub fn app_state(
     cfg: &config::Config,
@@ -91,6 +91,7 @@ pub fn app_state(
     state.log_prompts = cfg.server.log_prompts;
     state.cluster_options = cfg.cluster_options();
     state.access = std::sync::Arc::new(cfg.access()?);
+    state.prices = std::sync::Arc::new(cfg.prices.clone());
     Ok(state)
 }
 

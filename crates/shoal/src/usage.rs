@@ -1,6 +1,7 @@
 //! `shoal usage`: the server's usage ledger from the terminal, read straight
 //! from its database (no server needed), with `/v1/usage`'s filters: a
-//! listing, sums per group, or each API key against its quota.
+//! listing, sums per group, or each API key against its quota; with the
+//! config's `[prices.MODEL]`, what the traffic would have cost.
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
@@ -10,7 +11,7 @@ use crate::config;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// TOML config file (for the store's location and the API keys).
+    /// TOML config file (for the store's location, the API keys and `[prices.MODEL]`).
     #[arg(long, value_name = "PATH")]
     pub config: Option<PathBuf>,
     /// The server's store (default: the config's server.db, else the platform
@@ -105,14 +106,16 @@ pub fn run(a: Args) -> Result<()> {
         .query(&q)
         .map_err(|e| anyhow::anyhow!("{}", e.message))?;
     let entries = page.entries();
+    let prices = &cfg.prices;
     if let Some(by) = q.group_by {
-        let groups = ledger::grouped(&entries, by);
+        let groups = ledger::grouped(&entries, by, prices);
         if a.json {
             println!("{}", serde_json::to_string_pretty(&groups)?);
         } else if a.csv {
-            print!("{}", ledger::grouped_csv(&groups));
+            print!("{}", ledger::grouped_csv(&groups, !prices.is_empty()));
         } else {
-            print!("{}", groups_table(&groups));
+            print!("{}", groups_table(&groups, !prices.is_empty()));
+            print!("{}", cost_line(&entries, prices));
         }
         return Ok(());
     }
@@ -123,7 +126,7 @@ pub fn run(a: Args) -> Result<()> {
             .entries
             .iter()
             .map(|(seq, e)| {
-                let mut v = e.to_json();
+                let mut v = e.to_json_priced(prices);
                 v["cursor"] = (*seq).into();
                 v
             })
@@ -132,12 +135,39 @@ pub fn run(a: Args) -> Result<()> {
                                      "next_cursor": page.next_cursor()});
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
-        print!("{}", entries_table(&entries));
+        print!("{}", entries_table(&entries, prices));
+        print!("{}", cost_line(&entries, prices));
         if let Some(c) = page.next_cursor() {
             println!("(more: --cursor {c})");
         }
     }
     Ok(())
+}
+
+/// A cost as the tables show it: the prices' own unit, to a millionth
+/// (a local request often costs less than a cent).
+fn money(x: f64) -> String {
+    format!("{x:.6}")
+}
+
+/// With prices set, the listed requests' cost and the models it leaves out.
+fn cost_line(entries: &[LedgerEntry], prices: &ledger::Prices) -> String {
+    if prices.is_empty() {
+        return String::new();
+    }
+    let (cost, unpriced) = ledger::total_cost(entries, prices);
+    let mut line = format!(
+        "cost at the configured prices: {} (input {}, cached input {}, output {})",
+        money(cost.total()),
+        money(cost.input),
+        money(cost.cached_input),
+        money(cost.output)
+    );
+    if !unpriced.is_empty() {
+        line.push_str(&format!("; no price for {}", unpriced.join(", ")));
+    }
+    line.push('\n');
+    line
 }
 
 /// Left-aligned text columns, then right-aligned numbers, two spaces apart.
@@ -172,8 +202,8 @@ fn table(header: &[&str], rows: &[Vec<String>], text_columns: usize) -> String {
     out
 }
 
-fn entries_table(entries: &[LedgerEntry]) -> String {
-    let header = [
+fn entries_table(entries: &[LedgerEntry], prices: &ledger::Prices) -> String {
+    let mut header = vec![
         "time (UTC)",
         "dialect",
         "model",
@@ -185,13 +215,18 @@ fn entries_table(entries: &[LedgerEntry]) -> String {
         "completion",
         "reasoning",
     ];
+    let priced = !prices.is_empty();
+    if priced {
+        header.push("cost");
+    }
     let mut total = shoal_engine::Usage::default();
     let rows: Vec<Vec<String>> = entries
         .iter()
         .map(|e| {
             let u = e.usage();
             total += u;
-            vec![
+            let cost = priced.then(|| e.cost(prices).map_or("-".into(), |c| money(c.total())));
+            let mut row = vec![
                 shoal_engine::template::strftime_utc(
                     "%Y-%m-%d %H:%M:%S",
                     i64::try_from(e.created).unwrap_or(i64::MAX),
@@ -205,7 +240,9 @@ fn entries_table(entries: &[LedgerEntry]) -> String {
                 u.cached_tokens.to_string(),
                 u.completion_tokens.to_string(),
                 u.reasoning_tokens.to_string(),
-            ]
+            ];
+            row.extend(cost);
+            row
         })
         .collect();
     let mut out = table(&header, &rows, 6);
@@ -229,7 +266,7 @@ fn percent(part: u64, whole: u64) -> String {
     }
 }
 
-fn groups_table(groups: &[serde_json::Value]) -> String {
+fn groups_table(groups: &[serde_json::Value], priced: bool) -> String {
     let n = |g: &serde_json::Value, k: &str| g[k].as_u64().unwrap_or(0);
     let rows: Vec<Vec<String>> = groups
         .iter()
@@ -237,23 +274,26 @@ fn groups_table(groups: &[serde_json::Value]) -> String {
             let mut row = vec![g["key"].as_str().unwrap_or("-").to_string()];
             row.extend(ledger::GROUP_FIELDS.iter().map(|k| n(g, k).to_string()));
             row.insert(4, percent(n(g, "cached_tokens"), n(g, "prompt_tokens")));
+            if priced {
+                row.push(money(g["cost"]["total"].as_f64().unwrap_or(0.0)));
+            }
             row
         })
         .collect();
-    table(
-        &[
-            "group",
-            "requests",
-            "prompt",
-            "cached",
-            "cache hit",
-            "completion",
-            "reasoning",
-            "total",
-        ],
-        &rows,
-        1,
-    )
+    let mut header = vec![
+        "group",
+        "requests",
+        "prompt",
+        "cached",
+        "cache hit",
+        "completion",
+        "reasoning",
+        "total",
+    ];
+    if priced {
+        header.push("cost");
+    }
+    table(&header, &rows, 1)
 }
 
 fn print_keys(ledger: &Ledger, cfg: &config::Config, json: bool) -> Result<()> {

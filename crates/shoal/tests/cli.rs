@@ -1648,6 +1648,42 @@ fn the_usage_ledger_survives_kill_9_and_shoal_usage_reads_it() {
         !table.contains("sk-oc") && !csv.contains("sk-ci"),
         "a key leaked"
     );
+    assert!(!table.contains("cost"), "no prices, no cost: {table}");
+
+    // With the config's prices, the same sums say what they would cost.
+    let config = dir.join("prices.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[prices.{:?}]\ninput_per_mtok = 2.0\ncached_input_per_mtok = 0.5\noutput_per_mtok = 10.0\n",
+            crate_model_id()
+        ),
+    )
+    .expect("write config");
+    let config = config.to_string_lossy().into_owned();
+    let priced: Value = serde_json::from_str(&usage(&[
+        "--config",
+        &config,
+        "--group-by",
+        "client",
+        "--json",
+    ]))
+    .expect("json");
+    for g in priced.as_array().expect("groups") {
+        let n = |k: &str| g[k].as_f64().expect("count");
+        let want = ((n("prompt_tokens") - n("cached_tokens")) * 2.0
+            + n("cached_tokens") * 0.5
+            + n("completion_tokens") * 10.0)
+            / 1e6;
+        let cost = g["cost"]["total"].as_f64().expect("cost");
+        assert!(want > 0.0 && (cost - want).abs() < 1e-12, "{g}");
+    }
+    let table = usage(&["--config", &config, "--group-by", "client"]);
+    assert!(
+        table.lines().next().is_some_and(|h| h.ends_with("cost"))
+            && table.contains("cost at the configured prices:"),
+        "{table}"
+    );
 
     // A restarted server serves the same ledger, pruned to the newest three
     // by the retention setting.
