@@ -15,6 +15,7 @@ pub mod engine;
 pub mod error;
 #[cfg(test)]
 mod fuzz_tests;
+pub mod harmony;
 pub mod loader;
 pub mod prefix_cache;
 pub mod prompt;

@@ -7,6 +7,7 @@
 use serde_json::{json, Value};
 
 use crate::error::Result;
+use crate::harmony::Markers;
 use crate::loader::Vocabulary;
 use crate::reasoning::ReasoningSpec;
 use crate::template::{ChatMessage, ToolSyntax};
@@ -101,7 +102,19 @@ pub fn chat_prompt(
         None => (None, None),
     };
     let mut text = vocab.render_chat(&messages, true, &extra)?;
+    // Harmony models always reason in their analysis channel; asked to, the
+    // server opens it, so the budget counts from the first token.
+    let harmony = caps
+        .harmony
+        .then(|| Markers::find(&vocab.special_tokens()))
+        .flatten();
     let spec = match (reasoning, caps.thinking) {
+        _ if harmony.is_some() => harmony.map(|m| {
+            if reasoning.is_some() {
+                text.push_str(crate::harmony::OPEN_ANALYSIS);
+            }
+            ReasoningSpec::harmony(m, reasoning.is_some(), reasoning.flatten())
+        }),
         (Some(budget), true) => Some(ReasoningSpec::think(false, budget)),
         (Some(budget), false) => {
             text.push_str("<think>\n");

@@ -1,5 +1,8 @@
-//! Splitting a reply into its reasoning section (`<think>…</think>`) and the
-//! answer, as text streams in, so reasoning can be sent and counted apart.
+//! Splitting a reply into its reasoning and the answer as it streams, so
+//! reasoning can be sent and counted apart: a `<think>…</think>` section
+//! in the text, or harmony's `analysis` channel ([`crate::harmony`]).
+use crate::harmony::{self, Harmony, Markers};
+use crate::tools::ToolOut;
 
 /// How a request reasons.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -11,6 +14,8 @@ pub struct ReasoningSpec {
     pub started: bool,
     /// Reasoning tokens allowed before the engine closes the section itself.
     pub budget: Option<usize>,
+    /// The reply is in harmony's channels, not `<think>` text.
+    pub harmony: Option<Markers>,
 }
 
 impl ReasoningSpec {
@@ -20,6 +25,26 @@ impl ReasoningSpec {
             close: "</think>".into(),
             started,
             budget,
+            harmony: None,
+        }
+    }
+
+    /// A harmony reply; `started` when the prompt opened the analysis channel.
+    pub fn harmony(markers: Markers, started: bool, budget: Option<usize>) -> Self {
+        ReasoningSpec {
+            open: harmony::OPEN_ANALYSIS.into(),
+            close: harmony::CLOSE_ANALYSIS.into(),
+            started,
+            budget,
+            harmony: Some(markers),
+        }
+    }
+
+    /// The text the engine inserts to end reasoning early.
+    pub fn forced_close(&self) -> String {
+        match self.harmony {
+            Some(_) => self.close.clone(),
+            None => format!("{}\n\n", self.close),
         }
     }
 }
@@ -37,9 +62,87 @@ pub enum Phase {
 pub struct Split {
     pub reasoning: String,
     pub content: String,
+    /// Tool-call events (harmony's commentary channel).
+    pub calls: Vec<ToolOut>,
 }
 
-pub struct ReasoningSplitter {
+impl Split {
+    fn append(&mut self, more: Split) {
+        self.reasoning.push_str(&more.reasoning);
+        self.content.push_str(&more.content);
+        self.calls.extend(more.calls);
+    }
+}
+
+/// Splits a reply by the request's [`ReasoningSpec`].
+pub enum ReasoningSplitter {
+    Think(Think),
+    Harmony(Harmony),
+}
+
+impl ReasoningSplitter {
+    pub fn new(spec: &ReasoningSpec) -> Self {
+        match spec.harmony {
+            Some(m) => ReasoningSplitter::Harmony(Harmony::new(m, spec.started)),
+            None => ReasoningSplitter::Think(Think::new(spec)),
+        }
+    }
+
+    pub fn phase(&self) -> Phase {
+        match self {
+            ReasoningSplitter::Think(t) => t.phase(),
+            ReasoningSplitter::Harmony(h) => h.phase(),
+        }
+    }
+
+    /// One sampled token and its decoded text (empty for special tokens):
+    /// harmony's markers are read from the token, text from the text.
+    pub fn token(&mut self, token: u32, text: &str) -> Split {
+        match self {
+            ReasoningSplitter::Think(t) => t.push(text),
+            ReasoningSplitter::Harmony(h) => {
+                let mut out = h.marker(token).unwrap_or_default();
+                if !text.is_empty() {
+                    out.append(h.push(text));
+                }
+                out
+            }
+        }
+    }
+
+    /// Text with no token of its own (the detokenizer's held tail).
+    pub fn push(&mut self, text: &str) -> Split {
+        match self {
+            ReasoningSplitter::Think(t) => t.push(text),
+            ReasoningSplitter::Harmony(h) => h.push(text),
+        }
+    }
+
+    pub fn close_now(&mut self) -> String {
+        match self {
+            ReasoningSplitter::Think(t) => t.close_now(),
+            ReasoningSplitter::Harmony(h) => h.close_now(),
+        }
+    }
+
+    pub fn flush(&mut self) -> Split {
+        match self {
+            ReasoningSplitter::Think(t) => t.flush(),
+            ReasoningSplitter::Harmony(h) => h.flush(),
+        }
+    }
+
+    /// Tool calls the reply made in its own format (harmony).
+    pub fn calls(&self) -> usize {
+        match self {
+            ReasoningSplitter::Think(_) => 0,
+            ReasoningSplitter::Harmony(h) => h.calls(),
+        }
+    }
+}
+
+/// The `<think>` section splitter.
+pub struct Think {
     phase: Phase,
     open: String,
     close: String,
@@ -48,9 +151,9 @@ pub struct ReasoningSplitter {
     trim: bool,
 }
 
-impl ReasoningSplitter {
+impl Think {
     pub fn new(spec: &ReasoningSpec) -> Self {
-        ReasoningSplitter {
+        Think {
             phase: if spec.started {
                 Phase::Thinking
             } else {
@@ -119,11 +222,11 @@ impl ReasoningSplitter {
         match self.phase {
             Phase::Thinking => Split {
                 reasoning: rest,
-                content: String::new(),
+                ..Split::default()
             },
             _ => Split {
-                reasoning: String::new(),
                 content: rest,
+                ..Split::default()
             },
         }
     }

@@ -235,9 +235,11 @@ impl Sequence {
             Err(e) => return Next::Finished(FinishReason::Error(e.to_string())),
         };
         let screened = d.filter.push(&piece);
+        let mut calls = Vec::new();
         let content = match d.splitter.as_mut() {
             Some(sp) => {
-                let split = sp.push(&screened.emit);
+                let split = sp.token(s.token, &screened.emit);
+                calls = split.calls;
                 if phase_before == Some(Phase::Pending) && sp.phase() != Phase::Pending {
                     if split.reasoning.is_empty() && sp.phase() == Phase::Answer {
                         d.pending_reasoning = 0;
@@ -252,6 +254,7 @@ impl Sequence {
         };
         let stepped = d.stops.push(&content);
         send_text(stepped.emit, &mut d.pending_logprobs, &mut d.tools);
+        send_calls(&job.events, calls);
         if let Some(i) = stepped.matched {
             return Next::Finished(FinishReason::StopSequence(d.stops.stops()[i].clone()));
         }
@@ -269,7 +272,7 @@ impl Sequence {
                 let close = req
                     .reasoning
                     .as_ref()
-                    .map(|r| format!("{}\n\n", r.close))
+                    .map(|r| r.forced_close())
                     .unwrap_or_default();
                 let forced = match vocab.encode_plain(close.as_str()) {
                     Ok(ids) => ids,
@@ -332,6 +335,7 @@ impl Sequence {
                             text: split.reasoning,
                         });
                     }
+                    send_calls(&job.events, split.calls);
                     tail = split.content;
                 }
                 let screened = d.filter.push(&tail);
@@ -374,7 +378,9 @@ impl Sequence {
                     }
                 }
             }
-            if reason == FinishReason::Stop && d.tools.as_ref().is_some_and(|t| t.calls() > 0) {
+            let calls = d.tools.as_ref().map_or(0, ToolParser::calls)
+                + d.splitter.as_ref().map_or(0, ReasoningSplitter::calls);
+            if reason == FinishReason::Stop && calls > 0 {
                 reason = FinishReason::ToolCalls;
             }
             if let (Some(first), Some(last)) = (d.first_token_at, d.last_token_at) {
@@ -438,6 +444,21 @@ fn emit(
             ToolOut::Start { index, name } => send(Event::ToolCallStart { index, name }),
             ToolOut::Args { index, delta } => send(Event::ToolCallArgs { index, delta }),
         }
+    }
+}
+
+/// Sends tool-call events a reasoning format produced itself (harmony).
+fn send_calls(events: &UnboundedSender<Event>, calls: Vec<ToolOut>) {
+    for c in calls {
+        let ev = match c {
+            ToolOut::Start { index, name } => Event::ToolCallStart { index, name },
+            ToolOut::Args { index, delta } => Event::ToolCallArgs { index, delta },
+            ToolOut::Text(text) => Event::Delta {
+                text,
+                logprobs: Vec::new(),
+            },
+        };
+        let _ = events.send(ev);
     }
 }
 

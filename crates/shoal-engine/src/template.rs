@@ -80,6 +80,9 @@ pub struct Capabilities {
     pub tools: bool,
     /// How the model writes a tool call.
     pub tool_syntax: ToolSyntax,
+    /// Replies come in harmony's channels (gpt-oss): reasoning is the
+    /// `analysis` channel, tool calls are `commentary` messages.
+    pub harmony: bool,
     /// The template renders a system message's text, in a turn of its own or
     /// folded into the first user turn as Gemma's does (some refuse one with
     /// an exception, some drop it).
@@ -93,6 +96,7 @@ impl Capabilities {
         thinking: false,
         tools: false,
         tool_syntax: ToolSyntax::Hermes,
+        harmony: false,
         system_role: false,
     };
 }
@@ -164,6 +168,7 @@ impl ChatTemplate {
             thinking: self.source.contains("<think>"),
             tools: self.source.contains("tools"),
             tool_syntax: ToolSyntax::for_template(&self.source),
+            harmony: self.source.contains("<|channel|>"),
             system_role,
         }
     }

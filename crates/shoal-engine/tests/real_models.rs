@@ -388,6 +388,7 @@ fn model_info_says_llama_cpp_and_quantized_memory() {
                 thinking: false,
                 tools: name == "qwen2.5-coder",
                 tool_syntax: shoal_engine::tools::ToolSyntax::Hermes,
+                harmony: false,
                 system_role: true,
             },
         };
