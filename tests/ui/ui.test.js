@@ -442,6 +442,9 @@ test('the usage dashboard: its filters, sums and export match /v1/usage', async 
     const g = byModel.find((x) => x.key === model);
     assert.equal(await row.getByTestId('group-requests').innerText(), String(g.requests));
     assert.equal(await row.getByTestId('group-total').innerText(), g.total_tokens.toLocaleString('en-US'));
+    // This server has no prices: nothing speaks of cost.
+    assert.equal(await page.getByTestId('usage-cost-card').count(), 0);
+    assert.equal(await page.getByTestId('group-cost').count(), 0);
     // The export is the server's CSV for the same filter.
     const download = page.waitForEvent('download');
     await page.getByTestId('usage-export').click();
@@ -451,6 +454,39 @@ test('the usage dashboard: its filters, sums and export match /v1/usage', async 
     assert.equal(exported, (await api(`/v1/usage?${q}&format=csv`)).text);
     assert.equal(exported.trim().split('\n').length, want.length + 1, exported);
   });
+});
+
+test('with prices set the usage dashboard shows what the traffic would have cost', async () => {
+  const { mkdtempSync, writeFileSync } = await import('node:fs');
+  const { join } = await import('node:path');
+  const dir = mkdtempSync(join(process.env.SHOAL_UI_TMP || '/tmp', 'prices-'));
+  const config = join(dir, 'config.toml');
+  writeFileSync(config, `[prices.${JSON.stringify(model)}]\ninput_per_mtok = 2.0\ncached_input_per_mtok = 0.5\noutput_per_mtok = 10.0\n`);
+  const { url, proc } = await startServer(['--config', config, '--db', join(dir, 'store.sqlite')]);
+  try {
+    const r = await api('/v1/chat/completions', { model, messages: [{ role: 'user', content: FRANCE }], temperature: 0, max_tokens: 4 }, 'POST', { base: url });
+    assert.equal(r.status, 200, r.text);
+    // The cost of what the client was sent: cached prompt tokens at the cached price.
+    const u = r.json.usage;
+    const cached = u.prompt_tokens_details?.cached_tokens ?? 0;
+    const want = ((u.prompt_tokens - cached) * 2 + cached * 0.5 + u.completion_tokens * 10) / 1e6;
+    const sums = (await api('/v1/usage?group_by=day', undefined, 'GET', { base: url })).json;
+    assert.ok(Math.abs(sums.cost.total - want) < 1e-12, JSON.stringify(sums));
+    assert.deepEqual(sums.unpriced_models, []);
+    await withPage('usage-cost', { path: '/usage', base: url }, async (page) => {
+      const card = page.getByTestId('usage-cost');
+      await card.waitFor();
+      assert.equal(Number(await card.getAttribute('data-value')), sums.cost.total);
+      assert.equal(await page.getByTestId('usage-unpriced').innerText(), 'every model priced');
+      const byModel = page.locator(`[data-testid=usage-by-model] [data-testid=group-row][data-key="${model}"] [data-testid=group-cost]`);
+      assert.equal(Number(await byModel.getAttribute('data-value')), sums.cost.total);
+      const entry = page.locator(`[data-testid=usage-row][data-id="${r.json.id}"] [data-testid=usage-row-cost]`);
+      await entry.waitFor();
+      assert.ok(Math.abs(Number(await entry.getAttribute('data-value')) - want) < 1e-12);
+    });
+  } finally {
+    await killServer(proc);
+  }
 });
 
 test('a server killed and restarted keeps its usage history in the dashboard', async () => {

@@ -97,6 +97,16 @@ export interface LedgerEntry {
   error?: string | null;
   /** Continue a listing after this entry. */
   cursor?: number;
+  /** What it would have cost at the server's prices (present only when prices are set; null: its model has none). */
+  cost?: UsageCost | null;
+}
+
+/** What tokens would have cost at the server's `[prices.MODEL]` (in the prices' own unit). */
+export interface UsageCost {
+  input: number;
+  cached_input: number;
+  output: number;
+  total: number;
 }
 
 export interface ClusterNode {
@@ -251,6 +261,15 @@ export interface UsageGroup {
   completion_tokens: number;
   reasoning_tokens: number;
   total_tokens: number;
+  /** Present only when the server has prices. */
+  cost?: UsageCost;
+}
+
+/** `group_by` sums, and with prices set their total cost and the models without a price. */
+export interface UsageSums {
+  data: UsageGroup[];
+  cost?: UsageCost;
+  unpriced_models?: string[];
 }
 
 /** An API key's use against its limits (`/v1/usage/keys`). */
@@ -274,8 +293,12 @@ export const usagePage = (f: UsageFilters, limit: number, cursor?: number) =>
     `/v1/usage?${usageQuery(f, { limit: String(limit), cursor: cursor == null ? '' : String(cursor) })}`,
   );
 
-export const usageGroups = (f: UsageFilters, by: 'day' | 'hour' | 'model' | 'client' | 'dialect' | 'node' | 'served_by' | 'finish') =>
-  getJson<{ data: UsageGroup[] }>(`/v1/usage?${usageQuery(f, { group_by: by })}`).then((r) => r.data ?? []);
+type GroupBy = 'day' | 'hour' | 'model' | 'client' | 'dialect' | 'node' | 'served_by' | 'finish';
+
+export const usageSums = (f: UsageFilters, by: GroupBy) =>
+  getJson<UsageSums>(`/v1/usage?${usageQuery(f, { group_by: by })}`).then((r) => ({ ...r, data: r.data ?? [] }));
+
+export const usageGroups = (f: UsageFilters, by: GroupBy) => usageSums(f, by).then((r) => r.data);
 
 export const usageKeys = () => getJson<{ data: KeyUse[] }>('/v1/usage/keys').then((r) => r.data ?? []);
 

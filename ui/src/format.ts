@@ -49,3 +49,10 @@ export function fmtShare(part: number | null | undefined, whole: number | null |
   if (part == null || whole == null || !whole) return '–';
   return `${((part * 100) / whole).toFixed(1)}%`;
 }
+
+/** A cost in the prices' own unit: cents' worth to two places, small sums to three significant digits. */
+export function fmtCost(n: number | null | undefined): string {
+  if (n == null || !Number.isFinite(n)) return '—';
+  if (n === 0) return '0';
+  return n >= 1 ? n.toFixed(2) : n.toPrecision(3);
+}

@@ -4,12 +4,14 @@ import {
   usageGroups,
   usageKeys,
   usagePage,
+  usageSums,
   type KeyUse,
   type LedgerEntry,
+  type UsageCost,
   type UsageFilters,
   type UsageGroup,
 } from '../api';
-import { fmtAgo, fmtInt, fmtMs, fmtRate, fmtShare, fmtTime } from '../format';
+import { fmtAgo, fmtCost, fmtInt, fmtMs, fmtRate, fmtShare, fmtTime } from '../format';
 import { usePoll } from '../poll';
 
 const LIMIT = 100;
@@ -72,6 +74,10 @@ interface Loaded {
   models: UsageGroup[];
   clients: UsageGroup[];
   keys: KeyUse[];
+  /** What the filter's traffic would have cost at the server's prices; absent when it has none. */
+  cost?: UsageCost;
+  /** Models in the filter without a price (their tokens add nothing to the cost). */
+  unpriced: string[];
 }
 
 export function UsageView() {
@@ -84,12 +90,22 @@ export function UsageView() {
     const f = filters();
     const [page, days, models, clients, keys] = await Promise.all([
       usagePage(f, LIMIT),
-      usageGroups(f, 'day'),
+      usageSums(f, 'day'),
       usageGroups(f, 'model'),
       usageGroups(f, 'client'),
       usageKeys().catch(() => [] as KeyUse[]),
     ]);
-    return { rows: page.data.map(normalize), hasMore: page.has_more, nextCursor: page.next_cursor, days, models, clients, keys };
+    return {
+      rows: page.data.map(normalize),
+      hasMore: page.has_more,
+      nextCursor: page.next_cursor,
+      days: days.data,
+      models,
+      clients,
+      keys,
+      cost: days.cost,
+      unpriced: days.unpriced_models ?? [],
+    };
   };
   const poll = usePoll(load, REFRESH_MS);
   const setFilter = (k: keyof UsageFilters, v: string) => {
@@ -100,6 +116,7 @@ export function UsageView() {
   };
   const rows = createMemo(() => [...(poll.data()?.rows ?? []), ...older()]);
   const totals = createMemo(() => sum(poll.data()?.days ?? []));
+  const cost = () => poll.data()?.cost;
   const cursor = () => (older().length ? olderCursor() : (poll.data()?.nextCursor ?? null));
   const loadMore = async () => {
     const c = cursor();
@@ -195,11 +212,29 @@ export function UsageView() {
           <b data-testid="usage-reasoning-share">{fmtShare(totals().reasoning_tokens, totals().completion_tokens)}</b>
           <span class="muted small">{fmtInt(totals().reasoning_tokens)} reasoning</span>
         </div>
+        <Show when={cost()}>
+          {(c) => (
+            <div
+              class="card stat-card"
+              data-testid="usage-cost-card"
+              title={`What this traffic would have cost at the server's prices ([prices.MODEL]): input ${fmtCost(c().input)}, cached input ${fmtCost(c().cached_input)}, output ${fmtCost(c().output)}`}
+            >
+              <span class="muted">cost at your prices</span>
+              <b data-testid="usage-cost" data-value={c().total}>
+                {fmtCost(c().total)}
+              </b>
+              <span class="muted small" data-testid="usage-unpriced">
+                {poll.data()!.unpriced.length ? `no price: ${poll.data()!.unpriced.join(', ')}` : 'every model priced'}
+              </span>
+            </div>
+          )}
+        </Show>
       </div>
       <div class="card">
         <DayChart days={poll.data()?.days ?? []} />
       </div>
-      <div class="split">
+      {/* With a cost column the group tables need the whole width. */}
+      <div class="split" classList={{ stacked: !!cost() }}>
         <GroupTable title="Per model" testid="usage-by-model" groups={poll.data()?.models ?? []} />
         <GroupTable title="Per client" testid="usage-by-client" groups={poll.data()?.clients ?? []} />
       </div>
@@ -221,6 +256,9 @@ export function UsageView() {
               <th class="num">completion</th>
               <th class="num">reasoning</th>
               <th class="num">total</th>
+              <Show when={cost()}>
+                <th class="num">cost</th>
+              </Show>
               <th class="num">TTFT</th>
               <th class="num">tok/s</th>
             </tr>
@@ -228,7 +266,7 @@ export function UsageView() {
           <tbody>
             <Show when={rows().length === 0 && poll.updated()}>
               <tr>
-                <td colSpan={13} class="muted center" data-testid="usage-empty">
+                <td colSpan={cost() ? 14 : 13} class="muted center" data-testid="usage-empty">
                   No requests {Object.values(filters()).some(Boolean) ? 'match these filters' : 'yet'}.
                 </td>
               </tr>
@@ -252,6 +290,11 @@ export function UsageView() {
                   <td class="num" data-testid="usage-row-completion">{fmtInt(r.completion)}</td>
                   <td class="num">{fmtInt(r.reasoning)}</td>
                   <td class="num" data-testid="usage-row-total">{fmtInt(r.total)}</td>
+                  <Show when={cost()}>
+                    <td class="num" data-testid="usage-row-cost" data-value={r.e.cost?.total ?? ''}>
+                      {r.e.cost ? fmtCost(r.e.cost.total) : '–'}
+                    </td>
+                  </Show>
                   <td class="num">{fmtMs(r.e.ttft_ms)}</td>
                   <td class="num">{fmtRate(r.e.decode_tokens_per_s)}</td>
                 </tr>
@@ -269,8 +312,9 @@ export function UsageView() {
   );
 }
 
-/** Sums per group: requests, tokens, cache-hit % and reasoning share. */
+/** Sums per group: requests, tokens, cache-hit % and reasoning share; the cost when the server has prices. */
 function GroupTable(props: { title: string; testid: string; groups: UsageGroup[] }) {
+  const priced = () => props.groups.some((g) => g.cost);
   return (
     <div class="table-wrap card">
       <h2 class="small-head">{props.title}</h2>
@@ -284,6 +328,9 @@ function GroupTable(props: { title: string; testid: string; groups: UsageGroup[]
             <th class="num">completion</th>
             <th class="num">reasoning</th>
             <th class="num">total</th>
+            <Show when={priced()}>
+              <th class="num">cost</th>
+            </Show>
           </tr>
         </thead>
         <tbody>
@@ -297,6 +344,11 @@ function GroupTable(props: { title: string; testid: string; groups: UsageGroup[]
                 <td class="num" data-testid="group-completion">{fmtInt(g.completion_tokens)}</td>
                 <td class="num">{fmtShare(g.reasoning_tokens, g.completion_tokens)}</td>
                 <td class="num" data-testid="group-total">{fmtInt(g.total_tokens)}</td>
+                <Show when={priced()}>
+                  <td class="num" data-testid="group-cost" data-value={g.cost?.total ?? ''}>
+                    {fmtCost(g.cost?.total)}
+                  </td>
+                </Show>
               </tr>
             )}
           </For>
