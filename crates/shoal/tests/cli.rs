@@ -1705,3 +1705,84 @@ fn the_usage_ledger_survives_kill_9_and_shoal_usage_reads_it() {
     assert_eq!(v["data"][0]["client"], "ci");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A mixture-of-experts model (the tiny gpt_oss made by mlx-lm's own class:
+/// experts, attention sinks, sliding windows) split by layers over two
+/// nodes on MLX's ring answers exactly like one node, and `shoal models`
+/// says which backend runs it.
+#[test]
+fn a_mixture_of_experts_split_over_two_nodes_answers_like_one() {
+    let root = std::env::var("SHOAL_CACHE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| {
+            std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../.cache"))
+        });
+    let model_dir = root.join("models/tiny-v1/gpt_oss-f32");
+    assert!(
+        model_dir.join("config.json").is_file(),
+        "tiny model missing at {} — run `make models`",
+        model_dir.display()
+    );
+    let (ok, out, err) = output(
+        shoal_isolated(&temp_dir("moe-models"))
+            .args(["models", "--json", "--model"])
+            .arg(&model_dir),
+    );
+    assert!(ok, "{err}");
+    let listed: Value = serde_json::from_str(out.trim()).expect("models JSON");
+    let row = listed
+        .as_array()
+        .and_then(|a| a.iter().find(|m| m["architecture"] == "gpt_oss"))
+        .unwrap_or_else(|| panic!("{listed}"));
+    assert_eq!(row["backend"], "mlx", "{row}");
+
+    let start = |name: &str, extra: &[&str]| {
+        let dir = temp_dir(&format!("moe-{name}"));
+        start_server(&dir, |c| {
+            c.args([
+                "serve",
+                "--port",
+                "0",
+                "--prefix-cache-mb",
+                "0",
+                "--no-mdns",
+            ])
+            .args(["--backend", "mlx", "--cluster-secret", "moe", "--model"])
+            .arg(&model_dir)
+            .args(extra);
+        })
+    };
+    let (_a, a) = start("a", &[]);
+    let (_b, _) = start("b", &["--peer", &a]);
+    let nodes = wait_nodes(&a, |n| {
+        n.len() == 2 && n.iter().all(|x| x["status"] == "online")
+    });
+    let ids: Vec<String> = nodes
+        .iter()
+        .map(|n| n["id"].as_str().expect("id").to_string())
+        .collect();
+    let model = shoal::id_from_path(&model_dir);
+    let ask = json!({"model": model, "max_tokens": 16, "temperature": 0,
+                     "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+    .to_string();
+    let (status, single) = post_json(&a, "/v1/chat/completions", &ask);
+    assert_eq!(status, 200, "{single}");
+    let (status, inst) = post_json(
+        &a,
+        "/v1/instances",
+        &json!({"model": model, "nodes": ids, "sharding": "pipeline"}).to_string(),
+    );
+    assert_eq!(status, 200, "{inst}");
+    assert_eq!(inst["status"], "ready", "{inst}");
+    let (status, split) = post_json(&a, "/v1/chat/completions", &ask);
+    assert_eq!(status, 200, "{split}");
+    assert_eq!(
+        split["choices"][0]["message"],
+        single["choices"][0]["message"]
+    );
+    assert_eq!(split["usage"], single["usage"]);
+    assert_eq!(
+        split["choices"][0]["finish_reason"],
+        single["choices"][0]["finish_reason"]
+    );
+}
