@@ -57,6 +57,7 @@ def test_health_and_models(server, oai, model):
         "thinking": False,
         "tools": False,
         "tool_syntax": "hermes",
+        "harmony": False,
         "system_role": True,
     }
     with pytest.raises(openai.NotFoundError) as e:

@@ -84,9 +84,7 @@ impl Layer {
         out.extend(self.q_norm.iter().chain(&self.k_norm));
         out.extend(self.post_attn_norm.iter().chain(&self.post_ffn_norm));
         out.extend(self.sinks.iter());
-        for p in [&self.qkv] {
-            p.push_arrays(&mut out);
-        }
+        self.qkv.push_arrays(&mut out);
         push_linear(&mut out, &self.o_proj);
         match &self.mlp {
             Mlp::Dense { gate_up, down } => {
