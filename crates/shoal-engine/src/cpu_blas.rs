@@ -20,6 +20,7 @@ use std::sync::OnceLock;
 
 use tracing::{info, warn};
 
+pub mod attention;
 mod skinny;
 mod workers;
 

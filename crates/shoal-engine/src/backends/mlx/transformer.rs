@@ -262,6 +262,12 @@ impl Transformer {
             let q = l.rope.apply(&q.transpose_axes(&[0, 2, 1, 3])?, offset)?;
             let k = l.rope.apply(&k.transpose_axes(&[0, 2, 1, 3])?, offset)?;
             let (mut keys, mut values) = cache.update(i, offset, &k, &v)?;
+            #[cfg(target_os = "linux")]
+            if self.dtype == Dtype::Float32 && n >= CPU_ATTENTION_MIN {
+                let o = self.cpu_attention(&q, cache, i, offset, n, l)?;
+                h = l.finish(h, &o, shape)?;
+                continue;
+            }
             let mut window_at = None;
             match l.window {
                 // One query: its window is the last `w` keys.
@@ -295,6 +301,53 @@ impl Transformer {
         }
         cache.offset += n as usize;
         Ok(h)
+    }
+}
+
+/// Prompt runs at least this long take the CPU attention kernel
+/// (`cpu_blas::attention`); shorter ones stay in MLX's graph.
+#[cfg(target_os = "linux")]
+const CPU_ATTENTION_MIN: i32 = 16;
+
+impl Transformer {
+    /// Attention of `n` queries `[1, heads, n, dim]` over layer `layer`'s
+    /// cache, on the CPU kernel: `[1, n, heads · dim]`.
+    #[cfg(target_os = "linux")]
+    fn cpu_attention(
+        &self,
+        q: &Array,
+        cache: &MlxCache,
+        layer: usize,
+        offset: i32,
+        n: i32,
+        l: &Layer,
+    ) -> Result<Array> {
+        let (kb, vb) = cache
+            .layers
+            .get(layer)
+            .ok_or_else(|| EngineError::Backend(format!("cache has no layer {layer}")))?;
+        let q = q.contiguous()?;
+        let mut inputs = vec![&q, kb, vb];
+        inputs.extend(l.sinks.as_ref());
+        mlx_rs::transforms::eval(inputs)?;
+        let (heads, dim) = (self.cfg.num_heads, self.cfg.head_dim);
+        let mut out = vec![0f32; n as usize * heads * dim];
+        crate::cpu_blas::attention::Attention {
+            q: q.as_slice::<f32>(),
+            k: kb.as_slice::<f32>(),
+            v: vb.as_slice::<f32>(),
+            cap: cache.capacity,
+            heads,
+            kv_heads: self.cfg.num_kv_heads,
+            dim,
+            n: n as usize,
+            offset: offset as usize,
+            scale: self.attn_scale(),
+            window: l.window.map(|w| w as usize),
+            sinks: l.sinks.as_ref().map(|s| s.as_slice::<f32>()),
+        }
+        .run(&mut out);
+        Ok(Array::from_slice(&out, &[1, n, (heads * dim) as i32]))
     }
 }
 
