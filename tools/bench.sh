@@ -29,6 +29,26 @@ print(f"{case:22s} {'ratio':8s} {s['prefill_tok_s']/m['prefill_tok_s']:11.2f}x {
 PY
 done
 
+# Each MLX architecture's tiny model (tools/py/tiny_models.py) beside mlx-lm on the same
+# directory: the same code paths at toy size (overheads dominate; the ratios are indicative).
+TINY="${SHOAL_CACHE:-$ROOT/.cache}/models/tiny-v1"
+printf '%-22s %-8s %12s %12s\n' "tiny model" "engine" "prefill t/s" "decode t/s"
+for ARCH in mistral gemma3_text phi3 qwen3_moe gpt_oss; do
+  for FMT in f32 q4; do
+    DIR="$TINY/$ARCH-$FMT"
+    [ -f "$DIR/config.json" ] || { echo "$ARCH-$FMT: missing (make models)"; continue; }
+    S="$(SHOAL_LOG=warn "$SHOAL" bench --backend mlx --model "$DIR" --prompt-tokens 200 --gen-tokens 64 --runs "$RUNS" --json)"
+    M="$("$VENV/bin/python" "$ROOT/tools/py/bench_mlx_lm.py" "$DIR" --prompt-tokens 200 --gen-tokens 64 --runs "$RUNS" --json)"
+    python3 - "$ARCH-$FMT" "$S" "$M" <<'PY'
+import json, sys
+name, s, m = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+for eng, r in (("shoal", s), ("mlx-lm", m)):
+    print(f"{name:22s} {eng:8s} {r['prefill_tok_s']:12.1f} {r['decode_tok_s']:12.1f}")
+print(f"{name:22s} {'ratio':8s} {s['prefill_tok_s']/m['prefill_tok_s']:11.2f}x {s['decode_tok_s']/m['decode_tok_s']:11.2f}x")
+PY
+  done
+done
+
 # Continuous batching: 8 streams at once against one, on each backend.
 for B in mlx llama; do
   echo "backend $B:"

@@ -139,7 +139,9 @@ def main() -> None:
     import mlx_lm
     from mlx.utils import tree_flatten
     from mlx_lm import load
+    from mlx_compat import compat_gather_qmm
 
+    compat_gather_qmm()
     device = str(mx.default_device())
     blas = shoal_blas.blas_in_use()
     print(f"bench: device {device}, blas {blas}", file=sys.stderr)
