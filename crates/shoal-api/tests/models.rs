@@ -421,6 +421,14 @@ async fn truncated_and_corrupt_models_fail_clearly_and_the_server_keeps_serving(
         br#"{"model": {"type": "BPE", "vocab": 7}}"#,
     )
     .unwrap();
+    // A directory of an architecture no backend runs.
+    let falcon = home.join("falcon-dir");
+    std::fs::create_dir_all(&falcon).unwrap();
+    std::fs::write(
+        falcon.join("config.json"),
+        br#"{"model_type": "falcon", "hidden_size": 64}"#,
+    )
+    .unwrap();
     let pool = ModelPool::new(options(&hub, &home));
     pool.add_named(DEFAULT, gguf(), vec![]);
     for (id, path) in [
@@ -428,11 +436,23 @@ async fn truncated_and_corrupt_models_fail_clearly_and_the_server_keeps_serving(
         ("corrupt", &corrupt),
         ("text", &not_gguf),
         ("tokenizer", &bad_tok),
+        ("falcon", &falcon),
     ] {
         pool.add_named(id, path.clone(), vec![]);
     }
     let base = serve(pool).await;
-    for id in ["truncated", "corrupt", "text", "tokenizer"] {
+    // Listed before anyone tries it: no backend, and the sentence why.
+    let list = get_json(&base, "/v1/models").await;
+    let f = &entry(&list, "falcon")["shoal"];
+    assert!(f["backend"].is_null(), "{f}");
+    let why = f["unavailable"].as_str().unwrap_or_else(|| panic!("{f}"));
+    if common::test_backend() != shoal_engine::BackendChoice::Llama {
+        assert!(
+            why.contains("'falcon'") && why.contains("tried: mlx"),
+            "{why}"
+        );
+    }
+    for id in ["truncated", "corrupt", "text", "tokenizer", "falcon"] {
         let (status, v) = chat(&base, id).await;
         assert_eq!(status, 503, "{id}: {v}");
         assert_eq!(v["error"]["code"], "model_unavailable", "{id}: {v}");
