@@ -201,24 +201,6 @@ def run_one(model, tokenizer, item: dict, args, eos: set[int]) -> dict:
     return out
 
 
-def compat_gather_qmm() -> None:
-    """mlx-lm's quantized experts pass `global_scale` (for nvfp4) even when it
-    is None; the pinned mlx wheel's gather_qmm predates that argument. Drop
-    it when unset, so affine-quantized MoE models run unchanged."""
-    import mlx.core as mx
-
-    if "global_scale" in (mx.gather_qmm.__doc__ or ""):
-        return
-    original = mx.gather_qmm
-
-    def gather_qmm(*a, global_scale=None, **kw):
-        if global_scale is not None:
-            raise TypeError("this mlx has no global_scale for gather_qmm")
-        return original(*a, **kw)
-
-    mx.gather_qmm = gather_qmm
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description="mlx-lm reference logits and greedy output (see module docstring)")
     ap.add_argument("model_dir", type=Path, nargs="?", default=DEFAULT_MODEL)
@@ -238,6 +220,8 @@ def main() -> None:
     import mlx_lm
     from mlx.utils import tree_flatten
     from mlx_lm import load
+
+    from mlx_compat import compat_gather_qmm
 
     compat_gather_qmm()
     model, tokenizer = load(str(args.model_dir))
