@@ -19,6 +19,7 @@ use shoal_engine::{
 };
 
 mod common;
+use common::{argmax, ids};
 
 const LOGIT_TOL: f32 = 1e-3;
 const MAX_TOKENS: usize = 32;
@@ -71,24 +72,6 @@ fn reference(dir: &Path) -> Value {
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).expect("reference JSON")
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("id list")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 fn log_softmax(v: &[f32]) -> Vec<f32> {

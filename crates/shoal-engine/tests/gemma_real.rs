@@ -49,6 +49,7 @@ use shoal_engine::{
 };
 
 mod common;
+use common::{argmax, floats, ids, max_diff};
 
 const MAX_TOKENS: usize = 64;
 /// Shoal and mlx-lm run the same float32 weights and differ only in the
@@ -157,40 +158,6 @@ impl Reference {
         let v: Value = serde_json::from_slice(&out.stdout).expect("reference JSON");
         v["results"].as_array().expect("results").clone()
     }
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("id list")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
-
-fn floats(v: &Value) -> Vec<f32> {
-    v.as_array()
-        .expect("float list")
-        .iter()
-        .map(|x| x.as_f64().expect("float") as f32)
-        .collect()
 }
 
 /// The logits after `prompt` (whole vocabulary).

@@ -12,12 +12,11 @@ use serde_json::Value;
 use shoal_engine::loader::{self, Loaded};
 use shoal_engine::ChatMessage;
 
+mod common;
+use common::{argmax, ids, python, repo};
+
 const LOGIT_TOL: f32 = 1e-3;
 const MAX_TOKENS: usize = 24;
-
-fn repo() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-}
 
 fn hf_dir() -> PathBuf {
     let p = std::env::var("SHOAL_TEST_HF_DIR")
@@ -41,19 +40,6 @@ fn gguf() -> PathBuf {
         p.display()
     );
     p
-}
-
-fn python() -> PathBuf {
-    let out = Command::new("bash")
-        .arg(repo().join("tools/setup-pyenv.sh"))
-        .output()
-        .expect("run tools/setup-pyenv.sh");
-    assert!(
-        out.status.success(),
-        "setup-pyenv failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("bin/python")
 }
 
 const PROMPTS: [&str; 3] = [
@@ -92,24 +78,6 @@ fn run_reference(dir: &Path) -> Value {
 fn reference() -> &'static Value {
     static REF: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
     REF.get_or_init(|| run_reference(&hf_dir()))
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("id list")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// Our prompt ids, last-position logits and greedy continuation.

@@ -1725,7 +1725,7 @@ fn a_mixture_of_experts_split_over_two_nodes_answers_like_one() {
     );
     let (ok, out, err) = output(
         shoal_isolated(&temp_dir("moe-models"))
-            .args(["models", "--json", "--model"])
+            .args(["models", "--json", "--backend", "mlx", "--model"])
             .arg(&model_dir),
     );
     assert!(ok, "{err}");

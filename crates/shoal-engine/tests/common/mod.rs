@@ -69,3 +69,45 @@ pub fn python() -> PathBuf {
     assert!(out.status.success(), "setup-pyenv failed");
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("bin/python")
 }
+
+/// A JSON list of token ids (the reference's output).
+#[allow(dead_code)]
+pub fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .expect("id list")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
+}
+
+/// A JSON list of floats.
+#[allow(dead_code)]
+pub fn floats(v: &serde_json::Value) -> Vec<f32> {
+    v.as_array()
+        .expect("float list")
+        .iter()
+        .map(|x| x.as_f64().expect("float") as f32)
+        .collect()
+}
+
+/// The first index of the largest value (greedy decoding's choice).
+#[allow(dead_code)]
+pub fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// The largest absolute difference of two equally long vectors.
+#[allow(dead_code)]
+pub fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}

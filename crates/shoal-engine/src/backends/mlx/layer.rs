@@ -180,36 +180,12 @@ impl Experts {
         // [.., tokens, 1, 1, hidden]: each token a one-row matrix, gathered
         // against its experts' weights.
         let xe = x.expand_dims_axes(&[-2, -3])?;
-        let up = switch(&self.up, &xe, &inds)?;
-        let gate = switch(&self.gate, &xe, &inds)?;
-        let y = switch(&self.down, &activate(act, &gate, &up)?, &inds)?;
+        let up = self.up.apply_experts(&xe, &inds)?;
+        let gate = self.gate.apply_experts(&xe, &inds)?;
+        let y = self
+            .down
+            .apply_experts(&activate(act, &gate, &up)?, &inds)?;
         let y = y.squeeze_axes(&[-2])?;
         Ok(y.multiply(scores.expand_dims(-1)?)?.sum_axis(-2, false)?)
     }
-}
-
-/// Each token's rows through its chosen experts: `x` `[.., 1, in]`
-/// broadcast against `inds` `[.., k]` gives `[.., k, 1, out]`.
-fn switch(l: &Linear, x: &Array, inds: &Array) -> Result<Array> {
-    let (y, b) = match l {
-        Linear::Dense { w, b } => (
-            ops::gather_mm(x, w.swap_axes(-1, -2)?, None, inds, false)?,
-            b,
-        ),
-        Linear::Quantized {
-            w,
-            scales,
-            biases,
-            group,
-            bits,
-            b,
-        } => (
-            ops::gather_qmm(x, w, scales, biases, None, inds, true, *group, *bits, false)?,
-            b,
-        ),
-    };
-    Ok(match b {
-        Some(b) => y.add(b.take_axis(inds, 0)?.expand_dims(-2)?)?,
-        None => y,
-    })
 }

@@ -23,8 +23,25 @@ pub(super) enum Linear {
 
 impl Linear {
     pub(super) fn apply(&self, x: &Array) -> Result<Array> {
+        self.project(x, None)
+    }
+
+    /// Stacked expert weights `[experts, out, in]`: each row of `x`
+    /// `[.., 1, in]` through the experts `inds` `[.., k]` names, giving
+    /// `[.., k, 1, out]`.
+    pub(super) fn apply_experts(&self, x: &Array, inds: &Array) -> Result<Array> {
+        self.project(x, Some(inds))
+    }
+
+    fn project(&self, x: &Array, inds: Option<&Array>) -> Result<Array> {
         let (y, b) = match self {
-            Linear::Dense { w, b } => (x.matmul(w.t())?, b),
+            Linear::Dense { w, b } => (
+                match inds {
+                    None => x.matmul(w.t())?,
+                    Some(i) => ops::gather_mm(x, w.swap_axes(-1, -2)?, None, i, false)?,
+                },
+                b,
+            ),
             Linear::Quantized {
                 w,
                 scales,
@@ -33,14 +50,35 @@ impl Linear {
                 bits,
                 b,
             } => (
-                ops::quantized_matmul(x, w, scales, biases, true, *group, *bits)?,
+                match inds {
+                    None => ops::quantized_matmul(x, w, scales, biases, true, *group, *bits)?,
+                    Some(i) => {
+                        ops::gather_qmm(x, w, scales, biases, None, i, true, *group, *bits, false)?
+                    }
+                },
                 b,
             ),
         };
-        Ok(match b {
-            Some(b) => y.add(b)?,
-            None => y,
+        Ok(match (b, inds) {
+            (None, _) => y,
+            (Some(b), None) => y.add(b)?,
+            (Some(b), Some(i)) => y.add(b.take_axis(i, 0)?.expand_dims(-2)?)?,
         })
+    }
+
+    /// The weights as one dense matrix (quantized ones expanded).
+    pub(super) fn into_dense(self, dtype: Dtype) -> Result<Array> {
+        match self {
+            Linear::Dense { w, .. } => Ok(w),
+            Linear::Quantized {
+                w,
+                scales,
+                biases,
+                group,
+                bits,
+                ..
+            } => Ok(dequantize_f32(&w, &scales, &biases, group, bits)?.as_dtype(dtype)?),
+        }
     }
 
     pub(super) fn out_features(&self) -> i32 {

@@ -82,20 +82,8 @@ impl Weights {
 
     /// Quantized embedding tables are dequantized: lookups need rows, not matmuls.
     pub(super) fn embedding(&mut self, prefix: &str) -> Result<Array> {
-        match self.linear(prefix)? {
-            Linear::Dense { w, .. } => Ok(w),
-            Linear::Quantized {
-                w,
-                scales,
-                biases,
-                group,
-                bits,
-                ..
-            } => {
-                Ok(dequantize_f32(&w, &scales, &biases, group, bits)?
-                    .as_dtype(self.policy.dtype())?)
-            }
-        }
+        let dtype = self.policy.dtype();
+        self.linear(prefix)?.into_dense(dtype)
     }
 
     pub(super) fn group_bits(&self, prefix: &str, w: &Array, scales: &Array) -> Result<(i32, i32)> {
