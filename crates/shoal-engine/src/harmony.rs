@@ -8,7 +8,7 @@
 //! The markers are special tokens, so this parser is driven by token ids
 //! for them ([`Harmony::marker`]) and by decoded text for everything else
 //! ([`Harmony::push`]).
-use crate::reasoning::{Phase, Split};
+use crate::section::{Phase, Split};
 use crate::tools::ToolOut;
 
 /// The ids of the harmony markers in a model's vocabulary.

@@ -22,6 +22,7 @@ pub mod prompt;
 pub mod reasoning;
 mod request;
 pub mod sampler;
+pub mod section;
 mod sequence;
 pub mod stop;
 pub mod template;

@@ -2,7 +2,7 @@
 //! reasoning can be sent and counted apart: a `<think>…</think>` section
 //! in the text, or harmony's `analysis` channel ([`crate::harmony`]).
 use crate::harmony::{self, Harmony, Markers};
-use crate::tools::ToolOut;
+pub use crate::section::{Phase, Split};
 
 /// How a request reasons.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,31 +46,6 @@ impl ReasoningSpec {
             Some(_) => self.close.clone(),
             None => format!("{}\n\n", self.close),
         }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
-    /// Not yet known whether the reply opens a reasoning section.
-    Pending,
-    Thinking,
-    Answer,
-}
-
-/// What one piece of text turned into.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Split {
-    pub reasoning: String,
-    pub content: String,
-    /// Tool-call events (harmony's commentary channel).
-    pub calls: Vec<ToolOut>,
-}
-
-impl Split {
-    fn append(&mut self, more: Split) {
-        self.reasoning.push_str(&more.reasoning);
-        self.content.push_str(&more.content);
-        self.calls.extend(more.calls);
     }
 }
 
