@@ -42,15 +42,24 @@ pub struct Attention<'a> {
 
 impl Attention<'_> {
     /// Writes the output `[n, heads, dim]` (the layout the output projection
-    /// reads) into `out`.
-    ///
-    /// # Panics
-    /// If the slices are shorter than the shapes say.
-    pub fn run(&self, out: &mut [f32]) {
+    /// reads) into `out`; refuses slices shorter than the shapes say.
+    pub fn run(&self, out: &mut [f32]) -> Result<(), String> {
         let (h, d, n) = (self.heads, self.dim, self.n);
-        assert!(self.q.len() >= h * n * d && out.len() >= n * h * d);
-        assert!(self.k.len() >= self.kv_heads * self.cap * d && self.v.len() == self.k.len());
-        assert!(self.offset + n <= self.cap && self.kv_heads > 0 && h % self.kv_heads == 0);
+        let fits = self.q.len() >= h * n * d
+            && out.len() >= n * h * d
+            && self.k.len() >= self.kv_heads * self.cap * d
+            && self.v.len() == self.k.len()
+            && self.offset + n <= self.cap
+            && self.kv_heads > 0
+            && h % self.kv_heads == 0
+            && self.sinks.is_none_or(|s| s.len() >= h);
+        if !fits {
+            return Err(format!(
+                "attention inputs do not match {h} heads ({} key/value heads) of {d} over {n} \
+                 positions after {} in a cache of {}",
+                self.kv_heads, self.offset, self.cap
+            ));
+        }
         let group = h / self.kv_heads;
         let mut scores = vec![0f32; BLOCK * (self.offset + n)];
         for head in 0..h {
@@ -121,6 +130,7 @@ impl Attention<'_> {
                 }
             }
         }
+        Ok(())
     }
 }
 
@@ -240,7 +250,9 @@ mod tests {
                 sinks,
             };
             let mut out = vec![0f32; n * heads * dim];
-            a.run(&mut out);
+            a.run(&mut out).expect("shapes fit");
+            let mut short = vec![0f32; n];
+            assert!(a.run(&mut short).is_err(), "a short output is refused");
             for h in 0..heads {
                 let kv = h / (heads / kv_heads);
                 for i in 0..n {

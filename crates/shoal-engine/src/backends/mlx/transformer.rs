@@ -346,7 +346,8 @@ impl Transformer {
             window: l.window.map(|w| w as usize),
             sinks: l.sinks.as_ref().map(|s| s.as_slice::<f32>()),
         }
-        .run(&mut out);
+        .run(&mut out)
+        .map_err(EngineError::Backend)?;
         Ok(Array::from_slice(&out, &[1, n, (heads * dim) as i32]))
     }
 }
