@@ -491,6 +491,9 @@ async fn the_body_limit_is_configurable_and_holds_for_chunked_bodies() {
 #[tokio::test]
 async fn requests_over_the_time_limit_end_with_a_timeout_and_keep_their_usage() {
     let mut access = Access::default();
+    // The limit is the feature under test, not a wait: the 4000-token reply
+    // it must cut takes minutes here, and a host slow enough to reach it
+    // before the first token still passes (only the prompt is counted).
     access.request_timeout = Some(std::time::Duration::from_millis(1500));
     let base = server(access).await;
     let post = reqwest::Method::POST;

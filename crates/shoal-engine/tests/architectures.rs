@@ -19,7 +19,7 @@ use shoal_engine::{
 };
 
 mod common;
-use common::{argmax, ids};
+use common::{argmax, floats, ids, max_diff};
 
 const LOGIT_TOL: f32 = 1e-3;
 const MAX_TOKENS: usize = 32;
@@ -127,21 +127,10 @@ fn check_logits(l: &Loaded, dir: &Path, r: &Value) {
         assert!(p.len() > 8, "prompt {i} is not longer than the window");
         let mut cache = l.model.new_cache().expect("cache");
         let mut logits = l.model.forward(&p, cache.as_mut()).expect("forward");
-        let ref_logits: Vec<f32> = res["logits"]
-            .as_array()
-            .expect("full logits")
-            .iter()
-            .map(|x| x.as_f64().expect("float") as f32)
-            .collect();
-        assert_eq!(logits.len(), ref_logits.len());
-        let mut max_diff = logits
-            .iter()
-            .zip(&ref_logits)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, f32::max);
+        let mut worst = max_diff(&logits, &floats(&res["logits"]));
         assert!(
-            max_diff < LOGIT_TOL,
-            "{}: prompt {i}: max |logit diff| {max_diff} after the prompt",
+            worst < LOGIT_TOL,
+            "{}: prompt {i}: max |logit diff| {worst} after the prompt",
             dir.display()
         );
         let ref_greedy = ids(&res["greedy_ids"]);
@@ -155,7 +144,7 @@ fn check_logits(l: &Loaded, dir: &Path, r: &Value) {
                     pair[1].as_f64().expect("lp") as f32,
                 );
                 let d = (lp[id] - want).abs();
-                max_diff = max_diff.max(d);
+                worst = worst.max(d);
                 assert!(
                     d < LOGIT_TOL,
                     "{}: prompt {i} step {step}: logprob of {id}: {} vs mlx-lm {want}",
@@ -177,7 +166,7 @@ fn check_logits(l: &Loaded, dir: &Path, r: &Value) {
             dir.display()
         );
         eprintln!(
-            "{}: prompt {i} ({} tokens): max |Δ| = {max_diff:.2e} over {} steps",
+            "{}: prompt {i} ({} tokens): max |Δ| = {worst:.2e} over {} steps",
             dir.display(),
             p.len(),
             greedy.len()
@@ -342,11 +331,7 @@ fn check_stages(name: &str) {
     let split = run(&[&first, &last]);
     let one = run(&[&whole]);
     for (s, o) in split.iter().zip(&one) {
-        let d = s
-            .iter()
-            .zip(o)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, f32::max);
+        let d = max_diff(s, o);
         assert!(d < 1e-5, "{name}: split logits differ by {d}");
     }
     let bytes = |m: &Transformer| m.info().weight_bytes;

@@ -13,7 +13,7 @@ use shoal_engine::loader::{self, Loaded};
 use shoal_engine::ChatMessage;
 
 mod common;
-use common::{argmax, ids, python, repo};
+use common::{argmax, floats, ids, max_diff, python, repo};
 
 const LOGIT_TOL: f32 = 1e-3;
 const MAX_TOKENS: usize = 24;
@@ -134,21 +134,10 @@ fn check_against(path: &Path, r: &Value, france_answer: bool) {
             RAW_IDS.to_vec()
         };
         let (logits, greedy) = ours(&l, &prompt, &l.vocab.eos);
-        let ref_logits: Vec<f32> = res["logits"]
-            .as_array()
-            .expect("full logits")
-            .iter()
-            .map(|x| x.as_f64().expect("float") as f32)
-            .collect();
-        assert_eq!(logits.len(), ref_logits.len());
-        let max_diff = logits
-            .iter()
-            .zip(&ref_logits)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, f32::max);
+        let worst = max_diff(&logits, &floats(&res["logits"]));
         assert!(
-            max_diff < LOGIT_TOL,
-            "{}: max |logit diff| {max_diff} ≥ {LOGIT_TOL} (prompt {i})",
+            worst < LOGIT_TOL,
+            "{}: max |logit diff| {worst} ≥ {LOGIT_TOL} (prompt {i})",
             path.display()
         );
         let ref_greedy = ids(&res["greedy_ids"]);
@@ -159,7 +148,7 @@ fn check_against(path: &Path, r: &Value, france_answer: bool) {
             path.display()
         );
         eprintln!(
-            "{}: prompt {i}: max |Δlogit| = {max_diff:.2e}, {} greedy tokens match",
+            "{}: prompt {i}: max |Δlogit| = {worst:.2e}, {} greedy tokens match",
             path.display(),
             greedy.len()
         );
