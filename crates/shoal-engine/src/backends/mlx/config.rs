@@ -22,8 +22,9 @@ pub struct ModelConfig {
     /// `true` when q/k rows are laid out for interleaved (GPT-J style) rotary
     /// pairs, as llama.cpp stores llama weights; `false` for the HF layout.
     pub rope_traditional: bool,
-    /// Per-dimension rotary periods when the model scales its rope (Llama 3.1+).
-    pub rope_freqs: Option<Vec<f32>>,
+    /// How the global layers scale their rope (periods, position scale,
+    /// input factor); the default is none.
+    pub rope_scaling: super::rope::Scaling,
     pub context_length: usize,
     pub tie_word_embeddings: bool,
     /// Quantization description for display (`Q4_1`, `4-bit g64`, …).
@@ -37,11 +38,6 @@ pub struct ModelConfig {
     pub rope_local_theta: Option<f32>,
     /// Rotated dimensions per head (partial rotary); 0 means all.
     pub rope_dims: usize,
-    /// Linear rope scaling: positions are multiplied by this (1 / factor).
-    pub rope_scale: Option<f32>,
-    /// Factor on the rotated part of queries and keys before the rope
-    /// (LongRoPE's attention scaling).
-    pub rope_input_scale: Option<f32>,
     /// Attention score scale; `None` is `1/sqrt(head_dim)`.
     pub attn_scale: Option<f32>,
     /// Gemma's layer shape: norms scale by `1 + w`, attention and MLP

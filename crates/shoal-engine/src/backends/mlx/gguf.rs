@@ -118,7 +118,10 @@ pub fn config(f: &GgufFile) -> Result<ModelConfig> {
             as f32,
         rope_theta: base,
         rope_traditional: arch == "llama",
-        rope_freqs,
+        rope_scaling: super::rope::Scaling {
+            freqs: rope_freqs,
+            ..Default::default()
+        },
         context_length: meta_number(f, &k("context_length"))?.map_or(4096, |v| v as usize),
         tie_word_embeddings: !matches!(f.get_array("output.weight"), Ok(Some(_))),
         quantization: Some(ftype_name(ftype)),

@@ -221,7 +221,7 @@ pub fn config(dir: &Path) -> Result<(ModelConfig, Option<i32>)> {
             .get("rope_traditional")
             .and_then(Value::as_bool)
             .unwrap_or(false),
-        rope_freqs: scaling.freqs.clone(),
+        rope_scaling: scaling,
         context_length: max_positions.map_or(4096, |v| v as usize),
         tie_word_embeddings: cfg
             .get("tie_word_embeddings")
@@ -234,8 +234,6 @@ pub fn config(dir: &Path) -> Result<(ModelConfig, Option<i32>)> {
         rope_local_theta: gemma
             .then(|| num(&cfg, "rope_local_base_freq").unwrap_or(10_000.0) as f32),
         rope_dims,
-        rope_scale: scaling.scale,
-        rope_input_scale: scaling.input_scale,
         attn_scale: gemma.then(|| {
             let s = num(&cfg, "query_pre_attn_scalar").unwrap_or(256.0);
             s.powf(-0.5) as f32

@@ -15,7 +15,7 @@ pub mod hf;
 mod layer;
 mod linear;
 pub mod pipeline;
-mod rope;
+pub mod rope;
 pub mod stage;
 pub mod transformer;
 mod weights;

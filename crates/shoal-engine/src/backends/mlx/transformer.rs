@@ -193,14 +193,9 @@ impl Transformer {
         self.run_layers(h, cache)
     }
 
-    /// Token embeddings, `[1, n, hidden]`.
+    /// Token embeddings, `[1, n, hidden]` (scaled where the architecture
+    /// scales them).
     pub fn embed_tokens(&self, tokens: &[u32]) -> Result<Array> {
-        self.lookup(tokens)
-    }
-
-    /// The embedding rows of `tokens` as `[1, n, hidden]` (scaled where the
-    /// architecture scales them).
-    fn lookup(&self, tokens: &[u32]) -> Result<Array> {
         let n = tokens.len() as i32;
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         let ids = Array::from_slice(&ids, &[n]);
@@ -465,11 +460,7 @@ fn load_layer(w: &mut Weights, cfg: &ModelConfig, i: usize) -> Result<Layer> {
             dims,
             cfg.rope_traditional,
             cfg.rope_theta,
-            &Scaling {
-                freqs: cfg.rope_freqs.clone(),
-                scale: cfg.rope_scale,
-                input_scale: cfg.rope_input_scale,
-            },
+            &cfg.rope_scaling,
         ),
     };
     let sinks = if w.has(&format!("{a}.sinks")) {
@@ -506,7 +497,7 @@ impl Transformer {
         let b = tokens.len() as i32;
         // Rows of one matrix, not a batch of 1-row matrices: the projections
         // then run as one [B, hidden] matmul instead of B matrix-vector products.
-        let mut h = self.lookup(tokens)?;
+        let mut h = self.embed_tokens(tokens)?;
         let (nh, nkv, hd) = (
             self.cfg.num_heads as i32,
             self.cfg.num_kv_heads as i32,
