@@ -1259,6 +1259,24 @@ fn a_model_on_llama_cpp_is_never_split() {
     assert_eq!(held["backend"], "llama", "{nodes}");
 }
 
+/// A cluster node serving `model` on MLX (splitting by layers runs on
+/// MLX's ring), without the prefix cache or mDNS, plus `extra` flags.
+fn mlx_node(dir: &Path, model: &Path, secret: &str, extra: &[String]) -> (Server, String) {
+    start_server(dir, |c| {
+        c.args([
+            "serve",
+            "--port",
+            "0",
+            "--prefix-cache-mb",
+            "0",
+            "--no-mdns",
+        ])
+        .args(["--backend", "mlx", "--cluster-secret", secret, "--model"])
+        .arg(model)
+        .args(extra);
+    })
+}
+
 /// A model split by layers over two nodes answers exactly like one node
 /// (same greedy text and usage, streaming or not); when a node dies
 /// mid-stream the client gets an error event, the instance shows failed,
@@ -1273,22 +1291,9 @@ fn a_model_split_over_two_nodes_answers_like_one_and_survives_a_dead_node() {
             "[cluster]\nunreachable_after_secs = 8\nremove_after_secs = 16\n",
         )
         .expect("config");
-        start_server(&dir, |c| {
-            c.args([
-                "serve",
-                "--port",
-                "0",
-                "--prefix-cache-mb",
-                "0",
-                "--no-mdns",
-            ])
-            // Splitting by layers runs on MLX's ring.
-            .args(["--backend", "mlx", "--cluster-secret", "pipe", "--config"])
-            .arg(&cfg)
-            .arg("--model")
-            .arg(gguf())
-            .args(extra);
-        })
+        let mut args = vec!["--config".to_string(), cfg.display().to_string()];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        mlx_node(&dir, &gguf(), "pipe", &args)
     };
     let (_a, a) = start("a", &[]);
     let (b_server, b) = start("b", &["--peer", &a]);
@@ -1737,20 +1742,8 @@ fn a_mixture_of_experts_split_over_two_nodes_answers_like_one() {
     assert_eq!(row["backend"], "mlx", "{row}");
 
     let start = |name: &str, extra: &[&str]| {
-        let dir = temp_dir(&format!("moe-{name}"));
-        start_server(&dir, |c| {
-            c.args([
-                "serve",
-                "--port",
-                "0",
-                "--prefix-cache-mb",
-                "0",
-                "--no-mdns",
-            ])
-            .args(["--backend", "mlx", "--cluster-secret", "moe", "--model"])
-            .arg(&model_dir)
-            .args(extra);
-        })
+        let args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        mlx_node(&temp_dir(&format!("moe-{name}")), &model_dir, "moe", &args)
     };
     let (_a, a) = start("a", &[]);
     let (_b, _) = start("b", &["--peer", &a]);
