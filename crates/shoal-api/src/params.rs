@@ -1,6 +1,8 @@
 //! Request checks the dialects share: ranges, token limits, stop strings,
 //! and the OpenAI sampling parameters, so every endpoint accepts and refuses
 //! the same values with the same words.
+use std::collections::BTreeMap;
+
 use serde::Deserialize;
 use shoal_engine::SamplingParams;
 
@@ -65,6 +67,8 @@ pub struct OpenAiSampling {
     pub seed: Option<i64>,
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
+    /// Token id (as a string, as OpenAI sends it) → additive bias in [-100, 100].
+    pub logit_bias: Option<BTreeMap<String, f32>>,
 }
 
 impl OpenAiSampling {
@@ -88,6 +92,7 @@ impl OpenAiSampling {
         check_range("n", self.n, 1, 16)?;
         check_range("presence_penalty", self.presence_penalty, -2.0, 2.0)?;
         check_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)?;
+        let logit_bias = self.logit_bias()?;
         Ok(SamplingParams {
             temperature: self.temperature.unwrap_or(defaults.temperature),
             top_p: self.top_p.unwrap_or(defaults.top_p),
@@ -95,7 +100,27 @@ impl OpenAiSampling {
             presence_penalty: self.presence_penalty.unwrap_or(0.0),
             frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
             top_logprobs,
+            logit_bias,
             ..defaults.clone()
         })
+    }
+
+    /// Keys must be token ids; ids past the vocabulary are refused by the engine at submit.
+    fn logit_bias(&self) -> Result<Vec<(u32, f32)>, ApiError> {
+        let Some(map) = &self.logit_bias else {
+            return Ok(Vec::new());
+        };
+        map.iter()
+            .map(|(key, &bias)| {
+                let id = key.trim().parse::<u32>().map_err(|_| {
+                    ApiError::param(
+                        "logit_bias",
+                        format!("'logit_bias' keys must be token ids, got {key:?}"),
+                    )
+                })?;
+                check_range("logit_bias", Some(bias), -100.0, 100.0)?;
+                Ok((id, bias))
+            })
+            .collect()
     }
 }

@@ -224,12 +224,17 @@ fn openai_bad() -> Vec<(&'static str, String, u16)> {
         (chat, json!({"model": m, "messages": france(), "stop": ["a", "b", "c", "d", "e"]}).to_string(), 400),
         (chat, json!({"model": m, "messages": france(), "response_format": {"type": "json_schema", "json_schema": {}}}).to_string(), 400),
         (chat, json!({"model": m, "messages": france(), "top_logprobs": 3}).to_string(), 400),
+        (chat, json!({"model": m, "messages": france(), "logit_bias": {"a": 1}}).to_string(), 400),
+        (chat, json!({"model": m, "messages": france(), "logit_bias": {"5": 150}}).to_string(), 400),
+        (chat, json!({"model": m, "messages": france(), "logit_bias": {"999999": -100}}).to_string(), 400),
+        (chat, json!({"model": m, "messages": france(), "logit_bias": [1]}).to_string(), 400),
         (chat, json!({"model": m, "messages": [{"role": "user", "content": "x".repeat(40_000)}]}).to_string(), 400),
         (chat, json!({"model": m, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}).to_string(), 400),
         (cmpl, json!({"model": m}).to_string(), 400),
         (cmpl, json!({"model": m, "prompt": ""}).to_string(), 400),
         (cmpl, json!({"model": m, "prompt": [999_999]}).to_string(), 400),
         (cmpl, json!({"model": m, "prompt": "x", "logprobs": 9}).to_string(), 400),
+        (cmpl, json!({"model": m, "prompt": "x", "logit_bias": {"-3": 1}}).to_string(), 400),
         (cmpl, json!({"model": m, "prompt": "x", "top_p": 0}).to_string(), 400),
         (cmpl, json!({"model": m, "prompt": "x", "temperature": "hot"}).to_string(), 400),
         (cmpl, json!({"model": m, "prompt": "x", "max_tokens": 10_000_000}).to_string(), 400),
@@ -381,11 +386,74 @@ async fn queue_overflow_is_429_and_529_with_retry_after() {
     }
 }
 
+/// `logit_bias` banning the model's end-of-turn tokens, so a reply runs to its
+/// token limit whatever the batch it decodes in (batched and single-row
+/// logits differ in the last bits, and a greedy path can turn on them).
+fn no_eos(engine: &Engine) -> Value {
+    engine
+        .model
+        .vocab
+        .eos
+        .iter()
+        .map(|id| (id.to_string(), json!(-100)))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logit_bias_bans_tokens_and_the_finish_says_so() {
+    let engine = engine();
+    let base = server(engine.clone()).await;
+    // Unbiased, the greedy answer ends its turn; with the end-of-turn tokens
+    // banned it runs to the limit, and the finish and count say so.
+    for (bias, finish, tokens) in [
+        (json!({}), "stop", None),
+        (no_eos(&engine), "length", Some(40)),
+    ] {
+        let body = json!({"model": MODEL, "messages": france(), "temperature": 0, "max_tokens": 40,
+                          "logit_bias": bias});
+        let (status, text, _) = post(&base, "/v1/chat/completions", &body.to_string()).await;
+        assert_eq!(status, 200, "{text}");
+        let v: Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(v["choices"][0]["finish_reason"], finish, "{text}");
+        let content = v["choices"][0]["message"]["content"]
+            .as_str()
+            .expect("text");
+        assert!(
+            content.starts_with("The capital of France is Paris."),
+            "{text}"
+        );
+        if let Some(n) = tokens {
+            assert_eq!(v["usage"]["completion_tokens"], n, "{text}");
+        }
+    }
+    // A banned word never appears: ban the first token of the greedy reply
+    // on the legacy endpoint, and the reply starts differently.
+    let prompt = "The capital of France is";
+    let greedy = |bias: Value| {
+        json!({"model": MODEL, "prompt": prompt, "temperature": 0, "max_tokens": 1,
+                                      "logit_bias": bias})
+    };
+    let (status, text, _) = post(&base, "/v1/completions", &greedy(json!({})).to_string()).await;
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).expect("json");
+    let first = v["choices"][0]["text"].as_str().expect("text").to_string();
+    let ids = engine.model.vocab.encode_plain(&first).expect("encode");
+    assert_eq!(ids.len(), 1, "{first:?} is one token");
+    let ban = json!({ids[0].to_string(): -100});
+    let (status, text, _) = post(&base, "/v1/completions", &greedy(ban).to_string()).await;
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).expect("json");
+    assert_ne!(v["choices"][0]["text"], first.as_str(), "{text}");
+    assert_eq!(v["usage"]["completion_tokens"], 1, "{text}");
+}
+
 /// Starts a long streamed chat, reads its first chunk and hangs up; returns
 /// the request's ledger id.
 async fn leave_after_first_chunk(base: &str) -> String {
     let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "Count to one hundred in words."}],
-                      "max_tokens": 300, "temperature": 0, "stream": true});
+                      "max_tokens": 300, "temperature": 0, "stream": true,
+                      "logit_bias": no_eos(&engine())});
     let resp = reqwest::Client::new()
         .post(format!("{base}/v1/chat/completions"))
         .json(&body)

@@ -231,6 +231,16 @@ impl Engine {
                 "token id {bad} is outside the vocabulary of {vocab}"
             )));
         }
+        if let Some((bad, _)) = req
+            .sampling
+            .logit_bias
+            .iter()
+            .find(|(t, _)| *t as usize >= vocab)
+        {
+            return Err(EngineError::InvalidRequest(format!(
+                "logit_bias names token id {bad}, outside the vocabulary of {vocab}"
+            )));
+        }
         req.sampling.validate()
     }
 }

@@ -39,6 +39,9 @@ pub struct SamplingParams {
     pub frequency_penalty: f32,
     /// `Some(n)`: also report the `n` most likely tokens with their logprobs.
     pub top_logprobs: Option<usize>,
+    /// OpenAI-style additive bias per token id, in [-100, 100]; -100 in effect bans a token.
+    /// Logprobs stay those of the unmodified model.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -54,6 +57,7 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             top_logprobs: None,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -98,6 +102,15 @@ impl SamplingParams {
             if !(-2.0..=2.0).contains(&value) {
                 return invalid(format!("{name} must be between -2 and 2, got {value}"));
             }
+        }
+        if let Some((id, bias)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, b)| !(-100.0..=100.0).contains(b))
+        {
+            return invalid(format!(
+                "logit_bias for token {id} must be between -100 and 100, got {bias}"
+            ));
         }
         if let Some(n) = self.top_logprobs {
             if n > MAX_TOP_LOGPROBS {
@@ -227,6 +240,11 @@ impl Sampler {
             }
             for (&id, &count) in &self.counts {
                 self.work[id as usize] -= p.presence_penalty + p.frequency_penalty * count as f32;
+            }
+        }
+        for &(id, bias) in &p.logit_bias {
+            if let Some(l) = self.work.get_mut(id as usize) {
+                *l += bias;
             }
         }
     }
@@ -650,6 +668,40 @@ mod tests {
     }
 
     #[test]
+    fn logit_bias_moves_greedy_and_sampled_choices() {
+        let logits = [2.0, 1.9, 0.5];
+        let biased = |bias: Vec<(u32, f32)>| SamplingParams {
+            logit_bias: bias,
+            ..SamplingParams::greedy()
+        };
+        let pick = |p: SamplingParams| Sampler::new(p).sample(&logits, &[], &[]).token;
+        assert_eq!(pick(biased(vec![])), 0);
+        assert_eq!(pick(biased(vec![(0, -0.2)])), 1);
+        assert_eq!(pick(biased(vec![(2, 1.6)])), 2);
+        assert_eq!(
+            pick(biased(vec![(7, 100.0)])),
+            0,
+            "ids past the logits are ignored"
+        );
+        // A ban holds under sampling too: token 0 never comes out.
+        let banned = SamplingParams {
+            temperature: 1.0,
+            seed: Some(3),
+            logit_bias: vec![(0, -100.0)],
+            ..SamplingParams::default()
+        };
+        assert!(!draws(banned, &logits, 500).contains(&0));
+        // Logprobs stay the model's own.
+        let mut s = Sampler::new(SamplingParams {
+            top_logprobs: Some(1),
+            ..biased(vec![(2, 50.0)])
+        });
+        let out = s.sample(&logits, &[], &[]);
+        assert_eq!(out.token, 2);
+        assert_eq!(out.top[0].0, 0);
+    }
+
+    #[test]
     fn logprobs_are_raw_log_softmax() {
         let logits = [1.0f32, 2.0, 3.0];
         let lse = (1f64.exp() + 2f64.exp() + 3f64.exp()).ln();
@@ -702,6 +754,8 @@ mod tests {
             (params(|p| p.repetition_penalty = 0.0), "repetition_penalty"),
             (params(|p| p.presence_penalty = 2.5), "presence_penalty"),
             (params(|p| p.frequency_penalty = -3.0), "frequency_penalty"),
+            (params(|p| p.logit_bias = vec![(5, -101.0)]), "logit_bias"),
+            (params(|p| p.logit_bias = vec![(5, f32::NAN)]), "logit_bias"),
             (params(|p| p.top_logprobs = Some(21)), "top_logprobs"),
         ];
         for (p, field) in bad {
