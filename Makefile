@@ -94,6 +94,13 @@ $(MODEL_Q4)/config.json: $(MODEL_MLX)/config.json tools/py/quantize_mlx.py
 
 ## Tiny random-weight models of each MLX architecture, made by mlx-lm's own classes
 ## (the architecture reference tests); remade when the script changes.
+## The same Gemma file with every tensor dequantized to F32 and its metadata kept,
+## which MLX's GGUF loader reads (tests/gemma_real.rs).
+GEMMA_F32_GGUF := $(CACHE)/models/gemma-3-270m-f32-gguf-v1/gemma-3-270m-f32.gguf
+
+$(GEMMA_F32_GGUF): $(REAL_GEMMA) tools/py/gguf_f32.py
+	@"$$(bash tools/setup-pyenv.sh)/bin/python" tools/py/gguf_f32.py $(REAL_GEMMA) $@
+
 TINY := $(CACHE)/models/tiny-v1
 
 $(TINY)/.made: $(MODEL_MLX)/config.json tools/py/tiny_models.py
@@ -105,7 +112,7 @@ $(TINY)/.made: $(MODEL_MLX)/config.json tools/py/tiny_models.py
 ## an MLX/HF directory (float32, and 4-bit quantized in two shards); the real GGUFs,
 ## Gemma's also as a float32 HF directory; the tiny models of each architecture.
 models: $(MODEL_GGUF) $(MODEL_MLX)/config.json $(MODEL_Q4)/config.json $(REAL_QWEN) $(REAL_GEMMA) \
-	$(GEMMA_MLX)/config.json $(TINY)/.made
+	$(GEMMA_MLX)/config.json $(GEMMA_F32_GGUF) $(TINY)/.made
 
 build: setup ui
 	$(CARGO) build --release -p shoal

@@ -318,6 +318,7 @@ fn load_gguf(
         "<|eot_id|>",
         "<|end_of_text|>",
         "<|endoftext|>",
+        "<end_of_turn>",
     ] {
         if let Some(id) = tokenizer.token_to_id(marker) {
             if gv.tokens.get(id as usize).is_some_and(|t| t == marker) && token_is_control(&gv, id)
@@ -328,7 +329,7 @@ fn load_gguf(
     }
     eos.sort_unstable();
     eos.dedup();
-    let tensors = gguf::tensors(&file)?;
+    let tensors = gguf::tensors(&file, &cfg)?;
     drop(file);
     let model = Transformer::new_stage(cfg, tensors, gguf::GGUF_GROUP_SIZE, policy, layers)?;
     Ok((

@@ -3,8 +3,12 @@
 
 use mlx_rs::io::GgufFile;
 use mlx_rs::Dtype;
+use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::decoders::fuse::Fuse;
+use tokenizers::decoders::sequence::Sequence as DecoderSequence;
 use tokenizers::models::bpe::BPE;
+use tokenizers::normalizers::Replace;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
@@ -30,7 +34,8 @@ const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{
 /// The tokenizer-related part of GGUF metadata (`tokenizer.ggml.*`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct GgufVocab {
-    /// `tokenizer.ggml.model`, e.g. `"gpt2"` for byte-level BPE.
+    /// `tokenizer.ggml.model`: `"gpt2"` for byte-level BPE, `"llama"` for
+    /// SentencePiece (Gemma, Llama 2, Mistral's early files).
     pub model: String,
     /// `tokenizer.ggml.pre`: which split regex the model was trained with.
     pub pre: Option<String>,
@@ -39,6 +44,11 @@ pub struct GgufVocab {
     pub token_types: Vec<i32>,
     /// BPE merges as `"left right"` strings, highest priority first.
     pub merges: Vec<String>,
+    /// SentencePiece scores, one per token (empty for byte-level BPE).
+    pub scores: Vec<f32>,
+    pub unk: Option<u32>,
+    /// SentencePiece: whether a space goes in front of the text.
+    pub add_space_prefix: bool,
     pub bos: Option<u32>,
     pub eos: Option<u32>,
     /// Whether plain `encode(.., true)` should prepend BOS.
@@ -73,6 +83,19 @@ impl GgufVocab {
             )));
         }
         let merges = metadata_strings(file, "tokenizer.ggml.merges")?.unwrap_or_default();
+        let scores = match file
+            .get_metadata_array("tokenizer.ggml.scores")
+            .map_err(|e| gguf_err("tokenizer.ggml.scores", e))?
+        {
+            Some(a) => a.to_vec_cast::<f32>().map_err(|e| {
+                EngineError::InvalidModel(format!("reading GGUF key tokenizer.ggml.scores: {e}"))
+            })?,
+            None => Vec::new(),
+        };
+        let unk = metadata_token_id(file, "tokenizer.ggml.unknown_token_id", tokens.len())?;
+        // llama.cpp's default for SentencePiece files that do not say.
+        let add_space_prefix = metadata_ints(file, "tokenizer.ggml.add_space_prefix")?
+            .map_or(model == "llama", |v| v.first().is_some_and(|&x| x != 0));
         let bos = metadata_token_id(file, "tokenizer.ggml.bos_token_id", tokens.len())?;
         let eos = metadata_token_id(file, "tokenizer.ggml.eos_token_id", tokens.len())?;
         // llama.cpp prepends BOS by default only for Llama 3 style vocabularies.
@@ -86,6 +109,9 @@ impl GgufVocab {
             tokens,
             token_types,
             merges,
+            scores,
+            unk,
+            add_space_prefix,
             bos,
             eos,
             add_bos,
@@ -100,12 +126,6 @@ impl GgufVocab {
 
 /// Builds a tokenizer equivalent to llama.cpp's for the supported vocabulary kinds.
 pub fn tokenizer_from_gguf(v: &GgufVocab) -> Result<Tokenizer> {
-    if v.model != "gpt2" {
-        return Err(EngineError::Unsupported(format!(
-            "tokenizer model {:?} (only byte-level BPE \"gpt2\" vocabularies are supported)",
-            v.model
-        )));
-    }
     if v.token_types.len() != v.tokens.len() {
         return Err(EngineError::InvalidModel(format!(
             "{} token types for {} tokens",
@@ -113,40 +133,15 @@ pub fn tokenizer_from_gguf(v: &GgufVocab) -> Result<Tokenizer> {
             v.tokens.len()
         )));
     }
-    let pre = v.pre.as_deref();
-    let pre_tokenizer = byte_level_pre_tokenizer(pre)?;
-
-    let vocab = v
-        .tokens
-        .iter()
-        .enumerate()
-        .map(|(id, token)| {
-            let id = u32::try_from(id)
-                .map_err(|_| EngineError::InvalidModel("vocabulary exceeds u32 ids".into()))?;
-            Ok((token.clone(), id))
-        })
-        .collect::<Result<tokenizers::models::bpe::Vocab>>()?;
-    let merges = v
-        .merges
-        .iter()
-        .map(|merge| {
-            merge
-                .split_once(' ')
-                .filter(|(left, right)| !left.is_empty() && !right.is_empty())
-                .map(|(left, right)| (left.to_owned(), right.to_owned()))
-                .ok_or_else(|| EngineError::InvalidModel(format!("malformed BPE merge {merge:?}")))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let bpe = BPE::builder()
-        .vocab_and_merges(vocab, merges)
-        // Llama 3 vocabularies take a whole pre-token that is itself in the vocabulary as-is.
-        .ignore_merges(pre == Some("llama-bpe"))
-        .build()
-        .map_err(|e| EngineError::Tokenizer(format!("building BPE model: {e}")))?;
-
-    let mut tokenizer = Tokenizer::new(bpe);
-    tokenizer.with_pre_tokenizer(Some(pre_tokenizer));
-    tokenizer.with_decoder(Some(ByteLevelDecoder::new(false, false, false)));
+    let mut tokenizer = match v.model.as_str() {
+        "gpt2" => byte_level_bpe(v)?,
+        "llama" => sentencepiece_bpe(v)?,
+        other => {
+            return Err(EngineError::Unsupported(format!(
+                "tokenizer model {other:?} (supported: \"gpt2\" byte-level BPE, \"llama\" SentencePiece)"
+            )))
+        }
+    };
 
     // Control and user-defined tokens are stored verbatim (not byte-level encoded) and must match
     // as whole strings before the regex split, otherwise `<|im_start|>` would become five pieces.
@@ -174,6 +169,120 @@ pub fn tokenizer_from_gguf(v: &GgufVocab) -> Result<Tokenizer> {
         })?;
         tokenizer.with_post_processor(Some(bos_processor(bos, bos_text)?));
     }
+    Ok(tokenizer)
+}
+
+/// Token text → id, refusing a vocabulary whose ids do not fit or repeat.
+fn vocab_map(v: &GgufVocab) -> Result<tokenizers::models::bpe::Vocab> {
+    let vocab = v
+        .tokens
+        .iter()
+        .enumerate()
+        .map(|(id, token)| {
+            let id = u32::try_from(id)
+                .map_err(|_| EngineError::InvalidModel("vocabulary exceeds u32 ids".into()))?;
+            Ok((token.clone(), id))
+        })
+        .collect::<Result<tokenizers::models::bpe::Vocab>>()?;
+    if vocab.len() != v.tokens.len() {
+        return Err(EngineError::InvalidModel(
+            "the GGUF vocabulary lists a token twice".into(),
+        ));
+    }
+    Ok(vocab)
+}
+
+/// GPT-2 style byte-level BPE with the file's merges and split regex.
+fn byte_level_bpe(v: &GgufVocab) -> Result<Tokenizer> {
+    let pre = v.pre.as_deref();
+    let pre_tokenizer = byte_level_pre_tokenizer(pre)?;
+    let merges = v
+        .merges
+        .iter()
+        .map(|merge| {
+            merge
+                .split_once(' ')
+                .filter(|(left, right)| !left.is_empty() && !right.is_empty())
+                .map(|(left, right)| (left.to_owned(), right.to_owned()))
+                .ok_or_else(|| EngineError::InvalidModel(format!("malformed BPE merge {merge:?}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab_map(v)?, merges)
+        // Llama 3 vocabularies take a whole pre-token that is itself in the vocabulary as-is.
+        .ignore_merges(pre == Some("llama-bpe"))
+        .build()
+        .map_err(|e| EngineError::Tokenizer(format!("building BPE model: {e}")))?;
+    let mut tokenizer = Tokenizer::new(bpe);
+    tokenizer.with_pre_tokenizer(Some(pre_tokenizer));
+    tokenizer.with_decoder(Some(ByteLevelDecoder::new(false, false, false)));
+    Ok(tokenizer)
+}
+
+/// SentencePiece as llama.cpp runs it: spaces become U+2581, then, from
+/// single characters, the adjacent pair whose join is the vocabulary entry
+/// with the highest score is merged until none is left; what matches nothing
+/// falls back to `<0xNN>` byte tokens. That is a BPE whose merges are every
+/// split of every entry into two entries, ranked by the entry's score.
+fn sentencepiece_bpe(v: &GgufVocab) -> Result<Tokenizer> {
+    // llama.cpp puts a space in front of the text and after every special
+    // token; files that ask for it (Llama 2 era) run on llama.cpp.
+    if v.add_space_prefix {
+        return Err(EngineError::Unsupported(
+            "SentencePiece vocabularies with a prefix space (tokenizer.ggml.add_space_prefix) \
+             on MLX; the llama backend runs this file"
+                .into(),
+        ));
+    }
+    if v.scores.len() != v.tokens.len() {
+        return Err(EngineError::InvalidModel(format!(
+            "{} SentencePiece scores for {} tokens",
+            v.scores.len(),
+            v.tokens.len()
+        )));
+    }
+    let vocab = vocab_map(v)?;
+    let mut ranked: Vec<(f32, u32, u32, u32)> = Vec::new();
+    for (id, token) in v.tokens.iter().enumerate() {
+        for (cut, _) in token.char_indices().skip(1) {
+            let (left, right) = token.split_at(cut);
+            if let (Some(&l), Some(&r)) = (vocab.get(left), vocab.get(right)) {
+                ranked.push((v.scores[id], id as u32, l, r));
+            }
+        }
+    }
+    // Highest score first; ties by entry id, then the parts' ids.
+    ranked.sort_by(|a, b| {
+        b.0.total_cmp(&a.0)
+            .then(a.1.cmp(&b.1))
+            .then(a.2.cmp(&b.2))
+            .then(a.3.cmp(&b.3))
+    });
+    let text = |id: u32| v.tokens[id as usize].clone();
+    let merges = ranked
+        .into_iter()
+        .map(|(_, _, l, r)| (text(l), text(r)))
+        .collect();
+    let mut builder = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .byte_fallback(true)
+        .fuse_unk(true);
+    if let Some(unk) = v.unk.and_then(|id| v.token(id)) {
+        builder = builder.unk_token(unk.to_owned());
+    }
+    let bpe = builder
+        .build()
+        .map_err(|e| EngineError::Tokenizer(format!("building SentencePiece model: {e}")))?;
+    let mut tokenizer = Tokenizer::new(bpe);
+    let space =
+        |e: tokenizers::Error| EngineError::Tokenizer(format!("SentencePiece normalizer: {e}"));
+    tokenizer.with_normalizer(Some(Replace::new(" ", "\u{2581}").map_err(space)?));
+    let unspace = Replace::new("\u{2581}", " ").map_err(space)?;
+    tokenizer.with_decoder(Some(DecoderSequence::new(vec![
+        unspace.into(),
+        ByteFallback::new().into(),
+        Fuse::new().into(),
+    ])));
     Ok(tokenizer)
 }
 
@@ -361,6 +470,9 @@ mod tests {
             tokens,
             token_types,
             merges: vec!["a b".into(), "Ġ ab".into(), "1 2".into()],
+            scores: Vec::new(),
+            unk: None,
+            add_space_prefix: false,
             bos: Some(0),
             eos: Some(1),
             add_bos: false,
@@ -483,6 +595,58 @@ mod tests {
     }
 
     #[test]
+    fn sentencepiece_merges_by_score_and_falls_back_to_bytes() {
+        // "ab" outranks "bc", so "abc" is ab + c; "é" is not in the vocabulary and
+        // becomes its two UTF-8 bytes.
+        let mut tokens: Vec<String> = [
+            "<unk>",
+            "<s>",
+            "</s>",
+            "a",
+            "b",
+            "c",
+            "ab",
+            "bc",
+            "\u{2581}",
+            "\u{2581}a",
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect();
+        let scores = vec![0.0, 0.0, 0.0, -5.0, -5.0, -5.0, -1.0, -2.0, -3.0, -0.5];
+        tokens.extend((0..=255u8).map(|b| format!("<0x{b:02X}>")));
+        let mut scores = scores;
+        scores.resize(tokens.len(), -10.0);
+        let mut token_types = vec![TOKEN_TYPE_NORMAL; tokens.len()];
+        token_types[1] = TOKEN_TYPE_CONTROL;
+        token_types[2] = TOKEN_TYPE_CONTROL;
+        let v = GgufVocab {
+            model: "llama".into(),
+            pre: None,
+            tokens,
+            token_types,
+            merges: Vec::new(),
+            scores,
+            unk: Some(0),
+            add_space_prefix: false,
+            bos: Some(1),
+            eos: Some(2),
+            add_bos: true,
+        };
+        let tok = tokenizer_from_gguf(&v).unwrap();
+        let byte = |b: u8| 10 + b as u32;
+        assert_eq!(ids(&tok, "abc", false), [6, 5]);
+        assert_eq!(ids(&tok, "abc a", true), [1, 6, 5, 9]);
+        assert_eq!(ids(&tok, "b\u{e9}", false), [4, byte(0xC3), byte(0xA9)]);
+        assert_eq!(ids(&tok, "</s>ab", false), [2, 6]);
+        assert_eq!(
+            tok.decode(&[6, 5, 9, byte(0xC3), byte(0xA9)], true)
+                .unwrap(),
+            "abc a\u{e9}"
+        );
+    }
+
+    #[test]
     fn rejects_unknown_kinds() {
         let mut v = small_vocab(Some("deepseek-llm"));
         let err = tokenizer_from_gguf(&v).unwrap_err();
@@ -491,10 +655,24 @@ mod tests {
             "{err}"
         );
         v.pre = None;
+        v.model = "bert".into();
+        let err = tokenizer_from_gguf(&v).unwrap_err();
+        assert!(
+            matches!(&err, EngineError::Unsupported(m) if m.contains("bert")),
+            "{err}"
+        );
+        // SentencePiece needs a score per token, and no prefix space on MLX.
         v.model = "llama".into();
         let err = tokenizer_from_gguf(&v).unwrap_err();
         assert!(
-            matches!(&err, EngineError::Unsupported(m) if m.contains("llama")),
+            matches!(&err, EngineError::InvalidModel(m) if m.contains("scores")),
+            "{err}"
+        );
+        v.scores = vec![0.0; v.tokens.len()];
+        v.add_space_prefix = true;
+        let err = tokenizer_from_gguf(&v).unwrap_err();
+        assert!(
+            matches!(&err, EngineError::Unsupported(m) if m.contains("prefix space")),
             "{err}"
         );
     }

@@ -90,9 +90,10 @@ fn a_stage_from_its_copy_computes_what_the_whole_file_computes() {
 
     let f = gguf::open(&src).expect("open");
     let cfg = gguf::config(&f).expect("config");
+    let tensors = gguf::tensors(&f, &cfg).expect("tensors");
     let whole = Transformer::new_stage(
         cfg,
-        gguf::tensors(&f).expect("tensors"),
+        tensors,
         gguf::GGUF_GROUP_SIZE,
         DevicePolicy::detect(),
         Some(range),

@@ -44,21 +44,34 @@ impl std::fmt::Display for BackendChoice {
     }
 }
 
-/// Architectures the MLX transformer implements.
-pub const MLX_ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3"];
-
 /// GGUF tensor types MLX's loader reads (`ggml_type` numbers: F32, F16,
 /// Q4_0, Q4_1, Q8_0).
 const MLX_GGUF_TYPES: &[u32] = &[0, 1, 2, 3, 8];
 
-/// Whether MLX can load this GGUF: its architecture and every tensor type.
+/// Whether MLX can load this GGUF: its architecture, its vocabulary kind and
+/// every tensor type.
 pub fn mlx_reads(header: &shoal_gguf::Header) -> std::result::Result<(), String> {
     let arch = header.architecture().unwrap_or("unknown");
-    if !MLX_ARCHITECTURES.contains(&arch) {
+    let archs = mlx::gguf::GGUF_ARCHITECTURES;
+    if !archs.contains(&arch) {
         return Err(format!(
-            "MLX runs {} but the file's architecture is {arch:?}",
-            MLX_ARCHITECTURES.join(", ")
+            "MLX runs GGUF files of {} but the file's architecture is {arch:?}",
+            archs.join(", ")
         ));
+    }
+    match header.string("tokenizer.ggml.model") {
+        Some("gpt2") => {}
+        // Where llama.cpp puts a prefix space (after every special token) is
+        // not built on the MLX side; such files stay on llama.cpp.
+        Some("llama")
+            if header.metadata.get("tokenizer.ggml.add_space_prefix")
+                == Some(&shoal_gguf::Value::Bool(false)) => {}
+        other => {
+            return Err(format!(
+                "MLX reads byte-level BPE and space-prefix-free SentencePiece vocabularies, not {}",
+                other.unwrap_or("an unnamed one")
+            ))
+        }
     }
     if let Some(t) = header
         .tensors

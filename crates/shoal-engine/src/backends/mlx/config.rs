@@ -43,6 +43,9 @@ pub struct ModelConfig {
     /// Gemma's layer shape: norms scale by `1 + w`, attention and MLP
     /// outputs are normed before the residual add, embeddings are scaled.
     pub gemma: bool,
+    /// Norm weights are stored as `w` and scale by `1 + w` (gemma's HF
+    /// weights); llama.cpp's converter stores gemma's `1 + w` already.
+    pub norms_plus_one: bool,
     pub activation: Activation,
     pub moe: Option<MoeConfig>,
     /// Per-layer quantization that differs from the default (MLX writes

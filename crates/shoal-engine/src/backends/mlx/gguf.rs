@@ -14,6 +14,9 @@ use mlx_rs::{Array, Dtype};
 use super::ModelConfig;
 use crate::error::{EngineError, Result};
 
+/// `general.architecture` values the MLX loader reads from GGUF.
+pub const GGUF_ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3", "gemma3"];
+
 /// GGUF stores llama.cpp's tensor names; MLX's group size for its quants is 32.
 pub const GGUF_GROUP_SIZE: i32 = 32;
 
@@ -67,65 +70,119 @@ pub fn config(f: &GgufFile) -> Result<ModelConfig> {
             what: "GGUF metadata".into(),
             detail: "general.architecture".into(),
         })?;
-    if !matches!(arch.as_str(), "llama" | "qwen2" | "qwen3") {
+    if !GGUF_ARCHITECTURES.contains(&arch.as_str()) {
         return Err(EngineError::Unsupported(format!(
-            "GGUF architecture '{arch}' (supported: llama, qwen2, qwen3)"
+            "GGUF architecture '{arch}' (supported: {})",
+            GGUF_ARCHITECTURES.join(", ")
         )));
     }
+    let gemma = arch == "gemma3";
     let k = |s: &str| format!("{arch}.{s}");
     let hidden = required(f, &k("embedding_length"))? as usize;
     let heads = required(f, &k("attention.head_count"))? as usize;
     let kv_heads = meta_number(f, &k("attention.head_count_kv"))?.map_or(heads, |v| v as usize);
     let head_dim = match meta_number(f, &k("attention.key_length"))? {
         Some(v) => v as usize,
+        None if gemma => 256,
         None if heads > 0 => hidden / heads,
         None => 0,
     };
+    let layers = required(f, &k("block_count"))? as usize;
     let vocab = match f.get_metadata("tokenizer.ggml.tokens") {
         Ok(Some(GgufMetadataValue::Strings(t))) => t.len(),
         _ => meta_number(f, &k("vocab_size"))?.map_or(0, |v| v as usize),
     };
-    let base = meta_number(f, &k("rope.freq_base"))?.unwrap_or(10000.0) as f32;
-    let rope_freqs = match f.get_array("rope_freqs.weight") {
+    let base =
+        meta_number(f, &k("rope.freq_base"))?.unwrap_or(if gemma { 1_000_000.0 } else { 10_000.0 })
+            as f32;
+    let mut scaling = super::rope::Scaling::default();
+    match f.get_array("rope_freqs.weight") {
         Ok(Some(factors)) => {
             // Llama 3.1+ stores per-pair divisors; MLX's rope takes periods.
             let factors = factors.as_dtype(Dtype::Float32)?;
             factors.eval()?;
             let half = factors.size();
             let dims = (half * 2) as f32;
-            Some(
+            scaling.freqs = Some(
                 factors
                     .as_slice::<f32>()
                     .iter()
                     .enumerate()
                     .map(|(i, fac)| base.powf(2.0 * i as f32 / dims) * fac)
                     .collect(),
-            )
+            );
         }
-        _ => None,
+        _ => {}
+    };
+    match meta_string(f, &k("rope.scaling.type"))?.as_deref() {
+        None | Some("none") => {}
+        Some("linear") => {
+            let factor = meta_number(f, &k("rope.scaling.factor"))?.unwrap_or(1.0) as f32;
+            if factor > 0.0 {
+                scaling.scale = Some(1.0 / factor);
+            }
+        }
+        Some(other) => {
+            return Err(EngineError::Unsupported(format!(
+                "GGUF rope scaling '{other}' on MLX (supported: linear)"
+            )))
+        }
+    }
+    // llama.cpp's gemma3 layout: every sixth layer is global, the others
+    // slide over `attention.sliding_window` positions with their own base.
+    let layer_windows = if gemma {
+        let pattern = meta_number(f, &k("attention.sliding_window_pattern"))?
+            .map_or(6, |p| p as usize)
+            .max(1);
+        let w = meta_number(f, &k("attention.sliding_window"))?.map_or(512, |v| v as usize);
+        (0..layers)
+            .map(|i| ((i + 1) % pattern != 0).then_some(w))
+            .collect()
+    } else {
+        Vec::new()
     };
     let ftype = meta_number(f, "general.file_type")?;
     Ok(ModelConfig {
         architecture: arch.clone(),
         hidden_size: hidden,
         intermediate_size: required(f, &k("feed_forward_length"))? as usize,
-        num_layers: required(f, &k("block_count"))? as usize,
+        num_layers: layers,
         num_heads: heads,
         num_kv_heads: kv_heads,
         head_dim,
         vocab_size: vocab,
-        rms_norm_eps: meta_number(f, &k("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5)
-            as f32,
+        rms_norm_eps: meta_number(f, &k("attention.layer_norm_rms_epsilon"))?.unwrap_or(if gemma {
+            1e-6
+        } else {
+            1e-5
+        }) as f32,
         rope_theta: base,
         rope_traditional: arch == "llama",
-        rope_scaling: super::rope::Scaling {
-            freqs: rope_freqs,
-            ..Default::default()
-        },
+        rope_scaling: scaling,
         context_length: meta_number(f, &k("context_length"))?.map_or(4096, |v| v as usize),
         tie_word_embeddings: !matches!(f.get_array("output.weight"), Ok(Some(_))),
         quantization: Some(ftype_name(ftype)),
         format: "gguf".into(),
+        layer_windows,
+        rope_local_theta: gemma
+            .then_some(meta_number(f, &k("rope.freq_base_swa"))?.unwrap_or(10_000.0) as f32),
+        // 1/sqrt(key_length), except gemma3 27B (62 layers): hidden / heads.
+        attn_scale: gemma.then(|| {
+            let s = if layers == 62 && heads > 0 {
+                hidden / heads
+            } else {
+                head_dim
+            };
+            (s as f32).powf(-0.5)
+        }),
+        gemma,
+        // llama.cpp's converter already stored gemma's norms as 1 + w.
+        norms_plus_one: false,
+        activation: if gemma {
+            super::config::Activation::GeluApprox
+        } else {
+            super::config::Activation::Silu
+        },
         ..ModelConfig::default()
     })
 }
@@ -143,8 +200,10 @@ fn ftype_name(ftype: Option<f64>) -> String {
     }
 }
 
-/// Maps llama.cpp tensor names onto Hugging Face names.
-fn hf_name(gguf: &str) -> Option<String> {
+/// Maps llama.cpp tensor names onto Hugging Face names. Gemma's four norms
+/// per layer take gemma's names: llama.cpp's `ffn_norm` is the norm before the
+/// MLP in both, which HF calls `post_attention_layernorm` only in the llama shape.
+fn hf_name(gguf: &str, gemma: bool) -> Option<String> {
     let (base, suffix) = gguf.rsplit_once('.')?;
     let mapped = match base {
         "token_embd" => "model.embed_tokens".to_string(),
@@ -156,7 +215,10 @@ fn hf_name(gguf: &str) -> Option<String> {
             let (idx, part) = rest.split_once('.')?;
             let part = match part {
                 "attn_norm" => "input_layernorm",
+                "ffn_norm" if gemma => "pre_feedforward_layernorm",
                 "ffn_norm" => "post_attention_layernorm",
+                "post_attention_norm" if gemma => "post_attention_layernorm",
+                "post_ffw_norm" if gemma => "post_feedforward_layernorm",
                 "attn_q" => "self_attn.q_proj",
                 "attn_k" => "self_attn.k_proj",
                 "attn_v" => "self_attn.v_proj",
@@ -174,14 +236,14 @@ fn hf_name(gguf: &str) -> Option<String> {
     Some(format!("{mapped}.{suffix}"))
 }
 
-/// Reads every tensor, renamed to Hugging Face names.
-pub fn tensors(f: &GgufFile) -> Result<HashMap<String, Array>> {
+/// Reads every tensor, renamed to Hugging Face names for `cfg`'s architecture.
+pub fn tensors(f: &GgufFile, cfg: &ModelConfig) -> Result<HashMap<String, Array>> {
     let arrays = f
         .arrays()
         .map_err(|e| EngineError::InvalidModel(format!("reading GGUF tensors: {e}")))?;
     let mut out = HashMap::with_capacity(arrays.len());
     for (name, a) in arrays {
-        if let Some(hf) = hf_name(&name) {
+        if let Some(hf) = hf_name(&name, cfg.gemma) {
             out.insert(hf, a);
         }
     }
@@ -195,18 +257,30 @@ mod tests {
     #[test]
     fn names_map_to_hf() {
         assert_eq!(
-            hf_name("token_embd.scales").as_deref(),
+            hf_name("token_embd.scales", false).as_deref(),
             Some("model.embed_tokens.scales")
         );
         assert_eq!(
-            hf_name("blk.12.attn_output.weight").as_deref(),
+            hf_name("blk.12.attn_output.weight", false).as_deref(),
             Some("model.layers.12.self_attn.o_proj.weight")
         );
         assert_eq!(
-            hf_name("blk.0.ffn_norm.weight").as_deref(),
+            hf_name("blk.0.ffn_norm.weight", false).as_deref(),
             Some("model.layers.0.post_attention_layernorm.weight")
         );
-        assert_eq!(hf_name("rope_freqs.weight"), None);
-        assert_eq!(hf_name("blk.0.unknown.weight"), None);
+        for (gguf, hf) in [
+            ("attn_norm", "input_layernorm"),
+            ("post_attention_norm", "post_attention_layernorm"),
+            ("ffn_norm", "pre_feedforward_layernorm"),
+            ("post_ffw_norm", "post_feedforward_layernorm"),
+        ] {
+            assert_eq!(
+                hf_name(&format!("blk.3.{gguf}.weight"), true),
+                Some(format!("model.layers.3.{hf}.weight"))
+            );
+        }
+        assert_eq!(hf_name("blk.3.post_ffw_norm.weight", false), None);
+        assert_eq!(hf_name("rope_freqs.weight", false), None);
+        assert_eq!(hf_name("blk.0.unknown.weight", false), None);
     }
 }

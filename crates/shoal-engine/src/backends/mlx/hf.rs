@@ -239,6 +239,7 @@ pub fn config(dir: &Path) -> Result<(ModelConfig, Option<i32>)> {
             s.powf(-0.5) as f32
         }),
         gemma,
+        norms_plus_one: gemma,
         activation: match arch.as_str() {
             "gemma3_text" => Activation::GeluApprox,
             "gpt_oss" => Activation::SwigluOai,

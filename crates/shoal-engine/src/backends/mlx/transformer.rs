@@ -99,7 +99,7 @@ impl Transformer {
             });
         }
         let head = if span.last() {
-            let norm = w.norm("model.norm.weight", cfg.gemma)?;
+            let norm = w.norm("model.norm.weight", cfg.norms_plus_one)?;
             let lm_head = if w.map.contains_key("lm_head.weight") && !cfg.tie_word_embeddings {
                 w.linear("lm_head")?
             } else {
@@ -375,9 +375,10 @@ fn load_layer(w: &mut Weights, cfg: &ModelConfig, i: usize) -> Result<Layer> {
         ])?
     };
     let g = cfg.gemma;
+    let one = cfg.norms_plus_one;
     let optional_norm = |w: &mut Weights, name: &str| -> Result<Option<Array>> {
         if w.has(name) {
-            Ok(Some(w.norm(name, g)?))
+            Ok(Some(w.norm(name, one)?))
         } else {
             Ok(None)
         }
@@ -388,14 +389,14 @@ fn load_layer(w: &mut Weights, cfg: &ModelConfig, i: usize) -> Result<Layer> {
     // llama shape's is the norm before the MLP.
     let (post_attn_norm, ffn_norm, post_ffn_norm) = if g {
         (
-            Some(w.norm(&format!("{p}.post_attention_layernorm.weight"), g)?),
-            w.norm(&format!("{p}.pre_feedforward_layernorm.weight"), g)?,
-            Some(w.norm(&format!("{p}.post_feedforward_layernorm.weight"), g)?),
+            Some(w.norm(&format!("{p}.post_attention_layernorm.weight"), one)?),
+            w.norm(&format!("{p}.pre_feedforward_layernorm.weight"), one)?,
+            Some(w.norm(&format!("{p}.post_feedforward_layernorm.weight"), one)?),
         )
     } else {
         (
             None,
-            w.norm(&format!("{p}.post_attention_layernorm.weight"), g)?,
+            w.norm(&format!("{p}.post_attention_layernorm.weight"), one)?,
             None,
         )
     };
@@ -469,7 +470,7 @@ fn load_layer(w: &mut Weights, cfg: &ModelConfig, i: usize) -> Result<Layer> {
         None
     };
     Ok(Layer {
-        attn_norm: w.norm(&format!("{p}.input_layernorm.weight"), g)?,
+        attn_norm: w.norm(&format!("{p}.input_layernorm.weight"), one)?,
         qkv,
         q_norm,
         k_norm,

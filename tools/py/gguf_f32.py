@@ -1,0 +1,66 @@
+"""Rewrites a GGUF with every tensor dequantized to F32 and the metadata kept.
+
+    python tools/py/gguf_f32.py IN.gguf OUT.gguf
+
+MLX's GGUF loader reads F32/F16/Q4_0/Q4_1/Q8_0 only, so a Q4_K_M file from
+the Hub cannot run on MLX as it is. The F32 copy holds exactly the weights the
+quantized file encodes (the `gguf` package's own dequantizer, as
+convert_gguf.py uses for the Hugging Face layout), with the file's own
+vocabulary, special tokens and hyperparameters, so the MLX GGUF path can be
+checked against the same weights in a model directory and against llama.cpp
+on the same file. Only `general.file_type` changes (to ALL_F32).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def copy_field(writer, field, gguf) -> None:
+    """Writes one metadata field of a reader into a writer, keeping its types."""
+    vtype = field.types[0]
+    value = field.contents()
+    if vtype == gguf.GGUFValueType.ARRAY:
+        writer.add_key_value(field.name, value, vtype, sub_type=field.types[-1])
+    else:
+        writer.add_key_value(field.name, value, vtype)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("src", type=Path)
+    ap.add_argument("out", type=Path)
+    args = ap.parse_args()
+
+    import gguf
+
+    reader = gguf.GGUFReader(args.src)
+    arch = reader.fields["general.architecture"].contents()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".part")
+    writer = gguf.GGUFWriter(tmp, arch)
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type"):
+            continue
+        copy_field(writer, field, gguf)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    for t in reader.tensors:
+        data = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        writer.add_tensor(t.name, data.reshape(shape))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(tmp, args.out)
+    print(f"gguf_f32: {len(reader.tensors)} tensors -> {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
