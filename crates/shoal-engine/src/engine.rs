@@ -128,6 +128,9 @@ impl Engine {
                         return;
                     }
                 };
+                if loaded.model.info().backend == BackendKind::Mlx {
+                    hold_mlx_at_exit_once();
+                }
                 let _ = ready_tx.send(Ok((loaded.model.info().clone(), loaded.vocab.clone())));
                 let cfg = RunConfig {
                     chunk,
@@ -250,6 +253,37 @@ impl Engine {
 /// on its own thread, so with several models loaded their steps take turns
 /// through this lock; one engine alone never waits on it.
 static MLX: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// At process exit, MLX's static objects (allocator, streams) are destroyed
+/// while other threads still run: an engine thread mid-step, or freeing a
+/// dropped model, would then work on a torn-down allocator (heap corruption
+/// at exit). This hook is registered after MLX has built those objects (once
+/// a model is loaded), so it runs before their destructors; it waits for the
+/// running step to end and keeps the MLX turn, so no engine thread touches
+/// MLX again. It gives up after 30 s rather than hang an exit.
+extern "C" fn hold_mlx_at_exit() {
+    let deadline = Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        match MLX.try_lock() {
+            Ok(guard) => return std::mem::forget(guard),
+            Err(std::sync::TryLockError::Poisoned(p)) => return std::mem::forget(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(1))
+            }
+            Err(std::sync::TryLockError::WouldBlock) => return,
+        }
+    }
+}
+
+fn hold_mlx_at_exit_once() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers a plain function with no captured state.
+        if unsafe { libc::atexit(hold_mlx_at_exit) } != 0 {
+            tracing::warn!("could not register the MLX exit hook");
+        }
+    });
+}
 
 fn mlx_turn() -> std::sync::MutexGuard<'static, ()> {
     MLX.lock().unwrap_or_else(|p| p.into_inner())
