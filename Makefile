@@ -103,9 +103,10 @@ $(GEMMA_F32_GGUF): $(REAL_GEMMA) tools/py/gguf_f32.py
 
 TINY := $(CACHE)/models/tiny-v1
 
-$(TINY)/.made: $(MODEL_MLX)/config.json tools/py/tiny_models.py
+$(TINY)/.made: $(MODEL_MLX)/config.json tools/py/tiny_models.py tools/py/tiny_gguf.py
 	@rm -rf $(TINY)
 	@"$$(bash tools/setup-pyenv.sh)/bin/python" tools/py/tiny_models.py $(TINY) >/dev/null
+	@"$$(bash tools/setup-pyenv.sh)/bin/python" tools/py/tiny_gguf.py $(TINY)
 	@touch $@
 
 ## The default GGUF and, for reference tests and benchmarks, the same weights as

@@ -280,6 +280,43 @@ fn check(name: &str) {
     check_engine(&dir, &r);
 }
 
+/// The float32 model written as GGUF the way llama.cpp lays it out
+/// (tools/py/tiny_gguf.py) runs on MLX's GGUF path exactly as mlx-lm runs the
+/// directory: tokens from the file's own vocabulary and template, logits,
+/// greedy steps, and the engine alone, batched and prefix-cached.
+fn check_gguf(name: &str) {
+    let dir = tiny(&format!("{name}-f32"));
+    let file = dir.with_extension("gguf");
+    assert!(
+        file.is_file(),
+        "{} missing — run `make models`",
+        file.display()
+    );
+    let r = reference(&dir);
+    let l = loader::load(
+        &file,
+        &shoal_engine::LoadOptions {
+            backend: BackendChoice::Mlx,
+            ..Default::default()
+        },
+    )
+    .expect("load");
+    assert_eq!(l.model.info().backend, shoal_engine::BackendKind::Mlx);
+    check_logits(&l, &file, &r);
+    drop(l);
+    check_engine(&file, &r);
+}
+
+#[test]
+fn qwen3_moe_gguf() {
+    check_gguf("qwen3_moe");
+}
+
+#[test]
+fn phi3_gguf() {
+    check_gguf("phi3");
+}
+
 macro_rules! archs {
     ($($test:ident => $dir:literal,)*) => {$(
         #[test]

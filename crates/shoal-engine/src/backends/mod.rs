@@ -248,7 +248,10 @@ mod tests {
 
     fn tiny(arch: &'static str) -> Vec<u8> {
         gguf_bytes(
-            &[("general.architecture", MetaValue::Str(arch))],
+            &[
+                ("general.architecture", MetaValue::Str(arch)),
+                ("tokenizer.ggml.model", MetaValue::Str("gpt2")),
+            ],
             &[
                 ("token_embd.weight", &[64, 8]),
                 ("output_norm.weight", &[64]),
@@ -303,7 +306,10 @@ mod tests {
             .expect("refused")
             .to_string();
             assert!(e.contains("\"foo\"") && e.contains("tried: llama"), "{e}");
-            assert!(e.contains("mlx (MLX runs llama, qwen2, qwen3"), "{e}");
+            assert!(
+                e.contains("mlx (MLX runs GGUF files of llama, qwen2, qwen3"),
+                "{e}"
+            );
         }
         let e = choose(&p, BackendChoice::Mlx).unwrap_err().to_string();
         assert!(e.contains("\"foo\"") && e.contains("tried: mlx"), "{e}");
@@ -332,6 +338,26 @@ mod tests {
         assert_eq!(
             choose(&p, BackendChoice::Mlx).expect("mlx reads F32"),
             BackendKind::Mlx
+        );
+        // A vocabulary MLX's side does not build stays on llama.cpp.
+        let spm = file(
+            "spm.gguf",
+            &gguf_bytes(
+                &[
+                    ("general.architecture", MetaValue::Str("llama")),
+                    ("tokenizer.ggml.model", MetaValue::Str("llama")),
+                ],
+                &[("token_embd.weight", &[64, 8])],
+            ),
+        );
+        let e = choose(&spm, BackendChoice::Mlx).unwrap_err().to_string();
+        assert!(
+            e.contains("SentencePiece") && e.contains("llama backend runs"),
+            "{e}"
+        );
+        assert_eq!(
+            choose(&spm, BackendChoice::Auto).expect("auto"),
+            BackendKind::Llama
         );
         let dir = p.parent().expect("dir").join("gemma-dir");
         std::fs::create_dir_all(&dir).expect("mkdir");

@@ -15,7 +15,7 @@ use super::ModelConfig;
 use crate::error::{EngineError, Result};
 
 /// `general.architecture` values the MLX loader reads from GGUF.
-pub const GGUF_ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3", "gemma3"];
+pub const GGUF_ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3"];
 
 /// GGUF stores llama.cpp's tensor names; MLX's group size for its quants is 32.
 pub const GGUF_GROUP_SIZE: i32 = 32;
@@ -87,6 +87,7 @@ pub fn config(f: &GgufFile) -> Result<ModelConfig> {
         None if heads > 0 => hidden / heads,
         None => 0,
     };
+    let rope_dims = meta_number(f, &k("rope.dimension_count"))?.map_or(head_dim, |v| v as usize);
     let layers = required(f, &k("block_count"))? as usize;
     let vocab = match f.get_metadata("tokenizer.ggml.tokens") {
         Ok(Some(GgufMetadataValue::Strings(t))) => t.len(),
@@ -113,6 +114,43 @@ pub fn config(f: &GgufFile) -> Result<ModelConfig> {
             );
         }
         _ => {}
+    };
+    // LongRoPE (phi3): per-pair divisors of the rotated dimensions, and a
+    // factor on the rotated part; the long factors, as for HF configs.
+    if let Ok(Some(long)) = f.get_array("rope_factors_long.weight") {
+        let long = long.as_dtype(Dtype::Float32)?;
+        long.eval()?;
+        let dims = rope_dims as f32;
+        scaling.freqs = Some(
+            long.as_slice::<f32>()
+                .iter()
+                .enumerate()
+                .map(|(i, fac)| base.powf(2.0 * i as f32 / dims) * fac)
+                .collect(),
+        );
+        let ctx = meta_number(f, &k("context_length"))?.unwrap_or(4096.0);
+        let orig = meta_number(f, &k("rope.scaling.original_context_length"))?.unwrap_or(ctx);
+        let factor = ctx / orig;
+        scaling.input_scale = Some(match meta_number(f, &k("rope.scaling.attn_factor"))? {
+            Some(a) => a as f32,
+            None if factor > 1.0 => (1.0 + factor.ln() / orig.ln()).sqrt() as f32,
+            None => 1.0,
+        });
+    }
+    let moe = if arch == "qwen3moe" {
+        let has = |name: String| matches!(f.get_array(&name), Ok(Some(_)));
+        Some(super::config::MoeConfig {
+            num_experts: required(f, &k("expert_count"))? as usize,
+            top_k: required(f, &k("expert_used_count"))? as usize,
+            routing: super::config::Routing::SoftmaxThenTopK,
+            normalize: meta_number(f, &k("expert_weights_norm"))?.is_none_or(|v| v != 0.0),
+            // A layer without a router is a dense MLP.
+            sparse_layers: (0..layers)
+                .map(|i| has(format!("blk.{i}.ffn_gate_inp.weight")))
+                .collect(),
+        })
+    } else {
+        None
     };
     match meta_string(f, &k("rope.scaling.type"))?.as_deref() {
         None | Some("none") => {}
@@ -159,6 +197,8 @@ pub fn config(f: &GgufFile) -> Result<ModelConfig> {
         rope_theta: base,
         rope_traditional: arch == "llama",
         rope_scaling: scaling,
+        rope_dims,
+        moe,
         context_length: meta_number(f, &k("context_length"))?.map_or(4096, |v| v as usize),
         tie_word_embeddings: !matches!(f.get_array("output.weight"), Ok(Some(_))),
         quantization: Some(ftype_name(ftype)),
@@ -203,13 +243,14 @@ fn ftype_name(ftype: Option<f64>) -> String {
 /// Maps llama.cpp tensor names onto Hugging Face names. Gemma's four norms
 /// per layer take gemma's names: llama.cpp's `ffn_norm` is the norm before the
 /// MLP in both, which HF calls `post_attention_layernorm` only in the llama shape.
-fn hf_name(gguf: &str, gemma: bool) -> Option<String> {
+fn hf_name(gguf: &str, arch: &str) -> Option<String> {
+    let gemma = arch == "gemma3";
     let (base, suffix) = gguf.rsplit_once('.')?;
     let mapped = match base {
         "token_embd" => "model.embed_tokens".to_string(),
         "output_norm" => "model.norm".to_string(),
         "output" => "lm_head".to_string(),
-        "rope_freqs" => return None,
+        "rope_freqs" | "rope_factors_long" | "rope_factors_short" => return None,
         _ => {
             let rest = base.strip_prefix("blk.")?;
             let (idx, part) = rest.split_once('.')?;
@@ -226,7 +267,14 @@ fn hf_name(gguf: &str, gemma: bool) -> Option<String> {
                 "attn_q_norm" => "self_attn.q_norm",
                 "attn_k_norm" => "self_attn.k_norm",
                 "ffn_gate" => "mlp.gate_proj",
+                // phi3's gate and up projections, stacked.
+                "ffn_up" if arch == "phi3" => "mlp.gate_up_proj",
                 "ffn_up" => "mlp.up_proj",
+                "attn_qkv" => "self_attn.qkv_proj",
+                "ffn_gate_inp" => "mlp.gate",
+                "ffn_gate_exps" => "mlp.switch_mlp.gate_proj",
+                "ffn_up_exps" => "mlp.switch_mlp.up_proj",
+                "ffn_down_exps" => "mlp.switch_mlp.down_proj",
                 "ffn_down" => "mlp.down_proj",
                 _ => return None,
             };
@@ -243,7 +291,7 @@ pub fn tensors(f: &GgufFile, cfg: &ModelConfig) -> Result<HashMap<String, Array>
         .map_err(|e| EngineError::InvalidModel(format!("reading GGUF tensors: {e}")))?;
     let mut out = HashMap::with_capacity(arrays.len());
     for (name, a) in arrays {
-        if let Some(hf) = hf_name(&name, cfg.gemma) {
+        if let Some(hf) = hf_name(&name, &cfg.architecture) {
             out.insert(hf, a);
         }
     }
@@ -257,15 +305,15 @@ mod tests {
     #[test]
     fn names_map_to_hf() {
         assert_eq!(
-            hf_name("token_embd.scales", false).as_deref(),
+            hf_name("token_embd.scales", "llama").as_deref(),
             Some("model.embed_tokens.scales")
         );
         assert_eq!(
-            hf_name("blk.12.attn_output.weight", false).as_deref(),
+            hf_name("blk.12.attn_output.weight", "llama").as_deref(),
             Some("model.layers.12.self_attn.o_proj.weight")
         );
         assert_eq!(
-            hf_name("blk.0.ffn_norm.weight", false).as_deref(),
+            hf_name("blk.0.ffn_norm.weight", "llama").as_deref(),
             Some("model.layers.0.post_attention_layernorm.weight")
         );
         for (gguf, hf) in [
@@ -275,12 +323,12 @@ mod tests {
             ("post_ffw_norm", "post_feedforward_layernorm"),
         ] {
             assert_eq!(
-                hf_name(&format!("blk.3.{gguf}.weight"), true),
+                hf_name(&format!("blk.3.{gguf}.weight"), "gemma3"),
                 Some(format!("model.layers.3.{hf}.weight"))
             );
         }
-        assert_eq!(hf_name("blk.3.post_ffw_norm.weight", false), None);
-        assert_eq!(hf_name("rope_freqs.weight", false), None);
-        assert_eq!(hf_name("blk.0.unknown.weight", false), None);
+        assert_eq!(hf_name("blk.3.post_ffw_norm.weight", "llama"), None);
+        assert_eq!(hf_name("rope_freqs.weight", "llama"), None);
+        assert_eq!(hf_name("blk.0.unknown.weight", "llama"), None);
     }
 }
