@@ -30,7 +30,8 @@ fn tiny(name: &str) -> PathBuf {
         .unwrap_or_else(|_| common::repo().join(".cache"));
     let p = root.join("models/tiny-v1").join(name);
     assert!(
-        p.join("config.json").is_file(),
+        p.join("config.json").is_file()
+            || p.extension().is_some_and(|e| e == "gguf") && p.is_file(),
         "tiny model missing at {} — run `make models`",
         p.display()
     );
@@ -396,4 +397,6 @@ stages! {
     phi3_splits_by_layers => "phi3-q4",
     qwen3_moe_splits_with_each_stage_holding_its_experts => "qwen3_moe-q4",
     gpt_oss_splits_with_each_stage_holding_its_experts => "gpt_oss-f32",
+    qwen3_moe_gguf_splits_with_each_stage_holding_its_experts => "qwen3_moe-f32.gguf",
+    phi3_gguf_splits_by_layers => "phi3-f32.gguf",
 }
