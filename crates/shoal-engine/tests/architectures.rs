@@ -267,35 +267,15 @@ fn check_engine(dir: &Path, r: &Value) {
 
 fn check(name: &str) {
     let dir = tiny(name);
-    let r = reference(&dir);
-    let l = loader::load(
-        &dir,
-        &shoal_engine::LoadOptions {
-            backend: BackendChoice::Mlx,
-            ..Default::default()
-        },
-    )
-    .expect("load");
-    check_logits(&l, &dir, &r);
-    drop(l);
-    check_engine(&dir, &r);
+    check_against(&dir, &dir);
 }
 
-/// The float32 model written as GGUF the way llama.cpp lays it out
-/// (tools/py/tiny_gguf.py) runs on MLX's GGUF path exactly as mlx-lm runs the
-/// directory: tokens from the file's own vocabulary and template, logits,
-/// greedy steps, and the engine alone, batched and prefix-cached.
-fn check_gguf(name: &str) {
-    let dir = tiny(&format!("{name}-f32"));
-    let file = dir.with_extension("gguf");
-    assert!(
-        file.is_file(),
-        "{} missing — run `make models`",
-        file.display()
-    );
-    let r = reference(&dir);
+/// `model` on MLX against mlx-lm's run of `dir`: logits, greedy steps, and
+/// the engine alone, batched and prefix-cached.
+fn check_against(model: &Path, dir: &Path) {
+    let r = reference(dir);
     let l = loader::load(
-        &file,
+        model,
         &shoal_engine::LoadOptions {
             backend: BackendChoice::Mlx,
             ..Default::default()
@@ -303,9 +283,19 @@ fn check_gguf(name: &str) {
     )
     .expect("load");
     assert_eq!(l.model.info().backend, shoal_engine::BackendKind::Mlx);
-    check_logits(&l, &file, &r);
+    check_logits(&l, model, &r);
     drop(l);
-    check_engine(&file, &r);
+    check_engine(model, &r);
+}
+
+/// The float32 model written as GGUF the way llama.cpp lays it out
+/// (tools/py/tiny_gguf.py) runs on MLX's GGUF path exactly as mlx-lm runs the
+/// directory, with tokens from the file's own vocabulary and template.
+fn check_gguf(name: &str) {
+    check_against(
+        &tiny(&format!("{name}-f32.gguf")),
+        &tiny(&format!("{name}-f32")),
+    );
 }
 
 #[test]

@@ -60,32 +60,30 @@ const LOGIT_TOL: f32 = 5e-3;
 /// The share of positions at which llama.cpp must choose MLX's token.
 const MIN_AGREEMENT: f64 = 0.9;
 
-fn converted_dir() -> PathBuf {
+/// A model `make models` wrote under the cache (`marker`: a file that
+/// must exist inside a directory; `None` for a file).
+fn cached(rel: &str, marker: Option<&str>) -> PathBuf {
     let root = std::env::var("SHOAL_CACHE")
         .map(PathBuf::from)
         .unwrap_or_else(|_| common::repo().join(".cache"));
-    let p = root.join("models/gemma-3-270m-f32-v1");
+    let p = root.join("models").join(rel);
+    let check = marker.map_or(p.clone(), |m| p.join(m));
     assert!(
-        p.join("conversion.json").is_file(),
-        "converted Gemma 3 missing at {} — run `make models`",
-        p.display()
+        check.is_file(),
+        "{} missing — run `make models`",
+        check.display()
     );
     p
+}
+
+fn converted_dir() -> PathBuf {
+    cached("gemma-3-270m-f32-v1", Some("conversion.json"))
 }
 
 /// The GGUF with every tensor dequantized to F32 and its metadata kept
 /// (`tools/py/gguf_f32.py`), which MLX's GGUF loader reads.
 fn f32_gguf() -> PathBuf {
-    let root = std::env::var("SHOAL_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| common::repo().join(".cache"));
-    let p = root.join("models/gemma-3-270m-f32-gguf-v1/gemma-3-270m-f32.gguf");
-    assert!(
-        p.is_file(),
-        "F32 Gemma 3 GGUF missing at {} — run `make models`",
-        p.display()
-    );
-    p
+    cached("gemma-3-270m-f32-gguf-v1/gemma-3-270m-f32.gguf", None)
 }
 
 fn gguf() -> PathBuf {
