@@ -97,37 +97,27 @@ pub fn config(f: &GgufFile) -> Result<ModelConfig> {
         meta_number(f, &k("rope.freq_base"))?.unwrap_or(if gemma { 1_000_000.0 } else { 10_000.0 })
             as f32;
     let mut scaling = super::rope::Scaling::default();
-    match f.get_array("rope_freqs.weight") {
-        Ok(Some(factors)) => {
-            // Llama 3.1+ stores per-pair divisors; MLX's rope takes periods.
-            let factors = factors.as_dtype(Dtype::Float32)?;
-            factors.eval()?;
-            let half = factors.size();
-            let dims = (half * 2) as f32;
-            scaling.freqs = Some(
-                factors
-                    .as_slice::<f32>()
-                    .iter()
-                    .enumerate()
-                    .map(|(i, fac)| base.powf(2.0 * i as f32 / dims) * fac)
-                    .collect(),
-            );
-        }
-        _ => {}
-    };
-    // LongRoPE (phi3): per-pair divisors of the rotated dimensions, and a
-    // factor on the rotated part; the long factors, as for HF configs.
-    if let Ok(Some(long)) = f.get_array("rope_factors_long.weight") {
-        let long = long.as_dtype(Dtype::Float32)?;
-        long.eval()?;
-        let dims = rope_dims as f32;
+    // Per-pair divisors of the rotary periods (MLX's rope takes the periods):
+    // Llama 3.1+'s `rope_freqs`, or LongRoPE's long factors (phi3, as for HF
+    // configs), which also scale the rotated part of q and k.
+    for name in ["rope_freqs.weight", "rope_factors_long.weight"] {
+        let Ok(Some(factors)) = f.get_array(name) else {
+            continue;
+        };
+        let factors = factors.as_dtype(Dtype::Float32)?;
+        factors.eval()?;
+        let dims = (factors.size() * 2) as f32;
         scaling.freqs = Some(
-            long.as_slice::<f32>()
+            factors
+                .as_slice::<f32>()
                 .iter()
                 .enumerate()
                 .map(|(i, fac)| base.powf(2.0 * i as f32 / dims) * fac)
                 .collect(),
         );
+        if name == "rope_freqs.weight" {
+            continue;
+        }
         let ctx = meta_number(f, &k("context_length"))?.unwrap_or(4096.0);
         let orig = meta_number(f, &k("rope.scaling.original_context_length"))?.unwrap_or(ctx);
         let factor = ctx / orig;
