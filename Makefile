@@ -38,6 +38,7 @@ test: setup ui lint
 	@SHOAL_BACKEND=llama bash tests/run-sdk.sh
 	@$(CARGO) build --release -p shoal-models --features fixture --bin shoal-hub-fixture
 	@bash tests/run-ui.sh
+	@SHOAL_BACKEND=llama bash tests/run-ui.sh
 
 # The engine, API, CLI and SDK suites about behaviour run on both backends: first on MLX
 # with the whole workspace, then these again (and the SDK suites) on llama.cpp. The
@@ -47,7 +48,8 @@ BEHAVIOUR_SUITES := -p shoal-engine --test e2e --test batching \
 	-p shoal --test cli --test netns
 
 # Test runs keep to an empty model library of their own and never reach a hub.
-# The UI and desktop suites serve on MLX (their replies are checked word for word).
+# The UI suite runs on both backends (set here to MLX, then to llama.cpp above); the
+# desktop suite serves on MLX.
 test test-ui desktop load: export SHOAL_BACKEND := mlx
 test test-ui: export HF_HOME := $(ROOT)/target/hf-home-test
 test test-ui: export HF_ENDPOINT := http://127.0.0.1:9

