@@ -313,3 +313,29 @@ def test_logprob_bytes_rebuild_multibyte_text(oai, model):
     assert any(ord(c) > 0x2FFF for c in ch.message.content), ch.message.content  # CJK text came out
     joined = b"".join(bytes(t.bytes) for t in content)
     assert joined.decode("utf-8", errors="replace") == ch.message.content, [(t.token, t.bytes) for t in content]
+
+
+def end_of_turn_ids(oai, model):
+    """The served model's end-of-turn token ids, read from its GGUF (the path
+    `/v1/models` reports)."""
+    import gguf
+
+    r = gguf.GGUFReader(oai.models.retrieve(model).model_extra["shoal"]["path"])
+    tokens = r.fields["tokenizer.ggml.tokens"].contents()
+    eos = int(r.fields["tokenizer.ggml.eos_token_id"].contents())
+    return sorted({eos, tokens.index("<|im_end|>")})
+
+
+def test_logit_bias_bans_the_end_of_turn(oai, model):
+    """`logit_bias` through the SDK: with the end of turn banned, the greedy
+    answer runs on to the limit, and the finish and usage say so."""
+    ban = {str(i): -100 for i in end_of_turn_ids(oai, model)}
+    r = create(oai, model, max_tokens=MAX, logit_bias=ban)
+    ch = r.choices[0]
+    assert ch.finish_reason == "length"
+    assert ch.message.content.startswith(ANSWER) and ch.message.content != ANSWER
+    check_usage(r.usage, PROMPT_TOKENS, MAX)
+    for bad in ({"not-an-id": 1}, {"5": 101}):
+        with pytest.raises(openai.BadRequestError) as e:
+            create(oai, model, max_tokens=MAX, logit_bias=bad)
+        assert e.value.param == "logit_bias", e.value.body
