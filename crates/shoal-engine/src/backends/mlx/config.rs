@@ -84,6 +84,14 @@ pub enum Routing {
     TopKThenSoftmax,
 }
 
+/// Gemma's layout: every `pattern`-th layer attends globally, the others
+/// slide over `window` positions.
+pub fn every_nth_global(layers: usize, pattern: usize, window: usize) -> Vec<Option<usize>> {
+    (0..layers)
+        .map(|i| ((i + 1) % pattern.max(1) != 0).then_some(window))
+        .collect()
+}
+
 impl ModelConfig {
     /// Layer `i`'s sliding window, if it has one.
     pub fn window(&self, i: usize) -> Option<usize> {

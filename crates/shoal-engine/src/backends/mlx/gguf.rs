@@ -106,26 +106,15 @@ pub fn config(f: &GgufFile) -> Result<ModelConfig> {
         };
         let factors = factors.as_dtype(Dtype::Float32)?;
         factors.eval()?;
-        let dims = (factors.size() * 2) as f32;
-        scaling.freqs = Some(
-            factors
-                .as_slice::<f32>()
-                .iter()
-                .enumerate()
-                .map(|(i, fac)| base.powf(2.0 * i as f32 / dims) * fac)
-                .collect(),
-        );
+        scaling.freqs = Some(super::rope::scaled_periods(base, factors.as_slice::<f32>()));
         if name == "rope_freqs.weight" {
             continue;
         }
         let ctx = meta_number(f, &k("context_length"))?.unwrap_or(4096.0);
         let orig = meta_number(f, &k("rope.scaling.original_context_length"))?.unwrap_or(ctx);
-        let factor = ctx / orig;
-        scaling.input_scale = Some(match meta_number(f, &k("rope.scaling.attn_factor"))? {
-            Some(a) => a as f32,
-            None if factor > 1.0 => (1.0 + factor.ln() / orig.ln()).sqrt() as f32,
-            None => 1.0,
-        });
+        let attention = meta_number(f, &k("rope.scaling.attn_factor"))?
+            .unwrap_or_else(|| super::rope::longrope_attention(ctx / orig, orig));
+        scaling.input_scale = Some(attention as f32);
     }
     let moe = if arch == "qwen3moe" {
         let has = |name: String| matches!(f.get_array(&name), Ok(Some(_)));
@@ -163,9 +152,7 @@ pub fn config(f: &GgufFile) -> Result<ModelConfig> {
             .map_or(6, |p| p as usize)
             .max(1);
         let w = meta_number(f, &k("attention.sliding_window"))?.map_or(512, |v| v as usize);
-        (0..layers)
-            .map(|i| ((i + 1) % pattern != 0).then_some(w))
-            .collect()
+        super::config::every_nth_global(layers, pattern, w)
     } else {
         Vec::new()
     };

@@ -136,9 +136,7 @@ pub fn config(dir: &Path) -> Result<(ModelConfig, Option<i32>)> {
                 .map_or(6, |p| p as usize)
                 .max(1);
             let w = window.unwrap_or(512);
-            (0..layers)
-                .map(|i| ((i + 1) % pattern != 0).then_some(w))
-                .collect()
+            super::config::every_nth_global(layers, pattern, w)
         }
         // layer_types decides, as in mlx-lm: a mistral config's bare
         // sliding_window does not make every layer slide.

@@ -130,11 +130,7 @@ pub fn scaling(s: Option<&Value>, base: f32, dims: usize, ctx: Context) -> Resul
                 .or(ctx.original)
                 .unwrap_or(4096.0);
             let factor = ctx.max_positions / orig;
-            let input = g("long_mscale").unwrap_or(if factor <= 1.0 {
-                1.0
-            } else {
-                (1.0 + factor.ln() / orig.ln()).sqrt()
-            });
+            let input = g("long_mscale").unwrap_or(longrope_attention(factor, orig));
             let freqs = periods()
                 .into_iter()
                 .zip(long)
@@ -152,6 +148,27 @@ pub fn scaling(s: Option<&Value>, base: f32, dims: usize, ctx: Context) -> Resul
             )))
         }
     })
+}
+
+/// LongRoPE's factor on the rotated part of q and k for a context `factor`
+/// times the original one of `orig` positions.
+pub fn longrope_attention(factor: f64, orig: f64) -> f64 {
+    if factor <= 1.0 {
+        1.0
+    } else {
+        (1.0 + factor.ln() / orig.ln()).sqrt()
+    }
+}
+
+/// Rotary periods `base^(2i/d)` over `d = 2 * factors.len()` dimensions,
+/// each multiplied by its factor (Llama 3.1's `rope_freqs`, LongRoPE's).
+pub fn scaled_periods(base: f32, factors: &[f32]) -> Vec<f32> {
+    let dims = (factors.len() * 2) as f32;
+    factors
+        .iter()
+        .enumerate()
+        .map(|(i, f)| base.powf(2.0 * i as f32 / dims) * f)
+        .collect()
 }
 
 /// A list of `n` factors, or one number for all.
