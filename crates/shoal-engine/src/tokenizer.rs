@@ -124,8 +124,44 @@ impl GgufVocab {
     }
 }
 
+/// `tokenizer.ggml.pre` values whose split `tokenizer_from_gguf` rebuilds.
+const BYTE_LEVEL_PRES: &[&str] = &["gpt2", "default", "smollm", "llama-bpe", "qwen2"];
+
+/// Whether [`tokenizer_from_gguf`] rebuilds a vocabulary of this kind exactly,
+/// from the header's `tokenizer.ggml.model`, `.pre` and `.add_space_prefix`
+/// (`None`: absent), so a backend can be chosen before the file is opened.
+pub fn rebuilds(
+    model: Option<&str>,
+    pre: Option<&str>,
+    add_space_prefix: Option<bool>,
+) -> std::result::Result<(), String> {
+    match model {
+        Some("gpt2") if pre.is_none_or(|p| BYTE_LEVEL_PRES.contains(&p)) => Ok(()),
+        Some("gpt2") => Err(format!(
+            "byte-level BPE with the pre-tokenizer {:?} (known: {})",
+            pre.unwrap_or_default(),
+            BYTE_LEVEL_PRES.join(", ")
+        )),
+        // llama.cpp puts a space in front of the text and after every special
+        // token (its default for SentencePiece); files that ask for it (Llama 2
+        // era) run on llama.cpp.
+        Some("llama") if add_space_prefix == Some(false) => Ok(()),
+        Some("llama") => Err(
+            "SentencePiece vocabularies with a prefix space (tokenizer.ggml.add_space_prefix)"
+                .into(),
+        ),
+        other => Err(format!(
+            "tokenizer model {:?} (supported: \"gpt2\" byte-level BPE, \"llama\" SentencePiece)",
+            other.unwrap_or_default()
+        )),
+    }
+}
+
 /// Builds a tokenizer equivalent to llama.cpp's for the supported vocabulary kinds.
 pub fn tokenizer_from_gguf(v: &GgufVocab) -> Result<Tokenizer> {
+    rebuilds(Some(&v.model), v.pre.as_deref(), Some(v.add_space_prefix)).map_err(|why| {
+        EngineError::Unsupported(format!("{why} on MLX; the llama backend runs this file"))
+    })?;
     if v.token_types.len() != v.tokens.len() {
         return Err(EngineError::InvalidModel(format!(
             "{} token types for {} tokens",
@@ -133,14 +169,10 @@ pub fn tokenizer_from_gguf(v: &GgufVocab) -> Result<Tokenizer> {
             v.tokens.len()
         )));
     }
-    let mut tokenizer = match v.model.as_str() {
-        "gpt2" => byte_level_bpe(v)?,
-        "llama" => sentencepiece_bpe(v)?,
-        other => {
-            return Err(EngineError::Unsupported(format!(
-                "tokenizer model {other:?} (supported: \"gpt2\" byte-level BPE, \"llama\" SentencePiece)"
-            )))
-        }
+    let mut tokenizer = if v.model == "gpt2" {
+        byte_level_bpe(v)?
+    } else {
+        sentencepiece_bpe(v)?
     };
 
     // Control and user-defined tokens are stored verbatim (not byte-level encoded) and must match
@@ -172,7 +204,7 @@ pub fn tokenizer_from_gguf(v: &GgufVocab) -> Result<Tokenizer> {
     Ok(tokenizer)
 }
 
-/// Token text → id, refusing a vocabulary whose ids do not fit or repeat.
+/// Token text → id (a text listed twice keeps its last id, as in llama.cpp).
 fn vocab_map(v: &GgufVocab) -> Result<tokenizers::models::bpe::Vocab> {
     let vocab = v
         .tokens
@@ -184,11 +216,6 @@ fn vocab_map(v: &GgufVocab) -> Result<tokenizers::models::bpe::Vocab> {
             Ok((token.clone(), id))
         })
         .collect::<Result<tokenizers::models::bpe::Vocab>>()?;
-    if vocab.len() != v.tokens.len() {
-        return Err(EngineError::InvalidModel(
-            "the GGUF vocabulary lists a token twice".into(),
-        ));
-    }
     Ok(vocab)
 }
 
@@ -225,15 +252,6 @@ fn byte_level_bpe(v: &GgufVocab) -> Result<Tokenizer> {
 /// falls back to `<0xNN>` byte tokens. That is a BPE whose merges are every
 /// split of every entry into two entries, ranked by the entry's score.
 fn sentencepiece_bpe(v: &GgufVocab) -> Result<Tokenizer> {
-    // llama.cpp puts a space in front of the text and after every special
-    // token; files that ask for it (Llama 2 era) run on llama.cpp.
-    if v.add_space_prefix {
-        return Err(EngineError::Unsupported(
-            "SentencePiece vocabularies with a prefix space (tokenizer.ggml.add_space_prefix) \
-             on MLX; the llama backend runs this file"
-                .into(),
-        ));
-    }
     if v.scores.len() != v.tokens.len() {
         return Err(EngineError::InvalidModel(format!(
             "{} SentencePiece scores for {} tokens",

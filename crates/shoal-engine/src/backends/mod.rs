@@ -59,20 +59,16 @@ pub fn mlx_reads(header: &shoal_gguf::Header) -> std::result::Result<(), String>
             archs.join(", ")
         ));
     }
-    match header.string("tokenizer.ggml.model") {
-        Some("gpt2") => {}
-        // Where llama.cpp puts a prefix space (after every special token) is
-        // not built on the MLX side; such files stay on llama.cpp.
-        Some("llama")
-            if header.metadata.get("tokenizer.ggml.add_space_prefix")
-                == Some(&shoal_gguf::Value::Bool(false)) => {}
-        other => {
-            return Err(format!(
-                "MLX reads byte-level BPE and space-prefix-free SentencePiece vocabularies, not {}",
-                other.unwrap_or("an unnamed one")
-            ))
-        }
-    }
+    let space = match header.metadata.get("tokenizer.ggml.add_space_prefix") {
+        Some(shoal_gguf::Value::Bool(b)) => Some(*b),
+        _ => None,
+    };
+    crate::tokenizer::rebuilds(
+        header.string("tokenizer.ggml.model"),
+        header.string("tokenizer.ggml.pre"),
+        space,
+    )
+    .map_err(|why| format!("MLX does not rebuild {why}"))?;
     if let Some(t) = header
         .tensors
         .iter()
