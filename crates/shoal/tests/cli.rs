@@ -692,8 +692,9 @@ fn pull_list_and_remove_models_from_a_fixture_hub() {
     let (status, reply) = post_json(
         &addr,
         "/v1/chat/completions",
-        &json!({"model": id, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
-            .to_string(),
+        &json!({"model": id, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+                 "temperature": 0})
+        .to_string(),
     );
     assert_eq!(status, 200, "{reply}");
     assert_eq!(reply["model"], id, "{reply}");
@@ -989,11 +990,14 @@ fn requests_are_forwarded_and_instances_survive_a_dead_node() {
             |m| m["id"] == format!("{model}/SmolLM2-135M-Instruct.Q4_1.gguf")
                 && m["shoal"]["loaded"] == false
         ));
-    let claude = json!({"model": model, "max_tokens": 5, "stream": true,
-                        "messages": [{"role": "user", "content": "Hi"}]})
+    // Greedy, so the reply cannot end early on a sampled end of turn: it is
+    // cut at the cap, and the forwarded stream says so with the exact count.
+    let claude = json!({"model": model, "max_tokens": 5, "stream": true, "temperature": 0,
+                        "messages": [{"role": "user", "content": "Write a long story about a ship."}]})
     .to_string();
     let sse = stream_until_end(&a, "/v1/messages", &claude, || {});
     assert!(sse.contains("event: message_stop"), "{sse}");
+    assert!(sse.contains("\"stop_reason\":\"max_tokens\""), "{sse}");
     assert!(sse.contains("\"output_tokens\":5"), "{sse}");
 
     // Attribution: a forwarded request is in both ledgers under one id, as
