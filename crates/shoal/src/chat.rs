@@ -289,6 +289,17 @@ pub fn run(a: Args) -> Result<()> {
             };
             anyhow::Ok(req)
         };
+        // The reply joins the conversation as the target gave it, pieces and
+        // their reserved metadata alike.
+        let keep_reply = |store: &mut Store, pieces: &[Piece]| {
+            store.add_message(
+                conv,
+                "assistant",
+                Some(dialect.name()),
+                Some(&model),
+                pieces,
+            )
+        };
         if let Some(text) = a.once.clone() {
             let req = turn(text, &mut history, &mut store)?;
             let quiet = a.json;
@@ -299,13 +310,7 @@ pub fn run(a: Args) -> Result<()> {
                     }
                 })
                 .await;
-            let id = store.add_message(
-                conv,
-                "assistant",
-                Some(dialect.name()),
-                Some(&model),
-                &reply.pieces,
-            )?;
+            let id = keep_reply(&mut store, &reply.pieces)?;
             let stored = store
                 .message(id)?
                 .context("the reply just stored is missing")?;
@@ -349,13 +354,7 @@ pub fn run(a: Args) -> Result<()> {
             let req = turn(text, &mut history, &mut store)?;
             let reply = target.send_streaming(&req, &mut print_first_choice).await;
             println!();
-            store.add_message(
-                conv,
-                "assistant",
-                Some(dialect.name()),
-                Some(&model),
-                &reply.pieces,
-            )?;
+            keep_reply(&mut store, &reply.pieces)?;
             for p in &reply.pieces {
                 eprintln!("{}", summary(p));
             }

@@ -325,22 +325,8 @@ pub async fn place(
         };
         hosts.push(vec![addr]);
     }
-    let stop_others = |upto: usize| {
-        let cluster = cluster.clone();
-        let order = order.clone();
-        let instance = instance_id.clone();
-        async move {
-            for id in order.iter().take(upto).skip(1) {
-                if let Some(peer) = cluster.address_of(id) {
-                    let body = json!({"instance": instance}).to_string().into_bytes();
-                    let _ = cluster
-                        .signed(reqwest::Method::POST, &peer, STOP_PATH, body)
-                        .send()
-                        .await;
-                }
-            }
-        }
-    };
+    // The peers' shards started so far (rank 0 is this node's own).
+    let stop_others = |upto: usize| stop_shards(&cluster, &instance_id, &order[1..upto.max(1)]);
     for (rank, id) in order.iter().enumerate().skip(1) {
         let peer = cluster
             .address_of(id)
@@ -415,16 +401,22 @@ pub fn stop_all(s: &AppState, i: &Instance) {
         let nodes = i.nodes.clone();
         let instance = i.id.clone();
         tokio::spawn(async move {
-            for id in nodes.iter().skip(1) {
-                if let Some(peer) = cluster.address_of(id) {
-                    let body = json!({"instance": instance}).to_string().into_bytes();
-                    let _ = cluster
-                        .signed(reqwest::Method::POST, &peer, STOP_PATH, body)
-                        .send()
-                        .await;
-                }
-            }
+            stop_shards(&cluster, &instance, nodes.get(1..).unwrap_or_default()).await
         });
+    }
+}
+
+/// Asks each of `nodes` to stop its shard of `instance`. Best effort: a
+/// node that is gone or does not answer has nothing left running for it.
+async fn stop_shards(cluster: &shoal_cluster::Cluster, instance: &str, nodes: &[String]) {
+    let body = json!({ "instance": instance }).to_string().into_bytes();
+    for id in nodes {
+        if let Some(peer) = cluster.address_of(id) {
+            let _ = cluster
+                .signed(reqwest::Method::POST, &peer, STOP_PATH, body.clone())
+                .send()
+                .await;
+        }
     }
 }
 
