@@ -322,7 +322,7 @@ async fn bad_input_table_anthropic_then_still_serving() {
         assert!(!v["error"]["message"].as_str().unwrap_or("").is_empty());
         assert!(v.get("usage").is_none(), "{text}");
     }
-    let body = json!({"model": MODEL, "max_tokens": 3, "messages": france()});
+    let body = json!({"model": MODEL, "max_tokens": 3, "temperature": 0, "messages": france()});
     let (status, text, _) = post(&base, "/v1/messages", &body.to_string()).await;
     assert_eq!(status, 200);
     let v: Value = serde_json::from_str(&text).expect("json");

@@ -563,7 +563,7 @@ fn json_logs_carry_the_request_span_and_prompts_only_when_asked() {
             &addr,
             "/v1/chat/completions",
             &json!({"model": shoal::id_from_path(&gguf()), "messages": [{"role": "user", "content": secret}],
-                    "max_tokens": 3})
+                    "max_tokens": 3, "temperature": 0})
             .to_string(),
         );
         assert_eq!(status, 200, "{reply}");
