@@ -6,7 +6,7 @@ use serde_json::Value;
 use tokenizers::Tokenizer;
 
 use crate::backend::{BackendKind, LanguageModel};
-use crate::backends::llama::vocab::LlamaVocab;
+use crate::backends::llama::vocab::{self as llama_vocab, LlamaVocab};
 use crate::backends::llama::{LlamaCppModel, LlamaOptions};
 use crate::backends::mlx::{gguf, gguf_subset, hf, DevicePolicy, Transformer};
 use crate::backends::{self, BackendChoice};
@@ -223,7 +223,11 @@ fn load_llama(path: &Path, header: &shoal_gguf::Header, opts: &LlamaOptions) -> 
     let text =
         |id: Option<u32>| id.map(|i| String::from_utf8_lossy(&lv.piece(i, true)).into_owned());
     let bos = lv.bos();
-    let eos = lv.end_tokens();
+    let named: Vec<u32> = llama_vocab::named_ends(header)
+        .into_iter()
+        .chain(lv.eos())
+        .collect();
+    let eos = lv.end_tokens(&named, header.ints("tokenizer.ggml.token_type"));
     let template = match header.string("tokenizer.chat_template") {
         Some(src) => Some(ChatTemplate::new(src, text(bos), text(lv.eos()))?),
         None => None,
@@ -311,24 +315,14 @@ fn load_gguf(
         )?),
         None => None,
     };
-    let mut eos: Vec<u32> = gv.eos.into_iter().collect();
-    // Chat models also end a turn with their end-of-turn marker.
-    for marker in [
-        "<|im_end|>",
-        "<|eot_id|>",
-        "<|end_of_text|>",
-        "<|endoftext|>",
-        "<end_of_turn>",
-    ] {
-        if let Some(id) = tokenizer.token_to_id(marker) {
-            if gv.tokens.get(id as usize).is_some_and(|t| t == marker) && token_is_control(&gv, id)
-            {
-                eos.push(id);
-            }
-        }
-    }
-    eos.sort_unstable();
-    eos.dedup();
+    // Replies end where llama.cpp's run of the same file ends them; by the
+    // file's own metadata when llama.cpp cannot read its vocabulary.
+    let eos = backends::check_gguf(path)
+        .and_then(|h| llama_vocab::end_tokens_of(path, &h))
+        .unwrap_or_else(|e| {
+            tracing::debug!(error = %e, "end tokens from the GGUF's metadata");
+            gv.end_tokens()
+        });
     let tensors = gguf::tensors(&file, &cfg)?;
     drop(file);
     let model = Transformer::new_stage(cfg, tensors, gguf::GGUF_GROUP_SIZE, policy, layers)?;
@@ -342,10 +336,6 @@ fn load_gguf(
             add_bos: gv.add_bos,
         }),
     ))
-}
-
-fn token_is_control(gv: &GgufVocab, id: u32) -> bool {
-    gv.token_types.get(id as usize).is_some_and(|&t| t == 3)
 }
 
 fn load_hf(

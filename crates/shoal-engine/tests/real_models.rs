@@ -393,7 +393,52 @@ fn model_info_says_llama_cpp_and_quantized_memory() {
             },
         };
         assert_eq!(c, want, "{name}");
+        // Where a reply ends: the models' own ends, as their generation
+        // configs list them, plus the fill-in-the-middle ends llama.cpp knows
+        // in the two code-trained vocabularies; never Gemma's `</s>`, which
+        // its vocabulary holds as plain text.
+        let ends: Vec<String> = e
+            .model
+            .vocab
+            .eos
+            .iter()
+            .map(|&t| e.model.vocab.decode(&[t], false).expect("decode"))
+            .collect();
+        let want: &[&str] = match name {
+            "smollm2" => &["<|endoftext|>", "<|im_end|>", "<reponame>"],
+            "qwen2.5-coder" => &[
+                "<|endoftext|>",
+                "<|im_end|>",
+                "<|fim_pad|>",
+                "<|repo_name|>",
+                "<|file_sep|>",
+            ],
+            _ => &["<eos>", "<end_of_turn>"],
+        };
+        assert_eq!(ends, want, "{name}");
     }
+}
+
+/// The same file ends its replies at the same tokens on either backend.
+#[test]
+fn replies_end_at_the_same_tokens_on_both_backends() {
+    let path = common::gguf_path();
+    let on = |backend| {
+        shoal_engine::loader::load(
+            &path,
+            &shoal_engine::loader::LoadOptions {
+                backend,
+                ..Default::default()
+            },
+        )
+        .expect("load")
+        .vocab
+        .eos
+        .clone()
+    };
+    let mlx = on(BackendChoice::Mlx);
+    assert!(!mlx.is_empty());
+    assert_eq!(mlx, on(BackendChoice::Llama));
 }
 
 #[test]

@@ -21,8 +21,9 @@ pub enum GgufError {
 
 pub type Result<T> = std::result::Result<T, GgufError>;
 
-/// A metadata value. Arrays keep their length and element type only: the
-/// big ones (vocabularies, merges) are not needed to describe a model.
+/// A metadata value. Arrays of text or floats keep their length and element
+/// type only: the big ones (vocabularies, merges, scores) are not needed to
+/// describe a model. Integer arrays (token types) are kept whole.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value {
     Uint(u64),
@@ -31,6 +32,7 @@ pub enum Value {
     Bool(bool),
     Str(String),
     Array { elem_type: u32, len: u64 },
+    Ints(Vec<i64>),
 }
 
 /// One entry of the tensor table.
@@ -152,6 +154,14 @@ impl Header {
     pub fn string(&self, key: &str) -> Option<&str> {
         match self.metadata.get(key) {
             Some(Value::Str(s)) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// An integer array, e.g. `tokenizer.ggml.token_type`.
+    pub fn ints(&self, key: &str) -> Option<&[i64]> {
+        match self.metadata.get(key) {
+            Some(Value::Ints(v)) => Some(v),
             _ => None,
         }
     }
@@ -278,10 +288,24 @@ impl Reader<'_> {
                 if depth > 0 {
                     return Err(self.bad("nested arrays"));
                 }
+                // Kept up to a size no vocabulary reaches, so a hostile file
+                // cannot make the reader hold more than a few MiB.
+                let integers = matches!(elem_type, 0..=5 | 10 | 11) && len <= 1 << 22;
+                let mut ints = Vec::new();
                 for _ in 0..len {
-                    self.value(elem_type, depth + 1)?;
+                    match self.value(elem_type, depth + 1)? {
+                        Value::Uint(u) if integers => {
+                            ints.push(i64::try_from(u).unwrap_or(i64::MAX))
+                        }
+                        Value::Int(i) if integers => ints.push(i),
+                        _ => {}
+                    }
                 }
-                Value::Array { elem_type, len }
+                if integers {
+                    Value::Ints(ints)
+                } else {
+                    Value::Array { elem_type, len }
+                }
             }
             10 => Value::Uint(self.u64()?),
             11 => Value::Int(i64::from_le_bytes(self.bytes()?)),

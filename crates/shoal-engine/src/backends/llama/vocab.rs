@@ -1,10 +1,41 @@
 //! Text ↔ tokens through llama.cpp's own tokenizer, so a GGUF run on
 //! llama.cpp is tokenized exactly as llama.cpp tokenizes it, for every
 //! vocabulary type it knows (BPE, SentencePiece, WordPiece…).
+use std::path::Path;
 use std::sync::Arc;
 
+use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
+
+use crate::error::{EngineError, Result};
+
+/// The ends a GGUF names in its metadata: EOS, end of turn, end of message.
+pub fn named_ends(header: &shoal_gguf::Header) -> Vec<u32> {
+    [
+        "tokenizer.ggml.eos_token_id",
+        "tokenizer.ggml.eot_token_id",
+        "tokenizer.ggml.eom_token_id",
+    ]
+    .iter()
+    .filter_map(|k| header.uint(k).and_then(|id| u32::try_from(id).ok()))
+    .collect()
+}
+
+/// The tokens that end a reply on the GGUF at `path`, as its llama.cpp run
+/// ends them ([`LlamaVocab::end_tokens`]), from a load of its vocabulary
+/// alone: the MLX path ends replies on the same file at the same tokens.
+pub fn end_tokens_of(path: &Path, header: &shoal_gguf::Header) -> Result<Vec<u32>> {
+    let params = LlamaModelParams::default().with_vocab_only(true);
+    let model = LlamaModel::load_from_file(super::runtime()?, path, &params).map_err(|e| {
+        EngineError::InvalidModel(format!("llama.cpp could not read the vocabulary: {e}"))
+    })?;
+    let vocab = LlamaVocab::of(Arc::new(model));
+    Ok(vocab.end_tokens(
+        &named_ends(header),
+        header.ints("tokenizer.ggml.token_type"),
+    ))
+}
 
 /// A llama.cpp model's vocabulary: immutable, and safe to share between
 /// threads (llama.cpp's tokenizer only reads it).
@@ -73,12 +104,24 @@ impl LlamaVocab {
         self.model.vocab().should_add_bos()
     }
 
-    /// Every end-of-generation token llama.cpp knows for this vocabulary
-    /// (EOS, end of turn, end of message…).
-    pub fn end_tokens(&self) -> Vec<u32> {
+    /// The tokens that end a reply: llama.cpp's end-of-generation set (EOS,
+    /// end of turn, end of message, fill-in-the-middle ends) where the file
+    /// names the token an end (`named`) or types it a control token
+    /// (`file_types`, its `tokenizer.ggml.token_type`). llama.cpp matches
+    /// some spellings whatever their type and retypes them as control, e.g.
+    /// `</s>`, which Gemma's vocabulary holds as user-defined text; a reply
+    /// that writes it has not ended. The MLX path ends replies on the same
+    /// set ([`crate::tokenizer::GgufVocab::end_tokens`]).
+    pub fn end_tokens(&self, named: &[u32], file_types: Option<&[i64]>) -> Vec<u32> {
         let v = self.model.vocab();
+        let control = |id: u32| match file_types {
+            Some(types) => {
+                types.get(id as usize) == Some(&i64::from(crate::tokenizer::TOKEN_TYPE_CONTROL))
+            }
+            None => v.is_control(LlamaToken(id as i32)),
+        };
         (0..self.n_tokens)
-            .filter(|&id| v.is_eog(LlamaToken(id as i32)))
+            .filter(|&id| v.is_eog(LlamaToken(id as i32)) && (named.contains(&id) || control(id)))
             .collect()
     }
 
