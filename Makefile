@@ -49,7 +49,7 @@ BEHAVIOUR_SUITES := -p shoal-engine --test e2e --test batching \
 
 # Test runs keep to an empty model library of their own and never reach a hub.
 # The UI suite runs on both backends (set here to MLX, then to llama.cpp above); the
-# desktop suite serves on MLX.
+# desktop smoke test runs once per backend (src-tauri/desktop.sh sets each).
 test test-ui desktop load: export SHOAL_BACKEND := mlx
 test test-ui: export HF_HOME := $(ROOT)/target/hf-home-test
 test test-ui: export HF_ENDPOINT := http://127.0.0.1:9

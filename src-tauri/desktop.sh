@@ -77,17 +77,28 @@ step "check .deb" check_deb
 # The smoke test's peer node (cluster split with the app).
 step "build shoal CLI (peer node)" cargo build --release -p shoal
 
+# The smoke test on each backend: the default GGUF on MLX, then on llama.cpp
+# (where a pipeline split is refused and the model is placed whole).
 status=0
-# The app's conversation store for this run, not the user's.
-export SHOAL_DB="$out/conversations.sqlite"
-rm -f "$SHOAL_DB" "$SHOAL_DB-wal" "$SHOAL_DB-shm"
-step "smoke test (xvfb, dbus)" xvfb-run -a dbus-run-session -- \
-  node src-tauri/smoke/smoke.mjs target/release/shoal-desktop "$driver" "$out" \
-  > >(tee "$out/smoke.log" | grep -E '^(ok|FAIL|     |desktop:)') 2> "$out/smoke-stderr.log" || status=$?
-sleep 1
+smoke() {
+  local backend=$1 dir="$out/$1"
+  mkdir -p "$dir"
+  # The app's conversation store for this run, not the user's.
+  export SHOAL_DB="$dir/conversations.sqlite"
+  rm -f "$SHOAL_DB" "$SHOAL_DB-wal" "$SHOAL_DB-shm"
+  SHOAL_BACKEND=$backend xvfb-run -a dbus-run-session -- \
+    node src-tauri/smoke/smoke.mjs target/release/shoal-desktop "$driver" "$dir" \
+    > >(tee "$dir/smoke.log" | grep -E '^(ok|FAIL|     |desktop:)') 2> "$dir/smoke-stderr.log"
+}
+for backend in mlx llama; do
+  step "smoke test on $backend (xvfb, dbus)" smoke "$backend" || status=$?
+  sleep 1
+done
 echo "[desktop] package: $deb ($(du -h "$deb" | cut -f1))"
-echo "[desktop] screenshot: $out/chat.png; logs: $out/smoke.log, $out/smoke-stderr.log"
+echo "[desktop] screenshots: $out/{mlx,llama}/chat.png; logs: $out/{mlx,llama}/smoke.log, smoke-stderr.log"
 echo "[desktop] step times:"
 printf '  %s\n' "${steps[@]}"
-grep -E '^desktop: [0-9]+ passed, [0-9]+ failed' "$out/smoke.log" | tail -1 || echo "desktop: 0 passed, 1 failed"
+for backend in mlx llama; do
+  echo "[desktop] on $backend: $(grep -E '^desktop: [0-9]+ passed, [0-9]+ failed' "$out/$backend/smoke.log" 2>/dev/null | tail -1 || echo "desktop: 0 passed, 1 failed")"
+done
 exit $status

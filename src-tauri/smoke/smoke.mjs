@@ -10,8 +10,9 @@
 // status line and items; Stop/Start Server work from the menu; Copy API URL
 // fills the clipboard; closing the window keeps the server up; a `shoal serve`
 // node joins the app's cluster and a model split over both runs its second
-// half in a shard the app starts as itself; Quit lets an open stream finish
-// with its final event, then the process exits.
+// half in a shard the app starts as itself (on llama.cpp: the split is refused
+// and the model placed whole); Quit lets an open stream finish with its final
+// event, then the process exits. SHOAL_BACKEND picks the backend served.
 import { spawn, execFileSync } from 'node:child_process';
 import { mkdirSync, openSync, readFileSync, readlinkSync, writeFileSync, existsSync } from 'node:fs';
 import { createInterface } from 'node:readline';
@@ -264,13 +265,27 @@ async function clusterSplit(base) {
       return r.nodes.length === 2 && r.nodes.every((n) => n.status === 'online') ? r.nodes : null;
     }, 30_000);
     pass('a node joins the app\'s cluster', nodes.map((n) => `${n.name}${n.self ? '' : ' (app)'}`).join(', '));
-    const model = (await (await fetch(`${base}v1/models`)).json()).data[0].id;
+    const listed = (await (await fetch(`${base}v1/models`)).json()).data[0];
+    const model = listed.id;
     const ask = {
       model, max_tokens: 12, temperature: 0,
       messages: [{ role: 'user', content: 'What is the capital of France?' }],
     };
     const single = await post(nodeBase, 'v1/chat/completions', ask);
     const ids = [nodes.find((n) => n.self).id, nodes.find((n) => !n.self).id];
+    if (listed.shoal?.backend === 'llama') {
+      // Splitting by layers runs over MLX's ring: a llama.cpp model is
+      // refused a split, and is placed whole on one node (here the app).
+      const refused = await post(nodeBase, 'v1/instances', { model, nodes: ids, sharding: 'pipeline' });
+      check('a llama.cpp model is refused a pipeline split',
+        /llama\.cpp/.test(refused.error?.message ?? '') && /whole/.test(refused.error?.message ?? ''),
+        JSON.stringify(refused).slice(0, 300));
+      const whole = await post(nodeBase, 'v1/instances', { model, nodes: [ids[1]] });
+      check('a llama.cpp model is placed whole on the app', whole.status === 'ready' && whole.entry === ids[1],
+        JSON.stringify(whole).slice(0, 300));
+      if (whole.id) await fetch(`${nodeBase}v1/instances/${whole.id}`, { method: 'DELETE' });
+      return;
+    }
     const inst = await post(nodeBase, 'v1/instances', { model, nodes: ids, sharding: 'pipeline' });
     check('pipeline instance over the node and the app', inst.status === 'ready',
       JSON.stringify(inst.layers ?? inst).slice(0, 300));
@@ -331,6 +346,11 @@ try {
   pass('window loads the in-process server', url);
   const title = await wdCall('GET', `/session/${session}/title`);
   check('page title', /shoal/i.test(title), JSON.stringify(title));
+  // The backend the app serves on is the one asked for (SHOAL_BACKEND).
+  const served = (await (await fetch(`${url}v1/models`)).json()).data[0]?.shoal?.backend;
+  check(`the app serves its model on ${process.env.SHOAL_BACKEND ?? 'auto'}`,
+    !process.env.SHOAL_BACKEND || process.env.SHOAL_BACKEND === 'auto' || served === process.env.SHOAL_BACKEND,
+    `shoal.backend = ${served}`);
 
   const input = await waitFor('the composer', () => find(session, 'composer-input'), 30_000);
   // The model list must be loaded before a message can go out.
