@@ -56,7 +56,7 @@ def gguf_name(tmaps, hf: str) -> str:
     return f"{name}.{suffix}"
 
 
-def write(src: Path, out: Path, arch: str) -> None:
+def write(src: Path, out: Path, arch: str, attn_factor: bool = True) -> None:
     import gguf
 
     cfg = json.loads((src / "config.json").read_text())
@@ -91,7 +91,8 @@ def write(src: Path, out: Path, arch: str) -> None:
         orig = cfg["original_max_position_embeddings"]
         scale = cfg["max_position_embeddings"] / orig
         w.add_rope_scaling_orig_ctx_len(orig)
-        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1 else 1.0)
+        if attn_factor:
+            w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1 else 1.0)
         for kind in ("long", "short"):
             tensor = gguf.TENSOR_NAMES[getattr(gguf.MODEL_TENSOR, f"ROPE_FACTORS_{kind.upper()}")]
             w.add_tensor(f"{tensor}.weight", np.asarray(rs[f"{kind}_factor"], dtype=np.float32))
@@ -131,6 +132,11 @@ def main() -> int:
         out = root / f"{arch}-f32.gguf"
         write(src, out, arch)
         print(f"tiny_gguf: {out}", file=sys.stderr)
+    # Phi-3 as files that leave out the LongRoPE attention factor: the
+    # loader derives it from the context lengths, as llama.cpp does.
+    out = root / "phi3-f32-no-attn-factor.gguf"
+    write(root / "phi3-f32", out, "phi3", attn_factor=False)
+    print(f"tiny_gguf: {out}", file=sys.stderr)
     return 0
 
 

@@ -308,6 +308,13 @@ fn phi3_gguf() {
     check_gguf("phi3");
 }
 
+/// A Phi-3 GGUF without `rope.scaling.attn_factor`: the factor the loader
+/// derives from the context lengths gives mlx-lm's logits all the same.
+#[test]
+fn phi3_gguf_without_its_attention_factor() {
+    check_against(&tiny("phi3-f32-no-attn-factor.gguf"), &tiny("phi3-f32"));
+}
+
 macro_rules! archs {
     ($($test:ident => $dir:literal,)*) => {$(
         #[test]
