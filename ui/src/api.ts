@@ -307,17 +307,15 @@ export const usageCsv = (f: UsageFilters) => request('GET', `/v1/usage?${usageQu
 
 export const clusterNodes = () => getJson<{ nodes: ClusterNode[] }>('/v1/cluster/nodes').then((r) => r.nodes ?? []);
 
-/** The ledger entry for one response id, waiting briefly for the server to record it. */
-export async function ledgerEntry(id: string, timeoutMs = 3000): Promise<LedgerEntry | null> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    try {
-      const hit = (await usageLedger(50)).find((e) => e.id === id);
-      if (hit) return hit;
-    } catch {
-      /* retried below */
-    }
-    if (Date.now() > deadline) return null;
-    await new Promise((r) => setTimeout(r, 150));
+/**
+ * The ledger entry for one response id. The server answers once the request
+ * is recorded, waiting while it is still winding down (a stopped stream is
+ * recorded when the engine has stopped it); null when it holds no such request.
+ */
+export async function ledgerEntry(id: string): Promise<LedgerEntry | null> {
+  try {
+    return await getJson<LedgerEntry>(`/v1/usage/${encodeURIComponent(id)}`);
+  } catch {
+    return null;
   }
 }

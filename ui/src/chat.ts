@@ -171,7 +171,7 @@ export async function streamChat(req: ChatRequest, signal: AbortSignal, h: Strea
   // The OpenAI dialect says "stop" for both an end of turn and a matched stop
   // sequence; the server's ledger keeps the engine's own reason.
   if (finish === 'stop' && req.stop?.length) {
-    const entry = responseId ? await ledgerEntry(responseId, 3000) : null;
+    const entry = responseId ? await ledgerEntry(responseId) : null;
     if (entry?.engine_finish_reasons?.[0] === 'stop_sequence') {
       finish = 'stop_sequence';
       stopSequence = entry.stop_sequences?.[0] ?? undefined;
@@ -184,7 +184,7 @@ export async function streamChat(req: ChatRequest, signal: AbortSignal, h: Strea
   async function cancelled(): Promise<StreamResult> {
     const live = liveStats();
     if (responseId) {
-      const entry = await ledgerEntry(responseId, 3000);
+      const entry = await ledgerEntry(responseId);
       if (entry?.usage && typeof (entry.usage as any).completion_tokens === 'number') {
         return { finish: 'cancelled', responseId, stats: usageStats(entry.usage as unknown as Usage, ttft(), span(), 'ledger') };
       }

@@ -35,9 +35,10 @@ const SERVER_KEYS: &[&str] = &[
     "error",
 ];
 
-/// How long a reply's ledger entry may lag behind the client's post (a
-/// generation the client cancelled is recorded once the engine has stopped).
-const LEDGER_WAIT: Duration = Duration::from_secs(3);
+/// A reply's ledger entry may lag behind the client's post: a generation
+/// the client cancelled is recorded once the engine has stopped it, which
+/// the post waits for. This only bounds a wait that would never end.
+const LEDGER_HANG_GUARD: Duration = Duration::from_secs(120);
 
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -241,7 +242,7 @@ async fn add_message(
         }
         "assistant" => {
             let entry = match &m.response_id {
-                Some(rid) => s.ledger.wait_for(rid, LEDGER_WAIT).await,
+                Some(rid) => s.ledger.wait_for(rid, LEDGER_HANG_GUARD).await,
                 None => None,
             };
             let mut metadata = match &entry {

@@ -257,6 +257,28 @@ pub struct Retention {
 pub struct Ledger {
     log: Mutex<UsageLog>,
     retention: Retention,
+    /// Ids of requests generating now, each to be recorded when it ends.
+    pending: Mutex<std::collections::HashSet<String>>,
+    /// Woken whenever a row is written or a pending request ends.
+    written: tokio::sync::Notify,
+}
+
+/// A request the ledger expects a row for ([`Ledger::expect`]); dropping it
+/// says the request has ended, recorded or not.
+pub struct Pending {
+    ledger: Arc<Ledger>,
+    id: String,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        lock(&self.ledger.pending).remove(&self.id);
+        self.ledger.written.notify_waiters();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Ledger {
@@ -267,6 +289,8 @@ impl Ledger {
         Ledger {
             log: Mutex::new(log),
             retention: Retention { days: 0, rows },
+            pending: Mutex::default(),
+            written: tokio::sync::Notify::new(),
         }
     }
 
@@ -278,11 +302,23 @@ impl Ledger {
         Ok(Ledger {
             log: Mutex::new(UsageLog::open(path)?),
             retention,
+            pending: Mutex::default(),
+            written: tokio::sync::Notify::new(),
         })
     }
 
     pub(crate) fn log(&self) -> std::sync::MutexGuard<'_, UsageLog> {
-        self.log.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.log)
+    }
+
+    /// Marks request `id` as generating: until the guard drops, a reader
+    /// waiting for its row ([`Ledger::wait_for`]) waits rather than giving up.
+    pub fn expect(self: &Arc<Self>, id: &str) -> Pending {
+        lock(&self.pending).insert(id.to_string());
+        Pending {
+            ledger: self.clone(),
+            id: id.to_string(),
+        }
     }
 
     /// Writes `e`; it is on disk when this returns. A failed write is logged
@@ -295,6 +331,7 @@ impl Ledger {
         if let Err(error) = written {
             tracing::error!(id = %e.id, %error, "usage ledger write failed");
         }
+        self.written.notify_waiters();
     }
 
     /// Writes a row as another node recorded it (a request this node
@@ -309,6 +346,8 @@ impl Ledger {
         if let Err(error) = written {
             tracing::error!(id = %row.id, %error, "usage ledger write failed");
         }
+        drop(log);
+        self.written.notify_waiters();
     }
 
     /// Sets the HTTP status of request `id` once its response is built.
@@ -340,19 +379,28 @@ impl Ledger {
         }
     }
 
-    /// Like [`Ledger::get`], waiting up to `timeout` for a request that is
-    /// still winding down (a client that hung up is recorded once the engine
-    /// has stopped its generation).
-    pub async fn wait_for(&self, id: &str, timeout: std::time::Duration) -> Option<LedgerEntry> {
-        let deadline = tokio::time::Instant::now() + timeout;
+    /// Like [`Ledger::get`], but a request still generating (a client that
+    /// hung up is recorded once the engine has stopped it) is waited for
+    /// until its row is written or it ends unrecorded. `hang_guard` only
+    /// bounds a wait that would otherwise never end; an id that is neither
+    /// recorded nor generating is `None` at once.
+    pub async fn wait_for(&self, id: &str, hang_guard: std::time::Duration) -> Option<LedgerEntry> {
+        let deadline = tokio::time::Instant::now() + hang_guard;
         loop {
+            // Registered before the checks, so a write between them wakes it.
+            let woken = self.written.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
             if let Some(e) = self.get(id) {
                 return Some(e);
             }
-            if tokio::time::Instant::now() >= deadline {
+            if !lock(&self.pending).contains(id) {
+                // Ended since the look above: its row may have landed.
+                return self.get(id);
+            }
+            if tokio::time::timeout_at(deadline, woken).await.is_err() {
                 return None;
             }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
     }
 

@@ -236,6 +236,7 @@ pub fn router(state: AppState) -> Router {
         .route("/health", get(health))
         .route("/v1/usage", get(usage::handle))
         .route("/v1/usage/keys", get(usage::keys))
+        .route("/v1/usage/{id}", get(usage::entry))
         .route(cluster::PEER_USAGE_PATH, post(usage::peer_usage))
         .route("/metrics", get(metrics::handle))
         .route(

@@ -341,6 +341,8 @@ pub fn start(state: &Served, job: Generation, fmt: LedgerFormat) -> Result<Choic
     }
     // Registered so a server shutdown can end it with a proper final event.
     let running = state.running.register(flags.clone());
+    // Readers of the id (a stored reply's usage) wait for its row until then.
+    let pending = state.ledger.expect(&fmt.id);
     tokio::spawn(
         async move {
             let mut merged = futures::stream::select_all(streams);
@@ -418,6 +420,7 @@ pub fn start(state: &Served, job: Generation, fmt: LedgerFormat) -> Result<Choic
                 }
             }
             drop(running);
+            drop(pending);
             if !recorded {
                 record(&done);
             }

@@ -225,6 +225,23 @@ pub async fn peer_usage(State(s): State<crate::AppState>, req: Request) -> Respo
     }
 }
 
+/// `/v1/usage/{id}`: one request's entry, as `/v1/usage` lists it. A
+/// request still generating is waited for (a stream the client left is
+/// recorded once the engine has stopped it); an id the ledger neither holds
+/// nor expects is a 404 at once.
+pub async fn entry(
+    State(s): State<crate::AppState>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    const HANG_GUARD: std::time::Duration = std::time::Duration::from_secs(120);
+    match s.ledger.wait_for(&id, HANG_GUARD).await {
+        Some(e) => axum::Json(e.to_json_priced(&s.prices)).into_response(),
+        None => ApiError::not_found(format!("the usage ledger has no request '{id}'"))
+            .in_dialect(ErrorShape::OpenAi)
+            .into_response(),
+    }
+}
+
 /// `/v1/usage`: the ledger's entries newest first (`limit`, default 100;
 /// `cursor` continues a listing), filtered by `model`, `dialect`, `finish`,
 /// `client`, `node`, `since` and `until`; summed with `group_by`; or

@@ -43,23 +43,13 @@ async fn server(engine: Engine) -> String {
     serve_state(AppState::new(engine)).await
 }
 
-/// Like [`server`], also handing back its ledger, so a test can wait on an
-/// entry being written rather than poll the API on a clock.
-async fn server_and_ledger(engine: Engine) -> (String, std::sync::Arc<shoal_api::ledger::Ledger>) {
-    let state = AppState::new(engine);
-    let ledger = state.ledger.clone();
-    (serve_state(state).await, ledger)
-}
-
-/// The ledger entry of a request that is still winding down (a client that
-/// hung up is recorded once the engine has stopped); 120 s only guards
-/// against a hang.
-async fn recorded(ledger: &shoal_api::ledger::Ledger, id: &str) -> Value {
-    ledger
-        .wait_for(id, std::time::Duration::from_secs(120))
-        .await
-        .unwrap_or_else(|| panic!("no ledger entry for {id}"))
-        .to_json()
+/// A request's ledger entry through `/v1/usage/{id}`, which waits for a
+/// request still winding down (a client that hung up is recorded once the
+/// engine has stopped it) on the write itself, not on a clock.
+async fn recorded(base: &str, id: &str) -> Value {
+    let (status, text) = get_text(base, &format!("/v1/usage/{id}")).await;
+    assert_eq!(status, 200, "{text}");
+    serde_json::from_str(&text).expect("json")
 }
 
 use common::{gguf, serve as serve_state};
@@ -473,10 +463,21 @@ async fn leave_after_first_chunk(base: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disconnect_mid_stream_is_cancelled_in_ledger() {
-    let (base, ledger) = server_and_ledger(engine()).await;
+    let base = server(engine()).await;
     let id = leave_after_first_chunk(&base).await;
-    let e = recorded(&ledger, &id).await;
+    let e = recorded(&base, &id).await;
+    assert_eq!(e["id"], id.as_str());
     assert_eq!(e["finish_reasons"], json!(["cancelled"]), "{e}");
+    // An id the ledger neither holds nor expects is a 404 at once.
+    let (status, text) = get_text(&base, "/v1/usage/chatcmpl-never-sent").await;
+    assert_eq!(status, 404, "{text}");
+    let v: Value = serde_json::from_str(&text).expect("json");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("chatcmpl-never-sent")),
+        "{v}"
+    );
     let done = e["usage"]["completion_tokens"].as_u64().unwrap_or(0);
     assert!(
         done < 300,
@@ -1576,7 +1577,7 @@ async fn assert_ledger_sums(base: &str, sent: &Sums<'_>) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ledger_totals_equal_what_the_clients_were_sent() {
     use shoal_client::{Dialect, Message, Request};
-    let (base, ledger) = server_and_ledger(filtering_engine()).await;
+    let base = server(filtering_engine()).await;
     // Per ledger dialect: requests, then prompt, cached, completion and
     // reasoning tokens as the clients were told.
     let mut sent: Sums = Default::default();
@@ -1632,7 +1633,7 @@ async fn ledger_totals_equal_what_the_clients_were_sent() {
 
     // A stream the client leaves after its first chunk.
     let id = leave_after_first_chunk(&base).await;
-    let cancelled = recorded(&ledger, &id).await;
+    let cancelled = recorded(&base, &id).await;
     assert_eq!(
         cancelled["engine_finish_reasons"],
         json!(["cancelled"]),

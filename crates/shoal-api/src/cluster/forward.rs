@@ -213,8 +213,10 @@ pub async fn proxy(
                 let _ = t.recorded.set(id.clone());
             }
             let (addr, signer) = (addr.clone(), signer.clone());
+            // Readers of this id wait for the copy, not only for the answer.
+            let pending = ledger.expect(&id);
             Some(move || {
-                tokio::spawn(copy_from_peer(ledger, signer, addr, id, facts));
+                tokio::spawn(copy_from_peer(ledger, signer, addr, id, facts, pending));
             })
         }
         _ => None,
@@ -325,12 +327,14 @@ pub(crate) fn fail(
 /// ran it (signed, through `cluster`) or from a local pipeline stage
 /// (`cluster` none), once its answer has ended, so both ledgers hold it
 /// under one id; `facts`, when given, replace the copy's request facts.
+/// `_pending` holds the id as expected until the copy is done or given up.
 pub(crate) async fn copy_from_peer(
     ledger: Arc<crate::ledger::Ledger>,
     cluster: Option<Arc<shoal_cluster::Cluster>>,
     addr: String,
     id: String,
     facts: Option<crate::ledger::Facts>,
+    _pending: crate::ledger::Pending,
 ) {
     // The peer writes its record when the generation has stopped, which for
     // a client that hung up is a moment after the answer ended here.
