@@ -223,11 +223,10 @@ fn load_llama(path: &Path, header: &shoal_gguf::Header, opts: &LlamaOptions) -> 
     let text =
         |id: Option<u32>| id.map(|i| String::from_utf8_lossy(&lv.piece(i, true)).into_owned());
     let bos = lv.bos();
-    let named: Vec<u32> = llama_vocab::named_ends(header)
-        .into_iter()
-        .chain(lv.eos())
-        .collect();
-    let eos = lv.end_tokens(&named, header.ints("tokenizer.ggml.token_type"));
+    let eos = lv.end_tokens(
+        &llama_vocab::named_ends(header),
+        header.ints("tokenizer.ggml.token_type"),
+    );
     let template = match header.string("tokenizer.chat_template") {
         Some(src) => Some(ChatTemplate::new(src, text(bos), text(lv.eos()))?),
         None => None,

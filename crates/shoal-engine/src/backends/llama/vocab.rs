@@ -106,14 +106,15 @@ impl LlamaVocab {
 
     /// The tokens that end a reply: llama.cpp's end-of-generation set (EOS,
     /// end of turn, end of message, fill-in-the-middle ends) where the file
-    /// names the token an end (`named`) or types it a control token
-    /// (`file_types`, its `tokenizer.ggml.token_type`). llama.cpp matches
-    /// some spellings whatever their type and retypes them as control, e.g.
-    /// `</s>`, which Gemma's vocabulary holds as user-defined text; a reply
-    /// that writes it has not ended. The MLX path ends replies on the same
-    /// set ([`crate::tokenizer::GgufVocab::end_tokens`]).
+    /// names the token an end (`named`, or llama.cpp's EOS) or types it a
+    /// control token (`file_types`, its `tokenizer.ggml.token_type`).
+    /// llama.cpp matches some spellings whatever their type and retypes them
+    /// as control, e.g. `</s>`, which Gemma's vocabulary holds as
+    /// user-defined text; a reply that writes it has not ended. The MLX path
+    /// takes the same set through [`end_tokens_of`].
     pub fn end_tokens(&self, named: &[u32], file_types: Option<&[i64]>) -> Vec<u32> {
         let v = self.model.vocab();
+        let eos = self.eos();
         let control = |id: u32| match file_types {
             Some(types) => {
                 types.get(id as usize) == Some(&i64::from(crate::tokenizer::TOKEN_TYPE_CONTROL))
@@ -121,7 +122,10 @@ impl LlamaVocab {
             None => v.is_control(LlamaToken(id as i32)),
         };
         (0..self.n_tokens)
-            .filter(|&id| v.is_eog(LlamaToken(id as i32)) && (named.contains(&id) || control(id)))
+            .filter(|&id| {
+                v.is_eog(LlamaToken(id as i32))
+                    && (named.contains(&id) || Some(id) == eos || control(id))
+            })
             .collect()
     }
 
