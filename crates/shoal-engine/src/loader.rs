@@ -314,14 +314,16 @@ fn load_gguf(
         )?),
         None => None,
     };
-    // Replies end where llama.cpp's run of the same file ends them; by the
-    // file's own metadata when llama.cpp cannot read its vocabulary.
-    let eos = backends::check_gguf(path)
-        .and_then(|h| llama_vocab::end_tokens_of(path, &h))
-        .unwrap_or_else(|e| {
-            tracing::debug!(error = %e, "end tokens from the GGUF's metadata");
-            gv.end_tokens()
-        });
+    // Replies end where llama.cpp's run of the same file ends them; at the
+    // ends the file names when llama.cpp cannot read its vocabulary.
+    let header = backends::check_gguf(path)?;
+    let eos = llama_vocab::end_tokens_of(path, &header).unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "replies end only at the GGUF's named end tokens");
+        let mut ends = llama_vocab::named_ends(&header);
+        ends.sort_unstable();
+        ends.dedup();
+        ends
+    });
     let tensors = gguf::tensors(&file, &cfg)?;
     drop(file);
     let model = Transformer::new_stage(cfg, tensors, gguf::GGUF_GROUP_SIZE, policy, layers)?;

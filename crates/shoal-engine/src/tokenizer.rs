@@ -51,28 +51,9 @@ pub struct GgufVocab {
     pub add_space_prefix: bool,
     pub bos: Option<u32>,
     pub eos: Option<u32>,
-    /// End of turn and end of message, where the file names them.
-    pub eot: Option<u32>,
-    pub eom: Option<u32>,
     /// Whether plain `encode(.., true)` should prepend BOS.
     pub add_bos: bool,
 }
-
-/// Control tokens that end a reply when a vocabulary holds them: chat
-/// end-of-turn markers (ChatML, Llama 3, Gemma, Phi-3) and the
-/// fill-in-the-middle ends, which llama.cpp ends on as well.
-const TURN_ENDS: &[&str] = &[
-    "<|im_end|>",
-    "<|eot_id|>",
-    "<|eom_id|>",
-    "<|end_of_text|>",
-    "<|endoftext|>",
-    "<end_of_turn>",
-    "<|end|>",
-    "<|fim_pad|>",
-    "<|repo_name|>",
-    "<|file_sep|>",
-];
 
 impl GgufVocab {
     /// Reads the `tokenizer.ggml.*` keys, validating their shapes so that building the
@@ -117,12 +98,6 @@ impl GgufVocab {
             .map_or(model == "llama", |v| v.first().is_some_and(|&x| x != 0));
         let bos = metadata_token_id(file, "tokenizer.ggml.bos_token_id", tokens.len())?;
         let eos = metadata_token_id(file, "tokenizer.ggml.eos_token_id", tokens.len())?;
-        // Optional ends: a value that is no token id is passed over, as
-        // llama.cpp does, rather than refusing a file that runs without it.
-        let eot =
-            metadata_token_id(file, "tokenizer.ggml.eot_token_id", tokens.len()).unwrap_or(None);
-        let eom =
-            metadata_token_id(file, "tokenizer.ggml.eom_token_id", tokens.len()).unwrap_or(None);
         // llama.cpp prepends BOS by default only for Llama 3 style vocabularies.
         let add_bos = match metadata_ints(file, "tokenizer.ggml.add_bos_token")? {
             Some(values) => values.first().is_some_and(|&v| v != 0),
@@ -139,8 +114,6 @@ impl GgufVocab {
             add_space_prefix,
             bos,
             eos,
-            eot,
-            eom,
             add_bos,
         })
     }
@@ -148,31 +121,6 @@ impl GgufVocab {
     /// The text of token `id`, if it exists.
     pub fn token(&self, id: u32) -> Option<&str> {
         self.tokens.get(id as usize).map(String::as_str)
-    }
-
-    /// The tokens that end a reply, sorted: the ends the file names (EOS,
-    /// end of turn, end of message) and the [`TURN_ENDS`] it holds as control
-    /// tokens. A spelling held as plain text (Gemma's `</s>`) ends nothing.
-    /// Only for a file whose vocabulary llama.cpp cannot read: otherwise
-    /// both backends end on llama.cpp's set (`backends::llama::vocab`).
-    pub fn end_tokens(&self) -> Vec<u32> {
-        let mut ends: Vec<u32> = [self.eos, self.eot, self.eom]
-            .into_iter()
-            .flatten()
-            .collect();
-        ends.extend(
-            self.tokens
-                .iter()
-                .zip(&self.token_types)
-                .enumerate()
-                .filter(|(_, (t, &kind))| {
-                    kind == TOKEN_TYPE_CONTROL && TURN_ENDS.contains(&t.as_str())
-                })
-                .map(|(id, _)| id as u32),
-        );
-        ends.sort_unstable();
-        ends.dedup();
-        ends
     }
 }
 
@@ -545,34 +493,8 @@ mod tests {
             add_space_prefix: false,
             bos: Some(0),
             eos: Some(1),
-            eot: None,
-            eom: None,
             add_bos: false,
         }
-    }
-
-    #[test]
-    fn replies_end_at_named_ends_and_control_turn_markers_only() {
-        let mut v = small_vocab(None);
-        // A Phi-3-like turn end as a control token, Gemma's `</s>` and a
-        // ChatML marker as plain text, and an end of turn the file names.
-        for (text, kind) in [
-            ("<|end|>", TOKEN_TYPE_CONTROL),
-            ("<|im_end|>", TOKEN_TYPE_USER_DEFINED),
-            ("<|endoftext|>", TOKEN_TYPE_NORMAL),
-            ("<stop_here>", TOKEN_TYPE_CONTROL),
-        ] {
-            v.tokens.push(text.into());
-            v.token_types.push(kind);
-        }
-        v.tokens[1] = "<eos>".into();
-        assert_eq!(v.end_tokens(), [1, 11]);
-        v.eot = Some(14);
-        v.eom = Some(14);
-        assert_eq!(v.end_tokens(), [1, 11, 14]);
-        v.tokens[0] = "</s>".into();
-        v.token_types[0] = TOKEN_TYPE_USER_DEFINED;
-        assert_eq!(v.end_tokens(), [1, 11, 14], "plain `</s>` ends nothing");
     }
 
     fn ids(tok: &Tokenizer, text: &str, add_special: bool) -> Vec<u32> {
@@ -727,8 +649,6 @@ mod tests {
             add_space_prefix: false,
             bos: Some(1),
             eos: Some(2),
-            eot: None,
-            eom: None,
             add_bos: true,
         };
         let tok = tokenizer_from_gguf(&v).unwrap();
