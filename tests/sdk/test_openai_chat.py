@@ -315,21 +315,22 @@ def test_logprob_bytes_rebuild_multibyte_text(oai, model):
     assert joined.decode("utf-8", errors="replace") == ch.message.content, [(t.token, t.bytes) for t in content]
 
 
-def end_of_turn_ids(oai, model):
-    """The served model's end-of-turn token ids, read from its GGUF (the path
-    `/v1/models` reports)."""
+def control_ids(oai, model):
+    """The served model's control tokens, read from its GGUF (the path
+    `/v1/models` reports): every token that can end a reply is one of them,
+    whichever the engine ends on."""
     import gguf
 
     r = gguf.GGUFReader(oai.models.retrieve(model).model_extra["shoal"]["path"])
-    tokens = r.fields["tokenizer.ggml.tokens"].contents()
-    eos = int(r.fields["tokenizer.ggml.eos_token_id"].contents())
-    return sorted({eos, tokens.index("<|im_end|>")})
+    types = r.fields["tokenizer.ggml.token_type"].contents()
+    return [i for i, t in enumerate(types) if t == gguf.TokenType.CONTROL]
 
 
 def test_logit_bias_bans_the_end_of_turn(oai, model):
     """`logit_bias` through the SDK: with the end of turn banned, the greedy
     answer runs on to the limit, and the finish and usage say so."""
-    ban = {str(i): -100 for i in end_of_turn_ids(oai, model)}
+    ban = {str(i): -100 for i in control_ids(oai, model)}
+    assert ban
     r = create(oai, model, max_tokens=MAX, logit_bias=ban)
     ch = r.choices[0]
     assert ch.finish_reason == "length"
