@@ -348,10 +348,10 @@ try {
   check('page title', /shoal/i.test(title), JSON.stringify(title));
   // The backend the app serves on is the one asked for (desktop.sh sets
   // SHOAL_BACKEND for each run; `auto` names no backend to compare with).
-  const asked = process.env.SHOAL_BACKEND ?? 'auto';
-  if (asked !== 'auto') {
+  const backendAsked = process.env.SHOAL_BACKEND ?? 'auto';
+  if (backendAsked !== 'auto') {
     const served = (await (await fetch(`${url}v1/models`)).json()).data[0]?.shoal?.backend;
-    check(`the app serves its model on ${asked}`, served === asked, `shoal.backend = ${served}`);
+    check(`the app serves its model on ${backendAsked}`, served === backendAsked, `shoal.backend = ${served}`);
   }
 
   const input = await waitFor('the composer', () => find(session, 'composer-input'), 30_000);
