@@ -862,6 +862,11 @@ test('narrow window, dark theme and the theme toggle', async () => {
     assert.equal(await page.evaluate(() => document.documentElement.dataset.theme), 'dark', 'choice kept');
     await page.getByTestId('theme-toggle').click();
     assert.equal(await page.evaluate(() => document.documentElement.dataset.theme), undefined);
+    // Following the system again: a change of its scheme shows at once.
+    assert.equal(await bg(), dark);
+    await page.emulateMedia({ colorScheme: 'light' });
+    await page.waitForFunction(() => document.documentElement.dataset.scheme === 'light');
+    assert.equal(await bg(), light);
   });
 });
 
