@@ -3,6 +3,7 @@ import { ForgetKeyButton, KeyPrompt } from './components/KeyPrompt';
 import { ChatView } from './views/Chat';
 import { ClusterView } from './views/Cluster';
 import { UsageView } from './views/Usage';
+import { ErrorBanner } from './components/ErrorBanner';
 import { applyTheme, nextTheme, savedTheme, type Theme } from './theme';
 
 type Route = 'chat' | 'usage' | 'cluster';
@@ -81,12 +82,9 @@ export function App() {
       <main class="content">
         <ErrorBoundary
           fallback={(err, reset) => (
-            <div class="banner error" role="alert" data-testid="app-error">
-              Something went wrong showing this page: {String(err?.message ?? err)}{' '}
-              <button class="btn small" onClick={reset}>
-                Try again
-              </button>
-            </div>
+            <ErrorBanner testid="app-error" action={{ label: 'Try again', onClick: reset }}>
+              Something went wrong showing this page: {String(err?.message ?? err)}
+            </ErrorBanner>
           )}
         >
           <Switch>

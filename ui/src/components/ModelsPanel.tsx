@@ -1,5 +1,6 @@
 import { createSignal, For, onCleanup, onMount, Show } from 'solid-js';
 import type { ModelInfo } from '../api';
+import { ErrorBanner } from './ErrorBanner';
 import { backendName, fmtBytes } from '../format';
 import {
   deleteOne,
@@ -70,12 +71,9 @@ export function ModelsPanel(props: { selected: string; onUse: (id: string) => vo
 
       <Show when={lib.actionError}>
         {(err) => (
-          <div class="banner error" role="alert" data-testid="model-action-error">
-            Could not {err().action} <span class="mono">{err().id}</span>: {err().message}{' '}
-            <button class="btn small" onClick={dismissActionError}>
-              Dismiss
-            </button>
-          </div>
+          <ErrorBanner testid="model-action-error" action={{ label: 'Dismiss', onClick: dismissActionError }}>
+            Could not {err().action} <span class="mono">{err().id}</span>: {err().message}
+          </ErrorBanner>
         )}
       </Show>
 
@@ -108,30 +106,15 @@ export function ModelsPanel(props: { selected: string; onUse: (id: string) => vo
       </div>
 
       <form class="pull-form" data-testid="pull-form" onSubmit={submit}>
-        <label class="field grow">
-          <span>Download a model from the hub</span>
-          <input
-            type="text"
-            data-testid="pull-spec"
-            placeholder="org/name or org/name@revision"
-            spellcheck={false}
-            autocomplete="off"
-            value={spec()}
-            onInput={(e) => setSpec(e.currentTarget.value)}
-          />
-        </label>
-        <label class="field">
-          <span>File (optional)</span>
-          <input
-            type="text"
-            data-testid="pull-file"
-            placeholder="model.Q4_K_M.gguf"
-            spellcheck={false}
-            autocomplete="off"
-            value={file()}
-            onInput={(e) => setFile(e.currentTarget.value)}
-          />
-        </label>
+        <TextField
+          label="Download a model from the hub"
+          testid="pull-spec"
+          grow
+          placeholder="org/name or org/name@revision"
+          value={spec()}
+          onInput={setSpec}
+        />
+        <TextField label="File (optional)" testid="pull-file" placeholder="model.Q4_K_M.gguf" value={file()} onInput={setFile} />
         <button class="btn primary" type="submit" data-testid="pull-button" disabled={!spec().trim()}>
           Download
         </button>
@@ -367,5 +350,30 @@ function PullCard(props: { pull: Pull; selected: string; onUse: (id: string) => 
         </div>
       </Show>
     </li>
+  );
+}
+
+/** A labelled one-line input for names and paths (no spellcheck, no autofill). */
+function TextField(props: {
+  label: string;
+  testid: string;
+  placeholder: string;
+  value: string;
+  onInput: (v: string) => void;
+  grow?: boolean;
+}) {
+  return (
+    <label class="field" classList={{ grow: !!props.grow }}>
+      <span>{props.label}</span>
+      <input
+        type="text"
+        data-testid={props.testid}
+        placeholder={props.placeholder}
+        spellcheck={false}
+        autocomplete="off"
+        value={props.value}
+        onInput={(e) => props.onInput(e.currentTarget.value)}
+      />
+    </label>
   );
 }

@@ -15,6 +15,7 @@ import {
   stopReply,
   updateSettings,
 } from '../chatState';
+import { ErrorBanner } from '../components/ErrorBanner';
 import { FinishBadge } from '../components/FinishBadge';
 import { modelLabel, ModelsPanel } from '../components/ModelsPanel';
 import { UsageStats } from '../components/UsageStats';
@@ -213,30 +214,21 @@ export function ChatView() {
         </Show>
 
         <Show when={lib.error}>
-          <div class="banner error" role="alert" data-testid="models-error">
-            {lib.error}{' '}
-            <button class="btn small" onClick={() => void loadModels()}>
-              Retry
-            </button>
-          </div>
+          <ErrorBanner testid="models-error" action={{ label: 'Retry', onClick: () => void loadModels() }}>
+            {lib.error}
+          </ErrorBanner>
         </Show>
 
         <Show when={chat.loadError}>
-          <div class="banner error" role="alert" data-testid="store-load-error">
-            {chat.loadError}{' '}
-            <button class="btn small" onClick={() => void loadConversations()}>
-              Retry
-            </button>
-          </div>
+          <ErrorBanner testid="store-load-error" action={{ label: 'Retry', onClick: () => void loadConversations() }}>
+            {chat.loadError}
+          </ErrorBanner>
         </Show>
 
         <Show when={chat.storeError}>
-          <div class="banner error" role="alert" data-testid="store-error">
-            {chat.storeError}{' '}
-            <button class="btn small" title="Dismiss" onClick={dismissStoreError}>
-              Dismiss
-            </button>
-          </div>
+          <ErrorBanner testid="store-error" action={{ label: 'Dismiss', title: 'Dismiss', onClick: dismissStoreError }}>
+            {chat.storeError}
+          </ErrorBanner>
         </Show>
 
         <div class="messages" ref={scroller} onScroll={onScroll} data-testid="messages">

@@ -190,28 +190,23 @@ export function UsageView() {
         </div>
       </Show>
       <div class="cards">
-        <div class="card stat-card">
-          <span class="muted">requests</span>
-          <b data-testid="usage-count">{fmtInt(totals().requests)}</b>
-        </div>
-        <div class="card stat-card">
-          <span class="muted">prompt tokens</span>
-          <b data-testid="usage-total-prompt">{fmtInt(totals().prompt_tokens)}</b>
-        </div>
-        <div class="card stat-card" title="Cached ÷ prompt tokens: the share of prompts the prefix cache served">
-          <span class="muted">cache hit</span>
-          <b data-testid="usage-cache-hit">{fmtShare(totals().cached_tokens, totals().prompt_tokens)}</b>
-          <span class="muted small">{fmtInt(totals().cached_tokens)} cached</span>
-        </div>
-        <div class="card stat-card">
-          <span class="muted">completion tokens</span>
-          <b data-testid="usage-total-completion">{fmtInt(totals().completion_tokens)}</b>
-        </div>
-        <div class="card stat-card" title="Reasoning ÷ completion tokens">
-          <span class="muted">reasoning share</span>
-          <b data-testid="usage-reasoning-share">{fmtShare(totals().reasoning_tokens, totals().completion_tokens)}</b>
-          <span class="muted small">{fmtInt(totals().reasoning_tokens)} reasoning</span>
-        </div>
+        <StatCard label="requests" testid="usage-count" value={fmtInt(totals().requests)} />
+        <StatCard label="prompt tokens" testid="usage-total-prompt" value={fmtInt(totals().prompt_tokens)} />
+        <StatCard
+          label="cache hit"
+          testid="usage-cache-hit"
+          value={fmtShare(totals().cached_tokens, totals().prompt_tokens)}
+          note={`${fmtInt(totals().cached_tokens)} cached`}
+          title="Cached ÷ prompt tokens: the share of prompts the prefix cache served"
+        />
+        <StatCard label="completion tokens" testid="usage-total-completion" value={fmtInt(totals().completion_tokens)} />
+        <StatCard
+          label="reasoning share"
+          testid="usage-reasoning-share"
+          value={fmtShare(totals().reasoning_tokens, totals().completion_tokens)}
+          note={`${fmtInt(totals().reasoning_tokens)} reasoning`}
+          title="Reasoning ÷ completion tokens"
+        />
         <Show when={cost()}>
           {(c) => (
             <div
@@ -313,6 +308,19 @@ export function UsageView() {
 }
 
 /** Sums per group: requests, tokens, cache-hit % and reasoning share; the cost when the server has prices. */
+/** One figure of the totals row, with an optional line beneath it. */
+function StatCard(props: { label: string; testid: string; value: string; note?: string; title?: string }) {
+  return (
+    <div class="card stat-card" title={props.title}>
+      <span class="muted">{props.label}</span>
+      <b data-testid={props.testid}>{props.value}</b>
+      <Show when={props.note}>
+        <span class="muted small">{props.note}</span>
+      </Show>
+    </div>
+  );
+}
+
 function GroupTable(props: { title: string; testid: string; groups: UsageGroup[] }) {
   const priced = () => props.groups.some((g) => g.cost);
   return (
