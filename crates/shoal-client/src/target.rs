@@ -463,13 +463,7 @@ impl Target {
                             }
                             _ => text(c.get("text")).unwrap_or_default(),
                         };
-                        for (j, t) in c
-                            .pointer("/message/tool_calls")
-                            .and_then(Value::as_array)
-                            .into_iter()
-                            .flatten()
-                            .enumerate()
-                        {
+                        for (j, t) in items(c.pointer("/message/tool_calls")).enumerate() {
                             ch.tool_calls.insert(
                                 j,
                                 (
@@ -493,13 +487,7 @@ impl Target {
                 };
                 ch.meta.stop_reason = text(v.get("stop_reason"));
                 ch.meta.stop_sequence = text(v.get("stop_sequence"));
-                for (j, b) in v
-                    .get("content")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                    .enumerate()
-                {
+                for (j, b) in items(v.get("content")).enumerate() {
                     match b.get("type").and_then(Value::as_str) {
                         Some("text") => ch
                             .text
@@ -533,21 +521,10 @@ impl Target {
             meta,
             ..Choice::default()
         };
-        for (j, item) in v
-            .get("output")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .enumerate()
-        {
+        for (j, item) in items(v.get("output")).enumerate() {
             match item.get("type").and_then(Value::as_str) {
                 Some("message") => {
-                    for part in item
-                        .get("content")
-                        .and_then(Value::as_array)
-                        .into_iter()
-                        .flatten()
-                    {
+                    for part in items(item.get("content")) {
                         if part.get("type").and_then(Value::as_str) == Some("output_text") {
                             ch.text
                                 .push_str(part.get("text").and_then(Value::as_str).unwrap_or(""));
@@ -616,12 +593,7 @@ impl Target {
                     if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
                         self.usage(u, &mut shared);
                     }
-                    for c in v
-                        .get("choices")
-                        .and_then(Value::as_array)
-                        .into_iter()
-                        .flatten()
-                    {
+                    for c in items(v.get("choices")) {
                         let index = count(c.get("index")).unwrap_or(0) as usize;
                         let ch = choices.entry(index).or_default();
                         let piece = match self.cfg.dialect {
@@ -632,12 +604,7 @@ impl Target {
                             ch.text.push_str(t);
                             on_text(index, t);
                         }
-                        for t in c
-                            .pointer("/delta/tool_calls")
-                            .and_then(Value::as_array)
-                            .into_iter()
-                            .flatten()
-                        {
+                        for t in items(c.pointer("/delta/tool_calls")) {
                             let ti = count(t.get("index")).unwrap_or(0) as usize;
                             let e = ch.tool_calls.entry(ti).or_default();
                             if let Some(id) = text(t.get("id")) {
@@ -805,6 +772,11 @@ pub async fn first_model(base_url: &str, api_key: Option<&str>) -> Result<String
 }
 
 /// Usage (shared by all choices) plus a choice's own stop fields.
+/// The elements of an array field; none where it is missing or not an array.
+fn items(v: Option<&Value>) -> impl Iterator<Item = &Value> {
+    v.and_then(Value::as_array).into_iter().flatten()
+}
+
 fn merge_meta(shared: &ProviderMeta, own: ProviderMeta) -> ProviderMeta {
     let mut m = shared.clone();
     m.finish_reason = own.finish_reason.or(m.finish_reason);

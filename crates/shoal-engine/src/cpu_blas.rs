@@ -28,51 +28,27 @@ const ROW_MAJOR: c_int = 101;
 const NO_TRANS: c_int = 111;
 const TRANS: c_int = 112;
 
-type Sgemv = unsafe extern "C" fn(
-    c_int,
-    c_int,
-    c_int,
-    c_int,
-    c_float,
-    *const c_float,
-    c_int,
-    *const c_float,
-    c_int,
-    c_float,
-    *mut c_float,
-    c_int,
-);
+// Short names keep the CBLAS signatures on one line each, in the order the
+// standard gives their parameters; Fortran's takes every argument by pointer.
+type I = c_int;
+type F = c_float;
+type Sgemv = unsafe extern "C" fn(I, I, I, I, F, *const F, I, *const F, I, F, *mut F, I);
 type FortranSgemm = unsafe extern "C" fn(
     *const c_char,
     *const c_char,
-    *const c_int,
-    *const c_int,
-    *const c_int,
-    *const c_float,
-    *const c_float,
-    *const c_int,
-    *const c_float,
-    *const c_int,
-    *const c_float,
-    *mut c_float,
-    *const c_int,
+    *const I,
+    *const I,
+    *const I,
+    *const F,
+    *const F,
+    *const I,
+    *const F,
+    *const I,
+    *const F,
+    *mut F,
+    *const I,
 );
-type CblasSgemm = unsafe extern "C" fn(
-    c_int,
-    c_int,
-    c_int,
-    c_int,
-    c_int,
-    c_int,
-    c_float,
-    *const c_float,
-    c_int,
-    *const c_float,
-    c_int,
-    c_float,
-    *mut c_float,
-    c_int,
-);
+type CblasSgemm = unsafe extern "C" fn(I, I, I, I, I, I, F, *const F, I, *const F, I, F, *mut F, I);
 
 enum Blas {
     OpenBlas {
