@@ -1,9 +1,10 @@
 //! Request bodies: JSON parsed with errors that name the offending field.
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
+use axum::extract::FromRequest;
 use serde::de::DeserializeOwned;
 
-use crate::error::{ApiError, ErrorKind};
+use crate::error::{ApiError, DialectError, ErrorKind, ErrorShape};
 
 /// A request body as handlers receive it: reading can fail (too large, cut off).
 pub type Body = Result<Bytes, BytesRejection>;
@@ -58,6 +59,21 @@ pub fn parse<T: DeserializeOwned>(body: &Body) -> Result<T, ApiError> {
             ApiError::param(&top, format!("invalid value for '{path}': {inner}"))
         }
     })
+}
+
+/// A JSON body of a management route (models, cluster placement), parsed as
+/// [`parse`] does, its errors in OpenAI's shape as those routes answer.
+pub struct OpenAiJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for OpenAiJson<T> {
+    type Rejection = DialectError;
+
+    async fn from_request(req: axum::extract::Request, s: &S) -> Result<Self, DialectError> {
+        let body: Body = Bytes::from_request(req, s).await;
+        parse(&body)
+            .map(OpenAiJson)
+            .map_err(|e| e.in_dialect(ErrorShape::OpenAi))
+    }
 }
 
 /// A string or a list of strings (OpenAI `stop`, prompts).

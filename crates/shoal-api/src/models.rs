@@ -8,6 +8,7 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 use shoal_models::{ModelsError, PullEvent, PullSpec};
 
+use crate::body::OpenAiJson;
 use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::pool::held_bytes;
 use crate::AppState;
@@ -134,8 +135,7 @@ fn yes() -> bool {
 /// `file_done` and `done` (or `error`) events; with `"stream": false`
 /// answers once with the model. The download carries on if the client
 /// leaves, so a closed tab does not waste what was fetched.
-async fn pull(State(s): State<AppState>, body: crate::body::Body) -> Reply {
-    let req: PullRequest = crate::body::parse(&body).map_err(openai)?;
+async fn pull(State(s): State<AppState>, OpenAiJson(req): OpenAiJson<PullRequest>) -> Reply {
     let spec = PullSpec::parse(&req.model, req.file.clone())
         .map_err(|e| openai(ApiError::param("model", e.to_string())))?;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<PullEvent>();

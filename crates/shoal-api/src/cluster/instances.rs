@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
+use crate::body::OpenAiJson;
 use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::AppState;
 
@@ -128,10 +129,8 @@ pub(crate) async fn list_instances(State(s): State<AppState>) -> impl IntoRespon
 /// online node with the most free memory.
 pub(crate) async fn place(
     State(s): State<AppState>,
-    body: crate::body::Body,
+    OpenAiJson(req): OpenAiJson<PlaceRequest>,
 ) -> Result<Response, DialectError> {
-    let req: PlaceRequest =
-        crate::body::parse(&body).map_err(|e| e.in_dialect(ErrorShape::OpenAi))?;
     let self_id = s.node.identity().id.clone();
     let mut candidates = vec![s.self_status()];
     if let Some(c) = s.cluster() {
@@ -316,10 +315,8 @@ pub(crate) async fn remove_placed_here(s: &AppState, id: &str) -> Option<Respons
 /// The memory each node would use for a placement, without placing it.
 pub(crate) async fn preview(
     State(s): State<AppState>,
-    body: crate::body::Body,
+    OpenAiJson(req): OpenAiJson<PlaceRequest>,
 ) -> Result<Response, DialectError> {
-    let req: PlaceRequest =
-        crate::body::parse(&body).map_err(|e| e.in_dialect(ErrorShape::OpenAi))?;
     let nodes: Vec<String> = match &req.nodes {
         Some(serde_json::Value::Array(ids)) => ids
             .iter()
