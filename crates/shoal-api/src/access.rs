@@ -194,12 +194,9 @@ impl Limits {
     /// limit and when to retry. The day's tokens are the ledger's (prompt
     /// plus completion, UTC day); a refused request counts toward neither.
     pub fn admit(&self, key: &Key, ledger: &crate::ledger::Ledger) -> Result<(), ApiError> {
-        let limited = |message: String, retry_after_secs: u64| ApiError {
-            kind: ErrorKind::RateLimited { retry_after_secs },
-            message,
-            param: None,
-            code: Some("rate_limit_exceeded"),
-            usage: None,
+        let limited = |message: String, retry_after_secs: u64| {
+            ApiError::new(ErrorKind::RateLimited { retry_after_secs }, message)
+                .with_code("rate_limit_exceeded")
         };
         if let Some(quota) = key.tokens_per_day {
             let (used, day_left) = ledger.tokens_today(&key.name)?;
@@ -293,15 +290,11 @@ pub async fn guard(State(s): State<AppState>, req: Request, next: Next) -> Respo
     {
         if !access.origin_ok(origin, req.headers()) {
             tracing::warn!(%origin, %path, "request from a foreign origin refused");
-            return ApiError {
-                kind: ErrorKind::Forbidden,
-                message: format!(
-                    "origin {origin} may not use this server (allow it with --cors-origin)"
-                ),
-                param: None,
-                code: Some("origin_not_allowed"),
-                usage: None,
-            }
+            return ApiError::new(
+                ErrorKind::Forbidden,
+                format!("origin {origin} may not use this server (allow it with --cors-origin)"),
+            )
+            .with_code("origin_not_allowed")
             .in_dialect(dialect)
             .into_response();
         }

@@ -15,13 +15,11 @@ pub fn too_large(limit: Option<usize>) -> ApiError {
         || "the server's limit".to_string(),
         |n| format!("{n} bytes"),
     );
-    ApiError {
-        kind: ErrorKind::TooLarge,
-        message: format!("request body exceeds {limit} (set by --max-body-mb)"),
-        param: None,
-        code: Some("request_too_large"),
-        usage: None,
-    }
+    ApiError::new(
+        ErrorKind::TooLarge,
+        format!("request body exceeds {limit} (set by --max-body-mb)"),
+    )
+    .with_code("request_too_large")
 }
 
 /// Parses a request body, turning read, syntax and type errors into 4xx

@@ -70,69 +70,59 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    pub fn invalid(message: impl Into<String>) -> Self {
+    /// An error of `kind`; the code, the parameter and the usage are added
+    /// by the `with_` builders.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
         ApiError {
-            kind: ErrorKind::InvalidRequest,
+            kind,
             message: message.into(),
             param: None,
             code: None,
             usage: None,
         }
     }
-    pub fn param(param: &str, message: impl Into<String>) -> Self {
+    /// Names the offending parameter (OpenAI's `param`).
+    pub fn with_param(self, param: &str) -> Self {
         ApiError {
             param: Some(param.to_string()),
-            ..ApiError::invalid(message)
+            ..self
         }
+    }
+    /// Sets the machine-readable code (OpenAI's `code`).
+    pub fn with_code(self, code: &'static str) -> Self {
+        ApiError {
+            code: Some(code),
+            ..self
+        }
+    }
+    pub fn invalid(message: impl Into<String>) -> Self {
+        ApiError::new(ErrorKind::InvalidRequest, message)
+    }
+    pub fn param(param: &str, message: impl Into<String>) -> Self {
+        ApiError::invalid(message).with_param(param)
     }
     pub fn model_not_found(model: &str) -> Self {
-        ApiError {
-            kind: ErrorKind::NotFound,
-            message: format!("The model '{model}' does not exist or is not loaded"),
-            param: Some("model".into()),
-            code: Some("model_not_found"),
-            usage: None,
-        }
+        ApiError::not_found(format!(
+            "The model '{model}' does not exist or is not loaded"
+        ))
+        .with_param("model")
+        .with_code("model_not_found")
     }
     pub fn not_found(message: impl Into<String>) -> Self {
-        ApiError {
-            kind: ErrorKind::NotFound,
-            message: message.into(),
-            param: None,
-            code: None,
-            usage: None,
-        }
+        ApiError::new(ErrorKind::NotFound, message)
     }
     pub fn unavailable(message: impl Into<String>) -> Self {
-        ApiError {
-            kind: ErrorKind::Unavailable,
-            message: message.into(),
-            param: None,
-            code: None,
-            usage: None,
-        }
+        ApiError::new(ErrorKind::Unavailable, message)
     }
     pub fn unauthorized(message: impl Into<String>) -> Self {
-        ApiError {
-            kind: ErrorKind::Unauthorized,
-            message: message.into(),
-            param: None,
-            code: Some("unauthorized"),
-            usage: None,
-        }
+        ApiError::new(ErrorKind::Unauthorized, message).with_code("unauthorized")
     }
     /// The engine failed part-way through a generation.
     pub fn generation_failed(detail: &str) -> Self {
         ApiError::internal(format!("generation failed: {detail}"))
     }
     pub fn internal(message: impl Into<String>) -> Self {
-        ApiError {
-            kind: ErrorKind::Internal,
-            message: message.into(),
-            param: None,
-            code: None,
-            usage: None,
-        }
+        ApiError::new(ErrorKind::Internal, message)
     }
 
     pub fn status(&self, dialect: ErrorShape) -> StatusCode {
@@ -229,13 +219,10 @@ impl From<EngineError> for ApiError {
                     .then_some("context_length_exceeded"),
                 ..ApiError::invalid(e.to_string())
             },
-            EngineError::Unavailable(_) => ApiError {
-                kind: ErrorKind::Overloaded,
-                message: format!("{e}; retry shortly"),
-                param: None,
-                code: Some("overloaded"),
-                usage: None,
-            },
+            EngineError::Unavailable(_) => {
+                ApiError::new(ErrorKind::Overloaded, format!("{e}; retry shortly"))
+                    .with_code("overloaded")
+            }
             _ => ApiError::internal(e.to_string()),
         }
     }

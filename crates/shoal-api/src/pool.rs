@@ -77,23 +77,15 @@ fn gib(bytes: u64) -> String {
 /// the request cannot be served, but the server and other models are fine.
 fn broken(id: &str, what: &str, e: impl std::fmt::Display) -> ApiError {
     tracing::warn!(model = %id, error = %e, "model {what}");
-    ApiError {
-        kind: ErrorKind::Unavailable,
-        message: format!("model '{id}' {what}: {e}"),
-        param: Some("model".into()),
-        code: Some("model_unavailable"),
-        usage: None,
-    }
+    ApiError::unavailable(format!("model '{id}' {what}: {e}"))
+        .with_param("model")
+        .with_code("model_unavailable")
 }
 
 fn insufficient(message: String) -> ApiError {
-    ApiError {
-        kind: ErrorKind::Unavailable,
-        message,
-        param: Some("model".into()),
-        code: Some("insufficient_memory"),
-        usage: None,
-    }
+    ApiError::unavailable(message)
+        .with_param("model")
+        .with_code("insufficient_memory")
 }
 
 impl ModelPool {
@@ -516,11 +508,8 @@ impl From<ModelsError> for ApiError {
             ModelsError::Unreadable { .. } | ModelsError::Io(_) => (ErrorKind::Internal, None),
         };
         ApiError {
-            kind,
-            message: e.to_string(),
-            param: None,
             code,
-            usage: None,
+            ..ApiError::new(kind, e.to_string())
         }
     }
 }

@@ -98,16 +98,16 @@ pub fn combined_usage(completions: &[Completion], per_prompt: usize) -> Usage {
 pub fn failure(f: &FinishReason) -> Option<ApiError> {
     match f {
         FinishReason::Error(m) => Some(ApiError::generation_failed(m)),
-        FinishReason::Timeout { limit_secs } => Some(ApiError {
-            kind: crate::error::ErrorKind::Timeout,
-            message: format!(
-                "the request exceeded the server's time limit of {limit_secs} s \
-                 (server.request_timeout_secs); the usage counts what was generated"
-            ),
-            param: None,
-            code: Some("request_timeout"),
-            usage: None,
-        }),
+        FinishReason::Timeout { limit_secs } => Some(
+            ApiError::new(
+                crate::error::ErrorKind::Timeout,
+                format!(
+                    "the request exceeded the server's time limit of {limit_secs} s \
+                     (server.request_timeout_secs); the usage counts what was generated"
+                ),
+            )
+            .with_code("request_timeout"),
+        ),
         _ => None,
     }
 }
