@@ -212,6 +212,21 @@ impl Cluster {
         self.events.subscribe()
     }
 
+    /// A signed POST of `body` as JSON, given up after `timeout`: every
+    /// control call between nodes is one.
+    pub fn post_json(
+        &self,
+        address: &str,
+        path: &str,
+        body: &impl Serialize,
+        timeout: Duration,
+    ) -> reqwest::RequestBuilder {
+        let bytes = serde_json::to_vec(body).unwrap_or_default();
+        self.signed(reqwest::Method::POST, address, path, bytes)
+            .header("content-type", "application/json")
+            .timeout(timeout)
+    }
+
     /// A signed request to a peer's control route.
     pub fn signed(
         &self,

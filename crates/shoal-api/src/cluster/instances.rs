@@ -188,11 +188,9 @@ pub(crate) async fn place(
         let addr = cluster.address_of(&node).ok_or_else(|| {
             ApiError::not_found(format!("no online node '{node}'")).in_dialect(ErrorShape::OpenAi)
         })?;
-        let body = json!({"model": req.model}).to_string().into_bytes();
+        let body = json!({"model": req.model});
         let resp = cluster
-            .signed(reqwest::Method::POST, &addr, LOAD_PATH, body)
-            .header("content-type", "application/json")
-            .timeout(std::time::Duration::from_secs(600))
+            .post_json(&addr, LOAD_PATH, &body, std::time::Duration::from_secs(600))
             .send()
             .await
             .map_err(|e| {

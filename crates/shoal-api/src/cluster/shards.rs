@@ -331,18 +331,15 @@ pub async fn place(
         let peer = cluster
             .address_of(id)
             .ok_or_else(|| ApiError::not_found(format!("no online node '{id}'")))?;
-        let body = serde_json::to_vec(&StartRequest {
+        let body = StartRequest {
             instance: instance_id.clone(),
             model: model_id.clone(),
             layers: ranges[rank],
             rank,
             hosts: hosts.clone(),
-        })
-        .unwrap_or_default();
+        };
         let ok = cluster
-            .signed(reqwest::Method::POST, &peer, START_PATH, body)
-            .header("content-type", "application/json")
-            .timeout(std::time::Duration::from_secs(60))
+            .post_json(&peer, START_PATH, &body, std::time::Duration::from_secs(60))
             .send()
             .await
             .map(|r| r.status().is_success())
