@@ -67,48 +67,42 @@ impl Group {
 
     /// Sends `x` to rank `dst` and waits until it is sent.
     pub fn send(&self, x: &Array, dst: usize) -> Result<()> {
-        let stream = Stream::cpu();
-        // SAFETY: `res` is a fresh handle the call fills; ownership passes to `Array`.
-        let out = unsafe {
-            let mut res = mlx_sys::mlx_array_new();
-            let rc = mlx_sys::mlx_distributed_send(
-                &mut res,
-                x.as_ptr(),
-                dst as i32,
-                self.g,
-                stream.as_ptr(),
-            );
-            let out = Array::from_ptr(res);
-            if rc != 0 {
-                return Err(backend_err("send"));
-            }
-            out
-        };
-        out.eval().map_err(|_| backend_err("send"))
+        // SAFETY: `x`, the group and the stream are live handles.
+        self.evaluated("send", |res, stream| unsafe {
+            mlx_sys::mlx_distributed_send(res, x.as_ptr(), dst as i32, self.g, stream)
+        })
+        .map(drop)
     }
 
     /// Receives an array of `shape` and `dtype` from rank `src`.
     pub fn recv(&self, shape: &[i32], dtype: Dtype, src: usize) -> Result<Array> {
+        let dtype = dtype as mlx_sys::mlx_dtype;
+        // SAFETY: `shape` outlives the call; the group and the stream are live.
+        self.evaluated("recv", |res, stream| unsafe {
+            let (n, dims) = (shape.len(), shape.as_ptr());
+            mlx_sys::mlx_distributed_recv(res, dims, n, dtype, src as i32, self.g, stream)
+        })
+    }
+
+    /// Runs one distributed op on the CPU stream into a fresh array handle
+    /// (owned by the returned `Array` whatever the outcome) and evaluates it,
+    /// so the transfer has happened when this returns.
+    fn evaluated(
+        &self,
+        op: &str,
+        call: impl FnOnce(&mut mlx_sys::mlx_array, mlx_sys::mlx_stream) -> std::os::raw::c_int,
+    ) -> Result<Array> {
         let stream = Stream::cpu();
-        // SAFETY: as in `send`.
-        let out = unsafe {
+        // SAFETY: `res` is a fresh handle the call fills; ownership passes to `Array`.
+        let (rc, out) = unsafe {
             let mut res = mlx_sys::mlx_array_new();
-            let rc = mlx_sys::mlx_distributed_recv(
-                &mut res,
-                shape.as_ptr(),
-                shape.len(),
-                dtype as mlx_sys::mlx_dtype,
-                src as i32,
-                self.g,
-                stream.as_ptr(),
-            );
-            let out = Array::from_ptr(res);
-            if rc != 0 {
-                return Err(backend_err("recv"));
-            }
-            out
+            let rc = call(&mut res, stream.as_ptr());
+            (rc, Array::from_ptr(res))
         };
-        out.eval().map_err(|_| backend_err("recv"))?;
+        if rc != 0 {
+            return Err(backend_err(op));
+        }
+        out.eval().map_err(|_| backend_err(op))?;
         Ok(out)
     }
 
