@@ -192,21 +192,11 @@ export function UsageView() {
       <div class="cards">
         <StatCard label="requests" testid="usage-count" value={fmtInt(totals().requests)} />
         <StatCard label="prompt tokens" testid="usage-total-prompt" value={fmtInt(totals().prompt_tokens)} />
-        <StatCard
-          label="cache hit"
-          testid="usage-cache-hit"
-          value={fmtShare(totals().cached_tokens, totals().prompt_tokens)}
-          note={`${fmtInt(totals().cached_tokens)} cached`}
-          title="Cached ÷ prompt tokens: the share of prompts the prefix cache served"
-        />
+        <ShareCard label="cache hit" testid="usage-cache-hit" part={totals().cached_tokens} whole={totals().prompt_tokens} noun="cached"
+          title="Cached ÷ prompt tokens: the share of prompts the prefix cache served" />
         <StatCard label="completion tokens" testid="usage-total-completion" value={fmtInt(totals().completion_tokens)} />
-        <StatCard
-          label="reasoning share"
-          testid="usage-reasoning-share"
-          value={fmtShare(totals().reasoning_tokens, totals().completion_tokens)}
-          note={`${fmtInt(totals().reasoning_tokens)} reasoning`}
-          title="Reasoning ÷ completion tokens"
-        />
+        <ShareCard label="reasoning share" testid="usage-reasoning-share" part={totals().reasoning_tokens} whole={totals().completion_tokens}
+          noun="reasoning" title="Reasoning ÷ completion tokens" />
         <Show when={cost()}>
           {(c) => (
             <div
@@ -318,6 +308,19 @@ function StatCard(props: { label: string; testid: string; value: string; note?: 
         <span class="muted small">{props.note}</span>
       </Show>
     </div>
+  );
+}
+
+/** A share of one total in another, with the part's count beneath. */
+function ShareCard(props: { label: string; testid: string; part: number; whole: number; noun: string; title: string }) {
+  return (
+    <StatCard
+      label={props.label}
+      testid={props.testid}
+      value={fmtShare(props.part, props.whole)}
+      note={`${fmtInt(props.part)} ${props.noun}`}
+      title={props.title}
+    />
   );
 }
 
