@@ -655,46 +655,23 @@ impl UsageQuery {
                 "since" => q.since = Some(instant(k, v)?),
                 "until" => q.until = Some(instant(k, v)?),
                 "group_by" => {
-                    q.group_by = Some(match v {
-                        "day" => GroupBy::Day,
-                        "hour" => GroupBy::Hour,
-                        "model" => GroupBy::Model,
-                        "dialect" => GroupBy::Dialect,
-                        "finish" => GroupBy::Finish,
-                        "client" => GroupBy::Client,
-                        "node" => GroupBy::Node,
-                        "served_by" => GroupBy::ServedBy,
-                        _ => {
-                            return Err(ApiError::param(
-                                k,
-                                format!(
-                                    "'group_by' must be day, hour, model, client, dialect, node, \
-                                     served_by or finish, got {v:?}"
-                                ),
-                            ))
-                        }
-                    })
+                    q.group_by = Some(one_of(
+                        k,
+                        v,
+                        &[
+                            ("day", GroupBy::Day),
+                            ("hour", GroupBy::Hour),
+                            ("model", GroupBy::Model),
+                            ("client", GroupBy::Client),
+                            ("dialect", GroupBy::Dialect),
+                            ("node", GroupBy::Node),
+                            ("served_by", GroupBy::ServedBy),
+                            ("finish", GroupBy::Finish),
+                        ],
+                    )?)
                 }
-                "scope" => match v {
-                    "node" => q.cluster = false,
-                    "cluster" => q.cluster = true,
-                    _ => {
-                        return Err(ApiError::param(
-                            k,
-                            format!("'scope' must be node or cluster, got {v:?}"),
-                        ))
-                    }
-                },
-                "format" => match v {
-                    "csv" => q.csv = true,
-                    "json" => q.csv = false,
-                    _ => {
-                        return Err(ApiError::param(
-                            k,
-                            format!("'format' must be json or csv, got {v:?}"),
-                        ))
-                    }
-                },
+                "scope" => q.cluster = one_of(k, v, &[("node", false), ("cluster", true)])?,
+                "format" => q.csv = one_of(k, v, &[("json", false), ("csv", true)])?,
                 other => {
                     return Err(ApiError::param(
                         other,
@@ -705,6 +682,23 @@ impl UsageQuery {
         }
         Ok(q)
     }
+}
+
+/// The value named `v` among a parameter's `choices`, or a 400 listing them.
+fn one_of<T: Copy>(param: &str, v: &str, choices: &[(&str, T)]) -> Result<T, ApiError> {
+    if let Some((_, t)) = choices.iter().find(|(name, _)| *name == v) {
+        return Ok(*t);
+    }
+    let names: Vec<&str> = choices.iter().map(|(name, _)| *name).collect();
+    let listed = match names.split_last() {
+        Some((last, [])) => last.to_string(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    };
+    Err(ApiError::param(
+        param,
+        format!("'{param}' must be {listed}, got {v:?}"),
+    ))
 }
 
 /// A moment as `since` and `until` take it, in Unix seconds: a number of
@@ -941,6 +935,39 @@ mod tests {
             .unwrap_or_default();
         let last = a.rsplit(',').next().and_then(|c| c.parse::<f64>().ok());
         assert!(last.is_some_and(|c| close(c, 3.4)), "{csv}");
+    }
+
+    #[test]
+    fn a_value_outside_its_choices_is_refused_with_the_choices() {
+        let refused = |k: &str, v: &str| {
+            let e = super::UsageQuery::parse([(k, v)]).expect_err(k);
+            (e.param.unwrap_or_default(), e.message)
+        };
+        assert_eq!(
+            refused("group_by", "week"),
+            (
+                "group_by".to_string(),
+                "'group_by' must be day, hour, model, client, dialect, node, served_by or \
+                 finish, got \"week\""
+                    .to_string()
+            )
+        );
+        assert_eq!(
+            refused("scope", "all").1,
+            "'scope' must be node or cluster, got \"all\""
+        );
+        assert_eq!(
+            refused("format", "xml").1,
+            "'format' must be json or csv, got \"xml\""
+        );
+        let q = super::UsageQuery::parse([
+            ("group_by", "served_by"),
+            ("scope", "cluster"),
+            ("format", "csv"),
+        ])
+        .expect("valid");
+        assert_eq!(q.group_by, Some(super::GroupBy::ServedBy));
+        assert!(q.cluster && q.csv);
     }
 
     #[test]
