@@ -156,3 +156,34 @@ async fn the_models_defaults_fill_what_a_request_leaves_out_and_explicit_values_
         }
     }
 }
+
+/// The default model's GGUF carries no sampling keys; its family's card
+/// (SmolLM2: temperature 0.2, top_p 0.9) fills them, on either backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_models_card_settings_apply_when_a_request_leaves_them_out() {
+    let engine = Engine::start(&common::gguf(), "m", common::options()).expect("load");
+    let base = common::serve(AppState::new(engine)).await;
+    let models: Value = reqwest::get(format!("{base}/v1/models"))
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    let d = &models["data"][0]["shoal"]["sampling_defaults"];
+    let card = "model card (HuggingFaceTB/SmolLM2)";
+    assert_eq!(d["temperature"]["source"], card, "{models}");
+    assert_eq!(d["top_p"]["source"], card, "{models}");
+    assert!((d["temperature"]["value"].as_f64().unwrap_or(-1.0) - 0.2).abs() < 1e-6);
+    assert!((d["top_p"]["value"].as_f64().unwrap_or(-1.0) - 0.9).abs() < 1e-6);
+    for dialect in ["chat", "completions"] {
+        // Left out, the card's values sample: from one seed, the same words
+        // as asking for them.
+        let left_out = reply(&base, dialect, json!({"seed": 11, "max_tokens": 40})).await;
+        let card_values = json!({"temperature": 0.2, "top_p": 0.9, "seed": 11, "max_tokens": 40});
+        assert_eq!(
+            left_out,
+            reply(&base, dialect, card_values).await,
+            "{dialect}: the card's settings were not applied"
+        );
+    }
+}

@@ -2,10 +2,14 @@
 //! request leaves a parameter out (an explicit value always wins).
 //!
 //! Read from `generation_config.json` in a Hugging Face / MLX directory and
-//! from the `general.sampling.*` keys of a GGUF; anything neither names
-//! keeps Shoal's own default (the OpenAI API's: temperature 1, top_p 1, no
-//! top-k, min-p or repetition penalty). Each value says where it came from,
-//! for `/v1/models` and the UI.
+//! from the `general.sampling.*` keys of a GGUF. Some authors publish their
+//! settings only in the model card, and GGUFs converted before those keys
+//! existed carry none: for such a GGUF, [`CARDS`] gives the card's values,
+//! matched on the file's own `general.organization` and `general.basename`
+//! (keys the file names still win). Anything left keeps Shoal's own
+//! default (the OpenAI API's: temperature 1, top_p 1, no top-k, min-p or
+//! repetition penalty). Each value says where it came from, for
+//! `/v1/models` and the UI.
 use std::path::Path;
 
 use serde::Serialize;
@@ -15,6 +19,29 @@ use crate::sampler::SamplingParams;
 
 /// Where a default came from, when the model named none.
 pub const SHOAL_DEFAULT: &str = "shoal default";
+
+/// A model family's sampling settings as its authors' model card gives them.
+pub struct Card {
+    /// `general.organization` of the family's GGUFs.
+    pub organization: &'static str,
+    /// `general.basename` of the family's GGUFs.
+    pub basename: &'static str,
+    pub temperature: f32,
+    pub top_p: f32,
+    /// Where the values are written, as `/v1/models` names the source.
+    pub source: &'static str,
+}
+
+/// Families whose GGUFs carry no sampling keys but whose cards recommend
+/// settings. SmolLM2 (the default model) at temperature 1 wanders off
+/// topic; its card samples at 0.2 with top_p 0.9.
+pub const CARDS: &[Card] = &[Card {
+    organization: "HuggingFaceTB",
+    basename: "smollm2",
+    temperature: 0.2,
+    top_p: 0.9,
+    source: "model card (HuggingFaceTB/SmolLM2)",
+}];
 
 /// A value and where it came from.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -88,6 +115,19 @@ impl SamplingDefaults {
             );
             d.set_top_k(num("top_k"), src);
         } else if let Ok(h) = shoal_gguf::Header::read(path) {
+            let family = |k: &str| h.string(k).map(str::to_ascii_lowercase);
+            let (org, base) = (family("general.organization"), family("general.basename"));
+            if let Some(card) = CARDS.iter().find(|c| {
+                org.as_deref() == Some(&c.organization.to_ascii_lowercase())
+                    && base.as_deref() == Some(c.basename)
+            }) {
+                d.set_f32(
+                    |d| &mut d.temperature,
+                    Some(card.temperature.into()),
+                    card.source,
+                );
+                d.set_f32(|d| &mut d.top_p, Some(card.top_p.into()), card.source);
+            }
             let key = |k: &str| {
                 let full = format!("general.sampling.{k}");
                 h.float(&full).map(|v| (v, full))
@@ -219,5 +259,47 @@ mod tests {
             (40, "general.sampling.top_k")
         );
         assert_eq!(s.top_p.source, SHOAL_DEFAULT);
+    }
+
+    #[test]
+    fn a_family_whose_card_recommends_settings_gets_them_unless_the_file_says_otherwise() {
+        let d = dir("card");
+        let write = |name: &str, meta: &[(&str, MetaValue)]| {
+            let p = d.join(name);
+            std::fs::write(&p, gguf_bytes(meta, &[("token_embd.weight", &[8, 8])])).expect("write");
+            p
+        };
+        let smol = [
+            ("general.architecture", MetaValue::Str("llama")),
+            ("general.organization", MetaValue::Str("HuggingFaceTB")),
+            ("general.basename", MetaValue::Str("SmolLM2")),
+        ];
+        let s = SamplingDefaults::read(&write("smol.gguf", &smol));
+        let card = "model card (HuggingFaceTB/SmolLM2)";
+        assert_eq!(
+            (s.temperature.value, s.temperature.source.as_str()),
+            (0.2, card)
+        );
+        assert_eq!((s.top_p.value, s.top_p.source.as_str()), (0.9, card));
+        assert_eq!(s.top_k.source, SHOAL_DEFAULT);
+        // The file's own key wins over the card.
+        let own = [
+            ("general.architecture", MetaValue::Str("llama")),
+            ("general.organization", MetaValue::Str("HuggingFaceTB")),
+            ("general.basename", MetaValue::Str("SmolLM2")),
+            ("general.sampling.temp", MetaValue::F32(0.6)),
+        ];
+        let s = SamplingDefaults::read(&write("own.gguf", &own));
+        assert_eq!(s.temperature.value, 0.6);
+        assert_eq!(s.temperature.source, "general.sampling.temp");
+        assert_eq!(s.top_p.source, card);
+        // Another organization's file of the same name is not the family.
+        let other = [
+            ("general.architecture", MetaValue::Str("llama")),
+            ("general.organization", MetaValue::Str("Someone")),
+            ("general.basename", MetaValue::Str("smollm2")),
+        ];
+        let s = SamplingDefaults::read(&write("other.gguf", &other));
+        assert_eq!(s, SamplingDefaults::default());
     }
 }
