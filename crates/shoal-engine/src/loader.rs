@@ -317,13 +317,7 @@ fn load_gguf(
     // Replies end where llama.cpp's run of the same file ends them; at the
     // ends the file names when llama.cpp cannot read its vocabulary.
     let header = backends::check_gguf(path)?;
-    let eos = llama_vocab::end_tokens_of(path, &header).unwrap_or_else(|e| {
-        tracing::warn!(error = %e, "replies end only at the GGUF's named end tokens");
-        let mut ends = llama_vocab::named_ends(&header);
-        ends.sort_unstable();
-        ends.dedup();
-        ends
-    });
+    let eos = ends_or_named(llama_vocab::end_tokens_of(path, &header), &header);
     let tensors = gguf::tensors(&file, &cfg)?;
     drop(file);
     let model = Transformer::new_stage(cfg, tensors, gguf::GGUF_GROUP_SIZE, policy, layers)?;
@@ -337,6 +331,18 @@ fn load_gguf(
             add_bos: gv.add_bos,
         }),
     ))
+}
+
+/// The ends llama.cpp found, or where it could not read the vocabulary,
+/// the ends the file names (each once).
+fn ends_or_named(found: Result<Vec<u32>>, header: &shoal_gguf::Header) -> Vec<u32> {
+    found.unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "replies end only at the GGUF's named end tokens");
+        let mut ends = llama_vocab::named_ends(header);
+        ends.sort_unstable();
+        ends.dedup();
+        ends
+    })
 }
 
 fn load_hf(
@@ -416,7 +422,33 @@ pub use crate::backends::mlx::ModelConfig;
 
 #[cfg(test)]
 mod tests {
-    use super::byte_level_bytes;
+    use super::{byte_level_bytes, ends_or_named};
+    use crate::error::EngineError;
+    use shoal_gguf::testing::{gguf_bytes, MetaValue};
+
+    #[test]
+    fn without_llama_cpps_reading_the_ends_are_those_the_file_names() {
+        let p = std::env::temp_dir().join(format!("shoal-ends-{}.gguf", std::process::id()));
+        std::fs::write(
+            &p,
+            gguf_bytes(
+                &[
+                    ("general.architecture", MetaValue::Str("llama")),
+                    ("tokenizer.ggml.eos_token_id", MetaValue::U32(7)),
+                    ("tokenizer.ggml.eot_token_id", MetaValue::U32(2)),
+                    ("tokenizer.ggml.eom_token_id", MetaValue::U32(7)),
+                ],
+                &[("token_embd.weight", &[8, 8])],
+            ),
+        )
+        .expect("write");
+        let header = shoal_gguf::Header::read(&p).expect("header");
+        let _ = std::fs::remove_file(&p);
+        let unreadable = Err(EngineError::InvalidModel("no vocabulary".into()));
+        assert_eq!(ends_or_named(unreadable, &header), vec![2, 7]);
+        // What llama.cpp found is taken as it is.
+        assert_eq!(ends_or_named(Ok(vec![0, 2, 9]), &header), vec![0, 2, 9]);
+    }
 
     #[test]
     fn byte_level_table_inverts_for_every_byte() {
