@@ -102,6 +102,12 @@ impl Harmony {
     }
 
     /// Takes token `t` if it is a marker: `None` for ordinary tokens.
+    /// Whether `t` is one of the markers that frame a message.
+    pub fn is_marker(&self, t: u32) -> bool {
+        let m = self.m;
+        [m.start, m.end, m.message, m.channel].contains(&t) || Some(t) == m.constrain
+    }
+
     pub fn marker(&mut self, t: u32) -> Option<Split> {
         let m = self.m;
         let mut out = Split::default();

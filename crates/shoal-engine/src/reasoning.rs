@@ -85,6 +85,15 @@ impl ReasoningSplitter {
         }
     }
 
+    /// Whether `token` moves the reply to another section (a harmony
+    /// marker): text held back before it belongs to the section it closes.
+    pub fn is_boundary(&self, token: u32) -> bool {
+        match self {
+            ReasoningSplitter::Think(_) => false,
+            ReasoningSplitter::Harmony(h) => h.is_marker(token),
+        }
+    }
+
     /// Text with no token of its own (the detokenizer's held tail).
     pub fn push(&mut self, text: &str) -> Split {
         match self {

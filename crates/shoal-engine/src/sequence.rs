@@ -234,6 +234,22 @@ impl Sequence {
             Ok(p) => p,
             Err(e) => return Next::Finished(FinishReason::Error(e.to_string())),
         };
+        // A harmony marker ends a section: what the filter held back could no
+        // longer complete a blocked phrase there, and belongs to that section.
+        if let Some(sp) = d.splitter.as_mut().filter(|sp| sp.is_boundary(s.token)) {
+            let held = d.filter.flush();
+            let split = sp.push(&held.emit);
+            send_reasoning(split.reasoning);
+            let stepped = d.stops.push(&split.content);
+            send_text(stepped.emit, &mut d.pending_logprobs, &mut d.tools);
+            send_calls(&job.events, split.calls);
+            if let Some(i) = stepped.matched {
+                return Next::Finished(FinishReason::StopSequence(d.stops.stops()[i].clone()));
+            }
+            if held.matched.is_some() {
+                return Next::Finished(FinishReason::ContentFilter);
+            }
+        }
         let screened = d.filter.push(&piece);
         let mut calls = Vec::new();
         let content = match d.splitter.as_mut() {

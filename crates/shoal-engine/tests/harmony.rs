@@ -116,6 +116,11 @@ fn script(vocab: &Vocabulary, text: &str) -> Vec<u32> {
 
 /// An engine whose model is `ids`, with the tiny model's vocabulary.
 fn engine_with(l: Loaded, ids: Vec<u32>) -> Engine {
+    engine_blocking(l, ids, Vec::new())
+}
+
+/// [`engine_with`], its content filter blocking `phrases`.
+fn engine_blocking(l: Loaded, ids: Vec<u32>, phrases: Vec<String>) -> Engine {
     let vocab = l.vocab.clone();
     let eos = *vocab.eos.first().expect("an EOS");
     let info = ModelInfo {
@@ -127,6 +132,7 @@ fn engine_with(l: Loaded, ids: Vec<u32>) -> Engine {
     let model = Script { ids, eos, info };
     let opts = EngineOptions {
         prefix_cache_bytes: 0,
+        blocked_phrases: phrases,
         ..EngineOptions::default()
     };
     Engine::start_with(&tiny_gpt_oss(), "script", opts, move |p| {
@@ -234,6 +240,27 @@ fn the_model_opens_analysis_then_answers_in_final() {
     assert_eq!(c.usage.completion_tokens, ids.len());
     // The whole analysis message, header to end marker, is reasoning; the
     // final message's header is not.
+    assert_eq!(c.usage.reasoning_tokens, through_end(&vocab, &ids));
+}
+
+#[test]
+fn text_the_content_filter_holds_at_a_channel_end_stays_in_that_channel() {
+    let l = load();
+    let vocab = l.vocab.clone();
+    let ids = script(
+        &vocab,
+        "<|channel|>analysis<|message|>The user asks about Paris<|end|>\
+         <|start|>assistant<|channel|>final<|message|>It is sunny.<|return|>",
+    );
+    // "Paris" could begin the blocked phrase, so the filter holds it until
+    // the analysis channel ends, which rules the phrase out.
+    let e = engine_blocking(l, ids.clone(), vec!["Paris rain".into()]);
+    let r = collect(&e, request(&vocab, None));
+    let c = r.done.expect("done");
+    assert_eq!(r.reasoning, "The user asks about Paris");
+    assert_eq!(r.content, "It is sunny.");
+    assert_eq!(c.finish, FinishReason::Stop);
+    assert_eq!(c.usage.completion_tokens, ids.len());
     assert_eq!(c.usage.reasoning_tokens, through_end(&vocab, &ids));
 }
 
