@@ -99,6 +99,17 @@ async fn reply(base: &str, dialect: &str, extra: Value) -> String {
 
 const DIALECTS: [&str; 4] = ["chat", "completions", "messages", "responses"];
 
+/// The served model's `shoal.sampling_defaults` in `/v1/models`.
+async fn sampling_defaults(base: &str) -> Value {
+    let models: Value = reqwest::get(format!("{base}/v1/models"))
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    models["data"][0]["shoal"]["sampling_defaults"].clone()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_models_defaults_fill_what_a_request_leaves_out_and_explicit_values_win() {
     // The model says: greedy.
@@ -110,29 +121,14 @@ async fn the_models_defaults_fill_what_a_request_leaves_out_and_explicit_values_
     // The same weights with nothing to say: Shoal's defaults (temperature 1).
     let plain = serve(&model_dir("plain", None)).await;
 
-    let models: Value = reqwest::get(format!("{greedy}/v1/models"))
-        .await
-        .expect("get")
-        .json()
-        .await
-        .expect("json");
-    let d = &models["data"][0]["shoal"]["sampling_defaults"];
+    let d = sampling_defaults(&greedy).await;
     assert_eq!(
         d["temperature"],
         json!({"value": 0.0, "source": "generation_config.json"}),
-        "{models}"
+        "{d}"
     );
     assert_eq!(d["top_p"]["source"], "shoal default");
-    let models: Value = reqwest::get(format!("{plain}/v1/models"))
-        .await
-        .expect("get")
-        .json()
-        .await
-        .expect("json");
-    assert_eq!(
-        models["data"][0]["shoal"]["sampling_defaults"]["temperature"]["value"],
-        1.0
-    );
+    assert_eq!(sampling_defaults(&plain).await["temperature"]["value"], 1.0);
 
     for dialect in DIALECTS {
         // Left out: the model's greedy default, the same words as asking for temperature 0.
@@ -163,16 +159,10 @@ async fn the_models_defaults_fill_what_a_request_leaves_out_and_explicit_values_
 async fn the_default_models_card_settings_apply_when_a_request_leaves_them_out() {
     let engine = Engine::start(&common::gguf(), "m", common::options()).expect("load");
     let base = common::serve(AppState::new(engine)).await;
-    let models: Value = reqwest::get(format!("{base}/v1/models"))
-        .await
-        .expect("get")
-        .json()
-        .await
-        .expect("json");
-    let d = &models["data"][0]["shoal"]["sampling_defaults"];
+    let d = sampling_defaults(&base).await;
     let card = "model card (HuggingFaceTB/SmolLM2)";
-    assert_eq!(d["temperature"]["source"], card, "{models}");
-    assert_eq!(d["top_p"]["source"], card, "{models}");
+    assert_eq!(d["temperature"]["source"], card, "{d}");
+    assert_eq!(d["top_p"]["source"], card, "{d}");
     assert!((d["temperature"]["value"].as_f64().unwrap_or(-1.0) - 0.2).abs() < 1e-6);
     assert!((d["top_p"]["value"].as_f64().unwrap_or(-1.0) - 0.9).abs() < 1e-6);
     for dialect in ["chat", "completions"] {

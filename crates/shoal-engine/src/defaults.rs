@@ -191,7 +191,7 @@ impl SamplingDefaults {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shoal_gguf::testing::{gguf_bytes, MetaValue};
+    use shoal_gguf::testing::{write_gguf, MetaValue};
 
     fn dir(name: &str) -> std::path::PathBuf {
         let d = std::env::temp_dir().join(format!("shoal-defaults-{}-{name}", std::process::id()));
@@ -238,19 +238,14 @@ mod tests {
     #[test]
     fn gguf_sampling_keys_are_read_with_their_names() {
         let d = dir("gguf");
-        let p = d.join("m.gguf");
-        std::fs::write(
-            &p,
-            gguf_bytes(
-                &[
-                    ("general.architecture", MetaValue::Str("llama")),
-                    ("general.sampling.temp", MetaValue::F32(0.3)),
-                    ("general.sampling.top_k", MetaValue::U32(40)),
-                ],
-                &[("token_embd.weight", &[8, 8])],
-            ),
-        )
-        .expect("write");
+        let p = write_gguf(
+            &d.join("m.gguf"),
+            &[
+                ("general.architecture", MetaValue::Str("llama")),
+                ("general.sampling.temp", MetaValue::F32(0.3)),
+                ("general.sampling.top_k", MetaValue::U32(40)),
+            ],
+        );
         let s = SamplingDefaults::read(&p);
         assert_eq!(s.temperature.value, 0.3);
         assert_eq!(s.temperature.source, "general.sampling.temp");
@@ -264,11 +259,7 @@ mod tests {
     #[test]
     fn a_family_whose_card_recommends_settings_gets_them_unless_the_file_says_otherwise() {
         let d = dir("card");
-        let write = |name: &str, meta: &[(&str, MetaValue)]| {
-            let p = d.join(name);
-            std::fs::write(&p, gguf_bytes(meta, &[("token_embd.weight", &[8, 8])])).expect("write");
-            p
-        };
+        let write = |name: &str, meta: &[(&str, MetaValue)]| write_gguf(&d.join(name), meta);
         let smol = [
             ("general.architecture", MetaValue::Str("llama")),
             ("general.organization", MetaValue::Str("HuggingFaceTB")),

@@ -424,24 +424,19 @@ pub use crate::backends::mlx::ModelConfig;
 mod tests {
     use super::{byte_level_bytes, ends_or_named};
     use crate::error::EngineError;
-    use shoal_gguf::testing::{gguf_bytes, MetaValue};
+    use shoal_gguf::testing::{write_gguf, MetaValue};
 
     #[test]
     fn without_llama_cpps_reading_the_ends_are_those_the_file_names() {
-        let p = std::env::temp_dir().join(format!("shoal-ends-{}.gguf", std::process::id()));
-        std::fs::write(
-            &p,
-            gguf_bytes(
-                &[
-                    ("general.architecture", MetaValue::Str("llama")),
-                    ("tokenizer.ggml.eos_token_id", MetaValue::U32(7)),
-                    ("tokenizer.ggml.eot_token_id", MetaValue::U32(2)),
-                    ("tokenizer.ggml.eom_token_id", MetaValue::U32(7)),
-                ],
-                &[("token_embd.weight", &[8, 8])],
-            ),
-        )
-        .expect("write");
+        let p = write_gguf(
+            &std::env::temp_dir().join(format!("shoal-ends-{}.gguf", std::process::id())),
+            &[
+                ("general.architecture", MetaValue::Str("llama")),
+                ("tokenizer.ggml.eos_token_id", MetaValue::U32(7)),
+                ("tokenizer.ggml.eot_token_id", MetaValue::U32(2)),
+                ("tokenizer.ggml.eom_token_id", MetaValue::U32(7)),
+            ],
+        );
         let header = shoal_gguf::Header::read(&p).expect("header");
         let _ = std::fs::remove_file(&p);
         let unreadable = Err(EngineError::InvalidModel("no vocabulary".into()));

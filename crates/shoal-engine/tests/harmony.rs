@@ -222,46 +222,29 @@ fn a_tool_call_in_the_commentary_channel_after_reasoning() {
 
 #[test]
 fn the_model_opens_analysis_then_answers_in_final() {
-    let l = load();
-    let vocab = l.vocab.clone();
-    let ids = script(
-        &vocab,
-        "<|channel|>analysis<|message|>The user asks about Paris.<|end|>\
-         <|start|>assistant<|channel|>final<|message|>It is sunny in Paris.<|return|>",
-    );
-    let e = engine_with(l, ids.clone());
-    // Reasoning not asked for: the model still reasons in its own channel.
-    let r = collect(&e, request(&vocab, None));
-    let c = r.done.expect("done");
-    assert_eq!(r.reasoning, "The user asks about Paris.");
-    assert_eq!(r.content, "It is sunny in Paris.");
-    assert!(r.calls.is_empty());
-    assert_eq!(c.finish, FinishReason::Stop);
-    assert_eq!(c.usage.completion_tokens, ids.len());
-    // The whole analysis message, header to end marker, is reasoning; the
-    // final message's header is not.
-    assert_eq!(c.usage.reasoning_tokens, through_end(&vocab, &ids));
-}
-
-#[test]
-fn text_the_content_filter_holds_at_a_channel_end_stays_in_that_channel() {
-    let l = load();
-    let vocab = l.vocab.clone();
+    let vocab = load().vocab;
     let ids = script(
         &vocab,
         "<|channel|>analysis<|message|>The user asks about Paris<|end|>\
-         <|start|>assistant<|channel|>final<|message|>It is sunny.<|return|>",
+         <|start|>assistant<|channel|>final<|message|>It is sunny in Paris.<|return|>",
     );
-    // "Paris" could begin the blocked phrase, so the filter holds it until
-    // the analysis channel ends, which rules the phrase out.
-    let e = engine_blocking(l, ids.clone(), vec!["Paris rain".into()]);
-    let r = collect(&e, request(&vocab, None));
-    let c = r.done.expect("done");
-    assert_eq!(r.reasoning, "The user asks about Paris");
-    assert_eq!(r.content, "It is sunny.");
-    assert_eq!(c.finish, FinishReason::Stop);
-    assert_eq!(c.usage.completion_tokens, ids.len());
-    assert_eq!(c.usage.reasoning_tokens, through_end(&vocab, &ids));
+    // Also with a content filter: "Paris" could begin its blocked phrase, so
+    // the filter holds it until the analysis channel ends, which rules the
+    // phrase out; it stays in that channel.
+    for blocked in [vec![], vec!["Paris rain".to_string()]] {
+        let e = engine_blocking(load(), ids.clone(), blocked.clone());
+        // Reasoning not asked for: the model still reasons in its own channel.
+        let r = collect(&e, request(&vocab, None));
+        let c = r.done.expect("done");
+        assert_eq!(r.reasoning, "The user asks about Paris", "{blocked:?}");
+        assert_eq!(r.content, "It is sunny in Paris.", "{blocked:?}");
+        assert!(r.calls.is_empty());
+        assert_eq!(c.finish, FinishReason::Stop);
+        assert_eq!(c.usage.completion_tokens, ids.len());
+        // The whole analysis message, header to end marker, is reasoning; the
+        // final message's header is not.
+        assert_eq!(c.usage.reasoning_tokens, through_end(&vocab, &ids));
+    }
 }
 
 #[test]

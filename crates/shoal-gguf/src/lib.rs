@@ -317,6 +317,15 @@ impl Reader<'_> {
 
 /// Writes a minimal GGUF file (for tests of code that reads headers).
 pub mod testing {
+    /// Writes `meta` to `path` as a GGUF with one small tensor, for tests
+    /// that read metadata only; returns `path`.
+    pub fn write_gguf(path: &std::path::Path, meta: &[(&str, MetaValue)]) -> std::path::PathBuf {
+        if let Err(e) = std::fs::write(path, gguf_bytes(meta, &[("token_embd.weight", &[8, 8])])) {
+            panic!("write {}: {e}", path.display());
+        }
+        path.to_path_buf()
+    }
+
     /// A GGUF v3 header with string / u32 metadata and F32 tensors of the
     /// given shapes, their data zero-filled.
     pub fn gguf_bytes(meta: &[(&str, MetaValue)], tensors: &[(&str, &[u64])]) -> Vec<u8> {
