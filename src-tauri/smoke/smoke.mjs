@@ -493,7 +493,7 @@ try {
   check(
     'Quit: open stream gets its final event',
     finishes.length > 0 && text.includes('data: [DONE]'),
-    `finish_reason=${finishes.join(',')}`,
+    `finish_reason=${finishes.join(',')}${finishes.length ? '' : ` stream=${JSON.stringify(text.slice(-400))}`}`,
   );
   await waitFor('the app to exit', async () => !alive(pid), 30_000);
   check('Quit: app exited', !alive(pid), `${((Date.now() - quitAt) / 1000).toFixed(1)} s after Quit`);

@@ -1127,6 +1127,15 @@ fn requests_are_forwarded_and_instances_survive_a_dead_node() {
         "the stream ended without an error event: {last}"
     );
     assert!(!sse.contains("[DONE]"));
+    // Asked again before A has missed B's heartbeat: B refuses the
+    // connection, so nothing ran there and A serves the request itself.
+    let (status, fallback) = post_json(&a, "/v1/chat/completions", &ask);
+    assert_eq!(status, 200, "{fallback}");
+    assert_eq!(fallback["usage"], direct["usage"]);
+    assert_eq!(
+        fallback["choices"][0]["message"],
+        direct["choices"][0]["message"]
+    );
 
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     let failed = loop {

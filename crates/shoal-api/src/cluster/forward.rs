@@ -58,7 +58,9 @@ pub async fn forward(
         .and_then(|v| v.get("model").and_then(|m| m.as_str()).map(str::to_string));
     // A model split over nodes from here goes to its first stage.
     if let Some(target) = model.as_deref().and_then(|m| shards::route(&s, m)) {
-        return proxy(target, parts, bytes, ErrorShape::for_path(&path)).await;
+        return proxy(target, parts, bytes, ErrorShape::for_path(&path))
+            .await
+            .unwrap_or_else(|n| n.answer);
     }
     // A model loaded here is served here; one loaded on a peer goes there
     // (no second copy in memory); otherwise this node loads it if it can.
@@ -95,7 +97,31 @@ pub async fn forward(
                 .then(|| format!("node {id} became unreachable mid-answer"))
         }),
     };
-    proxy(target, parts, bytes, ErrorShape::for_path(&path)).await
+    match proxy(
+        target,
+        parts.clone(),
+        bytes.clone(),
+        ErrorShape::for_path(&path),
+    )
+    .await
+    {
+        Ok(answer) => answer,
+        // The peer went away before it got the request (its heartbeat has not
+        // lapsed yet): nothing ran there, so this node serves it, loading the
+        // model if it can.
+        Err(NotSent { error, .. }) => {
+            tracing::warn!(peer = %peer.id, %error, "peer unreachable; serving here");
+            let req = axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes));
+            next.run(req).await
+        }
+    }
+}
+
+/// A request that never reached its upstream (the connection was refused),
+/// so it is safe to serve elsewhere; `answer` is the error to send if not.
+pub struct NotSent {
+    pub error: reqwest::Error,
+    pub answer: Response,
 }
 
 /// Where a request is passed on to, and what tells that it has failed.
@@ -120,7 +146,7 @@ pub async fn proxy(
     parts: axum::http::request::Parts,
     body: axum::body::Bytes,
     dialect: ErrorShape,
-) -> Response {
+) -> Result<Response, NotSent> {
     let Upstream {
         addr,
         what: peer,
@@ -178,9 +204,14 @@ pub async fn proxy(
     {
         Ok(r) => r,
         Err(e) => {
-            return ApiError::unavailable(format!("{peer} holding the model did not answer: {e}"))
-                .in_dialect(dialect)
-                .into_response()
+            let answer =
+                ApiError::unavailable(format!("{peer} holding the model did not answer: {e}"))
+                    .in_dialect(dialect)
+                    .into_response();
+            if e.is_connect() {
+                return Err(NotSent { error: e, answer });
+            }
+            return Ok(answer);
         }
     };
     let status = resp.status();
@@ -233,7 +264,7 @@ pub async fn proxy(
     if !sse {
         // A whole JSON answer: passed on as one sized body, or an error if
         // the peer died before finishing it.
-        return match resp.bytes().await {
+        return Ok(match resp.bytes().await {
             Ok(b) => {
                 if let Some(copy) = copy {
                     copy();
@@ -250,7 +281,7 @@ pub async fn proxy(
             Err(e) => ApiError::unavailable(format!("{peer} failed mid-answer: {e}"))
                 .in_dialect(dialect)
                 .into_response(),
-        };
+        });
     }
     let (tx, rx) =
         tokio::sync::mpsc::unbounded_channel::<Result<axum::body::Bytes, std::io::Error>>();
@@ -299,7 +330,7 @@ pub async fn proxy(
         out.headers_mut()
             .insert(axum::http::header::CONTENT_TYPE, v);
     }
-    with_id(out)
+    Ok(with_id(out))
 }
 
 /// Ends a forwarded answer with the dialect's error (an SSE error event, or
