@@ -112,24 +112,30 @@ PY
 
 # The same 8-stream load over HTTP: `shoal serve` against llama.cpp's own llama-server
 # --parallel 8 (llama.cpp from the llama-cpp-python sdist, built with the same options:
-# tools/llama-server.sh), both with the same file, threads and context. Shoal runs as
-# configured by default, prefix cache included: its cached prefixes share the one unified
-# KV cache, so later rounds show what they cost.
+# tools/llama-server.sh), both with the same file, threads and 8192 KV positions, prefix
+# cache on. Shoal runs twice: as configured by default (one shared KV pool, so a step attends
+# over every running request's positions) and with llama-server's layout (--split-kv-cache
+# --max-batch 8: 1024 positions per request, each attending over its own).
 LLAMA_SERVER="$(bash "$ROOT/tools/llama-server.sh")"
 THREADS="$(SHOAL_LOG=warn "$SHOAL" bench --backend llama --model "$GGUF" --prompt-tokens 8 --gen-tokens 2 --runs 1 --json \
   | python3 -c 'import json,sys; print(json.load(sys.stdin)["threads"])')"
 for M in "$GGUF" "${REAL[@]}"; do
-  echo "$(basename "$M"):"
-  "$LLAMA_SERVER" -m "$M" -t "$THREADS" -c 8192 --parallel 8 --host 127.0.0.1 --port 18931 >/dev/null 2>&1 &
-  LS=$!
-  SHOAL_LOG=warn "$SHOAL" serve --backend llama --threads "$THREADS" --model "$M" --port 18932 >/dev/null 2>&1 &
-  SS=$!
-  for _ in $(seq 1 120); do
-    curl -sf http://127.0.0.1:18931/health >/dev/null && curl -sf http://127.0.0.1:18932/health >/dev/null && break
-    sleep 1
+  for LAYOUT in shared split; do
+    echo "$(basename "$M"), Shoal's KV $LAYOUT:"
+    EXTRA=()
+    [ "$LAYOUT" = split ] && EXTRA=(--split-kv-cache --max-batch 8)
+    "$LLAMA_SERVER" -m "$M" -t "$THREADS" -c 8192 --parallel 8 --host 127.0.0.1 --port 18931 >/dev/null 2>&1 &
+    LS=$!
+    SHOAL_LOG=warn "$SHOAL" serve --backend llama --threads "$THREADS" --kv-cache-tokens 8192 "${EXTRA[@]}" \
+      --model "$M" --port 18932 >/dev/null 2>&1 &
+    SS=$!
+    for _ in $(seq 1 120); do
+      curl -sf http://127.0.0.1:18931/health >/dev/null && curl -sf http://127.0.0.1:18932/health >/dev/null && break
+      sleep 1
+    done
+    "$VENV/bin/python" "$ROOT/tools/py/serve_load.py" --shoal http://127.0.0.1:18932 --llama http://127.0.0.1:18931 \
+      --model "$M" --rounds "$RUNS" || echo "  (load failed)"
+    kill "$LS" "$SS" 2>/dev/null || true
+    wait "$LS" "$SS" 2>/dev/null || true
   done
-  "$VENV/bin/python" "$ROOT/tools/py/serve_load.py" --shoal http://127.0.0.1:18932 --llama http://127.0.0.1:18931 \
-    --model "$M" --rounds "$RUNS" || echo "  (load failed)"
-  kill "$LS" "$SS" 2>/dev/null || true
-  wait "$LS" "$SS" 2>/dev/null || true
 done

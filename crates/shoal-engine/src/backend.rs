@@ -80,6 +80,11 @@ pub trait KvCache: Any + Send {
     fn as_any_mut(&mut self) -> &mut dyn Any;
     /// An independent copy (cheap where the backend's arrays are immutable).
     fn clone_box(&self) -> Box<dyn KvCache>;
+    /// Called when the cache is kept for later reuse (the prefix cache) and
+    /// no longer runs: a backend whose running sequences share a bounded
+    /// pool moves it out of that pool here, so kept prefixes neither take
+    /// room from nor slow down the sequences that run.
+    fn park(&mut self) {}
 }
 
 /// A causal language model that can be run token by token.

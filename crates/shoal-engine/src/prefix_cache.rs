@@ -72,7 +72,7 @@ impl PrefixCache {
     }
 
     /// Keeps `cache`, whose positions hold `tokens[..cache.len()]`.
-    pub fn insert(&mut self, tokens: &[u32], cache: Box<dyn KvCache>) {
+    pub fn insert(&mut self, tokens: &[u32], mut cache: Box<dyn KvCache>) {
         if self.budget_bytes == 0 || cache.is_empty() || cache.nbytes() > self.budget_bytes {
             return;
         }
@@ -84,6 +84,7 @@ impl PrefixCache {
         if self.entries.iter().any(|e| e.tokens.starts_with(held)) {
             return;
         }
+        cache.park();
         self.entries.push(Entry {
             tokens: held.to_vec(),
             cache,

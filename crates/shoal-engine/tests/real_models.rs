@@ -178,6 +178,28 @@ fn run_together_logprobs(
         .collect()
 }
 
+/// A batched reply equals the lone one, or parts from it only at a near
+/// tie: llama.cpp's kernels for a step of several rows sum in another order
+/// than for one row. Up to there the tokens are the same, and there the lone
+/// run's logprobs for both tokens are within NEAR_TIE of each other.
+fn same_or_near_tie(what: &str, want: &[TokenLogprob], got: &[TokenLogprob]) {
+    let Some(at) = want.iter().zip(got).position(|(w, g)| w.token != g.token) else {
+        assert_eq!(got.len(), want.len(), "{what} ended elsewhere");
+        return;
+    };
+    let gap = want[at]
+        .top
+        .iter()
+        .find(|t| t.0 == got[at].token)
+        .map(|t| want[at].logprob - t.2);
+    assert!(
+        gap.is_some_and(|g| g < NEAR_TIE),
+        "{what} parts from the lone run at token {at} without a near tie (lone {:?}, batched {:?})",
+        want[at],
+        got[at]
+    );
+}
+
 #[test]
 fn greedy_tokens_equal_llama_cpp_alone_single_and_batched() {
     for (name, path) in models() {
@@ -213,11 +235,6 @@ fn greedy_tokens_equal_llama_cpp_alone_single_and_batched() {
             );
         }
         // Eight at once: every prompt several times in one decode batch.
-        // llama.cpp's attention kernel for a step of several rows sums in
-        // another order than for one row, so a batched reply may part from
-        // the lone one, but only at a near tie:
-        // up to there the tokens are the same, and there the lone run's
-        // logprobs for both tokens are within NEAR_TIE of each other.
         let batch: Vec<_> = (0..8)
             .map(|i| {
                 greedy(
@@ -230,30 +247,14 @@ fn greedy_tokens_equal_llama_cpp_alone_single_and_batched() {
             })
             .collect();
         for (i, (got, c)) in run_together_logprobs(&e, batch).into_iter().enumerate() {
-            let want = &alone[i % texts.len()];
             assert_eq!(
                 c.usage.completion_tokens,
                 got.len() + usize::from(c.finish == FinishReason::Stop)
             );
-            let Some(at) = want.iter().zip(&got).position(|(w, g)| w.token != g.token) else {
-                assert_eq!(
-                    got.len(),
-                    want.len(),
-                    "{name}: stream {i} of 8 ended elsewhere"
-                );
-                continue;
-            };
-            let gap = want[at]
-                .top
-                .iter()
-                .find(|t| t.0 == got[at].token)
-                .map(|t| want[at].logprob - t.2);
-            assert!(
-                gap.is_some_and(|g| g < NEAR_TIE),
-                "{name}: stream {i} of 8 parts from the lone run at token {at} without a near tie \
-                 (lone {:?}, batched {:?})",
-                want[at],
-                got[at]
+            same_or_near_tie(
+                &format!("{name}: stream {i} of 8"),
+                &alone[i % texts.len()],
+                &got,
             );
         }
         assert!(
@@ -305,7 +306,7 @@ fn prose(e: &Engine, seed: usize, n: usize) -> Vec<u32> {
 }
 
 #[test]
-fn a_full_kv_pool_evicts_the_prefix_cache_then_waits_for_running_requests() {
+fn a_full_kv_pool_makes_requests_wait_for_the_running_ones() {
     let path = common::gguf_path();
     // The smallest pool: 256 positions, room for one 150-token request at a time.
     let e = Engine::start(
@@ -329,17 +330,19 @@ fn a_full_kv_pool_evicts_the_prefix_cache_then_waits_for_running_requests() {
         assert_eq!((c.usage.prompt_tokens, c.usage.completion_tokens), (n, 20));
         c
     };
-    // The first reply's cells stay behind in the prefix cache; the second
-    // needs them and gets them by evicting it.
-    done(prose(&e, 1, 150));
-    assert!(
+    // The prefix cache keeps each reply outside the pool (a host-memory
+    // snapshot), so the next one finds the pool empty and both stay kept.
+    let kept = || {
         e.stats
             .prefix_cache_bytes
             .load(std::sync::atomic::Ordering::Relaxed)
-            > 0
-    );
+    };
+    done(prose(&e, 1, 150));
+    let one = kept();
+    assert!(one > 0);
     let c = done(prose(&e, 2, 150));
     assert_eq!(c.usage.cached_tokens, 0);
+    assert!(kept() > one, "the first reply's prefix was dropped");
     // Two at once cannot both fit: the second waits for the first to end.
     let reqs: Vec<_> = (3..5)
         .map(|seed| {
@@ -442,9 +445,10 @@ fn replies_end_at_the_same_tokens_on_both_backends() {
 }
 
 #[test]
-fn running_out_of_sequence_ids_evicts_the_prefix_cache_too() {
-    // max_batch 2 gives the context 8 sequence ids: the prefix cache fills them
-    // after 8 distinct requests, and every later one must take an entry's id.
+fn kept_prefixes_take_no_sequence_id_and_are_restored_into_a_free_one() {
+    // max_batch 2 gives the context 2 sequence ids. Twelve distinct requests
+    // all stay in the prefix cache (parked in host memory), and asked again,
+    // each is restored into whichever id is free, with the same reply.
     let e = Engine::start(
         &common::gguf_path(),
         "smollm2",
@@ -456,7 +460,7 @@ fn running_out_of_sequence_ids_evicts_the_prefix_cache_too() {
         },
     )
     .expect("load");
-    for seed in 0..12 {
+    let run = |seed: usize| {
         let p = prose(&e, seed + 10, 24);
         let (_, c) = collect_blocking(e.submit(greedy(p, 4)).expect("submit")).expect("done");
         assert!(
@@ -464,5 +468,73 @@ fn running_out_of_sequence_ids_evicts_the_prefix_cache_too() {
             "request {seed}: {c:?}"
         );
         assert_eq!(c.usage.prompt_tokens, 24);
+        c
+    };
+    let first: Vec<_> = (0..12).map(run).collect();
+    for (seed, before) in first.iter().enumerate() {
+        let again = run(seed);
+        assert_eq!(again.usage.cached_tokens, 23, "request {seed} missed");
+        assert_eq!(
+            again.usage.completion_tokens,
+            before.usage.completion_tokens
+        );
+    }
+    // Two at once, both restored from the cache into the two ids.
+    let reqs: Vec<_> = (0..2).map(|s| greedy(prose(&e, s + 10, 24), 4)).collect();
+    for (_, c) in run_together(&e, reqs) {
+        assert_eq!(c.usage.cached_tokens, 23, "{c:?}");
+    }
+}
+
+#[test]
+fn a_split_kv_cache_gives_each_request_its_slice() {
+    // 1024 positions split between 4 running requests: 256 each.
+    let path = common::gguf_path();
+    let e = Engine::start(
+        &path,
+        "smollm2",
+        EngineOptions {
+            backend: BackendChoice::Llama,
+            max_batch: 4,
+            prefix_cache_bytes: 256 << 20,
+            llama: shoal_engine::LlamaOptions::new(0, 1024).split(true),
+            ..EngineOptions::default()
+        },
+    )
+    .expect("load");
+    assert_eq!(e.model.info.context_length, 256);
+    // More than a slice is refused before any work, as for a shared pool.
+    assert!(matches!(
+        e.submit(GenerateRequest::new(prose(&e, 6, 300))),
+        Err(shoal_engine::EngineError::ContextOverflow { context: 256, .. })
+    ));
+    // Four at once, each in its own slice, reply as they do alone.
+    let prompts: Vec<_> = (0..4).map(|s| prose(&e, s + 30, 40 + 10 * s)).collect();
+    let alone: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            run_together_logprobs(&e, vec![greedy(p.clone(), STEPS)])
+                .remove(0)
+                .0
+        })
+        .collect();
+    // Every prompt is cached by now: a copy comes back into any slice.
+    let together = run_together_logprobs(
+        &e,
+        prompts.iter().map(|p| greedy(p.clone(), STEPS)).collect(),
+    );
+    for (i, ((got, c), want)) in together.iter().zip(&alone).enumerate() {
+        assert_eq!(c.usage.cached_tokens, prompts[i].len() - 1, "{c:?}");
+        same_or_near_tie(&format!("split slice {i} of 4"), want, got);
+    }
+    // Fresh prompts, all four prefilled into their slices together, then
+    // each again alone (its copy from the cache) for comparison.
+    let fresh: Vec<_> = (0..4).map(|s| prose(&e, s + 50, 60)).collect();
+    let batched =
+        run_together_logprobs(&e, fresh.iter().map(|p| greedy(p.clone(), STEPS)).collect());
+    for (i, ((got, c), p)) in batched.iter().zip(&fresh).enumerate() {
+        assert_eq!(c.usage.cached_tokens, 0);
+        let (want, _) = run_together_logprobs(&e, vec![greedy(p.clone(), STEPS)]).remove(0);
+        same_or_near_tie(&format!("fresh slice {i} of 4"), &want, got);
     }
 }

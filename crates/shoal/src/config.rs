@@ -260,6 +260,11 @@ settings! {
         /// KV positions llama.cpp reserves per model, shared by its requests.
         kv_cache_tokens: usize = shoal_engine::backends::llama::DEFAULT_KV_TOKENS,
             env Env::Var("SHOAL_KV_CACHE_TOKENS"), flag Flag::Value("kv-cache-tokens", "N");
+        /// Split kv_cache_tokens evenly between the requests that can run at
+        /// once (max_batch), as llama-server --parallel does: faster under
+        /// concurrent load, but one request can then use only its share.
+        split_kv_cache: bool = false,
+            env Env::Var("SHOAL_SPLIT_KV_CACHE"), flag Flag::On("split-kv-cache");
     }
     [cache] Cache {
         /// Memory for reusing KV state of shared prompt prefixes across
@@ -883,7 +888,8 @@ impl Config {
             blocked_phrases: non_empty(&self.content_filter.phrases),
             blocked_patterns: non_empty(&self.content_filter.patterns),
             backend: self.model.backend,
-            llama: shoal_engine::LlamaOptions::new(self.model.threads, self.model.kv_cache_tokens),
+            llama: shoal_engine::LlamaOptions::new(self.model.threads, self.model.kv_cache_tokens)
+                .split(self.model.split_kv_cache),
             ..EngineOptions::default()
         })
     }

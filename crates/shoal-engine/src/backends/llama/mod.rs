@@ -2,9 +2,10 @@
 //! weights stay quantized in memory and run on llama.cpp's own kernels.
 //!
 //! Only the forward pass lives here. One llama.cpp context serves every
-//! sequence of a model: its KV cache is unified (all sequences draw cells
-//! from one pool of `kv_tokens` positions) and each [`KvCache`] is a sequence
-//! id in it, so a cloned prefix shares cells instead of copying them.
+//! sequence of a model: its KV cache is unified (all running sequences draw
+//! cells from one pool of `kv_tokens` positions) and each running
+//! [`KvCache`] is a sequence id in it. A prefix the prefix cache keeps is
+//! parked as a host-memory snapshot and restored into a fresh id on a hit.
 //! Sampling, grammar, stop sequences, templates and accounting stay above
 //! the seam, on the logits returned here.
 use std::any::Any;
@@ -13,6 +14,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::context::session::{LlamaStateSeqFlags, SeqState};
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::llama_batch::LlamaBatch;
@@ -54,10 +56,16 @@ pub struct LlamaOptions {
     pub threads: usize,
     /// KV positions shared by all sequences of the model (the cache's bound).
     pub kv_tokens: usize,
-    /// Sequences the context tracks: running requests plus prefix-cache
-    /// entries. llama.cpp reserves logits for each up front, so this is not
-    /// simply the maximum.
+    /// Sequences the context tracks: the running requests. llama.cpp
+    /// reserves logits for each up front, so this is not simply the maximum.
     pub sequences: usize,
+    /// Give each running sequence its own slice of `kv_tokens / sequences`
+    /// positions (llama.cpp's per-sequence streams, as `llama-server
+    /// --parallel` does) instead of one shared pool. A decode step then
+    /// attends over each sequence's own positions only, not over every live
+    /// one, which is faster under concurrent load; but one request can use
+    /// no more than its slice.
+    pub split: bool,
 }
 
 /// KV positions a model reserves unless told otherwise.
@@ -75,17 +83,23 @@ impl LlamaOptions {
                 threads
             },
             kv_tokens: kv_tokens.max(MIN_KV_TOKENS),
-            sequences: 32,
+            sequences: 16,
+            split: false,
         }
     }
 
-    /// Room for `max_batch` running requests and as many prefix-cache
-    /// entries. No more: llama.cpp keeps (and clears) a logits row per
-    /// sequence it can track, a vocabulary's worth of floats each (1 MiB for
-    /// Gemma 3's 262k tokens). A prefix-cache copy that finds no id left is a
-    /// miss, never an error.
+    /// With the KV positions split evenly between the running sequences.
+    pub fn split(mut self, split: bool) -> Self {
+        self.split = split;
+        self
+    }
+
+    /// Room for `max_batch` running requests. No more: llama.cpp keeps (and
+    /// clears) a logits row per sequence it can track, a vocabulary's worth
+    /// of floats each (1 MiB for Gemma 3's 262k tokens). Prefix-cache
+    /// entries are parked in host memory and need no id.
     pub fn for_batch(mut self, max_batch: usize) -> Self {
-        self.sequences = (max_batch * 2).clamp(8, LLAMA_MAX_SEQ);
+        self.sequences = max_batch.clamp(1, LLAMA_MAX_SEQ);
         self
     }
 }
@@ -114,7 +128,9 @@ self_cell::self_cell!(
 /// context goes through one mutex: llama.cpp contexts are not thread-safe.
 struct Shared {
     ctx: ContextCell,
-    free: Vec<i32>,
+    /// Lowest first: with split KV, one step's sequences must have
+    /// consecutive ids to run as one llama.cpp micro-batch.
+    free: std::collections::BTreeSet<i32>,
 }
 
 type SharedRef = Arc<Mutex<Shared>>;
@@ -125,7 +141,7 @@ fn lock(s: &SharedRef) -> MutexGuard<'_, Shared> {
 
 impl Shared {
     fn take_id(&mut self) -> Option<i32> {
-        self.free.pop()
+        self.free.pop_first()
     }
 
     /// Drops positions `from..` of sequence `seq`.
@@ -201,7 +217,7 @@ impl LlamaCppModel {
             .with_n_seq_max(sequences as u32)
             .with_n_threads(threads)
             .with_n_threads_batch(threads)
-            .with_kv_unified(true)
+            .with_kv_unified(!opts.split)
             // Sliding-window layers keep every position, so a sequence can be
             // cut back to any prefix (the prefix cache relies on it).
             .with_swa_full(true)
@@ -210,6 +226,14 @@ impl LlamaCppModel {
             m.new_context(backend, cparams)
                 .map_err(|e| EngineError::Backend(format!("llama.cpp context: {e}")))
         })?;
+        // The positions llama.cpp reserved (it rounds a split's slices up to
+        // 256 each) and what one sequence may use of them.
+        let reserved = ctx.borrow_dependent().n_ctx() as usize;
+        let per_sequence = if opts.split {
+            reserved / sequences
+        } else {
+            reserved
+        };
         let arch = header.architecture().unwrap_or("unknown").to_string();
         let layers = model.n_layer() as usize;
         let n_embd = model.n_embd().max(0) as usize;
@@ -217,7 +241,7 @@ impl LlamaCppModel {
         let info = ModelInfo {
             architecture: arch,
             vocab_size: model.n_vocab().max(0) as usize,
-            context_length: n_ctx_train.min(kv_tokens),
+            context_length: n_ctx_train.min(per_sequence),
             num_layers: layers,
             hidden_size: n_embd,
             format: "gguf".into(),
@@ -231,13 +255,13 @@ impl LlamaCppModel {
             .into(),
             weight_bytes: model.size() as usize,
             backend: BackendKind::Llama,
-            kv_capacity_bytes: kv_tokens * bytes_per_position,
+            kv_capacity_bytes: reserved * bytes_per_position,
         };
         Ok(LlamaCppModel {
             model,
             shared: Arc::new(Mutex::new(Shared {
                 ctx,
-                free: (0..sequences as i32).rev().collect(),
+                free: (0..sequences as i32).collect(),
             })),
             info,
             bytes_per_position,
@@ -267,6 +291,7 @@ impl LanguageModel for LlamaCppModel {
         // then the same stall as running out of cells.
         Ok(Box::new(LlamaKv {
             seq: None,
+            parked: None,
             len: 0,
             bytes_per_position: self.bytes_per_position,
             shared: self.shared.clone(),
@@ -307,51 +332,91 @@ impl LanguageModel for LlamaCppModel {
         let rows = CacheRows::of(batch, tokens)?;
         let n_vocab = self.info.vocab_size;
         let mut s = lock(&self.shared);
-        let mut lb = LlamaBatch::new(tokens.len().max(1), 1);
-        let mut seqs = Vec::with_capacity(tokens.len());
-        for (row, &t) in rows.rows.iter_mut().zip(tokens) {
-            let kv = self.kv(row.as_mut())?;
+        let mut rows_by_seq = Vec::with_capacity(tokens.len());
+        for (row, (cache, &t)) in rows.rows.iter_mut().zip(tokens).enumerate() {
+            let kv = self.kv(cache.as_mut())?;
             let seq = kv.seq_id(&mut s)?;
-            let pos = i32::try_from(kv.len)
+            rows_by_seq.push((seq, kv.len, t, row));
+        }
+        // In sequence-id order: with split KV, llama.cpp runs consecutive ids
+        // as one micro-batch, so any other order would read the weights again.
+        rows_by_seq.sort_unstable_by_key(|r| r.0);
+        let mut lb = LlamaBatch::new(tokens.len().max(1), 1);
+        for &(seq, len, t, _) in &rows_by_seq {
+            let pos = i32::try_from(len)
                 .map_err(|_| EngineError::Backend("position out of range".into()))?;
             lb.add(LlamaToken(t as i32), pos, &[seq], true)
                 .map_err(|e| EngineError::Backend(e.to_string()))?;
-            seqs.push((seq, kv.len));
         }
         if let Err(e) = s.decode(&mut lb) {
-            for &(seq, len) in &seqs {
+            for &(seq, len, _, _) in &rows_by_seq {
                 s.remove(seq, len);
             }
             return Err(e);
         }
-        let mut out = Vec::with_capacity(tokens.len());
-        for (i, row) in rows.rows.iter_mut().enumerate() {
-            self.kv(row.as_mut())?.len += 1;
-            out.push(s.logits(i as i32, n_vocab));
+        let mut out = vec![Vec::new(); tokens.len()];
+        for (i, &(_, _, _, row)) in rows_by_seq.iter().enumerate() {
+            out[row] = s.logits(i as i32, n_vocab);
+            self.kv(rows.rows[row].as_mut())?.len += 1;
         }
         Ok(out)
     }
 }
 
-/// One sequence's share of the model's KV cells.
+/// One sequence's KV state: live cells under a sequence id while it runs,
+/// or, once kept by the prefix cache, a snapshot in host memory. A kept
+/// prefix so holds no cells: every decode step attends over the context's
+/// live cells, so prefixes left in it would slow every running sequence.
 struct LlamaKv {
-    /// `None` until it first runs (or when ids ran out for a copy: then it
-    /// holds nothing).
+    /// `None` until it first runs (or while parked).
     seq: Option<i32>,
+    /// The state to restore into a sequence id when it next runs.
+    parked: Option<Arc<SeqState>>,
     len: usize,
     bytes_per_position: usize,
     shared: SharedRef,
 }
 
 impl LlamaKv {
-    /// Its sequence id, taking one now if it has none yet.
+    /// Its sequence id, taking one now if it has none yet (and restoring a
+    /// parked state into it). Out of ids or cells is the same stall.
     fn seq_id(&mut self, s: &mut Shared) -> Result<i32> {
         if let Some(seq) = self.seq {
             return Ok(seq);
         }
         let seq = s.take_id().ok_or(EngineError::KvCacheFull)?;
+        if let Some(state) = &self.parked {
+            let restored = s
+                .ctx
+                .with_dependent_mut(|_, ctx| ctx.state_seq_set(state, seq));
+            if restored.is_err() {
+                // No room for it now: clear what a partial restore left.
+                s.remove(seq, 0);
+                s.free.insert(seq);
+                return Err(EngineError::KvCacheFull);
+            }
+            // The snapshot may hold more than this copy was cut back to.
+            if !s.remove(seq, self.len) {
+                s.remove(seq, 0);
+                self.len = 0;
+            }
+            self.parked = None;
+        }
         self.seq = Some(seq);
         Ok(seq)
+    }
+
+    /// A snapshot of the positions it holds, if any.
+    fn snapshot(&self) -> Option<Arc<SeqState>> {
+        match (&self.parked, self.seq) {
+            (Some(state), _) => Some(state.clone()),
+            (None, Some(seq)) if self.len > 0 => lock(&self.shared)
+                .ctx
+                .with_dependent(|_, ctx| ctx.state_seq_get(seq, LlamaStateSeqFlags::empty()))
+                .ok()
+                .map(Arc::new),
+            _ => None,
+        }
     }
 }
 
@@ -373,11 +438,15 @@ impl KvCache for LlamaKv {
                 return;
             }
         }
+        // A parked state is cut back when it is restored.
         self.len = len;
     }
 
     fn nbytes(&self) -> usize {
-        self.len * self.bytes_per_position
+        match &self.parked {
+            Some(state) => state.byte_len(),
+            None => self.len * self.bytes_per_position,
+        }
     }
 
     fn as_any_mut(&mut self) -> &mut dyn Any {
@@ -385,32 +454,29 @@ impl KvCache for LlamaKv {
     }
 
     fn clone_box(&self) -> Box<dyn KvCache> {
-        let mut s = lock(&self.shared);
-        let (seq, len) = match (self.seq, s.take_id()) {
-            (Some(src), Some(dst)) => {
-                let len = u32::try_from(self.len).ok();
-                let copied = s.ctx.with_dependent_mut(|_, ctx| {
-                    ctx.copy_kv_cache_seq(src, dst, Some(0), len).is_ok()
-                });
-                if copied {
-                    (Some(dst), self.len)
-                } else {
-                    s.free.push(dst);
-                    (None, 0)
-                }
-            }
-            (_, Some(dst)) => {
-                s.free.push(dst);
-                (None, 0)
-            }
-            (_, None) => (None, 0),
-        };
+        let parked = self.snapshot();
         Box::new(LlamaKv {
-            seq,
-            len,
+            seq: None,
+            len: if parked.is_some() { self.len } else { 0 },
+            parked,
             bytes_per_position: self.bytes_per_position,
             shared: self.shared.clone(),
         })
+    }
+
+    fn park(&mut self) {
+        if self.parked.is_some() {
+            return;
+        }
+        let Some(state) = self.snapshot() else {
+            return;
+        };
+        if let Some(seq) = self.seq.take() {
+            let mut s = lock(&self.shared);
+            s.remove(seq, 0);
+            s.free.insert(seq);
+        }
+        self.parked = Some(state);
     }
 }
 
@@ -419,7 +485,7 @@ impl Drop for LlamaKv {
         if let Some(seq) = self.seq.take() {
             let mut s = lock(&self.shared);
             s.remove(seq, 0);
-            s.free.push(seq);
+            s.free.insert(seq);
         }
     }
 }
