@@ -116,6 +116,9 @@ PY
 # cache on. Shoal runs twice: as configured by default (one shared KV pool, so a step attends
 # over every running request's positions) and with llama-server's layout (--split-kv-cache
 # --max-batch 8: 1024 positions per request, each attending over its own).
+# The two llama.cpp builds are not the same source: the llama-cpp-2 crate vendors no server,
+# and the newest llama-cpp-python sdist is an older llama.cpp (ggml 0.25.3 against the crate's
+# 0.26); the in-process columns above compare Shoal with llama.cpp from its own source.
 LLAMA_SERVER="$(bash "$ROOT/tools/llama-server.sh")"
 THREADS="$(SHOAL_LOG=warn "$SHOAL" bench --backend llama --model "$GGUF" --prompt-tokens 8 --gen-tokens 2 --runs 1 --json \
   | python3 -c 'import json,sys; print(json.load(sys.stdin)["threads"])')"
