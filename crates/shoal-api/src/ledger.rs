@@ -442,23 +442,15 @@ impl Ledger {
         });
     }
 
-    /// The rows `q` selects, newest first (`q.limit` applies to listings);
+    /// The rows `q` selects, newest first (`q.filter.limit` applies to listings);
     /// and whether a listing stopped short of them all.
     pub fn rows(&self, q: &UsageQuery) -> Result<(Vec<UsageRow>, bool), ApiError> {
         let listing = q.group_by.is_none();
-        let limit = q.limit.filter(|_| listing);
-        let ms = |t: u64| i64::try_from(t).unwrap_or(i64::MAX).saturating_mul(1000);
+        let limit = q.filter.limit.filter(|_| listing);
         let filter = UsageFilter {
-            since_ms: q.since.map(ms),
-            until_ms: q.until.map(ms),
-            model: q.model.clone(),
-            dialect: q.dialect.map(|d| d.ledger_name().to_string()),
-            finish: q.finish.clone(),
-            client: q.client.clone(),
-            node: q.node.clone(),
-            before: q.cursor,
             // One more than asked, to know whether there is a next page.
             limit: limit.map(|n| n + 1),
+            ..q.filter.clone()
         };
         let mut rows = self.log().select(&filter).map_err(|e| {
             tracing::error!(error = %e, "usage ledger read failed");
@@ -595,22 +587,13 @@ pub fn total_cost(entries: &[LedgerEntry], prices: &Prices) -> (Cost, Vec<String
 /// `/v1/usage`'s query: filters, and a listing, a grouping or a CSV export.
 #[derive(Clone, Debug, Default)]
 pub struct UsageQuery {
-    pub limit: Option<usize>,
-    pub model: Option<String>,
-    /// A ledger name (`openai.chat`) or a short one (`chat`).
-    pub dialect: Option<Dialect>,
-    /// The engine's reason (`length`, `timeout`, …) or the dialect's word.
-    pub finish: Option<String>,
-    /// Unix seconds, inclusive.
-    pub since: Option<u64>,
-    /// Unix seconds, exclusive.
-    pub until: Option<u64>,
-    /// The API key's name.
-    pub client: Option<String>,
-    /// The node that received the request.
-    pub node: Option<String>,
-    /// Continue a listing after this cursor (a previous page's `next_cursor`).
-    pub cursor: Option<i64>,
+    /// The rows it selects, in the store's terms: `since`/`until` (Unix
+    /// seconds) in milliseconds, a dialect by its ledger name (`dialect`
+    /// takes a short one too), `cursor` as `before`; `finish` is the
+    /// engine's reason or the dialect's word, `client` the API key's name,
+    /// `node` the one that received the request. `limit` is a listing's
+    /// page size.
+    pub filter: UsageFilter,
     pub group_by: Option<GroupBy>,
     pub csv: bool,
     /// Every online node's ledger merged (`scope=cluster`), not this node's.
@@ -627,13 +610,17 @@ impl UsageQuery {
             v.parse::<u64>()
                 .map_err(|_| ApiError::param(k, format!("'{k}' must be a whole number, got {v:?}")))
         };
+        let ms = |k: &str, v: &str| {
+            instant(k, v).map(|t| i64::try_from(t).unwrap_or(i64::MAX).saturating_mul(1000))
+        };
         let mut q = UsageQuery::default();
+        let f = &mut q.filter;
         for (k, v) in pairs {
             match k {
-                "limit" => q.limit = Some(number(k, v)? as usize),
-                "model" => q.model = Some(v.to_string()),
+                "limit" => f.limit = Some(number(k, v)? as usize),
+                "model" => f.model = Some(v.to_string()),
                 "dialect" => {
-                    q.dialect = Some(
+                    f.dialect = Some(
                         Dialect::ALL
                             .into_iter()
                             .find(|d| d.ledger_name() == v || d.name() == v)
@@ -645,15 +632,17 @@ impl UsageQuery {
                                          openai.responses, anthropic.messages, got {v:?}"
                                     ),
                                 )
-                            })?,
+                            })?
+                            .ledger_name()
+                            .to_string(),
                     )
                 }
-                "finish" => q.finish = Some(v.to_string()),
-                "client" => q.client = Some(v.to_string()),
-                "node" => q.node = Some(v.to_string()),
-                "cursor" => q.cursor = Some(number(k, v)?.min(i64::MAX as u64) as i64),
-                "since" => q.since = Some(instant(k, v)?),
-                "until" => q.until = Some(instant(k, v)?),
+                "finish" => f.finish = Some(v.to_string()),
+                "client" => f.client = Some(v.to_string()),
+                "node" => f.node = Some(v.to_string()),
+                "cursor" => f.before = Some(number(k, v)?.min(i64::MAX as u64) as i64),
+                "since" => f.since_ms = Some(ms(k, v)?),
+                "until" => f.until_ms = Some(ms(k, v)?),
                 "group_by" => {
                     q.group_by = Some(one_of(
                         k,

@@ -255,8 +255,8 @@ pub async fn handle(
 ) -> Response {
     let answer = async {
         let mut q = UsageQuery::parse(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
-        if q.limit.is_none() && !q.csv {
-            q.limit = Some(100);
+        if q.filter.limit.is_none() && !q.csv {
+            q.filter.limit = Some(100);
         }
         let (page, missing) = if q.cluster {
             cluster_page(&s, &q, &pairs).await?
@@ -330,7 +330,7 @@ async fn cluster_page(
     q: &UsageQuery,
     pairs: &[(String, String)],
 ) -> Result<(Page, Vec<String>), ApiError> {
-    if q.cursor.is_some() {
+    if q.filter.before.is_some() {
         return Err(ApiError::param(
             "cursor",
             "a cursor pages one node's ledger; it does not go with scope=cluster",
@@ -369,7 +369,7 @@ async fn cluster_page(
     let mut seen = std::collections::HashSet::new();
     rows.sort_by(|a, b| b.created_ms.cmp(&a.created_ms).then(b.seq.cmp(&a.seq)));
     rows.retain(|r| seen.insert(r.id.clone()));
-    if let Some(n) = q.limit.filter(|_| q.group_by.is_none()) {
+    if let Some(n) = q.filter.limit.filter(|_| q.group_by.is_none()) {
         has_more |= rows.len() > n;
         rows.truncate(n);
     }
