@@ -126,16 +126,23 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
 }
 
 fn llama_engine(path: &std::path::Path, id: &str, prefix_cache_bytes: usize) -> Engine {
-    Engine::start(
+    llama_engine_with(
         path,
         id,
         EngineOptions {
-            backend: BackendChoice::Llama,
             prefix_cache_bytes,
             ..EngineOptions::default()
         },
     )
-    .expect("load on llama.cpp")
+}
+
+/// `opts` on llama.cpp.
+fn llama_engine_with(path: &std::path::Path, id: &str, opts: EngineOptions) -> Engine {
+    let opts = EngineOptions {
+        backend: BackendChoice::Llama,
+        ..opts
+    };
+    Engine::start(path, id, opts).expect("load on llama.cpp")
 }
 
 /// Greedy tokens of every request, all submitted at once (they decode as one batch).
@@ -309,17 +316,15 @@ fn prose(e: &Engine, seed: usize, n: usize) -> Vec<u32> {
 fn a_full_kv_pool_makes_requests_wait_for_the_running_ones() {
     let path = common::gguf_path();
     // The smallest pool: 256 positions, room for one 150-token request at a time.
-    let e = Engine::start(
+    let e = llama_engine_with(
         &path,
         "smollm2",
         EngineOptions {
-            backend: BackendChoice::Llama,
             prefix_cache_bytes: 256 << 20,
             llama: shoal_engine::LlamaOptions::new(0, 256),
             ..EngineOptions::default()
         },
-    )
-    .expect("load");
+    );
     assert_eq!(e.model.info.context_length, 256);
     let done = |p: Vec<u32>| {
         let n = p.len();
@@ -449,17 +454,15 @@ fn kept_prefixes_take_no_sequence_id_and_are_restored_into_a_free_one() {
     // max_batch 2 gives the context 2 sequence ids. Twelve distinct requests
     // all stay in the prefix cache (parked in host memory), and asked again,
     // each is restored into whichever id is free, with the same reply.
-    let e = Engine::start(
+    let e = llama_engine_with(
         &common::gguf_path(),
         "smollm2",
         EngineOptions {
-            backend: BackendChoice::Llama,
             max_batch: 2,
             prefix_cache_bytes: 256 << 20,
             ..EngineOptions::default()
         },
-    )
-    .expect("load");
+    );
     let run = |seed: usize| {
         let p = prose(&e, seed + 10, 24);
         let (_, c) = collect_blocking(e.submit(greedy(p, 4)).expect("submit")).expect("done");
@@ -490,18 +493,16 @@ fn kept_prefixes_take_no_sequence_id_and_are_restored_into_a_free_one() {
 fn a_split_kv_cache_gives_each_request_its_slice() {
     // 1024 positions split between 4 running requests: 256 each.
     let path = common::gguf_path();
-    let e = Engine::start(
+    let e = llama_engine_with(
         &path,
         "smollm2",
         EngineOptions {
-            backend: BackendChoice::Llama,
             max_batch: 4,
             prefix_cache_bytes: 256 << 20,
             llama: shoal_engine::LlamaOptions::new(0, 1024).split(true),
             ..EngineOptions::default()
         },
-    )
-    .expect("load");
+    );
     assert_eq!(e.model.info.context_length, 256);
     // More than a slice is refused before any work, as for a shared pool.
     assert!(matches!(
