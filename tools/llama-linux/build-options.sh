@@ -19,7 +19,10 @@ echo 'CMAKE_C_VISIBILITY_PRESET = "hidden"'
 echo 'CMAKE_CXX_VISIBILITY_PRESET = "hidden"'
 # The build script reruns only when a GGML_* variable it saw changes: this one names the
 # option set, so changing the options above (bump it) rebuilds llama.cpp on a warm machine.
-echo 'GGML_SHOAL_OPTIONS = "2"'
+echo 'GGML_SHOAL_OPTIONS = "3"'
+# The build script builds llama.cpp as RelWithDebInfo (-O2) whenever Cargo asks for debug
+# info, which the release profile's line tables do; llama.cpp's own builds are Release (-O3).
+echo 'LLAMA_LIB_PROFILE = "Release"'
 [[ "$(uname -m)" == x86_64 ]] || exit 0
 opt GGML_SSE42 sse4_2
 opt GGML_AVX avx
