@@ -84,11 +84,18 @@ def ours8(m):
 # 8 streams: aggregate decode of 8 concurrent 100-token prompts, Shoal's scheduler against
 # llama.cpp alone decoding 8 sequences per step in one unified cache (the ceiling of
 # llama-server --parallel 8 on the same build).
+# Memory: resident after loading (before any request), Shoal against llama.cpp alone with the
+# same context (8192 KV positions, 16 sequences), and (RSS - reserved KV) / file size, which the
+# target puts at 1.2x at most.
+def resident(m):
+    return json.loads(subprocess.run([ref, m, "--resident", "8192", "16"], capture_output=True,
+                                     text=True, check=True).stdout)["rss_after_load_mb"]
 print(f"{'model':34s} {'pp512 shoal/llama':>22s} {'tg128 shoal/llama':>22s} {'tg128@512 shoal/llama':>24s}"
-      f" {'8 streams shoal/llama':>24s} {'peak RSS':>9s} {'file+KV':>8s}")
+      f" {'8 streams shoal/llama':>24s} {'peak RSS':>9s} {'file+KV':>8s} {'loaded shoal/llama':>19s}"
+      f" {'(RSS-KV)/file shoal/llama':>26s}")
 for m in models:
     rows = {"pp": [], "tg": [], "tgd": [], "par": []}
-    rss, kv_mb = [], 0.0
+    rss, loaded, kv_mb = [], [], 0.0
     for _ in range(runs):
         deep = ours(m, 512, 128)
         t = deep["threads"]  # llama.cpp alone gets the same thread count
@@ -102,12 +109,16 @@ for m in models:
         _, tg8 = theirs(m, 100, 64, t, 8)
         rows["par"].append((eight["concurrent_aggregate_decode_tok_s"], tg8))
         rss.append(deep.get("peak_rss_mb") or 0.0); kv_mb = deep.get("kv_mb") or 0.0
+        loaded.append((deep.get("rss_after_load_mb") or 0.0, resident(m)))
     def cell(xs):
         return (f"{statistics.median(a for a, _ in xs):6.1f}/{statistics.median(b for _, b in xs):6.1f}"
                 f" {statistics.median(a / b for a, b in xs):4.2f}x")
     file_mb = os.path.getsize(m) / 2**20
+    ours_mb = statistics.median(a for a, _ in loaded)
+    theirs_mb = statistics.median(b for _, b in loaded)
     print(f"{os.path.basename(m)[:34]:34s} {cell(rows['pp']):>22s} {cell(rows['tg']):>22s} {cell(rows['tgd']):>24s}"
-          f" {cell(rows['par']):>24s} {statistics.median(rss):6.0f}MiB {file_mb + kv_mb:5.0f}MiB")
+          f" {cell(rows['par']):>24s} {statistics.median(rss):6.0f}MiB {file_mb + kv_mb:5.0f}MiB"
+          f" {ours_mb:7.0f}/{theirs_mb:5.0f}MiB {(ours_mb - kv_mb) / file_mb:13.2f}x/{(theirs_mb - kv_mb) / file_mb:4.2f}x")
 PY
 
 # The same 8-stream load over HTTP: `shoal serve` against llama.cpp's own llama-server

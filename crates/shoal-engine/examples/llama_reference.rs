@@ -11,6 +11,10 @@
 //! method, the ceiling of any server's `--parallel PAR`): each prompt of `PP`
 //! tokens, then `TG` steps that each decode one token of every sequence, and
 //! `tg_tok_s` is the aggregate.
+//!
+//! `llama_reference MODEL --resident KV SEQS` loads the model with a context
+//! set up as Shoal's (KV positions in one pool, `SEQS` sequences) and prints
+//! `{"rss_after_load_mb": …}`: what llama.cpp alone holds once loaded.
 use std::num::NonZeroU32;
 use std::time::Instant;
 
@@ -22,6 +26,11 @@ use llama_cpp_2::token::LlamaToken;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
+    if let [_, m, flag, kv, seqs] = args.as_slice() {
+        if flag == "--resident" {
+            return resident(m, kv.parse()?, seqs.parse()?);
+        }
+    }
     let (model, pp, tg, threads, par) = match args.as_slice() {
         [_, m, pp, tg, th] => (m, pp, tg, th, "1"),
         [_, m, pp, tg, th, par] => (m, pp, tg, th, par.as_str()),
@@ -115,5 +124,30 @@ fn parallel(
         (par * pp) as f64 / pp_s.max(1e-9),
         (par * tg) as f64 / tg_s.max(1e-9)
     );
+    Ok(())
+}
+
+/// Loads `model` as Shoal's llama.cpp backend does (one unified pool of
+/// `kv` positions, `seqs` sequences, the same batch sizes) and prints the
+/// process's resident memory.
+fn resident(model: &str, kv: u32, seqs: u32) -> Result<(), Box<dyn std::error::Error>> {
+    let backend = shoal_engine::backends::llama::runtime()?;
+    let model = LlamaModel::load_from_file(backend, model, &LlamaModelParams::default())?;
+    let params = LlamaContextParams::default()
+        .with_n_ctx(NonZeroU32::new(kv))
+        .with_n_batch(2048)
+        .with_n_ubatch(512)
+        .with_n_seq_max(seqs)
+        .with_kv_unified(true)
+        .with_swa_full(true);
+    let _ctx = model.new_context(backend, params)?;
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .ok_or("no VmRSS")?
+        .parse()?;
+    println!("{{\"rss_after_load_mb\": {:.1}}}", kb / 1024.0);
     Ok(())
 }
