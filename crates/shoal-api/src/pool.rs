@@ -388,16 +388,22 @@ impl ModelPool {
     }
 
     /// Memory a model will take once loaded: on llama.cpp the file as it is
-    /// plus the KV cells it reserves; on MLX what the card says for this device.
+    /// plus the KV cells and logits rows it reserves; on MLX what the card
+    /// says for this device.
     fn estimate(&self, card: &ModelCard, route: Option<&shoal_engine::backends::Route>) -> u64 {
         match route {
             Some(shoal_engine::backends::Route {
                 backend: shoal_engine::BackendKind::Llama,
                 header: Some(h),
             }) => {
-                let per_position = shoal_engine::backends::llama::kv_bytes_per_position(h);
-                card.size_bytes
-                    + (self.opts.engine.llama.kv_tokens as u64).saturating_mul(per_position)
+                use shoal_engine::backends::llama::{
+                    kv_bytes_per_position, logits_bytes_per_sequence,
+                };
+                let kv = (self.opts.engine.llama.kv_tokens as u64)
+                    .saturating_mul(kv_bytes_per_position(h));
+                let logits = (self.opts.engine.max_batch.max(1) as u64)
+                    .saturating_mul(logits_bytes_per_sequence(h));
+                card.size_bytes + kv + logits
             }
             _ => card.weight_memory(self.gpu),
         }
@@ -514,7 +520,7 @@ impl From<ModelsError> for ApiError {
     }
 }
 
-/// Memory a loaded engine holds: its weights and the KV cells reserved up front.
+/// Memory a loaded engine holds: its weights and what it reserved up front.
 pub(crate) fn held_bytes(e: &Engine) -> u64 {
     e.model.info.resident_bytes() as u64
 }

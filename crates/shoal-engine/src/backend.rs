@@ -32,12 +32,16 @@ pub struct ModelInfo {
     /// Bytes reserved up front for KV state (llama.cpp's cell pool); 0 where
     /// the cache grows with need (MLX).
     pub kv_capacity_bytes: usize,
+    /// Other bytes reserved up front, beside weights and KV: llama.cpp's
+    /// logits rows, a vocabulary's worth of floats for each sequence it
+    /// tracks (16 MiB for Gemma 3 at 16 sequences); 0 on MLX.
+    pub buffer_bytes: usize,
 }
 
 impl ModelInfo {
-    /// Memory the loaded model holds: weights plus KV state reserved up front.
+    /// Memory the loaded model holds: weights plus what is reserved up front.
     pub fn resident_bytes(&self) -> usize {
-        self.weight_bytes + self.kv_capacity_bytes
+        self.weight_bytes + self.kv_capacity_bytes + self.buffer_bytes
     }
 }
 

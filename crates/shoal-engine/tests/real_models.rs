@@ -385,6 +385,12 @@ fn model_info_says_llama_cpp_and_quantized_memory() {
             i.weight_bytes
         );
         assert!(i.kv_capacity_bytes > 0, "{name}");
+        // A logits row per sequence it tracks (the default max_batch, 16).
+        assert_eq!(i.buffer_bytes, 16 * i.vocab_size * 4, "{name}");
+        assert_eq!(
+            i.resident_bytes(),
+            i.weight_bytes + i.kv_capacity_bytes + i.buffer_bytes
+        );
         // What each template can do, read from the model's own file: Qwen's
         // lays out tools and writes Hermes calls; Gemma-3-270m (a base model)
         // ships no template at all.

@@ -186,6 +186,16 @@ pub fn kv_bytes_per_position(h: &shoal_gguf::Header) -> u64 {
     layers * n_head_kv * (key_len + value_len) * 2
 }
 
+/// Bytes of the logits row llama.cpp reserves (and clears) for each
+/// sequence a context tracks: one float32 per vocabulary entry, from the
+/// header's token list.
+pub fn logits_bytes_per_sequence(h: &shoal_gguf::Header) -> u64 {
+    match h.metadata.get("tokenizer.ggml.tokens") {
+        Some(shoal_gguf::Value::Array { len, .. }) => len.saturating_mul(4),
+        _ => 0,
+    }
+}
+
 /// A GGUF model on llama.cpp.
 pub struct LlamaCppModel {
     /// The weights (the context in `shared` borrows them too); its vocabulary
@@ -256,6 +266,7 @@ impl LlamaCppModel {
             weight_bytes: model.size() as usize,
             backend: BackendKind::Llama,
             kv_capacity_bytes: reserved * bytes_per_position,
+            buffer_bytes: sequences * model.n_vocab().max(0) as usize * 4,
         };
         Ok(LlamaCppModel {
             model,

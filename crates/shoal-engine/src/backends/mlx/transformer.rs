@@ -142,6 +142,7 @@ impl Transformer {
                 weight_bytes: 0,
                 backend: crate::backend::BackendKind::Mlx,
                 kv_capacity_bytes: 0,
+                buffer_bytes: 0,
             },
             cfg,
             embed,
