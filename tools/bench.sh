@@ -10,6 +10,9 @@ MLX_DIR="${SHOAL_CACHE:-$ROOT/.cache}/models/smollm2-135m-mlx-f32"
 VENV="$(bash "$ROOT/tools/setup-pyenv.sh")"
 RUNS="${RUNS:-3}"
 
+# Token choice alone, per sequence per step, by vocabulary size (above the seam, both backends).
+cargo bench --quiet -p shoal-engine --bench sampler 2>/dev/null
+
 printf '%-22s %-8s %12s %12s %10s\n' "case" "engine" "prefill t/s" "decode t/s" "ttft ms"
 for CASE in "100 128" "1000 32"; do
   read -r P G <<<"$CASE"
