@@ -12,8 +12,9 @@
 //! tokens, then `TG` steps that each decode one token of every sequence, and
 //! `tg_tok_s` is the aggregate.
 //!
-//! `llama_reference MODEL --resident KV SEQS` loads the model with a context
-//! set up as Shoal's (KV positions in one pool, `SEQS` sequences) and prints
+//! `llama_reference MODEL --resident KV SEQS` loads the model with the
+//! context Shoal's backend makes (`LlamaOptions::context_params`: KV
+//! positions in one pool, `SEQS` sequences) and prints
 //! `{"rss_after_load_mb": …}`: what llama.cpp alone holds once loaded.
 use std::num::NonZeroU32;
 use std::time::Instant;
@@ -127,27 +128,16 @@ fn parallel(
     Ok(())
 }
 
-/// Loads `model` as Shoal's llama.cpp backend does (one unified pool of
-/// `kv` positions, `seqs` sequences, the same batch sizes) and prints the
-/// process's resident memory.
-fn resident(model: &str, kv: u32, seqs: u32) -> Result<(), Box<dyn std::error::Error>> {
+/// Loads `model` with the context Shoal's llama.cpp backend makes for `kv`
+/// positions and `seqs` sequences, and prints the process's resident memory.
+fn resident(model: &str, kv: usize, seqs: usize) -> Result<(), Box<dyn std::error::Error>> {
     let backend = shoal_engine::backends::llama::runtime()?;
     let model = LlamaModel::load_from_file(backend, model, &LlamaModelParams::default())?;
-    let params = LlamaContextParams::default()
-        .with_n_ctx(NonZeroU32::new(kv))
-        .with_n_batch(2048)
-        .with_n_ubatch(512)
-        .with_n_seq_max(seqs)
-        .with_kv_unified(true)
-        .with_swa_full(true);
+    let params = shoal_engine::LlamaOptions::new(0, kv)
+        .for_batch(seqs)
+        .context_params();
     let _ctx = model.new_context(backend, params)?;
-    let status = std::fs::read_to_string("/proc/self/status")?;
-    let kb: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .ok_or("no VmRSS")?
-        .parse()?;
-    println!("{{\"rss_after_load_mb\": {:.1}}}", kb / 1024.0);
+    let mb = shoal_engine::process::resident_mb().ok_or("no resident memory figure here")?;
+    println!("{{\"rss_after_load_mb\": {mb:.1}}}");
     Ok(())
 }

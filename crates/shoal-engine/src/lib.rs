@@ -18,6 +18,7 @@ mod fuzz_tests;
 pub mod harmony;
 pub mod loader;
 pub mod prefix_cache;
+pub mod process;
 pub mod prompt;
 pub mod reasoning;
 mod request;

@@ -694,14 +694,28 @@ mod tests {
 
     #[test]
     fn filters_match_brute_force_on_large_vocab() {
-        for (salt, top_k, top_p, min_p) in [
-            (1, 0, 0.9, 0.0),
-            (2, 0, 0.5, 0.0),
-            (3, 100, 0.95, 0.0),
-            (4, 0, 1.0, 0.05),
-            (5, 3000, 0.99, 0.01),
+        // Coarse logits (whole numbers) put thousands of ties at every edge,
+        // the top-p window's included; a wide spread makes the window grow.
+        for (salt, top_k, top_p, min_p, scale, coarse) in [
+            (1, 0, 0.9, 0.0, 0.5, false),
+            (2, 0, 0.5, 0.0, 0.5, false),
+            (3, 100, 0.95, 0.0, 0.5, false),
+            (4, 0, 1.0, 0.05, 0.5, false),
+            (5, 3000, 0.99, 0.01, 0.5, false),
+            (6, 0, 0.9, 0.0, 1.0, true),
+            (7, 0, 0.999, 0.0, 0.5, true),
+            (8, 0, 0.99, 0.0, 6.0, false),
         ] {
-            let logits: Vec<f32> = noisy_logits(49152, salt).iter().map(|l| l / 2.0).collect();
+            let logits: Vec<f32> = noisy_logits(49152, salt)
+                .iter()
+                .map(|l| {
+                    if coarse {
+                        (l * scale).round()
+                    } else {
+                        l * scale
+                    }
+                })
+                .collect();
             let mut order = Vec::new();
             let n = filter_candidates(&logits, top_k, top_p, min_p, &mut order);
             let mut got: Vec<u32> = order[..n].to_vec();

@@ -107,7 +107,7 @@ pub fn run(a: Args) -> Result<()> {
     );
     let load_s = load_start.elapsed().as_secs_f64();
     // Before any request: what loading alone holds (weights, reserved KV).
-    let rss_after_load = shoal::rss_mb();
+    let rss_after_load = shoal_engine::process::resident_mb();
     let vocab = &engine.model.vocab;
     let mut filler = Vec::new();
     while filler.len() < a.prompt_tokens {
@@ -250,7 +250,7 @@ pub fn run(a: Args) -> Result<()> {
         "kv_mb": info.kv_capacity_bytes as f64 / (1 << 20) as f64,
         "threads": llama_threads,
         "blas": blas(),
-        "peak_rss_mb": shoal::peak_rss_mb(),
+        "peak_rss_mb": shoal_engine::process::peak_resident_mb(),
         "rss_after_load_mb": rss_after_load,
         "concurrency": a.concurrency,
         "concurrent_aggregate_decode_tok_s": (a.concurrency > 1).then(|| median(agg.clone())),
@@ -298,7 +298,9 @@ pub fn run(a: Args) -> Result<()> {
                 out["split_hop_ms_per_token"].as_f64().unwrap_or(0.0)
             );
         }
-        if let (Some(peak), Some(loaded)) = (shoal::peak_rss_mb(), rss_after_load) {
+        if let (Some(peak), Some(loaded)) =
+            (shoal_engine::process::peak_resident_mb(), rss_after_load)
+        {
             println!(
                 "  RSS after load {loaded:.0} MiB, peak {peak:.0} MiB (weights {:.0} MiB, KV reserved {:.0} MiB)",
                 info.weight_bytes as f64 / (1 << 20) as f64,

@@ -141,20 +141,3 @@ pub fn init_logging(format: LogFormat) {
             .init(),
     }
 }
-
-/// Peak resident memory of this process in MiB (Linux; `None` elsewhere).
-pub fn peak_rss_mb() -> Option<f64> {
-    proc_status_mb("VmHWM:")
-}
-
-/// Resident memory of this process now, in MiB (Linux; `None` elsewhere).
-pub fn rss_mb() -> Option<f64> {
-    proc_status_mb("VmRSS:")
-}
-
-fn proc_status_mb(key: &str) -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with(key))?;
-    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb / 1024.0)
-}

@@ -67,7 +67,7 @@ pub fn run(a: Args) -> Result<()> {
             rank,
             ?layers,
             weights_mib = stage.info().weight_bytes >> 20,
-            peak_rss_mib = crate::peak_rss_mb().map(|m| m.round()),
+            peak_rss_mib = shoal_engine::process::peak_resident_mb().map(|m| m.round()),
             "shard ready"
         );
         serve_stage(stage, group).context("pipeline stage")?;

@@ -104,6 +104,32 @@ impl LlamaOptions {
     }
 }
 
+impl LlamaOptions {
+    /// The sequences a context made from these options tracks.
+    pub fn context_sequences(&self) -> usize {
+        self.sequences.clamp(1, LLAMA_MAX_SEQ)
+    }
+
+    /// The llama.cpp context these options make: what a model loads with,
+    /// and what `examples/llama_reference.rs --resident` measures.
+    pub fn context_params(&self) -> LlamaContextParams {
+        let kv_tokens = self.kv_tokens.clamp(MIN_KV_TOKENS, 1 << 20);
+        let threads = i32::try_from(self.threads.max(1)).unwrap_or(1);
+        LlamaContextParams::default()
+            .with_n_ctx(NonZeroU32::new(kv_tokens as u32))
+            .with_n_batch(N_BATCH as u32)
+            .with_n_ubatch(512)
+            .with_n_seq_max(self.context_sequences() as u32)
+            .with_n_threads(threads)
+            .with_n_threads_batch(threads)
+            .with_kv_unified(!self.split)
+            // Sliding-window layers keep every position, so a sequence can be
+            // cut back to any prefix (the prefix cache relies on it).
+            .with_swa_full(true)
+            .with_no_perf(true)
+    }
+}
+
 impl Default for LlamaOptions {
     fn default() -> Self {
         LlamaOptions::new(0, DEFAULT_KV_TOKENS)
@@ -217,21 +243,8 @@ impl LlamaCppModel {
         })?;
         let model = Arc::new(model);
         let n_ctx_train = model.n_ctx_train().max(1) as usize;
-        let kv_tokens = opts.kv_tokens.clamp(MIN_KV_TOKENS, 1 << 20);
-        let threads = i32::try_from(opts.threads.max(1)).unwrap_or(1);
-        let sequences = opts.sequences.clamp(1, LLAMA_MAX_SEQ);
-        let cparams = LlamaContextParams::default()
-            .with_n_ctx(NonZeroU32::new(kv_tokens as u32))
-            .with_n_batch(N_BATCH as u32)
-            .with_n_ubatch(512)
-            .with_n_seq_max(sequences as u32)
-            .with_n_threads(threads)
-            .with_n_threads_batch(threads)
-            .with_kv_unified(!opts.split)
-            // Sliding-window layers keep every position, so a sequence can be
-            // cut back to any prefix (the prefix cache relies on it).
-            .with_swa_full(true)
-            .with_no_perf(true);
+        let sequences = opts.context_sequences();
+        let cparams = opts.context_params();
         let ctx = ContextCell::try_new(model.clone(), |m| {
             m.new_context(backend, cparams)
                 .map_err(|e| EngineError::Backend(format!("llama.cpp context: {e}")))
@@ -266,7 +279,7 @@ impl LlamaCppModel {
             weight_bytes: model.size() as usize,
             backend: BackendKind::Llama,
             kv_capacity_bytes: reserved * bytes_per_position,
-            buffer_bytes: sequences * model.n_vocab().max(0) as usize * 4,
+            buffer_bytes: sequences * logits_bytes_per_sequence(header) as usize,
         };
         Ok(LlamaCppModel {
             model,

@@ -1,0 +1,19 @@
+//! This process's memory as the kernel counts it, for the benchmarks that
+//! print it beside llama.cpp's own (Linux; `None` elsewhere).
+
+/// Resident memory now, in MiB.
+pub fn resident_mb() -> Option<f64> {
+    status_mb("VmRSS:")
+}
+
+/// The most resident memory so far, in MiB.
+pub fn peak_resident_mb() -> Option<f64> {
+    status_mb("VmHWM:")
+}
+
+fn status_mb(key: &str) -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(key))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
