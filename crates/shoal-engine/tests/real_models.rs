@@ -569,8 +569,13 @@ fn a_split_kv_cache_replies_alike_whatever_else_runs() {
         r
     };
     let (alone, _) = run_together_logprobs(&e, vec![ask(70, 150, 24)]).remove(0);
-    // Another request takes the pool's first cells, then this one comes.
-    let other = e.submit(ask(71, 90, 200)).expect("submit");
+    // Another request takes the pool's first cells and is decoding (its
+    // first token is out, 399 to go: the rest of its slice) when this one comes.
+    let mut other = e.submit(ask(71, 90, 400)).expect("submit");
+    while !matches!(
+        other.blocking_recv().expect("the other request runs"),
+        shoal_engine::Event::Delta { .. }
+    ) {}
     let (beside, c) = run_together_logprobs(&e, vec![ask(70, 150, 24)]).remove(0);
     assert_eq!(c.usage.completion_tokens, 24);
     assert_eq!(beside, alone, "the reply changed with another beside it");
