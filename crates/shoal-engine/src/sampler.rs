@@ -556,22 +556,29 @@ mod tests {
         probs.iter().map(|p| p.ln() as f32).collect()
     }
 
+    /// `len` values that make comparisons hard: whole numbers in -4..4
+    /// (many ties), with NaN, -inf and +inf among them.
+    fn rough_values(rng: &mut ChaCha8Rng, len: usize) -> Vec<f32> {
+        (0..len)
+            .map(|_| match rng.random_range(0..20) {
+                0 => f32::NAN,
+                1 => f32::NEG_INFINITY,
+                2 => f32::INFINITY,
+                _ => rng.random_range(-4i32..4) as f32,
+            })
+            .collect()
+    }
+
     #[test]
     fn greedy_without_a_copy_picks_what_the_biased_copy_would() {
-        // Coarse values (many ties), NaN and -inf entries, biases on random
+        // Coarse values (many ties), NaN and ±inf entries, biases on random
         // ids (some repeated, some outside the vocabulary, some on the
         // maximum): the shortcut and the full path agree every time.
         let mut rng = ChaCha8Rng::seed_from_u64(11);
         let mut shortcuts = 0;
         for trial in 0..2000 {
             let len = rng.random_range(1..300usize);
-            let logits: Vec<f32> = (0..len)
-                .map(|_| match rng.random_range(0..20) {
-                    0 => f32::NAN,
-                    1 => f32::NEG_INFINITY,
-                    _ => rng.random_range(-4i32..4) as f32,
-                })
-                .collect();
+            let logits = rough_values(&mut rng, len);
             let mut bias = Vec::new();
             for _ in 0..rng.random_range(0..6) {
                 let id = match rng.random_range(0..4) {
@@ -619,14 +626,7 @@ mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(5);
         for trial in 0..3000 {
             let len = rng.random_range(0..100usize);
-            let values: Vec<f32> = (0..len)
-                .map(|_| match rng.random_range(0..10) {
-                    0 => f32::NAN,
-                    1 => f32::NEG_INFINITY,
-                    2 => f32::INFINITY,
-                    _ => rng.random_range(-3i32..3) as f32,
-                })
-                .collect();
+            let values = rough_values(&mut rng, len);
             assert_eq!(argmax(&values), plain(&values), "trial {trial}: {values:?}");
         }
         assert_eq!(argmax(&[f32::NAN, f32::NEG_INFINITY, f32::NAN]), 0);
