@@ -67,6 +67,18 @@ pub struct Metrics {
     scrape: Mutex<()>,
 }
 
+/// Registers `metric` under `name` and hands back the handle the server
+/// updates (metrics share their state with their clones).
+fn register<M: prometheus_client::registry::Metric + Clone>(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    metric: M,
+) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
@@ -75,67 +87,69 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("shoal");
-        let requests = Family::<RequestLabels, Counter>::default();
-        registry.register(
+        let mut r = Registry::with_prefix("shoal");
+        let requests = register(
+            &mut r,
             "requests",
             "Requests served, by API dialect and finish reason (per choice)",
-            requests.clone(),
+            Family::<RequestLabels, Counter>::default(),
         );
-        let tokens = Family::<TokenLabels, Counter>::default();
-        registry.register(
+        let tokens = register(
+            &mut r,
             "tokens",
             "Tokens by kind: prompt (all of it), cached (prompt tokens reused from the prefix cache), completion, reasoning (part of completion)",
-            tokens.clone(),
+            Family::<TokenLabels, Counter>::default(),
         );
-        let ttft: Family<DialectLabels, Histogram, fn() -> Histogram> =
-            Family::new_with_constructor(ttft_histogram);
-        registry.register(
+        let ttft = register(
+            &mut r,
             "time_to_first_token_seconds",
             "Time from submission to the first generated token (queue wait included)",
-            ttft.clone(),
+            Family::new_with_constructor(ttft_histogram as fn() -> Histogram),
         );
-        let decode_rate: Family<DialectLabels, Histogram, fn() -> Histogram> =
-            Family::new_with_constructor(rate_histogram);
-        registry.register(
+        let decode_rate = register(
+            &mut r,
             "decode_tokens_per_second",
             "Decode speed of each request",
-            decode_rate.clone(),
+            Family::new_with_constructor(rate_histogram as fn() -> Histogram),
         );
-        let queued = Gauge::default();
-        registry.register("queue_depth", "Requests waiting to start", queued.clone());
-        let in_flight = Gauge::default();
-        registry.register(
+        let queued = register(
+            &mut r,
+            "queue_depth",
+            "Requests waiting to start",
+            Gauge::default(),
+        );
+        let in_flight = register(
+            &mut r,
             "requests_in_flight",
             "Requests being prefilled or decoded",
-            in_flight.clone(),
+            Gauge::default(),
         );
-        let model_loaded = Family::<ModelLabels, Gauge>::default();
-        registry.register(
+        let model_loaded = register(
+            &mut r,
             "model_loaded",
             "1 for each loaded model",
-            model_loaded.clone(),
+            Family::<ModelLabels, Gauge>::default(),
         );
-        let model_memory = Family::<ModelLabels, Gauge>::default();
-        registry.register(
+        let model_memory = register(
+            &mut r,
             "model_memory_bytes",
             "Weight memory of each loaded model",
-            model_memory.clone(),
+            Family::<ModelLabels, Gauge>::default(),
         );
-        let prefix_cache_bytes = Gauge::default();
-        registry.register(
+        let prefix_cache_bytes = register(
+            &mut r,
             "prefix_cache_bytes",
             "Bytes held by the prefix cache",
-            prefix_cache_bytes.clone(),
+            Gauge::default(),
         );
-        let cache_hit_ratio = Gauge::<f64, AtomicU64>::default();
-        registry.register(
+        let cache_hit_ratio = register(
+            &mut r,
             "prefix_cache_hit_ratio",
             "Share of all prompt tokens served from the prefix cache since start",
-            cache_hit_ratio.clone(),
+            Gauge::<f64, AtomicU64>::default(),
         );
         Metrics {
-            registry,
+            registry: r,
             requests,
             tokens,
             ttft,

@@ -588,6 +588,13 @@ impl Target {
                 }
                 break;
             }
+            // The event's name: the SSE `event:` line, else the JSON `type`
+            // (Responses and Messages streams name every event).
+            let kind = ev
+                .event
+                .clone()
+                .or_else(|| text(v.get("type")))
+                .unwrap_or_default();
             match self.cfg.dialect {
                 Dialect::Chat | Dialect::Completions => {
                     if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
@@ -624,35 +631,23 @@ impl Target {
                         }
                     }
                 }
-                Dialect::Responses => {
-                    let kind = ev
-                        .event
-                        .clone()
-                        .or_else(|| text(v.get("type")))
-                        .unwrap_or_default();
-                    match kind.as_str() {
-                        "response.output_text.delta" => {
-                            let ch = choices.entry(0).or_default();
-                            let t = v.get("delta").and_then(Value::as_str).unwrap_or("");
-                            ch.text.push_str(t);
-                            on_text(0, t);
-                        }
-                        "response.completed" | "response.incomplete" | "response.failed" => {
-                            if let Some(r) = v.get("response") {
-                                final_response =
-                                    Some(self.parse_response_object(r, ProviderMeta::default()));
-                            }
-                            finished = true;
-                        }
-                        _ => {}
+                Dialect::Responses => match kind.as_str() {
+                    "response.output_text.delta" => {
+                        let ch = choices.entry(0).or_default();
+                        let t = v.get("delta").and_then(Value::as_str).unwrap_or("");
+                        ch.text.push_str(t);
+                        on_text(0, t);
                     }
-                }
+                    "response.completed" | "response.incomplete" | "response.failed" => {
+                        if let Some(r) = v.get("response") {
+                            final_response =
+                                Some(self.parse_response_object(r, ProviderMeta::default()));
+                        }
+                        finished = true;
+                    }
+                    _ => {}
+                },
                 Dialect::Messages => {
-                    let kind = ev
-                        .event
-                        .clone()
-                        .or_else(|| text(v.get("type")))
-                        .unwrap_or_default();
                     let ch = choices.entry(0).or_default();
                     match kind.as_str() {
                         "message_start" => {

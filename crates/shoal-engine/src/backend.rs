@@ -91,6 +91,15 @@ pub trait KvCache: Any + Send {
     fn park(&mut self) {}
 }
 
+/// The backend's own state behind a seam object (`cache.as_any_mut()`), or
+/// an error naming `what` when another backend made it: a cache or batch
+/// never crosses models, and a mix-up must not panic.
+pub fn downcast<'a, T: Any>(state: &'a mut dyn Any, what: &str) -> Result<&'a mut T> {
+    state
+        .downcast_mut::<T>()
+        .ok_or_else(|| EngineError::Backend(format!("a {what} from another backend")))
+}
+
 /// A causal language model that can be run token by token.
 pub trait LanguageModel: Send {
     fn info(&self) -> &ModelInfo;
@@ -128,10 +137,7 @@ pub struct CacheRows {
 impl CacheRows {
     /// The `CacheRows` behind `batch`, checked to hold one row per token.
     pub fn of<'a>(batch: &'a mut dyn DecodeBatch, tokens: &[u32]) -> Result<&'a mut CacheRows> {
-        let rows = batch
-            .as_any_mut()
-            .downcast_mut::<CacheRows>()
-            .ok_or_else(|| EngineError::Backend("a decode batch from another backend".into()))?;
+        let rows: &mut CacheRows = downcast(batch.as_any_mut(), "decode batch")?;
         if rows.rows.len() != tokens.len() {
             return Err(EngineError::Backend(format!(
                 "{} tokens for {} rows",

@@ -23,7 +23,9 @@ use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
 use llama_cpp_2::DecodeError;
 
-use crate::backend::{BackendKind, CacheRows, DecodeBatch, KvCache, LanguageModel, ModelInfo};
+use crate::backend::{
+    downcast, BackendKind, CacheRows, DecodeBatch, KvCache, LanguageModel, ModelInfo,
+};
 use crate::error::{EngineError, Result};
 
 pub mod vocab;
@@ -298,10 +300,7 @@ impl LlamaCppModel {
     }
 
     fn kv<'a>(&self, cache: &'a mut dyn KvCache) -> Result<&'a mut LlamaKv> {
-        cache
-            .as_any_mut()
-            .downcast_mut::<LlamaKv>()
-            .ok_or_else(|| EngineError::Backend("a KV cache from another backend".into()))
+        downcast(cache.as_any_mut(), "KV cache")
     }
 }
 

@@ -6,7 +6,7 @@ use mlx_rs::ops::{self, concatenate};
 use mlx_rs::Array;
 
 use super::*;
-use crate::backend::{DecodeBatch, KvCache};
+use crate::backend::{downcast, DecodeBatch, KvCache};
 use crate::error::{EngineError, Result};
 
 /// Several sequences' key/value state in shared `[rows, kv heads, columns,
@@ -60,10 +60,7 @@ impl DecodeBatch for MlxBatch {
     }
 
     fn join(&mut self, mut cache: Box<dyn KvCache>) -> Result<()> {
-        let c = cache
-            .as_any_mut()
-            .downcast_mut::<MlxCache>()
-            .ok_or_else(|| EngineError::Backend("KV cache from another backend".into()))?;
+        let c: &mut MlxCache = downcast(cache.as_any_mut(), "KV cache")?;
         let len = c.offset as i32;
         if len == 0 || c.layers.is_empty() {
             return Err(EngineError::Backend(

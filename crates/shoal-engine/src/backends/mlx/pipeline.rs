@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use mlx_rs::{Array, Dtype, Stream};
 
-use crate::backend::{CacheRows, DecodeBatch, KvCache, LanguageModel, ModelInfo};
+use crate::backend::{downcast, CacheRows, DecodeBatch, KvCache, LanguageModel, ModelInfo};
 use crate::backends::mlx::{MlxCache, Transformer};
 use crate::error::{EngineError, Result};
 
@@ -294,10 +294,7 @@ impl LanguageModel for PipelineModel {
         if tokens.is_empty() {
             return Err(EngineError::InvalidRequest("no tokens to run".into()));
         }
-        let cache = cache
-            .as_any_mut()
-            .downcast_mut::<PipeCache>()
-            .ok_or_else(|| EngineError::Backend("KV cache from another backend".into()))?;
+        let cache: &mut PipeCache = downcast(cache.as_any_mut(), "KV cache")?;
         if cache.local.len() + tokens.len() > self.info.context_length {
             return Err(EngineError::ContextOverflow {
                 prompt_tokens: cache.local.len() + tokens.len(),

@@ -8,7 +8,7 @@ use mlx_rs::{Array, Dtype};
 
 use super::rope::{Rope, Scaling};
 use super::*;
-use crate::backend::{DecodeBatch, KvCache, LanguageModel, ModelInfo};
+use crate::backend::{downcast, DecodeBatch, KvCache, LanguageModel, ModelInfo};
 use crate::error::{EngineError, Result};
 
 /// A loaded decoder-only transformer.
@@ -616,10 +616,7 @@ impl LanguageModel for Transformer {
         if tokens.is_empty() {
             return Err(EngineError::InvalidRequest("no tokens to run".into()));
         }
-        let cache = cache
-            .as_any_mut()
-            .downcast_mut::<MlxCache>()
-            .ok_or_else(|| EngineError::Backend("KV cache from another backend".into()))?;
+        let cache: &mut MlxCache = downcast(cache.as_any_mut(), "KV cache")?;
         if cache.offset + tokens.len() > self.cfg.context_length {
             return Err(EngineError::ContextOverflow {
                 prompt_tokens: cache.offset + tokens.len(),
@@ -645,10 +642,7 @@ impl LanguageModel for Transformer {
     }
 
     fn forward_batch(&self, tokens: &[u32], batch: &mut dyn DecodeBatch) -> Result<Vec<Vec<f32>>> {
-        let batch = batch
-            .as_any_mut()
-            .downcast_mut::<MlxBatch>()
-            .ok_or_else(|| EngineError::Backend("batch from another backend".into()))?;
+        let batch: &mut MlxBatch = downcast(batch.as_any_mut(), "decode batch")?;
         if tokens.len() != batch.pads.len() || tokens.is_empty() {
             return Err(EngineError::Backend(format!(
                 "{} tokens for a batch of {}",
