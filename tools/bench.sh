@@ -89,16 +89,18 @@ def ours8(m):
 # llama-server --parallel 8 on the same build).
 # Memory: resident after loading (before any request), Shoal against llama.cpp alone with the
 # same context (8192 KV positions, 16 sequences), and (RSS - reserved KV) / file size, which the
-# target puts at 1.2x at most.
+# target puts at 1.2x at most; and "reported", the memory Shoal says the model holds
+# (/v1/models memory_bytes, what the pool counts), to set beside Shoal's loaded RSS (which
+# also holds the process's own code and runtime).
 def resident(m):
     return json.loads(subprocess.run([ref, m, "--resident", "8192", "16"], capture_output=True,
                                      text=True, check=True).stdout)["rss_after_load_mb"]
 print(f"{'model':34s} {'pp512 shoal/llama':>22s} {'tg128 shoal/llama':>22s} {'tg128@512 shoal/llama':>24s}"
       f" {'8 streams shoal/llama':>24s} {'peak RSS':>9s} {'file+KV':>8s} {'loaded shoal/llama':>19s}"
-      f" {'(RSS-KV)/file shoal/llama':>26s}")
+      f" {'(RSS-KV)/file shoal/llama':>26s} {'reported':>9s}")
 for m in models:
     rows = {"pp": [], "tg": [], "tgd": [], "par": []}
-    rss, loaded, kv_mb = [], [], 0.0
+    rss, loaded, kv_mb, reported = [], [], 0.0, 0.0
     for _ in range(runs):
         deep = ours(m, 512, 128)
         t = deep["threads"]  # llama.cpp alone gets the same thread count
@@ -112,6 +114,7 @@ for m in models:
         _, tg8 = theirs(m, 100, 64, t, 8)
         rows["par"].append((eight["concurrent_aggregate_decode_tok_s"], tg8))
         rss.append(deep.get("peak_rss_mb") or 0.0); kv_mb = deep.get("kv_mb") or 0.0
+        reported = deep.get("memory_mb") or 0.0
         loaded.append((deep.get("rss_after_load_mb") or 0.0, resident(m)))
     def cell(xs):
         return (f"{statistics.median(a for a, _ in xs):6.1f}/{statistics.median(b for _, b in xs):6.1f}"
@@ -121,7 +124,8 @@ for m in models:
     theirs_mb = statistics.median(b for _, b in loaded)
     print(f"{os.path.basename(m)[:34]:34s} {cell(rows['pp']):>22s} {cell(rows['tg']):>22s} {cell(rows['tgd']):>24s}"
           f" {cell(rows['par']):>24s} {statistics.median(rss):6.0f}MiB {file_mb + kv_mb:5.0f}MiB"
-          f" {ours_mb:7.0f}/{theirs_mb:5.0f}MiB {(ours_mb - kv_mb) / file_mb:13.2f}x/{(theirs_mb - kv_mb) / file_mb:4.2f}x")
+          f" {ours_mb:7.0f}/{theirs_mb:5.0f}MiB {(ours_mb - kv_mb) / file_mb:13.2f}x/{(theirs_mb - kv_mb) / file_mb:4.2f}x"
+          f" {reported:6.0f}MiB")
 PY
 
 # The same 8-stream load over HTTP: `shoal serve` against llama.cpp's own llama-server

@@ -388,7 +388,8 @@ impl ModelPool {
     }
 
     /// Memory a model will take once loaded: on llama.cpp the file as it is
-    /// plus the KV cells and logits rows it reserves; on MLX what the card
+    /// plus the KV cells and logits rows it reserves and its vocabulary
+    /// tables; on MLX what the card
     /// says for this device.
     fn estimate(&self, card: &ModelCard, route: Option<&shoal_engine::backends::Route>) -> u64 {
         match route {
@@ -397,13 +398,13 @@ impl ModelPool {
                 header: Some(h),
             }) => {
                 use shoal_engine::backends::llama::{
-                    kv_bytes_per_position, logits_bytes_per_sequence,
+                    kv_bytes_per_position, logits_bytes_per_sequence, vocab_table_bytes,
                 };
                 let kv = (self.opts.engine.llama.kv_tokens as u64)
                     .saturating_mul(kv_bytes_per_position(h));
                 let logits = (self.opts.engine.max_batch.max(1) as u64)
                     .saturating_mul(logits_bytes_per_sequence(h));
-                card.size_bytes + kv + logits
+                card.size_bytes + kv + logits + vocab_table_bytes(h)
             }
             _ => card.weight_memory(self.gpu),
         }

@@ -32,9 +32,10 @@ pub struct ModelInfo {
     /// Bytes reserved up front for KV state (llama.cpp's cell pool); 0 where
     /// the cache grows with need (MLX).
     pub kv_capacity_bytes: usize,
-    /// Other bytes reserved up front, beside weights and KV: llama.cpp's
+    /// Other bytes held from the load on, beside weights and KV: llama.cpp's
     /// logits rows, a vocabulary's worth of floats for each sequence it
-    /// tracks (16 MiB for Gemma 3 at 16 sequences); 0 on MLX.
+    /// tracks (16 MiB for Gemma 3 at 16 sequences), and its vocabulary
+    /// tables ([`crate::backends::llama::vocab_table_bytes`]); 0 on MLX.
     pub buffer_bytes: usize,
 }
 

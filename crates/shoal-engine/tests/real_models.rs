@@ -385,8 +385,19 @@ fn model_info_says_llama_cpp_and_quantized_memory() {
             i.weight_bytes
         );
         assert!(i.kv_capacity_bytes > 0, "{name}");
-        // A logits row per sequence it tracks (the default max_batch, 16).
-        assert_eq!(i.buffer_bytes, 16 * i.vocab_size * 4, "{name}");
+        // A logits row per sequence it tracks (the default max_batch, 16),
+        // and the vocabulary tables: the byte-level BPE files carry merges
+        // (counted from each file), Gemma's SentencePiece vocabulary none.
+        let merges = match name {
+            "gemma3" => 0,
+            "qwen2.5-coder" => 151_387,
+            _ => 48_900,
+        };
+        assert_eq!(
+            i.buffer_bytes,
+            16 * i.vocab_size * 4 + i.vocab_size * 168 + merges * 176,
+            "{name}"
+        );
         assert_eq!(
             i.resident_bytes(),
             i.weight_bytes + i.kv_capacity_bytes + i.buffer_bytes

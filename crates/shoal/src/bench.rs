@@ -248,6 +248,7 @@ pub fn run(a: Args) -> Result<()> {
         "weight_mb": info.weight_bytes as f64 / (1 << 20) as f64,
         "backend": info.backend,
         "kv_mb": info.kv_capacity_bytes as f64 / (1 << 20) as f64,
+        "memory_mb": info.resident_bytes() as f64 / (1 << 20) as f64,
         "threads": llama_threads,
         "blas": blas(),
         "peak_rss_mb": shoal_engine::process::peak_resident_mb(),
