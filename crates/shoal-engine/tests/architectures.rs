@@ -8,7 +8,6 @@
 //! The models' sliding windows (8 positions) are shorter than every prompt,
 //! so windowed attention is exercised in prefill, decode and batches.
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::Ordering;
 
 use serde_json::{json, Value};
@@ -59,9 +58,7 @@ fn reference(dir: &Path) -> Value {
         dir.file_name().and_then(|n| n.to_str()).unwrap_or("m")
     ));
     std::fs::write(&prompts, corpus().to_string()).expect("write prompts");
-    let out = Command::new(common::python())
-        .arg(common::repo().join("tools/py/reference.py"))
-        .arg(dir)
+    let out = common::reference_py(dir)
         .args(["--prompts-json", &prompts.display().to_string()])
         .args(["--max-tokens", &MAX_TOKENS.to_string(), "--step-top", "5"])
         .output()

@@ -38,7 +38,7 @@
 //!   every prompt, within 0.05 of MLX's logits: the gap is the quantized
 //!   arithmetic, not the conversion.)
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::Ordering;
 
 use serde_json::{json, Value};
@@ -148,9 +148,7 @@ impl Reference {
         let file =
             std::env::temp_dir().join(format!("shoal-gemma-prompts-{}.json", std::process::id()));
         std::fs::write(&file, Value::from(items).to_string()).expect("write prompts");
-        let child = Command::new(common::python())
-            .arg(common::repo().join("tools/py/reference.py"))
-            .arg(dir)
+        let child = common::reference_py(dir)
             .args(["--prompts-json", &file.display().to_string()])
             .args(["--max-tokens", &MAX_TOKENS.to_string()])
             .stdout(Stdio::piped())

@@ -6,14 +6,13 @@
 //! within 1e-3 absolute (logits span roughly ±30; ~4e-5 is typical); greedy
 //! tokens must match exactly.
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde_json::Value;
 use shoal_engine::loader::{self, Loaded};
 use shoal_engine::ChatMessage;
 
 mod common;
-use common::{argmax, floats, ids, max_diff, python, repo};
+use common::{argmax, floats, ids, max_diff, repo};
 
 const LOGIT_TOL: f32 = 1e-3;
 const MAX_TOKENS: usize = 24;
@@ -56,8 +55,7 @@ fn models_dir() -> PathBuf {
 /// Runs mlx-lm once for all prompts on `dir`.
 fn run_reference(dir: &Path) -> Value {
     {
-        let mut cmd = Command::new(python());
-        cmd.arg(repo().join("tools/py/reference.py")).arg(dir);
+        let mut cmd = common::reference_py(dir);
         for p in PROMPTS {
             cmd.args(["--prompt", p]);
         }

@@ -70,6 +70,25 @@ pub fn python() -> PathBuf {
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("bin/python")
 }
 
+/// mlx-lm's reference run (`tools/py/reference.py`) on the model at `dir`.
+/// MLX's CPU backend compiles fused kernels into a cache under the temp
+/// directory and loads them from there; two processes compiling the same
+/// kernel at once can load a half-written library ("file too short"), so
+/// each run gets a cache of its own.
+#[allow(dead_code)]
+pub fn reference_py(dir: &std::path::Path) -> std::process::Command {
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let kernels = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("mlx-kernels-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&kernels).expect("kernel cache dir");
+    let mut cmd = std::process::Command::new(python());
+    cmd.env("TMPDIR", &kernels)
+        .arg(repo().join("tools/py/reference.py"))
+        .arg(dir);
+    cmd
+}
+
 /// A JSON list of token ids (the reference's output).
 #[allow(dead_code)]
 pub fn ids(v: &serde_json::Value) -> Vec<u32> {
