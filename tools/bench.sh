@@ -91,16 +91,20 @@ def ours8(m):
 # same context (8192 KV positions, 16 sequences), and (RSS - reserved KV) / file size, which the
 # target puts at 1.2x at most; and "reported", the memory Shoal says the model holds
 # (/v1/models memory_bytes, what the pool counts), to set beside Shoal's loaded RSS (which
-# also holds the process's own code and runtime).
+# also holds the process's own code and runtime). Under the table, per model: what loading
+# the model allocated in llama.cpp alone (heap, beside the mapped weights) against Shoal's
+# estimate of its vocabulary tables (vocab_table_bytes), which the reported figure includes.
 def resident(m):
     return json.loads(subprocess.run([ref, m, "--resident", "8192", "16"], capture_output=True,
-                                     text=True, check=True).stdout)["rss_after_load_mb"]
+                                     text=True, check=True).stdout)
 print(f"{'model':34s} {'pp512 shoal/llama':>22s} {'tg128 shoal/llama':>22s} {'tg128@512 shoal/llama':>24s}"
       f" {'8 streams shoal/llama':>24s} {'peak RSS':>9s} {'file+KV':>8s} {'loaded shoal/llama':>19s}"
       f" {'(RSS-KV)/file shoal/llama':>26s} {'reported':>9s}")
+vocab_lines = []
 for m in models:
     rows = {"pp": [], "tg": [], "tgd": [], "par": []}
     rss, loaded, kv_mb, reported = [], [], 0.0, 0.0
+    tables = []
     for _ in range(runs):
         deep = ours(m, 512, 128)
         t = deep["threads"]  # llama.cpp alone gets the same thread count
@@ -115,7 +119,9 @@ for m in models:
         rows["par"].append((eight["concurrent_aggregate_decode_tok_s"], tg8))
         rss.append(deep.get("peak_rss_mb") or 0.0); kv_mb = deep.get("kv_mb") or 0.0
         reported = deep.get("memory_mb") or 0.0
-        loaded.append((deep.get("rss_after_load_mb") or 0.0, resident(m)))
+        alone = resident(m)
+        loaded.append((deep.get("rss_after_load_mb") or 0.0, alone["rss_after_load_mb"]))
+        tables.append((alone["vocab_table_mb"], alone["heap_growth_on_load_mb"]))
     def cell(xs):
         return (f"{statistics.median(a for a, _ in xs):6.1f}/{statistics.median(b for _, b in xs):6.1f}"
                 f" {statistics.median(a / b for a, b in xs):4.2f}x")
@@ -126,6 +132,11 @@ for m in models:
           f" {cell(rows['par']):>24s} {statistics.median(rss):6.0f}MiB {file_mb + kv_mb:5.0f}MiB"
           f" {ours_mb:7.0f}/{theirs_mb:5.0f}MiB {(ours_mb - kv_mb) / file_mb:13.2f}x/{(theirs_mb - kv_mb) / file_mb:4.2f}x"
           f" {reported:6.0f}MiB")
+    est = statistics.median(a for a, _ in tables)
+    grew = statistics.median(b for _, b in tables)
+    vocab_lines.append(f"  {os.path.basename(m)}: vocabulary tables estimated {est:.1f} MiB,"
+                       f" llama.cpp's heap grew {grew:.1f} MiB while loading ({est / grew:.2f}x)")
+print("\n".join(vocab_lines))
 PY
 
 # The same 8-stream load over HTTP: `shoal serve` against llama.cpp's own llama-server

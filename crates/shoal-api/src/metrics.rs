@@ -133,7 +133,7 @@ impl Metrics {
         let model_memory = register(
             &mut r,
             "model_memory_bytes",
-            "Weight memory of each loaded model",
+            "Memory each loaded model holds: weights, reserved KV and llama.cpp's buffers (as /v1/models memory_bytes)",
             Family::<ModelLabels, Gauge>::default(),
         );
         let prefix_cache_bytes = register(

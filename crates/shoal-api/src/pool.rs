@@ -389,8 +389,7 @@ impl ModelPool {
 
     /// Memory a model will take once loaded: on llama.cpp the file as it is
     /// plus the KV cells and logits rows it reserves and its vocabulary
-    /// tables; on MLX what the card
-    /// says for this device.
+    /// tables; on MLX what the card says for this device.
     fn estimate(&self, card: &ModelCard, route: Option<&shoal_engine::backends::Route>) -> u64 {
         match route {
             Some(shoal_engine::backends::Route {

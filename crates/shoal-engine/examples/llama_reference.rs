@@ -15,7 +15,10 @@
 //! `llama_reference MODEL --resident KV SEQS` loads the model with the
 //! context Shoal's backend makes (`LlamaOptions::context_params`: KV
 //! positions in one pool, `SEQS` sequences) and prints
-//! `{"rss_after_load_mb": …}`: what llama.cpp alone holds once loaded.
+//! `{"rss_after_load_mb": …, "heap_growth_on_load_mb": …, "vocab_table_mb": …}`:
+//! what llama.cpp alone holds once loaded, what loading the model (before
+//! its context) allocated beside the mapped weights, and Shoal's estimate of
+//! that allocation (`vocab_table_bytes`, from the header).
 use std::num::NonZeroU32;
 use std::time::Instant;
 
@@ -131,13 +134,23 @@ fn parallel(
 /// Loads `model` with the context Shoal's llama.cpp backend makes for `kv`
 /// positions and `seqs` sequences, and prints the process's resident memory.
 fn resident(model: &str, kv: usize, seqs: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let vocab_mb = shoal_engine::backends::llama::vocab_table_bytes(&shoal_gguf::Header::read(
+        std::path::Path::new(model),
+    )?) as f64
+        / (1u64 << 20) as f64;
     let backend = shoal_engine::backends::llama::runtime()?;
+    let anon =
+        || shoal_engine::process::anonymous_resident_mb().ok_or("no resident memory figure here");
+    let before = anon()?;
     let model = LlamaModel::load_from_file(backend, model, &LlamaModelParams::default())?;
+    let growth = anon()? - before;
     let params = shoal_engine::LlamaOptions::new(0, kv)
         .for_batch(seqs)
         .context_params();
     let _ctx = model.new_context(backend, params)?;
     let mb = shoal_engine::process::resident_mb().ok_or("no resident memory figure here")?;
-    println!("{{\"rss_after_load_mb\": {mb:.1}}}");
+    println!(
+        "{{\"rss_after_load_mb\": {mb:.1}, \"heap_growth_on_load_mb\": {growth:.1}, \"vocab_table_mb\": {vocab_mb:.1}}}"
+    );
     Ok(())
 }

@@ -6,6 +6,12 @@ pub fn resident_mb() -> Option<f64> {
     status_mb("VmRSS:")
 }
 
+/// Resident memory not backed by a file (heap, stacks, anonymous maps), in
+/// MiB: what a load allocates, apart from the weights it maps.
+pub fn anonymous_resident_mb() -> Option<f64> {
+    status_mb("RssAnon:")
+}
+
 /// The most resident memory so far, in MiB.
 pub fn peak_resident_mb() -> Option<f64> {
     status_mb("VmHWM:")

@@ -183,6 +183,16 @@ impl Header {
         }
     }
 
+    /// How many elements the array under `key` holds (0 when the key is
+    /// absent or not an array), e.g. `tokenizer.ggml.tokens`.
+    pub fn array_len(&self, key: &str) -> u64 {
+        match self.metadata.get(key) {
+            Some(Value::Array { len, .. }) => *len,
+            Some(Value::Ints(v)) => v.len() as u64,
+            _ => 0,
+        }
+    }
+
     /// `general.architecture`.
     pub fn architecture(&self) -> Option<&str> {
         self.string("general.architecture")
