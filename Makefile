@@ -44,7 +44,7 @@ test: setup ui lint
 # with the whole workspace, then these again (and the SDK suites) on llama.cpp. The
 # llama.cpp backend also has suites of its own (real_models) on all three real models.
 BEHAVIOUR_SUITES := -p shoal-engine --test e2e --test batching \
-	-p shoal-api --test http --test faults --test access --test models --test defaults \
+	-p shoal-api --test http --test faults --test access --test models --test defaults --test ollama \
 	-p shoal --test cli --test netns
 
 # Test runs keep to an empty model library of their own and never reach a hub.

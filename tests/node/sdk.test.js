@@ -1,4 +1,4 @@
-// The official OpenAI and Anthropic Node SDKs against one `shoal serve`.
+// The official OpenAI, Anthropic and Ollama Node SDKs against one `shoal serve`.
 // Exact numbers are facts of the default model (SmolLM2-135M-Instruct) under
 // greedy decoding (temperature 0).
 import assert from 'node:assert/strict';
@@ -6,6 +6,7 @@ import { after, before, describe, test } from 'node:test';
 
 import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
+import { Ollama } from 'ollama';
 
 import { ledgerEntry, startServer } from './shoal-server.js';
 
@@ -312,5 +313,56 @@ describe('tools', () => {
     assert.equal(final.stop_reason, 'tool_use');
     assert.deepEqual(final.content.find((b) => b.type === 'tool_use').input, use.input);
     assert.deepEqual(final.usage.output_tokens, plain.usage.output_tokens);
+  });
+});
+
+describe('ollama (official ollama-js client)', () => {
+  const GREEDY = { temperature: 0, num_predict: MAX };
+  const client = () => new Ollama({ host: server.url });
+
+  test('list, show and ps name the model, as id and id:latest', async () => {
+    const { models } = await client().list();
+    assert.ok(models.some((m) => m.name === `${model}:latest`), JSON.stringify(models));
+    const shown = await client().show({ model: `${model}:latest` });
+    assert.ok(shown.capabilities.includes('tools') && shown.capabilities.includes('completion'));
+    assert.equal(shown.model_info['general.architecture'], 'llama');
+    const ps = await client().ps();
+    assert.deepEqual(ps.models.map((m) => m.name), [`${model}:latest`]);
+  });
+
+  test('chat: exact counts, streamed and not', async () => {
+    const r = await client().chat({ model, messages: MESSAGES, options: GREEDY });
+    assert.equal(r.message.content, ANSWER);
+    assert.deepEqual([r.prompt_eval_count, r.eval_count, r.done_reason], [PROMPT_TOKENS, ANSWER_TOKENS, 'stop']);
+    let text = '';
+    let last;
+    for await (const part of await client().chat({ model, messages: MESSAGES, options: GREEDY, stream: true })) {
+      text += part.message.content;
+      last = part;
+    }
+    assert.equal(text, ANSWER);
+    assert.deepEqual([last.done, last.prompt_eval_count, last.eval_count], [true, PROMPT_TOKENS, ANSWER_TOKENS]);
+  });
+
+  test('generate raw and cut, stop sequence, format', async () => {
+    const raw = await client().generate({ model, prompt: RAW_PROMPT, raw: true, options: GREEDY });
+    assert.equal(raw.response, ANSWER);
+    const cut = await client().generate({ model, prompt: QUESTION, options: { temperature: 0, num_predict: CUT } });
+    assert.deepEqual([cut.response, cut.eval_count, cut.done_reason], [CUT_TEXT, CUT, 'length']);
+    const stopped = await client().chat({ model, messages: MESSAGES, options: { ...GREEDY, stop: [STOP] } });
+    assert.deepEqual([stopped.message.content, stopped.eval_count], [STOPPED_TEXT, STOPPED_TOKENS]);
+    const json = await client().chat({
+      model, messages: [{ role: 'user', content: 'Which city is the capital of France? Answer as JSON.' }],
+      format: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] },
+      options: { temperature: 0, num_predict: 40 },
+    });
+    assert.equal(typeof JSON.parse(json.message.content).city, 'string');
+  });
+
+  test('errors: unknown model 404, thinking refused 400', async () => {
+    await assert.rejects(client().chat({ model: 'no-such-model', messages: MESSAGES }), (e) =>
+      e.status_code === 404 && /try pulling it first/.test(e.error));
+    await assert.rejects(client().chat({ model, messages: MESSAGES, think: true }), (e) =>
+      e.status_code === 400 && /does not support thinking/.test(e.error));
   });
 });

@@ -80,6 +80,8 @@ export interface LedgerEntry {
   stream: boolean;
   finish_reasons: string[];
   usage: Record<string, unknown>;
+  /** The usage's counts in no dialect's words (absent from rows copied off an older node). */
+  tokens?: { prompt: number; cached: number; completion: number; reasoning: number; total: number };
   ttft_ms: number;
   decode_tokens_per_s: number;
   prefill_tokens_per_s: number;
@@ -299,6 +301,9 @@ export const usageSums = (f: UsageFilters, by: GroupBy) =>
   getJson<UsageSums>(`/v1/usage?${usageQuery(f, { group_by: by })}`).then((r) => ({ ...r, data: r.data ?? [] }));
 
 export const usageGroups = (f: UsageFilters, by: GroupBy) => usageSums(f, by).then((r) => r.data);
+
+/** The dialects the server speaks, by their ledger names. */
+export const dialects = () => getJson<{ data: { name: string }[] }>('/v1/dialects').then((r) => (r.data ?? []).map((d) => d.name));
 
 export const usageKeys = () => getJson<{ data: KeyUse[] }>('/v1/usage/keys').then((r) => r.data ?? []);
 

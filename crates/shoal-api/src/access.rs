@@ -253,7 +253,10 @@ impl Limits {
 /// control routes (signed with the cluster secret instead).
 fn open_route(path: &str) -> bool {
     path == "/health"
-        || !(path.starts_with("/v1/") || path == "/v1" || path == "/metrics")
+        || !(path.starts_with("/v1/")
+            || path == "/v1"
+            || path == "/metrics"
+            || crate::dialects::Dialect::for_path(path).is_some())
         || matches!(
             path,
             shoal_cluster::STATUS_PATH

@@ -317,10 +317,15 @@ mod tests {
     use shoal_client::Dialect as WireDialect;
     use shoal_engine::{Completion, FinishReason, Usage};
 
+    /// The server's dialect a recorder client's dialect talks to.
+    fn server(d: WireDialect) -> crate::dialects::Dialect {
+        crate::dialects::Dialect::parse(d.ledger_name()).expect("every client dialect is served")
+    }
+
     fn entry(dialect: WireDialect, finishes: Vec<FinishReason>, usage: Usage) -> LedgerEntry {
         LedgerEntry {
             id: "r1".into(),
-            dialect,
+            dialect: server(dialect),
             model: "m".into(),
             created: 0,
             stream: true,
@@ -415,7 +420,7 @@ mod tests {
                     let e = entry(d, vec![f.clone()], *u);
                     let typed = provider_meta(&e);
                     let mut wire = ProviderMeta::default();
-                    d.read_usage(&crate::wire::usage_json(d, u), &mut wire);
+                    d.read_usage(&crate::wire::usage_json(server(d), u), &mut wire);
                     // The finish as the response body carries it; a client
                     // that left hears none, and the ledger says "cancelled".
                     let gone = *f == FinishReason::Cancelled;

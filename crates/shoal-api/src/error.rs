@@ -2,31 +2,23 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
-use shoal_client::Dialect;
 use shoal_engine::EngineError;
 
-/// The shape and statuses of an error body: Anthropic's for its dialect,
-/// OpenAI's for everything else (its dialects and Shoal's own routes).
+/// The shape and statuses of an error body, as a dialect chooses it
+/// (`dialects::Words::error_shape`): OpenAI's for its dialects and Shoal's
+/// own routes, Anthropic's, or a plain `{"error": "message"}` (Ollama's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ErrorShape {
     OpenAi,
     Anthropic,
+    /// `{"error": "message"}`; overload is a 503.
+    Plain,
 }
 
 impl ErrorShape {
     /// The shape errors take on a request path.
     pub fn for_path(path: &str) -> Self {
-        Dialect::for_path(path).map_or(ErrorShape::OpenAi, ErrorShape::from)
-    }
-}
-
-impl From<Dialect> for ErrorShape {
-    fn from(d: Dialect) -> Self {
-        if d.is_anthropic() {
-            ErrorShape::Anthropic
-        } else {
-            ErrorShape::OpenAi
-        }
+        crate::dialects::Dialect::for_path(path).map_or(ErrorShape::OpenAi, ErrorShape::from)
     }
 }
 
@@ -131,6 +123,7 @@ impl ApiError {
             (ErrorKind::NotFound, _) => StatusCode::NOT_FOUND,
             (ErrorKind::TooLarge, _) => StatusCode::PAYLOAD_TOO_LARGE,
             (ErrorKind::Overloaded, ErrorShape::OpenAi) => StatusCode::TOO_MANY_REQUESTS,
+            (ErrorKind::Overloaded, ErrorShape::Plain) => StatusCode::SERVICE_UNAVAILABLE,
             // Anthropic's documented "overloaded" status.
             (ErrorKind::Overloaded, ErrorShape::Anthropic) => {
                 StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
@@ -198,6 +191,7 @@ impl ApiError {
                 };
                 json!({"type": "error", "error": {"type": kind, "message": self.message}})
             }
+            ErrorShape::Plain => json!({"error": self.message}),
         }
     }
 
@@ -235,6 +229,11 @@ pub struct DialectError {
     pub error: ApiError,
 }
 
+/// The message of an error response this server made, beside its body, so
+/// the ledger records a refusal from the error itself.
+#[derive(Clone, Debug)]
+pub struct Refusal(pub String);
+
 /// Seconds a client should wait after an overload answer.
 pub const RETRY_AFTER_SECS: u64 = 1;
 
@@ -242,6 +241,8 @@ impl IntoResponse for DialectError {
     fn into_response(self) -> Response {
         let status = self.error.status(self.dialect);
         let mut resp = (status, axum::Json(self.error.body(self.dialect))).into_response();
+        resp.extensions_mut()
+            .insert(Refusal(self.error.message.clone()));
         let retry_after = match self.error.kind {
             ErrorKind::Overloaded => Some(RETRY_AFTER_SECS),
             ErrorKind::RateLimited { retry_after_secs } => Some(retry_after_secs.max(1)),

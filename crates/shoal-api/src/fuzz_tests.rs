@@ -11,6 +11,17 @@ use crate::error::{ApiError, ErrorShape};
 
 const KEYS: &[&str] = &[
     "model",
+    // Ollama's.
+    "options",
+    "num_predict",
+    "num_ctx",
+    "keep_alive",
+    "think",
+    "format",
+    "prompt",
+    "suffix",
+    "raw",
+    "images",
     "messages",
     "role",
     "content",
@@ -111,6 +122,7 @@ fn request() -> impl Strategy<Value = Value> {
 fn client_error(e: &ApiError) -> bool {
     e.status(ErrorShape::OpenAi).is_client_error()
         && e.status(ErrorShape::Anthropic).is_client_error()
+        && e.status(ErrorShape::Plain).is_client_error()
 }
 
 fn body(bytes: Vec<u8>) -> Body {
@@ -121,12 +133,13 @@ fn body(bytes: Vec<u8>) -> Body {
 fn check_all(bytes: Vec<u8>) -> Result<(), String> {
     let b = body(bytes);
     let bad = |what: &str, e: ApiError| Err(format!("{what}: {:?} {}", e.kind, e.message));
-    match parse::<crate::openai_chat::ChatRequest>(&b) {
+    match parse::<crate::dialects::openai_chat::ChatRequest>(&b) {
         Ok(req) => {
             for r in [
-                crate::openai_chat::tool_request(&req).map(|_| ()),
-                crate::openai_chat::format_grammar(req.response_format.as_ref()).map(|_| ()),
-                crate::openai_chat::wanted_reasoning(&req).map(|_| ()),
+                crate::dialects::openai_chat::tool_request(&req).map(|_| ()),
+                crate::dialects::openai_chat::format_grammar(req.response_format.as_ref())
+                    .map(|_| ()),
+                crate::dialects::openai_chat::wanted_reasoning(&req).map(|_| ()),
                 req.sampling
                     .params(&Default::default(), Some(3))
                     .map(|_| ()),
@@ -141,11 +154,11 @@ fn check_all(bytes: Vec<u8>) -> Result<(), String> {
         Err(e) if !client_error(&e) => return bad("chat parse", e),
         Err(_) => {}
     }
-    match parse::<crate::openai_responses::ResponsesRequest>(&b) {
+    match parse::<crate::dialects::openai_responses::ResponsesRequest>(&b) {
         Ok(req) => {
             for r in [
-                crate::openai_responses::tool_request(&req).map(|_| ()),
-                crate::openai_responses::text_format(req.text.as_ref()).map(|_| ()),
+                crate::dialects::openai_responses::tool_request(&req).map(|_| ()),
+                crate::dialects::openai_responses::text_format(req.text.as_ref()).map(|_| ()),
             ] {
                 if let Err(e) = r.as_ref() {
                     if !client_error(e) {
@@ -157,11 +170,12 @@ fn check_all(bytes: Vec<u8>) -> Result<(), String> {
         Err(e) if !client_error(&e) => return bad("responses parse", e),
         Err(_) => {}
     }
-    match parse::<crate::anthropic::MessagesRequest>(&b) {
+    match parse::<crate::dialects::anthropic::MessagesRequest>(&b) {
         Ok(req) => {
-            if let Err(e) =
-                crate::anthropic::tool_request(req.tools.as_ref(), req.tool_choice.as_ref())
-            {
+            if let Err(e) = crate::dialects::anthropic::tool_request(
+                req.tools.as_ref(),
+                req.tool_choice.as_ref(),
+            ) {
                 if !client_error(&e) {
                     return bad("messages", e);
                 }
@@ -170,7 +184,34 @@ fn check_all(bytes: Vec<u8>) -> Result<(), String> {
         Err(e) if !client_error(&e) => return bad("messages parse", e),
         Err(_) => {}
     }
-    match parse::<crate::openai_completions::CompletionRequest>(&b) {
+    match parse::<crate::dialects::ollama::chat::ChatRequest>(&b) {
+        Ok(req) => {
+            use crate::dialects::ollama as o;
+            let options = req.options.as_ref();
+            for r in [
+                options.map_or(Ok(()), |o| o.sampling(&Default::default()).map(|_| ())),
+                options.map_or(Ok(()), |o| o.stops().map(|_| ())),
+                options.map_or(Ok(()), |o| o.max_tokens(10, 100).map(|_| ())),
+                o::format_grammar(req.format.as_ref()).map(|_| ()),
+                o::wanted_thinking(req.think.as_ref(), false, "m").map(|_| ()),
+                o::KeepAlive::parse(req.keep_alive.as_ref().unwrap_or(&Value::Null)).map(|_| ()),
+            ] {
+                if let Err(e) = r.as_ref() {
+                    if !client_error(e) {
+                        return bad("ollama chat", e.clone());
+                    }
+                }
+            }
+        }
+        Err(e) if !client_error(&e) => return bad("ollama chat parse", e),
+        Err(_) => {}
+    }
+    if let Err(e) = parse::<crate::dialects::ollama::generate::GenerateRequest>(&b) {
+        if !client_error(&e) {
+            return bad("ollama generate parse", e);
+        }
+    }
+    match parse::<crate::dialects::openai_completions::CompletionRequest>(&b) {
         Err(e) if !client_error(&e) => bad("completions parse", e),
         _ => Ok(()),
     }

@@ -7,9 +7,9 @@
 //! and `shoal usage` query it.
 use std::sync::{Arc, Mutex, OnceLock};
 
+use crate::dialects::Dialect;
 use serde_json::{json, Value};
 use shoal_client::metadata::{Cost, Price};
-use shoal_client::Dialect;
 use shoal_engine::{Completion, FinishReason, Timings, Usage};
 use shoal_store::{UsageFilter, UsageLog, UsageRow};
 
@@ -143,6 +143,14 @@ impl LedgerEntry {
             }).collect::<Vec<_>>(),
             "error": self.error,
             "usage": wire::usage_json(self.dialect, &self.usage()),
+            // The same counts in no dialect's words, for readers of every dialect.
+            "tokens": {
+                "prompt": self.usage().prompt_tokens,
+                "cached": self.usage().cached_tokens,
+                "completion": self.usage().completion_tokens,
+                "reasoning": self.usage().reasoning_tokens,
+                "total": self.usage().total_tokens(),
+            },
             "queue_ms": t.queue_ms,
             "ttft_ms": t.ttft_ms,
             "decode_tokens_per_s": t.decode_tokens_per_s,
@@ -211,9 +219,7 @@ impl LedgerEntry {
             completions: Vec<Completion>,
             error: Option<String>,
         }
-        let dialect = Dialect::ALL
-            .into_iter()
-            .find(|d| d.ledger_name() == r.dialect)?;
+        let dialect = Dialect::parse(&r.dialect)?;
         let record: Record = match serde_json::from_str(&r.record) {
             Ok(rec) => rec,
             Err(e) => {
@@ -621,15 +627,15 @@ impl UsageQuery {
                 "model" => f.model = Some(v.to_string()),
                 "dialect" => {
                     f.dialect = Some(
-                        Dialect::ALL
-                            .into_iter()
-                            .find(|d| d.ledger_name() == v || d.name() == v)
+                        Dialect::parse(v)
                             .ok_or_else(|| {
+                                let names: Vec<_> =
+                                    Dialect::all().map(Dialect::ledger_name).collect();
                                 ApiError::param(
                                     k,
                                     format!(
-                                        "'dialect' must be one of openai.chat, openai.completions, \
-                                         openai.responses, anthropic.messages, got {v:?}"
+                                        "'dialect' must be one of {}, got {v:?}",
+                                        names.join(", ")
                                     ),
                                 )
                             })?
@@ -836,7 +842,7 @@ mod tests {
     fn entry(model: &str, u: shoal_engine::Usage) -> super::LedgerEntry {
         super::LedgerEntry {
             id: format!("id-{model}"),
-            dialect: shoal_client::Dialect::Chat,
+            dialect: crate::dialects::openai_chat::DIALECT,
             model: model.into(),
             created: 0,
             stream: false,

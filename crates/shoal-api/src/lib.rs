@@ -1,11 +1,11 @@
-//! Shoal's HTTP API: OpenAI Chat Completions, Completions and Responses, and
-//! Anthropic Messages, all rendered from the engine's one event stream and
+//! Shoal's HTTP API: OpenAI Chat Completions, Completions and Responses,
+//! Anthropic Messages and Ollama's API (`dialects/`), all rendered from the engine's one event stream and
 //! final `Completion` record.
 pub mod access;
-mod anthropic;
 mod body;
 pub mod cluster;
 mod conversations;
+pub mod dialects;
 mod error;
 #[cfg(test)]
 mod fuzz_tests;
@@ -13,9 +13,6 @@ mod ids;
 pub mod ledger;
 mod metrics;
 mod models;
-mod openai_chat;
-mod openai_completions;
-mod openai_responses;
 mod params;
 pub mod pool;
 mod run;
@@ -47,7 +44,7 @@ pub struct AppState {
     /// The models this server answers with, loaded on demand.
     pub pool: Arc<pool::ModelPool>,
     pub ledger: Arc<Ledger>,
-    pub responses: Arc<openai_responses::ResponseStore>,
+    pub responses: Arc<dialects::openai_responses::ResponseStore>,
     /// This node's identity and live status.
     pub node: Arc<LocalNode>,
     /// Generations in progress (cancelled when the server shuts down).
@@ -73,7 +70,17 @@ pub struct AppState {
     /// Per-million-token prices by model (`[prices.MODEL]`): `/v1/usage`
     /// shows what its traffic would have cost there. Empty: no costs.
     pub prices: Arc<ledger::Prices>,
+    /// Also listen on this port (Ollama's 11434) on the same host, for
+    /// tools that look for Ollama there; `None`: the main port only.
+    pub ollama_port: Option<u16>,
+    /// How listening on `ollama_port` went: the address, or why it failed
+    /// (`/health` says so; the main port serves either way).
+    pub ollama_listen: Arc<std::sync::OnceLock<Result<std::net::SocketAddr, String>>>,
 }
+
+/// Marks requests that came in on the Ollama port: there `/` is Ollama's.
+#[derive(Clone, Copy, Debug)]
+struct OllamaPort;
 
 /// One request's view of the server: the shared state and the engine of
 /// the model the request named.
@@ -81,6 +88,9 @@ pub struct AppState {
 pub struct Served {
     pub state: AppState,
     pub engine: Engine,
+    /// How long the request waited for its model to be in memory (a
+    /// load, or another request's load); Ollama reports it.
+    pub ready_after: std::time::Duration,
 }
 
 impl std::ops::Deref for Served {
@@ -109,7 +119,7 @@ impl AppState {
             node: LocalNode::start(NodeIdentity::for_this_machine(), backend),
             pool,
             ledger: Arc::new(Ledger::in_memory(10_000)),
-            responses: Arc::new(openai_responses::ResponseStore::new(256)),
+            responses: Arc::new(dialects::openai_responses::ResponseStore::new(256)),
             running: Arc::new(run::Running::default()),
             store: None,
             cluster_options: None,
@@ -121,6 +131,8 @@ impl AppState {
             metrics: Arc::new(metrics::Metrics::new()),
             log_prompts: false,
             prices: Arc::default(),
+            ollama_port: None,
+            ollama_listen: Arc::default(),
         }
     }
 
@@ -139,10 +151,12 @@ impl AppState {
 
     /// The requested model's engine (loading it if needed); unknown names are a 404.
     pub async fn serve(&self, model: &str) -> Result<Served, ApiError> {
+        let asked = std::time::Instant::now();
         let engine = self.pool.engine(model).await?;
         Ok(Served {
             state: self.clone(),
             engine,
+            ready_after: asked.elapsed(),
         })
     }
 
@@ -219,10 +233,15 @@ pub async fn serve_until(
     pool::ModelPool::start_sweeper(&state.pool);
     Ledger::start_pruning(&state.ledger);
     let running = state.running.clone();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    if let Some(port) = state.ollama_port {
+        serve_ollama_port(&listener, port, state.clone(), stop_rx.clone()).await;
+    }
     // Stop accepting, then cancel what is running so every open stream ends
     // with its final event promptly and the graceful wait is short.
     let shutdown = async move {
         shutdown.await;
+        let _ = stop_tx.send(true);
         let n = running.cancel_all();
         tracing::info!(cancelled = n, "shutting down");
     };
@@ -231,29 +250,53 @@ pub async fn serve_until(
         .await
 }
 
+/// Listens on Ollama's port too, on the main listener's host, until `stop`.
+/// A port already taken (a running Ollama) is logged and shown in `/health`;
+/// the main port serves regardless.
+async fn serve_ollama_port(
+    main: &tokio::net::TcpListener,
+    port: u16,
+    state: AppState,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let host = main
+        .local_addr()
+        .map_or(std::net::Ipv4Addr::LOCALHOST.into(), |a| a.ip());
+    let addr = std::net::SocketAddr::new(host, port);
+    match tokio::net::TcpListener::bind(addr).await {
+        Ok(l) => {
+            let bound = l.local_addr().unwrap_or(addr);
+            let _ = state.ollama_listen.set(Ok(bound));
+            tracing::info!(address = %bound, "serving Ollama's API on its own port too");
+            let app = router(state).layer(axum::Extension(OllamaPort));
+            tokio::spawn(async move {
+                let done = async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                };
+                if let Err(e) = axum::serve(l, app).with_graceful_shutdown(done).await {
+                    tracing::warn!(error = %e, "the Ollama port stopped serving");
+                }
+            });
+        }
+        Err(e) => {
+            let why = format!("could not listen on {addr} for Ollama's API: {e}");
+            tracing::warn!("{why}; serving on the main port only");
+            let _ = state.ollama_listen.set(Err(why));
+        }
+    }
+}
+
 pub fn router(state: AppState) -> Router {
     Router::new()
+        .route("/", get(root).head(root))
         .route("/health", get(health))
         .route("/v1/usage", get(usage::handle))
         .route("/v1/usage/keys", get(usage::keys))
         .route("/v1/usage/{id}", get(usage::entry))
         .route(cluster::PEER_USAGE_PATH, post(usage::peer_usage))
         .route("/metrics", get(metrics::handle))
-        .route(
-            "/v1/chat/completions",
-            post(run::serve::<openai_chat::Chat>),
-        )
-        .route(
-            "/v1/completions",
-            post(run::serve::<openai_completions::Completions>),
-        )
-        .route(
-            "/v1/responses",
-            post(run::serve::<openai_responses::Responses>),
-        )
-        .route("/v1/responses/{id}", get(openai_responses::get_response))
-        .route("/v1/messages", post(run::serve::<anthropic::Messages>))
-        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/dialects", get(dialects::list))
+        .merge(dialects::routes())
         .merge(conversations::routes())
         .merge(models::routes())
         .merge(cluster::routes())
@@ -290,8 +333,14 @@ async fn health(State(s): State<AppState>) -> impl IntoResponse {
         .map(|e| e.stats.peak_batch.load(Relaxed))
         .max()
         .unwrap_or(0);
+    let ollama = s.ollama_port.map(|port| match s.ollama_listen.get() {
+        Some(Ok(addr)) => json!({"port": port, "listening": true, "address": addr.to_string()}),
+        Some(Err(why)) => json!({"port": port, "listening": false, "error": why}),
+        None => json!({"port": port, "listening": false}),
+    });
     Json(json!({
         "status": "ok",
+        "ollama": ollama,
         "model": engines.first().map(|e| e.model.id.clone()),
         "loaded": engines.iter().map(|e| e.model.id.clone()).collect::<Vec<_>>(),
         "engine": {
@@ -312,11 +361,31 @@ async fn health(State(s): State<AppState>) -> impl IntoResponse {
     }))
 }
 
+/// `/`: the web UI for a browser on the main port; Ollama's liveness text
+/// for anything else (its clients probe `/`) and on the Ollama port.
+async fn root(
+    ollama_port: Option<axum::Extension<OllamaPort>>,
+    headers: axum::http::HeaderMap,
+) -> axum::response::Response {
+    let browser = headers
+        .get(axum::http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("text/html"));
+    if browser && ollama_port.is_none() {
+        return ui::serve("/");
+    }
+    dialects::ollama::ROOT_TEXT.into_response()
+}
+
 /// API paths that match no route get the dialect's 404; everything else is
 /// the web UI.
 async fn fallback(method: axum::http::Method, uri: axum::http::Uri) -> axum::response::Response {
     let path = uri.path();
-    if path.starts_with("/v1/") || path == "/v1" || method != axum::http::Method::GET {
+    if path.starts_with("/v1/")
+        || path == "/v1"
+        || dialects::Dialect::for_path(path).is_some()
+        || method != axum::http::Method::GET
+    {
         return not_found(uri).await.into_response();
     }
     ui::serve(path)

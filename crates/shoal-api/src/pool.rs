@@ -52,6 +52,10 @@ struct Named {
 struct Slot {
     engine: Engine,
     last_used: Instant,
+    /// How long it stays loaded after its last use when a request said so
+    /// (Ollama's `keep_alive`; `Some(None)`: until unloaded), instead of
+    /// the pool's `idle_unload`.
+    keep: Option<Option<Duration>>,
 }
 
 /// Loaded engines by id, plus what can be loaded.
@@ -119,6 +123,7 @@ impl ModelPool {
             Slot {
                 engine,
                 last_used: Instant::now(),
+                keep: None,
             },
         );
     }
@@ -248,6 +253,7 @@ impl ModelPool {
             Slot {
                 engine: engine.clone(),
                 last_used: Instant::now(),
+                keep: None,
             },
         );
         Ok(engine)
@@ -325,11 +331,43 @@ impl ModelPool {
         }
     }
 
-    /// Unloads models idle for longer than the configured time.
-    pub fn sweep(&self) {
-        let Some(limit) = self.opts.idle_unload else {
+    /// Keeps a loaded model for `keep` after its last use (`None`: until
+    /// it is unloaded), overriding the pool's idle time for it.
+    pub fn keep_alive(&self, requested: &str, keep: Option<Duration>) {
+        let Some(e) = self.loaded_engine(requested) else {
             return;
         };
+        if let Some(slot) = lock(&self.loaded).get_mut(&e.model.id) {
+            slot.keep = Some(keep);
+            slot.last_used = Instant::now();
+        }
+    }
+
+    /// How long a slot stays loaded after its last use (`None`: for ever).
+    fn idle_limit(&self, slot: &Slot) -> Option<Duration> {
+        slot.keep.unwrap_or(self.opts.idle_unload)
+    }
+
+    /// Loaded engines, each with the moment it unloads if still idle then
+    /// (`None`: never), for Ollama's `/api/ps`.
+    pub fn expiries(&self) -> Vec<(Engine, Option<Instant>)> {
+        lock(&self.loaded)
+            .values()
+            .map(|s| {
+                let at = if idle(&s.engine) {
+                    self.idle_limit(s).map(|l| s.last_used + l)
+                } else {
+                    // Busy now: its time starts when it is idle again.
+                    self.idle_limit(s).map(|l| Instant::now() + l)
+                };
+                (s.engine.clone(), at)
+            })
+            .collect()
+    }
+
+    /// Unloads models idle for longer than their keep-alive or the
+    /// configured idle time.
+    pub fn sweep(&self) {
         let mut loaded = lock(&self.loaded);
         for slot in loaded.values_mut() {
             // A model busy now counts as used now.
@@ -337,22 +375,21 @@ impl ModelPool {
                 slot.last_used = Instant::now();
             }
         }
-        let stale: Vec<String> = loaded
+        let stale: Vec<(String, Duration)> = loaded
             .iter()
-            .filter(|(_, s)| s.last_used.elapsed() >= limit)
-            .map(|(k, _)| k.clone())
+            .filter_map(|(k, s)| {
+                let limit = self.idle_limit(s)?;
+                (s.last_used.elapsed() >= limit).then(|| (k.clone(), limit))
+            })
             .collect();
-        for id in stale {
+        for (id, limit) in stale {
             loaded.remove(&id);
-            tracing::info!(model = %id, idle_s = limit.as_secs(), "unloaded after idling");
+            tracing::info!(model = %id, idle_ms = limit.as_millis() as u64, "unloaded after idling");
         }
     }
 
-    /// Runs `sweep` every second until the pool is dropped.
+    /// Runs `sweep` twice a second until the pool is dropped.
     pub fn start_sweeper(pool: &Arc<ModelPool>) {
-        if pool.opts.idle_unload.is_none() {
-            return;
-        }
         let weak: Weak<ModelPool> = Arc::downgrade(pool);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(500));
@@ -365,7 +402,7 @@ impl ModelPool {
     }
 
     /// Every model that can be served: named ones, then the library.
-    fn local_models(&self) -> Vec<(LocalModel, Vec<String>)> {
+    pub(crate) fn local_models(&self) -> Vec<(LocalModel, Vec<String>)> {
         let mut out = Vec::new();
         for n in lock(&self.named).iter() {
             let card = ModelCard::read(&n.path).unwrap_or_default();

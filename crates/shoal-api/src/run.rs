@@ -7,11 +7,12 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tracing::Instrument;
 
+use crate::dialects::Dialect;
 use crate::error::ApiError;
 pub use crate::ids::{new_id, now_secs};
 use crate::ledger::{LedgerEntry, Tracked};
+pub use crate::sse::Framing;
 use crate::{wire, Served};
-use shoal_client::Dialect;
 
 /// What to generate, after a dialect has parsed and validated its request.
 #[derive(Clone, Debug)]
@@ -57,13 +58,19 @@ impl Choices {
     pub async fn next_streamed(
         &mut self,
         tx: &mpsc::UnboundedSender<String>,
+        framing: Framing,
     ) -> Option<(usize, Event)> {
         loop {
             tokio::select! {
                 ev = self.rx.recv() => return ev,
+                // Without a keep-alive to write, the response body being
+                // dropped (the connection closed) is the sign.
+                _ = tx.closed() => return None,
                 _ = tokio::time::sleep(KEEPALIVE) => {
-                    if tx.send(": keep-alive\n\n".to_string()).is_err() {
-                        return None;
+                    if let Some(k) = framing.keepalive() {
+                        if tx.send(k.to_string()).is_err() {
+                            return None;
+                        }
                     }
                 }
             }
@@ -131,13 +138,17 @@ pub trait StreamRender: Send + 'static {
 /// Streams a request's events through `render` as an SSE response. Writes
 /// keep-alive comments while idle; a client that leaves ends the loop, and
 /// dropping `choices` then cancels the generation.
-pub fn stream(mut choices: Choices, mut render: impl StreamRender) -> axum::response::Response {
+pub fn stream(
+    mut choices: Choices,
+    mut render: impl StreamRender,
+    framing: Framing,
+) -> axum::response::Response {
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {
-        while let Some((i, ev)) = choices.next_streamed(&tx).await {
+        while let Some((i, ev)) = choices.next_streamed(&tx, framing).await {
             let step = render.frames(i, &ev);
             for (name, data) in &step.frames {
-                if tx.send(crate::sse::frame(name.as_deref(), data)).is_err() {
+                if tx.send(framing.frame(name.as_deref(), data)).is_err() {
                     return;
                 }
             }
@@ -147,7 +158,7 @@ pub fn stream(mut choices: Choices, mut render: impl StreamRender) -> axum::resp
             }
         }
     });
-    crate::sse::response(rx)
+    crate::sse::framed_response(rx, framing)
 }
 
 /// What every dialect's request carries: the model it names and whether it
@@ -184,6 +195,8 @@ pub trait Adapter: Sized + Send + 'static {
     const DIALECT: Dialect;
     /// Prefix of the response ids (`chatcmpl-`, `msg_`, …).
     const ID_PREFIX: &'static str;
+    /// How its stream is framed.
+    const FRAMING: Framing = Framing::Sse;
 
     /// Wire request to engine job, validation included, plus what the
     /// rendering needs; `id` is the response's id.
@@ -208,9 +221,19 @@ pub async fn serve<A: Adapter>(
     tracked: Option<axum::Extension<crate::ledger::Tracked>>,
     body: crate::body::Body,
 ) -> Result<axum::response::Response, crate::error::DialectError> {
+    let req: A::Request = crate::body::parse(&body).map_err(|e| e.in_dialect(A::DIALECT))?;
+    serve_request::<A>(&state, tracked.map(|t| t.0), req).await
+}
+
+/// Serves a parsed generation request in dialect `A` (for a dialect whose
+/// handler looks at the request first, as Ollama's does for load requests).
+pub async fn serve_request<A: Adapter>(
+    state: &crate::AppState,
+    tracked: Option<crate::ledger::Tracked>,
+    req: A::Request,
+) -> Result<axum::response::Response, crate::error::DialectError> {
     use axum::response::IntoResponse;
     let answer = async {
-        let req: A::Request = crate::body::parse(&body)?;
         let streaming = req.stream();
         let model = req.model().to_string();
         let served = state.serve(&model).await?;
@@ -221,12 +244,12 @@ pub async fn serve<A: Adapter>(
             dialect: A::DIALECT,
             model,
             stream: streaming,
-            tracked: tracked.map(|t| t.0),
+            tracked,
         };
         let choices = start(&served, job, fmt)?;
         if streaming {
             let render = adapter.stream(served);
-            return Ok(stream(choices, render));
+            return Ok(stream(choices, render, A::FRAMING));
         }
         let collected = choices.collect().await?;
         let body = adapter.respond(&served, collected)?;

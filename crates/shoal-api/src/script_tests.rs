@@ -4,7 +4,7 @@
 use serde_json::Value;
 use shoal_engine::{Completion, Event, FinishReason, Timings, Usage};
 
-use crate::{anthropic, openai_chat, openai_completions, openai_responses};
+use crate::dialects::{anthropic, openai_chat, openai_completions, openai_responses};
 
 fn usage() -> Usage {
     Usage {

@@ -1,4 +1,5 @@
-//! Server-sent events exactly as the official SDKs parse them.
+//! Streams exactly as the official SDKs parse them: server-sent events,
+//! and NDJSON for Ollama's clients.
 use std::convert::Infallible;
 
 use axum::body::Body;
@@ -25,13 +26,62 @@ pub fn frame(event: Option<&str>, data: &str) -> String {
     s
 }
 
-/// A streaming response fed by a channel of ready-made frames.
-pub fn response(rx: mpsc::UnboundedReceiver<String>) -> Response {
-    let stream = UnboundedReceiverStream::new(rx);
-    body_response(futures::StreamExt::map(stream, Ok::<_, Infallible>))
+/// How a dialect's stream goes on the wire: server-sent events (OpenAI,
+/// Anthropic) or one JSON object a line (Ollama).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Framing {
+    Sse,
+    Ndjson,
 }
 
-fn body_response<S>(stream: S) -> Response
+impl Framing {
+    /// One frame: an SSE event, or the data as one line (NDJSON has no names).
+    pub fn frame(self, event: Option<&str>, data: &str) -> String {
+        match self {
+            Framing::Sse => frame(event, data),
+            Framing::Ndjson => format!("{data}\n"),
+        }
+    }
+
+    /// What an idle stream writes to notice a client that left; NDJSON
+    /// clients parse every line as JSON, so it has none.
+    pub fn keepalive(self) -> Option<&'static str> {
+        match self {
+            Framing::Sse => Some(": keep-alive\n\n"),
+            Framing::Ndjson => None,
+        }
+    }
+
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Framing::Sse => "text/event-stream",
+            Framing::Ndjson => "application/x-ndjson",
+        }
+    }
+
+    /// The framing of a response by its content type; `None`: not a stream.
+    pub fn of_content_type(ct: &str) -> Option<Framing> {
+        [Framing::Sse, Framing::Ndjson]
+            .into_iter()
+            .find(|f| ct.starts_with(f.content_type()))
+    }
+}
+
+/// A streaming response fed by a channel of ready-made SSE frames.
+pub fn response(rx: mpsc::UnboundedReceiver<String>) -> Response {
+    framed_response(rx, Framing::Sse)
+}
+
+/// A streaming response fed by a channel of ready-made frames.
+pub fn framed_response(rx: mpsc::UnboundedReceiver<String>, framing: Framing) -> Response {
+    let stream = UnboundedReceiverStream::new(rx);
+    body_response(
+        futures::StreamExt::map(stream, Ok::<_, Infallible>),
+        framing,
+    )
+}
+
+fn body_response<S>(stream: S, framing: Framing) -> Response
 where
     S: Stream<Item = Result<String, Infallible>> + Send + 'static,
 {
@@ -40,7 +90,7 @@ where
     let h = resp.headers_mut();
     h.insert(
         header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
+        HeaderValue::from_static(framing.content_type()),
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));

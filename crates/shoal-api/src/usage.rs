@@ -3,11 +3,11 @@
 //! middleware that gives generation handlers their request's facts and
 //! records what they could not, and the control route through which nodes
 //! read each other's rows.
+use crate::dialects::Dialect;
 use axum::extract::{Query, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
-use shoal_client::Dialect;
 
 use crate::error::{ApiError, ErrorShape};
 use crate::ledger::{
@@ -15,14 +15,6 @@ use crate::ledger::{
     REQUEST_ID_HEADER,
 };
 use crate::ledger::{CLIENT_HEADER, ORIGIN_HEADER, RECEIVED_BY_HEADER};
-
-/// The generation endpoints, whose every answer is in the ledger.
-fn generation_endpoint(path: &str) -> bool {
-    matches!(
-        path,
-        "/v1/chat/completions" | "/v1/completions" | "/v1/responses" | "/v1/messages"
-    )
-}
 
 /// Middleware around the generation endpoints: notes the request's facts
 /// for the handler, then records what the handler could not — the status of
@@ -33,7 +25,7 @@ fn generation_endpoint(path: &str) -> bool {
 /// signature checks out.
 pub async fn track(State(s): State<crate::AppState>, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
-    let Some(dialect) = Dialect::for_path(&path).filter(|_| generation_endpoint(&path)) else {
+    let Some(dialect) = Dialect::for_generation_path(&path) else {
         return next.run(req).await;
     };
     let own = s.node.identity().id.clone();
@@ -99,14 +91,18 @@ pub async fn track(State(s): State<crate::AppState>, req: Request, next: Next) -
             let bytes = axum::body::to_bytes(body, 1 << 20)
                 .await
                 .unwrap_or_default();
-            let message = serde_json::from_slice::<Value>(&bytes)
-                .ok()
-                .and_then(|v| {
-                    v.pointer("/error/message")
-                        .and_then(Value::as_str)
-                        .map(str::to_owned)
-                })
-                .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
+            // The refusal as this server made it; a peer's passed on is read
+            // from its body (the error's message in any dialect's shape).
+            let message = match parts.extensions.get::<crate::error::Refusal>() {
+                Some(r) => r.0.clone(),
+                None => serde_json::from_slice::<Value>(&bytes)
+                    .ok()
+                    .and_then(|v| {
+                        let m = v.pointer("/error/message").or_else(|| v.get("error"))?;
+                        m.as_str().map(str::to_owned)
+                    })
+                    .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned()),
+            };
             // A peer's refusal passed on keeps the peer's id.
             let id = parts
                 .headers

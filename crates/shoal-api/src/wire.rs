@@ -4,75 +4,45 @@
 //! when they are read, so usage is computed once (in the engine) and the
 //! dialects only rename it.
 use serde_json::Value;
-use shoal_client::{Dialect, ProviderMeta};
+use shoal_client::ProviderMeta;
+
+pub use crate::dialects::Dialect;
 use shoal_engine::{Completion, FinishReason, Usage};
 
 use crate::error::ApiError;
 
-/// The word for a choice whose client left before it ended: no dialect has one.
-pub const CANCELLED: &str = "cancelled";
-
-/// One choice's finish in the dialect's words, as the ledger lists it. A
-/// Responses finish is its `status`, or `status:reason` when incomplete.
+/// One choice's finish in the dialect's words, as the ledger lists it.
 pub fn finish_words(d: Dialect, f: &FinishReason) -> String {
-    if *f == FinishReason::Cancelled {
-        return CANCELLED.into();
-    }
-    match d {
-        Dialect::Chat | Dialect::Completions => chat::finish_reason(f).to_string(),
-        Dialect::Messages => messages::stop_reason(f).to_string(),
-        Dialect::Responses => match responses::outcome(f) {
-            (status, Some(reason)) => format!("{status}:{reason}"),
-            (status, None) => status.to_string(),
-        },
-    }
+    d.finish_words(f)
 }
 
 /// The usage object exactly as the dialect sends it.
 pub fn usage_json(d: Dialect, u: &Usage) -> Value {
-    match d {
-        Dialect::Chat | Dialect::Completions => chat::usage_json(u),
-        Dialect::Responses => responses::usage_json(u),
-        Dialect::Messages => messages::usage_json(u),
-    }
+    d.usage_json(u)
 }
 
 /// What a recorder client of `d` stores under its reserved keys for a reply
-/// that ended with `finish` and used `u`: the dialect's own finish words and
-/// the usage fields the dialect reports (Anthropic reports no reasoning
-/// tokens, and its `input_tokens` leave out cache reads).
+/// that ended with `finish` and used `u`.
 pub fn provider_meta(d: Dialect, finish: Option<&FinishReason>, u: &Usage) -> ProviderMeta {
-    let mut p = ProviderMeta::default();
+    d.provider_meta(finish, u)
+}
+
+/// The reserved metadata every dialect fills alike: the token counts (each
+/// dialect then adds its finish words and drops what it does not report).
+pub fn base_meta(finish: Option<&FinishReason>, u: &Usage) -> ProviderMeta {
     let n = |v: usize| Some(v as u64);
-    match d {
-        Dialect::Chat | Dialect::Completions => {
-            p.finish_reason = finish.map(|f| finish_words(d, f));
-        }
-        Dialect::Messages => p.stop_reason = finish.map(|f| finish_words(d, f)),
-        Dialect::Responses => match finish {
-            Some(FinishReason::Cancelled) => p.status = Some(CANCELLED.into()),
-            Some(f) => {
-                let (status, reason) = responses::outcome(f);
-                p.status = Some(status.into());
-                p.incomplete_reason = reason.map(str::to_string);
-            }
-            None => {}
+    ProviderMeta {
+        token_usage_prompt_tokens: n(u.prompt_tokens),
+        token_usage_completion_tokens: n(u.completion_tokens),
+        token_usage_total_tokens: n(u.total_tokens()),
+        token_usage_cached_tokens: n(u.cached_tokens),
+        token_usage_reasoning_tokens: n(u.reasoning_tokens),
+        stop_sequence: match finish {
+            Some(FinishReason::StopSequence(s)) => Some(s.clone()),
+            _ => None,
         },
+        ..ProviderMeta::default()
     }
-    p.token_usage_prompt_tokens = n(u.prompt_tokens);
-    p.token_usage_completion_tokens = n(u.completion_tokens);
-    p.token_usage_total_tokens = n(u.total_tokens());
-    p.token_usage_cached_tokens = n(u.cached_tokens);
-    if d == Dialect::Messages {
-        p.token_usage_input_tokens = n(messages::uncached(u));
-        p.token_usage_cache_creation_tokens = n(0);
-    } else {
-        p.token_usage_reasoning_tokens = n(u.reasoning_tokens);
-    }
-    if let Some(FinishReason::StopSequence(s)) = finish {
-        p.stop_sequence = Some(s.clone());
-    }
-    p
 }
 
 /// Usage over choices: each prompt counts once (as the APIs define `n`),

@@ -718,9 +718,15 @@ async fn cluster_nodes_lists_this_node_with_live_figures_and_the_ui_is_served() 
         .is_some_and(|b| b > 1 << 20));
     assert_eq!(n["requests"]["queued"], 0);
 
-    // `/` and UI routes are the web page; unknown API paths stay JSON 404s.
+    // `/` and UI routes are the web page (to a browser); unknown API paths
+    // stay JSON 404s.
     for path in ["/", "/chat/some-conversation"] {
-        let r = c.get(format!("{base}{path}")).send().await.expect("page");
+        let r = c
+            .get(format!("{base}{path}"))
+            .header("accept", "text/html,application/xhtml+xml,*/*;q=0.8")
+            .send()
+            .await
+            .expect("page");
         assert_eq!(r.status(), 200, "{path}");
         let ct = r.headers()["content-type"]
             .to_str()

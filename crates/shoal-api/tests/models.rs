@@ -470,3 +470,108 @@ async fn truncated_and_corrupt_models_fail_clearly_and_the_server_keeps_serving(
         assert_eq!(status, 200, "after {id}: {v}");
     }
 }
+
+/// Ollama's pull, tags, chat and delete on the pool and the library.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ollama_pull_streams_progress_and_delete_removes() {
+    let hub = hub();
+    let home = temp("ollama");
+    let pool = ModelPool::new(options(&hub, &home));
+    pool.add_named(DEFAULT, gguf(), vec![]);
+    let base = serve(pool).await;
+    let lines = |text: &str| -> Vec<Value> {
+        text.lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+            .collect()
+    };
+
+    // Ollama's name for a hub GGUF of one quantization.
+    let (status, text) = send(
+        reqwest::Method::POST,
+        format!("{base}/api/pull"),
+        Some(json!({"model": format!("hf.co/{PULLED}:Q4_1")})),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let got = lines(&text);
+    assert_eq!(
+        got.first(),
+        Some(&json!({"status": "pulling manifest"})),
+        "{text}"
+    );
+    assert_eq!(got.last(), Some(&json!({"status": "success"})), "{text}");
+    let total = std::fs::metadata(gguf()).unwrap().len();
+    let progress: Vec<&Value> = got.iter().filter(|l| l["digest"].is_string()).collect();
+    assert!(!progress.is_empty(), "{text}");
+    assert!(progress.iter().all(|l| l["total"] == total
+        && l["digest"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("sha256:"))
+        && l["status"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("pulling "))));
+    let done: Vec<u64> = progress
+        .iter()
+        .map(|l| l["completed"].as_u64().unwrap())
+        .collect();
+    assert!(done.windows(2).all(|w| w[0] <= w[1]), "{done:?}");
+    assert_eq!(done.last(), Some(&total));
+    assert!(got.iter().any(|l| l["status"] == "verifying sha256 digest"));
+
+    let name = format!("{PULLED}/SmolLM2-135M-Instruct.Q4_1.gguf:latest");
+    let tags = get_json(&base, "/api/tags").await;
+    let names: Vec<&str> = tags["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["name"].as_str())
+        .collect();
+    assert!(
+        names.contains(&name.as_str()) && names.contains(&"smollm2:latest"),
+        "{names:?}"
+    );
+    let (status, v) = post_json(
+        &base,
+        "/api/chat",
+        json!({"model": name, "stream": false, "options": {"num_predict": 2},
+               "messages": [{"role": "user", "content": "Hi"}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["model"], name.as_str());
+
+    let (status, text) = send(
+        reqwest::Method::DELETE,
+        format!("{base}/api/delete"),
+        Some(json!({"model": name})),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let tags = get_json(&base, "/api/tags").await;
+    assert!(!tags.to_string().contains(&name), "{tags}");
+    let (status, text) = send(
+        reqwest::Method::DELETE,
+        format!("{base}/api/delete"),
+        Some(json!({"model": name})),
+    )
+    .await;
+    assert_eq!(status, 404, "{text}");
+    assert!(serde_json::from_str::<Value>(&text).unwrap()["error"].is_string());
+
+    // A quantization the repo lacks and a repo the hub lacks end the
+    // stream with Ollama's error line.
+    for model in [format!("hf.co/{PULLED}:Q8_0"), "test/absent".to_string()] {
+        let (status, text) = send(
+            reqwest::Method::POST,
+            format!("{base}/api/pull"),
+            Some(json!({ "model": model })),
+        )
+        .await;
+        assert_eq!(status, 200, "{text}");
+        let last = lines(&text).pop().unwrap();
+        assert!(last["error"].is_string(), "{model}: {text}");
+    }
+    let (status, v) = post_json(&base, "/api/pull", json!({"model": "llama3"})).await;
+    assert_eq!(status, 400, "{v}");
+    assert!(v["error"].is_string());
+}

@@ -563,6 +563,34 @@ fn to_responses(messages: &Value, tools: &Value) -> Value {
     body
 }
 
+/// The same conversation in Ollama's shape: tool calls with arguments as
+/// objects, tool results naming their tool, `developer` as `system`.
+fn to_ollama(messages: &Value, tools: &Value) -> Value {
+    let out: Vec<Value> = messages
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| match m["role"].as_str().unwrap_or("") {
+            "developer" => json!({"role": "system", "content": m["content"]}),
+            "tool" => json!({"role": "tool", "content": m["content"], "tool_name": "get_weather"}),
+            "assistant" if m["tool_calls"].is_array() => {
+                let calls: Vec<Value> = m["tool_calls"].as_array().into_iter().flatten()
+                    .map(|c| json!({"function": {"name": c["function"]["name"],
+                        "arguments": serde_json::from_str::<Value>(c["function"]["arguments"].as_str().unwrap_or("{}"))
+                            .unwrap_or(json!({}))}}))
+                    .collect();
+                json!({"role": "assistant", "content": "", "tool_calls": calls})
+            }
+            role => json!({"role": role, "content": m["content"]}),
+        })
+        .collect();
+    let mut body = json!({"messages": out});
+    if !tools.is_null() {
+        body["tools"] = tools.clone();
+    }
+    body
+}
+
 /// Prompt tokens one server reports for `conversation` in every dialect and
 /// in count_tokens, by name.
 async fn prompt_tokens(base: &str, messages: &Value, tools: &Value) -> Vec<(String, u64)> {
@@ -578,6 +606,10 @@ async fn prompt_tokens(base: &str, messages: &Value, tools: &Value) -> Vec<(Stri
     let mut responses = to_responses(messages, tools);
     responses["model"] = json!("smollm2");
     responses["max_output_tokens"] = json!(1);
+    let mut ollama = to_ollama(messages, tools);
+    ollama["model"] = json!("smollm2:latest");
+    ollama["stream"] = json!(false);
+    ollama["options"] = json!({"num_predict": 1, "temperature": 0});
     let mut out = Vec::new();
     for (name, path, body, field) in [
         ("chat", "/v1/chat/completions", chat, "/usage/prompt_tokens"),
@@ -594,6 +626,7 @@ async fn prompt_tokens(base: &str, messages: &Value, tools: &Value) -> Vec<(Stri
             responses,
             "/usage/input_tokens",
         ),
+        ("ollama", "/api/chat", ollama, "/prompt_eval_count"),
     ] {
         let (s, t) = post(base, path, &body).await;
         assert_eq!(s, 200, "{name}: {t}");
@@ -620,6 +653,13 @@ async fn prompt_tokens_do_not_depend_on_the_backend() {
         let a = prompt_tokens(&mlx, &messages, &tools).await;
         let b = prompt_tokens(&llama, &messages, &tools).await;
         assert_eq!(a, b, "{name}: MLX vs llama.cpp");
+        // Ollama's /api/chat counts the prompt as Chat Completions does.
+        let of = |d: &str| a.iter().find(|(n, _)| n == d).map(|(_, c)| *c);
+        assert_eq!(
+            of("ollama"),
+            of("chat"),
+            "{name}: /api/chat vs /v1/chat/completions"
+        );
         checked += a.len();
     }
     for text in [
@@ -637,7 +677,7 @@ async fn prompt_tokens_do_not_depend_on_the_backend() {
         assert!(count(&ta) > 0);
         checked += 1;
     }
-    assert_eq!(checked, corpus().len() * 4 + 4);
+    assert_eq!(checked, corpus().len() * 5 + 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -683,4 +723,108 @@ async fn get(base: &str, path: &str) -> (u16, String) {
         .await
         .expect("request");
     (r.status().as_u16(), r.text().await.expect("body"))
+}
+
+/// Ollama's /api/chat tools, fill-in-the-middle through /api/generate's
+/// `suffix`, and the prefix cache's count, on Qwen2.5-Coder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ollama_tools_insert_and_cache_on_qwen() {
+    let m = models().remove(1);
+    let base = serve(&m, 256 << 20).await;
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}]);
+    let ask = json!([{"role": "user", "content": "What is the weather in Paris? Use the tool."}]);
+    let (s, t) = post(
+        &base,
+        "/api/chat",
+        &json!({"model": format!("{}:latest", m.id), "messages": ask, "tools": tools,
+                "stream": false, "options": {"temperature": 0, "num_predict": 64}}),
+    )
+    .await;
+    assert_eq!(s, 200, "{t}");
+    let v: Value = serde_json::from_str(&t).expect("json");
+    let call = &v["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "get_weather", "{t}");
+    assert!(
+        call["arguments"]["city"].is_string(),
+        "arguments as an object: {t}"
+    );
+    // Ollama ends a call with `stop`; the ledger keeps the engine's reason.
+    assert_eq!(v["done_reason"], "stop");
+    let (_, u) = get(&base, "/v1/usage?dialect=ollama&limit=1").await;
+    assert!(u.contains("\"tool_calls\""), "{u}");
+    // Streamed: the call arrives whole before the final line.
+    let (s, t) = post(
+        &base,
+        "/api/chat",
+        &json!({"model": m.id, "messages": ask, "tools": tools,
+                "options": {"temperature": 0, "num_predict": 64}}),
+    )
+    .await;
+    assert_eq!(s, 200, "{t}");
+    let lines: Vec<Value> = t
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("line"))
+        .collect();
+    let streamed = lines
+        .iter()
+        .find_map(|l| l["message"]["tool_calls"][0]["function"].as_object())
+        .expect("a tool_calls line");
+    assert_eq!(Value::Object(streamed.clone()), *call);
+    let last = lines.last().expect("last");
+    assert_eq!(
+        (last["done"].clone(), last["eval_count"].clone()),
+        (json!(true), v["eval_count"].clone())
+    );
+    // The result goes back as a tool message; the model answers with it.
+    let turn = json!([ask[0], {"role": "assistant", "content": "", "tool_calls": [{"function": call}]},
+        {"role": "tool", "tool_name": "get_weather", "content": "18 C and sunny"}]);
+    let (s, t) = post(
+        &base,
+        "/api/chat",
+        &json!({"model": m.id, "messages": turn, "tools": tools, "stream": false,
+                "options": {"temperature": 0, "num_predict": 48}}),
+    )
+    .await;
+    assert_eq!(s, 200, "{t}");
+    let v: Value = serde_json::from_str(&t).expect("json");
+    assert!(
+        v["message"]["content"]
+            .as_str()
+            .is_some_and(|c| !c.is_empty()),
+        "{t}"
+    );
+
+    // Qwen-Coder has fill-in-the-middle tokens: `insert`, and `suffix` works.
+    let (s, t) = post(&base, "/api/show", &json!({"model": m.id})).await;
+    assert_eq!(s, 200, "{t}");
+    assert!(t.contains("\"insert\""), "{t}");
+    let fim = json!({"model": m.id, "prompt": "def add(a, b):\n    ", "suffix": "\n\nprint(add(1, 2))\n",
+        "stream": false, "options": {"temperature": 0, "num_predict": 16}});
+    let (s, t) = post(&base, "/api/generate", &fim).await;
+    assert_eq!(s, 200, "{t}");
+    let v: Value = serde_json::from_str(&t).expect("json");
+    assert!(
+        v["response"].as_str().is_some_and(|r| r.contains("return")),
+        "{t}"
+    );
+
+    // The same chat twice: the second reads all but its last token from the cache.
+    let chat = json!({"model": m.id, "stream": false, "options": {"temperature": 0, "num_predict": 4},
+        "messages": [{"role": "user", "content": "Explain in one sentence why the sky is blue."}]});
+    let (_, t1) = post(&base, "/api/chat", &chat).await;
+    let (_, t2) = post(&base, "/api/chat", &chat).await;
+    let (a, b): (Value, Value) = (
+        serde_json::from_str(&t1).expect("1"),
+        serde_json::from_str(&t2).expect("2"),
+    );
+    assert_eq!(a["prompt_eval_cached_count"], 0, "{t1}");
+    assert_eq!(b["prompt_eval_count"], a["prompt_eval_count"]);
+    assert_eq!(
+        n(&b["prompt_eval_cached_count"]),
+        n(&a["prompt_eval_count"]) - 1,
+        "{t2}"
+    );
 }

@@ -26,6 +26,9 @@ pub struct PullSpec {
     pub revision: String,
     /// The GGUF file to take from a repo that has several.
     pub file: Option<String>,
+    /// Or the one GGUF whose name carries this quantization (`Q4_K_M`), as
+    /// Ollama names a hub model's file (`hf.co/ORG/NAME:Q4_K_M`).
+    pub quant: Option<String>,
 }
 
 impl PullSpec {
@@ -54,6 +57,7 @@ impl PullSpec {
             repo: repo.to_string(),
             revision: revision.to_string(),
             file,
+            quant: None,
         })
     }
 }
@@ -217,6 +221,28 @@ fn choose(spec: &PullSpec, files: &[Sibling]) -> Result<Vec<Sibling>> {
         .iter()
         .filter(|f| f.rfilename.ends_with(".safetensors") && !f.rfilename.contains('/'))
         .collect();
+    if let Some(q) = spec.quant.as_deref().map(str::to_ascii_uppercase) {
+        let hits: Vec<&&Sibling> = ggufs
+            .iter()
+            .filter(|f| f.rfilename.to_ascii_uppercase().contains(&q))
+            .collect();
+        return match hits.as_slice() {
+            [one] => Ok(vec![(**one).clone()]),
+            [] => Err(ModelsError::MissingFile {
+                repo: spec.repo.clone(),
+                revision: spec.revision.clone(),
+                file: format!("a GGUF file of quantization {q}"),
+            }),
+            many => Err(ModelsError::ChooseFile {
+                repo: spec.repo.clone(),
+                files: many
+                    .iter()
+                    .map(|f| f.rfilename.clone())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }),
+        };
+    }
     if has_config && !shards.is_empty() {
         let mut out: Vec<Sibling> = files
             .iter()
@@ -592,6 +618,30 @@ mod tests {
                 "model-00002-of-00002.safetensors"
             ]
         );
+    }
+
+    #[test]
+    fn a_quantization_picks_its_one_gguf() {
+        let files: Vec<Sibling> = ["m-Q4_K_M.gguf", "m-q8_0.gguf", "m-Q4_K_S.gguf"]
+            .iter()
+            .map(|n| sib(n))
+            .collect();
+        let with = |q: &str| PullSpec {
+            quant: Some(q.into()),
+            ..spec(None)
+        };
+        assert_eq!(
+            names(choose(&with("q4_k_m"), &files).unwrap()),
+            ["m-Q4_K_M.gguf"]
+        );
+        assert!(matches!(
+            choose(&with("Q5_0"), &files).unwrap_err(),
+            ModelsError::MissingFile { .. }
+        ));
+        assert!(matches!(
+            choose(&with("Q4_K"), &files).unwrap_err(),
+            ModelsError::ChooseFile { .. }
+        ));
     }
 
     #[test]

@@ -206,6 +206,11 @@ settings! {
             env Env::Var("SHOAL_HOST"), flag Flag::Value("host", "ADDR");
         /// Port to listen on; 0 picks a free one.
         port: u16 = 8421, env Env::Var("SHOAL_PORT"), flag Flag::Value("port", "PORT");
+        /// Also serve on this port (Ollama's is 11434) for tools that look
+        /// for Ollama there; off unless set. A taken port is reported in
+        /// /health and the main port serves regardless.
+        ollama_port: Option<u16> = None,
+            env Env::Var("SHOAL_OLLAMA_PORT"), flag Flag::Value("ollama-port", "PORT");
         /// Requests allowed to wait behind the running ones; more get 429/529.
         queue: usize = EngineOptions::default().queue_capacity,
             env Env::Var("SHOAL_QUEUE"), flag Flag::Value("queue", "N");

@@ -92,6 +92,7 @@ pub fn app_state(
     state.cluster_options = cfg.cluster_options();
     state.access = std::sync::Arc::new(cfg.access()?);
     state.prices = std::sync::Arc::new(cfg.prices.clone());
+    state.ollama_port = cfg.server.ollama_port;
     Ok(state)
 }
 

@@ -4,6 +4,7 @@ import {
   usageGroups,
   usageKeys,
   usagePage,
+  dialects,
   usageSums,
   type KeyUse,
   type LedgerEntry,
@@ -16,7 +17,6 @@ import { usePoll } from '../poll';
 
 const LIMIT = 100;
 const REFRESH_MS = 3000;
-const DIALECTS = ['openai.chat', 'openai.completions', 'openai.responses', 'anthropic.messages'];
 const SPANS: [string, string][] = [
   ['', 'all time'],
   ['1h', 'last hour'],
@@ -40,6 +40,9 @@ const num = (v: unknown): number | null => (typeof v === 'number' && Number.isFi
 
 /** The ledger keeps each dialect's own usage object; read the common figures out of any of them. */
 function normalize(e: LedgerEntry): Row {
+  // The ledger's own counts, the same for every dialect.
+  const t = e.tokens;
+  if (t) return { e, prompt: t.prompt, cached: t.cached, completion: t.completion, reasoning: t.reasoning, total: t.total };
   const u = (e.usage ?? {}) as any;
   const anthropicCached = num(u.cache_read_input_tokens);
   const cached = num(u.prompt_tokens_details?.cached_tokens) ?? num(u.input_tokens_details?.cached_tokens) ?? anthropicCached;
@@ -86,6 +89,9 @@ export function UsageView() {
   const [olderCursor, setOlderCursor] = createSignal<number | null>(null);
   const [exporting, setExporting] = createSignal(false);
   const [exportError, setExportError] = createSignal<string | null>(null);
+  // The dialects this server speaks, as it names them in the ledger.
+  const [dialectNames, setDialectNames] = createSignal<string[]>([]);
+  onMount(() => void dialects().then(setDialectNames).catch(() => setDialectNames([])));
   const load = async (): Promise<Loaded> => {
     const f = filters();
     const [page, days, models, clients, keys] = await Promise.all([
@@ -181,7 +187,7 @@ export function UsageView() {
         {select('since', 'time', SPANS)}
         {select('model', 'model', named(poll.data()?.models, 'any model'))}
         {select('client', 'client (API key)', named(poll.data()?.clients, 'any client'))}
-        {select('dialect', 'dialect', [['', 'any dialect'], ...DIALECTS.map((d): [string, string] => [d, d])])}
+        {select('dialect', 'dialect', [['', 'any dialect'], ...dialectNames().map((d): [string, string] => [d, d])])}
         {select('finish', 'finish', [['', 'any finish'], ...FINISHES.map((d): [string, string] => [d, d])])}
       </div>
       <Show when={poll.error() || exportError()}>

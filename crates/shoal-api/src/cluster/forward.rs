@@ -17,15 +17,6 @@ use super::shards;
 /// Marks a request one node forwarded to another, so it is never forwarded again.
 pub const FORWARDED_HEADER: &str = "x-shoal-forwarded";
 
-/// Routes whose body names a model and may run on another node.
-pub(crate) const FORWARDABLE: &[&str] = &[
-    "/v1/chat/completions",
-    "/v1/completions",
-    "/v1/responses",
-    "/v1/messages",
-    "/v1/messages/count_tokens",
-];
-
 /// Sends requests for a model this node does not have to a peer that has
 /// it loaded, and streams the peer's answer back unchanged. If the peer
 /// goes away mid-answer, the stream ends with the dialect's error event.
@@ -39,7 +30,7 @@ pub async fn forward(
         return next.run(req).await;
     };
     if req.method() != Method::POST
-        || !FORWARDABLE.contains(&path.as_str())
+        || !crate::dialects::Dialect::names_model(&path)
         || req.headers().contains_key(FORWARDED_HEADER)
     {
         return next.run(req).await;
@@ -221,7 +212,7 @@ pub async fn proxy(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("application/json")
         .to_string();
-    let sse = content_type.starts_with("text/event-stream");
+    let framing = crate::sse::Framing::of_content_type(&content_type);
     let out_status = axum::http::StatusCode::from_u16(status.as_u16())
         .unwrap_or(axum::http::StatusCode::BAD_GATEWAY);
     let request_id = resp
@@ -261,7 +252,7 @@ pub async fn proxy(
         }
         r
     };
-    if !sse {
+    if framing.is_none() {
         // A whole JSON answer: passed on as one sized body, or an error if
         // the peer died before finishing it.
         return Ok(match resp.bytes().await {
@@ -309,14 +300,14 @@ pub async fn proxy(
                         }
                     }
                     Some(Err(e)) => {
-                        fail(&tx, sse, dialect, &format!("{peer} failed mid-answer: {e}"));
+                        fail(&tx, framing, dialect, &format!("{peer} failed mid-answer: {e}"));
                         return;
                     }
                     None => return,
                 },
                 _ = watch.tick() => {
                     if let Some(reason) = check() {
-                        fail(&tx, sse, dialect, &reason);
+                        fail(&tx, framing, dialect, &reason);
                         return;
                     }
                 }
@@ -337,17 +328,16 @@ pub async fn proxy(
 /// a cut body for plain JSON, which a client reports as a broken response).
 pub(crate) fn fail(
     tx: &tokio::sync::mpsc::UnboundedSender<Result<axum::body::Bytes, std::io::Error>>,
-    sse: bool,
+    framing: Option<crate::sse::Framing>,
     dialect: ErrorShape,
     message: &str,
 ) {
     tracing::warn!("{message}");
-    if sse {
+    if let Some(framing) = framing {
         let err = ApiError::unavailable(message.to_string()).body(dialect);
-        let frame = match dialect {
-            ErrorShape::Anthropic => crate::sse::frame(Some("error"), &err.to_string()),
-            ErrorShape::OpenAi => crate::sse::frame(None, &err.to_string()),
-        };
+        // Anthropic names its error events; the others send bare data.
+        let name = (dialect == ErrorShape::Anthropic).then_some("error");
+        let frame = framing.frame(name, &err.to_string());
         let _ = tx.send(Ok(frame.into()));
     } else {
         let _ = tx.send(Err(std::io::Error::other(message.to_string())));

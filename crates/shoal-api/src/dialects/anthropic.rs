@@ -13,7 +13,6 @@ use crate::run::{self, Generation};
 use crate::tools::{ToolChoice, ToolRequest};
 use crate::wire::messages::{stop_reason, usage_json};
 use crate::{AppState, Served};
-use shoal_client::Dialect;
 use shoal_engine::tools::ToolDef;
 
 #[derive(Debug, Deserialize)]
@@ -470,9 +469,7 @@ impl MessagesRenderer {
                 }
             }
             Event::Done(c) => {
-                if let Some(err) =
-                    crate::wire::failed(Dialect::Messages, std::slice::from_ref(c), 1)
-                {
+                if let Some(err) = crate::wire::failed(DIALECT, std::slice::from_ref(c), 1) {
                     let err = err.body(ErrorShape::Anthropic);
                     out.push(Self::ev("error", err));
                     return out;
@@ -530,7 +527,7 @@ pub struct Messages {
 impl run::Adapter for Messages {
     type Request = MessagesRequest;
     type Stream = MessagesRenderer;
-    const DIALECT: shoal_client::Dialect = shoal_client::Dialect::Messages;
+    const DIALECT: super::Dialect = DIALECT;
     const ID_PREFIX: &'static str = "msg_";
 
     fn prepare(
@@ -552,7 +549,7 @@ impl run::Adapter for Messages {
         let c = collected
             .first()
             .ok_or_else(|| ApiError::internal("no output"))?;
-        run::check_failed(Dialect::Messages, std::slice::from_ref(c.completion()), 1)?;
+        run::check_failed(DIALECT, std::slice::from_ref(c.completion()), 1)?;
         Ok(message_body(&self.id, &self.model, c))
     }
 
@@ -575,4 +572,62 @@ pub async fn count_tokens(
         Ok::<_, ApiError>(Json(json!({"input_tokens": prompt.tokens.len()})).into_response())
     };
     count.await.map_err(|e| e.in_dialect(ErrorShape::Anthropic))
+}
+
+/// Anthropic Messages's words for the engine's records, and its routes.
+pub struct Words;
+
+impl super::Words for Words {
+    fn ledger_name(&self) -> &'static str {
+        "anthropic.messages"
+    }
+    fn short_name(&self) -> &'static str {
+        "messages"
+    }
+    fn path_prefixes(&self) -> &'static [&'static str] {
+        &["/v1/messages"]
+    }
+    fn generation_paths(&self) -> &'static [&'static str] {
+        &["/v1/messages"]
+    }
+    fn model_paths(&self) -> &'static [&'static str] {
+        &["/v1/messages", "/v1/messages/count_tokens"]
+    }
+    fn error_shape(&self) -> ErrorShape {
+        ErrorShape::Anthropic
+    }
+    fn finish_words(&self, f: &shoal_engine::FinishReason) -> String {
+        crate::wire::messages::stop_reason(f).to_string()
+    }
+    fn usage_json(&self, u: &shoal_engine::Usage) -> Value {
+        crate::wire::messages::usage_json(u)
+    }
+    fn provider_meta(
+        &self,
+        finish: Option<&shoal_engine::FinishReason>,
+        u: &shoal_engine::Usage,
+    ) -> shoal_client::ProviderMeta {
+        // Anthropic reports no reasoning tokens, and its `input_tokens`
+        // leave out cache reads.
+        let mut p = crate::wire::base_meta(finish, u);
+        p.stop_reason = finish.map(|f| DIALECT.finish_words(f));
+        p.token_usage_reasoning_tokens = None;
+        p.token_usage_input_tokens = Some(crate::wire::messages::uncached(u) as u64);
+        p.token_usage_cache_creation_tokens = Some(0);
+        p
+    }
+}
+
+/// Anthropic Messages as the server registers it.
+pub const DIALECT: super::Dialect = super::Dialect(&Words);
+pub const REGISTERED: super::Registered = super::Registered {
+    dialect: DIALECT,
+    routes,
+};
+
+fn routes() -> axum::Router<crate::AppState> {
+    use axum::routing::post;
+    axum::Router::new()
+        .route("/v1/messages", post(run::serve::<Messages>))
+        .route("/v1/messages/count_tokens", post(count_tokens))
 }

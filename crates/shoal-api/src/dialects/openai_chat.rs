@@ -3,6 +3,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use shoal_engine::{ChatMessage, Completion, Event, FinishReason, TokenLogprob, Usage};
 
+use super::common::{effort_budget, Content, StreamOptions};
 use crate::body::OneOrMany;
 use crate::error::{ApiError, ErrorShape};
 use crate::params::{check_max_tokens, check_range, check_stop, OpenAiSampling};
@@ -10,7 +11,6 @@ use crate::run::{self, Generation};
 use crate::tools::{self, ToolRequest};
 use crate::wire::chat::{finish_reason, usage_json};
 use crate::Served;
-use shoal_client::Dialect;
 use shoal_engine::tools::ToolDef;
 use shoal_engine::Grammar;
 
@@ -53,23 +53,6 @@ pub struct ReasoningOptions {
     pub enabled: Option<bool>,
 }
 
-/// Budgets behind the effort levels (reasoning tokens).
-pub fn effort_budget(param: &str, effort: &str) -> Result<Option<Option<usize>>, ApiError> {
-    Ok(match effort {
-        "none" => None,
-        "minimal" => Some(Some(256)),
-        "low" => Some(Some(1024)),
-        "medium" => Some(Some(4096)),
-        "high" => Some(Some(16384)),
-        other => {
-            return Err(ApiError::param(
-                param,
-                format!("'{param}' must be one of none, minimal, low, medium, high; got '{other}'"),
-            ))
-        }
-    })
-}
-
 /// Whether (and with what budget) a chat request asked for reasoning.
 pub(crate) fn wanted_reasoning(req: &ChatRequest) -> Result<Option<Option<usize>>, ApiError> {
     if let Some(r) = &req.reasoning {
@@ -94,12 +77,6 @@ pub(crate) fn wanted_reasoning(req: &ChatRequest) -> Result<Option<Option<usize>
         Some(e) => effort_budget("reasoning_effort", e),
         None => Ok(None),
     }
-}
-
-#[derive(Debug, Deserialize)]
-pub struct StreamOptions {
-    #[serde(default)]
-    pub include_usage: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -166,48 +143,6 @@ pub struct InFunctionCall {
     pub name: String,
     /// JSON text, as the API returned it.
     pub arguments: String,
-}
-
-/// Message content: a string or a list of typed parts.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum Content {
-    Text(String),
-    Parts(Vec<Part>),
-}
-
-#[derive(Debug, Deserialize)]
-pub struct Part {
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub text: Option<String>,
-}
-
-impl Content {
-    /// Joins text parts; other part types are refused rather than dropped.
-    pub fn text(&self, at: &str) -> Result<String, ApiError> {
-        match self {
-            Content::Text(s) => Ok(s.clone()),
-            Content::Parts(parts) => {
-                let mut out = String::new();
-                for (i, p) in parts.iter().enumerate() {
-                    match (p.kind.as_str(), &p.text) {
-                        ("text" | "input_text" | "output_text", Some(t)) => out.push_str(t),
-                        ("text" | "input_text" | "output_text", None) => {
-                            return Err(ApiError::param(at, format!("{at}[{i}] has no 'text'")))
-                        }
-                        (other, _) => {
-                            return Err(ApiError::param(
-                                at,
-                                format!("{at}[{i}]: content type '{other}' is not supported by this model (text only)"),
-                            ))
-                        }
-                    }
-                }
-                Ok(out)
-            }
-        }
-    }
 }
 
 fn logprob_entry(l: &TokenLogprob) -> Value {
@@ -310,7 +245,7 @@ impl ChunkRenderer {
                 if st.done.iter().all(Option::is_some) {
                     let all: Vec<Completion> = st.done.iter().flatten().cloned().collect();
                     let per = st.done.len();
-                    match crate::wire::failed(Dialect::Chat, &all, per) {
+                    match crate::wire::failed(DIALECT, &all, per) {
                         Some(err) => out.push(err.body(ErrorShape::OpenAi).to_string()),
                         None if self.include_usage => out.push(
                             self.usage(&crate::wire::combined_usage(&all, per))
@@ -525,7 +460,7 @@ pub struct Chat {
 impl run::Adapter for Chat {
     type Request = ChatRequest;
     type Stream = ChatStream;
-    const DIALECT: shoal_client::Dialect = shoal_client::Dialect::Chat;
+    const DIALECT: super::Dialect = DIALECT;
     const ID_PREFIX: &'static str = "chatcmpl-";
 
     fn prepare(
@@ -548,7 +483,7 @@ impl run::Adapter for Chat {
     fn respond(self, _: &Served, collected: Vec<run::Collected>) -> Result<Value, ApiError> {
         let completions: Vec<Completion> =
             collected.iter().map(|c| c.completion().clone()).collect();
-        run::check_failed(Dialect::Chat, &completions, self.n)?;
+        run::check_failed(DIALECT, &completions, self.n)?;
         let out: Vec<Value> = collected
             .iter()
             .enumerate()
@@ -595,4 +530,52 @@ impl run::Adapter for Chat {
             state: StreamState::new(self.n),
         }
     }
+}
+
+/// OpenAI Chat Completions's words for the engine's records, and its routes.
+pub struct Words;
+
+impl super::Words for Words {
+    fn ledger_name(&self) -> &'static str {
+        "openai.chat"
+    }
+    fn short_name(&self) -> &'static str {
+        "chat"
+    }
+    fn path_prefixes(&self) -> &'static [&'static str] {
+        &["/v1/chat/completions"]
+    }
+    fn generation_paths(&self) -> &'static [&'static str] {
+        &["/v1/chat/completions"]
+    }
+    fn error_shape(&self) -> ErrorShape {
+        ErrorShape::OpenAi
+    }
+    fn finish_words(&self, f: &shoal_engine::FinishReason) -> String {
+        crate::wire::chat::finish_reason(f).to_string()
+    }
+    fn usage_json(&self, u: &shoal_engine::Usage) -> Value {
+        crate::wire::chat::usage_json(u)
+    }
+    fn provider_meta(
+        &self,
+        finish: Option<&shoal_engine::FinishReason>,
+        u: &shoal_engine::Usage,
+    ) -> shoal_client::ProviderMeta {
+        let mut p = crate::wire::base_meta(finish, u);
+        p.finish_reason = finish.map(|f| DIALECT.finish_words(f));
+        p
+    }
+}
+
+/// OpenAI Chat Completions as the server registers it.
+pub const DIALECT: super::Dialect = super::Dialect(&Words);
+pub const REGISTERED: super::Registered = super::Registered {
+    dialect: DIALECT,
+    routes,
+};
+
+fn routes() -> axum::Router<crate::AppState> {
+    use axum::routing::post;
+    axum::Router::new().route("/v1/chat/completions", post(run::serve::<Chat>))
 }

@@ -9,8 +9,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use shoal_engine::{ChatMessage, Completion, Event, SamplingParams};
 
+use super::common::Content;
 use crate::error::{ApiError, DialectError, ErrorShape};
-use crate::openai_chat::Content;
 use crate::params::{check_max_tokens, check_range};
 use crate::run::{self, Generation};
 use crate::tools::{self, ToolRequest};
@@ -583,7 +583,7 @@ fn prepare(
     check_range("temperature", req.temperature, 0.0, 2.0)?;
     check_range("top_p", req.top_p, 0.0, 1.0)?;
     let want = match req.reasoning.as_ref().and_then(|r| r.get("effort")) {
-        Some(Value::String(e)) => crate::openai_chat::effort_budget("reasoning.effort", e)?,
+        Some(Value::String(e)) => super::common::effort_budget("reasoning.effort", e)?,
         Some(Value::Null) | None => None,
         Some(_) => {
             return Err(ApiError::param(
@@ -706,7 +706,7 @@ pub struct Responses {
 impl run::Adapter for Responses {
     type Request = ResponsesRequest;
     type Stream = ResponsesStream;
-    const DIALECT: shoal_client::Dialect = shoal_client::Dialect::Responses;
+    const DIALECT: super::Dialect = DIALECT;
     const ID_PREFIX: &'static str = "resp_";
 
     fn prepare(
@@ -834,4 +834,66 @@ pub async fn get_response(
             ApiError::not_found(format!("no stored response with id '{id}'"))
                 .in_dialect(ErrorShape::OpenAi)
         })
+}
+
+/// OpenAI Responses's words for the engine's records, and its routes.
+pub struct Words;
+
+impl super::Words for Words {
+    fn ledger_name(&self) -> &'static str {
+        "openai.responses"
+    }
+    fn short_name(&self) -> &'static str {
+        "responses"
+    }
+    fn path_prefixes(&self) -> &'static [&'static str] {
+        &["/v1/responses"]
+    }
+    fn generation_paths(&self) -> &'static [&'static str] {
+        &["/v1/responses"]
+    }
+    fn error_shape(&self) -> ErrorShape {
+        ErrorShape::OpenAi
+    }
+    fn finish_words(&self, f: &shoal_engine::FinishReason) -> String {
+        // A finish is its `status`, or `status:reason` when incomplete.
+        match crate::wire::responses::outcome(f) {
+            (status, Some(reason)) => format!("{status}:{reason}"),
+            (status, None) => status.to_string(),
+        }
+    }
+    fn usage_json(&self, u: &shoal_engine::Usage) -> Value {
+        crate::wire::responses::usage_json(u)
+    }
+    fn provider_meta(
+        &self,
+        finish: Option<&shoal_engine::FinishReason>,
+        u: &shoal_engine::Usage,
+    ) -> shoal_client::ProviderMeta {
+        let mut p = crate::wire::base_meta(finish, u);
+        match finish {
+            Some(shoal_engine::FinishReason::Cancelled) => p.status = Some(super::CANCELLED.into()),
+            Some(f) => {
+                let (status, reason) = crate::wire::responses::outcome(f);
+                p.status = Some(status.into());
+                p.incomplete_reason = reason.map(str::to_string);
+            }
+            None => {}
+        }
+        p
+    }
+}
+
+/// OpenAI Responses as the server registers it.
+pub const DIALECT: super::Dialect = super::Dialect(&Words);
+pub const REGISTERED: super::Registered = super::Registered {
+    dialect: DIALECT,
+    routes,
+};
+
+fn routes() -> axum::Router<crate::AppState> {
+    use axum::routing::{get, post};
+    axum::Router::new()
+        .route("/v1/responses", post(run::serve::<Responses>))
+        .route("/v1/responses/{id}", get(get_response))
 }

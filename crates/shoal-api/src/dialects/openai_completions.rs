@@ -3,14 +3,13 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use shoal_engine::{Completion, Event, TokenLogprob};
 
+use super::common::StreamOptions;
 use crate::body::OneOrMany;
 use crate::error::{ApiError, ErrorShape};
-use crate::openai_chat::StreamOptions;
 use crate::params::{check_max_tokens, check_range, check_stop, OpenAiSampling};
 use crate::run::{self, Generation};
 use crate::wire::chat::{finish_reason, usage_json};
 use crate::Served;
-use shoal_client::Dialect;
 
 #[derive(Debug, Deserialize)]
 // Some fields are accepted (and type-checked) for SDK compatibility without
@@ -170,7 +169,7 @@ pub struct Completions {
 impl run::Adapter for Completions {
     type Request = CompletionRequest;
     type Stream = CompletionRenderer;
-    const DIALECT: shoal_client::Dialect = shoal_client::Dialect::Completions;
+    const DIALECT: super::Dialect = DIALECT;
     const ID_PREFIX: &'static str = "cmpl-";
 
     fn prepare(
@@ -196,7 +195,7 @@ impl run::Adapter for Completions {
     fn respond(self, _: &Served, collected: Vec<run::Collected>) -> Result<Value, ApiError> {
         let completions: Vec<Completion> =
             collected.iter().map(|c| c.completion().clone()).collect();
-        run::check_failed(Dialect::Completions, &completions, self.per)?;
+        run::check_failed(DIALECT, &completions, self.per)?;
         let out: Vec<Value> = collected
             .iter()
             .enumerate()
@@ -316,7 +315,7 @@ impl CompletionRenderer {
                 self.done[i] = Some(c.clone());
                 if self.done.iter().all(Option::is_some) {
                     let all: Vec<Completion> = self.done.iter().flatten().cloned().collect();
-                    match crate::wire::failed(Dialect::Completions, &all, self.per) {
+                    match crate::wire::failed(DIALECT, &all, self.per) {
                         Some(err) => out.push(err.body(ErrorShape::OpenAi).to_string()),
                         None if self.include_usage => out.push(json!({"id": self.id, "object": "text_completion", "created": self.created,
                             "model": self.model, "system_fingerprint": null, "choices": [],
@@ -339,4 +338,52 @@ impl run::StreamRender for CompletionRenderer {
             last: self.done.iter().all(Option::is_some),
         }
     }
+}
+
+/// OpenAI legacy Completions's words for the engine's records, and its routes.
+pub struct Words;
+
+impl super::Words for Words {
+    fn ledger_name(&self) -> &'static str {
+        "openai.completions"
+    }
+    fn short_name(&self) -> &'static str {
+        "completions"
+    }
+    fn path_prefixes(&self) -> &'static [&'static str] {
+        &["/v1/completions"]
+    }
+    fn generation_paths(&self) -> &'static [&'static str] {
+        &["/v1/completions"]
+    }
+    fn error_shape(&self) -> ErrorShape {
+        ErrorShape::OpenAi
+    }
+    fn finish_words(&self, f: &shoal_engine::FinishReason) -> String {
+        crate::wire::chat::finish_reason(f).to_string()
+    }
+    fn usage_json(&self, u: &shoal_engine::Usage) -> Value {
+        crate::wire::chat::usage_json(u)
+    }
+    fn provider_meta(
+        &self,
+        finish: Option<&shoal_engine::FinishReason>,
+        u: &shoal_engine::Usage,
+    ) -> shoal_client::ProviderMeta {
+        let mut p = crate::wire::base_meta(finish, u);
+        p.finish_reason = finish.map(|f| DIALECT.finish_words(f));
+        p
+    }
+}
+
+/// OpenAI legacy Completions as the server registers it.
+pub const DIALECT: super::Dialect = super::Dialect(&Words);
+pub const REGISTERED: super::Registered = super::Registered {
+    dialect: DIALECT,
+    routes,
+};
+
+fn routes() -> axum::Router<crate::AppState> {
+    use axum::routing::post;
+    axum::Router::new().route("/v1/completions", post(run::serve::<Completions>))
 }

@@ -1,0 +1,201 @@
+//! The API dialects, peers in one folder: each module is one wire format
+//! (its requests, its renderers, its routes and its words for the engine's
+//! records) and registers itself in [`REGISTRY`]. Nothing outside this
+//! folder names a dialect: the serving path, the ledger, the metrics and
+//! the conversation store reach a dialect's words through [`Dialect`].
+//! A new dialect is one module here plus one line in [`REGISTRY`].
+use axum::Router;
+use serde_json::Value;
+use shoal_client::ProviderMeta;
+use shoal_engine::{FinishReason, Usage};
+
+use crate::error::ErrorShape;
+use crate::AppState;
+
+pub mod anthropic;
+pub mod common;
+pub mod ollama;
+pub mod openai_chat;
+pub mod openai_completions;
+pub mod openai_responses;
+
+/// A dialect's own words for the engine's records, and where it lives.
+pub trait Words: Send + Sync + 'static {
+    /// The name the ledger, `/metrics` and the logs give the dialect
+    /// (`openai.chat`, `ollama` …); stored, so never renamed.
+    fn ledger_name(&self) -> &'static str;
+    /// A short alias `/v1/usage?dialect=` also accepts (`chat`).
+    fn short_name(&self) -> &'static str;
+    /// Path prefixes of the dialect's routes: their errors take its shape.
+    fn path_prefixes(&self) -> &'static [&'static str];
+    /// The routes whose every answer is a ledger row.
+    fn generation_paths(&self) -> &'static [&'static str];
+    /// Routes whose body names a model, so a node without it forwards them.
+    fn model_paths(&self) -> &'static [&'static str] {
+        self.generation_paths()
+    }
+    /// How its error bodies look.
+    fn error_shape(&self) -> ErrorShape;
+    /// One choice's finish in the dialect's words (a cancelled choice is
+    /// worded by [`Dialect::finish_words`], the same in every dialect).
+    fn finish_words(&self, f: &FinishReason) -> String;
+    /// The usage object exactly as the dialect sends it.
+    fn usage_json(&self, u: &Usage) -> Value;
+    /// What a recorder client stores under its reserved keys for a reply of
+    /// this dialect: the finish words and the usage fields it reports.
+    fn provider_meta(&self, finish: Option<&FinishReason>, u: &Usage) -> ProviderMeta;
+}
+
+/// One registered dialect: its words and its routes.
+pub struct Registered {
+    pub dialect: Dialect,
+    pub routes: fn() -> Router<AppState>,
+}
+
+/// Every dialect the server speaks, in the order the UI lists them.
+pub const REGISTRY: &[Registered] = &[
+    openai_chat::REGISTERED,
+    openai_completions::REGISTERED,
+    openai_responses::REGISTERED,
+    anthropic::REGISTERED,
+    ollama::REGISTERED,
+];
+
+/// A handle on a dialect's words; compared and stored by its ledger name.
+#[derive(Clone, Copy)]
+pub struct Dialect(pub &'static dyn Words);
+
+/// The word for a choice whose client left before it ended: no dialect has one.
+pub const CANCELLED: &str = "cancelled";
+
+impl Dialect {
+    /// Every registered dialect.
+    pub fn all() -> impl Iterator<Item = Dialect> {
+        REGISTRY.iter().map(|r| r.dialect)
+    }
+    /// The dialect stored under `name` (its ledger name or short alias).
+    pub fn parse(name: &str) -> Option<Dialect> {
+        Dialect::all().find(|d| d.ledger_name() == name || d.0.short_name() == name)
+    }
+    /// The dialect whose routes `path` is under; `None` for Shoal's own routes.
+    pub fn for_path(path: &str) -> Option<Dialect> {
+        Dialect::all().find(|d| {
+            d.0.path_prefixes().iter().any(|p| {
+                path == *p
+                    || path
+                        .strip_prefix(p)
+                        .is_some_and(|rest| p.ends_with('/') || rest.starts_with('/'))
+            })
+        })
+    }
+    /// The dialect whose generation route `path` is (ledger rows for every answer).
+    pub fn for_generation_path(path: &str) -> Option<Dialect> {
+        Dialect::all().find(|d| d.0.generation_paths().contains(&path))
+    }
+    /// Whether `path` is a route whose body names a model (forwardable).
+    pub fn names_model(path: &str) -> bool {
+        Dialect::all().any(|d| d.0.model_paths().contains(&path))
+    }
+    pub fn ledger_name(self) -> &'static str {
+        self.0.ledger_name()
+    }
+    pub fn error_shape(self) -> ErrorShape {
+        self.0.error_shape()
+    }
+    /// One choice's finish in this dialect's words; `cancelled` for a
+    /// choice whose client left, in every dialect.
+    pub fn finish_words(self, f: &FinishReason) -> String {
+        if *f == FinishReason::Cancelled {
+            return CANCELLED.into();
+        }
+        self.0.finish_words(f)
+    }
+    pub fn usage_json(self, u: &Usage) -> Value {
+        self.0.usage_json(u)
+    }
+    pub fn provider_meta(self, finish: Option<&FinishReason>, u: &Usage) -> ProviderMeta {
+        self.0.provider_meta(finish, u)
+    }
+}
+
+impl PartialEq for Dialect {
+    fn eq(&self, other: &Self) -> bool {
+        self.ledger_name() == other.ledger_name()
+    }
+}
+impl Eq for Dialect {}
+
+impl std::fmt::Debug for Dialect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.ledger_name())
+    }
+}
+
+impl From<Dialect> for ErrorShape {
+    fn from(d: Dialect) -> Self {
+        d.error_shape()
+    }
+}
+
+/// Every dialect's routes.
+pub fn routes() -> Router<AppState> {
+    REGISTRY
+        .iter()
+        .fold(Router::new(), |r, reg| r.merge((reg.routes)()))
+}
+
+/// `GET /v1/dialects`: the registered dialects, so the UI lists them
+/// without naming any.
+pub async fn list() -> axum::Json<Value> {
+    axum::Json(serde_json::json!({
+        "data": Dialect::all().map(|d| serde_json::json!({
+            "name": d.ledger_name(),
+            "short_name": d.0.short_name(),
+            "generation_paths": d.0.generation_paths(),
+        })).collect::<Vec<_>>()
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_find_their_dialect() {
+        for (path, want) in [
+            ("/v1/chat/completions", Some("openai.chat")),
+            ("/v1/completions", Some("openai.completions")),
+            ("/v1/responses/resp_1", Some("openai.responses")),
+            ("/v1/messages/count_tokens", Some("anthropic.messages")),
+            ("/api/chat", Some("ollama")),
+            ("/api/tags", Some("ollama")),
+            ("/v1/models", None),
+            ("/v1/usage", None),
+            ("/apix", None),
+        ] {
+            assert_eq!(
+                Dialect::for_path(path).map(Dialect::ledger_name),
+                want,
+                "{path}"
+            );
+        }
+        assert_eq!(
+            Dialect::for_generation_path("/api/generate").map(Dialect::ledger_name),
+            Some("ollama")
+        );
+        assert!(Dialect::for_generation_path("/api/tags").is_none());
+    }
+
+    #[test]
+    fn names_are_unique_and_parse_back() {
+        let names: Vec<_> = Dialect::all().map(Dialect::ledger_name).collect();
+        let mut dedup = names.clone();
+        dedup.sort();
+        dedup.dedup();
+        assert_eq!(names.len(), dedup.len());
+        for d in Dialect::all() {
+            assert_eq!(Dialect::parse(d.ledger_name()), Some(d));
+            assert_eq!(Dialect::parse(d.0.short_name()), Some(d));
+        }
+    }
+}

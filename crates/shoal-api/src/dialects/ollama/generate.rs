@@ -1,0 +1,252 @@
+//! `POST /api/generate`: a prompt through the chat template, or `raw`, or
+//! fill-in-the-middle with `suffix` where the model has the tokens for it.
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::response::Response;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use shoal_engine::loader::Vocabulary;
+use shoal_engine::{ChatMessage, Event};
+
+use super::{
+    can_think, failure, final_fields, format_grammar, model_id, no_images, now, wanted_thinking,
+    KeepAlive, Options, DIALECT,
+};
+use crate::body::Body;
+use crate::error::{ApiError, DialectError};
+use crate::run::{self, Collected, Generation, Step};
+use crate::{AppState, Served};
+
+#[derive(Debug, Deserialize)]
+pub struct GenerateRequest {
+    pub model: String,
+    #[serde(default)]
+    pub prompt: String,
+    pub suffix: Option<String>,
+    pub system: Option<String>,
+    pub template: Option<String>,
+    pub context: Option<Vec<i64>>,
+    pub stream: Option<bool>,
+    #[serde(default)]
+    pub raw: bool,
+    pub format: Option<Value>,
+    pub keep_alive: Option<Value>,
+    pub images: Option<Vec<Value>>,
+    pub options: Option<Options>,
+    pub think: Option<Value>,
+}
+
+impl run::WireRequest for GenerateRequest {
+    fn model(&self) -> &str {
+        model_id(&self.model)
+    }
+    fn stream(&self) -> bool {
+        self.stream.unwrap_or(true)
+    }
+}
+
+/// `POST /api/generate`: a load (or unload) request when it has no prompt;
+/// else a generation.
+pub async fn handle(
+    State(state): State<AppState>,
+    tracked: Option<axum::Extension<crate::ledger::Tracked>>,
+    body: Body,
+) -> Result<Response, DialectError> {
+    let req: GenerateRequest = crate::body::parse(&body).map_err(|e| e.in_dialect(DIALECT))?;
+    let keep = KeepAlive::parse(req.keep_alive.as_ref().unwrap_or(&Value::Null))
+        .map_err(|e| e.in_dialect(DIALECT))?;
+    let name = req.model.clone();
+    if req.prompt.is_empty() && req.suffix.as_deref().unwrap_or("").is_empty() {
+        return super::load_request(&state, &name, keep, |reason| {
+            json!({"model": name, "created_at": now(), "response": "",
+                   "done": true, "done_reason": reason})
+        })
+        .await;
+    }
+    super::generation::<OllamaGenerate>(&state, tracked, req, &name, keep).await
+}
+
+/// Fill-in-the-middle markers, as the model's vocabulary spells them
+/// (Qwen-Coder's and StarCoder's); each must be one token.
+const FIM_MARKERS: &[[&str; 3]] = &[
+    ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"],
+    ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"],
+];
+
+/// The model's fill-in-the-middle markers, if it has them.
+pub fn fim_markers(vocab: &Vocabulary) -> Option<[&'static str; 3]> {
+    FIM_MARKERS.iter().copied().find(|m| {
+        m.iter()
+            .all(|t| vocab.encode_plain(t).is_ok_and(|ids| ids.len() == 1))
+    })
+}
+
+/// The prompt's tokens and the reasoning / tool settings a chat prompt brings.
+fn prompt(
+    served: &Served,
+    req: &GenerateRequest,
+    want: Option<Option<usize>>,
+) -> Result<shoal_engine::prompt::ChatPrompt, ApiError> {
+    let vocab = &served.engine.model.vocab;
+    let plain = |text: &str| -> Result<shoal_engine::prompt::ChatPrompt, ApiError> {
+        Ok(shoal_engine::prompt::ChatPrompt {
+            tokens: vocab.encode(text)?,
+            reasoning: None,
+            tools: None,
+            grammar: None,
+        })
+    };
+    if let Some(suffix) = req.suffix.as_deref().filter(|s| !s.is_empty()) {
+        if req.raw {
+            return Err(ApiError::param(
+                "suffix",
+                "'suffix' cannot be combined with 'raw'",
+            ));
+        }
+        let Some([pre, suf, mid]) = fim_markers(vocab) else {
+            return Err(ApiError::param(
+                "suffix",
+                format!("\"{}\" does not support insert ('suffix')", req.model),
+            ));
+        };
+        return plain(&format!("{pre}{}{suf}{suffix}{mid}", req.prompt));
+    }
+    if req.raw || !vocab.capabilities().chat {
+        return plain(&req.prompt);
+    }
+    let mut messages = Vec::new();
+    if let Some(system) = req.system.as_deref().filter(|s| !s.is_empty()) {
+        messages.push(ChatMessage::new("system", system));
+    }
+    messages.push(ChatMessage::new("user", req.prompt.clone()));
+    served.chat_prompt(&messages, want, None)
+}
+
+/// `/api/generate` as an [`run::Adapter`].
+pub struct OllamaGenerate {
+    model: String,
+    ready_after: Duration,
+}
+
+impl run::Adapter for OllamaGenerate {
+    type Request = GenerateRequest;
+    type Stream = GenerateStream;
+    const DIALECT: crate::dialects::Dialect = DIALECT;
+    const ID_PREFIX: &'static str = "ollama-";
+    const FRAMING: run::Framing = run::Framing::Ndjson;
+
+    fn prepare(
+        served: &Served,
+        mut req: GenerateRequest,
+        _id: String,
+    ) -> Result<(Generation, Self), ApiError> {
+        if req.images.as_ref().is_some_and(|v| !v.is_empty()) {
+            return Err(no_images("images"));
+        }
+        if req.template.as_deref().is_some_and(|t| !t.is_empty()) {
+            return Err(ApiError::param(
+                "template",
+                "a custom 'template' is not supported: the model's own template is used \
+                 (send 'raw': true with a prompt you formatted yourself)",
+            ));
+        }
+        if req.context.as_ref().is_some_and(|c| !c.is_empty()) {
+            return Err(ApiError::param(
+                "context",
+                "'context' (deprecated by Ollama) is not supported: send the conversation \
+                 to /api/chat as messages",
+            ));
+        }
+        let options = req.options.take().unwrap_or_default();
+        let format = format_grammar(req.format.as_ref())?;
+        let want = wanted_thinking(req.think.as_ref(), can_think(served), &req.model)?;
+        let p = prompt(served, &req, want)?;
+        let window = served.engine.model.info.context_length;
+        let job = Generation {
+            max_tokens: options.max_tokens(p.tokens.len(), window)?,
+            prompts: vec![p.tokens],
+            sampling: options.sampling(&served.engine.model.defaults.params())?,
+            stop: options.stops()?,
+            n: 1,
+            reasoning: p.reasoning,
+            grammar: format,
+            tools: None,
+        };
+        Ok((
+            job,
+            OllamaGenerate {
+                model: req.model,
+                ready_after: served.ready_after,
+            },
+        ))
+    }
+
+    fn respond(self, _: &Served, collected: Vec<Collected>) -> Result<Value, ApiError> {
+        let Some(c) = collected.first() else {
+            return Err(ApiError::internal("the engine returned no reply"));
+        };
+        if let Some(e) = failure(c.completion()) {
+            return Err(e);
+        }
+        let mut out =
+            json!({"model": self.model, "created_at": now(), "response": c.text, "done": true});
+        if !c.reasoning.is_empty() {
+            out["thinking"] = json!(c.reasoning);
+        }
+        if let Value::Object(o) = &mut out {
+            o.extend(final_fields(c.completion(), self.ready_after));
+        }
+        Ok(out)
+    }
+
+    fn stream(self, _: Served) -> GenerateStream {
+        GenerateStream {
+            model: self.model,
+            ready_after: self.ready_after,
+        }
+    }
+}
+
+/// The live `/api/generate` stream.
+pub struct GenerateStream {
+    model: String,
+    ready_after: Duration,
+}
+
+impl run::StreamRender for GenerateStream {
+    fn frames(&mut self, _: usize, ev: &Event) -> Step {
+        let mut step = Step::default();
+        let line = |extra: Value| {
+            let mut v =
+                json!({"model": self.model, "created_at": now(), "response": "", "done": false});
+            if let (Value::Object(o), Value::Object(e)) = (&mut v, extra) {
+                o.extend(e);
+            }
+            (None, v.to_string())
+        };
+        match ev {
+            Event::Delta { text, .. } if !text.is_empty() => {
+                step.frames.push(line(json!({"response": text})));
+            }
+            Event::Reasoning { text } => step.frames.push(line(json!({"thinking": text}))),
+            Event::Done(c) => {
+                let last = match failure(c) {
+                    Some(e) => e.body(crate::error::ErrorShape::Plain),
+                    None => {
+                        let mut v = json!({"model": self.model, "created_at": now(),
+                                           "response": "", "done": true});
+                        if let Value::Object(o) = &mut v {
+                            o.extend(final_fields(c, self.ready_after));
+                        }
+                        v
+                    }
+                };
+                step.frames.push((None, last.to_string()));
+                step.last = true;
+            }
+            _ => {}
+        }
+        step
+    }
+}
