@@ -735,7 +735,10 @@ async fn ollama_tools_insert_and_cache_on_qwen() {
         "description": "Current weather for a city",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                        "required": ["city"]}}}]);
-    let ask = json!([{"role": "user", "content": "What is the weather in Paris? Use the tool."}]);
+    // Qwen2.5-Coder-0.5B writes its call as a bare JSON object (no
+    // <tool_call> markers) when told to answer with one.
+    let ask = json!([{"role": "system", "content": "Always answer with a <tool_call> block."},
+        {"role": "user", "content": "What is the weather in Paris?"}]);
     let (s, t) = post(
         &base,
         "/api/chat",
@@ -779,7 +782,7 @@ async fn ollama_tools_insert_and_cache_on_qwen() {
         (json!(true), v["eval_count"].clone())
     );
     // The result goes back as a tool message; the model answers with it.
-    let turn = json!([ask[0], {"role": "assistant", "content": "", "tool_calls": [{"function": call}]},
+    let turn = json!([ask[1], {"role": "assistant", "content": "", "tool_calls": [{"function": call}]},
         {"role": "tool", "tool_name": "get_weather", "content": "18 C and sunny"}]);
     let (s, t) = post(
         &base,
@@ -820,7 +823,8 @@ async fn ollama_tools_insert_and_cache_on_qwen() {
         serde_json::from_str(&t1).expect("1"),
         serde_json::from_str(&t2).expect("2"),
     );
-    assert_eq!(a["prompt_eval_cached_count"], 0, "{t1}");
+    // (The first may already share the template's opening with earlier requests.)
+    assert!(n(&a["prompt_eval_cached_count"]) < n(&a["prompt_eval_count"]) - 1, "{t1}");
     assert_eq!(b["prompt_eval_count"], a["prompt_eval_count"]);
     assert_eq!(
         n(&b["prompt_eval_cached_count"]),

@@ -120,6 +120,10 @@ pub struct ToolParser {
     held_ws: String,
     /// No text other than whitespace since the last call.
     after_call: bool,
+    /// The call in progress is a bare JSON object that opened the reply,
+    /// without the Hermes markers (as small Qwen models write it): it ends
+    /// with the reply.
+    bare: bool,
     head: Regex,
 }
 
@@ -141,6 +145,7 @@ impl ToolParser {
             seen_text: false,
             held_ws: String::new(),
             after_call: false,
+            bare: false,
             head,
         }
     }
@@ -177,6 +182,7 @@ impl ToolParser {
                 match self.syntax {
                     // A bare call may put its arguments first: parse it whole.
                     ToolSyntax::Llama3Json => self.whole_call(raw.trim(), &mut out),
+                    ToolSyntax::Hermes if self.bare => self.whole_call(raw.trim(), &mut out),
                     // Never became a call: give the text back.
                     ToolSyntax::Hermes => out.push(ToolOut::Text(format!("{OPEN}{raw}"))),
                 }
@@ -188,12 +194,25 @@ impl ToolParser {
         }
         self.state = State::Text;
         self.held_ws.clear();
+        self.bare = false;
         out
     }
 
     fn text_state(&mut self, out: &mut Vec<ToolOut>) -> bool {
         match self.syntax {
             ToolSyntax::Hermes => {
+                // A reply that opens with a JSON object may be a bare call.
+                if self.calls == 0 && !self.seen_text {
+                    let t = self.buf.trim_start();
+                    if t.is_empty() {
+                        return false;
+                    }
+                    if t.starts_with('{') {
+                        self.bare = true;
+                        self.state = State::Head;
+                        return true;
+                    }
+                }
                 if let Some(at) = self.buf.find(OPEN) {
                     let before: String = self.buf[..at].to_string();
                     self.emit_text(before, out);
@@ -255,7 +274,7 @@ impl ToolParser {
     fn head_state(&mut self, out: &mut Vec<ToolOut>) -> bool {
         let Some(m) = self.head.captures(&self.buf) else {
             // Not name-first: wait for the whole call, then parse it.
-            if self.syntax == ToolSyntax::Hermes {
+            if self.syntax == ToolSyntax::Hermes && !self.bare {
                 if let Some(at) = self.buf.find(CLOSE) {
                     let body: String = self.buf[..at].to_string();
                     self.buf.drain(..at + CLOSE.len());
@@ -292,9 +311,36 @@ impl ToolParser {
             let lead = self.buf.len() - self.buf.trim_start().len();
             self.buf.drain(..lead);
         }
+        if self.bare && !at_end {
+            // A bare call ends where its object closes; what follows is text.
+            if let Some(end) = object_end(&self.buf) {
+                let limit = self.buf[..end].trim_end().len();
+                if limit > sent {
+                    out.push(ToolOut::Args {
+                        index,
+                        delta: self.buf[sent..limit].to_string(),
+                    });
+                }
+                self.buf.drain(..end + 1);
+                self.bare = false;
+                self.state = State::Text;
+                return true;
+            }
+            let limit = self.buf.trim_end().len();
+            if limit > sent {
+                out.push(ToolOut::Args {
+                    index,
+                    delta: self.buf[sent..limit].to_string(),
+                });
+            }
+            self.state = State::Args {
+                sent: sent.max(limit),
+            };
+            return false;
+        }
         let close = match self.syntax {
-            ToolSyntax::Hermes => self.buf.find(CLOSE),
-            ToolSyntax::Llama3Json => None,
+            ToolSyntax::Hermes if !self.bare => self.buf.find(CLOSE),
+            _ => None,
         };
         let done = close.is_some() || at_end;
         let body_end = close.unwrap_or(self.buf.len());
@@ -349,11 +395,40 @@ impl ToolParser {
                 });
             }
             None => out.push(ToolOut::Text(match self.syntax {
-                ToolSyntax::Hermes => format!("{OPEN}{body}{CLOSE}"),
-                ToolSyntax::Llama3Json => body.to_string(),
+                ToolSyntax::Hermes if !self.bare => format!("{OPEN}{body}{CLOSE}"),
+                _ => body.to_string(),
             })),
         }
     }
+}
+
+/// Where the object whose opening brace came before `s` closes: the byte
+/// index of its `}`, skipping nested objects, arrays and strings.
+fn object_end(s: &str) -> Option<usize> {
+    let (mut depth, mut in_str, mut escaped) = (1usize, false, false);
+    for (i, c) in s.char_indices() {
+        if in_str {
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => in_str = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => in_str = true,
+            '{' | '[' => depth += 1,
+            '}' | ']' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 /// Length of the longest suffix of `s` that is a proper prefix of `marker`.
@@ -439,6 +514,41 @@ mod tests {
         assert_eq!(calls, vec![("lookup".into(), r#"{"q": "rust"}"#.into())]);
         let (text, calls) = run(ToolSyntax::Llama3Json, &["Hello {\"name\": 1}"]);
         assert_eq!(text, "Hello {\"name\": 1}");
+        assert!(calls.is_empty());
+    }
+
+    #[test]
+    fn hermes_bare_json_call_opening_the_reply() {
+        let reply = " {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}";
+        let pieces = chars(reply);
+        let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
+        let (text, calls) = run(ToolSyntax::Hermes, &refs);
+        assert_eq!(text, "");
+        assert_eq!(
+            calls,
+            vec![("get_weather".into(), r#"{"city": "Paris"}"#.into())]
+        );
+        // Arguments first: parsed whole at the end.
+        let (text, calls) = run(ToolSyntax::Hermes, &[r#"{"arguments": {}, "name": "f"}"#]);
+        assert_eq!(
+            (text.as_str(), calls),
+            ("", vec![("f".into(), "{}".into())])
+        );
+        // The call ends with its object; what follows is text.
+        let reply = "{\"name\": \"f\", \"arguments\": {\"s\": \"}\"}}\nDone {x}";
+        let pieces = chars(reply);
+        let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
+        let (text, calls) = run(ToolSyntax::Hermes, &refs);
+        assert_eq!(calls, vec![("f".into(), r#"{"s": "}"}"#.into())]);
+        assert_eq!(text, "\nDone {x}");
+        // JSON that is no call, or a call after text, stays text as written.
+        let (text, calls) = run(ToolSyntax::Hermes, &["{\"a\": ", "1}"]);
+        assert_eq!((text.as_str(), calls.len()), ("{\"a\": 1}", 0));
+        let (text, calls) = run(
+            ToolSyntax::Hermes,
+            &["Sure: {\"name\": \"f\", \"arguments\": {}}"],
+        );
+        assert_eq!(text, "Sure: {\"name\": \"f\", \"arguments\": {}}");
         assert!(calls.is_empty());
     }
 
