@@ -462,6 +462,23 @@ test('the usage dashboard: its filters, sums and export match /v1/usage', async 
   });
 });
 
+test('an Ollama request is in the usage dashboard under its own dialect, with its counts', async () => {
+  const r = await api('/api/chat', { model, messages: [{ role: 'user', content: FRANCE }], stream: false, options: { temperature: 0, num_predict: 4 } });
+  assert.equal(r.status, 200, r.text);
+  const entry = (await api('/v1/usage?dialect=ollama&limit=1')).json.data[0];
+  assert.equal(entry.usage.prompt_eval_count, r.json.prompt_eval_count);
+  await withPage('usage-ollama', { path: '/usage' }, async (page) => {
+    await page.getByTestId('usage-updated').filter({ hasText: 'updated' }).waitFor();
+    // The dialect list comes from the server, Ollama's included.
+    await page.getByTestId('usage-filter-dialect').selectOption('ollama');
+    const row = page.locator(`[data-testid=usage-row][data-id="${entry.id}"]`);
+    await row.waitFor();
+    assert.equal(await row.getByTestId('usage-row-prompt').innerText(), String(r.json.prompt_eval_count));
+    assert.equal(await row.getByTestId('usage-row-completion').innerText(), String(r.json.eval_count));
+    assert.equal(await row.getByTestId('usage-row-finish').innerText(), r.json.done_reason);
+  });
+});
+
 test('with prices set the usage dashboard shows what the traffic would have cost', async () => {
   const { mkdtempSync, writeFileSync } = await import('node:fs');
   const { join } = await import('node:path');

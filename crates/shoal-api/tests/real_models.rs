@@ -824,7 +824,10 @@ async fn ollama_tools_insert_and_cache_on_qwen() {
         serde_json::from_str(&t2).expect("2"),
     );
     // (The first may already share the template's opening with earlier requests.)
-    assert!(n(&a["prompt_eval_cached_count"]) < n(&a["prompt_eval_count"]) - 1, "{t1}");
+    assert!(
+        n(&a["prompt_eval_cached_count"]) < n(&a["prompt_eval_count"]) - 1,
+        "{t1}"
+    );
     assert_eq!(b["prompt_eval_count"], a["prompt_eval_count"]);
     assert_eq!(
         n(&b["prompt_eval_cached_count"]),
