@@ -125,6 +125,78 @@ pub struct Step {
     pub last: bool,
 }
 
+/// How far each choice of a streamed request got, and how an OpenAI-style
+/// stream closes once all have ended: the part of n-choice streaming that
+/// Chat Completions and Completions share.
+#[derive(Debug)]
+pub struct ChoiceProgress {
+    started: Vec<bool>,
+    done: Vec<Option<Completion>>,
+    /// Consecutive choices that share a prompt (the request's `n`).
+    per_prompt: usize,
+}
+
+impl ChoiceProgress {
+    pub fn new(choices: usize, per_prompt: usize) -> Self {
+        ChoiceProgress {
+            started: vec![false; choices],
+            done: vec![None; choices],
+            per_prompt,
+        }
+    }
+
+    /// Whether this is choice `i`'s first event (it is marked begun).
+    pub fn begin(&mut self, i: usize) -> bool {
+        match self.started.get_mut(i) {
+            Some(s) if !*s => {
+                *s = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether choice `i` has ended (or does not exist).
+    pub fn ended(&self, i: usize) -> bool {
+        self.done.get(i).is_none_or(Option::is_some)
+    }
+
+    pub fn all_ended(&self) -> bool {
+        self.done.iter().all(Option::is_some)
+    }
+
+    /// Records choice `i`'s end. When it was the last, the stream's closing
+    /// data in dialect `d`: the first failed choice's error with the whole
+    /// request's usage, else the usage chunk `usage` makes (when the client
+    /// asked for one), then `[DONE]`.
+    pub fn end(
+        &mut self,
+        i: usize,
+        c: &Completion,
+        d: Dialect,
+        usage: Option<impl FnOnce(&shoal_engine::Usage) -> serde_json::Value>,
+    ) -> Vec<String> {
+        let Some(slot) = self.done.get_mut(i) else {
+            return Vec::new();
+        };
+        *slot = Some(c.clone());
+        if !self.all_ended() {
+            return Vec::new();
+        }
+        let all: Vec<Completion> = self.done.iter().flatten().cloned().collect();
+        let mut out = Vec::new();
+        match (wire::failed(d, &all, self.per_prompt), usage) {
+            (Some(err), _) => out.push(err.body(d.error_shape()).to_string()),
+            (None, Some(make)) => {
+                out.push(make(&wire::combined_usage(&all, self.per_prompt)).to_string())
+            }
+            (None, None) => {}
+        }
+        out.push("[DONE]".into());
+        out
+    }
+}
+
 /// A dialect's streaming half: pure, events in and frames out, so scripted
 /// events can test it without an engine.
 pub trait StreamRender: Send + 'static {

@@ -631,7 +631,7 @@ fn completions(n: usize, echo: Option<&str>, finish: FinishReason) -> Vec<String
         logprobs: false,
         per: n,
         echo: echo.map(|t| vec![t.to_string()]),
-        done: vec![None; n],
+        progress: crate::run::ChoiceProgress::new(n, n),
         offsets: vec![None; n],
     };
     // Choices interleave as the engine sends them.

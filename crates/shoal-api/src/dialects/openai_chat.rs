@@ -202,7 +202,7 @@ impl ChunkRenderer {
     /// (tests over scripted events; the live stream goes step by step).
     #[cfg(test)]
     pub fn render_all(&self, n: usize, events: &[(usize, Event)]) -> Vec<String> {
-        let mut st = StreamState::new(n);
+        let mut st = run::ChoiceProgress::new(n, n);
         let mut out = Vec::new();
         for (i, ev) in events {
             out.extend(self.step(&mut st, *i, ev));
@@ -211,10 +211,9 @@ impl ChunkRenderer {
     }
 
     /// Renders one event; emits the usage chunk and `[DONE]` after the last choice ends.
-    pub fn step(&self, st: &mut StreamState, i: usize, ev: &Event) -> Vec<String> {
+    pub fn step(&self, st: &mut run::ChoiceProgress, i: usize, ev: &Event) -> Vec<String> {
         let mut out = Vec::new();
-        if !st.started[i] {
-            st.started[i] = true;
+        if st.begin(i) {
             out.push(self.role(i).to_string());
         }
         match ev {
@@ -236,25 +235,13 @@ impl ChunkRenderer {
                     .to_string(),
             ),
             Event::Done(c) => {
-                st.done[i] = Some(c.clone());
                 // A failed choice's error waits for the last choice, so it
                 // can carry the whole request's usage.
                 if !c.finish.is_failure() {
                     out.push(self.finish(i, &c.finish).to_string());
                 }
-                if st.done.iter().all(Option::is_some) {
-                    let all: Vec<Completion> = st.done.iter().flatten().cloned().collect();
-                    let per = st.done.len();
-                    match crate::wire::failed(DIALECT, &all, per) {
-                        Some(err) => out.push(err.body(ErrorShape::OpenAi).to_string()),
-                        None if self.include_usage => out.push(
-                            self.usage(&crate::wire::combined_usage(&all, per))
-                                .to_string(),
-                        ),
-                        None => {}
-                    }
-                    out.push("[DONE]".into());
-                }
+                let usage = self.include_usage.then_some(|u: &Usage| self.usage(u));
+                out.extend(st.end(i, c, DIALECT, usage));
             }
         }
         out
@@ -264,7 +251,7 @@ impl ChunkRenderer {
 /// The live chat stream: the renderer and its progress across choices.
 pub struct ChatStream {
     pub renderer: ChunkRenderer,
-    pub state: StreamState,
+    pub state: run::ChoiceProgress,
 }
 
 impl run::StreamRender for ChatStream {
@@ -272,22 +259,7 @@ impl run::StreamRender for ChatStream {
         let frames = self.renderer.step(&mut self.state, choice, ev);
         run::Step {
             frames: frames.into_iter().map(|d| (None, d)).collect(),
-            last: self.state.done.iter().all(Option::is_some),
-        }
-    }
-}
-
-/// Progress of a stream across choices.
-pub struct StreamState {
-    started: Vec<bool>,
-    done: Vec<Option<Completion>>,
-}
-
-impl StreamState {
-    pub fn new(n: usize) -> Self {
-        StreamState {
-            started: vec![false; n],
-            done: vec![None; n],
+            last: self.state.all_ended(),
         }
     }
 }
@@ -527,7 +499,7 @@ impl run::Adapter for Chat {
                 include_usage: self.include_usage,
                 logprobs: self.logprobs,
             },
-            state: StreamState::new(self.n),
+            state: run::ChoiceProgress::new(self.n, self.n),
         }
     }
 }

@@ -228,7 +228,7 @@ impl run::Adapter for Completions {
             logprobs: self.logprobs,
             per: self.per,
             echo: self.echo,
-            done: vec![None; self.total],
+            progress: run::ChoiceProgress::new(self.total, self.per),
             offsets: vec![None; self.total],
         }
     }
@@ -246,8 +246,8 @@ pub struct CompletionRenderer {
     pub per: usize,
     /// The prompts' texts, sent first in each choice when `echo` is on.
     pub echo: Option<Vec<String>>,
-    /// Each choice's final record, once it ended.
-    pub done: Vec<Option<Completion>>,
+    /// How far each choice got.
+    pub progress: run::ChoiceProgress,
     /// Each choice's text offset so far (`None` until its first chunk).
     pub offsets: Vec<Option<usize>>,
 }
@@ -265,12 +265,13 @@ impl CompletionRenderer {
     /// The payloads for one event of choice `i`.
     pub fn step(&mut self, i: usize, ev: &Event) -> Vec<String> {
         let mut out = Vec::new();
-        let (Some(done), Some(offset)) = (self.done.get(i), self.offsets.get(i)) else {
+        let Some(offset) = self.offsets.get(i) else {
             return out;
         };
-        if done.is_some() {
+        if self.progress.ended(i) {
             return out;
         }
+        self.progress.begin(i);
         if offset.is_none() {
             let echoed = self
                 .echo
@@ -312,18 +313,12 @@ impl CompletionRenderer {
                             .to_string(),
                     );
                 }
-                self.done[i] = Some(c.clone());
-                if self.done.iter().all(Option::is_some) {
-                    let all: Vec<Completion> = self.done.iter().flatten().cloned().collect();
-                    match crate::wire::failed(DIALECT, &all, self.per) {
-                        Some(err) => out.push(err.body(ErrorShape::OpenAi).to_string()),
-                        None if self.include_usage => out.push(json!({"id": self.id, "object": "text_completion", "created": self.created,
-                            "model": self.model, "system_fingerprint": null, "choices": [],
-                            "usage": usage_json(&crate::wire::combined_usage(&all, self.per))}).to_string()),
-                        None => {}
-                    }
-                    out.push("[DONE]".into());
-                }
+                let usage = self.include_usage.then_some(|u: &shoal_engine::Usage| {
+                    json!({"id": self.id, "object": "text_completion", "created": self.created,
+                        "model": self.model, "system_fingerprint": null, "choices": [],
+                        "usage": usage_json(u)})
+                });
+                out.extend(self.progress.end(i, c, DIALECT, usage));
             }
         }
         out
@@ -335,7 +330,7 @@ impl run::StreamRender for CompletionRenderer {
         let frames = self.step(choice, ev);
         run::Step {
             frames: frames.into_iter().map(|d| (None, d)).collect(),
-            last: self.done.iter().all(Option::is_some),
+            last: self.progress.all_ended(),
         }
     }
 }

@@ -1,0 +1,195 @@
+//! `POST /v1/responses` and `GET /v1/responses/{id}` (OpenAI Responses):
+//! the request (`request.rs`), the stored responses (`store.rs`), the
+//! response object and its stream (`render.rs`), and the adapter here.
+use serde_json::{json, Value};
+use shoal_engine::{ChatMessage, Completion, Event};
+
+use crate::error::{ApiError, ErrorShape};
+use crate::run::{self, Generation};
+use crate::Served;
+
+mod render;
+mod request;
+mod store;
+
+pub use render::{OutCall, ResponsesRenderer, Shape};
+use request::prepare;
+#[cfg(test)]
+pub(crate) use request::{text_format, tool_request};
+pub use request::{Input, InputItem, ResponsesRequest};
+use store::remember;
+pub use store::{get_response, ResponseStore};
+
+/// Responses as an [`run::Adapter`]: the response's shape, and the
+/// conversation to store with it.
+pub struct Responses {
+    shape: Shape,
+    msgs: Vec<ChatMessage>,
+}
+
+impl run::Adapter for Responses {
+    type Request = ResponsesRequest;
+    type Stream = ResponsesStream;
+    const DIALECT: crate::dialects::Dialect = DIALECT;
+    const ID_PREFIX: &'static str = "resp_";
+
+    fn prepare(
+        served: &Served,
+        mut req: ResponsesRequest,
+        id: String,
+    ) -> Result<(Generation, Self), ApiError> {
+        let (job, msgs) = prepare(served, &mut req)?;
+        let shape = Shape {
+            id,
+            msg_id: run::new_id("msg_"),
+            reasoning_id: run::new_id("rs_"),
+            created: run::now_secs(),
+            model: req.model.clone(),
+            instructions: req.instructions.clone(),
+            max_output_tokens: req.max_output_tokens,
+            previous_response_id: req.previous_response_id.clone(),
+            temperature: job.sampling.temperature,
+            top_p: job.sampling.top_p,
+            store: req.store.unwrap_or(true),
+            metadata: req.metadata.clone().unwrap_or_else(|| json!({})),
+            tools: json!(req.tools.clone().unwrap_or_default()),
+            tool_choice: req.tool_choice.clone().unwrap_or_else(|| json!("auto")),
+            text_format: req
+                .text
+                .as_ref()
+                .and_then(|t| t.get("format"))
+                .cloned()
+                .unwrap_or_else(|| json!({"type": "text"})),
+        };
+        Ok((job, Responses { shape, msgs }))
+    }
+
+    fn respond(self, served: &Served, collected: Vec<run::Collected>) -> Result<Value, ApiError> {
+        let c = collected
+            .first()
+            .ok_or_else(|| ApiError::internal("no output"))?;
+        let calls: Vec<OutCall> = c
+            .tool_calls
+            .iter()
+            .map(|t| OutCall::new(&t.name, &t.arguments))
+            .collect();
+        let body =
+            self.shape
+                .response_full(Some(&c.reasoning), &c.text, &calls, Some(c.completion()));
+        if self.shape.store {
+            remember(served, &self.shape, self.msgs, &c.text, &calls, &body);
+        }
+        Ok(body)
+    }
+
+    fn stream(self, served: Served) -> ResponsesStream {
+        let keep = self
+            .shape
+            .store
+            .then(|| (served, self.shape.clone(), self.msgs));
+        ResponsesStream {
+            renderer: ResponsesRenderer::new(self.shape),
+            text: String::new(),
+            reasoning: String::new(),
+            done: None,
+            keep,
+        }
+    }
+}
+
+/// The live Responses stream: the renderer, and what storing the finished
+/// response (`store: true`) needs.
+pub struct ResponsesStream {
+    renderer: ResponsesRenderer,
+    text: String,
+    reasoning: String,
+    done: Option<Completion>,
+    keep: Option<(Served, Shape, Vec<ChatMessage>)>,
+}
+
+impl run::StreamRender for ResponsesStream {
+    fn frames(&mut self, _choice: usize, ev: &Event) -> run::Step {
+        match ev {
+            Event::Delta { text, .. } => self.text.push_str(text),
+            Event::Reasoning { text } => self.reasoning.push_str(text),
+            Event::Done(c) => self.done = Some(c.clone()),
+            _ => {}
+        }
+        run::Step {
+            frames: run::named(self.renderer.step(ev)),
+            last: matches!(ev, Event::Done(_)),
+        }
+    }
+
+    fn finished(&mut self) {
+        if let (Some((state, shape, msgs)), Some(c)) = (self.keep.take(), &self.done) {
+            let calls = self.renderer.calls();
+            let body = shape.response_full(Some(&self.reasoning), &self.text, &calls, Some(c));
+            remember(&state, &shape, msgs, &self.text, &calls, &body);
+        }
+    }
+}
+
+/// OpenAI Responses's words for the engine's records, and its routes.
+pub struct Words;
+
+impl crate::dialects::Words for Words {
+    fn ledger_name(&self) -> &'static str {
+        "openai.responses"
+    }
+    fn short_name(&self) -> &'static str {
+        "responses"
+    }
+    fn path_prefixes(&self) -> &'static [&'static str] {
+        &["/v1/responses"]
+    }
+    fn generation_paths(&self) -> &'static [&'static str] {
+        &["/v1/responses"]
+    }
+    fn error_shape(&self) -> ErrorShape {
+        ErrorShape::OpenAi
+    }
+    fn finish_words(&self, f: &shoal_engine::FinishReason) -> String {
+        // A finish is its `status`, or `status:reason` when incomplete.
+        match crate::wire::responses::outcome(f) {
+            (status, Some(reason)) => format!("{status}:{reason}"),
+            (status, None) => status.to_string(),
+        }
+    }
+    fn usage_json(&self, u: &shoal_engine::Usage) -> Value {
+        crate::wire::responses::usage_json(u)
+    }
+    fn provider_meta(
+        &self,
+        finish: Option<&shoal_engine::FinishReason>,
+        u: &shoal_engine::Usage,
+    ) -> shoal_client::ProviderMeta {
+        let mut p = crate::wire::base_meta(finish, u);
+        match finish {
+            Some(shoal_engine::FinishReason::Cancelled) => {
+                p.status = Some(crate::dialects::CANCELLED.into())
+            }
+            Some(f) => {
+                let (status, reason) = crate::wire::responses::outcome(f);
+                p.status = Some(status.into());
+                p.incomplete_reason = reason.map(str::to_string);
+            }
+            None => {}
+        }
+        p
+    }
+}
+
+/// OpenAI Responses as the server registers it.
+pub const DIALECT: crate::dialects::Dialect = crate::dialects::Dialect(&Words);
+pub const REGISTERED: crate::dialects::Registered = crate::dialects::Registered {
+    dialect: DIALECT,
+    routes,
+};
+
+fn routes() -> axum::Router<crate::AppState> {
+    use axum::routing::{get, post};
+    axum::Router::new()
+        .route("/v1/responses", post(run::serve::<Responses>))
+        .route("/v1/responses/{id}", get(get_response))
+}
