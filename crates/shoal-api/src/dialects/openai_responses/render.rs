@@ -5,6 +5,7 @@ use shoal_engine::{Completion, Event};
 use crate::run;
 use crate::wire::responses::{status, usage_json};
 
+/// A function call in the output.
 #[derive(Clone, Debug)]
 pub struct OutCall {
     /// The item id (`fc_…`) and the id a `function_call_output` answers (`call_…`).
@@ -29,6 +30,7 @@ impl OutCall {
     }
 }
 
+/// Everything needed to render the response object at any stage.
 #[derive(Clone)]
 pub struct Shape {
     pub id: String,

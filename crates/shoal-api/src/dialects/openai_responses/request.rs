@@ -59,8 +59,6 @@ pub struct InputItem {
     pub output: Option<Value>,
 }
 
-/// A function call in the output.
-
 pub(super) fn conversation(
     state: &Served,
     req: &mut ResponsesRequest,

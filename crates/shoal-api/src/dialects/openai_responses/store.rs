@@ -48,8 +48,6 @@ impl ResponseStore {
     }
 }
 
-/// Everything needed to render the response object at any stage.
-
 pub(super) fn remember(
     state: &Served,
     shape: &Shape,
