@@ -938,7 +938,7 @@ mod tests {
     #[test]
     fn every_setting_has_a_default_but_the_optional_ones() {
         let table = default_table();
-        let optional = ["server.db", "model.path", "model.id"];
+        let optional = ["server.db", "server.ollama_port", "model.path", "model.id"];
         for s in SETTINGS {
             let present = s.value_in(&table).is_some();
             assert_eq!(present, !optional.contains(&s.id), "{}", s.id);
