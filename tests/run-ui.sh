@@ -118,7 +118,7 @@ wait_listening "$KEYED_PID" "$LOGDIR/keyed.out" "$LOGDIR/keyed.err"
 KEYED_URL="$URL"
 echo "run-ui: (requires an API key) $LINE"
 wait_listening "$SERVER_PID" "$LOGDIR/server.out" "$LOGDIR/server.err"
-if ! curl -fsS "$URL/" | grep -q '<div id="root">'; then
+if ! curl -fsS -H 'Accept: text/html' "$URL/" | grep -q '<div id="root">'; then
   if [[ -f "$ROOT/ui/dist/index.html" ]]; then
     fail "$URL/ does not serve the web UI although ui/dist exists: $SHOAL_BIN was built before ui/dist or without embedding it"
   fi

@@ -91,7 +91,7 @@ async function assertKeyHidden(page) {
 }
 
 test('with a key configured the API answers 401 without it, the UI files and /health stay open', { skip }, async () => {
-  const root = await fetch(KEYED_BASE + '/');
+  const root = await fetch(KEYED_BASE + '/', { headers: { accept: 'text/html' } });
   assert.equal(root.status, 200);
   assert.match(await root.text(), /<div id="root">/);
   assert.equal((await fetch(KEYED_BASE + '/health')).status, 200);

@@ -62,10 +62,12 @@ async function withPage(name, opts, body) {
 }
 
 test('the binary serves the UI at / and unknown routes fall back to it', async () => {
-  const root = await fetch(BASE + '/');
+  // A browser asks for HTML; anything else at / gets Ollama's liveness text.
+  const root = await fetch(BASE + '/', { headers: { accept: 'text/html' } });
   assert.equal(root.status, 200);
   const html = await root.text();
   assert.match(html, /<div id="root">/, 'the binary was built without ui/dist');
+  assert.equal(await (await fetch(BASE + '/')).text(), 'Ollama is running');
   const deep = await fetch(BASE + '/usage');
   assert.equal(deep.status, 200);
   assert.equal(await deep.text(), html);

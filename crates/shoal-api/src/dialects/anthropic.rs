@@ -574,52 +574,35 @@ pub async fn count_tokens(
     count.await.map_err(|e| e.in_dialect(ErrorShape::Anthropic))
 }
 
-/// Anthropic Messages's words for the engine's records, and its routes.
-pub struct Words;
+/// Anthropic Messages's words for the engine's records.
+pub const DIALECT: super::Dialect = super::Dialect(&super::Described {
+    ledger_name: "anthropic.messages",
+    short_name: "messages",
+    path_prefixes: &["/v1/messages"],
+    generation_paths: &["/v1/messages"],
+    model_paths: &["/v1/messages", "/v1/messages/count_tokens"],
+    error_shape: ErrorShape::Anthropic,
+    finish_words: |f| crate::wire::messages::stop_reason(f).to_string(),
+    usage_json: crate::wire::messages::usage_json,
+    provider_meta,
+});
 
-impl super::Words for Words {
-    fn ledger_name(&self) -> &'static str {
-        "anthropic.messages"
-    }
-    fn short_name(&self) -> &'static str {
-        "messages"
-    }
-    fn path_prefixes(&self) -> &'static [&'static str] {
-        &["/v1/messages"]
-    }
-    fn generation_paths(&self) -> &'static [&'static str] {
-        &["/v1/messages"]
-    }
-    fn model_paths(&self) -> &'static [&'static str] {
-        &["/v1/messages", "/v1/messages/count_tokens"]
-    }
-    fn error_shape(&self) -> ErrorShape {
-        ErrorShape::Anthropic
-    }
-    fn finish_words(&self, f: &shoal_engine::FinishReason) -> String {
-        crate::wire::messages::stop_reason(f).to_string()
-    }
-    fn usage_json(&self, u: &shoal_engine::Usage) -> Value {
-        crate::wire::messages::usage_json(u)
-    }
-    fn provider_meta(
-        &self,
-        finish: Option<&shoal_engine::FinishReason>,
-        u: &shoal_engine::Usage,
-    ) -> shoal_client::ProviderMeta {
-        // Anthropic reports no reasoning tokens, and its `input_tokens`
-        // leave out cache reads.
-        let mut p = crate::wire::base_meta(finish, u);
-        p.stop_reason = finish.map(|f| DIALECT.finish_words(f));
-        p.token_usage_reasoning_tokens = None;
-        p.token_usage_input_tokens = Some(crate::wire::messages::uncached(u) as u64);
-        p.token_usage_cache_creation_tokens = Some(0);
-        p
-    }
+/// What a recorder stores under its reserved keys for a reply.
+fn provider_meta(
+    finish: Option<&shoal_engine::FinishReason>,
+    u: &shoal_engine::Usage,
+) -> shoal_client::ProviderMeta {
+    // Anthropic reports no reasoning tokens, and its `input_tokens`
+    // leave out cache reads.
+    let mut p = crate::wire::base_meta(finish, u);
+    p.stop_reason = finish.map(|f| DIALECT.finish_words(f));
+    p.token_usage_reasoning_tokens = None;
+    p.token_usage_input_tokens = Some(crate::wire::messages::uncached(u) as u64);
+    p.token_usage_cache_creation_tokens = Some(0);
+    p
 }
 
-/// Anthropic Messages as the server registers it.
-pub const DIALECT: super::Dialect = super::Dialect(&Words);
+/// The dialect as the server registers it: its words and its routes.
 pub const REGISTERED: super::Registered = super::Registered {
     dialect: DIALECT,
     routes,

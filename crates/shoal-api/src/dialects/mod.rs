@@ -46,6 +46,49 @@ pub trait Words: Send + Sync + 'static {
     fn provider_meta(&self, finish: Option<&FinishReason>, u: &Usage) -> ProviderMeta;
 }
 
+/// A dialect's words given as data, which is all most dialects need.
+pub struct Described {
+    pub ledger_name: &'static str,
+    pub short_name: &'static str,
+    pub path_prefixes: &'static [&'static str],
+    pub generation_paths: &'static [&'static str],
+    pub model_paths: &'static [&'static str],
+    pub error_shape: ErrorShape,
+    pub finish_words: fn(&FinishReason) -> String,
+    pub usage_json: fn(&Usage) -> Value,
+    pub provider_meta: fn(Option<&FinishReason>, &Usage) -> ProviderMeta,
+}
+
+impl Words for Described {
+    fn ledger_name(&self) -> &'static str {
+        self.ledger_name
+    }
+    fn short_name(&self) -> &'static str {
+        self.short_name
+    }
+    fn path_prefixes(&self) -> &'static [&'static str] {
+        self.path_prefixes
+    }
+    fn generation_paths(&self) -> &'static [&'static str] {
+        self.generation_paths
+    }
+    fn model_paths(&self) -> &'static [&'static str] {
+        self.model_paths
+    }
+    fn error_shape(&self) -> ErrorShape {
+        self.error_shape
+    }
+    fn finish_words(&self, f: &FinishReason) -> String {
+        (self.finish_words)(f)
+    }
+    fn usage_json(&self, u: &Usage) -> Value {
+        (self.usage_json)(u)
+    }
+    fn provider_meta(&self, finish: Option<&FinishReason>, u: &Usage) -> ProviderMeta {
+        (self.provider_meta)(finish, u)
+    }
+}
+
 /// One registered dialect: its words and its routes.
 pub struct Registered {
     pub dialect: Dialect,

@@ -504,44 +504,30 @@ impl run::Adapter for Chat {
     }
 }
 
-/// OpenAI Chat Completions's words for the engine's records, and its routes.
-pub struct Words;
+/// OpenAI Chat Completions's words for the engine's records.
+pub const DIALECT: super::Dialect = super::Dialect(&super::Described {
+    ledger_name: "openai.chat",
+    short_name: "chat",
+    path_prefixes: &["/v1/chat/completions"],
+    generation_paths: &["/v1/chat/completions"],
+    model_paths: &["/v1/chat/completions"],
+    error_shape: ErrorShape::OpenAi,
+    finish_words: |f| crate::wire::chat::finish_reason(f).to_string(),
+    usage_json: crate::wire::chat::usage_json,
+    provider_meta,
+});
 
-impl super::Words for Words {
-    fn ledger_name(&self) -> &'static str {
-        "openai.chat"
-    }
-    fn short_name(&self) -> &'static str {
-        "chat"
-    }
-    fn path_prefixes(&self) -> &'static [&'static str] {
-        &["/v1/chat/completions"]
-    }
-    fn generation_paths(&self) -> &'static [&'static str] {
-        &["/v1/chat/completions"]
-    }
-    fn error_shape(&self) -> ErrorShape {
-        ErrorShape::OpenAi
-    }
-    fn finish_words(&self, f: &shoal_engine::FinishReason) -> String {
-        crate::wire::chat::finish_reason(f).to_string()
-    }
-    fn usage_json(&self, u: &shoal_engine::Usage) -> Value {
-        crate::wire::chat::usage_json(u)
-    }
-    fn provider_meta(
-        &self,
-        finish: Option<&shoal_engine::FinishReason>,
-        u: &shoal_engine::Usage,
-    ) -> shoal_client::ProviderMeta {
-        let mut p = crate::wire::base_meta(finish, u);
-        p.finish_reason = finish.map(|f| DIALECT.finish_words(f));
-        p
-    }
+/// What a recorder stores under its reserved keys for a reply.
+fn provider_meta(
+    finish: Option<&shoal_engine::FinishReason>,
+    u: &shoal_engine::Usage,
+) -> shoal_client::ProviderMeta {
+    let mut p = crate::wire::base_meta(finish, u);
+    p.finish_reason = finish.map(|f| DIALECT.finish_words(f));
+    p
 }
 
-/// OpenAI Chat Completions as the server registers it.
-pub const DIALECT: super::Dialect = super::Dialect(&Words);
+/// The dialect as the server registers it: its words and its routes.
 pub const REGISTERED: super::Registered = super::Registered {
     dialect: DIALECT,
     routes,

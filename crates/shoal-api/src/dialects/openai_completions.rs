@@ -335,44 +335,30 @@ impl run::StreamRender for CompletionRenderer {
     }
 }
 
-/// OpenAI legacy Completions's words for the engine's records, and its routes.
-pub struct Words;
+/// OpenAI legacy Completions's words for the engine's records.
+pub const DIALECT: super::Dialect = super::Dialect(&super::Described {
+    ledger_name: "openai.completions",
+    short_name: "completions",
+    path_prefixes: &["/v1/completions"],
+    generation_paths: &["/v1/completions"],
+    model_paths: &["/v1/completions"],
+    error_shape: ErrorShape::OpenAi,
+    finish_words: |f| crate::wire::chat::finish_reason(f).to_string(),
+    usage_json: crate::wire::chat::usage_json,
+    provider_meta,
+});
 
-impl super::Words for Words {
-    fn ledger_name(&self) -> &'static str {
-        "openai.completions"
-    }
-    fn short_name(&self) -> &'static str {
-        "completions"
-    }
-    fn path_prefixes(&self) -> &'static [&'static str] {
-        &["/v1/completions"]
-    }
-    fn generation_paths(&self) -> &'static [&'static str] {
-        &["/v1/completions"]
-    }
-    fn error_shape(&self) -> ErrorShape {
-        ErrorShape::OpenAi
-    }
-    fn finish_words(&self, f: &shoal_engine::FinishReason) -> String {
-        crate::wire::chat::finish_reason(f).to_string()
-    }
-    fn usage_json(&self, u: &shoal_engine::Usage) -> Value {
-        crate::wire::chat::usage_json(u)
-    }
-    fn provider_meta(
-        &self,
-        finish: Option<&shoal_engine::FinishReason>,
-        u: &shoal_engine::Usage,
-    ) -> shoal_client::ProviderMeta {
-        let mut p = crate::wire::base_meta(finish, u);
-        p.finish_reason = finish.map(|f| DIALECT.finish_words(f));
-        p
-    }
+/// What a recorder stores under its reserved keys for a reply.
+fn provider_meta(
+    finish: Option<&shoal_engine::FinishReason>,
+    u: &shoal_engine::Usage,
+) -> shoal_client::ProviderMeta {
+    let mut p = crate::wire::base_meta(finish, u);
+    p.finish_reason = finish.map(|f| DIALECT.finish_words(f));
+    p
 }
 
-/// OpenAI legacy Completions as the server registers it.
-pub const DIALECT: super::Dialect = super::Dialect(&Words);
+/// The dialect as the server registers it: its words and its routes.
 pub const REGISTERED: super::Registered = super::Registered {
     dialect: DIALECT,
     routes,

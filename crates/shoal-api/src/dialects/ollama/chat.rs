@@ -9,8 +9,8 @@ use shoal_engine::tools::ToolDef;
 use shoal_engine::{ChatMessage, Event};
 
 use super::{
-    can_think, failure, final_fields, format_grammar, model_id, no_images, now, wanted_thinking,
-    KeepAlive, Options, DIALECT,
+    can_think, format_grammar, model_id, no_images, now, wanted_thinking, KeepAlive, Options,
+    DIALECT,
 };
 use crate::body::Body;
 use crate::error::{ApiError, DialectError};
@@ -199,17 +199,7 @@ impl run::Adapter for OllamaChat {
         let want = wanted_thinking(req.think.as_ref(), can_think(served), &req.model)?;
         let messages = to_messages(served, &req.messages)?;
         let p = served.chat_prompt(&messages, want, tools.as_ref())?;
-        let window = served.engine.model.info.context_length;
-        let job = Generation {
-            max_tokens: options.max_tokens(p.tokens.len(), window)?,
-            prompts: vec![p.tokens],
-            sampling: options.sampling(&served.engine.model.defaults.params())?,
-            stop: options.stops()?,
-            n: 1,
-            reasoning: p.reasoning,
-            grammar: p.grammar.or(format),
-            tools: p.tools,
-        };
+        let job = super::job(served, p, &options, format)?;
         Ok((
             job,
             OllamaChat {
@@ -220,12 +210,7 @@ impl run::Adapter for OllamaChat {
     }
 
     fn respond(self, _: &Served, collected: Vec<Collected>) -> Result<Value, ApiError> {
-        let Some(c) = collected.first() else {
-            return Err(ApiError::internal("the engine returned no reply"));
-        };
-        if let Some(e) = failure(c.completion()) {
-            return Err(e);
-        }
+        let c = super::only(&collected)?;
         let mut message = json!({"role": "assistant", "content": c.text});
         if !c.reasoning.is_empty() {
             message["thinking"] = json!(c.reasoning);
@@ -237,12 +222,8 @@ impl run::Adapter for OllamaChat {
                     .map(|t| (t.name.as_str(), t.arguments.as_str())),
             );
         }
-        let mut out =
-            json!({"model": self.model, "created_at": now(), "message": message, "done": true});
-        if let Value::Object(o) = &mut out {
-            o.extend(final_fields(c.completion(), self.ready_after));
-        }
-        Ok(out)
+        let head = json!({"model": self.model, "created_at": now(), "message": message});
+        Ok(super::closing(head, c.completion(), self.ready_after))
     }
 
     fn stream(self, _: Served) -> ChatStream {
@@ -309,17 +290,9 @@ impl run::StreamRender for ChatStream {
                         self.line(json!({"role": "assistant", "content": "", "tool_calls": calls})),
                     );
                 }
-                let last = match failure(c) {
-                    Some(e) => e.body(crate::error::ErrorShape::Plain),
-                    None => {
-                        let mut v = json!({"model": self.model, "created_at": now(),
-                            "message": {"role": "assistant", "content": ""}, "done": true});
-                        if let Value::Object(o) = &mut v {
-                            o.extend(final_fields(c, self.ready_after));
-                        }
-                        v
-                    }
-                };
+                let head = json!({"model": self.model, "created_at": now(),
+                    "message": {"role": "assistant", "content": ""}});
+                let last = super::closing(head, c, self.ready_after);
                 step.frames.push((None, last.to_string()));
                 step.last = true;
             }

@@ -10,8 +10,8 @@ use shoal_engine::loader::Vocabulary;
 use shoal_engine::{ChatMessage, Event};
 
 use super::{
-    can_think, failure, final_fields, format_grammar, model_id, no_images, now, wanted_thinking,
-    KeepAlive, Options, DIALECT,
+    can_think, format_grammar, model_id, no_images, now, wanted_thinking, KeepAlive, Options,
+    DIALECT,
 };
 use crate::body::Body;
 use crate::error::{ApiError, DialectError};
@@ -162,17 +162,7 @@ impl run::Adapter for OllamaGenerate {
         let format = format_grammar(req.format.as_ref())?;
         let want = wanted_thinking(req.think.as_ref(), can_think(served), &req.model)?;
         let p = prompt(served, &req, want)?;
-        let window = served.engine.model.info.context_length;
-        let job = Generation {
-            max_tokens: options.max_tokens(p.tokens.len(), window)?,
-            prompts: vec![p.tokens],
-            sampling: options.sampling(&served.engine.model.defaults.params())?,
-            stop: options.stops()?,
-            n: 1,
-            reasoning: p.reasoning,
-            grammar: format,
-            tools: None,
-        };
+        let job = super::job(served, p, &options, format)?;
         Ok((
             job,
             OllamaGenerate {
@@ -183,21 +173,12 @@ impl run::Adapter for OllamaGenerate {
     }
 
     fn respond(self, _: &Served, collected: Vec<Collected>) -> Result<Value, ApiError> {
-        let Some(c) = collected.first() else {
-            return Err(ApiError::internal("the engine returned no reply"));
-        };
-        if let Some(e) = failure(c.completion()) {
-            return Err(e);
-        }
-        let mut out =
-            json!({"model": self.model, "created_at": now(), "response": c.text, "done": true});
+        let c = super::only(&collected)?;
+        let mut head = json!({"model": self.model, "created_at": now(), "response": c.text});
         if !c.reasoning.is_empty() {
-            out["thinking"] = json!(c.reasoning);
+            head["thinking"] = json!(c.reasoning);
         }
-        if let Value::Object(o) = &mut out {
-            o.extend(final_fields(c.completion(), self.ready_after));
-        }
-        Ok(out)
+        Ok(super::closing(head, c.completion(), self.ready_after))
     }
 
     fn stream(self, _: Served) -> GenerateStream {
@@ -231,17 +212,8 @@ impl run::StreamRender for GenerateStream {
             }
             Event::Reasoning { text } => step.frames.push(line(json!({"thinking": text}))),
             Event::Done(c) => {
-                let last = match failure(c) {
-                    Some(e) => e.body(crate::error::ErrorShape::Plain),
-                    None => {
-                        let mut v = json!({"model": self.model, "created_at": now(),
-                                           "response": "", "done": true});
-                        if let Value::Object(o) = &mut v {
-                            o.extend(final_fields(c, self.ready_after));
-                        }
-                        v
-                    }
-                };
+                let head = json!({"model": self.model, "created_at": now(), "response": ""});
+                let last = super::closing(head, c, self.ready_after);
                 step.frames.push((None, last.to_string()));
                 step.last = true;
             }

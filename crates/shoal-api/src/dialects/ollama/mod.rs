@@ -487,6 +487,52 @@ pub fn final_fields(c: &Completion, ready_after: Duration) -> serde_json::Map<St
     m
 }
 
+/// The engine job for a prompt under a request's options (one choice).
+pub fn job(
+    served: &crate::Served,
+    p: shoal_engine::prompt::ChatPrompt,
+    options: &Options,
+    format: Option<shoal_engine::Grammar>,
+) -> Result<crate::run::Generation, ApiError> {
+    let window = served.engine.model.info.context_length;
+    Ok(crate::run::Generation {
+        max_tokens: options.max_tokens(p.tokens.len(), window)?,
+        prompts: vec![p.tokens],
+        sampling: options.sampling(&served.engine.model.defaults.params())?,
+        stop: options.stops()?,
+        n: 1,
+        reasoning: p.reasoning,
+        // A required call's grammar outranks the reply format.
+        grammar: p.grammar.or(format),
+        tools: p.tools,
+    })
+}
+
+/// The one collected reply of a non-streamed request, or its failure.
+pub fn only(collected: &[crate::run::Collected]) -> Result<&crate::run::Collected, ApiError> {
+    let c = collected
+        .first()
+        .ok_or_else(|| ApiError::internal("the engine returned no reply"))?;
+    match failure(c.completion()) {
+        Some(e) => Err(e),
+        None => Ok(c),
+    }
+}
+
+/// A final object: `head` (model, created_at and the message or response)
+/// with `done: true`, the finish, the counts and the durations; or, for a
+/// failed generation, the error line with its usage.
+pub fn closing(mut head: Value, c: &Completion, ready_after: Duration) -> Value {
+    if let Some(e) = failure(c) {
+        return e.body(ErrorShape::Plain);
+    }
+    if let Value::Object(o) = &mut head {
+        o.insert("done".into(), Value::Bool(true));
+        o.extend(final_fields(c, ready_after));
+    }
+    head
+}
+
 /// A failed generation's closing line or body: the error, with the usage
 /// spent beside it.
 pub fn failure(c: &Completion) -> Option<ApiError> {

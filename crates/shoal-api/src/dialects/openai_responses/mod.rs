@@ -130,58 +130,44 @@ impl run::StreamRender for ResponsesStream {
     }
 }
 
-/// OpenAI Responses's words for the engine's records, and its routes.
-pub struct Words;
+/// OpenAI Responses's words for the engine's records.
+pub const DIALECT: super::Dialect = super::Dialect(&super::Described {
+    ledger_name: "openai.responses",
+    short_name: "responses",
+    path_prefixes: &["/v1/responses"],
+    generation_paths: &["/v1/responses"],
+    model_paths: &["/v1/responses"],
+    error_shape: ErrorShape::OpenAi,
+    // A finish is its `status`, or `status:reason` when incomplete.
+    finish_words: |f| match crate::wire::responses::outcome(f) {
+        (status, Some(reason)) => format!("{status}:{reason}"),
+        (status, None) => status.to_string(),
+    },
+    usage_json: crate::wire::responses::usage_json,
+    provider_meta,
+});
 
-impl crate::dialects::Words for Words {
-    fn ledger_name(&self) -> &'static str {
-        "openai.responses"
-    }
-    fn short_name(&self) -> &'static str {
-        "responses"
-    }
-    fn path_prefixes(&self) -> &'static [&'static str] {
-        &["/v1/responses"]
-    }
-    fn generation_paths(&self) -> &'static [&'static str] {
-        &["/v1/responses"]
-    }
-    fn error_shape(&self) -> ErrorShape {
-        ErrorShape::OpenAi
-    }
-    fn finish_words(&self, f: &shoal_engine::FinishReason) -> String {
-        // A finish is its `status`, or `status:reason` when incomplete.
-        match crate::wire::responses::outcome(f) {
-            (status, Some(reason)) => format!("{status}:{reason}"),
-            (status, None) => status.to_string(),
+/// What a recorder stores under its reserved keys for a reply.
+fn provider_meta(
+    finish: Option<&shoal_engine::FinishReason>,
+    u: &shoal_engine::Usage,
+) -> shoal_client::ProviderMeta {
+    let mut p = crate::wire::base_meta(finish, u);
+    match finish {
+        Some(shoal_engine::FinishReason::Cancelled) => {
+            p.status = Some(crate::dialects::CANCELLED.into())
         }
-    }
-    fn usage_json(&self, u: &shoal_engine::Usage) -> Value {
-        crate::wire::responses::usage_json(u)
-    }
-    fn provider_meta(
-        &self,
-        finish: Option<&shoal_engine::FinishReason>,
-        u: &shoal_engine::Usage,
-    ) -> shoal_client::ProviderMeta {
-        let mut p = crate::wire::base_meta(finish, u);
-        match finish {
-            Some(shoal_engine::FinishReason::Cancelled) => {
-                p.status = Some(crate::dialects::CANCELLED.into())
-            }
-            Some(f) => {
-                let (status, reason) = crate::wire::responses::outcome(f);
-                p.status = Some(status.into());
-                p.incomplete_reason = reason.map(str::to_string);
-            }
-            None => {}
+        Some(f) => {
+            let (status, reason) = crate::wire::responses::outcome(f);
+            p.status = Some(status.into());
+            p.incomplete_reason = reason.map(str::to_string);
         }
-        p
+        None => {}
     }
+    p
 }
 
-/// OpenAI Responses as the server registers it.
-pub const DIALECT: crate::dialects::Dialect = crate::dialects::Dialect(&Words);
+/// The dialect as the server registers it: its words and its routes.
 pub const REGISTERED: crate::dialects::Registered = crate::dialects::Registered {
     dialect: DIALECT,
     routes,
