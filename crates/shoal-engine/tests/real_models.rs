@@ -20,9 +20,14 @@ use shoal_engine::{
 mod common;
 
 const STEPS: usize = 32;
-/// Logprob gap under which two candidates count as tied for greedy decoding:
-/// rounding from another summation order moves logits by far less.
-const NEAR_TIE: f32 = 0.05;
+/// Logprob gap under which two candidates count as tied for greedy decoding.
+/// Another summation order alone moves a logit by far less, but llama.cpp
+/// quantizes each activation row to 8 bits, so a rounding difference can move
+/// a value by a whole quantization step, and over a few dozen tokens the KV
+/// cache carries that on: a batched SmolLM2 (Q4_1) run was seen to part from
+/// its lone run at token 27 where the lone gap was 0.17 (and the batched one
+/// 0.14 the other way). A mixed-up sequence parts far earlier and by far more.
+const NEAR_TIE: f32 = 0.25;
 
 /// The three models: `$SHOAL_TEST_GGUF`, and the two from `tools/fetch-real-models.sh`.
 fn models() -> Vec<(&'static str, PathBuf)> {
