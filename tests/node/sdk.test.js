@@ -365,4 +365,22 @@ describe('ollama (official ollama-js client)', () => {
     await assert.rejects(client().chat({ model, messages: MESSAGES, think: true }), (e) =>
       e.status_code === 400 && /does not support thinking/.test(e.error));
   });
+
+  test('pull with progress from the hub fixture, chat on the pulled model, then delete', async () => {
+    const PULLED = 'test/SmolLM2-GGUF';
+    const events = [];
+    for await (const e of await client().pull({ model: `hf.co/${PULLED}:Q4_1`, stream: true })) events.push(e);
+    assert.equal(events[0].status, 'pulling manifest');
+    assert.equal(events.at(-1).status, 'success');
+    const progress = events.filter((e) => e.digest);
+    assert.ok(progress.length > 0 && progress.every((e) => e.digest.startsWith('sha256:') && e.total > 0));
+    assert.equal(progress.at(-1).completed, progress.at(-1).total);
+    const pulled = (await client().list()).models.map((m) => m.name).find((n) => n.startsWith(`${PULLED}/`));
+    assert.ok(pulled?.endsWith('.gguf:latest'), String(pulled));
+    const r = await client().chat({ model: pulled, messages: MESSAGES, options: GREEDY, keep_alive: 0 });
+    assert.deepEqual([r.message.content, r.done_reason], [ANSWER, 'stop']);
+    assert.equal((await client().delete({ model: pulled })).status, 'success');
+    assert.ok(!(await client().list()).models.some((m) => m.name === pulled));
+    await assert.rejects(client().delete({ model: pulled }), (e) => e.status_code === 404);
+  });
 });

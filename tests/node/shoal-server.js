@@ -22,8 +22,10 @@ export async function startServer(...extra) {
   const logPath = join(dir, 'server.log');
   const log = createWriteStream(logPath);
   // A store of its own, never the user's.
+  // A model library of its own too (pulled models land there), never the user's.
   const proc = spawn(SHOAL_BIN, ['serve', '--port', '0', '--db', join(dir, 'conversations.sqlite'), ...extra], {
     stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, HF_HOME: join(dir, 'hf-home') },
   });
   proc.stderr.pipe(log);
   const logTail = () => {

@@ -145,3 +145,36 @@ def test_copilot_provider_flow(server: Server, model: str) -> None:
         {"model": f"{model}:latest", "messages": ask(), "stream": False, "options": GREEDY},
     )
     assert chat["message"]["content"] == ANSWER and chat["done_reason"] == "stop"
+
+
+PULLED = "test/SmolLM2-GGUF"
+
+
+def test_pull_with_progress_then_delete(olm: ollama.Client, model: str) -> None:
+    """`ollama pull` from the hub (the loopback fixture run-sdk.sh starts),
+    its progress as the client reads it, a chat on the pulled model, then
+    `ollama rm`."""
+    events = list(olm.pull(f"hf.co/{PULLED}:Q4_1", stream=True))
+    assert events[0].status == "pulling manifest"
+    assert events[-1].status == "success"
+    progress = [e for e in events if e.digest]
+    assert progress and all(e.digest.startswith("sha256:") and e.total for e in progress)
+    done = [e.completed or 0 for e in progress]
+    assert done == sorted(done) and done[-1] == progress[-1].total
+    assert any(e.status == "verifying sha256 digest" for e in events)
+
+    names = [m.model for m in olm.list().models]
+    pulled = next(n for n in names if n.startswith(PULLED + "/"))
+    assert pulled.endswith(".gguf:latest") and f"{model}:latest" in names
+    # keep_alive 0: the pulled model is unloaded after its reply.
+    r = olm.chat(model=pulled, messages=ask(), options=GREEDY, keep_alive=0)
+    assert r.message.content == ANSWER and r.done_reason == "stop"
+
+    assert olm.delete(pulled).status == "success"
+    assert pulled not in [m.model for m in olm.list().models]
+    with pytest.raises(ollama.ResponseError) as gone:
+        olm.delete(pulled)
+    assert gone.value.status_code == 404
+    with pytest.raises(ollama.ResponseError) as unknown:
+        olm.pull("hf.co/test/NoSuchRepo-GGUF:Q4_1")
+    assert "NoSuchRepo" in str(unknown.value.error)

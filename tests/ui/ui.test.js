@@ -1,6 +1,7 @@
 // The web UI served by `shoal serve` at `/`, in Debian's chromium, against the
 // real default model (greedy: temperature 0 in the chat settings).
 import assert from 'node:assert/strict';
+import net from 'node:net';
 import { after, before, test } from 'node:test';
 import {
   api,
@@ -479,6 +480,53 @@ test('an Ollama request is in the usage dashboard under its own dialect, with it
     assert.equal(await row.getByTestId('usage-row-completion').innerText(), String(r.json.eval_count));
     assert.equal(await row.getByTestId('usage-row-finish').innerText(), r.json.done_reason);
   });
+});
+
+test('the settings switch serves Ollama\'s port, and says plainly when the port is taken', async () => {
+  // Hold Ollama's port ourselves (or find it held already): either way it is taken.
+  const holder = net.createServer();
+  const held = await new Promise((resolve) => {
+    holder.once('error', () => resolve(false));
+    holder.listen(11434, '127.0.0.1', () => resolve(true));
+  });
+  try {
+    await withPage('ollama-switch', {}, async (page) => {
+      await newChat(page);
+      if ((await page.getByTestId('settings-panel').count()) === 0) await page.getByTestId('settings-toggle').click();
+      const box = page.getByTestId('setting-ollama-port');
+      const status = page.getByTestId('ollama-port-status');
+      await status.waitFor();
+      assert.equal(await box.isChecked(), false, 'off unless switched on');
+      assert.match(await status.innerText(), /^Off/);
+
+      await box.check();
+      await page.waitForFunction(() => document.querySelector('[data-testid=ollama-port-status]')?.textContent?.includes('taken'));
+      assert.match(await status.innerText(), /port 11434 is taken/);
+      assert.equal(await status.getAttribute('role'), 'alert');
+      const setting = await api('/v1/settings/ollama-port');
+      assert.deepEqual([setting.json.enabled, setting.json.listening], [true, false]);
+      // The chat's own port serves Ollama's API regardless.
+      assert.equal((await api('/api/tags')).status, 200);
+
+      if (held) {
+        // Freed, switched off and on again: Shoal answers on 11434.
+        await new Promise((resolve) => holder.close(resolve));
+        await box.uncheck();
+        await page.waitForFunction(() => document.querySelector('[data-testid=ollama-port-status]')?.textContent?.startsWith('Off'));
+        await box.check();
+        await page.waitForFunction(() => document.querySelector('[data-testid=ollama-port-status]')?.dataset.listening === 'true');
+        assert.match(await status.innerText(), /find Shoal there/);
+        const tags = await fetch('http://127.0.0.1:11434/api/tags');
+        assert.equal(tags.status, 200);
+        assert.ok((await tags.json()).models.some((m) => m.name === `${model}:latest`));
+      }
+      await box.uncheck();
+      await page.waitForFunction(() => document.querySelector('[data-testid=ollama-port-status]')?.textContent?.startsWith('Off'));
+      assert.equal((await api('/v1/settings/ollama-port')).json.enabled, false);
+    });
+  } finally {
+    if (holder.listening) holder.close();
+  }
 });
 
 test('with prices set the usage dashboard shows what the traffic would have cost', async () => {

@@ -197,6 +197,25 @@ async function request(method: string, url: string, body?: unknown, signal?: Abo
   return res;
 }
 
+/** The switch for Ollama's own port (11434) beside this one, and what listening on it gave. */
+export interface OllamaPortSetting {
+  enabled: boolean;
+  port: number;
+  listening: boolean;
+  /** Where it listens, when it does. */
+  address?: string;
+  /** Why it does not (the port is taken, by a running Ollama for example). */
+  error?: string;
+}
+
+export const getOllamaPort = () => getJson<OllamaPortSetting>('/v1/settings/ollama-port');
+
+/** Turns Ollama's port on or off now; the server remembers it for its next start. */
+export const setOllamaPort = (enabled: boolean, port?: number) =>
+  request('PUT', '/v1/settings/ollama-port', port === undefined ? { enabled } : { enabled, port }).then(
+    (r) => r.json() as Promise<OllamaPortSetting>,
+  );
+
 /** Loads a model into memory; 503 (`insufficient_memory`) when it does not fit. */
 export const loadModel = (id: string) => request('POST', `${modelPath(id)}/load`).then((r) => r.json() as Promise<ModelInfo>);
 

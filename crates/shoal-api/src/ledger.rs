@@ -11,7 +11,7 @@ use crate::dialects::Dialect;
 use serde_json::{json, Value};
 use shoal_client::metadata::{Cost, Price};
 use shoal_engine::{Completion, FinishReason, Timings, Usage};
-use shoal_store::{UsageFilter, UsageLog, UsageRow};
+use shoal_store::{ChoiceRow, UsageFilter, UsageLog, UsageRow};
 
 use crate::error::ApiError;
 use crate::wire;
@@ -163,17 +163,14 @@ impl LedgerEntry {
         })
     }
 
-    fn to_row(&self) -> Result<UsageRow, serde_json::Error> {
+    fn to_row(&self) -> UsageRow {
         let u = self.usage();
         let mut finishes: Vec<String> = self
             .completions
             .iter()
-            .map(|c| c.finish.as_str().to_string())
-            .chain(self.finish_reasons())
-            .flat_map(|w| {
-                // `incomplete:max_output_tokens` is found by either half too.
-                let halves: Vec<String> = w.split(':').map(str::to_owned).collect();
-                std::iter::once(w).chain(halves)
+            .flat_map(|c| {
+                let words = self.dialect.finish_terms(&c.finish).terms();
+                std::iter::once(c.finish.as_str().to_string()).chain(words)
             })
             .collect();
         if self.completions.is_empty() {
@@ -181,12 +178,7 @@ impl LedgerEntry {
         }
         finishes.sort();
         finishes.dedup();
-        let record = json!({
-            "per_prompt": self.per_prompt,
-            "completions": self.completions,
-            "error": self.error,
-        });
-        Ok(UsageRow {
+        UsageRow {
             seq: 0,
             id: self.id.clone(),
             created_ms: i64::try_from(self.created)
@@ -208,33 +200,27 @@ impl LedgerEntry {
             cached_tokens: u.cached_tokens as u64,
             completion_tokens: u.completion_tokens as u64,
             reasoning_tokens: u.reasoning_tokens as u64,
-            record: serde_json::to_string(&record)?,
-        })
+            per_prompt: u32::try_from(self.per_prompt).unwrap_or(u32::MAX),
+            error: self.error.clone(),
+            choices: self.completions.iter().map(choice_row).collect(),
+        }
     }
 
     fn from_row(r: UsageRow) -> Option<LedgerEntry> {
-        #[derive(serde::Deserialize)]
-        struct Record {
-            per_prompt: usize,
-            completions: Vec<Completion>,
-            error: Option<String>,
-        }
         let dialect = Dialect::parse(&r.dialect)?;
-        let record: Record = match serde_json::from_str(&r.record) {
-            Ok(rec) => rec,
-            Err(e) => {
-                tracing::warn!(id = %r.id, error = %e, "unreadable ledger record skipped");
-                return None;
-            }
-        };
+        let completions = r
+            .choices
+            .into_iter()
+            .map(|c| completion(&r.id, c))
+            .collect::<Option<Vec<_>>>()?;
         Some(LedgerEntry {
             id: r.id,
             dialect,
             model: r.model,
             created: u64::try_from(r.created_ms / 1000).unwrap_or(0),
             stream: r.stream,
-            per_prompt: record.per_prompt,
-            completions: record.completions,
+            per_prompt: r.per_prompt.max(1) as usize,
+            completions,
             facts: Facts {
                 endpoint: r.endpoint,
                 client: r.client,
@@ -245,9 +231,53 @@ impl LedgerEntry {
             },
             backend: r.backend,
             status: r.status,
-            error: record.error,
+            error: r.error,
         })
     }
+}
+
+/// One choice's engine record as the store keeps it.
+fn choice_row(c: &Completion) -> ChoiceRow {
+    let n = |v: usize| v as u64;
+    ChoiceRow {
+        finish: c.finish.as_str().into(),
+        finish_detail: c.finish.detail(),
+        prompt_tokens: n(c.usage.prompt_tokens),
+        cached_tokens: n(c.usage.cached_tokens),
+        completion_tokens: n(c.usage.completion_tokens),
+        reasoning_tokens: n(c.usage.reasoning_tokens),
+        queue_ms: c.timings.queue_ms,
+        ttft_ms: c.timings.ttft_ms,
+        prefill_tokens_per_s: c.timings.prefill_tokens_per_s,
+        decode_tokens_per_s: c.timings.decode_tokens_per_s,
+        total_ms: c.timings.total_ms,
+    }
+}
+
+/// The engine record back from its row; `None` (and a warning) for a
+/// finish this program does not know (a newer node's).
+fn completion(id: &str, c: ChoiceRow) -> Option<Completion> {
+    let Some(finish) = FinishReason::from_parts(&c.finish, c.finish_detail.as_deref()) else {
+        tracing::warn!(id, finish = %c.finish, "ledger row with an unknown finish skipped");
+        return None;
+    };
+    let n = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+    Some(Completion {
+        finish,
+        usage: Usage {
+            prompt_tokens: n(c.prompt_tokens),
+            cached_tokens: n(c.cached_tokens),
+            completion_tokens: n(c.completion_tokens),
+            reasoning_tokens: n(c.reasoning_tokens),
+        },
+        timings: Timings {
+            queue_ms: c.queue_ms,
+            ttft_ms: c.ttft_ms,
+            prefill_tokens_per_s: c.prefill_tokens_per_s,
+            decode_tokens_per_s: c.decode_tokens_per_s,
+            total_ms: c.total_ms,
+        },
+    })
 }
 
 /// How long the ledger keeps its records.
@@ -330,11 +360,7 @@ impl Ledger {
     /// Writes `e`; it is on disk when this returns. A failed write is logged
     /// (the reply itself still goes out).
     pub fn record(&self, e: &LedgerEntry) {
-        let written = e
-            .to_row()
-            .map_err(|err| err.to_string())
-            .and_then(|row| self.log().insert(&row).map_err(|err| err.to_string()));
-        if let Err(error) = written {
+        if let Err(error) = self.log().insert(&e.to_row()) {
             tracing::error!(id = %e.id, %error, "usage ledger write failed");
         }
         self.written.notify_waiters();

@@ -36,10 +36,6 @@ use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::ledger::Ledger;
 pub use crate::state::{AppState, Served};
 
-/// Marks requests that came in on the Ollama port: there `/` is Ollama's.
-#[derive(Clone, Copy, Debug)]
-struct OllamaPort;
-
 /// Serves `router(state)` on `listener` until `shutdown` completes; then stops
 /// accepting and lets open responses finish (streams end with their final
 /// event). For embedding the server (the desktop app) as well as `shoal serve`.
@@ -58,57 +54,24 @@ pub async fn serve_until(
     pool::ModelPool::start_sweeper(&state.pool);
     Ledger::start_pruning(&state.ledger);
     let running = state.running.clone();
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    if let Some(port) = state.ollama_port {
-        serve_ollama_port(&listener, port, state.clone(), stop_rx.clone()).await;
-    }
+    // Ollama's port, when switched on, listens before the main port accepts.
+    let host = listener
+        .local_addr()
+        .map_or(std::net::Ipv4Addr::LOCALHOST.into(), |a| a.ip());
+    state.ollama.open(&state, host).await;
+    let ollama = state.ollama.clone();
     // Stop accepting, then cancel what is running so every open stream ends
     // with its final event promptly and the graceful wait is short.
     let shutdown = async move {
         shutdown.await;
-        let _ = stop_tx.send(true);
+        let closing = ollama.begin_close();
         let n = running.cancel_all();
         tracing::info!(cancelled = n, "shutting down");
+        dialects::ollama::port::OllamaPort::closed(closing).await;
     };
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
         .await
-}
-
-/// Listens on Ollama's port too, on the main listener's host, until `stop`.
-/// A port already taken (a running Ollama) is logged and shown in `/health`;
-/// the main port serves regardless.
-async fn serve_ollama_port(
-    main: &tokio::net::TcpListener,
-    port: u16,
-    state: AppState,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) {
-    let host = main
-        .local_addr()
-        .map_or(std::net::Ipv4Addr::LOCALHOST.into(), |a| a.ip());
-    let addr = std::net::SocketAddr::new(host, port);
-    match tokio::net::TcpListener::bind(addr).await {
-        Ok(l) => {
-            let bound = l.local_addr().unwrap_or(addr);
-            let _ = state.ollama_listen.set(Ok(bound));
-            tracing::info!(address = %bound, "serving Ollama's API on its own port too");
-            let app = router(state).layer(axum::Extension(OllamaPort));
-            tokio::spawn(async move {
-                let done = async move {
-                    let _ = stop.wait_for(|s| *s).await;
-                };
-                if let Err(e) = axum::serve(l, app).with_graceful_shutdown(done).await {
-                    tracing::warn!(error = %e, "the Ollama port stopped serving");
-                }
-            });
-        }
-        Err(e) => {
-            let why = format!("could not listen on {addr} for Ollama's API: {e}");
-            tracing::warn!("{why}; serving on the main port only");
-            let _ = state.ollama_listen.set(Err(why));
-        }
-    }
 }
 
 pub fn router(state: AppState) -> Router {
@@ -158,11 +121,7 @@ async fn health(State(s): State<AppState>) -> impl IntoResponse {
         .map(|e| e.stats.peak_batch.load(Relaxed))
         .max()
         .unwrap_or(0);
-    let ollama = s.ollama_port.map(|port| match s.ollama_listen.get() {
-        Some(Ok(addr)) => json!({"port": port, "listening": true, "address": addr.to_string()}),
-        Some(Err(why)) => json!({"port": port, "listening": false, "error": why}),
-        None => json!({"port": port, "listening": false}),
-    });
+    let ollama = s.ollama.status();
     Json(json!({
         "status": "ok",
         "ollama": ollama,
@@ -189,7 +148,7 @@ async fn health(State(s): State<AppState>) -> impl IntoResponse {
 /// `/`: the web UI for a browser on the main port; Ollama's liveness text
 /// for anything else (its clients probe `/`) and on the Ollama port.
 async fn root(
-    ollama_port: Option<axum::Extension<OllamaPort>>,
+    ollama_port: Option<axum::Extension<dialects::ollama::port::OnOllamaPort>>,
     headers: axum::http::HeaderMap,
 ) -> axum::response::Response {
     let browser = headers

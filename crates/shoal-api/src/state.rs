@@ -42,12 +42,9 @@ pub struct AppState {
     /// Per-million-token prices by model (`[prices.MODEL]`): `/v1/usage`
     /// shows what its traffic would have cost there. Empty: no costs.
     pub prices: Arc<ledger::Prices>,
-    /// Also listen on this port (Ollama's 11434) on the same host, for
-    /// tools that look for Ollama there; `None`: the main port only.
-    pub ollama_port: Option<u16>,
-    /// How listening on `ollama_port` went: the address, or why it failed
-    /// (`/health` says so; the main port serves either way).
-    pub ollama_listen: Arc<std::sync::OnceLock<Result<std::net::SocketAddr, String>>>,
+    /// The switch for Ollama's own port beside the main one (off: `None`
+    /// port); what listening on it gave shows in `/health`.
+    pub ollama: Arc<dialects::ollama::port::OllamaPort>,
 }
 
 /// One request's view of the server: the shared state and the engine of
@@ -99,8 +96,7 @@ impl AppState {
             metrics: Arc::new(metrics::Metrics::new()),
             log_prompts: false,
             prices: Arc::default(),
-            ollama_port: None,
-            ollama_listen: Arc::default(),
+            ollama: Arc::default(),
         }
     }
 

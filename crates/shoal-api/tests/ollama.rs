@@ -8,6 +8,9 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use std::sync::Arc;
+
+use shoal_api::dialects::ollama::port::{self, OllamaPort};
 use shoal_api::AppState;
 use shoal_engine::{Engine, EngineOptions};
 
@@ -590,7 +593,7 @@ async fn the_ollama_port_serves_and_a_taken_one_is_reported() {
         l.local_addr().expect("addr").port()
     };
     let mut state = AppState::new(engine());
-    state.ollama_port = Some(port);
+    state.ollama = Arc::new(OllamaPort::new(Some(port)));
     let base = common::serve(state).await;
     // Listening is set up before the main port accepts.
     let (_, h) = get(&base, "/health").await;
@@ -614,7 +617,7 @@ async fn the_ollama_port_serves_and_a_taken_one_is_reported() {
 
     // A second server asking for the same port keeps serving on its own.
     let mut second = AppState::new(engine());
-    second.ollama_port = Some(port);
+    second.ollama = Arc::new(OllamaPort::new(Some(port)));
     let other = common::serve(second).await;
     let (s, h) = get(&other, "/health").await;
     assert_eq!(s, 200);
@@ -622,9 +625,104 @@ async fn the_ollama_port_serves_and_a_taken_one_is_reported() {
     assert!(
         h["ollama"]["error"]
             .as_str()
-            .is_some_and(|e| e.contains(&port.to_string())),
+            .is_some_and(|e| e.contains(&port.to_string()) && e.contains("taken")),
         "{h}"
     );
     let (s, _) = get(&other, "/api/tags").await;
     assert_eq!(s, 200);
+}
+
+/// A free port on the loopback interface (free when this returns).
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+async fn put_switch(base: &str, body: Value) -> (u16, Value) {
+    let (s, _, t) = call(
+        reqwest::Method::PUT,
+        format!("{base}/v1/settings/ollama-port"),
+        Some(body),
+    )
+    .await;
+    (s, serde_json::from_str(&t).unwrap_or(Value::String(t)))
+}
+
+/// The settings switch opens and closes Ollama's port on a running server,
+/// says so when the port is taken, and is remembered in the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_settings_switch_opens_and_closes_the_ollama_port() {
+    let dir = std::env::temp_dir().join(format!("shoal-ollama-switch-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let db = dir.join("shoal.db");
+    let state = AppState::new(engine())
+        .with_store(&db, Default::default())
+        .expect("store");
+    let store = state.store.clone().expect("store");
+    let base = common::serve(state).await;
+    let (s, v) = get(&base, "/v1/settings/ollama-port").await;
+    assert_eq!(s, 200);
+    assert_eq!(
+        (v["enabled"].clone(), v["port"].clone()),
+        (json!(false), json!(11434)),
+        "{v}"
+    );
+
+    let port = free_port();
+    let (s, v) = put_switch(&base, json!({"enabled": true, "port": port})).await;
+    assert_eq!((s, v["listening"].clone()), (200, json!(true)), "{v}");
+    let ollama = format!("http://127.0.0.1:{port}");
+    let (s, tags) = get(&ollama, "/api/tags").await;
+    assert_eq!(s, 200);
+    assert_eq!(tags["models"][0]["name"], "smollm2:latest");
+    let (_, h) = get(&base, "/health").await;
+    assert_eq!(h["ollama"]["listening"], true, "{h}");
+    assert_eq!(
+        port::remembered(&store.lock().expect("store")),
+        Some(Some(port))
+    );
+
+    // Off: the port no longer answers; the main one does.
+    let (s, v) = put_switch(&base, json!({"enabled": false})).await;
+    assert_eq!(
+        (s, v["enabled"].clone(), v["listening"].clone()),
+        (200, json!(false), json!(false)),
+        "{v}"
+    );
+    let refused = reqwest::Client::new()
+        .get(format!("{ollama}/api/tags"))
+        .send()
+        .await;
+    assert!(refused.is_err(), "the closed port still answered");
+    assert_eq!(port::remembered(&store.lock().expect("store")), Some(None));
+
+    // A taken port: the switch is on, nothing listens, and the reason says so.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let busy = taken.local_addr().expect("addr").port();
+    let (s, v) = put_switch(&base, json!({"enabled": true, "port": busy})).await;
+    assert_eq!(s, 200);
+    assert_eq!(
+        (v["enabled"].clone(), v["listening"].clone()),
+        (json!(true), json!(false)),
+        "{v}"
+    );
+    assert!(
+        v["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("taken") && e.contains(&busy.to_string())),
+        "{v}"
+    );
+    let (s, _) = get(&base, "/api/tags").await;
+    assert_eq!(s, 200, "the main port serves regardless");
+
+    // Bad bodies are 400s in the OpenAI shape of Shoal's own routes.
+    for bad in [
+        json!({"enabled": "yes"}),
+        json!({"enabled": true, "port": 0}),
+        json!({"on": true}),
+    ] {
+        let (s, v) = put_switch(&base, bad.clone()).await;
+        assert_eq!(s, 400, "{bad}: {v}");
+        assert!(v["error"]["message"].is_string(), "{v}");
+    }
 }

@@ -44,6 +44,36 @@ impl FinishReason {
         }
     }
 
+    /// What the reason carries beside its name, as text: the stop sequence,
+    /// the error's message, or a timeout's limit in seconds.
+    pub fn detail(&self) -> Option<String> {
+        match self {
+            FinishReason::StopSequence(s) | FinishReason::Error(s) => Some(s.clone()),
+            FinishReason::Timeout { limit_secs } => Some(limit_secs.to_string()),
+            _ => None,
+        }
+    }
+
+    /// The reason [`Self::as_str`] and [`Self::detail`] describe (as a
+    /// store keeps it); `None` for an unknown name.
+    pub fn from_parts(name: &str, detail: Option<&str>) -> Option<Self> {
+        let text = || detail.unwrap_or_default().to_string();
+        Some(match name {
+            "stop" => FinishReason::Stop,
+            "stop_sequence" => FinishReason::StopSequence(text()),
+            "length" => FinishReason::Length,
+            "context_window" => FinishReason::ContextWindow,
+            "tool_calls" => FinishReason::ToolCalls,
+            "content_filter" => FinishReason::ContentFilter,
+            "cancelled" => FinishReason::Cancelled,
+            "error" => FinishReason::Error(text()),
+            "timeout" => FinishReason::Timeout {
+                limit_secs: detail.and_then(|d| d.parse().ok()).unwrap_or(0),
+            },
+            _ => return None,
+        })
+    }
+
     /// Whether the reply ended in failure (an error or a timeout): a client
     /// gets the dialect's error instead of a finish.
     pub fn is_failure(&self) -> bool {
@@ -141,4 +171,28 @@ pub enum Event {
     ToolCallArgs { index: usize, delta: String },
     /// Always the last event.
     Done(Completion),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FinishReason;
+
+    #[test]
+    fn finish_reasons_round_trip_through_name_and_detail() {
+        for f in [
+            FinishReason::Stop,
+            FinishReason::StopSequence("END".into()),
+            FinishReason::Length,
+            FinishReason::ContextWindow,
+            FinishReason::ToolCalls,
+            FinishReason::ContentFilter,
+            FinishReason::Cancelled,
+            FinishReason::Error("out of memory".into()),
+            FinishReason::Timeout { limit_secs: 600 },
+        ] {
+            let back = FinishReason::from_parts(f.as_str(), f.detail().as_deref());
+            assert_eq!(back.as_ref(), Some(&f));
+        }
+        assert_eq!(FinishReason::from_parts("exploded", None), None);
+    }
 }

@@ -4,7 +4,7 @@
 //! nothing.
 use std::time::Instant;
 
-use shoal_store::{UsageFilter, UsageLog, UsageRow};
+use shoal_store::{ChoiceRow, UsageFilter, UsageLog, UsageRow};
 
 fn row(i: usize) -> UsageRow {
     UsageRow {
@@ -23,9 +23,19 @@ fn row(i: usize) -> UsageRow {
         prompt_tokens: 42,
         cached_tokens: 10,
         completion_tokens: 12,
-        record: format!(
-            r#"{{"per_prompt":1,"completions":[{{"finish":{{"type":"length"}},"usage":{{"prompt_tokens":42,"cached_tokens":10,"completion_tokens":12,"reasoning_tokens":0}},"timings":{{"queue_ms":0.1,"ttft_ms":{i},"prefill_tokens_per_s":900.0,"decode_tokens_per_s":80.0,"total_ms":200.0}}}}],"error":null}}"#
-        ),
+        per_prompt: 1,
+        choices: vec![ChoiceRow {
+            finish: "length".into(),
+            prompt_tokens: 42,
+            cached_tokens: 10,
+            completion_tokens: 12,
+            queue_ms: 0.1,
+            ttft_ms: i as f64,
+            prefill_tokens_per_s: 900.0,
+            decode_tokens_per_s: 80.0,
+            total_ms: 200.0,
+            ..ChoiceRow::default()
+        }],
         ..UsageRow::default()
     }
 }

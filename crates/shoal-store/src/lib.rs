@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::Map;
 
 pub mod usage;
-pub use usage::{UsageFilter, UsageLog, UsageRow};
+pub use usage::{ChoiceRow, UsageFilter, UsageLog, UsageRow};
 
 /// Metadata of a stored piece: string keys, JSON values.
 pub type Metadata = Map<String, Value>;
@@ -85,6 +85,11 @@ const MIGRATIONS: &[&str] = &[
     UPDATE conversations SET updated_ms = created_ms;",
     // 3: the server's usage ledger (see `usage.rs`).
     usage::MIGRATION,
+    // 4: the ledger's records as typed columns, not JSON text.
+    usage::TYPED_MIGRATION,
+    // 5: the server's own settings changed at run time (the Ollama port
+    // switch), remembered across starts.
+    "CREATE TABLE settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);",
 ];
 
 /// A stored message with its pieces.
@@ -163,6 +168,28 @@ fn migrate(conn: &mut Connection) -> Result<()> {
 }
 
 impl Store {
+    /// A server setting remembered from an earlier run.
+    pub fn setting(&self, key: &str) -> Result<Option<String>> {
+        self.conn
+            .query_row(
+                "SELECT value FROM settings WHERE key = ?1",
+                params![key],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(StoreError::from)
+    }
+
+    /// Remembers a server setting (on disk when this returns).
+    pub fn set_setting(&self, key: &str, value: &str) -> Result<()> {
+        self.conn.execute(
+            "INSERT INTO settings (key, value) VALUES (?1, ?2)
+             ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            params![key, value],
+        )?;
+        Ok(())
+    }
+
     /// Opens (creating if needed) and migrates the store at `path`.
     pub fn open(path: &Path) -> Result<Self> {
         Ok(Store {

@@ -1,8 +1,9 @@
 //! The usage ledger's table: one row per request the server answered, in the
 //! same database file as the conversations (its own connection, so a long
-//! history read never waits behind a ledger write). Each row keeps the
-//! server's typed record as JSON (`record`) beside the columns that queries
-//! filter and sum on.
+//! history read never waits behind a ledger write). Every fact is a typed
+//! column: the request's in `usage`, each choice's finish, counts and
+//! timings in `usage_choices`, and the words its finishes go by (for the
+//! `finish` filter) in `usage_finishes`.
 use std::path::Path;
 
 use rusqlite::types::Value as SqlValue;
@@ -36,6 +37,64 @@ pub(crate) const MIGRATION: &str = "CREATE TABLE usage (
     CREATE INDEX usage_id ON usage (id);
     CREATE INDEX usage_client ON usage (client, created_ms);";
 
+/// Migration 4: the record that was JSON text becomes typed rows (existing
+/// rows are carried over from their JSON once, here).
+pub(crate) const TYPED_MIGRATION: &str =
+    "ALTER TABLE usage ADD COLUMN per_prompt INTEGER NOT NULL DEFAULT 1;
+    ALTER TABLE usage ADD COLUMN error TEXT;
+    CREATE TABLE usage_choices (
+        usage_seq INTEGER NOT NULL REFERENCES usage(seq) ON DELETE CASCADE,
+        idx INTEGER NOT NULL,
+        finish TEXT NOT NULL,
+        finish_detail TEXT,
+        prompt_tokens INTEGER NOT NULL,
+        cached_tokens INTEGER NOT NULL,
+        completion_tokens INTEGER NOT NULL,
+        reasoning_tokens INTEGER NOT NULL,
+        queue_ms REAL NOT NULL,
+        ttft_ms REAL NOT NULL,
+        prefill_tokens_per_s REAL NOT NULL,
+        decode_tokens_per_s REAL NOT NULL,
+        total_ms REAL NOT NULL,
+        PRIMARY KEY (usage_seq, idx)
+    );
+    CREATE TABLE usage_finishes (
+        usage_seq INTEGER NOT NULL REFERENCES usage(seq) ON DELETE CASCADE,
+        word TEXT NOT NULL,
+        PRIMARY KEY (usage_seq, word)
+    );
+    CREATE INDEX usage_finishes_word ON usage_finishes (word, usage_seq);
+    UPDATE usage SET per_prompt = COALESCE(json_extract(record, '$.per_prompt'), 1),
+        error = json_extract(record, '$.error')
+        WHERE json_valid(record);
+    INSERT INTO usage_choices
+        SELECT u.seq, c.key, json_extract(c.value, '$.finish.type'),
+            CASE WHEN json_extract(c.value, '$.finish.type') = 'timeout'
+                THEN json_extract(c.value, '$.finish.detail.limit_secs')
+                ELSE json_extract(c.value, '$.finish.detail') END,
+            COALESCE(json_extract(c.value, '$.usage.prompt_tokens'), 0),
+            COALESCE(json_extract(c.value, '$.usage.cached_tokens'), 0),
+            COALESCE(json_extract(c.value, '$.usage.completion_tokens'), 0),
+            COALESCE(json_extract(c.value, '$.usage.reasoning_tokens'), 0),
+            COALESCE(json_extract(c.value, '$.timings.queue_ms'), 0),
+            COALESCE(json_extract(c.value, '$.timings.ttft_ms'), 0),
+            COALESCE(json_extract(c.value, '$.timings.prefill_tokens_per_s'), 0),
+            COALESCE(json_extract(c.value, '$.timings.decode_tokens_per_s'), 0),
+            COALESCE(json_extract(c.value, '$.timings.total_ms'), 0)
+        FROM usage u, json_each(u.record, '$.completions') c
+        WHERE json_valid(u.record);
+    WITH RECURSIVE split(seq, rest, word) AS (
+        SELECT seq, ltrim(finishes), NULL FROM usage
+        UNION ALL
+        SELECT seq, ltrim(substr(rest, instr(rest, ' ') + 1)),
+            substr(rest, 1, instr(rest, ' ') - 1)
+        FROM split WHERE rest <> '' AND instr(rest, ' ') > 0
+    )
+    INSERT OR IGNORE INTO usage_finishes
+        SELECT seq, word FROM split WHERE word IS NOT NULL AND word <> '';
+    ALTER TABLE usage DROP COLUMN finishes;
+    ALTER TABLE usage DROP COLUMN record;";
+
 /// One request as stored (and as nodes pass it to each other).
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct UsageRow {
@@ -60,12 +119,44 @@ pub struct UsageRow {
     pub node: Option<String>,
     /// The node that ran it, when another node received it.
     pub ran_on: Option<String>,
+    /// The request's totals (each prompt counted once over its choices).
     pub prompt_tokens: u64,
     pub cached_tokens: u64,
     pub completion_tokens: u64,
     pub reasoning_tokens: u64,
-    /// The server's full record (JSON).
-    pub record: String,
+    /// Consecutive choices that share a prompt (the request's `n`).
+    #[serde(default = "one")]
+    pub per_prompt: u32,
+    /// Why the request ended in an error response, in the words sent.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// Each choice that ended, in order (none for a request refused
+    /// before generating).
+    #[serde(default)]
+    pub choices: Vec<ChoiceRow>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// One choice's end as the engine recorded it.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ChoiceRow {
+    /// The engine's finish reason (`stop`, `stop_sequence`, `timeout` …).
+    pub finish: String,
+    /// The stop sequence that matched, the error's message, or a timeout's
+    /// limit in seconds.
+    pub finish_detail: Option<String>,
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+    pub completion_tokens: u64,
+    pub reasoning_tokens: u64,
+    pub queue_ms: f64,
+    pub ttft_ms: f64,
+    pub prefill_tokens_per_s: f64,
+    pub decode_tokens_per_s: f64,
+    pub total_ms: f64,
 }
 
 /// Which rows a query selects; every field narrows it.
@@ -92,8 +183,9 @@ pub struct UsageLog {
 }
 
 const COLUMNS: &str = "seq, id, created_ms, dialect, endpoint, model, backend, stream, status, \
-     finishes, client, user_agent, origin, node, ran_on, prompt_tokens, cached_tokens, \
-     completion_tokens, reasoning_tokens, record";
+     (SELECT group_concat(word, ' ') FROM usage_finishes WHERE usage_seq = seq), client, \
+     user_agent, origin, node, ran_on, prompt_tokens, cached_tokens, completion_tokens, \
+     reasoning_tokens, per_prompt, error";
 
 impl UsageLog {
     /// Opens (creating and migrating if needed) the database at `path`.
@@ -106,18 +198,19 @@ impl UsageLog {
     /// A ledger that lives in memory only (a server run without a store).
     pub fn in_memory() -> Result<Self> {
         let mut conn = Connection::open_in_memory()?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
         crate::migrate(&mut conn)?;
         Ok(UsageLog { conn })
     }
 
-    /// Writes one row; it is on disk when this returns. Returns its `seq`.
+    /// Writes one request with its choices and finish words, in one
+    /// transaction; it is on disk when this returns. Returns its `seq`.
     pub fn insert(&self, r: &UsageRow) -> Result<i64> {
-        // Bounded by a space on each side, so `instr` matches whole words.
-        let finishes = format!(" {} ", r.finishes.join(" "));
-        self.conn.execute(
+        let tx = self.conn.unchecked_transaction()?;
+        tx.execute(
             "INSERT INTO usage (id, created_ms, dialect, endpoint, model, backend, stream, status,
-                 finishes, client, user_agent, origin, node, ran_on, prompt_tokens, cached_tokens,
-                 completion_tokens, reasoning_tokens, record)
+                 client, user_agent, origin, node, ran_on, prompt_tokens, cached_tokens,
+                 completion_tokens, reasoning_tokens, per_prompt, error)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
                  ?18, ?19)",
             params![
@@ -129,7 +222,6 @@ impl UsageLog {
                 r.backend,
                 r.stream,
                 r.status,
-                finishes,
                 r.client,
                 r.user_agent,
                 r.origin,
@@ -139,10 +231,47 @@ impl UsageLog {
                 to_sql(r.cached_tokens)?,
                 to_sql(r.completion_tokens)?,
                 to_sql(r.reasoning_tokens)?,
-                r.record,
+                r.per_prompt,
+                r.error,
             ],
         )?;
-        Ok(self.conn.last_insert_rowid())
+        let seq = tx.last_insert_rowid();
+        {
+            let mut choice = tx.prepare_cached(
+                "INSERT INTO usage_choices (usage_seq, idx, finish, finish_detail, prompt_tokens,
+                     cached_tokens, completion_tokens, reasoning_tokens, queue_ms, ttft_ms,
+                     prefill_tokens_per_s, decode_tokens_per_s, total_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+            )?;
+            for (i, c) in r.choices.iter().enumerate() {
+                choice.execute(params![
+                    seq,
+                    to_sql(i as u64)?,
+                    c.finish,
+                    c.finish_detail,
+                    to_sql(c.prompt_tokens)?,
+                    to_sql(c.cached_tokens)?,
+                    to_sql(c.completion_tokens)?,
+                    to_sql(c.reasoning_tokens)?,
+                    c.queue_ms,
+                    c.ttft_ms,
+                    c.prefill_tokens_per_s,
+                    c.decode_tokens_per_s,
+                    c.total_ms,
+                ])?;
+            }
+            let mut word = tx.prepare_cached(
+                "INSERT OR IGNORE INTO usage_finishes (usage_seq, word) VALUES (?1, ?2)",
+            )?;
+            for w in &r.finishes {
+                // One word each: the listing joins them with spaces.
+                if !w.is_empty() && !w.contains(char::is_whitespace) {
+                    word.execute(params![seq, w])?;
+                }
+            }
+        }
+        tx.commit()?;
+        Ok(seq)
     }
 
     /// Sets the HTTP status of request `id` (known only once its response is built).
@@ -161,14 +290,43 @@ impl UsageLog {
 
     /// The newest row for request `id`.
     pub fn get(&self, id: &str) -> Result<Option<UsageRow>> {
-        self.conn
+        let row = self
+            .conn
             .query_row(
                 &format!("SELECT {COLUMNS} FROM usage WHERE id = ?1 ORDER BY seq DESC LIMIT 1"),
                 params![id],
                 read_row,
             )
-            .optional()
-            .map_err(StoreError::from)
+            .optional()?;
+        row.map(|r| self.with_choices(r)).transpose()
+    }
+
+    /// `r` with its choices read from `usage_choices`.
+    fn with_choices(&self, mut r: UsageRow) -> Result<UsageRow> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT finish, finish_detail, prompt_tokens, cached_tokens, completion_tokens,
+                 reasoning_tokens, queue_ms, ttft_ms, prefill_tokens_per_s, decode_tokens_per_s,
+                 total_ms
+             FROM usage_choices WHERE usage_seq = ?1 ORDER BY idx",
+        )?;
+        let rows = stmt.query_map(params![r.seq], |c| {
+            let count = |i: usize| c.get::<_, i64>(i).map(|n| n.max(0) as u64);
+            Ok(ChoiceRow {
+                finish: c.get(0)?,
+                finish_detail: c.get(1)?,
+                prompt_tokens: count(2)?,
+                cached_tokens: count(3)?,
+                completion_tokens: count(4)?,
+                reasoning_tokens: count(5)?,
+                queue_ms: c.get(6)?,
+                ttft_ms: c.get(7)?,
+                prefill_tokens_per_s: c.get(8)?,
+                decode_tokens_per_s: c.get(9)?,
+                total_ms: c.get(10)?,
+            })
+        })?;
+        r.choices = rows.collect::<std::result::Result<_, _>>()?;
+        Ok(r)
     }
 
     /// The rows `f` selects, newest first.
@@ -199,7 +357,10 @@ impl UsageLog {
             }
         }
         if let Some(w) = &f.finish {
-            add("instr(finishes, ?) > 0", format!(" {w} ").into());
+            add(
+                "EXISTS (SELECT 1 FROM usage_finishes WHERE usage_seq = seq AND word = ?)",
+                w.clone().into(),
+            );
         }
         let mut sql = format!("SELECT {COLUMNS} FROM usage");
         if !clauses.is_empty() {
@@ -211,9 +372,10 @@ impl UsageLog {
             sql.push_str(&format!(" LIMIT {n}"));
         }
         let mut stmt = self.conn.prepare(&sql)?;
-        let rows = stmt.query_map(params_from_iter(args), read_row)?;
-        rows.collect::<std::result::Result<_, _>>()
-            .map_err(StoreError::from)
+        let rows = stmt
+            .query_map(params_from_iter(args), read_row)?
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        rows.into_iter().map(|r| self.with_choices(r)).collect()
     }
 
     /// Prompt plus completion tokens of `client`'s requests since `since_ms`.
@@ -253,7 +415,7 @@ fn to_sql(n: u64) -> Result<i64> {
 
 fn read_row(r: &rusqlite::Row) -> rusqlite::Result<UsageRow> {
     let count = |i: usize| r.get::<_, i64>(i).map(|n| n.max(0) as u64);
-    let finishes: String = r.get(9)?;
+    let finishes: Option<String> = r.get(9)?;
     Ok(UsageRow {
         seq: r.get(0)?,
         id: r.get(1)?,
@@ -264,7 +426,11 @@ fn read_row(r: &rusqlite::Row) -> rusqlite::Result<UsageRow> {
         backend: r.get(6)?,
         stream: r.get(7)?,
         status: r.get(8)?,
-        finishes: finishes.split_whitespace().map(str::to_owned).collect(),
+        finishes: finishes
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect(),
         client: r.get(10)?,
         user_agent: r.get(11)?,
         origin: r.get(12)?,
@@ -274,7 +440,9 @@ fn read_row(r: &rusqlite::Row) -> rusqlite::Result<UsageRow> {
         cached_tokens: count(16)?,
         completion_tokens: count(17)?,
         reasoning_tokens: count(18)?,
-        record: r.get(19)?,
+        per_prompt: r.get(19)?,
+        error: r.get(20)?,
+        choices: Vec::new(),
     })
 }
 
@@ -295,7 +463,14 @@ mod tests {
             client: Some("opencode".into()),
             prompt_tokens: 10,
             completion_tokens: 3,
-            record: "{}".into(),
+            per_prompt: 1,
+            choices: vec![ChoiceRow {
+                finish: finishes.first().map_or("stop", |f| f).to_string(),
+                prompt_tokens: 10,
+                completion_tokens: 3,
+                total_ms: 12.5,
+                ..ChoiceRow::default()
+            }],
             ..UsageRow::default()
         }
     }
@@ -362,5 +537,74 @@ mod tests {
         assert_eq!(log.prune(Some(2000), 0).expect("prune"), 2);
         assert_eq!(log.prune(None, 3).expect("prune"), 1);
         assert_eq!(ids(&UsageFilter::default()), ["r5", "r4", "r3"]);
+        // Each row's choices come back typed, and go with their row.
+        let r5 = log.get("r5").expect("get").expect("r5");
+        assert_eq!(r5.choices.len(), 1);
+        assert_eq!(r5.choices[0].finish, "stop_sequence");
+        assert_eq!(r5.choices[0].total_ms, 12.5);
+        assert_eq!(r5.finishes, ["stop_sequence"]);
+        let left: i64 = log
+            .conn
+            .query_row("SELECT COUNT(*) FROM usage_choices", [], |r| r.get(0))
+            .expect("count");
+        assert_eq!(left, 3, "pruned rows take their choices with them");
+    }
+
+    /// A ledger written as JSON records (schema 3) reads back the same
+    /// after the typed migration.
+    #[test]
+    fn json_records_become_typed_rows() {
+        let mut conn = Connection::open_in_memory().expect("db");
+        for sql in &crate::MIGRATIONS[..3] {
+            conn.execute_batch(sql).expect("old schema");
+        }
+        conn.pragma_update(None, "user_version", 3)
+            .expect("version");
+        let record = r#"{"per_prompt":2,"error":"boom","completions":[
+            {"finish":{"type":"stop_sequence","detail":"END"},"usage":{"prompt_tokens":7,"cached_tokens":3,"completion_tokens":4,"reasoning_tokens":1},"timings":{"queue_ms":1.0,"ttft_ms":2.0,"prefill_tokens_per_s":3.0,"decode_tokens_per_s":4.0,"total_ms":5.0}},
+            {"finish":{"type":"timeout","detail":{"limit_secs":600}},"usage":{"prompt_tokens":7,"cached_tokens":3,"completion_tokens":2,"reasoning_tokens":0},"timings":{"queue_ms":0.0,"ttft_ms":0.0,"prefill_tokens_per_s":0.0,"decode_tokens_per_s":0.0,"total_ms":9.0}}]}"#;
+        conn.execute(
+            "INSERT INTO usage (id, created_ms, dialect, endpoint, model, backend, stream, status,
+                 finishes, prompt_tokens, cached_tokens, completion_tokens, reasoning_tokens, record)
+             VALUES ('old', 1, 'openai.responses', '/v1/responses', 'm', 'mlx', 0, 200,
+                 ' incomplete incomplete:max_output_tokens stop_sequence ', 7, 3, 6, 1, ?1)",
+            params![record],
+        )
+        .expect("old row");
+        crate::migrate(&mut conn).expect("migrate");
+        let log = UsageLog { conn };
+        let r = log.get("old").expect("get").expect("row");
+        assert_eq!(r.per_prompt, 2);
+        assert_eq!(r.error.as_deref(), Some("boom"));
+        assert_eq!(
+            r.finishes,
+            [
+                "incomplete",
+                "incomplete:max_output_tokens",
+                "stop_sequence"
+            ]
+        );
+        assert_eq!(r.choices.len(), 2);
+        assert_eq!(r.choices[0].finish, "stop_sequence");
+        assert_eq!(r.choices[0].finish_detail.as_deref(), Some("END"));
+        assert_eq!(
+            (
+                r.choices[0].prompt_tokens,
+                r.choices[0].cached_tokens,
+                r.choices[0].completion_tokens,
+                r.choices[0].reasoning_tokens
+            ),
+            (7, 3, 4, 1)
+        );
+        assert_eq!(r.choices[1].finish, "timeout");
+        assert_eq!(r.choices[1].finish_detail.as_deref(), Some("600"));
+        assert_eq!(r.choices[1].total_ms, 9.0);
+        let found = log
+            .select(&UsageFilter {
+                finish: Some("stop_sequence".into()),
+                ..Default::default()
+            })
+            .expect("select");
+        assert_eq!(found.len(), 1);
     }
 }

@@ -92,7 +92,13 @@ pub fn app_state(
     state.cluster_options = cfg.cluster_options();
     state.access = std::sync::Arc::new(cfg.access()?);
     state.prices = std::sync::Arc::new(cfg.prices.clone());
-    state.ollama_port = cfg.server.ollama_port;
+    // The config decides; where it says nothing, the settings switch's last
+    // choice (remembered in the store) does.
+    let remembered = state.store.as_ref().and_then(|s| {
+        shoal_api::dialects::ollama::port::remembered(&s.lock().unwrap_or_else(|p| p.into_inner()))
+    });
+    let port = cfg.server.ollama_port.or(remembered.flatten());
+    state.ollama = std::sync::Arc::new(shoal_api::dialects::ollama::port::OllamaPort::new(port));
     Ok(state)
 }
 

@@ -1789,3 +1789,53 @@ fn a_mixture_of_experts_split_over_two_nodes_answers_like_one() {
         single["choices"][0]["finish_reason"]
     );
 }
+
+/// The Ollama port switch, turned on through the API, is remembered in the
+/// store: the next `shoal serve` on that store listens there without a flag,
+/// and a flag still decides over it.
+#[test]
+fn the_ollama_port_switch_is_remembered_across_restarts() {
+    let dir = temp_dir("ollama-switch");
+    let db = dir.join("store.sqlite");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let serve = |extra: Vec<String>| {
+        let db = db.clone();
+        move |c: &mut std::process::Command| {
+            c.args(["serve", "--port", "0", "--backend", gguf_backend()])
+                .arg("--model")
+                .arg(gguf())
+                .arg("--db")
+                .arg(&db)
+                .args(extra);
+        }
+    };
+    let (server, addr) = start_server(&dir, serve(vec![]));
+    assert_eq!(get_json(&addr, "/health")["ollama"]["enabled"], false);
+    let body = json!({"enabled": true, "port": port}).to_string();
+    let (status, _, v) = request(&addr, "PUT", "/v1/settings/ollama-port", &[], Some(&body));
+    assert_eq!(status, 200, "{v}");
+    drop(server);
+
+    let (server, addr) = start_server(&dir, serve(vec![]));
+    let health = get_json(&addr, "/health");
+    assert_eq!(health["ollama"]["listening"], true, "{health}");
+    assert_eq!(health["ollama"]["port"], port);
+    let tags = get_json(&format!("127.0.0.1:{port}"), "/api/tags");
+    assert!(
+        tags["models"].as_array().is_some_and(|m| !m.is_empty()),
+        "{tags}"
+    );
+    drop(server);
+
+    // A flag decides over what the switch remembered.
+    let other = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let (_server, addr) =
+        start_server(&dir, serve(vec!["--ollama-port".into(), other.to_string()]));
+    assert_eq!(get_json(&addr, "/health")["ollama"]["port"], other);
+}

@@ -19,6 +19,7 @@ import { ErrorBanner } from '../components/ErrorBanner';
 import { FinishBadge } from '../components/FinishBadge';
 import { modelLabel, ModelsPanel } from '../components/ModelsPanel';
 import { UsageStats } from '../components/UsageStats';
+import { ServerSettings } from '../components/ServerSettings';
 import { renderMarkdown } from '../markdown';
 import { fmtBytes } from '../format';
 import { lib, modelById } from '../models';
@@ -454,6 +455,7 @@ function SettingsPanel(props: { conv: Conversation; model: ModelInfo | undefined
         />
         <span title='Sends reasoning_effort: "low"; the thinking shows in a collapsible block above the answer'>Reasoning</span>
       </label>
+      <ServerSettings />
     </div>
   );
 }

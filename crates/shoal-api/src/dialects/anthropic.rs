@@ -582,7 +582,7 @@ pub const DIALECT: super::Dialect = super::Dialect(&super::Described {
     generation_paths: &["/v1/messages"],
     model_paths: &["/v1/messages", "/v1/messages/count_tokens"],
     error_shape: ErrorShape::Anthropic,
-    finish_words: |f| crate::wire::messages::stop_reason(f).to_string(),
+    finish_words: |f| super::FinishWords::one(crate::wire::messages::stop_reason(f)),
     usage_json: crate::wire::messages::usage_json,
     provider_meta,
 });

@@ -38,12 +38,46 @@ pub trait Words: Send + Sync + 'static {
     fn error_shape(&self) -> ErrorShape;
     /// One choice's finish in the dialect's words (a cancelled choice is
     /// worded by [`Dialect::finish_words`], the same in every dialect).
-    fn finish_words(&self, f: &FinishReason) -> String;
+    fn finish_words(&self, f: &FinishReason) -> FinishWords;
     /// The usage object exactly as the dialect sends it.
     fn usage_json(&self, u: &Usage) -> Value;
     /// What a recorder client stores under its reserved keys for a reply of
     /// this dialect: the finish words and the usage fields it reports.
     fn provider_meta(&self, finish: Option<&FinishReason>, u: &Usage) -> ProviderMeta;
+}
+
+/// A finish in a dialect's words: one word (`length`, `max_tokens`), or a
+/// status with its reason (Responses' `incomplete` for `max_output_tokens`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FinishWords {
+    pub word: &'static str,
+    pub reason: Option<&'static str>,
+}
+
+impl FinishWords {
+    pub const fn one(word: &'static str) -> Self {
+        FinishWords { word, reason: None }
+    }
+    /// Every word the ledger's `finish` filter finds it by: the word, the
+    /// reason, and both as listed.
+    pub fn terms(&self) -> Vec<String> {
+        let mut out = vec![self.word.to_string()];
+        if let Some(r) = self.reason {
+            out.push(r.to_string());
+            out.push(self.to_string());
+        }
+        out
+    }
+}
+
+/// As listed: `word`, or `status:reason`.
+impl std::fmt::Display for FinishWords {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.reason {
+            Some(r) => write!(f, "{}:{r}", self.word),
+            None => f.write_str(self.word),
+        }
+    }
 }
 
 /// A dialect's words given as data, which is all most dialects need.
@@ -54,7 +88,7 @@ pub struct Described {
     pub generation_paths: &'static [&'static str],
     pub model_paths: &'static [&'static str],
     pub error_shape: ErrorShape,
-    pub finish_words: fn(&FinishReason) -> String,
+    pub finish_words: fn(&FinishReason) -> FinishWords,
     pub usage_json: fn(&Usage) -> Value,
     pub provider_meta: fn(Option<&FinishReason>, &Usage) -> ProviderMeta,
 }
@@ -78,7 +112,7 @@ impl Words for Described {
     fn error_shape(&self) -> ErrorShape {
         self.error_shape
     }
-    fn finish_words(&self, f: &FinishReason) -> String {
+    fn finish_words(&self, f: &FinishReason) -> FinishWords {
         (self.finish_words)(f)
     }
     fn usage_json(&self, u: &Usage) -> Value {
@@ -148,8 +182,12 @@ impl Dialect {
     /// One choice's finish in this dialect's words; `cancelled` for a
     /// choice whose client left, in every dialect.
     pub fn finish_words(self, f: &FinishReason) -> String {
+        self.finish_terms(f).to_string()
+    }
+    /// The same, typed (the ledger stores its parts).
+    pub fn finish_terms(self, f: &FinishReason) -> FinishWords {
         if *f == FinishReason::Cancelled {
-            return CANCELLED.into();
+            return FinishWords::one(CANCELLED);
         }
         self.0.finish_words(f)
     }

@@ -512,7 +512,7 @@ pub const DIALECT: super::Dialect = super::Dialect(&super::Described {
     generation_paths: &["/v1/chat/completions"],
     model_paths: &["/v1/chat/completions"],
     error_shape: ErrorShape::OpenAi,
-    finish_words: |f| crate::wire::chat::finish_reason(f).to_string(),
+    finish_words: |f| super::FinishWords::one(crate::wire::chat::finish_reason(f)),
     usage_json: crate::wire::chat::usage_json,
     provider_meta,
 });

@@ -20,6 +20,7 @@ use crate::AppState;
 pub(crate) mod chat;
 pub(crate) mod generate;
 mod models;
+pub mod port;
 
 /// The Ollama version `/api/version` reports: the API this module follows
 /// (clients gate features on it).
@@ -44,8 +45,8 @@ impl super::Words for Words {
     fn error_shape(&self) -> ErrorShape {
         ErrorShape::Plain
     }
-    fn finish_words(&self, f: &FinishReason) -> String {
-        done_reason(f).to_string()
+    fn finish_words(&self, f: &FinishReason) -> super::FinishWords {
+        super::FinishWords::one(done_reason(f))
     }
     fn usage_json(&self, u: &Usage) -> Value {
         json!({
@@ -75,6 +76,10 @@ pub const REGISTERED: super::Registered = super::Registered {
 
 fn routes() -> Router<AppState> {
     Router::new()
+        .route(
+            "/v1/settings/ollama-port",
+            get(port::get_setting).put(port::put_setting),
+        )
         .route("/api/version", get(models::version).head(models::version))
         .route("/api/tags", get(models::tags).head(models::tags))
         .route("/api/show", post(models::show))

@@ -139,9 +139,9 @@ pub const DIALECT: super::Dialect = super::Dialect(&super::Described {
     model_paths: &["/v1/responses"],
     error_shape: ErrorShape::OpenAi,
     // A finish is its `status`, or `status:reason` when incomplete.
-    finish_words: |f| match crate::wire::responses::outcome(f) {
-        (status, Some(reason)) => format!("{status}:{reason}"),
-        (status, None) => status.to_string(),
+    finish_words: |f| {
+        let (word, reason) = crate::wire::responses::outcome(f);
+        super::FinishWords { word, reason }
     },
     usage_json: crate::wire::responses::usage_json,
     provider_meta,
