@@ -302,31 +302,53 @@ impl UsageLog {
     }
 
     /// `r` with its choices read from `usage_choices`.
-    fn with_choices(&self, mut r: UsageRow) -> Result<UsageRow> {
+    fn with_choices(&self, r: UsageRow) -> Result<UsageRow> {
+        Ok(self.with_all_choices(vec![r])?.remove(0))
+    }
+
+    /// `rows` with their choices, read in one query over their `seq` range
+    /// (a listing is one read, not one per row).
+    fn with_all_choices(&self, mut rows: Vec<UsageRow>) -> Result<Vec<UsageRow>> {
+        let (Some(lo), Some(hi)) = (
+            rows.iter().map(|r| r.seq).min(),
+            rows.iter().map(|r| r.seq).max(),
+        ) else {
+            return Ok(rows);
+        };
         let mut stmt = self.conn.prepare_cached(
-            "SELECT finish, finish_detail, prompt_tokens, cached_tokens, completion_tokens,
-                 reasoning_tokens, queue_ms, ttft_ms, prefill_tokens_per_s, decode_tokens_per_s,
-                 total_ms
-             FROM usage_choices WHERE usage_seq = ?1 ORDER BY idx",
+            "SELECT usage_seq, finish, finish_detail, prompt_tokens, cached_tokens,
+                 completion_tokens, reasoning_tokens, queue_ms, ttft_ms, prefill_tokens_per_s,
+                 decode_tokens_per_s, total_ms
+             FROM usage_choices WHERE usage_seq BETWEEN ?1 AND ?2 ORDER BY usage_seq, idx",
         )?;
-        let rows = stmt.query_map(params![r.seq], |c| {
+        let mut by_seq: std::collections::HashMap<i64, Vec<ChoiceRow>> = Default::default();
+        let choices = stmt.query_map(params![lo, hi], |c| {
             let count = |i: usize| c.get::<_, i64>(i).map(|n| n.max(0) as u64);
-            Ok(ChoiceRow {
-                finish: c.get(0)?,
-                finish_detail: c.get(1)?,
-                prompt_tokens: count(2)?,
-                cached_tokens: count(3)?,
-                completion_tokens: count(4)?,
-                reasoning_tokens: count(5)?,
-                queue_ms: c.get(6)?,
-                ttft_ms: c.get(7)?,
-                prefill_tokens_per_s: c.get(8)?,
-                decode_tokens_per_s: c.get(9)?,
-                total_ms: c.get(10)?,
-            })
+            Ok((
+                c.get::<_, i64>(0)?,
+                ChoiceRow {
+                    finish: c.get(1)?,
+                    finish_detail: c.get(2)?,
+                    prompt_tokens: count(3)?,
+                    cached_tokens: count(4)?,
+                    completion_tokens: count(5)?,
+                    reasoning_tokens: count(6)?,
+                    queue_ms: c.get(7)?,
+                    ttft_ms: c.get(8)?,
+                    prefill_tokens_per_s: c.get(9)?,
+                    decode_tokens_per_s: c.get(10)?,
+                    total_ms: c.get(11)?,
+                },
+            ))
         })?;
-        r.choices = rows.collect::<std::result::Result<_, _>>()?;
-        Ok(r)
+        for c in choices {
+            let (seq, choice) = c?;
+            by_seq.entry(seq).or_default().push(choice);
+        }
+        for r in &mut rows {
+            r.choices = by_seq.remove(&r.seq).unwrap_or_default();
+        }
+        Ok(rows)
     }
 
     /// The rows `f` selects, newest first.
@@ -375,7 +397,7 @@ impl UsageLog {
         let rows = stmt
             .query_map(params_from_iter(args), read_row)?
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        rows.into_iter().map(|r| self.with_choices(r)).collect()
+        self.with_all_choices(rows)
     }
 
     /// Prompt plus completion tokens of `client`'s requests since `since_ms`.
