@@ -70,11 +70,6 @@ impl OllamaPort {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The port asked for, if on.
-    pub fn wanted(&self) -> Option<u16> {
-        self.lock().wanted
-    }
-
     /// The switch as `/health` and the settings route show it: on or off,
     /// the port, and whether it listens (or why not).
     pub fn status(&self) -> Value {
