@@ -213,6 +213,9 @@ impl From<EngineError> for ApiError {
                     .then_some("context_length_exceeded"),
                 ..ApiError::invalid(e.to_string())
             },
+            EngineError::WrongKind(_) => ApiError::invalid(e.to_string())
+                .with_param("model")
+                .with_code("model_not_supported"),
             EngineError::Unavailable(_) => {
                 ApiError::new(ErrorKind::Overloaded, format!("{e}; retry shortly"))
                     .with_code("overloaded")

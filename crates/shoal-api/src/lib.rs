@@ -6,6 +6,7 @@ mod body;
 pub mod cluster;
 mod conversations;
 pub mod dialects;
+pub mod embeddings;
 mod error;
 #[cfg(test)]
 mod fuzz_tests;

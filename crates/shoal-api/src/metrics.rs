@@ -57,6 +57,7 @@ pub struct Metrics {
     tokens: Family<TokenLabels, Counter>,
     ttft: Family<DialectLabels, Histogram, fn() -> Histogram>,
     decode_rate: Family<DialectLabels, Histogram, fn() -> Histogram>,
+    embedded: Family<DialectLabels, Counter>,
     queued: Gauge,
     in_flight: Gauge,
     model_loaded: Family<ModelLabels, Gauge>,
@@ -112,6 +113,12 @@ impl Metrics {
             "Decode speed of each request",
             Family::new_with_constructor(rate_histogram as fn() -> Histogram),
         );
+        let embedded = register(
+            &mut r,
+            "embedding_inputs",
+            "Inputs embedded, by API dialect (their tokens count as prompt tokens)",
+            Family::<DialectLabels, Counter>::default(),
+        );
         let queued = register(
             &mut r,
             "queue_depth",
@@ -154,6 +161,7 @@ impl Metrics {
             tokens,
             ttft,
             decode_rate,
+            embedded,
             queued,
             in_flight,
             model_loaded,
@@ -162,6 +170,16 @@ impl Metrics {
             cache_hit_ratio,
             scrape: Mutex::new(()),
         }
+    }
+
+    /// Counts the inputs of one answered embedding request (the request and
+    /// its tokens are counted by [`Metrics::observe`] like any other).
+    pub fn observe_embedded(&self, dialect: &str, inputs: usize) {
+        self.embedded
+            .get_or_create(&DialectLabels {
+                dialect: dialect.to_string(),
+            })
+            .inc_by(inputs as u64);
     }
 
     /// Counts one finished request: its choices' finish reasons (dialect

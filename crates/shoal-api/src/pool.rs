@@ -469,12 +469,30 @@ impl ModelPool {
             .ok()
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map_or(0, |d| d.as_secs());
-        let (loaded, capabilities) = match lock(&self.loaded).get(&m.id) {
+        let (loaded, capabilities, embedding) = match lock(&self.loaded).get(&m.id) {
             Some(s) => (
                 Some(s.engine.model.info.clone()),
                 Some(s.engine.model.vocab.capabilities()),
+                s.engine.model.embedding().cloned(),
             ),
-            None => (None, None),
+            None => (None, None, None),
+        };
+        // An embedding model says so whether or not it is loaded: its card
+        // reads the pooling from the file; the rest is known once loaded.
+        let embedding = match (embedding, &m.card.embedding_pooling) {
+            (Some(e), _) => json!(e),
+            (None, Some(pooling)) => json!({
+                "dimensions": m.card.embedding_length,
+                "pooling": pooling,
+                "normalize": true,
+                "max_input_tokens": m.card.context_length,
+            }),
+            (None, None) => Value::Null,
+        };
+        let kind = if embedding.is_null() {
+            "chat"
+        } else {
+            "embedding"
         };
         // The backend it runs on, or would run on, or why none can.
         let route = shoal_engine::backends::route(&m.path, self.opts.engine.backend);
@@ -486,6 +504,9 @@ impl ModelPool {
         json!({
             "id": m.id, "object": "model", "created": created, "owned_by": "shoal",
             "shoal": {
+                // `embedding`: answers /v1/embeddings and /api/embed, never chat.
+                "kind": kind,
+                "embedding": embedding,
                 "architecture": m.card.architecture,
                 "quantization": m.card.quantization,
                 "context_length": m.card.context_length,

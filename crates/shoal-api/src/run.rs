@@ -309,6 +309,16 @@ pub async fn serve_request<A: Adapter>(
         let streaming = req.stream();
         let model = req.model().to_string();
         let served = state.serve(&model).await?;
+        if served.engine.model.embedding().is_some() {
+            return Err(ApiError::param(
+                "model",
+                format!(
+                    "model '{model}' is an embedding model; it cannot generate text. Send it \
+                     to /v1/embeddings (or Ollama's /api/embed)"
+                ),
+            )
+            .with_code("model_not_supported"));
+        }
         let id = new_id(A::ID_PREFIX);
         let (job, adapter) = A::prepare(&served, req, id.clone())?;
         let fmt = LedgerFormat {

@@ -101,9 +101,71 @@ pub fn downcast<'a, T: Any>(state: &'a mut dyn Any, what: &str) -> Result<&'a mu
         .ok_or_else(|| EngineError::Backend(format!("a {what} from another backend")))
 }
 
-/// A causal language model that can be run token by token.
+/// How an embedding model turns its last hidden states into one vector per
+/// input, as the model's own metadata says (GGUF `{arch}.pooling_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pooling {
+    /// The mean over the input's tokens.
+    Mean,
+    /// The first token's state (BERT's `[CLS]`).
+    Cls,
+    /// The last token's state (decoder embedding models such as Qwen3-Embedding).
+    Last,
+}
+
+impl Pooling {
+    pub fn from_name(name: &str) -> Option<Pooling> {
+        match name {
+            "mean" => Some(Pooling::Mean),
+            "cls" => Some(Pooling::Cls),
+            "last" => Some(Pooling::Last),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pooling::Mean => "mean",
+            Pooling::Cls => "cls",
+            Pooling::Last => "last",
+        }
+    }
+}
+
+/// What an embedding model offers, decided once at load.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct EmbeddingInfo {
+    /// Length of each vector.
+    pub dimensions: usize,
+    pub pooling: Pooling,
+    /// Vectors are scaled to unit length above the seam.
+    pub normalize: bool,
+    /// Most tokens one input may have (the model's trained window).
+    pub max_input_tokens: usize,
+    /// Most tokens, and most inputs, one [`LanguageModel::embed`] call takes:
+    /// the engine packs inputs from every waiting request up to these.
+    pub batch_tokens: usize,
+    pub batch_inputs: usize,
+}
+
+/// A model run by the engine: a causal language model run token by token,
+/// or an embedding model ([`LanguageModel::embedding`] is `Some`) whose
+/// generation calls fail and whose [`LanguageModel::embed`] works.
 pub trait LanguageModel: Send {
     fn info(&self) -> &ModelInfo;
+    /// Set for an embedding model.
+    fn embedding(&self) -> Option<&EmbeddingInfo> {
+        None
+    }
+    /// One pooled (not normalized) vector per input, in one backend call.
+    /// The caller keeps within [`EmbeddingInfo`]'s batch limits.
+    fn embed(&self, inputs: &[&[u32]]) -> Result<Vec<Vec<f32>>> {
+        let _ = inputs;
+        Err(EngineError::WrongKind(
+            "this model generates text; it is not an embedding model".into(),
+        ))
+    }
     fn new_cache(&self) -> Result<Box<dyn KvCache>>;
     /// Runs `tokens` after whatever `cache` already holds and returns the
     /// logits (length `vocab_size`, float32) for the position after the last token.

@@ -10,13 +10,14 @@ use std::time::Instant;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tracing::{debug, info};
 
-use crate::backend::{BackendKind, DecodeBatch, KvCache, LanguageModel, ModelInfo};
+use crate::backend::{BackendKind, DecodeBatch, EmbeddingInfo, KvCache, LanguageModel, ModelInfo};
 use crate::backends::llama::LlamaOptions;
 use crate::backends::BackendChoice;
 use crate::completion::{Completion, Event, FinishReason, Timings, Usage};
 use crate::constraint::GrammarCompiler;
 use crate::content_filter::ContentPolicy;
 use crate::defaults::SamplingDefaults;
+use crate::embedding::{run_embeddings, EmbedJob};
 use crate::error::{EngineError, Result};
 use crate::loader::{self, LoadOptions, Vocabulary};
 use crate::prefix_cache::PrefixCache;
@@ -67,6 +68,8 @@ pub type EventStream = UnboundedReceiver<Event>;
 #[derive(Clone)]
 pub struct Engine {
     jobs: SyncSender<Job>,
+    /// An embedding model's queue (its thread reads this one, not `jobs`).
+    embeds: SyncSender<EmbedJob>,
     pub model: Arc<ModelHandle>,
     pub stats: Arc<EngineStats>,
     /// Set once the engine thread has freed everything and ended.
@@ -84,6 +87,8 @@ pub struct ModelHandle {
     pub grammars: GrammarCompiler,
     /// What a request gets for the sampling parameters it leaves out.
     pub defaults: SamplingDefaults,
+    /// Set for an embedding model, which embeds and never generates.
+    pub(crate) embedding: Option<EmbeddingInfo>,
 }
 
 impl Engine {
@@ -104,8 +109,10 @@ impl Engine {
         opts: EngineOptions,
         load: impl FnOnce(&Path) -> Result<loader::Loaded> + Send + 'static,
     ) -> Result<Engine> {
-        let (ready_tx, ready_rx) = sync_channel::<Result<(ModelInfo, Arc<Vocabulary>)>>(1);
+        type Ready = (ModelInfo, Option<EmbeddingInfo>, Arc<Vocabulary>);
+        let (ready_tx, ready_rx) = sync_channel::<Result<Ready>>(1);
         let (jobs_tx, jobs_rx) = sync_channel::<Job>(opts.queue_capacity);
+        let (embeds_tx, embeds_rx) = sync_channel::<EmbedJob>(opts.queue_capacity);
         let path_buf = path.to_path_buf();
         let chunk = opts.prefill_chunk.max(1);
         let prefix_bytes = opts.prefix_cache_bytes;
@@ -131,7 +138,21 @@ impl Engine {
                 if loaded.model.info().backend == BackendKind::Mlx {
                     hold_mlx_at_exit_once();
                 }
-                let _ = ready_tx.send(Ok((loaded.model.info().clone(), loaded.vocab.clone())));
+                let embedding = loaded.model.embedding().cloned();
+                let _ = ready_tx.send(Ok((
+                    loaded.model.info().clone(),
+                    embedding.clone(),
+                    loaded.vocab.clone(),
+                )));
+                if embedding.is_some() {
+                    drop(jobs_rx);
+                    run_embeddings(loaded.model, embeds_rx, thread_stats);
+                    let (done, cv) = &*thread_stopped;
+                    *done.lock().unwrap_or_else(|p| p.into_inner()) = true;
+                    cv.notify_all();
+                    return;
+                }
+                drop(embeds_rx);
                 let cfg = RunConfig {
                     chunk,
                     max_batch,
@@ -144,13 +165,14 @@ impl Engine {
                 *done.lock().unwrap_or_else(|p| p.into_inner()) = true;
                 cv.notify_all();
             })?;
-        let (info, vocab) = ready_rx
+        let (info, embedding, vocab) = ready_rx
             .recv()
             .map_err(|_| EngineError::Unavailable("engine thread exited while loading".into()))??;
         info!(model = id, arch = %info.architecture, dtype = %info.dtype, device = %info.device,
               weight_mb = info.weight_bytes / (1 << 20), "model loaded");
         Ok(Engine {
             jobs: jobs_tx,
+            embeds: embeds_tx,
             stopped,
             stats,
             model: Arc::new(ModelHandle {
@@ -158,6 +180,7 @@ impl Engine {
                 path: path.to_path_buf(),
                 grammars: GrammarCompiler::new(vocab.clone(), info.vocab_size),
                 defaults: SamplingDefaults::read(path),
+                embedding,
                 info,
                 vocab,
             }),
@@ -212,7 +235,25 @@ impl Engine {
         }
     }
 
+    /// Sends an embedding request to the engine thread, counted as queued.
+    pub(crate) fn queue_embedding(&self, job: EmbedJob) -> Result<()> {
+        self.stats.queued.fetch_add(1, Ordering::Relaxed);
+        self.embeds.try_send(job).map_err(|e| {
+            self.stats.queued.fetch_sub(1, Ordering::Relaxed);
+            EngineError::Unavailable(match e {
+                TrySendError::Full(_) => "request queue is full".into(),
+                TrySendError::Disconnected(_) => "engine has stopped".into(),
+            })
+        })
+    }
+
     fn validate(&self, req: &GenerateRequest) -> Result<()> {
+        if self.model.embedding.is_some() {
+            return Err(EngineError::WrongKind(format!(
+                "model '{}' is an embedding model; it cannot generate text (use /v1/embeddings or /api/embed)",
+                self.model.id
+            )));
+        }
         let ctx = self.model.info.context_length;
         if req.prompt.is_empty() {
             return Err(EngineError::InvalidRequest("the prompt is empty".into()));
@@ -629,7 +670,7 @@ pub fn collect_blocking(mut rx: EventStream) -> Result<(String, Completion)> {
 /// requests freed (per-thread arenas, holes in the heap), so after a busy
 /// spell the process would otherwise stay at its peak size while idle.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn release_free_memory() {
+pub(crate) fn release_free_memory() {
     // SAFETY: malloc_trim only walks the allocator's own free lists.
     unsafe {
         libc::malloc_trim(0);
@@ -638,4 +679,4 @@ fn release_free_memory() {
 
 /// Elsewhere (macOS, musl) the allocator is left to itself.
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn release_free_memory() {}
+pub(crate) fn release_free_memory() {}

@@ -29,6 +29,10 @@ pub enum EngineError {
         prompt_tokens: usize,
         context: usize,
     },
+    /// A generation model asked for embeddings, or an embedding model asked
+    /// to generate.
+    #[error("{0}")]
+    WrongKind(String),
     /// The backend (MLX or llama.cpp) raised an error.
     #[error("backend error: {0}")]
     Backend(String),

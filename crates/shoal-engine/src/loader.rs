@@ -6,6 +6,7 @@ use serde_json::Value;
 use tokenizers::Tokenizer;
 
 use crate::backend::{BackendKind, LanguageModel};
+use crate::backends::llama::embed::{self as llama_embed, LlamaEmbedder};
 use crate::backends::llama::vocab::{self as llama_vocab, LlamaVocab};
 use crate::backends::llama::{LlamaCppModel, LlamaOptions};
 use crate::backends::mlx::{gguf, gguf_subset, hf, DevicePolicy, Transformer};
@@ -61,6 +62,21 @@ impl Vocabulary {
                 .get_ids()
                 .to_vec()),
             Codec::Llama(v) => Ok(v.encode(text)),
+        }
+    }
+
+    /// Tokens of one embedding input: the text with the special tokens the
+    /// model's tokenizer adds around an input (BERT's `[CLS]` … `[SEP]`, a
+    /// decoder's BOS / EOS), and special tokens written out as text
+    /// recognised, as the model's own tokenizer counts them.
+    pub fn encode_input(&self, text: &str) -> Result<Vec<u32>> {
+        match &self.codec {
+            Codec::Hf(t) => Ok(t
+                .encode(text, true)
+                .map_err(|e| EngineError::Tokenizer(e.to_string()))?
+                .get_ids()
+                .to_vec()),
+            Codec::Llama(v) => Ok(v.encode_with_specials(text)),
         }
     }
 
@@ -218,6 +234,22 @@ fn load_llama(path: &Path, header: &shoal_gguf::Header, opts: &LlamaOptions) -> 
             }
         ))
     };
+    if let Some(pooling) = llama_embed::pooling_of(header) {
+        let model = LlamaEmbedder::load(path, header, pooling, opts).map_err(refused)?;
+        let lv = model.vocab();
+        let (bos, add_bos) = (lv.bos(), lv.add_bos());
+        return Ok(Loaded {
+            model: Box::new(model),
+            vocab: Arc::new(Vocabulary {
+                codec: Codec::Llama(lv),
+                template: None,
+                bos,
+                eos: Vec::new(),
+                add_bos,
+            }),
+            path: path.to_path_buf(),
+        });
+    }
     let model = LlamaCppModel::load(path, header, opts).map_err(refused)?;
     let lv = model.vocab();
     let text =

@@ -204,6 +204,32 @@ impl Header {
         self.uint(&format!("{}.{key}", self.architecture()?))
     }
 
+    /// A boolean key of the model's own architecture, e.g. `attention.causal`.
+    pub fn arch_bool(&self, key: &str) -> Option<bool> {
+        match self
+            .metadata
+            .get(&format!("{}.{key}", self.architecture()?))
+        {
+            Some(Value::Bool(b)) => Some(*b),
+            _ => None,
+        }
+    }
+
+    /// How an embedding model pools its states (`mean`, `cls`, `last`); `None`
+    /// for a model that generates text. A file is an embedding model when
+    /// `{arch}.pooling_type` names one of those, or when its attention is
+    /// not causal (an encoder) and it names no pooling: then mean, the
+    /// sentence-transformers default. A reranker (`rank`) is not one.
+    pub fn embedding_pooling(&self) -> Option<&'static str> {
+        match self.arch_uint("pooling_type") {
+            Some(1) => Some("mean"),
+            Some(2) => Some("cls"),
+            Some(3) => Some("last"),
+            Some(_) => None,
+            None => (self.arch_bool("attention.causal") == Some(false)).then_some("mean"),
+        }
+    }
+
     /// `general.file_type` as llama.cpp names it (`Q4_K_M`…).
     pub fn file_type(&self) -> Option<String> {
         self.uint("general.file_type").map(file_type_name)

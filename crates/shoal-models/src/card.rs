@@ -25,6 +25,11 @@ pub struct ModelCard {
     pub parameters: u64,
     /// Bytes the model's files take on disk.
     pub size_bytes: u64,
+    /// An embedding model's pooling (`mean`, `cls`, `last`); `None` for a
+    /// model that generates text.
+    pub embedding_pooling: Option<String>,
+    /// Width of the model's hidden states (an embedding model's vector length).
+    pub embedding_length: Option<u64>,
 }
 
 impl ModelCard {
@@ -156,6 +161,8 @@ fn read_gguf(path: &Path) -> Result<ModelCard> {
             .iter()
             .fold(0u64, |a, t| a.saturating_add(t.elements())),
         size_bytes: h.file_len,
+        embedding_pooling: h.embedding_pooling().map(str::to_string),
+        embedding_length: h.arch_uint("embedding_length"),
     })
 }
 

@@ -271,6 +271,16 @@ settings! {
         split_kv_cache: bool = false,
             env Env::Var("SHOAL_SPLIT_KV_CACHE"), flag Flag::On("split-kv-cache");
     }
+    /// An embedding model served beside the chat model (/v1/embeddings,
+    /// /api/embed); it loads on first use like a pulled model.
+    [embedding] Embedding {
+        /// A .gguf embedding model (all-MiniLM, bge, nomic-embed-text, Qwen3-Embedding…).
+        path: Option<PathBuf> = None,
+            env Env::Var("SHOAL_EMBEDDING_MODEL"), flag Flag::Value("embedding-model", "PATH");
+        /// The name clients use for it (default: the file name).
+        id: Option<String> = None,
+            env Env::Var("SHOAL_EMBEDDING_MODEL_ID"), flag Flag::Value("embedding-model-id", "ID");
+    }
     [cache] Cache {
         /// Memory for reusing KV state of shared prompt prefixes across
         /// requests, in MiB (0 = off).
@@ -938,7 +948,14 @@ mod tests {
     #[test]
     fn every_setting_has_a_default_but_the_optional_ones() {
         let table = default_table();
-        let optional = ["server.db", "server.ollama_port", "model.path", "model.id"];
+        let optional = [
+            "server.db",
+            "server.ollama_port",
+            "model.path",
+            "model.id",
+            "embedding.path",
+            "embedding.id",
+        ];
         for s in SETTINGS {
             let present = s.value_in(&table).is_some();
             assert_eq!(present, !optional.contains(&s.id), "{}", s.id);

@@ -87,6 +87,14 @@ pub fn app_state(
 ) -> anyhow::Result<shoal_api::AppState> {
     let pool = shoal_api::pool::ModelPool::new(cfg.pool_options()?);
     pool.insert(engine, cfg.model.aliases.clone());
+    if let Some(path) = &cfg.embedding.path {
+        let id = cfg
+            .embedding
+            .id
+            .clone()
+            .unwrap_or_else(|| id_from_path(path));
+        pool.add_named(&id, path.clone(), Vec::new());
+    }
     let mut state = open_store(shoal_api::AppState::with_pool(pool), cfg);
     state.log_prompts = cfg.server.log_prompts;
     state.cluster_options = cfg.cluster_options();

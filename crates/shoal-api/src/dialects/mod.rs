@@ -17,6 +17,7 @@ pub mod common;
 pub mod ollama;
 pub mod openai_chat;
 pub mod openai_completions;
+pub mod openai_embeddings;
 pub mod openai_responses;
 
 /// A dialect's own words for the engine's records, and where it lives.
@@ -136,6 +137,7 @@ pub const REGISTRY: &[Registered] = &[
     openai_responses::REGISTERED,
     anthropic::REGISTERED,
     ollama::REGISTERED,
+    openai_embeddings::REGISTERED,
 ];
 
 /// A handle on a dialect's words; compared and stored by its ledger name.

@@ -135,6 +135,9 @@ pub fn route(path: &Path, choice: BackendChoice) -> Result<Route> {
     }
     let header = check_gguf(path)?;
     let backend = match choice {
+        // Embedding models run on llama.cpp whatever the choice: the MLX
+        // side here runs causal language models only.
+        _ if llama::embed::pooling_of(&header).is_some() => BackendKind::Llama,
         BackendChoice::Llama => BackendKind::Llama,
         BackendChoice::Mlx => match mlx_reads(&header) {
             Ok(()) => BackendKind::Mlx,

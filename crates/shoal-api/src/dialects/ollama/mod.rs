@@ -18,6 +18,7 @@ use crate::error::{ApiError, ErrorShape};
 use crate::AppState;
 
 pub(crate) mod chat;
+mod embed;
 pub(crate) mod generate;
 mod models;
 pub mod port;
@@ -40,7 +41,12 @@ impl super::Words for Words {
         &["/api"]
     }
     fn generation_paths(&self) -> &'static [&'static str] {
-        &["/api/chat", "/api/generate"]
+        &[
+            "/api/chat",
+            "/api/generate",
+            "/api/embed",
+            "/api/embeddings",
+        ]
     }
     fn error_shape(&self) -> ErrorShape {
         ErrorShape::Plain
@@ -88,8 +94,8 @@ fn routes() -> Router<AppState> {
         .route("/api/delete", delete(models::remove))
         .route("/api/chat", post(chat::handle))
         .route("/api/generate", post(generate::handle))
-        .route("/api/embed", post(models::embed))
-        .route("/api/embeddings", post(models::embed))
+        .route("/api/embed", post(embed::embed_route))
+        .route("/api/embeddings", post(embed::legacy_route))
 }
 
 /// What `GET /` answers on Ollama's port (and to a non-browser on the main

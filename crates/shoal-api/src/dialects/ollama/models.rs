@@ -1,6 +1,5 @@
 //! Ollama's model routes over the pool and the library: `/api/version`,
-//! `/api/tags`, `/api/show`, `/api/ps`, `/api/pull`, `/api/delete`, and
-//! `/api/embed` / `/api/embeddings`.
+//! `/api/tags`, `/api/show`, `/api/ps`, `/api/pull` and `/api/delete`.
 use std::path::Path;
 use std::time::{Instant, SystemTime};
 
@@ -268,7 +267,10 @@ pub async fn show(State(s): State<AppState>, body: Body) -> Reply {
         // Every model answers completions; tools work on every chat model
         // (templates without them are taught the call syntax).
         let mut capabilities = vec!["completion", "tools"];
-        if caps.thinking || caps.harmony {
+        if m.card.embedding_pooling.is_some() {
+            // An embedding model answers /api/embed and nothing else.
+            capabilities = vec!["embedding"];
+        } else if caps.thinking || caps.harmony {
             capabilities.push("thinking");
         }
         if can_insert(&m.path, vocab) {
@@ -468,18 +470,6 @@ pub async fn remove(State(s): State<AppState>, body: Body) -> Reply {
 }
 
 /// `POST /api/embed` and `/api/embeddings`: no embedding model runs here yet.
-pub async fn embed(State(s): State<AppState>, body: Body) -> Reply {
-    let req = parse_named(&body)?;
-    let name = req.name().map_err(err)?.to_string();
-    find(&s.pool, &name).map_err(err)?;
-    Err(err(ApiError::param(
-        "model",
-        format!(
-            "\"{name}\" does not support embeddings: this server serves no embedding models yet"
-        ),
-    )))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

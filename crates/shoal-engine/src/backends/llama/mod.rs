@@ -28,6 +28,7 @@ use crate::backend::{
 };
 use crate::error::{EngineError, Result};
 
+pub mod embed;
 pub mod vocab;
 
 /// llama.cpp's `LLAMA_MAX_SEQ`: most sequences one context can track.

@@ -68,6 +68,17 @@ impl LlamaVocab {
             .collect()
     }
 
+    /// Tokens of `text` with the special tokens the model adds around an
+    /// input (its `add_bos` / `add_eos` / `add_sep` settings).
+    pub fn encode_with_specials(&self, text: &str) -> Vec<u32> {
+        self.model
+            .vocab()
+            .tokenize(text.as_bytes(), true, true)
+            .into_iter()
+            .map(|t| t.0 as u32)
+            .collect()
+    }
+
     /// The bytes token `id` stands for; control tokens give their text when
     /// `special` is set and nothing otherwise.
     pub fn piece(&self, id: u32, special: bool) -> Vec<u8> {

@@ -1,0 +1,213 @@
+//! Embedding models on llama.cpp: BERT-family encoders (all-MiniLM, bge,
+//! nomic-embed-text) and decoder embedding models (Qwen3-Embedding).
+//!
+//! One llama.cpp context with embeddings on and the file's own pooling. Each
+//! [`LanguageModel::embed`] call is one llama.cpp pass over every input the
+//! engine packed into it, each input its own sequence id; an encoder
+//! processes a pass in one piece (llama.cpp asserts that `n_ubatch` holds
+//! it), so the pass's tokens never exceed the context's `n_ubatch`.
+use std::num::NonZeroU32;
+use std::path::Path;
+use std::sync::Mutex;
+
+use llama_cpp_2::context::params::{LlamaContextParams, LlamaPoolingType};
+use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::token::LlamaToken;
+
+use super::{runtime, vocab_table_bytes, ContextCell, LlamaOptions, LLAMA_MAX_SEQ};
+use crate::backend::{BackendKind, EmbeddingInfo, LanguageModel, ModelInfo, Pooling};
+use crate::error::{EngineError, Result};
+
+/// Tokens one pass packs when inputs are short. Non-causal attention spans
+/// the whole pass (masked per sequence), so its cost grows with the square
+/// of the pass; at this size the weight products still dominate.
+const PACK_TOKENS: usize = 1024;
+/// Longest input accepted, whatever a file claims (a pass must hold it).
+const MAX_INPUT_TOKENS: usize = 32_768;
+
+/// The pooling of an embedding GGUF; `None` for a model that generates
+/// text (see [`shoal_gguf::Header::embedding_pooling`]).
+pub fn pooling_of(header: &shoal_gguf::Header) -> Option<Pooling> {
+    header.embedding_pooling().and_then(Pooling::from_name)
+}
+
+/// An embedding GGUF on llama.cpp.
+pub struct LlamaEmbedder {
+    ctx: Mutex<ContextCell>,
+    info: ModelInfo,
+    embedding: EmbeddingInfo,
+    /// A decoder model keeps a KV cache: cleared after every pass.
+    has_memory: bool,
+}
+
+impl LlamaEmbedder {
+    pub fn load(
+        path: &Path,
+        header: &shoal_gguf::Header,
+        pooling: Pooling,
+        opts: &LlamaOptions,
+    ) -> Result<Self> {
+        let backend = runtime()?;
+        let model = LlamaModel::load_from_file(backend, path, &LlamaModelParams::default())
+            .map_err(|e| {
+                EngineError::InvalidModel(format!(
+                    "llama.cpp could not load {}: {e}",
+                    path.display()
+                ))
+            })?;
+        let model = std::sync::Arc::new(model);
+        let window = (model.n_ctx_train().max(1) as usize).min(MAX_INPUT_TOKENS);
+        let pass = window.max(PACK_TOKENS);
+        let threads = i32::try_from(opts.threads.max(1)).unwrap_or(1);
+        let kind = match pooling {
+            Pooling::Mean => LlamaPoolingType::Mean,
+            Pooling::Cls => LlamaPoolingType::Cls,
+            Pooling::Last => LlamaPoolingType::Last,
+        };
+        let cparams = LlamaContextParams::default()
+            .with_embeddings(true)
+            .with_pooling_type(kind)
+            .with_n_ctx(NonZeroU32::new(pass as u32))
+            .with_n_batch(pass as u32)
+            .with_n_ubatch(pass as u32)
+            .with_n_seq_max(LLAMA_MAX_SEQ as u32)
+            .with_n_threads(threads)
+            .with_n_threads_batch(threads)
+            .with_no_perf(true);
+        let ctx = ContextCell::try_new(model.clone(), |m| {
+            m.new_context(backend, cparams)
+                .map_err(|e| EngineError::Backend(format!("llama.cpp context: {e}")))
+        })?;
+        let has_memory = header.arch_bool("attention.causal") != Some(false);
+        let dimensions = model.n_embd_out().max(0) as usize;
+        let info = ModelInfo {
+            architecture: header.architecture().unwrap_or("unknown").to_string(),
+            vocab_size: model.n_vocab().max(0) as usize,
+            context_length: window,
+            num_layers: model.n_layer() as usize,
+            hidden_size: model.n_embd().max(0) as usize,
+            format: "gguf".into(),
+            quantization: header.file_type(),
+            dtype: "ggml".into(),
+            device: if cfg!(target_os = "macos") {
+                "gpu"
+            } else {
+                "cpu"
+            }
+            .into(),
+            weight_bytes: model.size() as usize,
+            backend: BackendKind::Llama,
+            kv_capacity_bytes: if has_memory {
+                pass * super::kv_bytes_per_position(header) as usize
+            } else {
+                0
+            },
+            // Each token's hidden state and each sequence's pooled vector.
+            buffer_bytes: (pass + LLAMA_MAX_SEQ) * dimensions * 4
+                + vocab_table_bytes(header) as usize,
+        };
+        Ok(LlamaEmbedder {
+            ctx: Mutex::new(ctx),
+            embedding: EmbeddingInfo {
+                dimensions,
+                pooling,
+                normalize: true,
+                max_input_tokens: window,
+                batch_tokens: pass,
+                batch_inputs: LLAMA_MAX_SEQ,
+            },
+            info,
+            has_memory,
+        })
+    }
+
+    /// The tokenizer of this model.
+    pub fn vocab(&self) -> super::vocab::LlamaVocab {
+        let ctx = self.ctx.lock().unwrap_or_else(|p| p.into_inner());
+        super::vocab::LlamaVocab::of(ctx.borrow_owner().clone())
+    }
+}
+
+impl LanguageModel for LlamaEmbedder {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn embedding(&self) -> Option<&EmbeddingInfo> {
+        Some(&self.embedding)
+    }
+
+    fn embed(&self, inputs: &[&[u32]]) -> Result<Vec<Vec<f32>>> {
+        let total: usize = inputs.iter().map(|i| i.len()).sum();
+        if inputs.is_empty() {
+            return Ok(Vec::new());
+        }
+        if total > self.embedding.batch_tokens
+            || inputs.len() > self.embedding.batch_inputs
+            || inputs.iter().any(|i| i.is_empty())
+        {
+            return Err(EngineError::Backend(format!(
+                "an embedding pass of {} inputs and {total} tokens is outside its bounds",
+                inputs.len()
+            )));
+        }
+        let mut batch = LlamaBatch::new(total, inputs.len() as i32);
+        for (seq, tokens) in inputs.iter().enumerate() {
+            for (pos, &t) in tokens.iter().enumerate() {
+                batch
+                    .add(LlamaToken(t as i32), pos as i32, &[seq as i32], true)
+                    .map_err(|e| EngineError::Backend(format!("llama.cpp batch: {e}")))?;
+            }
+        }
+        let mut cell = self.ctx.lock().unwrap_or_else(|p| p.into_inner());
+        let has_memory = self.has_memory;
+        cell.with_dependent_mut(|_, ctx| {
+            let ran = ctx.decode(&mut batch);
+            let out = ran
+                .map_err(|e| EngineError::Backend(format!("llama.cpp embedding pass: {e}")))
+                .and_then(|()| {
+                    (0..inputs.len())
+                        .map(|seq| {
+                            ctx.embeddings_seq_ith(seq as i32)
+                                .map(<[f32]>::to_vec)
+                                .map_err(|e| {
+                                    EngineError::Backend(format!(
+                                        "llama.cpp gave no embedding for input {seq}: {e}"
+                                    ))
+                                })
+                        })
+                        .collect()
+                });
+            if has_memory {
+                ctx.clear_kv_cache();
+            }
+            out
+        })
+    }
+
+    fn new_cache(&self) -> Result<Box<dyn crate::backend::KvCache>> {
+        Err(not_generative())
+    }
+
+    fn forward(&self, _: &[u32], _: &mut dyn crate::backend::KvCache) -> Result<Vec<f32>> {
+        Err(not_generative())
+    }
+
+    fn new_batch(&self) -> Result<Box<dyn crate::backend::DecodeBatch>> {
+        Err(not_generative())
+    }
+
+    fn forward_batch(
+        &self,
+        _: &[u32],
+        _: &mut dyn crate::backend::DecodeBatch,
+    ) -> Result<Vec<Vec<f32>>> {
+        Err(not_generative())
+    }
+}
+
+fn not_generative() -> EngineError {
+    EngineError::WrongKind("this is an embedding model; it cannot generate text".into())
+}
