@@ -143,6 +143,7 @@ pub(crate) fn run_embeddings(
         // A request whose caller left is not computed.
         round.retain(|j| !j.reply.is_closed());
         stats.running.store(round.len() as u64, Ordering::Relaxed);
+        stats.embedding_rounds.fetch_add(1, Ordering::Relaxed);
         run_round(model.as_ref(), &info, round, &stats);
         stats.running.store(0, Ordering::Relaxed);
         crate::engine::release_free_memory();
@@ -194,6 +195,13 @@ fn run_round(
         let started = Instant::now();
         let out = model.embed(&inputs);
         let ended = Instant::now();
+        stats.decode_passes.fetch_add(1, Ordering::Relaxed);
+        stats
+            .decode_steps
+            .fetch_add(pass.len() as u64, Ordering::Relaxed);
+        stats
+            .peak_batch
+            .fetch_max(pass.len() as u64, Ordering::Relaxed);
         match out {
             Ok(vs) if vs.len() == pass.len() => {
                 for (s, mut v) in pass.iter().zip(vs) {

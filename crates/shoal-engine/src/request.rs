@@ -82,10 +82,13 @@ pub struct EngineStats {
     /// Most sequences ever decoded in one forward pass.
     pub peak_batch: AtomicU64,
     /// Batched decode passes run, and the sequence-steps they covered
-    /// (their ratio is the mean batch size).
+    /// (their ratio is the mean batch size). An embedding model counts its
+    /// passes and the inputs they held here.
     pub decode_passes: AtomicU64,
     pub decode_steps: AtomicU64,
     /// Time spent sampling and running batched decode passes (prefill not
     /// included): `decode_steps` over this is the aggregate decode speed.
     pub decode_micros: AtomicU64,
+    /// An embedding model's rounds: each takes every request waiting.
+    pub embedding_rounds: AtomicU64,
 }

@@ -1,0 +1,296 @@
+//! Embeddings on the real all-MiniLM-L6-v2 GGUF (`make models` converts it
+//! from the sentence-transformers files with `tools/py/bert_gguf.py`),
+//! checked against an independent numpy BERT on those same files
+//! (`tools/py/bert_reference.py`, the `tokenizers` package for the tokens):
+//! every vector of a fixed corpus (short, long, unicode, code) at cosine ≥
+//! 0.999, every token count equal, and a vector computed beside others equal
+//! to its lone run.
+mod common;
+
+use std::path::PathBuf;
+
+use shoal_engine::{Engine, EngineError, EngineOptions, GenerateRequest};
+
+/// The converted GGUF: `SHOAL_TEST_EMBED_GGUF`, else where `make models` puts it.
+fn gguf() -> PathBuf {
+    let p = std::env::var("SHOAL_TEST_EMBED_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            common::repo().join(".cache/models/all-minilm-l6-v2-0.1.2/all-MiniLM-L6-v2-F16.gguf")
+        });
+    assert!(
+        p.is_file(),
+        "embedding model missing at {} — run `make models`",
+        p.display()
+    );
+    p
+}
+
+/// The sentence-transformers directory the GGUF was made from.
+fn hf_dir() -> PathBuf {
+    gguf().parent().expect("a directory").join("hf")
+}
+
+fn corpus() -> Vec<String> {
+    let text = std::fs::read_to_string(common::repo().join("tests/data/embedding-corpus.json"))
+        .expect("corpus");
+    serde_json::from_str(&text).expect("a JSON list of strings")
+}
+
+struct Reference {
+    token_counts: Vec<usize>,
+    vectors: Vec<Vec<f64>>,
+}
+
+/// The numpy reference on `inputs`, one at a time.
+fn reference(inputs: &[String]) -> Reference {
+    let dir = std::env::temp_dir().join(format!("shoal-embed-ref-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let (input, out) = (dir.join("inputs.json"), dir.join("out.json"));
+    std::fs::write(&input, serde_json::to_string(inputs).expect("json")).expect("write");
+    let status = std::process::Command::new(common::python())
+        .arg(common::repo().join("tools/py/bert_reference.py"))
+        .arg(hf_dir())
+        .arg("--inputs-json")
+        .arg(&input)
+        .arg("--out")
+        .arg(&out)
+        .status()
+        .expect("run bert_reference.py");
+    assert!(status.success(), "bert_reference.py failed");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).expect("output")).expect("json");
+    let _ = std::fs::remove_dir_all(&dir);
+    Reference {
+        token_counts: serde_json::from_value(v["token_counts"].clone()).expect("counts"),
+        vectors: serde_json::from_value(v["vectors"].clone()).expect("vectors"),
+    }
+}
+
+fn cosine(a: &[f32], b: &[f64]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(&x, &y)| f64::from(x) * y).sum();
+    let na: f64 = a.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|y| y * y).sum::<f64>().sqrt();
+    dot / (na * nb)
+}
+
+fn widen(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|&x| f64::from(x)).collect()
+}
+
+fn start() -> Engine {
+    Engine::start(&gguf(), "minilm", EngineOptions::default()).expect("load the embedding model")
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+#[test]
+fn vectors_and_token_counts_equal_the_reference_alone_batched_and_concurrent() {
+    let engine = start();
+    let info = engine
+        .model
+        .embedding()
+        .expect("an embedding model")
+        .clone();
+    assert_eq!(
+        (info.dimensions, info.pooling.as_str(), info.normalize),
+        (384, "mean", true)
+    );
+    assert_eq!(info.max_input_tokens, 512);
+    let texts = corpus();
+    let want = reference(&texts);
+    let tokens: Vec<Vec<u32>> = texts
+        .iter()
+        .map(|t| engine.model.embedding_tokens(t, false).expect("tokenize"))
+        .collect();
+    let counts: Vec<usize> = tokens.iter().map(Vec::len).collect();
+    assert_eq!(
+        counts, want.token_counts,
+        "token counts against `tokenizers`"
+    );
+
+    let rt = runtime();
+    // Each input alone.
+    let lone: Vec<Vec<f32>> = tokens
+        .iter()
+        .map(|t| {
+            let out = rt.block_on(engine.embed(vec![t.clone()])).expect("embed");
+            assert_eq!(out.tokens, vec![t.len()]);
+            out.vectors.into_iter().next().expect("one vector")
+        })
+        .collect();
+    for (i, (got, want)) in lone.iter().zip(&want.vectors).enumerate() {
+        let c = cosine(got, want);
+        assert!(c >= 0.999, "input {i} ({:?}): cosine {c}", texts[i]);
+        let norm: f32 = got.iter().map(|x| x * x).sum::<f32>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-4, "input {i}: norm {norm}");
+    }
+    // All in one request: the passes share inputs.
+    let batched = rt
+        .block_on(engine.embed(tokens.clone()))
+        .expect("embed batch");
+    assert_eq!(batched.prompt_tokens(), counts.iter().sum::<usize>());
+    for (i, (b, l)) in batched.vectors.iter().zip(&lone).enumerate() {
+        let c = cosine(b, &widen(l));
+        assert!(c >= 0.9999, "input {i}: batched against lone cosine {c}");
+    }
+    // Many requests at once: they join the same round.
+    let together = rt.block_on(async {
+        let calls: Vec<_> = tokens
+            .iter()
+            .map(|t| {
+                let e = engine.clone();
+                let t = t.clone();
+                tokio::spawn(async move { e.embed(vec![t]).await })
+            })
+            .collect();
+        let mut out = Vec::new();
+        for c in calls {
+            out.push(c.await.expect("task").expect("embed"));
+        }
+        out
+    });
+    for (i, (t, l)) in together.iter().zip(&lone).enumerate() {
+        let c = cosine(&t.vectors[0], &widen(l));
+        assert!(c >= 0.9999, "input {i}: concurrent against lone cosine {c}");
+    }
+}
+
+#[test]
+fn requests_that_wait_together_share_one_round_and_its_passes() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let engine = start();
+    let stats = engine.stats.clone();
+    let rt = runtime();
+    // A request long enough to keep the engine busy while twelve more queue.
+    let busy: Vec<Vec<u32>> = (0..512)
+        .map(|i| {
+            engine
+                .model
+                .embedding_tokens(
+                    &format!(
+                        "sentence {i} of a long request that keeps the engine busy for a while"
+                    ),
+                    false,
+                )
+                .expect("tokenize")
+        })
+        .collect();
+    let small: Vec<Vec<u32>> = corpus()
+        .iter()
+        .take(12)
+        .map(|t| engine.model.embedding_tokens(t, true).expect("tokenize"))
+        .collect();
+    let rounds = stats.embedding_rounds.load(Relaxed);
+    let passes = stats.decode_passes.load(Relaxed);
+    rt.block_on(async {
+        let e = engine.clone();
+        let big = tokio::spawn(async move { e.embed(busy).await });
+        // The long request's round has begun when the engine says it runs.
+        while stats.running.load(Relaxed) == 0 {
+            tokio::task::yield_now().await;
+        }
+        let calls: Vec<_> = small
+            .iter()
+            .map(|t| {
+                let e = engine.clone();
+                let t = t.clone();
+                tokio::spawn(async move { e.embed(vec![t]).await })
+            })
+            .collect();
+        for c in calls {
+            c.await.expect("task").expect("embed");
+        }
+        big.await.expect("task").expect("embed");
+    });
+    assert_eq!(
+        stats.embedding_rounds.load(Relaxed) - rounds,
+        2,
+        "the long request's round, then one round for the twelve that waited"
+    );
+    let small_tokens: usize = small.iter().map(Vec::len).sum();
+    let info = engine.model.embedding().expect("embedding").clone();
+    assert!(small_tokens <= info.batch_tokens, "the twelve fit one pass");
+    let big_passes = stats.decode_passes.load(Relaxed) - passes - 1;
+    assert!(
+        big_passes >= 1 && big_passes < 512,
+        "{big_passes} passes for 512 inputs"
+    );
+}
+
+#[test]
+fn long_inputs_are_refused_or_truncated_and_bad_ids_refused() {
+    let engine = start();
+    let long = "word ".repeat(1000);
+    let full = engine
+        .model
+        .embedding_tokens(&long, false)
+        .expect("tokenize");
+    assert_eq!(full.len(), 1002, "[CLS] + 1000 words + [SEP]");
+    let rt = runtime();
+    match rt.block_on(engine.embed(vec![full.clone()])) {
+        Err(EngineError::ContextOverflow {
+            prompt_tokens: 1002,
+            context: 512,
+        }) => {}
+        other => panic!("expected a context overflow, got {other:?}"),
+    }
+    let cut = engine
+        .model
+        .embedding_tokens(&long, true)
+        .expect("tokenize");
+    assert_eq!(cut.len(), 512);
+    assert_eq!(
+        (cut[0], cut[510], cut[511]),
+        (full[0], full[510], full[1001]),
+        "the cut keeps [CLS] and ends with [SEP]"
+    );
+    let out = rt.block_on(engine.embed(vec![cut])).expect("embed");
+    assert_eq!(out.prompt_tokens(), 512);
+    match rt.block_on(engine.embed(vec![vec![101, 999_999, 102]])) {
+        Err(EngineError::InvalidRequest(m)) => assert!(m.contains("999999"), "{m}"),
+        other => panic!("expected an invalid request, got {other:?}"),
+    }
+    match rt.block_on(engine.embed(vec![Vec::new()])) {
+        Err(EngineError::InvalidRequest(m)) => assert!(m.contains("no tokens"), "{m}"),
+        other => panic!("expected an invalid request, got {other:?}"),
+    }
+    // Still serving after the refusals.
+    assert_eq!(
+        rt.block_on(engine.embed(vec![vec![101, 7592, 102]]))
+            .expect("embed")
+            .vectors[0]
+            .len(),
+        384
+    );
+}
+
+#[test]
+fn each_kind_of_model_refuses_the_other_kind_of_work() {
+    let embedder = start();
+    match embedder.submit(GenerateRequest::new(vec![101, 7592, 102])) {
+        Err(EngineError::WrongKind(m)) => assert!(m.contains("embedding model"), "{m}"),
+        Err(e) => panic!("expected WrongKind, got {e}"),
+        Ok(_) => panic!("an embedding model generated"),
+    }
+    let chat = Engine::start(
+        &common::gguf_path(),
+        "chat",
+        EngineOptions {
+            backend: shoal_engine::BackendChoice::Llama,
+            ..EngineOptions::default()
+        },
+    )
+    .expect("load the chat model");
+    assert!(chat.model.embedding().is_none());
+    match runtime().block_on(chat.embed(vec![vec![1, 2, 3]])) {
+        Err(EngineError::WrongKind(m)) => assert!(m.contains("not an embedding model"), "{m}"),
+        other => panic!("expected WrongKind, got {other:?}"),
+    }
+}
