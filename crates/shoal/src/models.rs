@@ -171,17 +171,29 @@ impl PullView {
     }
 }
 
-/// Pulled models, plus the configured model when it is a file of its own.
+/// Pulled models, plus the configured models (the chat model, and the
+/// embedding model if one is set) when they are files of their own.
 fn local_models(settings: &config::Flags) -> Result<Vec<LocalModel>> {
     let mut all = Library::from_env().list();
     let cfg = config::resolve(settings)?.config;
-    let path = cfg.model_path();
-    if !all.iter().any(|m| m.path == path) {
+    let mut configured = vec![(cfg.model_id(), cfg.model_path())];
+    if let Some(path) = &cfg.embedding.path {
+        let id = cfg
+            .embedding
+            .id
+            .clone()
+            .unwrap_or_else(|| shoal::id_from_path(path));
+        configured.push((id, path.clone()));
+    }
+    for (at, (id, path)) in configured.into_iter().enumerate() {
+        if all.iter().any(|m| m.path == path) {
+            continue;
+        }
         match ModelCard::read(&path) {
             Ok(card) => all.insert(
-                0,
+                at,
                 LocalModel {
-                    id: cfg.model_id(),
+                    id,
                     path,
                     source: Source::Path,
                     card,
@@ -193,6 +205,15 @@ fn local_models(settings: &config::Flags) -> Result<Vec<LocalModel>> {
         }
     }
     Ok(all)
+}
+
+/// `embedding` for a model that embeds, `chat` for one that generates.
+fn kind(m: &LocalModel) -> &'static str {
+    if m.card.embedding_pooling.is_some() {
+        "embedding"
+    } else {
+        "chat"
+    }
 }
 
 pub fn list(a: ListArgs) -> Result<()> {
@@ -210,7 +231,8 @@ pub fn list(a: ListArgs) -> Result<()> {
     if a.json {
         let mut v = serde_json::to_value(&all)?;
         if let Some(items) = v.as_array_mut() {
-            for (item, b) in items.iter_mut().zip(&backends) {
+            for ((item, b), m) in items.iter_mut().zip(&backends).zip(&all) {
+                item["kind"] = kind(m).into();
                 item["backend"] = b.as_ref().ok().cloned().into();
                 item["unavailable"] = b.as_ref().err().cloned().into();
             }
@@ -218,7 +240,7 @@ pub fn list(a: ListArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    let rows: Vec<[String; 8]> = all
+    let rows: Vec<[String; 9]> = all
         .iter()
         .zip(&backends)
         .map(|(m, backend)| {
@@ -231,6 +253,7 @@ pub fn list(a: ListArgs) -> Result<()> {
             };
             [
                 m.id.clone(),
+                kind(m).to_string(),
                 c.architecture.clone().unwrap_or_else(|| "?".into()),
                 c.quantization.clone().unwrap_or_else(|| "?".into()),
                 format!("{:.0}M", c.parameters as f64 / 1e6),
@@ -245,7 +268,7 @@ pub fn list(a: ListArgs) -> Result<()> {
         })
         .collect();
     let head = [
-        "ID", "ARCH", "QUANT", "PARAMS", "SIZE", "CONTEXT", "BACKEND", "FROM",
+        "ID", "KIND", "ARCH", "QUANT", "PARAMS", "SIZE", "CONTEXT", "BACKEND", "FROM",
     ];
     let mut widths = head.map(str::len);
     for r in &rows {

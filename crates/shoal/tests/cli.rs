@@ -2,7 +2,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use common::*;
 use serde_json::{json, Value};
@@ -666,6 +666,57 @@ fn pull_list_and_remove_models_from_a_fixture_hub() {
         table
             .lines()
             .any(|l| l.starts_with(id) && l.contains("Q4_1")),
+        "{table}"
+    );
+
+    // A configured embedding model is listed with its kind.
+    let embed = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../.cache/models/all-minilm-l6-v2-0.1.2/all-MiniLM-L6-v2-F16.gguf");
+    let embed = std::env::var("SHOAL_TEST_EMBED_GGUF").map_or(embed, PathBuf::from);
+    let embed_arg = embed.to_str().expect("utf8 path");
+    let (ok, out, err) = cli(&[
+        "models",
+        "--json",
+        "--model",
+        model_arg,
+        "--embedding-model",
+        embed_arg,
+        "--embedding-model-id",
+        "minilm",
+    ]);
+    assert!(ok, "{err}");
+    let list: Vec<Value> = serde_json::from_str(&out).expect("JSON");
+    let kinds: Vec<(&str, &str)> = list
+        .iter()
+        .map(|m| {
+            (
+                m["id"].as_str().unwrap_or(""),
+                m["kind"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            (shoal::id_from_path(&model).as_str(), "chat"),
+            ("minilm", "embedding"),
+            (id, "chat")
+        ]
+    );
+    assert_eq!(list[1]["embedding_pooling"], "mean");
+    assert_eq!(list[1]["embedding_length"], 384);
+    let (ok, table, _) = cli(&[
+        "models",
+        "--model",
+        model_arg,
+        "--embedding-model",
+        embed_arg,
+    ]);
+    assert!(ok);
+    assert!(
+        table.lines().any(|l| l.starts_with("all-MiniLM-L6-v2-F16 ")
+            && l.contains(" embedding ")
+            && l.contains("bert")),
         "{table}"
     );
 
