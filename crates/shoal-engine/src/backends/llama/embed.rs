@@ -23,7 +23,7 @@ use crate::error::{EngineError, Result};
 /// Tokens one pass packs when inputs are short. Non-causal attention spans
 /// the whole pass (masked per sequence), so its cost grows with the square
 /// of the pass; at this size the weight products still dominate.
-const PACK_TOKENS: usize = 1024;
+const PACK_TOKENS: usize = 512;
 /// Longest input accepted, whatever a file claims (a pass must hold it).
 const MAX_INPUT_TOKENS: usize = 32_768;
 
