@@ -182,11 +182,13 @@ fn requests_that_wait_together_share_one_round_and_its_passes() {
                 .expect("tokenize")
         })
         .collect();
+    // Every corpus entry but the long one.
     let small: Vec<Vec<u32>> = corpus()
         .iter()
-        .take(12)
         .map(|t| engine.model.embedding_tokens(t, true).expect("tokenize"))
+        .filter(|t| t.len() < 100)
         .collect();
+    assert_eq!(small.len(), 12);
     let rounds = stats.embedding_rounds.load(Relaxed);
     let passes = stats.decode_passes.load(Relaxed);
     rt.block_on(async {
@@ -293,4 +295,138 @@ fn each_kind_of_model_refuses_the_other_kind_of_work() {
         Err(EngineError::WrongKind(m)) => assert!(m.contains("not an embedding model"), "{m}"),
         other => panic!("expected WrongKind, got {other:?}"),
     }
+}
+
+/// Runs a tool of the test venv.
+fn py(args: &[&std::ffi::OsStr]) {
+    let status = std::process::Command::new(common::python())
+        .args(args)
+        .status()
+        .expect("run python");
+    assert!(status.success(), "python {args:?} failed");
+}
+
+/// Another pooling read from the model's own files: the same MiniLM with
+/// its sentence-transformers pooling set to CLS, converted again, matches
+/// the reference computed from those files.
+#[test]
+fn cls_pooling_comes_from_the_model_files() {
+    let dir = std::env::temp_dir().join(format!("shoal-embed-cls-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let hf = dir.join("hf");
+    std::fs::create_dir_all(hf.join("1_Pooling")).expect("dirs");
+    for entry in std::fs::read_dir(hf_dir()).expect("hf dir") {
+        let p = entry.expect("entry").path();
+        if p.is_file() {
+            std::os::unix::fs::symlink(&p, hf.join(p.file_name().expect("name"))).expect("link");
+        }
+    }
+    std::fs::write(
+        hf.join("1_Pooling/config.json"),
+        r#"{"word_embedding_dimension": 384, "pooling_mode_cls_token": true, "pooling_mode_mean_tokens": false}"#,
+    )
+    .expect("pooling config");
+    let out = dir.join("cls.gguf");
+    py(&[
+        common::repo().join("tools/py/bert_gguf.py").as_os_str(),
+        hf.as_os_str(),
+        out.as_os_str(),
+    ]);
+    let engine = Engine::start(&out, "cls", EngineOptions::default()).expect("load");
+    assert_eq!(
+        engine
+            .model
+            .embedding()
+            .expect("embedding")
+            .pooling
+            .as_str(),
+        "cls"
+    );
+    let texts: Vec<String> = corpus().into_iter().take(4).collect();
+    let inputs: Vec<String> = texts.clone();
+    // The reference, on the CLS directory.
+    let (input, ref_out) = (dir.join("inputs.json"), dir.join("ref.json"));
+    std::fs::write(&input, serde_json::to_string(&inputs).expect("json")).expect("write");
+    py(&[
+        common::repo()
+            .join("tools/py/bert_reference.py")
+            .as_os_str(),
+        hf.as_os_str(),
+        "--inputs-json".as_ref(),
+        input.as_os_str(),
+        "--out".as_ref(),
+        ref_out.as_os_str(),
+    ]);
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&ref_out).expect("ref")).expect("json");
+    let want: Vec<Vec<f64>> = serde_json::from_value(v["vectors"].clone()).expect("vectors");
+    let tokens: Vec<Vec<u32>> = texts
+        .iter()
+        .map(|t| engine.model.embedding_tokens(t, false).expect("tokenize"))
+        .collect();
+    let got = runtime().block_on(engine.embed(tokens)).expect("embed");
+    let mean = reference(&texts);
+    for (i, g) in got.vectors.iter().enumerate() {
+        let c = cosine(g, &want[i]);
+        assert!(c >= 0.999, "input {i}: CLS cosine {c}");
+        // And it is not the mean-pooled vector.
+        assert!(
+            cosine(g, &mean.vectors[i]) < 0.99,
+            "input {i} looks mean-pooled"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A decoder embedding model (a causal GGUF marked with last-token pooling,
+/// as Qwen3-Embedding files are): its KV cache is cleared after each pass,
+/// so a vector is the same alone, beside others and asked again.
+#[test]
+fn a_decoder_embedding_model_pools_its_last_token() {
+    let dir = std::env::temp_dir().join(format!("shoal-embed-last-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let out = dir.join("smollm2-last.gguf");
+    py(&[
+        common::repo().join("tools/py/gguf_pooled.py").as_os_str(),
+        common::gguf_path().as_os_str(),
+        out.as_os_str(),
+        "last".as_ref(),
+    ]);
+    // The MLX backend is asked for: an embedding model runs on llama.cpp anyway.
+    let engine = Engine::start(
+        &out,
+        "last",
+        EngineOptions {
+            backend: shoal_engine::BackendChoice::Mlx,
+            ..EngineOptions::default()
+        },
+    )
+    .expect("load");
+    assert_eq!(engine.model.info.backend, shoal_engine::BackendKind::Llama);
+    let info = engine.model.embedding().expect("embedding").clone();
+    assert_eq!((info.pooling.as_str(), info.dimensions), ("last", 576));
+    let texts = [
+        "A man is eating food.",
+        "The girl is carrying a baby.",
+        "def f(x): return x",
+    ];
+    let tokens: Vec<Vec<u32>> = texts
+        .iter()
+        .map(|t| engine.model.embedding_tokens(t, false).expect("tokenize"))
+        .collect();
+    let rt = runtime();
+    let together = rt.block_on(engine.embed(tokens.clone())).expect("embed");
+    for (i, t) in tokens.iter().enumerate() {
+        for round in 0..2 {
+            let lone = rt.block_on(engine.embed(vec![t.clone()])).expect("embed");
+            let c = cosine(&lone.vectors[0], &widen(&together.vectors[i]));
+            assert!(c >= 0.9999, "input {i}, round {round}: cosine {c}");
+        }
+    }
+    let apart = cosine(&together.vectors[0], &widen(&together.vectors[2]));
+    assert!(
+        apart < 0.99,
+        "different inputs, near-equal vectors: {apart}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
