@@ -221,7 +221,7 @@ fn requests_that_wait_together_share_one_round_and_its_passes() {
     assert!(small_tokens <= info.batch_tokens, "the twelve fit one pass");
     let big_passes = stats.decode_passes.load(Relaxed) - passes - 1;
     assert!(
-        big_passes >= 1 && big_passes < 512,
+        (1..512).contains(&big_passes),
         "{big_passes} passes for 512 inputs"
     );
 }
