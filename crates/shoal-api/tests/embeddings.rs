@@ -375,10 +375,10 @@ async fn ollama_embed_truncates_counts_and_answers_the_old_route() {
     )
     .await;
     assert_eq!(s, 200);
-    assert_eq!(kind_loaded(&base, EMBED).await, false);
+    assert!(!is_loaded(&base, EMBED).await, "unloaded by keep_alive 0");
 }
 
-async fn kind_loaded(base: &str, id: &str) -> bool {
+async fn is_loaded(base: &str, id: &str) -> bool {
     let (_, t) = get(base, "/v1/models").await;
     let v: Value = serde_json::from_str(&t).expect("json");
     v["data"]
