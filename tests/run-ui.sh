@@ -7,7 +7,7 @@
 # --features fixture --bin shoal-hub-fixture), which serves the default model's
 # GGUF (SHOAL_MODEL, passed through if set) as the hub repo test/SmolLM2-GGUF on
 # loopback, so the suite's downloads never touch the internet.
-# Starts `shoal serve --port 0 --prefix-cache-mb 0 --db <temp dir>/ui.db --alias
+# Starts `shoal serve --port 0 --prefix-cache-mb 0 --db <temp dir>/ui.db --embedding-model <minilm> --alias
 # ui-test-alias` with HF_ENDPOINT at the fixture and HF_HOME in the temp dir (a
 # fresh conversation store and model library, never the user's; removed
 # afterwards). Beside it a second server that requires an API key (`--api-key
@@ -91,12 +91,16 @@ wait_listening() {
   fail "shoal serve ($out) did not report its address within ${STARTUP_TIMEOUT}s"
 }
 
+# The main server names the embedding model too (loaded on first use).
+EMBED_GGUF="${SHOAL_TEST_EMBED_GGUF:-$ROOT/.cache/models/all-minilm-l6-v2-0.1.2/all-MiniLM-L6-v2-F16.gguf}"
+[[ -f "$EMBED_GGUF" ]] || fail "embedding model missing at $EMBED_GGUF (make models)"
 # Both servers start at once; the keyed one gets a fresh random key.
 SHOAL_UI_KEY="ui-key-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
 mkdir -p "$LOGDIR/keyed-hf-home"
 start=$SECONDS
 HF_ENDPOINT="$HUB_URL" HF_HOME="$LOGDIR/hf-home" HF_TOKEN="" \
-  "$SHOAL_BIN" serve --port 0 --prefix-cache-mb 0 --db "$LOGDIR/ui.db" --alias ui-test-alias >"$LOGDIR/server.out" 2>"$LOGDIR/server.err" &
+  "$SHOAL_BIN" serve --port 0 --prefix-cache-mb 0 --db "$LOGDIR/ui.db" --alias ui-test-alias \
+  --embedding-model "$EMBED_GGUF" >"$LOGDIR/server.out" 2>"$LOGDIR/server.err" &
 SERVER_PID=$!
 HF_ENDPOINT="$HUB_URL" HF_HOME="$LOGDIR/keyed-hf-home" HF_TOKEN="" \
   "$SHOAL_BIN" serve --port 0 --prefix-cache-mb 0 --db "$LOGDIR/keyed.db" --api-key "$SHOAL_UI_KEY" >"$LOGDIR/keyed.out" 2>"$LOGDIR/keyed.err" &

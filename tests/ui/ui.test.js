@@ -1006,7 +1006,11 @@ test('the model picker lists the configured model with its quantization, size an
   await withPage('models-picker', {}, async (page) => {
     await page.waitForFunction(() => document.querySelector('[data-testid=model-picker]')?.value);
     const options = await pickerOptions(page);
-    assert.deepEqual(options.map((o) => o.value), models.map((m) => m.id), 'one option per model, aliases left out');
+    assert.deepEqual(
+      options.map((o) => o.value),
+      models.filter((m) => m.shoal.kind === 'chat').map((m) => m.id),
+      'one option per chat model, aliases and embedding models left out',
+    );
     const opt = options.find((o) => o.value === configured.id);
     assert.equal(opt.quant, 'Q4_1');
     assert.equal(Number(opt.size), configured.shoal.size_bytes);
@@ -1040,6 +1044,36 @@ test('the model picker lists the configured model with its quantization, size an
     const disk = page.getByTestId('library-bytes');
     assert.equal(Number(await disk.getAttribute('data-bytes')), summary.library_bytes);
     assert.match(await disk.innerText(), new RegExp(`Downloaded: .* on disk \\(${models.filter((m) => m.shoal.source.kind === 'hub').length} model`));
+  });
+});
+
+test('an embedding model is listed in Models but not offered for chats, and its requests are in the usage dashboard', async () => {
+  const { models } = await serverModels();
+  const embed = models.find((m) => m.shoal.kind === 'embedding');
+  assert.ok(embed, 'run-ui.sh names an embedding model');
+  const r = await api('/v1/embeddings', { model: embed.id, input: ['hello world', 'A man is eating food.'] });
+  assert.equal(r.status, 200, r.text);
+  assert.deepEqual(r.json.usage, { prompt_tokens: 12, total_tokens: 12 });
+  const entry = (await api('/v1/usage?dialect=embeddings&limit=1')).json.data[0];
+  assert.equal(entry.model, embed.id);
+  await withPage('embedding-model', {}, async (page) => {
+    await page.waitForFunction(() => document.querySelector('[data-testid=model-picker]')?.value);
+    const options = await pickerOptions(page);
+    assert.ok(!options.some((o) => o.value === embed.id), 'not offered for a chat');
+    await openModels(page);
+    const row = modelRow(page, embed.id);
+    await row.waitFor();
+    assert.match(await row.getByTestId('model-kind').innerText(), /embedding · 384 dims · mean pooling/);
+    assert.equal(await row.getByTestId('model-use').count(), 0, 'no Use button');
+    assert.equal(await row.getByTestId('model-state').innerText(), 'loaded');
+  });
+  await withPage('usage-embeddings', { path: '/usage' }, async (page) => {
+    await page.getByTestId('usage-updated').filter({ hasText: 'updated' }).waitFor();
+    await page.getByTestId('usage-filter-dialect').selectOption('openai.embeddings');
+    const row = page.locator(`[data-testid=usage-row][data-id="${entry.id}"]`);
+    await row.waitFor();
+    assert.equal(await row.getByTestId('usage-row-prompt').innerText(), '12');
+    assert.equal(await row.getByTestId('usage-row-completion').innerText(), '0');
   });
 });
 

@@ -27,6 +27,10 @@ export interface ModelDetails {
   path?: string;
   source?: ModelSource;
   estimated_memory_bytes?: number;
+  /** `embedding`: answers /v1/embeddings and /api/embed, never a chat. */
+  kind?: 'chat' | 'embedding';
+  /** An embedding model's vectors: length, pooling, and the longest input. */
+  embedding?: { dimensions?: number | null; pooling?: string; max_input_tokens?: number | null } | null;
   /** The engine it runs on (or would): `mlx` or `llama`; null when neither can. */
   backend?: string | null;
   /** Why no backend can run it. */

@@ -24,7 +24,7 @@ import {
   type Conversation,
   type Message,
 } from './store';
-import { defaultModelId, lib, loadModels, resolveModel } from './models';
+import { chatModels, defaultModelId, loadModels, resolveModel } from './models';
 
 export { loadModels };
 
@@ -243,7 +243,7 @@ export function dismissStoreError(): void {
  * stands for the model it names), else the server's configured model.
  */
 export function effectiveModel(c: Conversation | undefined): string {
-  const ids = lib.models.map((m) => m.id);
+  const ids = chatModels().map((m) => m.id);
   const own = c?.settings.model ? resolveModel(c.settings.model) : '';
   if (own && (ids.length === 0 || ids.includes(own))) return own;
   return defaultModelId() || own;

@@ -79,6 +79,11 @@ export { state as lib };
 
 export const isAlias = (m: ModelInfo) => typeof m.shoal?.alias_of === 'string';
 export const isPulled = (m: ModelInfo) => m.shoal?.source?.kind === 'hub';
+/** An embedding model: listed in the Models panel, never offered for a chat. */
+export const isEmbedding = (m: ModelInfo) => m.shoal?.kind === 'embedding';
+
+/** The models a chat can use. */
+export const chatModels = () => state.models.filter((m) => !isEmbedding(m));
 
 let generation = 0;
 
@@ -115,7 +120,8 @@ export function resolveModel(name: string): string {
 
 /** The server's configured model (the one given by path), else the first one. */
 export function defaultModelId(): string {
-  return (state.models.find((m) => m.shoal?.source?.kind === 'path') ?? state.models[0])?.id ?? '';
+  const chat = chatModels();
+  return (chat.find((m) => m.shoal?.source?.kind === 'path') ?? chat[0])?.id ?? '';
 }
 
 export function modelById(id: string): ModelInfo | undefined {

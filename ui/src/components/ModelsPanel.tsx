@@ -6,6 +6,7 @@ import {
   deleteOne,
   dismissActionError,
   dismissPull,
+  isEmbedding,
   isPulled,
   lib,
   loadModels,
@@ -158,6 +159,15 @@ function ModelRow(props: { model: ModelInfo; selected: boolean; onUse: () => voi
           {s().parameters ? ` · ${(s().parameters! / 1e6).toFixed(0)}M params` : ''}
           {s().context_length ? ` · ${s().context_length} ctx` : ''}
         </div>
+        <Show when={isEmbedding(m())}>
+          <span
+            class="tag"
+            data-testid="model-kind"
+            title="An embedding model: it answers /v1/embeddings and /api/embed, not chats"
+          >
+            embedding · {s().embedding?.dimensions ?? '?'} dims · {s().embedding?.pooling ?? '?'} pooling
+          </span>
+        </Show>
       </td>
       <td data-testid="model-quant">{quantOf(m())}</td>
       <td data-testid="model-backend" data-backend={s().backend ?? ''} title={s().unavailable ?? ''}>
@@ -216,18 +226,20 @@ function ModelRow(props: { model: ModelInfo; selected: boolean; onUse: () => voi
             </span>
           }
         >
-          <Show
-            when={!props.selected}
-            fallback={
-              <span class="tag in-use" data-testid="model-in-use">
-                in use
-              </span>
-            }
-          >
-            <button class="btn small" data-testid="model-use" onClick={props.onUse}>
-              Use
-            </button>
-          </Show>{' '}
+          <Show when={!isEmbedding(m())}>
+            <Show
+              when={!props.selected}
+              fallback={
+                <span class="tag in-use" data-testid="model-in-use">
+                  in use
+                </span>
+              }
+            >
+              <button class="btn small" data-testid="model-use" onClick={props.onUse}>
+                Use
+              </button>
+            </Show>{' '}
+          </Show>
           <Show
             when={s().loaded}
             fallback={

@@ -22,7 +22,7 @@ import { UsageStats } from '../components/UsageStats';
 import { ServerSettings } from '../components/ServerSettings';
 import { renderMarkdown } from '../markdown';
 import { fmtBytes } from '../format';
-import { lib, modelById } from '../models';
+import { chatModels, lib, modelById } from '../models';
 import type { ModelInfo } from '../api';
 import type { Conversation, Message } from '../store';
 
@@ -142,7 +142,7 @@ export function ChatView() {
               <Show when={lib.models.length === 0}>
                 <option value="">{lib.error ? 'unavailable' : 'loading…'}</option>
               </Show>
-              <For each={lib.models}>
+              <For each={chatModels()}>
                 {(m) => (
                   <option
                     value={m.id}
