@@ -390,7 +390,15 @@ async fn is_loaded(base: &str, id: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ledger_and_metrics_count_embedding_requests() {
-    let base = common::serve(state()).await;
+    let mut st = state();
+    // $2 per million input tokens, $8 per million output tokens.
+    let price = shoal_client::metadata::Price {
+        input_per_mtok: 2.0,
+        output_per_mtok: 8.0,
+        cached_input_per_mtok: None,
+    };
+    st.prices = Arc::new([(EMBED.to_string(), price)].into());
+    let base = common::serve(st).await;
     let (s, _) = post(
         &base,
         "/v1/embeddings",
@@ -426,6 +434,12 @@ async fn the_ledger_and_metrics_count_embedding_requests() {
     assert_eq!(ok["endpoint"], "/v1/embeddings");
     assert_eq!(ok["model"], EMBED);
     assert_eq!(ok["usage"], json!({"prompt_tokens": 7, "total_tokens": 7}));
+    // Priced as input: 7 tokens at $2 per million, nothing as output.
+    assert!(
+        (ok["cost"]["input"].as_f64().unwrap_or(0.0) - 7.0 * 2.0 / 1e6).abs() < 1e-12,
+        "{ok}"
+    );
+    assert_eq!(ok["cost"]["output"].as_f64(), Some(0.0), "{ok}");
     let refused = rows
         .iter()
         .find(|r| r["status"] == 400)
