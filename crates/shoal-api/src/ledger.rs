@@ -669,6 +669,7 @@ impl UsageQuery {
                             .to_string(),
                     )
                 }
+                "endpoint" => f.endpoint = Some(v.to_string()),
                 "finish" => f.finish = Some(v.to_string()),
                 "client" => f.client = Some(v.to_string()),
                 "node" => f.node = Some(v.to_string()),

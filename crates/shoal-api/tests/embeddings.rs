@@ -451,12 +451,14 @@ async fn the_ledger_and_metrics_count_embedding_requests() {
         "{refused}"
     );
 
-    let (_, t) = get(&base, "/v1/usage?dialect=ollama").await;
+    let (_, t) = get(&base, "/v1/usage?endpoint=/api/embed").await;
     let u: Value = serde_json::from_str(&t).expect("json");
     let row = u["data"]
         .as_array()
         .and_then(|d| d.iter().find(|r| r["endpoint"] == "/api/embed"))
         .unwrap_or_else(|| panic!("{u}"));
+    assert_eq!(u["data"].as_array().map(Vec::len), Some(1), "{u}");
+    assert_eq!(row["dialect"], "ollama");
     assert_eq!(row["usage"]["prompt_eval_count"], 4);
     assert_eq!(row["usage"]["eval_count"], 0);
 

@@ -168,6 +168,8 @@ pub struct UsageFilter {
     pub until_ms: Option<i64>,
     pub model: Option<String>,
     pub dialect: Option<String>,
+    /// The route, e.g. `/api/embed`.
+    pub endpoint: Option<String>,
     pub finish: Option<String>,
     pub client: Option<String>,
     pub node: Option<String>,
@@ -371,6 +373,7 @@ impl UsageLog {
         for (column, v) in [
             ("model", &f.model),
             ("dialect", &f.dialect),
+            ("endpoint", &f.endpoint),
             ("client", &f.client),
             ("node", &f.node),
         ] {
