@@ -169,7 +169,7 @@ async fn model_routes_answer_as_ollama_does() {
     assert!(
         v["error"]
             .as_str()
-            .is_some_and(|e| e.contains("embeddings")),
+            .is_some_and(|e| e.contains("not an embedding model")),
         "{v}"
     );
     let (s, v) = get(&base, "/api/nope").await;
