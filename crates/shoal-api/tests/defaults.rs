@@ -163,8 +163,9 @@ async fn the_default_models_card_settings_apply_when_a_request_leaves_them_out()
     let card = "model card (HuggingFaceTB/SmolLM2)";
     assert_eq!(d["temperature"]["source"], card, "{d}");
     assert_eq!(d["top_p"]["source"], card, "{d}");
-    assert!((d["temperature"]["value"].as_f64().unwrap_or(-1.0) - 0.2).abs() < 1e-6);
-    assert!((d["top_p"]["value"].as_f64().unwrap_or(-1.0) - 0.9).abs() < 1e-6);
+    // As written on the card, not an f32 widened (0.20000000298023224).
+    assert_eq!(d["temperature"]["value"], json!(0.2), "{d}");
+    assert_eq!(d["top_p"]["value"], json!(0.9), "{d}");
     for dialect in ["chat", "completions"] {
         // Left out, the card's values sample: from one seed, the same words
         // as asking for them.

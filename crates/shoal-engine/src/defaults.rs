@@ -45,9 +45,35 @@ pub const CARDS: &[Card] = &[Card {
 
 /// A value and where it came from.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Sourced<T> {
+pub struct Sourced<T: Written> {
+    #[serde(serialize_with = "as_written")]
     pub value: T,
     pub source: String,
+}
+
+/// A default as it is written down. An `f32` such as 0.2 goes out as 0.2,
+/// not as the 0.20000000298023224 a widening to `f64` would send (every
+/// client reads JSON numbers as doubles).
+pub trait Written {
+    fn written(&self) -> serde_json::Number;
+}
+
+impl Written for f32 {
+    fn written(&self) -> serde_json::Number {
+        // The shortest decimal that reads back as this f32, read as an f64.
+        let x: f64 = self.to_string().parse().unwrap_or(f64::from(*self));
+        serde_json::Number::from_f64(x).unwrap_or_else(|| serde_json::Number::from(0))
+    }
+}
+
+impl Written for usize {
+    fn written(&self) -> serde_json::Number {
+        serde_json::Number::from(*self as u64)
+    }
+}
+
+fn as_written<T: Written, S: serde::Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+    serde::Serialize::serialize(&v.written(), s)
 }
 
 /// The model's sampling defaults.
