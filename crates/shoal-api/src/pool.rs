@@ -434,8 +434,12 @@ impl ModelPool {
                 header: Some(h),
             }) => {
                 use shoal_engine::backends::llama::{
-                    kv_bytes_per_position, logits_bytes_per_sequence, vocab_table_bytes,
+                    embed, kv_bytes_per_position, logits_bytes_per_sequence, vocab_table_bytes,
                 };
+                // An embedding model reserves for one pass, not a KV pool.
+                if let Some((kv, buffers)) = embed::reserved_bytes(h) {
+                    return card.size_bytes + kv + buffers;
+                }
                 let kv = (self.opts.engine.llama.kv_tokens as u64)
                     .saturating_mul(kv_bytes_per_position(h));
                 let logits = (self.opts.engine.max_batch.max(1) as u64)

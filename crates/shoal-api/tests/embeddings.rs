@@ -90,6 +90,17 @@ fn openai_error(v: &Value) -> (&str, &str, &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_embeddings_float_base64_tokens_and_exact_usage() {
     let base = common::serve(state()).await;
+    let shoal_entry = |models: &str| -> Value {
+        let v: Value = serde_json::from_str(models).expect("json");
+        v["data"]
+            .as_array()
+            .and_then(|d| d.iter().find(|m| m["id"] == EMBED))
+            .map(|m| m["shoal"].clone())
+            .unwrap_or_else(|| panic!("{EMBED} in {v}"))
+    };
+    let before = shoal_entry(&get(&base, "/v1/models").await.1);
+    assert_eq!(before["loaded"], false);
+    let estimate = before["estimated_memory_bytes"].as_u64().expect("estimate");
     let (s, v) = post(
         &base,
         "/v1/embeddings",
@@ -109,6 +120,14 @@ async fn openai_embeddings_float_base64_tokens_and_exact_usage() {
     assert_eq!(v["usage"], json!({"prompt_tokens": 12, "total_tokens": 12}));
     let float = vector(&data[0]["embedding"]);
     assert_eq!(float.len(), 384);
+    // The estimate before loading and the memory once loaded differ only by
+    // the file's header (the estimate counts the whole file as weights).
+    let after = shoal_entry(&get(&base, "/v1/models").await.1);
+    let held = after["memory_bytes"].as_u64().expect("memory");
+    assert!(
+        estimate > held && estimate - held < 2 << 20,
+        "estimate {estimate}, held {held}"
+    );
 
     // base64: the same float32 values, little-endian.
     let (s, b) = post(

@@ -33,6 +33,30 @@ pub fn pooling_of(header: &shoal_gguf::Header) -> Option<Pooling> {
     header.embedding_pooling().and_then(Pooling::from_name)
 }
 
+/// Tokens one pass holds for a model trained on `window` positions.
+fn pass_tokens(window: usize) -> usize {
+    window.clamp(1, MAX_INPUT_TOKENS).max(PACK_TOKENS)
+}
+
+/// What an embedding model holds beside its weights, from its header alone:
+/// KV bytes (a decoder's cache for one pass; 0 for an encoder) and buffer
+/// bytes (each token's hidden state and each sequence's pooled vector, and
+/// the vocabulary tables). The load reports the same figures, so the
+/// pool's estimate and the loaded model differ only by the file's header.
+pub fn reserved_bytes(header: &shoal_gguf::Header) -> Option<(u64, u64)> {
+    pooling_of(header)?;
+    let window = header.arch_uint("context_length").unwrap_or(512) as usize;
+    let pass = pass_tokens(window) as u64;
+    let dims = header.arch_uint("embedding_length").unwrap_or(0);
+    let kv = if header.arch_bool("attention.causal") == Some(false) {
+        0
+    } else {
+        pass * super::kv_bytes_per_position(header)
+    };
+    let buffers = (pass + LLAMA_MAX_SEQ as u64) * dims * 4 + vocab_table_bytes(header);
+    Some((kv, buffers))
+}
+
 /// An embedding GGUF on llama.cpp.
 pub struct LlamaEmbedder {
     ctx: Mutex<ContextCell>,
@@ -59,7 +83,7 @@ impl LlamaEmbedder {
             })?;
         let model = std::sync::Arc::new(model);
         let window = (model.n_ctx_train().max(1) as usize).min(MAX_INPUT_TOKENS);
-        let pass = window.max(PACK_TOKENS);
+        let pass = pass_tokens(window);
         let threads = i32::try_from(opts.threads.max(1)).unwrap_or(1);
         let kind = match pooling {
             Pooling::Mean => LlamaPoolingType::Mean,
@@ -81,6 +105,7 @@ impl LlamaEmbedder {
                 .map_err(|e| EngineError::Backend(format!("llama.cpp context: {e}")))
         })?;
         let has_memory = header.arch_bool("attention.causal") != Some(false);
+        let reserved = reserved_bytes(header).unwrap_or((0, 0));
         let dimensions = model.n_embd_out().max(0) as usize;
         let info = ModelInfo {
             architecture: header.architecture().unwrap_or("unknown").to_string(),
@@ -99,14 +124,8 @@ impl LlamaEmbedder {
             .into(),
             weight_bytes: model.size() as usize,
             backend: BackendKind::Llama,
-            kv_capacity_bytes: if has_memory {
-                pass * super::kv_bytes_per_position(header) as usize
-            } else {
-                0
-            },
-            // Each token's hidden state and each sequence's pooled vector.
-            buffer_bytes: (pass + LLAMA_MAX_SEQ) * dimensions * 4
-                + vocab_table_bytes(header) as usize,
+            kv_capacity_bytes: reserved.0 as usize,
+            buffer_bytes: reserved.1 as usize,
         };
         Ok(LlamaEmbedder {
             ctx: Mutex::new(ctx),
