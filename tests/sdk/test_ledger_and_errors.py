@@ -61,6 +61,8 @@ def test_health_and_models(server, oai, model, embed_model):
         "tool_syntax": "hermes",
         "harmony": False,
         "system_role": True,
+        # No thinking switch and no `</think>` token: asked to reason, it answers.
+        "reasoning": False,
     }
     with pytest.raises(openai.NotFoundError) as e:
         oai.models.retrieve("no-such/model")

@@ -62,8 +62,8 @@ export async function api(path, body, method = body === undefined ? 'GET' : 'POS
 }
 
 /** Sends a chat request with stream: true and returns the parsed chunks, content and final usage. */
-export async function streamChat(body) {
-  const res = await fetch(BASE + '/v1/chat/completions', {
+export async function streamChat(body, base = BASE) {
+  const res = await fetch(base + '/v1/chat/completions', {
     method: 'POST',
     headers: { 'content-type': 'application/json' },
     body: JSON.stringify(body),

@@ -284,27 +284,59 @@ test('keyboard: Enter sends, Shift+Enter adds a line, Esc stops', async () => {
 });
 
 test('reasoning arrives in its own collapsible block with exact reasoning tokens', async () => {
-  await withPage('reasoning', {}, async (page) => {
-    await newChat(page, { reasoning: true, maxTokens: '24' });
-    const body = await send(page, FRANCE);
-    assert.equal(body.reasoning_effort, 'low');
-    await waitFinish(page);
-    const reply = lastReply(page);
-    const block = reply.getByTestId('reasoning-block');
-    await block.waitFor();
-    assert.ok((await reply.getByTestId('reasoning-content').textContent()).trim().length > 0);
-    const again = await streamChat(body);
+  // A server of its own on a model that can reason: the default weights with a
+  // `</think>` token (`make models`' fixture), for which the server opens the section.
+  const { mkdtempSync } = await import('node:fs');
+  const { join } = await import('node:path');
+  const dir = mkdtempSync(join(process.env.SHOAL_UI_TMP || '/tmp', 'think-'));
+  const think = process.env.SHOAL_TEST_THINK_GGUF
+    || join(process.cwd(), '..', '..', '.cache/models/smollm2-think-v1/SmolLM2-135M-Instruct-think.Q4_1.gguf');
+  const { url, proc } = await startServer(['--model', think, '--db', join(dir, 'store.sqlite')]);
+  try {
+    await withPage('reasoning', { base: url }, async (page) => {
+      await newChat(page, { reasoning: true, maxTokens: '24' });
+      assert.equal(await page.getByTestId('setting-reasoning').isDisabled(), false);
+      const body = await send(page, FRANCE);
+      assert.equal(body.reasoning_effort, 'low');
+      await waitFinish(page);
+      const reply = lastReply(page);
+      const block = reply.getByTestId('reasoning-block');
+      await block.waitFor();
+      assert.ok((await reply.getByTestId('reasoning-content').textContent()).trim().length > 0);
+      const again = await streamChat(body, url);
     const shown = await shownStats(reply);
     assert.deepEqual(
       { prompt: shown.prompt, cached: shown.cached, completion: shown.completion, reasoning: shown.reasoning, total: shown.total },
       usageFigures(again.usage),
     );
-    assert.ok(shown.reasoning > 0);
-    // Collapsible: the summary toggles it.
-    await block.locator('summary').click();
-    const open1 = await block.evaluate((d) => d.open);
-    await block.locator('summary').click();
-    assert.notEqual(await block.evaluate((d) => d.open), open1);
+      assert.ok(shown.reasoning > 0);
+      // Collapsible: the summary toggles it.
+      await block.locator('summary').click();
+      const open1 = await block.evaluate((d) => d.open);
+      await block.locator('summary').click();
+      assert.notEqual(await block.evaluate((d) => d.open), open1);
+    });
+  } finally {
+    await killServer(proc);
+  }
+});
+
+test('a model that cannot reason: the control is off and says why, and the reply is all answer', async () => {
+  const caps = (await api(`/v1/models/${encodeURIComponent(model)}`)).json.shoal.capabilities;
+  assert.equal(caps.reasoning, false);
+  await withPage('reasoning-unavailable', {}, async (page) => {
+    await newChat(page, { maxTokens: '24' });
+    const box = page.getByTestId('setting-reasoning');
+    assert.equal(await box.isDisabled(), true);
+    assert.equal(await box.isChecked(), false);
+    assert.match(await page.getByTestId('reasoning-unavailable').innerText(), /cannot reason/);
+    const body = await send(page, FRANCE);
+    assert.equal(body.reasoning_effort, undefined, 'no reasoning asked of it');
+    await waitFinish(page);
+    const reply = lastReply(page);
+    assert.equal(await reply.getByTestId('reasoning-block').count(), 0);
+    const shown = await shownStats(reply);
+    assert.equal(shown.reasoning, 0);
   });
 });
 

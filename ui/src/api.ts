@@ -37,6 +37,16 @@ export interface ModelDetails {
   unavailable?: string | null;
   /** KV cells reserved up front (llama.cpp). */
   kv_cache_bytes?: number | null;
+  /** What the loaded model's template and vocabulary can do (null until it is loaded). */
+  capabilities?: {
+    chat: boolean;
+    thinking: boolean;
+    tools: boolean;
+    harmony: boolean;
+    system_role: boolean;
+    /** The model can reason (a thinking switch, harmony, or a `</think>` token). */
+    reasoning?: boolean;
+  } | null;
   /** What a request that leaves a sampling parameter out gets, and where it came from. */
   sampling_defaults?: Record<'temperature' | 'top_p' | 'top_k' | 'min_p' | 'repetition_penalty', {
     value: number;

@@ -3,6 +3,7 @@
 import { apiError, ledgerEntry, type Usage } from './api';
 import { apiFetch } from './auth';
 import { finishFromApi, type Finish } from './finish';
+import { canReason } from './models';
 import { readSse } from './sse';
 import type { ChatSettings, Message, ReplyStats } from './store';
 
@@ -35,7 +36,8 @@ export function buildRequest(settings: ChatSettings, history: Message[]): ChatRe
   if (settings.maxTokens != null) req.max_tokens = settings.maxTokens;
   const stop = settings.stop.filter((s) => s !== '');
   if (stop.length) req.stop = stop;
-  if (settings.reasoning) req.reasoning_effort = 'low';
+  // Never asked of a model the server says cannot reason.
+  if (settings.reasoning && canReason(settings.model) !== false) req.reasoning_effort = 'low';
   return req;
 }
 

@@ -128,6 +128,17 @@ export function modelById(id: string): ModelInfo | undefined {
   return state.models.find((m) => m.id === id);
 }
 
+/**
+ * Whether a model can reason: `false` once the server has said it cannot (its
+ * capabilities are known while it is loaded), `true` when it can, `null`
+ * while unknown. A model that cannot reason answers a request for reasoning
+ * as any other, so the chat does not offer one.
+ */
+export function canReason(id: string): boolean | null {
+  const caps = modelById(resolveModel(id))?.shoal?.capabilities;
+  return caps ? caps.reasoning === true : null;
+}
+
 // ---- Downloads ------------------------------------------------------------------
 
 let pullSeq = 0;

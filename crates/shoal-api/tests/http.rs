@@ -590,15 +590,16 @@ async fn content_filter_regex_on_the_real_model() {
     assert!(bad.is_err_and(|e| e.to_string().contains("(oops")));
 }
 
-/// The server opens the thinking section for a model without one, so a budget
-/// of N gives exactly N reasoning tokens on the real 135M model.
+/// The server opens the thinking section for a model with `</think>` but no
+/// switch of its own, so a budget of N gives exactly N reasoning tokens
+/// (the real 135M weights, given the two tokens: `common::think_gguf`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reasoning_budget_is_exact_in_every_dialect() {
     // An engine of its own: the replies compared below must each run alone.
     // On llama.cpp a row batched with another test's request may take the
     // other side of a near tie (see ARCHITECTURE.md).
     let alone = Engine::start(
-        &gguf(),
+        &common::think_gguf(),
         MODEL,
         EngineOptions {
             prefix_cache_bytes: 0,
@@ -690,6 +691,151 @@ async fn reasoning_budget_is_exact_in_every_dialect() {
         .as_u64()
         .unwrap_or(0);
     assert!(rt > 0 && rt <= v["usage"]["output_tokens"].as_u64().unwrap_or(0));
+}
+
+/// A model that cannot reason (no thinking switch, no `</think>` token)
+/// asked for reasoning answers exactly as it does unasked, in every dialect,
+/// streamed or not: no section is opened, nothing counts as reasoning.
+/// Ollama's `think` is refused instead, as Ollama refuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_that_cannot_reason_answers_normally_when_asked_to() {
+    let alone = Engine::start(
+        &gguf(),
+        MODEL,
+        EngineOptions {
+            prefix_cache_bytes: 0,
+            ..common::options()
+        },
+    )
+    .expect("load");
+    let base = server(alone).await;
+    let (_, t) = get_text(&base, "/v1/models").await;
+    let models: Value = serde_json::from_str(&t).expect("json");
+    assert_eq!(
+        models["data"][0]["shoal"]["capabilities"]["reasoning"], false,
+        "{models}"
+    );
+    let plain = json!({"model": MODEL, "messages": france(), "temperature": 0, "max_tokens": 30});
+    let (s, t, _) = post(&base, "/v1/chat/completions", &plain.to_string()).await;
+    assert_eq!(s, 200, "{t}");
+    let v: Value = serde_json::from_str(&t).expect("json");
+    let answer = v["choices"][0]["message"]["content"].clone();
+    let completion = v["usage"]["completion_tokens"].clone();
+    assert!(answer.as_str().is_some_and(|a| a.contains("Paris")), "{v}");
+
+    for ask in [
+        json!({"reasoning_effort": "medium"}),
+        json!({"reasoning": {"max_tokens": 5}}),
+        json!({"reasoning": {"effort": "high"}}),
+    ] {
+        for stream in [false, true] {
+            let mut body = plain.clone();
+            for (k, val) in ask.as_object().expect("object") {
+                body[k] = val.clone();
+            }
+            if stream {
+                body["stream"] = json!(true);
+                body["stream_options"] = json!({"include_usage": true});
+            }
+            let (s, t, _) = post(&base, "/v1/chat/completions", &body.to_string()).await;
+            assert_eq!(s, 200, "{ask}: {t}");
+            let (content, reasoning, usage) = if stream {
+                let chunks: Vec<Value> = sse(&t)
+                    .into_iter()
+                    .filter(|(_, d)| d != "[DONE]")
+                    .map(|(_, d)| serde_json::from_str(&d).expect("json"))
+                    .collect();
+                let pick = |k: &str| -> String {
+                    chunks
+                        .iter()
+                        .filter_map(|c| c["choices"][0]["delta"][k].as_str())
+                        .collect()
+                };
+                (
+                    json!(pick("content")),
+                    pick("reasoning_content"),
+                    chunks.last().expect("usage")["usage"].clone(),
+                )
+            } else {
+                let v: Value = serde_json::from_str(&t).expect("json");
+                let m = &v["choices"][0]["message"];
+                (
+                    m["content"].clone(),
+                    m["reasoning_content"].as_str().unwrap_or("").to_string(),
+                    v["usage"].clone(),
+                )
+            };
+            assert_eq!(content, answer, "{ask} stream={stream}");
+            assert_eq!(reasoning, "", "{ask} stream={stream}");
+            assert_eq!(usage["completion_tokens_details"]["reasoning_tokens"], 0);
+            assert_eq!(
+                usage["completion_tokens"], completion,
+                "{ask} stream={stream}"
+            );
+        }
+    }
+
+    // Anthropic: `thinking` enabled gives no thinking block, only the answer.
+    let anth = json!({"model": MODEL, "max_tokens": 30, "messages": france(), "temperature": 0,
+                      "thinking": {"type": "enabled", "budget_tokens": 5}});
+    let (s, t, _) = post(&base, "/v1/messages", &anth.to_string()).await;
+    assert_eq!(s, 200, "{t}");
+    let v: Value = serde_json::from_str(&t).expect("json");
+    let blocks = v["content"].as_array().expect("content");
+    assert_eq!(blocks.len(), 1, "{v}");
+    assert_eq!(
+        (&blocks[0]["type"], &blocks[0]["text"]),
+        (&json!("text"), &answer)
+    );
+    assert_eq!(v["usage"]["output_tokens"], completion);
+    let mut anth_stream = anth.clone();
+    anth_stream["stream"] = json!(true);
+    let (_, t, _) = post(&base, "/v1/messages", &anth_stream.to_string()).await;
+    let kinds: Vec<Value> = sse(&t)
+        .iter()
+        .filter(|(n, _)| n.as_deref() == Some("content_block_start"))
+        .map(|(_, d)| {
+            serde_json::from_str::<Value>(d).expect("json")["content_block"]["type"].clone()
+        })
+        .collect();
+    assert_eq!(kinds, [json!("text")], "{t}");
+
+    // Responses: no reasoning item, reasoning_tokens 0.
+    for stream in [false, true] {
+        let resp = json!({"model": MODEL, "input": "What is the capital of France? Answer in one sentence.",
+                          "temperature": 0, "max_output_tokens": 30, "reasoning": {"effort": "low"},
+                          "stream": stream});
+        let (s, t, _) = post(&base, "/v1/responses", &resp.to_string()).await;
+        assert_eq!(s, 200, "{t}");
+        let v: Value = if stream {
+            let done = sse(&t)
+                .into_iter()
+                .find(|(n, _)| n.as_deref() == Some("response.completed"))
+                .expect("response.completed");
+            serde_json::from_str::<Value>(&done.1).expect("json")["response"].clone()
+        } else {
+            serde_json::from_str(&t).expect("json")
+        };
+        let types: Vec<&Value> = v["output"]
+            .as_array()
+            .expect("output")
+            .iter()
+            .map(|o| &o["type"])
+            .collect();
+        assert_eq!(types, [&json!("message")], "stream={stream}: {v}");
+        assert_eq!(v["output"][0]["content"][0]["text"], answer);
+        assert_eq!(v["usage"]["output_tokens_details"]["reasoning_tokens"], 0);
+    }
+
+    // Ollama's contract: `think` on a model that cannot think is a 400.
+    let (s, t, _) = post(
+        &base,
+        "/api/chat",
+        &json!({"model": MODEL, "messages": france(), "think": true, "stream": false}).to_string(),
+    )
+    .await;
+    assert_eq!(s, 400, "{t}");
+    assert!(t.contains("does not support thinking"), "{t}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1220,7 +1366,8 @@ async fn metrics_count_cached_and_reasoning_tokens_as_reported() {
         prefix_cache_bytes: 64 << 20,
         ..common::options()
     };
-    let base = server(Engine::start(&gguf(), MODEL, opts).expect("load")).await;
+    // The default weights with `</think>`: a model the server opens a section for.
+    let base = server(Engine::start(&common::think_gguf(), MODEL, opts).expect("load")).await;
     let body = json!({"model": MODEL, "max_tokens": 12, "temperature": 0,
                       "reasoning": {"max_tokens": 4},
                       "messages": [{"role": "user", "content": "Think about the sea, then name a fish."}]})

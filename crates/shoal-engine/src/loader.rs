@@ -131,9 +131,19 @@ impl Vocabulary {
     /// Renders a conversation through the model's own chat template.
     /// What the model's chat template can do ([`Capabilities::NONE`] without one).
     pub fn capabilities(&self) -> Capabilities {
-        self.template
+        let mut caps = self
+            .template
             .as_ref()
-            .map_or(Capabilities::NONE, ChatTemplate::capabilities)
+            .map_or(Capabilities::NONE, ChatTemplate::capabilities);
+        caps.reasoning = caps.chat && (caps.reasoning || self.has_think_token());
+        caps
+    }
+
+    /// Whether `</think>` is one token of this vocabulary: a model trained
+    /// to close a reasoning section has one; text the model never learned
+    /// to write as a section marker does not make it reason.
+    fn has_think_token(&self) -> bool {
+        self.encode_plain("</think>").is_ok_and(|t| t.len() == 1)
     }
 
     pub fn render_chat(

@@ -47,7 +47,8 @@ pub struct ChatPrompt {
 
 /// Renders and tokenizes `messages` for a reply. `reasoning` is `None` when
 /// the turn does not ask for reasoning, else its token budget (`None` inside
-/// = unlimited).
+/// = unlimited); it is ignored for a model that cannot reason
+/// ([`crate::Capabilities::reasoning`]).
 pub fn chat_prompt(
     vocab: &Vocabulary,
     messages: &[ChatMessage],
@@ -116,10 +117,14 @@ pub fn chat_prompt(
             ReasoningSpec::harmony(m, reasoning.is_some(), reasoning.flatten())
         }),
         (Some(budget), true) => Some(ReasoningSpec::think(false, budget)),
-        (Some(budget), false) => {
+        // A model with a `</think>` token but no switch: the section is opened.
+        (Some(budget), false) if caps.reasoning => {
             text.push_str("<think>\n");
             Some(ReasoningSpec::think(true, budget))
         }
+        // A model that cannot reason answers as it would without the ask:
+        // no section is opened, so none of its answer counts as reasoning.
+        (Some(_), false) => None,
         // A thinking model may still open the section on its own.
         (None, true) => Some(ReasoningSpec::think(false, None)),
         (None, false) => None,

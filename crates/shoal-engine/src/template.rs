@@ -87,6 +87,11 @@ pub struct Capabilities {
     /// folded into the first user turn as Gemma's does (some refuse one with
     /// an exception, some drop it).
     pub system_role: bool,
+    /// The model can reason: its template's thinking switch, harmony's
+    /// analysis channel, or a `</think>` token of its own vocabulary (the
+    /// server then opens the section). A model without any of these
+    /// answers a request for reasoning as it would any other.
+    pub reasoning: bool,
 }
 
 impl Capabilities {
@@ -98,6 +103,7 @@ impl Capabilities {
         tool_syntax: ToolSyntax::Hermes,
         harmony: false,
         system_role: false,
+        reasoning: false,
     };
 }
 
@@ -163,13 +169,18 @@ impl ChatTemplate {
         let system_role = self
             .render(&trial, true, &serde_json::Map::new())
             .is_ok_and(|text| text.contains(MARK));
+        let thinking = self.source.contains("<think>");
+        let harmony = self.source.contains("<|channel|>");
         Capabilities {
             chat: true,
-            thinking: self.source.contains("<think>"),
+            thinking,
             tools: self.source.contains("tools"),
             tool_syntax: ToolSyntax::for_template(&self.source),
-            harmony: self.source.contains("<|channel|>"),
+            harmony,
             system_role,
+            // A vocabulary's `</think>` token is added by the loader's
+            // `Vocabulary::capabilities`, which knows the vocabulary.
+            reasoning: thinking || harmony,
         }
     }
 
@@ -548,7 +559,11 @@ mod tests {
              {% if enable_thinking %}<think>{% endif %}\
              {% for m in messages %}{{ m.content }}{% endfor %}",
         );
-        assert!(rich.thinking && rich.tools && rich.system_role);
+        assert!(rich.thinking && rich.tools && rich.system_role && rich.reasoning);
+        assert!(
+            !plain.reasoning,
+            "no switch: reasoning only with a </think> token"
+        );
         assert_eq!(rich.tool_syntax, ToolSyntax::Llama3Json);
         // The default model: ChatML with a system turn and Hermes-style calls.
         let smol = smollm_template().capabilities();

@@ -387,9 +387,10 @@ fn a_decoder_embedding_model_pools_its_last_token() {
     std::fs::create_dir_all(&dir).expect("dir");
     let out = dir.join("smollm2-last.gguf");
     py(&[
-        common::repo().join("tools/py/gguf_pooled.py").as_os_str(),
+        common::repo().join("tools/py/gguf_edit.py").as_os_str(),
         common::gguf_path().as_os_str(),
         out.as_os_str(),
+        "--pooling".as_ref(),
         "last".as_ref(),
     ]);
     // The MLX backend is asked for: an embedding model runs on llama.cpp anyway.

@@ -420,6 +420,8 @@ fn model_info_says_llama_cpp_and_quantized_memory() {
                 tool_syntax: shoal_engine::tools::ToolSyntax::Hermes,
                 harmony: false,
                 system_role: true,
+                // No thinking switch and no `</think>` token: none reasons.
+                reasoning: false,
             },
         };
         assert_eq!(c, want, "{name}");

@@ -22,7 +22,7 @@ import { UsageStats } from '../components/UsageStats';
 import { ServerSettings } from '../components/ServerSettings';
 import { renderMarkdown } from '../markdown';
 import { fmtBytes } from '../format';
-import { chatModels, lib, modelById } from '../models';
+import { canReason, chatModels, lib, modelById } from '../models';
 import type { ModelInfo } from '../api';
 import type { Conversation, Message } from '../store';
 
@@ -387,6 +387,8 @@ function numberOrNull(v: string): number | null {
 /** Per-chat settings; inputs start from the chat's saved values and write back as you type. */
 function SettingsPanel(props: { conv: Conversation; model: ModelInfo | undefined }) {
   const s = untrack(() => props.conv.settings);
+  /** Whether the chat's model can reason (`null` until the server knows). */
+  const reasons = () => (props.model ? canReason(props.model.id) : null);
   /** The model's own default for a setting left empty, and where it came from. */
   const modelDefault = (key: 'temperature') => props.model?.shoal?.sampling_defaults?.[key];
   return (
@@ -450,10 +452,16 @@ function SettingsPanel(props: { conv: Conversation; model: ModelInfo | undefined
         <input
           data-testid="setting-reasoning"
           type="checkbox"
-          checked={s.reasoning}
+          checked={s.reasoning && reasons() !== false}
+          disabled={reasons() === false}
           onChange={(e) => updateSettings({ reasoning: e.currentTarget.checked })}
         />
         <span title='Sends reasoning_effort: "low"; the thinking shows in a collapsible block above the answer'>Reasoning</span>
+        <Show when={reasons() === false}>
+          <span class="muted small" data-testid="reasoning-unavailable">
+            This model cannot reason: it has no thinking section of its own, so it answers directly.
+          </span>
+        </Show>
       </label>
       <ServerSettings />
     </div>

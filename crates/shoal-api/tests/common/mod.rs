@@ -15,6 +15,24 @@ pub fn gguf() -> PathBuf {
     p
 }
 
+/// The default model with a `</think>` token of its own (an unused special
+/// renamed by `tools/py/gguf_edit.py`; `make models` makes it): a model the server opens a reasoning section for, to test the
+/// section's mechanics (budgets, counts, streaming) on real weights.
+pub fn think_gguf() -> PathBuf {
+    let p = std::env::var("SHOAL_TEST_THINK_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+                .join(".cache/models/smollm2-think-v1/SmolLM2-135M-Instruct-think.Q4_1.gguf")
+        });
+    assert!(
+        p.is_file(),
+        "reasoning fixture missing at {} — run `make models`",
+        p.display()
+    );
+    p
+}
+
 /// Serves `state` on a free loopback port until the test ends; returns the base URL.
 pub async fn serve(state: shoal_api::AppState) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

@@ -461,8 +461,7 @@ pub fn wanted_thinking(
 
 /// Whether the served model can think (a thinking switch or harmony's channels).
 pub fn can_think(served: &crate::Served) -> bool {
-    let c = served.engine.model.vocab.capabilities();
-    c.thinking || c.harmony
+    served.engine.model.vocab.capabilities().reasoning
 }
 
 /// The refusal for images: no model here reads them yet.

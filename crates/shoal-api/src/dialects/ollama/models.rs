@@ -270,7 +270,7 @@ pub async fn show(State(s): State<AppState>, body: Body) -> Reply {
         if m.card.embedding_pooling.is_some() {
             // An embedding model answers /api/embed and nothing else.
             capabilities = vec!["embedding"];
-        } else if caps.thinking || caps.harmony {
+        } else if caps.reasoning {
             capabilities.push("thinking");
         }
         if can_insert(&m.path, vocab) {

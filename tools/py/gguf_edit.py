@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Copies a GGUF with a few facts changed, for test fixtures made from the
+models that ship here:
+
+    python tools/py/gguf_edit.py IN.gguf OUT.gguf [--pooling mean|cls|last] [--token ID=TEXT ...]
+
+* ``--pooling`` sets ``{arch}.pooling_type``, as decoder embedding models
+  (Qwen3-Embedding, gte-Qwen) are marked: the engine's tests run the decoder
+  embedding path (a KV cache cleared after every pass, last-token pooling)
+  on SmolLM2's weights with it.
+* ``--token 4=</think>`` renames a vocabulary entry (an unused special token,
+  typed user-defined as Qwen3 types its own), e.g. to give SmolLM2 the
+  ``</think>`` token of a model trained to reason, so the server's reasoning
+  section (opened, cut at a budget, counted) runs on real weights. The weights never learned the section: such
+  a file tests the mechanics, not the model.
+
+Tensors are copied as stored (quantized or not); every other key is kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+POOLING = {"mean": 1, "cls": 2, "last": 3}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("src", type=Path)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--pooling", choices=sorted(POOLING))
+    ap.add_argument("--token", action="append", default=[], metavar="ID=TEXT")
+    args = ap.parse_args()
+    import gguf
+
+    renames = {}
+    for t in args.token:
+        i, _, text = t.partition("=")
+        if not i.isdigit() or not text:
+            sys.exit(f"--token {t!r}: expected ID=TEXT")
+        renames[int(i)] = text
+    reader = gguf.GGUFReader(args.src)
+    arch = reader.fields["general.architecture"].contents()
+    pooling_key = f"{arch}.pooling_type"
+    tmp = args.out.with_suffix(".part")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(tmp, arch)
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        if name == pooling_key and args.pooling:
+            continue
+        vtype = field.types[0]
+        value = field.contents()
+        if name == "tokenizer.ggml.tokens" and renames:
+            value = list(value)
+            for i, text in renames.items():
+                if i >= len(value):
+                    sys.exit(f"--token {i}: the vocabulary has {len(value)} tokens")
+                value[i] = text
+        if name == "tokenizer.ggml.token_type" and renames:
+            # User-defined, as Qwen3's <think> / </think> are typed: matched
+            # whole in text, written out when generated.
+            value = list(value)
+            for i in renames:
+                value[i] = int(gguf.TokenType.USER_DEFINED)
+        if vtype == gguf.GGUFValueType.ARRAY:
+            writer.add_key_value(name, value, vtype, sub_type=field.types[-1])
+        else:
+            writer.add_key_value(name, value, vtype)
+    if args.pooling:
+        writer.add_uint32(pooling_key, POOLING[args.pooling])
+    for t in reader.tensors:
+        writer.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(tmp, args.out)
+    print(f"gguf_edit: {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
