@@ -26,8 +26,9 @@ import {
 
 // Greedy, the default model answers this in one sentence on both backends.
 const FRANCE = 'What is the capital of France? Answer in one sentence.';
-// A new chat is titled with its first message, cut to 48 characters.
-const FRANCE_TITLE = FRANCE.slice(0, 48);
+// A new chat is titled with its first message (up to 200 characters, cut to the
+// sidebar's width on screen, whole in its tooltip).
+const FRANCE_TITLE = FRANCE;
 // The backend run-ui.sh serves on (SHOAL_BACKEND).
 const BACKEND = process.env.SHOAL_BACKEND || 'mlx';
 // A reply far longer than any test waits for: what a test stops is still running.
@@ -223,6 +224,9 @@ test('Stop during a long reply cancels it on the server and shows cancelled', as
       return Number(r?.querySelector('[data-testid=usage-completion]')?.getAttribute('data-value')) >= 5;
     });
     await screenshot(page, 'chat-live-usage');
+    // Figures not known yet read as one kind of dash.
+    const liveText = await lastReply(page).getByTestId('reply-usage').innerText();
+    assert.ok(!liveText.includes('–'), `an en dash among the em dashes: ${liveText}`);
     await page.getByTestId('stop-button').click();
     assert.equal(await waitFinish(page, 30_000), 'cancelled');
     await page.getByTestId('send-button').waitFor();
@@ -236,6 +240,7 @@ test('Stop during a long reply cancels it on the server and shows cancelled', as
     // The figures shown are the ones the server recorded for the cancelled request.
     const shown = await shownStats(reply);
     assert.equal(shown.source, 'ledger');
+    assert.equal(await reply.getByTestId('usage-recorded').innerText(), 'as recorded');
     assert.equal(shown.completion, entry.usage.completion_tokens);
     assert.equal(shown.prompt, entry.usage.prompt_tokens);
     // Nothing is left running on the server.
@@ -754,6 +759,7 @@ test('a reply keeps its usage figures and finish badge across a reload', async (
     await item.waitFor();
     assert.equal(await item.evaluate((el) => el.classList.contains('active')), true, 'the newest chat is shown');
     assert.equal(await item.locator('.conv-title').innerText(), FRANCE_TITLE);
+    assert.equal(await item.locator('.conv-title').getAttribute('title'), FRANCE, 'the whole title on hover');
     const again = lastReply(page);
     await again.getByTestId('finish-badge').waitFor();
     assert.equal(await again.getAttribute('data-response-id'), responseId);
@@ -937,6 +943,38 @@ test('a store that fails is said so plainly, the chat goes on and is saved once 
   });
 });
 
+test('small tag text reads at WCAG AA contrast in both schemes', async () => {
+  await withPage('tag-contrast', {}, async (page) => {
+    await openModels(page);
+    await page.locator('.tag').first().waitFor();
+    for (const scheme of ['light', 'dark']) {
+      await page.evaluate((s) => { document.documentElement.dataset.scheme = s; }, scheme);
+      const ratios = await page.evaluate(() => {
+        const rgb = (c) => (c.match(/[\d.]+/g) || []).map(Number);
+        const lum = ([r, g, b]) => {
+          const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+          return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+        };
+        const bgOf = (el) => {
+          for (let e = el; e; e = e.parentElement) {
+            const c = rgb(getComputedStyle(e).backgroundColor);
+            if (c.length === 3 || (c.length === 4 && c[3] > 0)) return c.slice(0, 3);
+          }
+          return [255, 255, 255];
+        };
+        return [...document.querySelectorAll('.tag')]
+          .filter((t) => t.offsetParent !== null)
+          .map((t) => {
+            const [a, b] = [lum(rgb(getComputedStyle(t).color).slice(0, 3)), lum(bgOf(t))];
+            return { text: t.textContent.trim(), ratio: (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05) };
+          });
+      });
+      assert.ok(ratios.length > 0, 'tags on the page');
+      for (const r of ratios) assert.ok(r.ratio >= 4.5, `${scheme}: "${r.text}" at ${r.ratio.toFixed(2)}:1`);
+    }
+  });
+});
+
 test('narrow window, dark theme and the theme toggle', async () => {
   await withPage('narrow-dark', { width: 400, height: 800, colorScheme: 'dark' }, async (page) => {
     await newChat(page);
@@ -1049,6 +1087,8 @@ test('the model picker lists the configured model with its quantization, size an
     assert.equal(opt.loaded, 'true');
     assert.equal(opt.source, 'path');
     assert.match(opt.text, /Q4_1/);
+    assert.equal(opt.text.split('Q4_1').length - 1, 1, `the quantization once: ${opt.text}`);
+    assert.equal(await page.getByTestId('model-picker').getAttribute('title'), opt.text, 'the whole label on hover');
     assert.ok(opt.text.includes(`Q4_1 · ${shownBytes(configured.shoal.size_bytes)}`), `size on disk in ${opt.text}`);
     assert.ok(opt.text.includes(`loaded, ${shownBytes(configured.shoal.memory_bytes)}`), `memory in ${opt.text}`);
     assert.equal(configured.shoal.backend, BACKEND, `run-ui.sh serves on ${BACKEND}`);
@@ -1075,7 +1115,13 @@ test('the model picker lists the configured model with its quantization, size an
     assert.equal(await row.getByTestId('model-in-use').count(), 1);
     const disk = page.getByTestId('library-bytes');
     assert.equal(Number(await disk.getAttribute('data-bytes')), summary.library_bytes);
-    assert.match(await disk.innerText(), new RegExp(`Downloaded: .* on disk \\(${models.filter((m) => m.shoal.source.kind === 'hub').length} model`));
+    const hub = models.filter((m) => m.shoal.source.kind === 'hub').length;
+    const all = models.reduce((sum, m) => sum + m.shoal.size_bytes, 0);
+    assert.equal(Number(await disk.getAttribute('data-all-bytes')), all);
+    assert.match(
+      await disk.innerText(),
+      new RegExp(`^On disk: ${shownBytes(all)} in ${models.length} models, ${hub ? `${hub} downloaded from the hub` : 'none downloaded from the hub'}`),
+    );
   });
 });
 
@@ -1175,7 +1221,7 @@ test('downloading a model from the hub shows its progress up to 100% and adds it
       (want) => document.querySelector('[data-testid=library-bytes]')?.dataset.bytes === String(want),
       pulled.shoal.size_bytes,
     );
-    assert.ok((await page.getByTestId('library-bytes').innerText()).includes(`Downloaded: ${size} on disk (1 model)`));
+    assert.ok((await page.getByTestId('library-bytes').innerText()).includes(`1 downloaded from the hub (${size})`));
     await screenshot(page, 'models-pulled');
   });
 });

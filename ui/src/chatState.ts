@@ -40,6 +40,9 @@ interface ChatState {
   streaming: { conversationId: string; messageId: string } | null;
 }
 
+/** Longest chat title kept (the first message, spaces folded). */
+const TITLE_CHARS = 200;
+
 const [state, setState] = createStore<ChatState>({
   loaded: false,
   loadError: null,
@@ -347,7 +350,8 @@ export async function sendMessage(text: string): Promise<void> {
       'conversations',
       (x) => x.id === convId,
       produce((c) => {
-        if (first) c.title = text.trim().replace(/\s+/g, ' ').slice(0, 48);
+        // The sidebar cuts it to its width; its tooltip shows it whole.
+        if (first) c.title = text.trim().replace(/\s+/g, ' ').slice(0, TITLE_CHARS);
         c.messages.push(user, reply);
         c.updated = Date.now();
       }),

@@ -44,9 +44,9 @@ export function backendName(b: string): string {
   return b === 'llama' ? 'llama.cpp' : b === 'mlx' ? 'MLX' : b;
 }
 
-/** `part` as a share of `whole` ("41.7%"), or "–" when either is unknown or whole is 0. */
+/** `part` as a share of `whole` ("41.7%"), or "—" when either is unknown or whole is 0. */
 export function fmtShare(part: number | null | undefined, whole: number | null | undefined): string {
-  if (part == null || whole == null || !whole) return '–';
+  if (part == null || whole == null || !whole) return '—';
   return `${((part * 100) / whole).toFixed(1)}%`;
 }
 

@@ -28,7 +28,8 @@ export function quantOf(m: ModelInfo): string {
 export function modelLabel(m: ModelInfo): string {
   const s = m.shoal;
   const parts = [m.id];
-  if (s?.quantization) parts.push(s.quantization);
+  // The quantization once: many file names carry it already.
+  if (s?.quantization && !m.id.includes(s.quantization)) parts.push(s.quantization);
   if (s?.size_bytes != null) parts.push(fmtBytes(s.size_bytes));
   if (s?.loaded) parts.push(s.memory_bytes != null ? `loaded, ${fmtBytes(s.memory_bytes)}` : 'loaded');
   parts.push(s?.backend ? `on ${backendName(s.backend)}` : 'cannot run');
@@ -48,6 +49,8 @@ export function ModelsPanel(props: { selected: string; onUse: (id: string) => vo
   onCleanup(() => clearInterval(timer));
 
   const pulled = () => lib.models.filter(isPulled).length;
+  /** Every listed model's files, configured ones included. */
+  const allBytes = () => lib.models.reduce((sum, m) => sum + (m.shoal?.size_bytes ?? 0), 0);
   const submit = (e: Event) => {
     e.preventDefault();
     if (!spec().trim()) return;
@@ -60,8 +63,17 @@ export function ModelsPanel(props: { selected: string; onUse: (id: string) => vo
     <div class="models-panel" data-testid="models-panel">
       <div class="models-head">
         <b>Models</b>
-        <span class="muted" data-testid="library-bytes" data-bytes={lib.summary?.library_bytes ?? ''} title={lib.summary?.library_path ?? ''}>
-          Downloaded: {fmtBytes(lib.summary?.library_bytes ?? 0)} on disk ({pulled()} {pulled() === 1 ? 'model' : 'models'})
+        <span
+          class="muted"
+          data-testid="library-bytes"
+          data-bytes={lib.summary?.library_bytes ?? ''}
+          data-all-bytes={allBytes()}
+          title={lib.summary?.library_path ? `Downloads go to ${lib.summary.library_path}` : ''}
+        >
+          On disk: {fmtBytes(allBytes())} in {lib.models.length} {lib.models.length === 1 ? 'model' : 'models'},{' '}
+          {pulled() === 0
+            ? 'none downloaded from the hub'
+            : `${pulled()} downloaded from the hub (${fmtBytes(lib.summary?.library_bytes ?? 0)})`}
         </span>
         <Show when={lib.summary?.memory_budget_bytes != null}>
           <span class="muted" data-testid="memory-use" data-loaded={lib.summary?.memory_loaded_bytes ?? 0} data-budget={lib.summary?.memory_budget_bytes}>

@@ -27,8 +27,8 @@ export function UsageStats(props: { stats: ReplyStats }) {
         </span>
       </Show>
       <Show when={s().source === 'ledger'}>
-        <span class="tag" title="The numbers the server recorded in its ledger for this request (the stream was stopped before its usage chunk, or another client stored the reply).">
-          ledger
+        <span class="tag" data-testid="usage-recorded" title="The numbers the server recorded for this request in its usage log (the stream was stopped before its usage chunk, or another client stored the reply).">
+          as recorded
         </span>
       </Show>
       {item('prompt', 'prompt', s().prompt, fmtInt(s().prompt), 'Prompt tokens')}

@@ -135,6 +135,7 @@ export function ChatView() {
             <span class="muted">Model</span>
             <select
               data-testid="model-picker"
+              title={chosen() ? modelLabel(chosen()!) : ''}
               value={effectiveModel(current())}
               disabled={lib.models.length === 0}
               onChange={(e) => updateSettings({ model: e.currentTarget.value })}
