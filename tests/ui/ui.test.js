@@ -705,6 +705,27 @@ test('conversations and their settings persist across reloads and can be deleted
   });
 });
 
+test('"+ New chat" reuses an empty chat instead of piling up empty ones', async () => {
+  await withPage('new-chat-reuse', {}, async (page) => {
+    await page.getByTestId('model-picker').locator('option').first().waitFor({ state: 'attached' });
+    if (page.viewportSize().width <= 720) await page.getByTestId('sidebar-toggle').click();
+    const empties = () => page.locator('[data-testid=conversation-item]', { hasText: 'New chat' });
+    await page.getByTestId('new-chat').click();
+    const before = await page.getByTestId('conversation-item').count();
+    for (let i = 0; i < 3; i++) await page.getByTestId('new-chat').click();
+    assert.equal(await page.getByTestId('conversation-item').count(), before, 'no new empty chats');
+    assert.equal(await empties().count(), 1);
+    assert.equal(await empties().first().evaluate((el) => el.classList.contains('active')), true);
+    // Once something is sent, the next "+ New chat" is a new chat.
+    await newChat(page, { maxTokens: '2' });
+    await send(page, 'Hi');
+    await waitFinish(page);
+    await page.getByTestId('new-chat').click();
+    assert.equal(await page.getByTestId('conversation-item').count(), before + 1);
+    assert.equal(await empties().count(), 1);
+  });
+});
+
 test('markdown renders code blocks and strips active content', async () => {
   // A conversation written to the store by another client (this test).
   const conv = await api('/v1/conversations', {

@@ -252,9 +252,29 @@ export function effectiveModel(c: Conversation | undefined): string {
   return defaultModelId() || own;
 }
 
-/** Starts a chat at once; the store creates it in the background. */
+/**
+ * Starts a chat at once; the store creates it in the background. An empty
+ * chat already in the list (nothing sent yet) is reused and brought to the
+ * top instead, so "+ New chat" never piles up empty ones.
+ */
 export function newChat(): Conversation {
   const prev = current();
+  const empty = state.conversations.find((c) => c.messages.length === 0 && c.title === NEW_TITLE);
+  if (empty) {
+    batch(() => {
+      // It starts from the chat left, as a new one would.
+      if (prev && prev.id !== empty.id) {
+        setState('conversations', (x) => x.id === empty.id, 'settings', {
+          ...prev.settings,
+          stop: [...prev.settings.stop],
+        });
+      }
+      setState('conversations', (list) => [list.find((c) => c.id === empty.id)!, ...list.filter((c) => c.id !== empty.id)]);
+      setState('currentId', empty.id);
+    });
+    if (prev && prev.id !== empty.id) saveSettings(empty.id);
+    return current()!;
+  }
   // A new chat starts from the previous chat's settings (model, prompt, sampling).
   const settings: ChatSettings = prev
     ? { ...prev.settings, stop: [...prev.settings.stop] }
