@@ -1,6 +1,6 @@
 // One streamed chat completion: POST /v1/chat/completions with stream: true,
 // read as SSE, turned into deltas, live counts and a final result.
-import { apiError, ledgerEntry, type Usage } from './api';
+import { apiError, ledgerEntry, type LedgerEntry, type Usage } from './api';
 import { apiFetch } from './auth';
 import { finishFromApi, type Finish } from './finish';
 import { canReason } from './models';
@@ -69,6 +69,14 @@ function usageStats(u: Usage, ttftMs: number | null, spanMs: number | null, sour
     ttftMs,
     tokPerS: spanMs && spanMs > 0 && completion > 0 ? completion / (spanMs / 1000) : null,
   };
+}
+
+/** Puts the server's TTFT and decode speed for a finished reply into `stats`. */
+function serverTimings(stats: ReplyStats, entry: LedgerEntry): void {
+  if (typeof entry.ttft_ms === 'number') stats.ttftMs = entry.ttft_ms;
+  if (typeof entry.decode_tokens_per_s === 'number' && entry.decode_tokens_per_s > 0) {
+    stats.tokPerS = entry.decode_tokens_per_s;
+  }
 }
 
 /** Runs one request to its end; never throws (errors become an "error" result). */
@@ -170,10 +178,14 @@ export async function streamChat(req: ChatRequest, signal: AbortSignal, h: Strea
   const stats = usage ? usageStats(usage, ttft(), span(), 'stream') : liveStats();
   let finish = finishFromApi(finishReason);
   let stopSequence: string | undefined;
+  // Once the reply has ended, its time to first token and decode speed are
+  // the server's (as the Usage view shows them), not what the browser timed
+  // through the network.
+  const entry = responseId ? await ledgerEntry(responseId) : null;
+  if (entry) serverTimings(stats, entry);
   // The OpenAI dialect says "stop" for both an end of turn and a matched stop
   // sequence; the server's ledger keeps the engine's own reason.
   if (finish === 'stop' && req.stop?.length) {
-    const entry = responseId ? await ledgerEntry(responseId) : null;
     if (entry?.engine_finish_reasons?.[0] === 'stop_sequence') {
       finish = 'stop_sequence';
       stopSequence = entry.stop_sequences?.[0] ?? undefined;
@@ -188,7 +200,9 @@ export async function streamChat(req: ChatRequest, signal: AbortSignal, h: Strea
     if (responseId) {
       const entry = await ledgerEntry(responseId);
       if (entry?.usage && typeof (entry.usage as any).completion_tokens === 'number') {
-        return { finish: 'cancelled', responseId, stats: usageStats(entry.usage as unknown as Usage, ttft(), span(), 'ledger') };
+        const stats = usageStats(entry.usage as unknown as Usage, ttft(), span(), 'ledger');
+        serverTimings(stats, entry);
+        return { finish: 'cancelled', responseId, stats };
       }
     }
     return { finish: 'cancelled', responseId, stats: live };

@@ -169,8 +169,10 @@ function storedFinish(meta: Record<string, unknown>, kind: string): Finish {
 function storedStats(meta: Record<string, unknown>): ReplyStats | undefined {
   const prompt = num(meta.token_usage_prompt_tokens);
   const completion = num(meta.token_usage_completion_tokens);
-  const ttftMs = num(meta.client_ttft_ms) ?? num(meta.ttft_ms);
-  const tokPerS = num(meta.client_tok_per_s) ?? num(meta.decode_tokens_per_s);
+  // The server's timings when it recorded the reply; the browser's otherwise.
+  const ttftMs = num(meta.ttft_ms) ?? num(meta.client_ttft_ms);
+  const serverRate = num(meta.decode_tokens_per_s);
+  const tokPerS = serverRate != null && serverRate > 0 ? serverRate : num(meta.client_tok_per_s);
   if (completion != null) {
     return {
       prompt,

@@ -49,8 +49,20 @@ export function UsageStats(props: { stats: ReplyStats }) {
       )}
       {item('reasoning', 'reasoning', s().reasoning, fmtInt(s().reasoning), 'Reasoning tokens (part of completion)')}
       {item('total', 'total', s().total, fmtInt(s().total), 'Prompt + completion tokens')}
-      {item('ttft', 'TTFT', s().ttftMs, fmtMs(s().ttftMs), 'Time from send to the first delta')}
-      {item('tps', 'tok/s', s().tokPerS, fmtRate(s().tokPerS), 'Completion tokens / time between first and last delta')}
+      {item(
+        'ttft',
+        'TTFT',
+        s().ttftMs,
+        fmtMs(s().ttftMs),
+        s().live ? 'Time from send to the first delta (timed here)' : 'Time to the first token, as the server timed it',
+      )}
+      {item(
+        'tps',
+        'tok/s',
+        s().tokPerS,
+        fmtRate(s().tokPerS),
+        s().live ? 'Deltas per second so far (timed here)' : 'Decode speed after the first token, as the server timed it',
+      )}
     </div>
   );
 }
