@@ -171,6 +171,33 @@ test('a new chat caps replies at 1024 tokens and shows the model\'s own sampling
   });
 });
 
+test('max tokens shows the context window and refuses values outside it before sending', async () => {
+  const ctx = (await api(`/v1/models/${encodeURIComponent(model)}`)).json.shoal.context_length;
+  assert.equal(ctx, 8192);
+  await withPage('max-tokens-checks', {}, async (page) => {
+    await newChat(page, { maxTokens: String(ctx + 1) });
+    assert.match(await page.getByTestId('context-window').innerText(), /of a 8,192-token window/);
+    const error = page.getByTestId('setting-max-tokens-error');
+    assert.match(await error.innerText(), /more than the model's 8,192-token window/);
+    await page.getByTestId('composer-input').fill(FRANCE);
+    assert.equal(await page.getByTestId('send-button').isDisabled(), true, 'not sent as it is');
+    assert.match(await page.getByTestId('send-button').getAttribute('title'), /8,192-token window/);
+    // Enter does not send it either.
+    let sent = false;
+    page.on('request', (r) => { if (r.url().endsWith('/v1/chat/completions')) sent = true; });
+    await page.getByTestId('composer-input').press('Enter');
+    await page.getByTestId('setting-max-tokens').fill('2.5');
+    assert.match(await error.innerText(), /whole number/);
+    await page.getByTestId('setting-max-tokens').fill('4');
+    assert.equal(await error.count(), 0);
+    assert.equal(sent, false, 'nothing was sent while the value was out of range');
+    assert.equal(await page.getByTestId('send-button').isDisabled(), false);
+    const body = await send(page, FRANCE);
+    assert.equal(body.max_tokens, 4);
+    assert.equal(await waitFinish(page), 'length');
+  });
+});
+
 test('max tokens 3 ends with the length badge', async () => {
   await withPage('badge-length', {}, async (page) => {
     await newChat(page, { maxTokens: '3' });
@@ -353,24 +380,25 @@ test('a model that cannot reason: the control is off and says why, and the reply
 
 test('a server error is shown plainly, not as a blank page', async () => {
   await withPage('server-error', {}, async (page) => {
-    await newChat(page, { maxTokens: '9000' });
+    // A temperature the form lets through and the server refuses.
+    await newChat(page, { temperature: '3' });
     await send(page, FRANCE);
     assert.equal(await waitFinish(page), 'error');
     const msg = await lastReply(page).getByTestId('error-message').innerText();
     assert.match(msg, /400/);
-    assert.match(msg, /context window is 8192/);
+    assert.match(msg, /temperature/);
     await screenshot(page, 'server-error-shown');
     // The same message the API gives.
     const direct = await api('/v1/chat/completions', {
       model,
       messages: [{ role: 'user', content: FRANCE }],
-      max_tokens: 9000,
+      temperature: 3,
       stream: true,
     });
     assert.equal(direct.status, 400);
     assert.ok(msg.includes(direct.json.error.message), `${msg} vs ${direct.json.error.message}`);
     // The page is still usable: fix the setting and retry.
-    await page.getByTestId('setting-max-tokens').fill('');
+    await page.getByTestId('setting-temperature').fill('0');
     await lastReply(page).getByTestId('retry').click();
     assert.equal(await waitFinish(page), 'stop');
     assert.equal(await page.getByTestId('message-assistant').count(), 1);

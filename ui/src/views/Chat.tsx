@@ -50,7 +50,7 @@ export function ChatView() {
 
   const send = () => {
     const text = draft();
-    if (!text.trim() || chat.streaming) return;
+    if (!text.trim() || chat.streaming || settingsProblem()) return;
     setDraft('');
     void sendMessage(text);
   };
@@ -69,6 +69,11 @@ export function ChatView() {
   createEffect(on(() => chat.currentId, () => (pinned = true)));
 
   const chosen = () => modelById(effectiveModel(current()));
+  /** Why the chat's settings cannot be sent as they are (checked before sending). */
+  const settingsProblem = () => {
+    const c = current();
+    return c ? maxTokensProblem(c.settings.maxTokens, chosen()?.shoal?.context_length) : null;
+  };
 
   return (
     <div class="chat" classList={{ 'sidebar-open': sidebarOpen() }} data-testid="chat-view">
@@ -273,7 +278,13 @@ export function ChatView() {
           <Show
             when={chat.streaming}
             fallback={
-              <button class="btn primary" type="submit" data-testid="send-button" disabled={!draft().trim()}>
+              <button
+                class="btn primary"
+                type="submit"
+                data-testid="send-button"
+                disabled={!draft().trim() || !!settingsProblem()}
+                title={settingsProblem() ?? ''}
+              >
                 Send
               </button>
             }
@@ -379,6 +390,16 @@ function encodeStop(s: string): string {
   return s.replace(/\\/g, '\\\\').replace(/\n/g, '\\n').replace(/\t/g, '\\t');
 }
 
+/** Why `max` cannot be a reply cap for a model with this window; null when it can. */
+function maxTokensProblem(max: number | null, context: number | null | undefined): string | null {
+  if (max == null) return null;
+  if (!Number.isInteger(max) || max < 1) return 'Max tokens must be a whole number of at least 1';
+  if (context && max > context) {
+    return `Max tokens ${max.toLocaleString('en-US')} is more than the model's ${context.toLocaleString('en-US')}-token window`;
+  }
+  return null;
+}
+
 function numberOrNull(v: string): number | null {
   if (v.trim() === '') return null;
   const n = Number(v);
@@ -388,6 +409,13 @@ function numberOrNull(v: string): number | null {
 /** Per-chat settings; inputs start from the chat's saved values and write back as you type. */
 function SettingsPanel(props: { conv: Conversation; model: ModelInfo | undefined }) {
   const s = untrack(() => props.conv.settings);
+  const context = () => props.model?.shoal?.context_length ?? null;
+  // What was typed, so text that is not a number is refused too.
+  const [maxText, setMaxText] = createSignal(s.maxTokens == null ? '' : String(s.maxTokens));
+  const maxProblem = () =>
+    maxText().trim() !== '' && numberOrNull(maxText()) == null
+      ? 'Max tokens must be a whole number'
+      : maxTokensProblem(props.conv.settings.maxTokens, context());
   /** Whether the chat's model can reason (`null` until the server knows). */
   const reasons = () => (props.model ? canReason(props.model.id) : null);
   /** The model's own default for a setting left empty, and where it came from. */
@@ -421,16 +449,35 @@ function SettingsPanel(props: { conv: Conversation; model: ModelInfo | undefined
         />
       </label>
       <label class="field">
-        <span>Max tokens</span>
+        <span>
+          Max tokens
+          <Show when={context()}>
+            {' '}
+            <span class="muted small" data-testid="context-window">
+              of a {context()!.toLocaleString('en-US')}-token window
+            </span>
+          </Show>
+        </span>
         <input
           data-testid="setting-max-tokens"
           type="number"
           min="1"
+          max={context() ?? undefined}
           step="1"
           placeholder="the context window"
           value={s.maxTokens ?? ''}
-          onInput={(e) => updateSettings({ maxTokens: numberOrNull(e.currentTarget.value) })}
+          aria-invalid={maxProblem() ? 'true' : 'false'}
+          onInput={(e) => {
+            const raw = e.currentTarget.value;
+            setMaxText(raw);
+            updateSettings({ maxTokens: numberOrNull(raw) });
+          }}
         />
+        <Show when={maxProblem()}>
+          <span class="error-text small" role="alert" data-testid="setting-max-tokens-error">
+            {maxProblem()}
+          </span>
+        </Show>
       </label>
       <label class="field">
         <span>Stop sequences</span>
