@@ -760,6 +760,32 @@ test('"+ New chat" reuses an empty chat instead of piling up empty ones', async 
   });
 });
 
+test('a chat has an address: it can be linked, and a reload shows the same chat', async () => {
+  let id;
+  await withPage('chat-url', {}, async (page) => {
+    await newChat(page, { maxTokens: '3' });
+    await send(page, 'Name a colour.');
+    await waitFinish(page);
+    id = await currentServerId(page);
+    await page.waitForURL((u) => u.pathname === `/chat/${id}`);
+    // Another chat moves the address; a reload of the first address shows the first chat.
+    await newChat(page, { maxTokens: '2' });
+    await send(page, 'Hi');
+    await waitFinish(page);
+    const other = await currentServerId(page);
+    assert.notEqual(other, id);
+    await page.waitForURL((u) => u.pathname === `/chat/${other}`);
+    await page.goto(new URL(`/chat/${id}`, page.url()).toString());
+    await page.locator(`[data-testid=conversation-item][data-server-id="${id}"].active`).waitFor();
+    assert.equal((await page.getByTestId('message-user').first().innerText()).trim(), 'Name a colour.');
+  });
+  // A fresh page opened on the link.
+  await withPage('chat-url-link', { path: `/chat/${id}` }, async (page) => {
+    await page.locator(`[data-testid=conversation-item][data-server-id="${id}"].active`).waitFor();
+    assert.equal(new URL(page.url()).pathname, `/chat/${id}`);
+  });
+});
+
 test('markdown renders code blocks and strips active content', async () => {
   // A conversation written to the store by another client (this test).
   const conv = await api('/v1/conversations', {

@@ -213,6 +213,17 @@ function flush(convId: string): Promise<void> {
 
 // ---- Loading ------------------------------------------------------------------
 
+/** The store id a chat's address names: `/chat/ID`. */
+export function chatIdInPath(path: string): number | null {
+  const m = /^\/chat\/(\d+)\/?$/.exec(path);
+  return m ? Number(m[1]) : null;
+}
+
+/** A chat's address, once the store has given it an id. */
+export function chatPath(c: Conversation | undefined): string | null {
+  return c?.serverId != null ? `/chat/${c.serverId}` : null;
+}
+
 /** Loads the stored conversations; chats started on this page meanwhile are kept. */
 export async function loadConversations(): Promise<void> {
   try {
@@ -222,7 +233,11 @@ export async function loadConversations(): Promise<void> {
       const fresh = list.filter((c) => !known.has(c.serverId) && !removed.has(c.serverId!));
       const merged = [...state.conversations, ...fresh];
       setState({ conversations: merged, loadError: null, loaded: true });
-      if (!state.currentId || !find(state.currentId)) setState('currentId', merged[0]?.id ?? null);
+      // A link to a chat (`/chat/ID`, the store's id) opens that chat.
+      const linked = chatIdInPath(location.pathname);
+      const target = linked == null ? undefined : merged.find((c) => c.serverId === linked);
+      if (target) setState('currentId', target.id);
+      else if (!state.currentId || !find(state.currentId)) setState('currentId', merged[0]?.id ?? null);
     });
   } catch (e) {
     setState({ loadError: `Cannot load your conversations: ${(e as Error).message}`, loaded: true });

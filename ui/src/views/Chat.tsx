@@ -2,6 +2,8 @@ import { createEffect, createSignal, For, on, onCleanup, onMount, Show, untrack 
 import {
   chat,
   current,
+  chatIdInPath,
+  chatPath,
   dismissStoreError,
   effectiveModel,
   initChat,
@@ -69,6 +71,13 @@ export function ChatView() {
   createEffect(on(() => chat.currentId, () => (pinned = true)));
 
   const chosen = () => modelById(effectiveModel(current()));
+  // The address names the chat shown, so it can be linked and survives a reload.
+  createEffect(() => {
+    const path = chatPath(current());
+    if (path && location.pathname !== path && (location.pathname === '/' || chatIdInPath(location.pathname) != null)) {
+      history.replaceState(null, '', path);
+    }
+  });
   /** Why the chat's settings cannot be sent as they are (checked before sending). */
   const settingsProblem = () => {
     const c = current();
