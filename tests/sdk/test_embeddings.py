@@ -73,7 +73,8 @@ def test_models_lists_the_embedding_model(server: Server, model: str, embed_mode
     ids = [m["id"] for m in body["data"]]
     assert model in ids and embed_model in ids and model != embed_model
     entry = next(m for m in body["data"] if m["id"] == embed_model)
-    info = entry.get("embedding") or entry["shoal"]["embedding"]
+    assert entry["shoal"]["kind"] == "embedding"
+    info = entry["shoal"]["embedding"]
     assert info["dimensions"] == DIMS and info["max_input_tokens"] == WINDOW
     assert info["pooling"] == "mean" and info["normalize"] is True
 

@@ -36,6 +36,8 @@ def main() -> int:
     args = ap.parse_args()
     import gguf
 
+    from gguf_f32 import copy_field
+
     renames = {}
     for t in args.token:
         i, _, text = t.partition("=")
@@ -53,10 +55,9 @@ def main() -> int:
             continue
         if name == pooling_key and args.pooling:
             continue
-        vtype = field.types[0]
-        value = field.contents()
+        value = None
         if name == "tokenizer.ggml.tokens" and renames:
-            value = list(value)
+            value = list(field.contents())
             for i, text in renames.items():
                 if i >= len(value):
                     sys.exit(f"--token {i}: the vocabulary has {len(value)} tokens")
@@ -64,13 +65,10 @@ def main() -> int:
         if name == "tokenizer.ggml.token_type" and renames:
             # User-defined, as Qwen3's <think> / </think> are typed: matched
             # whole in text, written out when generated.
-            value = list(value)
+            value = list(field.contents())
             for i in renames:
                 value[i] = int(gguf.TokenType.USER_DEFINED)
-        if vtype == gguf.GGUFValueType.ARRAY:
-            writer.add_key_value(name, value, vtype, sub_type=field.types[-1])
-        else:
-            writer.add_key_value(name, value, vtype)
+        copy_field(writer, field, gguf, value)
     if args.pooling:
         writer.add_uint32(pooling_key, POOLING[args.pooling])
     for t in reader.tensors:

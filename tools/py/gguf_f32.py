@@ -21,10 +21,12 @@ from pathlib import Path
 import numpy as np
 
 
-def copy_field(writer, field, gguf) -> None:
-    """Writes one metadata field of a reader into a writer, keeping its types."""
+def copy_field(writer, field, gguf, value=None) -> None:
+    """Writes one metadata field of a reader into a writer, keeping its types
+    (with `value` instead of the field's own when given)."""
     vtype = field.types[0]
-    value = field.contents()
+    if value is None:
+        value = field.contents()
     if vtype == gguf.GGUFValueType.ARRAY:
         writer.add_key_value(field.name, value, vtype, sub_type=field.types[-1])
     else:

@@ -93,11 +93,24 @@ pub struct Answer {
     /// The model as the client named it.
     pub model: String,
     pub embedded: Embedded,
-    pub usage: Usage,
     /// How long the request waited for its model to be in memory.
     pub load_ms: f64,
     /// From receipt to the vectors.
     pub total_ms: f64,
+}
+
+impl Answer {
+    /// The request's usage: every token embedded, nothing generated.
+    pub fn usage(&self) -> Usage {
+        usage_of(&self.embedded)
+    }
+}
+
+fn usage_of(e: &Embedded) -> Usage {
+    Usage {
+        prompt_tokens: e.prompt_tokens(),
+        ..Usage::default()
+    }
 }
 
 /// Checks, tokenizes and embeds `req`, and records it in the ledger.
@@ -186,10 +199,7 @@ pub async fn embed(
         EngineError::InvalidRequest(_) => ApiError::param(field, e.to_string()),
         other => ApiError::from(other),
     })?;
-    let usage = Usage {
-        prompt_tokens: embedded.prompt_tokens(),
-        ..Usage::default()
-    };
+    let usage = usage_of(&embedded);
     let total_ms = received.elapsed().as_secs_f64() * 1000.0;
     let entry = LedgerEntry {
         id: id.clone(),
@@ -229,7 +239,6 @@ pub async fn embed(
     Ok(Answer {
         id,
         model: req.model,
-        usage,
         load_ms: served.ready_after.as_secs_f64() * 1000.0,
         total_ms,
         embedded,

@@ -7,7 +7,6 @@
 //! `shoal-engine/tests/embeddings.rs`.
 mod common;
 
-use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use base64::Engine as _;
@@ -18,21 +17,6 @@ use shoal_engine::Engine;
 const CHAT: &str = "smollm2";
 const EMBED: &str = "minilm";
 
-fn embed_gguf() -> PathBuf {
-    let p = std::env::var("SHOAL_TEST_EMBED_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-                .join(".cache/models/all-minilm-l6-v2-0.1.2/all-MiniLM-L6-v2-F16.gguf")
-        });
-    assert!(
-        p.is_file(),
-        "embedding model missing at {} — run `make models`",
-        p.display()
-    );
-    p
-}
-
 fn chat_engine() -> Engine {
     static E: OnceLock<Engine> = OnceLock::new();
     E.get_or_init(|| Engine::start(&common::gguf(), CHAT, common::options()).expect("load"))
@@ -42,7 +26,9 @@ fn chat_engine() -> Engine {
 /// The chat model loaded, the embedding model named (it loads on first use).
 fn state() -> AppState {
     let state = AppState::new(chat_engine());
-    state.pool.add_named(EMBED, embed_gguf(), Vec::new());
+    state
+        .pool
+        .add_named(EMBED, common::embed_gguf(), Vec::new());
     state
 }
 

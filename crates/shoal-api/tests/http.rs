@@ -39,6 +39,17 @@ fn filtering_engine() -> Engine {
 }
 
 /// Starts a server on a free port and returns its base URL.
+/// An engine of its own on `path`, no prefix cache: the replies a test
+/// compares each run alone (on llama.cpp a row batched with another test's
+/// request may take the other side of a near tie).
+fn alone(path: &std::path::Path) -> Engine {
+    let opts = EngineOptions {
+        prefix_cache_bytes: 0,
+        ..common::options()
+    };
+    Engine::start(path, MODEL, opts).expect("load")
+}
+
 async fn server(engine: Engine) -> String {
     serve_state(AppState::new(engine)).await
 }
@@ -592,21 +603,10 @@ async fn content_filter_regex_on_the_real_model() {
 
 /// The server opens the thinking section for a model with `</think>` but no
 /// switch of its own, so a budget of N gives exactly N reasoning tokens
-/// (the real 135M weights, given the two tokens: `common::think_gguf`).
+/// (the real 135M weights, given that token: `common::think_gguf`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reasoning_budget_is_exact_in_every_dialect() {
-    // An engine of its own: the replies compared below must each run alone.
-    // On llama.cpp a row batched with another test's request may take the
-    // other side of a near tie (see ARCHITECTURE.md).
-    let alone = Engine::start(
-        &common::think_gguf(),
-        MODEL,
-        EngineOptions {
-            prefix_cache_bytes: 0,
-            ..common::options()
-        },
-    )
-    .expect("load");
+    let alone = alone(&common::think_gguf());
     let base = server(alone).await;
     let budget = 5;
     let chat = json!({"model": MODEL, "messages": france(), "temperature": 0, "max_tokens": 30,
@@ -699,15 +699,7 @@ async fn reasoning_budget_is_exact_in_every_dialect() {
 /// Ollama's `think` is refused instead, as Ollama refuses it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_that_cannot_reason_answers_normally_when_asked_to() {
-    let alone = Engine::start(
-        &gguf(),
-        MODEL,
-        EngineOptions {
-            prefix_cache_bytes: 0,
-            ..common::options()
-        },
-    )
-    .expect("load");
+    let alone = alone(&gguf());
     let base = server(alone).await;
     let (_, t) = get_text(&base, "/v1/models").await;
     let models: Value = serde_json::from_str(&t).expect("json");

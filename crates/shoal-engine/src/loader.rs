@@ -55,12 +55,19 @@ impl Vocabulary {
     /// Tokenizes a piece of text with no BOS in front (special tokens
     /// written out as text are recognised).
     pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
+        self.tokenize(text, false)
+    }
+
+    /// `text`'s tokens, with or without the special tokens the tokenizer
+    /// adds around an input.
+    fn tokenize(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
         match &self.codec {
             Codec::Hf(t) => Ok(t
-                .encode(text, false)
+                .encode(text, add_special)
                 .map_err(|e| EngineError::Tokenizer(e.to_string()))?
                 .get_ids()
                 .to_vec()),
+            Codec::Llama(v) if add_special => Ok(v.encode_with_specials(text)),
             Codec::Llama(v) => Ok(v.encode(text)),
         }
     }
@@ -70,14 +77,7 @@ impl Vocabulary {
     /// decoder's BOS / EOS), and special tokens written out as text
     /// recognised, as the model's own tokenizer counts them.
     pub fn encode_input(&self, text: &str) -> Result<Vec<u32>> {
-        match &self.codec {
-            Codec::Hf(t) => Ok(t
-                .encode(text, true)
-                .map_err(|e| EngineError::Tokenizer(e.to_string()))?
-                .get_ids()
-                .to_vec()),
-            Codec::Llama(v) => Ok(v.encode_with_specials(text)),
-        }
+        self.tokenize(text, true)
     }
 
     /// Special (control) tokens with their text: grammars must never spell them.

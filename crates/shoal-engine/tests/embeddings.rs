@@ -42,22 +42,24 @@ struct Reference {
     vectors: Vec<Vec<f64>>,
 }
 
-/// The numpy reference on `inputs`, one at a time.
-fn reference(inputs: &[String]) -> Reference {
-    let dir = std::env::temp_dir().join(format!("shoal-embed-ref-{}", std::process::id()));
+/// The numpy reference on `inputs`, one at a time, for the model files in `hf`.
+fn reference_of(hf: &std::path::Path, inputs: &[String]) -> Reference {
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("shoal-embed-ref-{}-{run}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let (input, out) = (dir.join("inputs.json"), dir.join("out.json"));
     std::fs::write(&input, serde_json::to_string(inputs).expect("json")).expect("write");
-    let status = std::process::Command::new(common::python())
-        .arg(common::repo().join("tools/py/bert_reference.py"))
-        .arg(hf_dir())
-        .arg("--inputs-json")
-        .arg(&input)
-        .arg("--out")
-        .arg(&out)
-        .status()
-        .expect("run bert_reference.py");
-    assert!(status.success(), "bert_reference.py failed");
+    py(&[
+        common::repo()
+            .join("tools/py/bert_reference.py")
+            .as_os_str(),
+        hf.as_os_str(),
+        "--inputs-json".as_ref(),
+        input.as_os_str(),
+        "--out".as_ref(),
+        out.as_os_str(),
+    ]);
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&out).expect("output")).expect("json");
     let _ = std::fs::remove_dir_all(&dir);
@@ -65,6 +67,11 @@ fn reference(inputs: &[String]) -> Reference {
         token_counts: serde_json::from_value(v["token_counts"].clone()).expect("counts"),
         vectors: serde_json::from_value(v["vectors"].clone()).expect("vectors"),
     }
+}
+
+/// The reference on the shipped model's own files.
+fn reference(inputs: &[String]) -> Reference {
+    reference_of(&hf_dir(), inputs)
 }
 
 fn cosine(a: &[f32], b: &[f64]) -> f64 {
@@ -343,23 +350,8 @@ fn cls_pooling_comes_from_the_model_files() {
         "cls"
     );
     let texts: Vec<String> = corpus().into_iter().take(4).collect();
-    let inputs: Vec<String> = texts.clone();
     // The reference, on the CLS directory.
-    let (input, ref_out) = (dir.join("inputs.json"), dir.join("ref.json"));
-    std::fs::write(&input, serde_json::to_string(&inputs).expect("json")).expect("write");
-    py(&[
-        common::repo()
-            .join("tools/py/bert_reference.py")
-            .as_os_str(),
-        hf.as_os_str(),
-        "--inputs-json".as_ref(),
-        input.as_os_str(),
-        "--out".as_ref(),
-        ref_out.as_os_str(),
-    ]);
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&ref_out).expect("ref")).expect("json");
-    let want: Vec<Vec<f64>> = serde_json::from_value(v["vectors"].clone()).expect("vectors");
+    let want = reference_of(&hf, &texts).vectors;
     let tokens: Vec<Vec<u32>> = texts
         .iter()
         .map(|t| engine.model.embedding_tokens(t, false).expect("tokenize"))

@@ -76,7 +76,7 @@ async fn handle(
             "object": "list",
             "data": data,
             "model": a.model,
-            "usage": usage_json(&a.usage),
+            "usage": usage_json(&a.usage()),
         }))
         .into_response())
     };

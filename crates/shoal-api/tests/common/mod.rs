@@ -15,22 +15,32 @@ pub fn gguf() -> PathBuf {
     p
 }
 
-/// The default model with a `</think>` token of its own (an unused special
-/// renamed by `tools/py/gguf_edit.py`; `make models` makes it): a model the server opens a reasoning section for, to test the
-/// section's mechanics (budgets, counts, streaming) on real weights.
-pub fn think_gguf() -> PathBuf {
-    let p = std::env::var("SHOAL_TEST_THINK_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-                .join(".cache/models/smollm2-think-v1/SmolLM2-135M-Instruct-think.Q4_1.gguf")
-        });
-    assert!(
-        p.is_file(),
-        "reasoning fixture missing at {} — run `make models`",
-        p.display()
-    );
+/// A model file `make models` puts under `.cache/models`: `$env`, else `rel` there.
+fn made_model(env: &str, rel: &str) -> PathBuf {
+    let p = std::env::var(env).map(PathBuf::from).unwrap_or_else(|_| {
+        PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../.cache/models")).join(rel)
+    });
+    assert!(p.is_file(), "{} missing — run `make models`", p.display());
     p
+}
+
+/// The default model with a `</think>` token of its own (an unused special
+/// renamed by `tools/py/gguf_edit.py`): a model the server opens a
+/// reasoning section for, to test the section's mechanics (budgets,
+/// counts, streaming) on real weights.
+pub fn think_gguf() -> PathBuf {
+    made_model(
+        "SHOAL_TEST_THINK_GGUF",
+        "smollm2-think-v1/SmolLM2-135M-Instruct-think.Q4_1.gguf",
+    )
+}
+
+/// all-MiniLM-L6-v2 converted to GGUF (`tools/fetch-embedding-model.sh`).
+pub fn embed_gguf() -> PathBuf {
+    made_model(
+        "SHOAL_TEST_EMBED_GGUF",
+        "all-minilm-l6-v2-0.1.2/all-MiniLM-L6-v2-F16.gguf",
+    )
 }
 
 /// Serves `state` on a free loopback port until the test ends; returns the base URL.

@@ -95,7 +95,7 @@ pub async fn embed_route(
         "embeddings": a.embedded.vectors,
         "total_duration": nanos(a.total_ms),
         "load_duration": nanos(a.load_ms),
-        "prompt_eval_count": a.usage.prompt_tokens,
+        "prompt_eval_count": a.usage().prompt_tokens,
     }))
     .into_response())
 }

@@ -12,12 +12,10 @@ use std::sync::Mutex;
 
 use llama_cpp_2::context::params::{LlamaContextParams, LlamaPoolingType};
 use llama_cpp_2::llama_batch::LlamaBatch;
-use llama_cpp_2::model::params::LlamaModelParams;
-use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
 
-use super::{runtime, vocab_table_bytes, ContextCell, LlamaOptions, LLAMA_MAX_SEQ};
-use crate::backend::{BackendKind, EmbeddingInfo, LanguageModel, ModelInfo, Pooling};
+use super::{vocab_table_bytes, ContextCell, LlamaOptions, LLAMA_MAX_SEQ};
+use crate::backend::{EmbeddingInfo, LanguageModel, ModelInfo, Pooling};
 use crate::error::{EngineError, Result};
 
 /// Tokens one pass packs when inputs are short. Non-causal attention spans
@@ -33,9 +31,20 @@ pub fn pooling_of(header: &shoal_gguf::Header) -> Option<Pooling> {
     header.embedding_pooling().and_then(Pooling::from_name)
 }
 
+/// An encoder (non-causal attention) keeps no KV cache between passes.
+fn is_encoder(header: &shoal_gguf::Header) -> bool {
+    header.arch_bool("attention.causal") == Some(false)
+}
+
+/// The longest input: the positions the model was trained on (its
+/// `{arch}.context_length`, 512 if it names none), at most `MAX_INPUT_TOKENS`.
+fn window_of(header: &shoal_gguf::Header) -> usize {
+    (header.arch_uint("context_length").unwrap_or(512) as usize).clamp(1, MAX_INPUT_TOKENS)
+}
+
 /// Tokens one pass holds for a model trained on `window` positions.
 fn pass_tokens(window: usize) -> usize {
-    window.clamp(1, MAX_INPUT_TOKENS).max(PACK_TOKENS)
+    window.max(PACK_TOKENS)
 }
 
 /// What an embedding model holds beside its weights, from its header alone:
@@ -45,10 +54,9 @@ fn pass_tokens(window: usize) -> usize {
 /// pool's estimate and the loaded model differ only by the file's header.
 pub fn reserved_bytes(header: &shoal_gguf::Header) -> Option<(u64, u64)> {
     pooling_of(header)?;
-    let window = header.arch_uint("context_length").unwrap_or(512) as usize;
-    let pass = pass_tokens(window) as u64;
+    let pass = pass_tokens(window_of(header)) as u64;
     let dims = header.arch_uint("embedding_length").unwrap_or(0);
-    let kv = if header.arch_bool("attention.causal") == Some(false) {
+    let kv = if is_encoder(header) {
         0
     } else {
         pass * super::kv_bytes_per_position(header)
@@ -73,16 +81,8 @@ impl LlamaEmbedder {
         pooling: Pooling,
         opts: &LlamaOptions,
     ) -> Result<Self> {
-        let backend = runtime()?;
-        let model = LlamaModel::load_from_file(backend, path, &LlamaModelParams::default())
-            .map_err(|e| {
-                EngineError::InvalidModel(format!(
-                    "llama.cpp could not load {}: {e}",
-                    path.display()
-                ))
-            })?;
-        let model = std::sync::Arc::new(model);
-        let window = (model.n_ctx_train().max(1) as usize).min(MAX_INPUT_TOKENS);
+        // The context is sized from the window before the weights load.
+        let window = window_of(header);
         let pass = pass_tokens(window);
         let threads = i32::try_from(opts.threads.max(1)).unwrap_or(1);
         let kind = match pooling {
@@ -100,33 +100,10 @@ impl LlamaEmbedder {
             .with_n_threads(threads)
             .with_n_threads_batch(threads)
             .with_no_perf(true);
-        let ctx = ContextCell::try_new(model.clone(), |m| {
-            m.new_context(backend, cparams)
-                .map_err(|e| EngineError::Backend(format!("llama.cpp context: {e}")))
-        })?;
-        let has_memory = header.arch_bool("attention.causal") != Some(false);
-        let reserved = reserved_bytes(header).unwrap_or((0, 0));
+        let (model, ctx) = super::load_with_context(path, cparams)?;
+        let (kv, buffers) = reserved_bytes(header).unwrap_or((0, 0));
         let dimensions = model.n_embd_out().max(0) as usize;
-        let info = ModelInfo {
-            architecture: header.architecture().unwrap_or("unknown").to_string(),
-            vocab_size: model.n_vocab().max(0) as usize,
-            context_length: window,
-            num_layers: model.n_layer() as usize,
-            hidden_size: model.n_embd().max(0) as usize,
-            format: "gguf".into(),
-            quantization: header.file_type(),
-            dtype: "ggml".into(),
-            device: if cfg!(target_os = "macos") {
-                "gpu"
-            } else {
-                "cpu"
-            }
-            .into(),
-            weight_bytes: model.size() as usize,
-            backend: BackendKind::Llama,
-            kv_capacity_bytes: reserved.0 as usize,
-            buffer_bytes: reserved.1 as usize,
-        };
+        let info = super::model_info(&model, header, window, kv as usize, buffers as usize);
         Ok(LlamaEmbedder {
             ctx: Mutex::new(ctx),
             embedding: EmbeddingInfo {
@@ -138,7 +115,7 @@ impl LlamaEmbedder {
                 batch_inputs: LLAMA_MAX_SEQ,
             },
             info,
-            has_memory,
+            has_memory: !is_encoder(header),
         })
     }
 

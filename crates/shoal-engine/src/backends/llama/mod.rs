@@ -246,22 +246,62 @@ pub struct LlamaCppModel {
     bytes_per_position: usize,
 }
 
+/// The weights of `path` (already checked by [`super::check_gguf`]) and a
+/// context on them made with `cparams`: what every llama.cpp model holds.
+fn load_with_context(
+    path: &Path,
+    cparams: LlamaContextParams,
+) -> Result<(Arc<LlamaModel>, ContextCell)> {
+    let backend = runtime()?;
+    let model =
+        LlamaModel::load_from_file(backend, path, &LlamaModelParams::default()).map_err(|e| {
+            EngineError::InvalidModel(format!("llama.cpp could not load {}: {e}", path.display()))
+        })?;
+    let model = Arc::new(model);
+    let ctx = ContextCell::try_new(model.clone(), |m| {
+        m.new_context(backend, cparams)
+            .map_err(|e| EngineError::Backend(format!("llama.cpp context: {e}")))
+    })?;
+    Ok((model, ctx))
+}
+
+/// A llama.cpp model's facts: its own, the header's, and what it reserved
+/// beside the weights.
+fn model_info(
+    model: &LlamaModel,
+    header: &shoal_gguf::Header,
+    context_length: usize,
+    kv_capacity_bytes: usize,
+    buffer_bytes: usize,
+) -> ModelInfo {
+    ModelInfo {
+        architecture: header.architecture().unwrap_or("unknown").to_string(),
+        vocab_size: model.n_vocab().max(0) as usize,
+        context_length,
+        num_layers: model.n_layer() as usize,
+        hidden_size: model.n_embd().max(0) as usize,
+        format: "gguf".into(),
+        quantization: header.file_type(),
+        dtype: "ggml".into(),
+        device: if cfg!(target_os = "macos") {
+            "gpu"
+        } else {
+            "cpu"
+        }
+        .into(),
+        weight_bytes: model.size() as usize,
+        backend: BackendKind::Llama,
+        kv_capacity_bytes,
+        buffer_bytes,
+    }
+}
+
 impl LlamaCppModel {
     /// Loads `path` (already checked by [`super::check_gguf`]).
     pub fn load(path: &Path, header: &shoal_gguf::Header, opts: &LlamaOptions) -> Result<Self> {
-        let backend = runtime()?;
-        let params = LlamaModelParams::default();
-        let model = LlamaModel::load_from_file(backend, path, &params).map_err(|e| {
-            EngineError::InvalidModel(format!("llama.cpp could not load {}: {e}", path.display()))
-        })?;
-        let model = Arc::new(model);
+        let (model, ctx) = load_with_context(path, opts.context_params())?;
         let n_ctx_train = model.n_ctx_train().max(1) as usize;
         let sequences = opts.context_sequences();
-        let cparams = opts.context_params();
-        let ctx = ContextCell::try_new(model.clone(), |m| {
-            m.new_context(backend, cparams)
-                .map_err(|e| EngineError::Backend(format!("llama.cpp context: {e}")))
-        })?;
         // The positions llama.cpp reserved (it rounds a split's slices up to
         // 256 each) and what one sequence may use of them.
         let reserved = ctx.borrow_dependent().n_ctx() as usize;
@@ -270,31 +310,15 @@ impl LlamaCppModel {
         } else {
             reserved
         };
-        let arch = header.architecture().unwrap_or("unknown").to_string();
-        let layers = model.n_layer() as usize;
-        let n_embd = model.n_embd().max(0) as usize;
         let bytes_per_position = kv_bytes_per_position(header) as usize;
-        let info = ModelInfo {
-            architecture: arch,
-            vocab_size: model.n_vocab().max(0) as usize,
-            context_length: n_ctx_train.min(per_sequence),
-            num_layers: layers,
-            hidden_size: n_embd,
-            format: "gguf".into(),
-            quantization: header.file_type(),
-            dtype: "ggml".into(),
-            device: if cfg!(target_os = "macos") {
-                "gpu"
-            } else {
-                "cpu"
-            }
-            .into(),
-            weight_bytes: model.size() as usize,
-            backend: BackendKind::Llama,
-            kv_capacity_bytes: reserved * bytes_per_position,
-            buffer_bytes: sequences * logits_bytes_per_sequence(header) as usize
+        let info = model_info(
+            &model,
+            header,
+            n_ctx_train.min(per_sequence),
+            reserved * bytes_per_position,
+            sequences * logits_bytes_per_sequence(header) as usize
                 + vocab_table_bytes(header) as usize,
-        };
+        );
         Ok(LlamaCppModel {
             model,
             shared: Arc::new(Mutex::new(Shared {

@@ -60,20 +60,19 @@ impl LlamaVocab {
     /// Tokens of `text`, special tokens written out as text recognised, no
     /// BOS added.
     pub fn encode(&self, text: &str) -> Vec<u32> {
-        self.model
-            .vocab()
-            .tokenize(text.as_bytes(), false, true)
-            .into_iter()
-            .map(|t| t.0 as u32)
-            .collect()
+        self.tokenize(text, false)
     }
 
     /// Tokens of `text` with the special tokens the model adds around an
     /// input (its `add_bos` / `add_eos` / `add_sep` settings).
     pub fn encode_with_specials(&self, text: &str) -> Vec<u32> {
+        self.tokenize(text, true)
+    }
+
+    fn tokenize(&self, text: &str, add_special: bool) -> Vec<u32> {
         self.model
             .vocab()
-            .tokenize(text.as_bytes(), true, true)
+            .tokenize(text.as_bytes(), add_special, true)
             .into_iter()
             .map(|t| t.0 as u32)
             .collect()
