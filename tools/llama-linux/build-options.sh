@@ -18,8 +18,9 @@ opt() { if has "$2"; then echo "$1 = \"ON\""; else echo "$1 = \"OFF\""; fi; }
 echo 'CMAKE_C_VISIBILITY_PRESET = "hidden"'
 echo 'CMAKE_CXX_VISIBILITY_PRESET = "hidden"'
 # The build script reruns only when a GGML_* variable it saw changes: this one names the
-# option set, so changing the options above (bump it) rebuilds llama.cpp on a warm machine.
-echo 'GGML_SHOAL_OPTIONS = "3"'
+# option set (bump it when the options change); tools/mlx-linux/setup.sh then clears the
+# CMake cache, which would otherwise keep the old values.
+echo 'GGML_SHOAL_OPTIONS = "6"'
 # The build script builds llama.cpp as RelWithDebInfo (-O2) whenever Cargo asks for debug
 # info, which the release profile's line tables do; llama.cpp's own builds are Release (-O3).
 echo 'LLAMA_LIB_PROFILE = "Release"'
@@ -42,11 +43,10 @@ opt GGML_AVX_VNNI avx_vnni
 echo 'GGML_AMX_TILE = "OFF"'
 echo 'GGML_AMX_INT8 = "OFF"'
 echo 'GGML_AMX_BF16 = "OFF"'
-# ggml's per-row kernels: weight repacking and llamafile's tiled GEMM switch to other
-# kernels once a step has several rows. Measured here with them on: no faster (Qwen pp512
-# 85 vs 103 tok/s, 8 streams 1.65x vs 1.58x one stream, noisy host), while a batched
-# row's logprobs moved by up to 0.07 and Qwen's greedy reply parted from the lone one at
-# a 0.11 gap. Per-row kernels keep a batched row nearest its lone run (the attention
-# kernel still varies with the step's size: see ARCHITECTURE.md, Invariants).
-echo 'GGML_CPU_REPACK = "OFF"'
-echo 'GGML_LLAMAFILE = "OFF"'
+# Weight repacking (GGML_CPU_REPACK) and llamafile's tiled GEMM (GGML_LLAMAFILE) stay at
+# llama.cpp's defaults (on): they double prefill on Q4_K_M files. Their kernels change with a
+# step's row count, so a batched row's logits may differ from its lone run in the last bits;
+# `--batch-invariant` (backends/llama/mod.rs) keeps a reply equal to its lone run instead.
+# Named, not left out: CMake keeps a cached OFF from an earlier build otherwise.
+echo 'GGML_CPU_REPACK = "ON"'
+echo 'GGML_LLAMAFILE = "ON"'

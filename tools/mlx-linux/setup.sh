@@ -101,4 +101,12 @@ BINDGEN_EXTRA_CLANG_ARGS = "-isystem $(gcc -print-file-name=include)"
 # llama.cpp's build options for this machine (tools/llama-linux/build-options.sh).
 $(bash "$ROOT/tools/llama-linux/build-options.sh")
 TOML
+# llama-cpp-sys-2 configures CMake only when its build directory has no CMakeCache.txt, so
+# a changed option set would keep the old cached values: drop those directories then.
+OPTS_KEY="$(bash "$ROOT/tools/llama-linux/build-options.sh" | sha256sum | cut -c1-12)"
+STAMP="$ROOT/target/.llama-options"
+if [ -d "$ROOT/target" ] && [ "$(cat "$STAMP" 2>/dev/null)" != "$OPTS_KEY" ]; then
+  rm -rf "$ROOT"/target/*/build/llama-cpp-sys-2-*/out/build
+  echo "$OPTS_KEY" > "$STAMP"
+fi
 log "ready: $CACHE"

@@ -99,6 +99,9 @@ export interface LedgerEntry {
   ttft_ms: number;
   decode_tokens_per_s: number;
   prefill_tokens_per_s: number;
+  /** Speculative decoding: draft tokens checked and kept (absent from older rows). */
+  draft_tokens?: number;
+  draft_accepted?: number;
   /** The engine's own reason per choice (`stop_sequence`, `cancelled`, …). */
   engine_finish_reasons?: string[];
   /** The stop sequence that matched, per choice. */

@@ -5,7 +5,7 @@ import { apiFetch } from './auth';
 import { finishFromApi, type Finish } from './finish';
 import { canReason } from './models';
 import { readSse } from './sse';
-import type { ChatSettings, Message, ReplyStats } from './store';
+import { draftStats, type ChatSettings, type Message, type ReplyStats } from './store';
 
 export interface ChatRequest {
   model: string;
@@ -77,6 +77,7 @@ function serverTimings(stats: ReplyStats, entry: LedgerEntry): void {
   if (typeof entry.decode_tokens_per_s === 'number' && entry.decode_tokens_per_s > 0) {
     stats.tokPerS = entry.decode_tokens_per_s;
   }
+  stats.drafts = draftStats(entry.draft_tokens, entry.draft_accepted);
 }
 
 /** Runs one request to its end; never throws (errors become an "error" result). */

@@ -30,6 +30,8 @@ export interface ReplyStats {
   source: 'stream' | 'ledger' | 'live';
   ttftMs: number | null;
   tokPerS: number | null;
+  /** Speculative decoding's draft tokens checked and kept, when the server drafted. */
+  drafts?: { checked: number; kept: number } | null;
 }
 
 /** Where a message stands in the store: being written, written, or the write failed. */
@@ -166,6 +168,11 @@ function storedFinish(meta: Record<string, unknown>, kind: string): Finish {
   return finishFromApi(str(meta.client_finish));
 }
 
+/** Draft counts worth showing: some were checked. */
+export function draftStats(checked: number | null | undefined, kept: number | null | undefined): ReplyStats['drafts'] {
+  return checked != null && checked > 0 ? { checked, kept: kept ?? 0 } : null;
+}
+
 function storedStats(meta: Record<string, unknown>): ReplyStats | undefined {
   const prompt = num(meta.token_usage_prompt_tokens);
   const completion = num(meta.token_usage_completion_tokens);
@@ -185,6 +192,7 @@ function storedStats(meta: Record<string, unknown>): ReplyStats | undefined {
       source: meta.client_usage_source === 'stream' ? 'stream' : 'ledger',
       ttftMs,
       tokPerS,
+      drafts: draftStats(num(meta.draft_tokens), num(meta.draft_accepted)),
     };
   }
   const liveCount = num(meta.client_live_completion);

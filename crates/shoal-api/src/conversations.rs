@@ -31,6 +31,8 @@ const SERVER_KEYS: &[&str] = &[
     "engine_finish_reason",
     "ttft_ms",
     "decode_tokens_per_s",
+    "draft_tokens",
+    "draft_accepted",
     "reasoning_content",
     "error",
 ];
@@ -257,6 +259,10 @@ async fn add_message(
                 let t = e.timings();
                 metadata.insert("ttft_ms".into(), json!(t.ttft_ms));
                 metadata.insert("decode_tokens_per_s".into(), json!(t.decode_tokens_per_s));
+                if t.draft_tokens > 0 {
+                    metadata.insert("draft_tokens".into(), json!(t.draft_tokens));
+                    metadata.insert("draft_accepted".into(), json!(t.draft_accepted));
+                }
             }
             if let Some(r) = m.reasoning.filter(|r| !r.is_empty()) {
                 metadata.insert("reasoning_content".into(), json!(r));

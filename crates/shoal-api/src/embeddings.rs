@@ -221,6 +221,7 @@ pub async fn embed(
                 },
                 decode_tokens_per_s: 0.0,
                 total_ms,
+                ..Timings::default()
             },
         }],
         facts: tracked.as_ref().map(Tracked::facts).unwrap_or_default(),

@@ -155,6 +155,9 @@ impl LedgerEntry {
             "ttft_ms": t.ttft_ms,
             "decode_tokens_per_s": t.decode_tokens_per_s,
             "prefill_tokens_per_s": t.prefill_tokens_per_s,
+            // Speculative decoding: drafts checked and kept (0 and 0 without).
+            "draft_tokens": self.completions.iter().map(|c| c.timings.draft_tokens).sum::<usize>(),
+            "draft_accepted": self.completions.iter().map(|c| c.timings.draft_accepted).sum::<usize>(),
             "client": self.facts.client,
             "user_agent": self.facts.user_agent,
             "origin": self.facts.origin,
@@ -251,6 +254,8 @@ fn choice_row(c: &Completion) -> ChoiceRow {
         prefill_tokens_per_s: c.timings.prefill_tokens_per_s,
         decode_tokens_per_s: c.timings.decode_tokens_per_s,
         total_ms: c.timings.total_ms,
+        draft_tokens: n(c.timings.draft_tokens),
+        draft_accepted: n(c.timings.draft_accepted),
     }
 }
 
@@ -276,6 +281,8 @@ fn completion(id: &str, c: ChoiceRow) -> Option<Completion> {
             prefill_tokens_per_s: c.prefill_tokens_per_s,
             decode_tokens_per_s: c.decode_tokens_per_s,
             total_ms: c.total_ms,
+            draft_tokens: n(c.draft_tokens),
+            draft_accepted: n(c.draft_accepted),
         },
     })
 }

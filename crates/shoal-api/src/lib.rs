@@ -142,6 +142,8 @@ async fn health(State(s): State<AppState>) -> impl IntoResponse {
             "peak_batch": peak,
             "decode_passes": sum(|s| &s.decode_passes),
             "decode_steps": sum(|s| &s.decode_steps),
+            "draft_tokens": sum(|s| &s.draft_tokens),
+            "draft_accepted": sum(|s| &s.draft_accepted),
         },
     }))
 }

@@ -31,6 +31,14 @@ struct TokenLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DraftLabels {
+    dialect: String,
+    /// `accepted` (kept: completion tokens that took no step of their own)
+    /// or `rejected` (checked and dropped).
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DialectLabels {
     dialect: String,
 }
@@ -57,6 +65,7 @@ pub struct Metrics {
     tokens: Family<TokenLabels, Counter>,
     ttft: Family<DialectLabels, Histogram, fn() -> Histogram>,
     decode_rate: Family<DialectLabels, Histogram, fn() -> Histogram>,
+    drafts: Family<DraftLabels, Counter>,
     embedded: Family<DialectLabels, Counter>,
     queued: Gauge,
     in_flight: Gauge,
@@ -113,6 +122,12 @@ impl Metrics {
             "Decode speed of each request",
             Family::new_with_constructor(rate_histogram as fn() -> Histogram),
         );
+        let drafts = register(
+            &mut r,
+            "draft_tokens",
+            "Speculative decoding's draft tokens checked by the model, by outcome (never counted as completion tokens)",
+            Family::<DraftLabels, Counter>::default(),
+        );
         let embedded = register(
             &mut r,
             "embedding_inputs",
@@ -161,6 +176,7 @@ impl Metrics {
             tokens,
             ttft,
             decode_rate,
+            drafts,
             embedded,
             queued,
             in_flight,
@@ -212,6 +228,21 @@ impl Metrics {
         add("cached", work.cached_tokens);
         add("completion", work.completion_tokens);
         add("reasoning", work.reasoning_tokens);
+        let checked: usize = completions.iter().map(|c| c.timings.draft_tokens).sum();
+        let kept: usize = completions.iter().map(|c| c.timings.draft_accepted).sum();
+        if checked > 0 {
+            for (outcome, n) in [
+                ("accepted", kept),
+                ("rejected", checked.saturating_sub(kept)),
+            ] {
+                self.drafts
+                    .get_or_create(&DraftLabels {
+                        dialect: dialect.to_string(),
+                        outcome: outcome.to_string(),
+                    })
+                    .inc_by(n as u64);
+            }
+        }
         let labels = DialectLabels {
             dialect: dialect.to_string(),
         };

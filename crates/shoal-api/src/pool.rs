@@ -434,14 +434,15 @@ impl ModelPool {
                 header: Some(h),
             }) => {
                 use shoal_engine::backends::llama::{
-                    embed, kv_bytes_per_position, logits_bytes_per_sequence, vocab_table_bytes,
+                    embed, kv_bytes_per_position_as, logits_bytes_per_sequence, vocab_table_bytes,
                 };
                 // An embedding model reserves for one pass, not a KV pool.
                 if let Some((kv, buffers)) = embed::reserved_bytes(h) {
                     return card.size_bytes + kv + buffers;
                 }
-                let kv = (self.opts.engine.llama.kv_tokens as u64)
-                    .saturating_mul(kv_bytes_per_position(h));
+                let llama = &self.opts.engine.llama;
+                let kv = (llama.kv_tokens as u64)
+                    .saturating_mul(kv_bytes_per_position_as(h, llama.kv_type));
                 let logits = (self.opts.engine.max_batch.max(1) as u64)
                     .saturating_mul(logits_bytes_per_sequence(h));
                 card.size_bytes + kv + logits + vocab_table_bytes(h)

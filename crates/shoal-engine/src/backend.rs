@@ -178,6 +178,39 @@ pub trait LanguageModel: Send {
     /// single pass, so the weights are read once for all sequences, and
     /// returns each row's next-token logits.
     fn forward_batch(&self, tokens: &[u32], batch: &mut dyn DecodeBatch) -> Result<Vec<Vec<f32>>>;
+
+    /// Whether [`LanguageModel::forward_spans`] takes several tokens a row:
+    /// what speculative decoding needs to verify a draft in one step.
+    fn verifies_drafts(&self) -> bool {
+        false
+    }
+
+    /// Runs `spans[i]` (a token and the drafts after it) after row `i`'s
+    /// cache in one pass and returns, for each row, the logits after each of
+    /// its tokens. Without [`LanguageModel::verifies_drafts`] every span must
+    /// be one token.
+    fn forward_spans(
+        &self,
+        spans: &[Vec<u32>],
+        batch: &mut dyn DecodeBatch,
+    ) -> Result<Vec<Vec<Vec<f32>>>> {
+        let mut tokens = Vec::with_capacity(spans.len());
+        for s in spans {
+            match s.as_slice() {
+                [t] => tokens.push(*t),
+                _ => {
+                    return Err(EngineError::Backend(
+                        "this backend runs one token per row".into(),
+                    ))
+                }
+            }
+        }
+        Ok(self
+            .forward_batch(&tokens, batch)?
+            .into_iter()
+            .map(|l| vec![l])
+            .collect())
+    }
 }
 
 /// Sequences decoding together, one token each per step. A prefilled
@@ -188,6 +221,16 @@ pub trait DecodeBatch: Any + Send {
     fn join(&mut self, cache: Box<dyn KvCache>) -> Result<()>;
     fn leave(&mut self, row: usize) -> Result<Box<dyn KvCache>>;
     fn as_any_mut(&mut self) -> &mut dyn Any;
+    /// Drops the last `n` positions of row `row` (drafts the model did not
+    /// confirm). Only backends that verify drafts need more than `n == 0`.
+    fn drop_last(&mut self, row: usize, n: usize) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        Err(EngineError::Backend(format!(
+            "row {row}: this batch cannot drop positions"
+        )))
+    }
 }
 
 /// A batch that is just its rows' caches, for backends whose caches carry
@@ -228,5 +271,14 @@ impl DecodeBatch for CacheRows {
     }
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
+    }
+    fn drop_last(&mut self, row: usize, n: usize) -> Result<()> {
+        let cache = self
+            .rows
+            .get_mut(row)
+            .ok_or_else(|| EngineError::Backend(format!("no batch row {row}")))?;
+        let len = cache.len().saturating_sub(n);
+        cache.truncate(len);
+        Ok(())
     }
 }

@@ -125,6 +125,13 @@ pub struct Timings {
     pub decode_tokens_per_s: f64,
     /// From submission to the end.
     pub total_ms: f64,
+    /// Speculative decoding: draft tokens the model checked, and how many it
+    /// confirmed (each confirmed one is a completion token that took no step
+    /// of its own). Drafts are never counted as completion tokens.
+    #[serde(default)]
+    pub draft_tokens: usize,
+    #[serde(default)]
+    pub draft_accepted: usize,
 }
 
 /// The final record of a generation.

@@ -17,6 +17,7 @@ use crate::completion::{Completion, Event, FinishReason, Timings, Usage};
 use crate::constraint::GrammarCompiler;
 use crate::content_filter::ContentPolicy;
 use crate::defaults::SamplingDefaults;
+use crate::draft::DraftOptions;
 use crate::embedding::{run_embeddings, EmbedJob};
 use crate::error::{EngineError, Result};
 use crate::loader::{self, LoadOptions, Vocabulary};
@@ -44,6 +45,8 @@ pub struct EngineOptions {
     pub backend: BackendChoice,
     /// Threads and KV bound of the llama.cpp backend.
     pub llama: LlamaOptions,
+    /// Speculative decoding (on backends that can check drafts).
+    pub draft: DraftOptions,
 }
 
 impl Default for EngineOptions {
@@ -57,6 +60,7 @@ impl Default for EngineOptions {
             blocked_patterns: Vec::new(),
             backend: BackendChoice::Auto,
             llama: LlamaOptions::default(),
+            draft: DraftOptions::default(),
         }
     }
 }
@@ -117,6 +121,7 @@ impl Engine {
         let chunk = opts.prefill_chunk.max(1);
         let prefix_bytes = opts.prefix_cache_bytes;
         let max_batch = opts.max_batch.max(1);
+        let draft = opts.draft;
         let blocked = ContentPolicy::new(opts.blocked_phrases.clone(), &opts.blocked_patterns)?;
         let stats = Arc::new(EngineStats::default());
         let thread_stats = stats.clone();
@@ -156,6 +161,7 @@ impl Engine {
                 let cfg = RunConfig {
                     chunk,
                     max_batch,
+                    draft,
                     stats: thread_stats,
                     prefixes: PrefixCache::new(prefix_bytes),
                     blocked,
@@ -343,12 +349,18 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
     let RunConfig {
         chunk,
         max_batch,
+        draft,
         stats,
         mut prefixes,
         blocked,
     } = cfg;
     let ctx = model.info().context_length;
     let on_mlx = model.info().backend == BackendKind::Mlx;
+    let draft = if model.verifies_drafts() {
+        draft
+    } else {
+        DraftOptions::off()
+    };
     let mut prefilling: Vec<Sequence> = Vec::new();
     // Row `i` of `batch` is `decoding[i]`.
     let mut decoding: Vec<Sequence> = Vec::new();
@@ -419,7 +431,7 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
                 }
             };
             match cache {
-                Ok(cache) => prefilling.push(Sequence::new(job, cache)),
+                Ok(cache) => prefilling.push(Sequence::new(job, cache).drafting(draft)),
                 Err(e) => retire(
                     Sequence::new(job, Box::new(NoCache)),
                     FinishReason::Error(e.to_string()),
@@ -440,22 +452,32 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
 
         // 1. Every decoding sequence samples its next token; finished ones
         //    leave the batch (taking their cache back for the prefix cache).
+        //    Drafts the model did not keep leave the cache first.
         let sampling_started = Instant::now();
-        let mut tokens = Vec::with_capacity(decoding.len());
+        let mut spans: Vec<Vec<u32>> = Vec::with_capacity(decoding.len());
         let mut finished = Vec::new();
         for (row, seq) in decoding.iter_mut().enumerate() {
-            match seq.step(&vocab, ctx) {
-                Next::Feed(t) => tokens.push(t),
+            let (next, drop) = seq.advance(&vocab, ctx);
+            let next = match batch.drop_last(row, drop) {
+                Ok(()) => next,
+                Err(e) => Next::Finished(FinishReason::Error(e.to_string())),
+            };
+            match next {
+                Next::Feed(t) => {
+                    let mut span = vec![t];
+                    span.extend(seq.propose(ctx));
+                    spans.push(span);
+                }
                 Next::Finished(r) => {
                     finished.push((row, r));
-                    tokens.push(0);
+                    spans.push(Vec::new());
                 }
             }
         }
         let mut decode_time = sampling_started.elapsed();
         for (row, reason) in finished.into_iter().rev() {
             let mut seq = decoding.remove(row);
-            tokens.remove(row);
+            spans.remove(row);
             match batch.leave(row) {
                 Ok(cache) => seq.cache = cache,
                 Err(e) => {
@@ -468,7 +490,7 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
                         &mut prefixes,
                     );
                     fail_all(&mut decoding, &e.to_string(), &vocab, &stats, &mut prefixes);
-                    tokens.clear();
+                    spans.clear();
                     batch = fresh_batch(model.as_ref());
                     break;
                 }
@@ -495,14 +517,16 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
                     &stats,
                     &mut prefixes,
                 ),
-                Ok(true) => match seq.step(&vocab, ctx) {
+                Ok(true) => match seq.advance(&vocab, ctx).0 {
                     Next::Finished(r) => retire(seq, r, &vocab, &stats, &mut prefixes),
                     Next::Feed(t) => {
                         let cache = std::mem::replace(&mut seq.cache, Box::new(NoCache));
                         match batch.join(cache) {
                             Ok(()) => {
+                                let mut span = vec![t];
+                                span.extend(seq.propose(ctx));
                                 decoding.push(seq);
-                                tokens.push(t);
+                                spans.push(span);
                             }
                             Err(e) => retire(
                                 seq,
@@ -522,22 +546,27 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
         if !decoding.is_empty() {
             stats
                 .peak_batch
-                .fetch_max(tokens.len() as u64, Ordering::Relaxed);
+                .fetch_max(spans.len() as u64, Ordering::Relaxed);
             stats.decode_passes.fetch_add(1, Ordering::Relaxed);
             stats
                 .decode_steps
-                .fetch_add(tokens.len() as u64, Ordering::Relaxed);
+                .fetch_add(spans.len() as u64, Ordering::Relaxed);
             let pass = Instant::now();
             let result = loop {
-                match model.forward_batch(&tokens, batch.as_mut()) {
+                match model.forward_spans(&spans, batch.as_mut()) {
                     Err(EngineError::KvCacheFull) if prefixes.evict_oldest() => continue,
+                    // No room for the drafts: run the tokens alone.
+                    Err(EngineError::KvCacheFull) if spans.iter().any(|s| s.len() > 1) => {
+                        spans.iter_mut().for_each(|s| s.truncate(1));
+                        continue;
+                    }
                     other => break other,
                 }
             };
             match result {
                 Ok(all) => {
-                    for (seq, l) in decoding.iter_mut().zip(all) {
-                        seq.set_logits(l);
+                    for ((seq, span), l) in decoding.iter_mut().zip(&spans).zip(all) {
+                        seq.set_checked(span, l);
                     }
                 }
                 Err(e) => {
@@ -623,6 +652,7 @@ impl DecodeBatch for NoBatch {
 struct RunConfig {
     chunk: usize,
     max_batch: usize,
+    draft: DraftOptions,
     stats: Arc<EngineStats>,
     prefixes: PrefixCache,
     blocked: ContentPolicy,

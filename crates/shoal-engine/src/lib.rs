@@ -11,6 +11,7 @@ pub mod content_filter;
 pub mod cpu_blas;
 pub mod defaults;
 pub mod detok;
+pub mod draft;
 pub mod embedding;
 pub mod engine;
 pub mod error;
@@ -32,11 +33,12 @@ pub mod tokenizer;
 pub mod tools;
 
 pub use backend::{BackendKind, EmbeddingInfo, Pooling};
-pub use backends::llama::LlamaOptions;
+pub use backends::llama::{KvType, LlamaOptions};
 pub use backends::BackendChoice;
 pub use completion::{Completion, Event, FinishReason, Timings, TokenLogprob, Usage};
 pub use constraint::Grammar;
 pub use defaults::SamplingDefaults;
+pub use draft::DraftOptions;
 pub use embedding::Embedded;
 pub use engine::{
     collect_blocking, CancelFlag, Engine, EngineOptions, EngineStats, EventStream, GenerateRequest,

@@ -91,4 +91,7 @@ pub struct EngineStats {
     pub decode_micros: AtomicU64,
     /// An embedding model's rounds: each takes every request waiting.
     pub embedding_rounds: AtomicU64,
+    /// Speculative decoding: draft tokens checked, and those confirmed.
+    pub draft_tokens: AtomicU64,
+    pub draft_accepted: AtomicU64,
 }

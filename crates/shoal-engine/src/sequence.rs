@@ -14,6 +14,7 @@ use crate::completion::{Completion, Event, FinishReason, Timings, TokenLogprob, 
 use crate::constraint::Constraint;
 use crate::content_filter::{ContentPolicy, Screen};
 use crate::detok::IncrementalDecoder;
+use crate::draft::{DraftOptions, Drafter};
 use crate::error::EngineError;
 use crate::loader::Vocabulary;
 use crate::reasoning::{Phase, ReasoningSplitter};
@@ -88,6 +89,12 @@ pub(crate) struct Sequence {
     logits: Vec<f32>,
     decode: Option<Decode>,
     constraint: Option<Constraint>,
+    /// Speculative decoding: drafts fed after the last token run, each with
+    /// the logits the model gave after it, not yet checked.
+    pending: std::collections::VecDeque<(u32, Vec<f32>)>,
+    drafter: Option<Drafter>,
+    /// Drafts of the step being checked, and how many of them were kept.
+    checking: (usize, usize),
 }
 
 impl Sequence {
@@ -112,7 +119,76 @@ impl Sequence {
             logits: Vec::new(),
             decode: None,
             constraint,
+            pending: Default::default(),
+            drafter: None,
+            checking: (0, 0),
         }
+    }
+
+    /// Drafts tokens for speculative decoding (see [`crate::draft`]).
+    pub fn drafting(mut self, opts: DraftOptions) -> Self {
+        self.drafter = Drafter::new(opts);
+        self
+    }
+
+    /// [`Sequence::step`] through the checked drafts: while the token a step
+    /// gives equals the draft the cache already holds at that position, its
+    /// logits are the next step's and nothing runs. Returns what to run and
+    /// how many positions at the end of the cache to drop (drafts not kept).
+    pub fn advance(&mut self, vocab: &Vocabulary, ctx: usize) -> (Next, usize) {
+        loop {
+            let next = self.step(vocab, ctx);
+            let drop = match next {
+                Next::Feed(t) => match self.pending.pop_front() {
+                    Some((draft, logits)) if draft == t => {
+                        self.logits = logits;
+                        self.checking.1 += 1;
+                        self.timings.draft_accepted += 1;
+                        continue;
+                    }
+                    Some(_) => 1 + self.pending.len(),
+                    None => 0,
+                },
+                Next::Finished(_) => self.pending.len(),
+            };
+            self.pending.clear();
+            let (proposed, kept) = std::mem::take(&mut self.checking);
+            if proposed > 0 {
+                tracing::trace!(proposed, kept, "draft checked");
+            }
+            if let Some(d) = self.drafter.as_mut() {
+                d.kept(proposed, kept);
+            }
+            return (next, drop);
+        }
+    }
+
+    /// Drafts to run after `token` (the token [`Sequence::advance`] said to
+    /// run), within the reply's token limit and the context window.
+    pub fn propose(&mut self, ctx: usize) -> Vec<u32> {
+        let (Some(drafter), Some(d)) = (self.drafter.as_mut(), self.decode.as_ref()) else {
+            return Vec::new();
+        };
+        if !d.forced.is_empty() {
+            return Vec::new();
+        }
+        let max_tokens = self.job.req.max_tokens.unwrap_or(usize::MAX);
+        // The token about to run is the last of `generated`; a draft past the
+        // limit could never be kept.
+        let room = max_tokens
+            .saturating_sub(d.generated.len())
+            .min(ctx.saturating_sub(d.context.len() + 1));
+        drafter.propose(&d.context, room)
+    }
+
+    /// Logits from a step that ran `span` (a token, then drafts): those after
+    /// the token are the next step's, the rest wait to be checked.
+    pub fn set_checked(&mut self, span: &[u32], mut logits: Vec<Vec<f32>>) {
+        let rest = logits.split_off(1.min(logits.len()));
+        self.logits = logits.pop().unwrap_or_default();
+        self.pending = span.iter().skip(1).copied().zip(rest).collect();
+        self.checking = (self.pending.len(), 0);
+        self.timings.draft_tokens += self.pending.len();
     }
 
     /// Computes the next `chunk` prompt tokens. Returns `Ok(true)` once the
@@ -164,11 +240,6 @@ impl Sequence {
             last_token_at: None,
         });
         Ok(true)
-    }
-
-    /// Logits for the next position, from the last forward pass.
-    pub fn set_logits(&mut self, logits: Vec<f32>) {
-        self.logits = logits;
     }
 
     /// Samples one token and turns it into events; says what to run next.
@@ -501,6 +572,12 @@ pub(crate) fn record(stats: &crate::request::EngineStats, c: &Completion) {
     stats
         .completion_tokens
         .fetch_add(u.completion_tokens as u64, Ordering::Relaxed);
+    stats
+        .draft_tokens
+        .fetch_add(c.timings.draft_tokens as u64, Ordering::Relaxed);
+    stats
+        .draft_accepted
+        .fetch_add(c.timings.draft_accepted as u64, Ordering::Relaxed);
     match c.finish {
         FinishReason::Cancelled => {
             tracing::info!(

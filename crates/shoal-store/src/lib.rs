@@ -90,6 +90,8 @@ const MIGRATIONS: &[&str] = &[
     // 5: the server's own settings changed at run time (the Ollama port
     // switch), remembered across starts.
     "CREATE TABLE settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);",
+    // 6: speculative decoding's draft counts on each ledger choice.
+    usage::DRAFT_MIGRATION,
 ];
 
 /// A stored message with its pieces.

@@ -95,6 +95,11 @@ pub(crate) const TYPED_MIGRATION: &str =
     ALTER TABLE usage DROP COLUMN finishes;
     ALTER TABLE usage DROP COLUMN record;";
 
+/// Migration: speculative decoding's draft counts on each choice.
+pub(crate) const DRAFT_MIGRATION: &str =
+    "ALTER TABLE usage_choices ADD COLUMN draft_tokens INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE usage_choices ADD COLUMN draft_accepted INTEGER NOT NULL DEFAULT 0;";
+
 /// One request as stored (and as nodes pass it to each other).
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct UsageRow {
@@ -157,6 +162,11 @@ pub struct ChoiceRow {
     pub prefill_tokens_per_s: f64,
     pub decode_tokens_per_s: f64,
     pub total_ms: f64,
+    /// Speculative decoding: draft tokens checked and those kept.
+    #[serde(default)]
+    pub draft_tokens: u64,
+    #[serde(default)]
+    pub draft_accepted: u64,
 }
 
 /// Which rows a query selects; every field narrows it.
@@ -242,8 +252,9 @@ impl UsageLog {
             let mut choice = tx.prepare_cached(
                 "INSERT INTO usage_choices (usage_seq, idx, finish, finish_detail, prompt_tokens,
                      cached_tokens, completion_tokens, reasoning_tokens, queue_ms, ttft_ms,
-                     prefill_tokens_per_s, decode_tokens_per_s, total_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                     prefill_tokens_per_s, decode_tokens_per_s, total_ms, draft_tokens,
+                     draft_accepted)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
             )?;
             for (i, c) in r.choices.iter().enumerate() {
                 choice.execute(params![
@@ -260,6 +271,8 @@ impl UsageLog {
                     c.prefill_tokens_per_s,
                     c.decode_tokens_per_s,
                     c.total_ms,
+                    to_sql(c.draft_tokens)?,
+                    to_sql(c.draft_accepted)?,
                 ])?;
             }
             let mut word = tx.prepare_cached(
@@ -320,7 +333,7 @@ impl UsageLog {
         let mut stmt = self.conn.prepare_cached(
             "SELECT usage_seq, finish, finish_detail, prompt_tokens, cached_tokens,
                  completion_tokens, reasoning_tokens, queue_ms, ttft_ms, prefill_tokens_per_s,
-                 decode_tokens_per_s, total_ms
+                 decode_tokens_per_s, total_ms, draft_tokens, draft_accepted
              FROM usage_choices WHERE usage_seq BETWEEN ?1 AND ?2 ORDER BY usage_seq, idx",
         )?;
         let mut by_seq: std::collections::HashMap<i64, Vec<ChoiceRow>> = Default::default();
@@ -340,6 +353,8 @@ impl UsageLog {
                     prefill_tokens_per_s: c.get(9)?,
                     decode_tokens_per_s: c.get(10)?,
                     total_ms: c.get(11)?,
+                    draft_tokens: count(12)?,
+                    draft_accepted: count(13)?,
                 },
             ))
         })?;

@@ -44,7 +44,14 @@ pub trait SettingType {
 macro_rules! kinds {
     ($kind:ident: $($t:ty),*) => { $(impl SettingType for $t { const KIND: Kind = Kind::$kind; })* };
 }
-kinds!(Text: String, IpAddr, shoal_engine::BackendChoice, crate::LogFormat);
+kinds!(
+    Text: String,
+    IpAddr,
+    shoal_engine::BackendChoice,
+    crate::LogFormat,
+    shoal_engine::KvType,
+    shoal_engine::draft::DraftKind
+);
 kinds!(Path: PathBuf);
 kinds!(Integer: u16, u64, usize);
 kinds!(Bool: bool);
@@ -270,6 +277,24 @@ settings! {
         /// concurrent load, but one request can then use only its share.
         split_kv_cache: bool = false,
             env Env::Var("SHOAL_SPLIT_KV_CACHE"), flag Flag::On("split-kv-cache");
+        /// llama.cpp: keep every reply equal to the bit to its lone,
+        /// undrafted run, whatever runs beside it (no weight repacking, a KV
+        /// slice per request, no single-row steps, drafts checked one
+        /// sequence at a time); prefill is slower.
+        batch_invariant: bool = false,
+            env Env::Var("SHOAL_BATCH_INVARIANT"), flag Flag::On("batch-invariant");
+        /// llama.cpp's KV cache element type: f16, q8_0 or q4_0 (smaller,
+        /// so more positions fit, at some cost in agreement with f16).
+        kv_cache_type: shoal_engine::KvType = shoal_engine::KvType::F16,
+            env Env::Var("SHOAL_KV_CACHE_TYPE"), flag Flag::Value("kv-cache-type", "f16|q8_0|q4_0");
+        /// Speculative decoding on llama.cpp: prompt-lookup drafts tokens
+        /// from the prompt and the reply so far (checked by the model, so the
+        /// reply is the one plain decoding gives), or off.
+        draft: shoal_engine::draft::DraftKind = shoal_engine::draft::DraftKind::PromptLookup,
+            env Env::Var("SHOAL_DRAFT"), flag Flag::Value("draft", "prompt-lookup|off");
+        /// Most draft tokens the model checks in one step.
+        draft_tokens: usize = 16,
+            env Env::Var("SHOAL_DRAFT_TOKENS"), flag Flag::Value("draft-tokens", "N");
     }
     /// An embedding model served beside the chat model (/v1/embeddings,
     /// /api/embed); it loads on first use like a pulled model.
@@ -904,7 +929,10 @@ impl Config {
             blocked_patterns: non_empty(&self.content_filter.patterns),
             backend: self.model.backend,
             llama: shoal_engine::LlamaOptions::new(self.model.threads, self.model.kv_cache_tokens)
-                .split(self.model.split_kv_cache),
+                .split(self.model.split_kv_cache)
+                .batch_invariant(self.model.batch_invariant)
+                .kv_type(self.model.kv_cache_type),
+            draft: shoal_engine::DraftOptions::new(self.model.draft, self.model.draft_tokens),
             ..EngineOptions::default()
         })
     }

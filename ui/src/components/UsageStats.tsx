@@ -63,6 +63,17 @@ export function UsageStats(props: { stats: ReplyStats }) {
         fmtRate(s().tokPerS),
         s().live ? 'Deltas per second so far (timed here)' : 'Decode speed after the first token, as the server timed it',
       )}
+      <Show when={s().drafts}>
+        {(d) =>
+          item(
+            'drafts',
+            'drafts kept',
+            d().kept,
+            `${fmtInt(d().kept)} / ${fmtInt(d().checked)}`,
+            'Speculative decoding: draft tokens the model confirmed, of those it checked. Confirmed drafts are ordinary completion tokens that needed no step of their own; the rest were dropped and are not counted anywhere.',
+          )
+        }
+      </Show>
     </div>
   );
 }

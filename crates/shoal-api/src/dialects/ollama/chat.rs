@@ -322,6 +322,7 @@ mod tests {
                 prefill_tokens_per_s: 0.0,
                 decode_tokens_per_s: 0.0,
                 total_ms: 31.0,
+                ..Timings::default()
             },
         })
     }

@@ -12,6 +12,7 @@ use std::sync::Mutex;
 
 use llama_cpp_2::context::params::{LlamaContextParams, LlamaPoolingType};
 use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::token::LlamaToken;
 
 use super::{vocab_table_bytes, ContextCell, LlamaOptions, LLAMA_MAX_SEQ};
@@ -100,7 +101,7 @@ impl LlamaEmbedder {
             .with_n_threads(threads)
             .with_n_threads_batch(threads)
             .with_no_perf(true);
-        let (model, ctx) = super::load_with_context(path, cparams)?;
+        let (model, ctx) = super::load_with_context(path, &LlamaModelParams::default(), cparams)?;
         let (kv, buffers) = reserved_bytes(header).unwrap_or((0, 0));
         let dimensions = model.n_embd_out().max(0) as usize;
         let info = super::model_info(&model, header, window, kv as usize, buffers as usize);

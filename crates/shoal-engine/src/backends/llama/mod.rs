@@ -13,7 +13,7 @@ use std::num::NonZeroU32;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams};
 use llama_cpp_2::context::session::{LlamaStateSeqFlags, SeqState};
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_backend::LlamaBackend;
@@ -69,6 +69,73 @@ pub struct LlamaOptions {
     /// one, which is faster under concurrent load; but one request can use
     /// no more than its slice.
     pub split: bool,
+    /// Keep a reply equal to the bit to its lone run, whatever runs beside
+    /// it ([`LlamaOptions::batch_invariant`]).
+    pub batch_invariant: bool,
+    /// What the KV cache stores keys and values as.
+    pub kv_type: KvType,
+}
+
+/// The element type of llama.cpp's KV cache: f16 (its default), or 8- and
+/// 4-bit blocks that hold more positions in the same memory at some cost in
+/// agreement with f16 (`make bench` prints both).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvType {
+    #[default]
+    F16,
+    #[serde(rename = "q8_0")]
+    Q8_0,
+    #[serde(rename = "q4_0")]
+    Q4_0,
+}
+
+impl KvType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvType::F16 => "f16",
+            KvType::Q8_0 => "q8_0",
+            KvType::Q4_0 => "q4_0",
+        }
+    }
+
+    /// Bytes `elements` values take (a multiple of the 32-value block for the
+    /// quantized types: 34 and 18 bytes a block).
+    pub fn bytes(self, elements: u64) -> u64 {
+        match self {
+            KvType::F16 => elements * 2,
+            KvType::Q8_0 => elements.div_ceil(32) * 34,
+            KvType::Q4_0 => elements.div_ceil(32) * 18,
+        }
+    }
+
+    fn llama(self) -> KvCacheType {
+        match self {
+            KvType::F16 => KvCacheType::F16,
+            KvType::Q8_0 => KvCacheType::Q8_0,
+            KvType::Q4_0 => KvCacheType::Q4_0,
+        }
+    }
+}
+
+impl std::str::FromStr for KvType {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "f16" => Ok(KvType::F16),
+            "q8_0" | "q8" => Ok(KvType::Q8_0),
+            "q4_0" | "q4" => Ok(KvType::Q4_0),
+            other => Err(format!(
+                "unknown KV cache type {other:?} (choose f16, q8_0 or q4_0)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for KvType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// KV positions a model reserves unless told otherwise.
@@ -88,7 +155,28 @@ impl LlamaOptions {
             kv_tokens: kv_tokens.max(MIN_KV_TOKENS),
             sequences: 16,
             split: false,
+            batch_invariant: false,
+            kv_type: KvType::F16,
         }
+    }
+
+    /// Batch-invariant kernels: weights stay as the file has them (no
+    /// repacking, whose kernels change with a step's row count), each
+    /// request has its own KV slice (as [`LlamaOptions::split`]), no step
+    /// is a single row (a lone row gets a throwaway companion), since ggml
+    /// computes 2+ rows with llamafile's GEMM and one row with its dot
+    /// products, and a step with drafts runs one sequence a call. A reply is
+    /// then the same to the bit alone, batched or drafted, at the cost of
+    /// prefill speed (see ARCHITECTURE.md, Invariants).
+    pub fn batch_invariant(mut self, on: bool) -> Self {
+        self.batch_invariant = on;
+        self
+    }
+
+    /// The KV cache's element type.
+    pub fn kv_type(mut self, kv_type: KvType) -> Self {
+        self.kv_type = kv_type;
+        self
     }
 
     /// With the KV positions split evenly between the running sequences.
@@ -108,9 +196,16 @@ impl LlamaOptions {
 }
 
 impl LlamaOptions {
-    /// The sequences a context made from these options tracks.
+    /// The sequences a context made from these options tracks (one more
+    /// in batch-invariant mode: the throwaway companion of a lone row).
     pub fn context_sequences(&self) -> usize {
-        self.sequences.clamp(1, LLAMA_MAX_SEQ)
+        let pad = usize::from(self.batch_invariant);
+        (self.sequences + pad).clamp(1 + pad, LLAMA_MAX_SEQ)
+    }
+
+    /// Whether requests get a KV slice each.
+    pub fn splits(&self) -> bool {
+        self.split || self.batch_invariant
     }
 
     /// The llama.cpp context these options make: what a model loads with,
@@ -125,11 +220,30 @@ impl LlamaOptions {
             .with_n_seq_max(self.context_sequences() as u32)
             .with_n_threads(threads)
             .with_n_threads_batch(threads)
-            .with_kv_unified(!self.split)
+            .with_kv_unified(!self.splits())
             // Sliding-window layers keep every position, so a sequence can be
             // cut back to any prefix (the prefix cache relies on it).
             .with_swa_full(true)
             .with_no_perf(true)
+            .with_type_k(self.kv_type.llama())
+            .with_type_v(self.kv_type.llama())
+            // A quantized V cache needs flash attention (llama.cpp refuses it
+            // otherwise); f16 leaves llama.cpp's own choice.
+            .with_flash_attention_policy(if self.kv_type == KvType::F16 {
+                llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_AUTO
+            } else {
+                llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_ENABLED
+            })
+    }
+
+    /// The weights' load settings: in batch-invariant mode every tensor stays
+    /// in the plain CPU buffer, so none is repacked.
+    fn model_params(&self) -> std::pin::Pin<Box<LlamaModelParams>> {
+        let mut params = Box::pin(LlamaModelParams::default());
+        if self.batch_invariant {
+            params.as_mut().add_cpu_buft_override(c".*");
+        }
+        params
     }
 }
 
@@ -191,6 +305,21 @@ impl Shared {
             })
     }
 
+    /// [`Shared::decode`], with a lone row given `pad`'s throwaway row
+    /// (batch-invariant mode) so the step runs the kernels of 2+ rows. The
+    /// companion goes after the real rows, so their output indices stand.
+    fn decode_padded(&mut self, batch: &mut LlamaBatch, pad: Option<i32>) -> Result<()> {
+        let Some(pad) = pad.filter(|_| batch.n_tokens() == 1) else {
+            return self.decode(batch);
+        };
+        batch
+            .add(LlamaToken(0), 0, &[pad], true)
+            .map_err(|e| EngineError::Backend(e.to_string()))?;
+        let out = self.decode(batch);
+        self.remove(pad, 0);
+        out
+    }
+
     fn logits(&self, i: i32, n: usize) -> Vec<f32> {
         self.ctx.with_dependent(|_, ctx| {
             let l = ctx.get_logits_ith(i);
@@ -202,6 +331,12 @@ impl Shared {
 /// Bytes of KV state one position takes across all layers, from the header:
 /// f16 keys and values (llama.cpp's default cache type) for every KV head.
 pub fn kv_bytes_per_position(h: &shoal_gguf::Header) -> u64 {
+    kv_bytes_per_position_as(h, KvType::F16)
+}
+
+/// [`kv_bytes_per_position`] for a cache of `kv_type`: llama.cpp stores
+/// each layer's keys and values as rows of one head each.
+pub fn kv_bytes_per_position_as(h: &shoal_gguf::Header, kv_type: KvType) -> u64 {
     let layers = h.arch_uint("block_count").unwrap_or(0);
     let n_head = h.arch_uint("attention.head_count").unwrap_or(1).max(1);
     let n_head_kv = h.arch_uint("attention.head_count_kv").unwrap_or(n_head);
@@ -212,7 +347,7 @@ pub fn kv_bytes_per_position(h: &shoal_gguf::Header) -> u64 {
     let value_len = h
         .arch_uint("attention.value_length")
         .unwrap_or(n_embd / n_head);
-    layers * n_head_kv * (key_len + value_len) * 2
+    layers * n_head_kv * (kv_type.bytes(key_len) + kv_type.bytes(value_len))
 }
 
 /// Bytes of the logits row llama.cpp reserves (and clears) for each
@@ -244,19 +379,21 @@ pub struct LlamaCppModel {
     info: ModelInfo,
     /// Bytes of KV state one position takes across all layers.
     bytes_per_position: usize,
+    /// Batch-invariant mode's companion sequence for a lone row.
+    pad: Option<i32>,
 }
 
 /// The weights of `path` (already checked by [`super::check_gguf`]) and a
 /// context on them made with `cparams`: what every llama.cpp model holds.
 fn load_with_context(
     path: &Path,
+    mparams: &LlamaModelParams,
     cparams: LlamaContextParams,
 ) -> Result<(Arc<LlamaModel>, ContextCell)> {
     let backend = runtime()?;
-    let model =
-        LlamaModel::load_from_file(backend, path, &LlamaModelParams::default()).map_err(|e| {
-            EngineError::InvalidModel(format!("llama.cpp could not load {}: {e}", path.display()))
-        })?;
+    let model = LlamaModel::load_from_file(backend, path, mparams).map_err(|e| {
+        EngineError::InvalidModel(format!("llama.cpp could not load {}: {e}", path.display()))
+    })?;
     let model = Arc::new(model);
     let ctx = ContextCell::try_new(model.clone(), |m| {
         m.new_context(backend, cparams)
@@ -299,18 +436,21 @@ fn model_info(
 impl LlamaCppModel {
     /// Loads `path` (already checked by [`super::check_gguf`]).
     pub fn load(path: &Path, header: &shoal_gguf::Header, opts: &LlamaOptions) -> Result<Self> {
-        let (model, ctx) = load_with_context(path, opts.context_params())?;
+        let (model, ctx) = load_with_context(path, &opts.model_params(), opts.context_params())?;
         let n_ctx_train = model.n_ctx_train().max(1) as usize;
         let sequences = opts.context_sequences();
         // The positions llama.cpp reserved (it rounds a split's slices up to
         // 256 each) and what one sequence may use of them.
         let reserved = ctx.borrow_dependent().n_ctx() as usize;
-        let per_sequence = if opts.split {
+        let per_sequence = if opts.splits() {
             reserved / sequences
         } else {
             reserved
         };
-        let bytes_per_position = kv_bytes_per_position(header) as usize;
+        let bytes_per_position = kv_bytes_per_position_as(header, opts.kv_type) as usize;
+        // The last id is the companion's; requests never get it.
+        let pad = opts.batch_invariant.then_some(sequences as i32 - 1);
+        let usable = sequences as i32 - i32::from(pad.is_some());
         let info = model_info(
             &model,
             header,
@@ -323,10 +463,11 @@ impl LlamaCppModel {
             model,
             shared: Arc::new(Mutex::new(Shared {
                 ctx,
-                free: (0..sequences as i32).collect(),
+                free: (0..usable).collect(),
             })),
             info,
             bytes_per_position,
+            pad,
         })
     }
 
@@ -364,7 +505,7 @@ impl LanguageModel for LlamaCppModel {
         let seq = kv.seq_id(&mut s)?;
         let mut logits = Vec::new();
         for piece in tokens.chunks(N_BATCH) {
-            let mut batch = LlamaBatch::new(piece.len(), 1);
+            let mut batch = LlamaBatch::new(piece.len() + 1, 1);
             for (i, &t) in piece.iter().enumerate() {
                 let pos = i32::try_from(kv.len + i)
                     .map_err(|_| EngineError::Backend("position out of range".into()))?;
@@ -372,7 +513,7 @@ impl LanguageModel for LlamaCppModel {
                     .add(LlamaToken(t as i32), pos, &[seq], i + 1 == piece.len())
                     .map_err(|e| EngineError::Backend(e.to_string()))?;
             }
-            if let Err(e) = s.decode(&mut batch) {
+            if let Err(e) = s.decode_padded(&mut batch, self.pad) {
                 // Leave the sequence as it was before this call.
                 s.remove(seq, kv.len);
                 return Err(e);
@@ -400,14 +541,14 @@ impl LanguageModel for LlamaCppModel {
         // In sequence-id order: with split KV, llama.cpp runs consecutive ids
         // as one micro-batch, so any other order would read the weights again.
         rows_by_seq.sort_unstable_by_key(|r| r.0);
-        let mut lb = LlamaBatch::new(tokens.len().max(1), 1);
+        let mut lb = LlamaBatch::new(tokens.len() + 1, 1);
         for &(seq, len, t, _) in &rows_by_seq {
             let pos = i32::try_from(len)
                 .map_err(|_| EngineError::Backend("position out of range".into()))?;
             lb.add(LlamaToken(t as i32), pos, &[seq], true)
                 .map_err(|e| EngineError::Backend(e.to_string()))?;
         }
-        if let Err(e) = s.decode(&mut lb) {
+        if let Err(e) = s.decode_padded(&mut lb, self.pad) {
             for &(seq, len, _, _) in &rows_by_seq {
                 s.remove(seq, len);
             }
@@ -417,6 +558,82 @@ impl LanguageModel for LlamaCppModel {
         for (i, &(_, _, _, row)) in rows_by_seq.iter().enumerate() {
             out[row] = s.logits(i as i32, n_vocab);
             self.kv(rows.rows[row].as_mut())?.len += 1;
+        }
+        Ok(out)
+    }
+
+    fn verifies_drafts(&self) -> bool {
+        true
+    }
+
+    fn forward_spans(
+        &self,
+        spans: &[Vec<u32>],
+        batch: &mut dyn DecodeBatch,
+    ) -> Result<Vec<Vec<Vec<f32>>>> {
+        let rows: &mut CacheRows = downcast(batch.as_any_mut(), "decode batch")?;
+        if rows.rows.len() != spans.len() {
+            return Err(EngineError::Backend(format!(
+                "{} spans for {} rows",
+                spans.len(),
+                rows.rows.len()
+            )));
+        }
+        let n_vocab = self.info.vocab_size;
+        let mut s = lock(&self.shared);
+        let mut order = Vec::with_capacity(spans.len());
+        for (row, cache) in rows.rows.iter_mut().enumerate() {
+            let kv = self.kv(cache.as_mut())?;
+            order.push((kv.seq_id(&mut s)?, kv.len, row));
+        }
+        // In sequence-id order, as in `forward_batch`.
+        order.sort_unstable_by_key(|r| r.0);
+        // Batch-invariant mode runs a step with drafts one sequence a call:
+        // llama.cpp would cut rows of unequal spans into micro-batches whose
+        // sizes (and so kernels) depend on the neighbours.
+        let groups: Vec<&[(i32, usize, usize)]> =
+            if self.pad.is_some() && spans.iter().any(|s| s.len() > 1) {
+                order.chunks(1).collect()
+            } else {
+                vec![&order[..]]
+            };
+        let mut out = vec![Vec::new(); spans.len()];
+        for group in groups {
+            let n_group: usize = group.iter().map(|&(_, _, row)| spans[row].len()).sum();
+            let mut lb = LlamaBatch::new(n_group.max(1) + 1, 1);
+            for &(seq, len, row) in group {
+                for (i, &t) in spans[row].iter().enumerate() {
+                    let pos = i32::try_from(len + i)
+                        .map_err(|_| EngineError::Backend("position out of range".into()))?;
+                    lb.add(LlamaToken(t as i32), pos, &[seq], true)
+                        .map_err(|e| EngineError::Backend(e.to_string()))?;
+                }
+            }
+            if let Err(e) = s.decode_padded(&mut lb, self.pad) {
+                // Rows already run keep their step; this group's are undone.
+                for &(seq, len, _) in group {
+                    s.remove(seq, len);
+                }
+                for &(_, _, row) in &order {
+                    if !out[row].is_empty() {
+                        let n = spans[row].len();
+                        let kv = self.kv(rows.rows[row].as_mut())?;
+                        kv.len -= n;
+                        let (seq, len) = (kv.seq, kv.len);
+                        if let Some(seq) = seq {
+                            s.remove(seq, len);
+                        }
+                    }
+                }
+                return Err(e);
+            }
+            let mut at = 0i32;
+            for &(_, _, row) in group {
+                let n = spans[row].len();
+                out[row] = (0..n as i32).map(|i| s.logits(at + i, n_vocab)).collect();
+                at += n as i32;
+                self.kv(rows.rows[row].as_mut())?.len += n;
+            }
         }
         Ok(out)
     }

@@ -1,0 +1,231 @@
+//! Speculative decoding's drafts: tokens guessed cheaply, fed after the
+//! token just sampled so one forward pass both runs that token and checks
+//! the guesses. The sequence then samples each position from the model's own
+//! logits as plain decoding would and keeps a draft only where the sampled
+//! token equals it, so the output is the one plain decoding gives.
+//!
+//! Drafts here come from the text itself (prompt lookup): the longest recent
+//! n-gram ending the context that occurred before, and what followed it
+//! then. Agents rewriting files and chats quoting are mostly such repeats.
+//! A draft is deterministic (one token per position, probability 1), so the
+//! standard rejection rule, accept `d` with probability `min(1, p(d)/q(d))`
+//! and otherwise sample from `max(0, p - q)` renormalised, becomes: accept
+//! with probability `p(d)`, otherwise sample from `p` without `d`. Sampling
+//! `t ~ p` and keeping the draft iff `t == d` is exactly that rule, and draws
+//! the same random numbers as plain decoding: a seeded reply is the same
+//! with drafting on or off.
+
+/// Where drafts come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DraftKind {
+    /// No drafting: one token a step.
+    Off,
+    /// From the prompt and the reply so far (n-gram lookup).
+    #[default]
+    PromptLookup,
+}
+
+impl std::str::FromStr for DraftKind {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "off" | "none" => Ok(DraftKind::Off),
+            "prompt-lookup" | "lookup" | "ngram" => Ok(DraftKind::PromptLookup),
+            other => Err(format!(
+                "unknown draft source {other:?} (choose prompt-lookup or off)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for DraftKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DraftKind::Off => "off",
+            DraftKind::PromptLookup => "prompt-lookup",
+        })
+    }
+}
+
+/// Drafting settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DraftOptions {
+    /// Draft from the prompt and reply so far (n-gram lookup).
+    pub prompt_lookup: bool,
+    /// Most draft tokens checked in one step.
+    pub max_tokens: usize,
+}
+
+impl Default for DraftOptions {
+    fn default() -> Self {
+        DraftOptions {
+            prompt_lookup: true,
+            max_tokens: 16,
+        }
+    }
+}
+
+impl DraftOptions {
+    /// From the settings: where drafts come from and their longest length.
+    pub fn new(kind: DraftKind, max_tokens: usize) -> Self {
+        DraftOptions {
+            prompt_lookup: kind == DraftKind::PromptLookup,
+            max_tokens: max_tokens.min(MAX_LENGTH),
+        }
+    }
+
+    /// Drafting off.
+    pub fn off() -> Self {
+        DraftOptions {
+            prompt_lookup: false,
+            max_tokens: 0,
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.prompt_lookup && self.max_tokens > 0
+    }
+}
+
+/// The longest draft: a step then has under 64 rows a sequence, below
+/// which ggml's CPU attention keeps one kernel (batch-invariant mode relies
+/// on it), and a miss costs at most this many rows.
+pub const MAX_LENGTH: usize = 32;
+/// Longest n-gram tried first, then shorter ones down to [`MIN_NGRAM`].
+const MAX_NGRAM: usize = 4;
+/// A single repeated token predicts too little to be worth a check.
+const MIN_NGRAM: usize = 2;
+/// The draft length a sequence starts with.
+const FIRST_LENGTH: usize = 4;
+/// Steps without drafts after a draft of which nothing was kept, at most.
+const MAX_PAUSE: usize = 64;
+
+/// One sequence's drafter: where to look, how long a draft to try, and when
+/// to stop trying for a while. A draft nobody keeps costs a wider step, so
+/// the length follows what was kept and a miss pauses drafting for a number
+/// of steps that doubles with each miss in a row: open chat, where repeats
+/// are rare, decodes almost as if drafting were off.
+#[derive(Clone, Debug)]
+pub struct Drafter {
+    opts: DraftOptions,
+    length: usize,
+    misses: u32,
+    pause: usize,
+}
+
+impl Drafter {
+    pub fn new(opts: DraftOptions) -> Option<Drafter> {
+        opts.enabled().then(|| Drafter {
+            opts: DraftOptions {
+                max_tokens: opts.max_tokens.min(MAX_LENGTH),
+                ..opts
+            },
+            length: FIRST_LENGTH.min(opts.max_tokens),
+            misses: 0,
+            pause: 0,
+        })
+    }
+
+    /// A draft to check after `context` (whose last token is the one about
+    /// to run), at most `room` tokens long.
+    pub fn propose(&mut self, context: &[u32], room: usize) -> Vec<u32> {
+        if self.pause > 0 {
+            self.pause -= 1;
+            return Vec::new();
+        }
+        let want = self.length.min(room);
+        if want == 0 {
+            return Vec::new();
+        }
+        lookup(context, want).to_vec()
+    }
+
+    /// What the model kept of a draft of `proposed` tokens.
+    pub fn kept(&mut self, proposed: usize, kept: usize) {
+        if proposed == 0 {
+            return;
+        }
+        if kept == 0 {
+            self.misses = self.misses.saturating_add(1);
+            self.pause = (1usize << self.misses.min(6)).min(MAX_PAUSE);
+            self.length = (self.length / 2).max(1);
+        } else {
+            self.misses = 0;
+            self.length = if kept == proposed {
+                (self.length * 2).min(self.opts.max_tokens)
+            } else {
+                (kept + 1).clamp(1, self.opts.max_tokens)
+            };
+        }
+    }
+}
+
+/// The tokens that followed the most recent earlier occurrence of the
+/// longest n-gram (MAX_NGRAM down to MIN_NGRAM tokens) that ends `context`,
+/// at most `want` of them.
+pub fn lookup(context: &[u32], want: usize) -> &[u32] {
+    let len = context.len();
+    for n in (MIN_NGRAM..=MAX_NGRAM).rev() {
+        if len <= n {
+            continue;
+        }
+        let key = &context[len - n..];
+        // Starts before the key's own; newest first.
+        for start in (0..len - n).rev() {
+            if context[start] == key[0] && context[start..start + n] == *key {
+                let from = start + n;
+                let to = (from + want).min(len);
+                if from < to {
+                    return &context[from..to];
+                }
+            }
+        }
+    }
+    &[]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_continues_the_latest_earlier_occurrence_of_the_longest_ngram() {
+        // "1 2 3" occurred twice before; the newest one was followed by 9 8.
+        let ctx = [1, 2, 3, 4, 5, 0, 1, 2, 3, 9, 8, 7, 1, 2, 3];
+        assert_eq!(lookup(&ctx, 2), &[9, 8]);
+        assert_eq!(lookup(&ctx, 10), &[9, 8, 7, 1, 2, 3]);
+        // Only a 2-gram repeats.
+        assert_eq!(lookup(&[5, 6, 7, 0, 6, 7], 3), &[0, 6, 7]);
+        // Nothing repeats, or a lone token does.
+        assert!(lookup(&[1, 2, 3, 4], 4).is_empty());
+        assert!(lookup(&[1, 2, 1], 4).is_empty());
+        assert!(lookup(&[], 4).is_empty());
+    }
+
+    #[test]
+    fn misses_pause_drafting_longer_each_time_and_hits_lengthen_drafts() {
+        let mut d = Drafter::new(DraftOptions {
+            prompt_lookup: true,
+            max_tokens: 8,
+        })
+        .expect("on");
+        let ctx = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2];
+        assert_eq!(d.propose(&ctx, 100), vec![3, 4, 5, 6]);
+        d.kept(4, 4);
+        assert_eq!(d.propose(&ctx, 100).len(), 8);
+        d.kept(8, 0);
+        // Paused two steps, then drafts again, shorter.
+        assert!(d.propose(&ctx, 100).is_empty());
+        assert!(d.propose(&ctx, 100).is_empty());
+        assert_eq!(d.propose(&ctx, 100).len(), 4);
+        d.kept(4, 0);
+        let paused = (0..10)
+            .take_while(|_| d.propose(&ctx, 100).is_empty())
+            .count();
+        assert_eq!(paused, 4);
+        // Room caps a draft.
+        assert_eq!(d.propose(&ctx, 1).len(), 1);
+        assert!(Drafter::new(DraftOptions::off()).is_none());
+    }
+}
