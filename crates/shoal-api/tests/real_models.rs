@@ -835,3 +835,113 @@ async fn ollama_tools_insert_and_cache_on_qwen() {
         "{t2}"
     );
 }
+
+/// Speculative decoding through the API: a reply that copies its prompt
+/// keeps drafts, yet its usage and finish equal plain decoding's in the
+/// response, the stream and the ledger; drafts are counted apart, in
+/// `/v1/usage` and `/metrics`, never as completion tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drafts_are_counted_apart_from_completion_tokens() {
+    let m = models().remove(0);
+    let start = |draft: shoal_engine::DraftOptions| {
+        Engine::start(
+            &m.path,
+            m.id,
+            EngineOptions {
+                backend: BackendChoice::Llama,
+                prefix_cache_bytes: 0,
+                draft,
+                ..EngineOptions::default()
+            },
+        )
+        .expect("load on llama.cpp")
+    };
+    let on = common::serve(AppState::new(start(shoal_engine::DraftOptions::default()))).await;
+    let off = common::serve(AppState::new(start(shoal_engine::DraftOptions::off()))).await;
+    let user = "Repeat the following text exactly, word for word:\n\n\
+        The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog. \
+        A journey of a thousand miles begins with a single step. \
+        All that glitters is not gold. The early bird catches the worm.";
+    let chat = |stream: bool| {
+        json!({"model": m.id, "messages": [{"role": "user", "content": user}],
+               "max_tokens": 80, "temperature": 0, "stream": stream,
+               "stream_options": {"include_usage": true}})
+    };
+    let reply = |body: &str, stream: bool| -> (String, Value, Value) {
+        if stream {
+            let ev = events(body);
+            let text: String = ev
+                .iter()
+                .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
+                .collect();
+            let finish = ev
+                .iter()
+                .find_map(|e| e["choices"][0]["finish_reason"].as_str().map(|s| json!(s)))
+                .unwrap_or(Value::Null);
+            let usage = ev.last().map(|e| e["usage"].clone()).unwrap_or_default();
+            (text, finish, usage)
+        } else {
+            let v: Value = serde_json::from_str(body).expect("json");
+            (
+                v["choices"][0]["message"]["content"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                v["choices"][0]["finish_reason"].clone(),
+                v["usage"].clone(),
+            )
+        }
+    };
+    let mut kept_total = 0;
+    let mut checked_total = 0;
+    for stream in [false, true] {
+        let (s, drafted) = post(&on, "/v1/chat/completions", &chat(stream)).await;
+        assert_eq!(s, 200, "{drafted}");
+        let (s, plain) = post(&off, "/v1/chat/completions", &chat(stream)).await;
+        assert_eq!(s, 200, "{plain}");
+        let (d, p) = (reply(&drafted, stream), reply(&plain, stream));
+        assert_eq!(d, p, "stream {stream}: drafted and plain replies differ");
+        let completion = n(&d.2["completion_tokens"]);
+        assert!(completion > 20, "{d:?}");
+
+        // The ledger: the same usage, and the drafts beside it.
+        for (base, drafting) in [(&on, true), (&off, false)] {
+            let (_, t) = get(base, "/v1/usage?limit=1").await;
+            let v: Value = serde_json::from_str(&t).expect("json");
+            let e = &v["data"][0];
+            assert_eq!(e["tokens"]["completion"], completion, "{t}");
+            assert_eq!(e["stream"], stream, "{t}");
+            let (checked, kept) = (n(&e["draft_tokens"]), n(&e["draft_accepted"]));
+            if drafting {
+                assert!(kept >= 10 && kept <= checked, "{t}");
+                // The first token is never a draft.
+                assert!(kept < completion, "{t}");
+                checked_total += checked;
+                kept_total += kept;
+            } else {
+                assert_eq!((checked, kept), (0, 0), "{t}");
+            }
+        }
+    }
+    // /metrics: kept and rejected drafts, summed over both requests.
+    let metric = |text: &str, outcome: &str| -> u64 {
+        text.lines()
+            .find(|l| {
+                l.starts_with("shoal_draft_tokens_total{")
+                    && l.contains(&format!("outcome=\"{outcome}\""))
+                    && l.contains("dialect=\"openai.chat\"")
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {outcome} drafts in\n{text}"))
+    };
+    let (_, text) = get(&on, "/metrics").await;
+    assert_eq!(metric(&text, "accepted"), kept_total, "{text}");
+    assert_eq!(
+        metric(&text, "rejected"),
+        checked_total - kept_total,
+        "{text}"
+    );
+    let (_, text) = get(&off, "/metrics").await;
+    assert!(!text.contains("shoal_draft_tokens_total{"), "{text}");
+}

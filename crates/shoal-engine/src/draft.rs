@@ -203,6 +203,70 @@ mod tests {
         assert!(lookup(&[], 4).is_empty());
     }
 
+    /// A prompt-lookup draft is one token with probability 1 under the
+    /// draft "model", so the standard rejection rule keeps it with
+    /// probability p(d) and otherwise draws from p with d removed. Drafts
+    /// are checked by sampling the position as plain decoding would and
+    /// keeping the draft when the draw equals it; this checks that the two
+    /// rules agree, on the sampler's own filtered, tempered distribution.
+    #[test]
+    fn keeping_a_draft_when_the_draw_equals_it_is_the_rejection_rule() {
+        use crate::sampler::{Sampler, SamplingParams};
+        let logits = [1.0f32, 2.0, 0.5, 1.5, -3.0];
+        let temperature = 0.8f32;
+        let draft = 3u32;
+        // The target distribution: softmax of logits / T over the top 4.
+        let kept: Vec<f64> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| {
+                if i == 4 {
+                    0.0
+                } else {
+                    f64::from(l / temperature).exp()
+                }
+            })
+            .collect();
+        let z: f64 = kept.iter().sum();
+        let p: Vec<f64> = kept.iter().map(|w| w / z).collect();
+        let n = 20_000usize;
+        let (mut accepted, mut rejected) = (0usize, vec![0usize; logits.len()]);
+        for seed in 0..n as u64 {
+            let mut s = Sampler::new(SamplingParams {
+                temperature,
+                top_k: 4,
+                seed: Some(seed),
+                ..SamplingParams::default()
+            });
+            let t = s.sample(&logits, &[], &[]).token;
+            if t == draft {
+                accepted += 1;
+            } else {
+                rejected[t as usize] += 1;
+            }
+        }
+        // Kept with probability p(d), within five standard deviations.
+        let pd = p[draft as usize];
+        let sd = (pd * (1.0 - pd) / n as f64).sqrt();
+        let rate = accepted as f64 / n as f64;
+        assert!((rate - pd).abs() < 5.0 * sd, "kept {rate}, p(d) {pd}");
+        // On rejection, the residual: p without d, renormalised.
+        let misses = (n - accepted) as f64;
+        for (i, &count) in rejected.iter().enumerate() {
+            let want = if i == draft as usize {
+                0.0
+            } else {
+                p[i] / (1.0 - pd)
+            };
+            let got = count as f64 / misses;
+            let sd = (want * (1.0 - want) / misses).sqrt();
+            assert!(
+                (got - want).abs() <= 5.0 * sd,
+                "token {i}: {got} against {want}"
+            );
+        }
+    }
+
     #[test]
     fn misses_pause_drafting_longer_each_time_and_hits_lengthen_drafts() {
         let mut d = Drafter::new(DraftOptions {

@@ -18,6 +18,17 @@ fn start_engine() -> Engine {
     Engine::start(&gguf_path(), "smollm2", opts).expect("load default model")
 }
 
+/// On llama.cpp, in batch-invariant mode (MLX always is).
+fn start_invariant_engine() -> Engine {
+    let mut opts = EngineOptions {
+        prefix_cache_bytes: 0,
+        max_batch: 8,
+        ..common::options()
+    };
+    opts.llama = opts.llama.batch_invariant(true);
+    Engine::start(&gguf_path(), "smollm2", opts).expect("load default model")
+}
+
 /// The engine the tests share.
 fn engine() -> &'static Engine {
     static E: OnceLock<Engine> = OnceLock::new();
@@ -37,9 +48,26 @@ fn run(e: &Engine, r: GenerateRequest) -> (String, Completion) {
 
 #[test]
 fn concurrent_requests_match_sequential_ones_token_for_token() {
-    // An engine of its own: its peak batch counts this test's requests only.
-    let own = start_engine();
-    let e = &own;
+    // MLX computes each row of a step the same way whatever else is in the
+    // step; llama.cpp does in batch-invariant mode.
+    batched_like_sequential(&start_invariant_engine(), true);
+}
+
+#[test]
+fn batched_replies_keep_exact_accounting_with_default_kernels() {
+    // llama.cpp's default kernels change with a step's rows (weight
+    // repacking and llamafile's GEMM from two rows, attention by the tokens
+    // in a step), so a batched greedy reply may part from the sequential one
+    // after a near tie; the accounting of every reply holds all the same.
+    let e = start_engine();
+    let invariant = e.model.info.backend == BackendKind::Mlx;
+    batched_like_sequential(&e, invariant);
+}
+
+/// Requests run one by one, then all at once (an engine of its own, so its
+/// peak batch counts these only): equal replies where `invariant`, exact
+/// accounting always.
+fn batched_like_sequential(e: &Engine, invariant: bool) {
     let mut reqs = vec![
         request(
             e,
@@ -83,12 +111,6 @@ fn concurrent_requests_match_sequential_ones_token_for_token() {
         "requests were not decoded together (peak batch {})",
         e.stats.peak_batch.load(Ordering::Relaxed)
     );
-    // MLX computes each row of a step the same way whatever else is in the
-    // step. llama.cpp's CPU attention picks its kernel by the number of tokens
-    // in a step (split-KV for one token over 512+ cells, tiled from 64 rows),
-    // so there a batched greedy reply may part from the sequential one after
-    // a near tie; what must hold on both is the accounting of each reply.
-    let invariant = e.model.info.backend == BackendKind::Mlx;
     for (i, ((st, sc), (ct, cc))) in sequential.iter().zip(&concurrent).enumerate() {
         let max = reqs[i].max_tokens.expect("every request sets max_tokens");
         for c in [sc, cc] {

@@ -566,8 +566,9 @@ fn a_split_kv_cache_gives_each_request_its_slice() {
 
 #[test]
 fn a_split_kv_cache_replies_alike_whatever_else_runs() {
-    // In its own slice a request's cells start where they would on an idle
-    // server, so its reply, logprobs included, is the same to the bit while
+    // In batch-invariant mode a request's cells start in its own slice where
+    // they would on an idle server, and no kernel changes with the step's
+    // rows, so its reply, logprobs included, is the same to the bit while
     // another request runs beside it. (In the shared pool a prompt of 64+
     // tokens lands wherever cells are free, and llama.cpp's CPU attention
     // rounds differently by where it sits.)
@@ -577,7 +578,8 @@ fn a_split_kv_cache_replies_alike_whatever_else_runs() {
         EngineOptions {
             max_batch: 2,
             prefix_cache_bytes: 0,
-            llama: shoal_engine::LlamaOptions::new(0, 1024).split(true),
+            // Two slices and the lone row's companion's.
+            llama: shoal_engine::LlamaOptions::new(0, 1536).batch_invariant(true),
             ..EngineOptions::default()
         },
     );
@@ -605,4 +607,46 @@ fn a_split_kv_cache_replies_alike_whatever_else_runs() {
         "the two did not run together"
     );
     drop(other);
+}
+
+/// `--kv-cache-type`: a quantized cache loads (with flash attention, which
+/// llama.cpp needs for a quantized V), is counted at its own size, and on a
+/// clear question answers as the f16 cache does.
+#[test]
+fn quantized_kv_caches_load_are_counted_at_their_size_and_answer_alike() {
+    use shoal_engine::{KvType, LlamaOptions};
+    let path = common::gguf_path();
+    let positions = 2048;
+    let ask = |kv: KvType| {
+        let e = llama_engine_with(
+            &path,
+            "smollm2",
+            EngineOptions {
+                prefix_cache_bytes: 0,
+                llama: LlamaOptions::new(0, positions).kv_type(kv),
+                ..EngineOptions::default()
+            },
+        );
+        let prompt =
+            common::chat_prompt(&e, "What is the capital of France? Answer in one sentence.");
+        let (text, c) =
+            collect_blocking(e.submit(greedy(prompt, 16)).expect("submit")).expect("complete");
+        (e.model.info.kv_capacity_bytes, text, c)
+    };
+    // SmolLM2-135M: 30 layers x 3 KV heads, keys and values of 64 elements.
+    // f16 stores 2 bytes an element; q8_0 34 bytes and q4_0 18 bytes a block of 32.
+    let per_position = |block_bytes: usize| 30 * 3 * 2 * (64 / 32) * block_bytes;
+    let (f16, plain, c) = ask(KvType::F16);
+    assert_eq!(f16, positions * per_position(64));
+    assert!(plain.contains("Paris"), "{plain}");
+    for (kv, block) in [(KvType::Q8_0, 34), (KvType::Q4_0, 18)] {
+        let (bytes, text, got) = ask(kv);
+        assert_eq!(bytes, positions * per_position(block), "{kv:?}");
+        assert_eq!(got.usage.prompt_tokens, c.usage.prompt_tokens, "{kv:?}");
+        assert!(text.contains("Paris"), "{kv:?}: {text}");
+        if kv == KvType::Q8_0 {
+            // 8-bit keys and values move a logit by little: the same answer.
+            assert_eq!(text, plain, "{kv:?}");
+        }
+    }
 }

@@ -49,6 +49,15 @@ pub struct Args {
     /// (default: every online node).
     #[arg(long, requires = "server")]
     pub nodes: Option<String>,
+    /// Benchmark speculative decoding instead: a code-editing task and an
+    /// open chat, each decoded with drafts and without, interleaved, with
+    /// the acceptance rate and whether the replies are equal.
+    #[arg(long, conflicts_with_all = ["embeddings", "server", "kv_types"])]
+    pub drafting: bool,
+    /// Benchmark the KV cache types instead: bytes per position and greedy
+    /// agreement of q8_0 and q4_0 with f16 over a set of prompts.
+    #[arg(long, conflicts_with_all = ["embeddings", "server"])]
+    pub kv_types: bool,
     /// With `--server`: the server's API key.
     #[arg(long, env = "SHOAL_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
@@ -101,15 +110,24 @@ pub fn run(a: Args) -> Result<()> {
     if a.embeddings {
         return crate::bench_embed::run(&a, a.against.as_deref());
     }
+    if a.drafting {
+        return crate::bench_draft::run(&a);
+    }
+    if a.kv_types {
+        return crate::bench_draft::kv_types(&a);
+    }
     anyhow::ensure!(
         a.prompt_tokens > 0 && a.gen_tokens > 1 && a.runs > 0,
         "sizes must be positive (gen-tokens >= 2)"
     );
     let cfg = a.model.config()?;
     let load_start = std::time::Instant::now();
+    // One token a step, as llama-bench and mlx-lm decode: the repeated
+    // filler would otherwise be drafted (`--drafting` measures that).
     let opts = EngineOptions {
         max_batch: EngineOptions::default().max_batch.max(a.concurrency),
         queue_capacity: EngineOptions::default().queue_capacity.max(a.concurrency),
+        draft: shoal_engine::DraftOptions::off(),
         ..cfg.engine_options()?
     };
     let llama_threads = opts.llama.threads;

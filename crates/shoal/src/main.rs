@@ -1,6 +1,7 @@
 //! `shoal`: the command-line front of the engine.
 mod bench;
 mod bench_cluster;
+mod bench_draft;
 mod bench_embed;
 mod chat;
 mod generate;

@@ -1,0 +1,283 @@
+//! `shoal bench --drafting` and `--kv-types`: speculative decoding against
+//! plain decoding, and the KV cache types against f16, on one model.
+use anyhow::{Context, Result};
+use serde_json::json;
+use shoal_engine::{
+    collect_blocking, ChatMessage, Completion, DraftOptions, Engine, EngineOptions,
+    GenerateRequest, KvType, SamplingParams,
+};
+
+use crate::bench::{median, Args};
+
+/// A function of about 400 tokens to hand back with one line changed: what
+/// an agent editing a file asks for.
+const FUNCTION: &str = r#"def sync_inventory(client, warehouse_id, items, dry_run=False, logger=None):
+    """Push local stock levels for one warehouse to the remote inventory service.
+
+    Returns a summary dict with the number of items updated, skipped and failed.
+    """
+    retries = 3
+    updated, skipped, failed = 0, 0, []
+    remote = client.fetch_stock(warehouse_id)
+    by_sku = {entry["sku"]: entry for entry in remote.get("items", [])}
+    for item in items:
+        sku = item.get("sku")
+        if not sku:
+            skipped += 1
+            continue
+        local_qty = int(item.get("quantity", 0))
+        remote_entry = by_sku.get(sku)
+        if remote_entry is not None and int(remote_entry.get("quantity", 0)) == local_qty:
+            skipped += 1
+            continue
+        payload = {
+            "warehouse": warehouse_id,
+            "sku": sku,
+            "quantity": local_qty,
+            "reserved": int(item.get("reserved", 0)),
+            "location": item.get("location", "unknown"),
+        }
+        if dry_run:
+            if logger:
+                logger.info("would update %s to %d", sku, local_qty)
+            updated += 1
+            continue
+        for attempt in range(retries):
+            try:
+                client.update_stock(payload)
+                updated += 1
+                break
+            except TimeoutError:
+                if logger:
+                    logger.warning("timeout on %s (attempt %d)", sku, attempt + 1)
+        else:
+            failed.append(sku)
+    if logger:
+        logger.info("synced warehouse %s: %d updated, %d skipped, %d failed",
+                    warehouse_id, updated, skipped, len(failed))
+    return {"updated": updated, "skipped": skipped, "failed": failed}
+"#;
+
+/// The tasks: (name, user message, token limit).
+fn tasks() -> Vec<(&'static str, String, usize)> {
+    vec![
+        (
+            "code edit",
+            format!(
+                "In the Python function below, change the line `    retries = 3` to \
+                 `    retries = 5`. Reply with the whole updated function in one Python code \
+                 block and nothing else.\n\n```python\n{FUNCTION}```"
+            ),
+            640,
+        ),
+        (
+            "open chat",
+            "Write a short story about a lighthouse keeper who finds a message in a bottle."
+                .to_string(),
+            256,
+        ),
+    ]
+}
+
+fn request(engine: &Engine, user: &str, max_tokens: usize) -> Result<GenerateRequest> {
+    let msgs = [ChatMessage {
+        role: "user".into(),
+        content: user.into(),
+    }];
+    let text = engine
+        .model
+        .vocab
+        .render_chat(&msgs, true, &Default::default())?;
+    let mut r = GenerateRequest::new(engine.model.vocab.encode(&text)?);
+    r.max_tokens = Some(max_tokens);
+    r.sampling = SamplingParams::greedy();
+    Ok(r)
+}
+
+fn start(a: &Args, opts: EngineOptions) -> Result<shoal::OwnedEngine> {
+    let cfg = a.model.config()?;
+    Ok(shoal::OwnedEngine::new(
+        Engine::start(&cfg.model_path(), &cfg.model_id(), opts)
+            .with_context(|| format!("loading {}", cfg.model_path().display()))?,
+    ))
+}
+
+/// Each task decoded without drafts and with them, in interleaved pairs
+/// (the order alternating) on two engines of the same model, prefix cache
+/// off so every run computes its prompt.
+pub fn run(a: &Args) -> Result<()> {
+    let base = EngineOptions {
+        prefix_cache_bytes: 0,
+        ..a.model.config()?.engine_options()?
+    };
+    let drafted = if base.draft.enabled() {
+        base.draft
+    } else {
+        DraftOptions::default()
+    };
+    let plain = start(
+        a,
+        EngineOptions {
+            draft: DraftOptions::off(),
+            ..base.clone()
+        },
+    )?;
+    let on = start(
+        a,
+        EngineOptions {
+            draft: drafted,
+            ..base
+        },
+    )?;
+    let mut rows = Vec::new();
+    for (name, user, max) in tasks() {
+        let req = request(&plain, &user, max)?;
+        // Warm-up, not timed.
+        collect_blocking(plain.submit(req.clone())?)?;
+        collect_blocking(on.submit(req.clone())?)?;
+        let (mut off_rate, mut on_rate, mut ratio) = (vec![], vec![], vec![]);
+        let mut last: Option<(String, Completion, String, Completion)> = None;
+        for run in 0..a.runs {
+            let go = |e: &Engine| collect_blocking(e.submit(req.clone())?);
+            let (p, d) = if run % 2 == 0 {
+                let p = go(&plain)?;
+                (p, go(&on)?)
+            } else {
+                let d = go(&on)?;
+                (go(&plain)?, d)
+            };
+            off_rate.push(p.1.timings.decode_tokens_per_s);
+            on_rate.push(d.1.timings.decode_tokens_per_s);
+            if p.1.timings.decode_tokens_per_s > 0.0 {
+                ratio.push(d.1.timings.decode_tokens_per_s / p.1.timings.decode_tokens_per_s);
+            }
+            last = Some((p.0, p.1, d.0, d.1));
+        }
+        let Some((ptext, pc, dtext, dc)) = last else {
+            continue;
+        };
+        let t = dc.timings;
+        rows.push(json!({
+            "task": name,
+            "completion_tokens": dc.usage.completion_tokens,
+            "plain_decode_tok_s": median(off_rate),
+            "drafted_decode_tok_s": median(on_rate),
+            "speedup": median(ratio),
+            "draft_tokens": t.draft_tokens,
+            "draft_accepted": t.draft_accepted,
+            "acceptance": if t.draft_tokens > 0 { t.draft_accepted as f64 / t.draft_tokens as f64 } else { 0.0 },
+            "same_reply": ptext == dtext && pc.usage == dc.usage && pc.finish == dc.finish,
+        }));
+    }
+    let out = json!({
+        "model": plain.model.id,
+        "runs": a.runs,
+        "max_draft": drafted.max_tokens,
+        "tasks": rows,
+    });
+    if a.json {
+        println!("{out}");
+        return Ok(());
+    }
+    println!(
+        "shoal {}: speculative decoding (prompt lookup, up to {} drafts a step) against plain decoding, {} interleaved pairs",
+        plain.model.id, drafted.max_tokens, a.runs
+    );
+    println!(
+        "{:12} {:>7} {:>12} {:>12} {:>8} {:>16} {:>6}",
+        "task", "tokens", "plain tok/s", "draft tok/s", "speedup", "drafts kept", "same"
+    );
+    for r in &rows {
+        println!(
+            "{:12} {:>7} {:>12.1} {:>12.1} {:>7.2}x {:>9}/{:<6} {:>6}",
+            r["task"].as_str().unwrap_or(""),
+            r["completion_tokens"],
+            r["plain_decode_tok_s"].as_f64().unwrap_or(0.0),
+            r["drafted_decode_tok_s"].as_f64().unwrap_or(0.0),
+            r["speedup"].as_f64().unwrap_or(0.0),
+            r["draft_accepted"],
+            r["draft_tokens"],
+            if r["same_reply"].as_bool() == Some(true) {
+                "yes"
+            } else {
+                "no"
+            },
+        );
+    }
+    Ok(())
+}
+
+/// Prompts whose greedy replies the KV cache types are compared on.
+const AGREEMENT_PROMPTS: &[&str] = &[
+    "What is the capital of France? Answer in one sentence.",
+    "List the first five prime numbers.",
+    "Write a haiku about autumn leaves.",
+    "Explain what a hash map is in two sentences.",
+    "Write a Python function that reverses a string.",
+    "Translate 'good morning' into Spanish, French and German.",
+];
+
+/// KV bytes per position of each cache type, and how far each one's greedy
+/// replies follow f16's: replies equal, and for the others the token where
+/// they first part.
+pub fn kv_types(a: &Args) -> Result<()> {
+    let base = EngineOptions {
+        prefix_cache_bytes: 0,
+        draft: DraftOptions::off(),
+        ..a.model.config()?.engine_options()?
+    };
+    let gen = a.gen_tokens.max(2);
+    let mut reference: Vec<Vec<u32>> = Vec::new();
+    let mut rows = Vec::new();
+    for kv in [KvType::F16, KvType::Q8_0, KvType::Q4_0] {
+        let mut opts = base.clone();
+        opts.llama = opts.llama.kv_type(kv);
+        let positions = opts.llama.kv_tokens;
+        let e = start(a, opts)?;
+        let mut replies = Vec::new();
+        for p in AGREEMENT_PROMPTS {
+            let (text, _) = collect_blocking(e.submit(request(&e, p, gen)?)?)?;
+            replies.push(e.model.vocab.encode_plain(&text)?);
+        }
+        if reference.is_empty() {
+            reference = replies.clone();
+        }
+        let mut equal = 0;
+        let mut partings = Vec::new();
+        for (got, want) in replies.iter().zip(&reference) {
+            match got.iter().zip(want).position(|(g, w)| g != w) {
+                None if got.len() == want.len() => equal += 1,
+                None => partings.push(got.len().min(want.len())),
+                Some(i) => partings.push(i),
+            }
+        }
+        let per_position = e.model.info.kv_capacity_bytes as f64 / positions.max(1) as f64;
+        rows.push(json!({
+            "kv_cache_type": kv.as_str(),
+            "kv_bytes_per_position": per_position,
+            "replies_equal_to_f16": equal,
+            "replies": AGREEMENT_PROMPTS.len(),
+            "first_divergence_tokens": partings,
+        }));
+    }
+    let out = json!({"gen_tokens": gen, "types": rows});
+    if a.json {
+        println!("{out}");
+        return Ok(());
+    }
+    println!(
+        "KV cache types: greedy replies of {gen} tokens to {} prompts against f16",
+        AGREEMENT_PROMPTS.len()
+    );
+    for r in &rows {
+        println!(
+            "  {:5} {:>9.0} bytes/position | {} of {} replies equal to f16 | first divergence at token {}",
+            r["kv_cache_type"].as_str().unwrap_or(""),
+            r["kv_bytes_per_position"].as_f64().unwrap_or(0.0),
+            r["replies_equal_to_f16"],
+            r["replies"],
+            r["first_divergence_tokens"]
+        );
+    }
+    Ok(())
+}
