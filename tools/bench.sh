@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Shoal on each backend against that backend's own reference, side by side:
-# MLX vs mlx-lm on the same weights and BLAS, then llama.cpp vs llama-bench built
-# from the same source with the same options. Prints the figures and the ratios.
+# MLX vs mlx-lm on the same weights and BLAS, then llama.cpp vs llama.cpp alone from the same
+# source, and vs llama-bench / llama-server built with llama.cpp's default options. Prints the
+# figures and the ratios.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SHOAL="${SHOAL_BIN:-$ROOT/target/release/shoal}"
@@ -139,6 +140,23 @@ for m in models:
 print("\n".join(vocab_lines))
 PY
 
+# llama.cpp's own tools built with its default options (tools/llama-server.sh): pp512 / tg128
+# against llama-bench, time to first token of a 4k-token prompt through /v1/messages against
+# llama-server, and speculative decoding against both (tools/py/bench_vs_llama.py).
+LLAMA_SERVER="$(bash "$ROOT/tools/llama-server.sh")"
+THREADS="$(SHOAL_LOG=warn "$SHOAL" bench --backend llama --model "$GGUF" --prompt-tokens 8 --gen-tokens 2 --runs 1 --json \
+  | python3 -c 'import json,sys; print(json.load(sys.stdin)["threads"])')"
+"$VENV/bin/python" "$ROOT/tools/py/bench_vs_llama.py" --shoal "$SHOAL" --threads "$THREADS" --runs "$RUNS" \
+  --llama-bench "$(dirname "$LLAMA_SERVER")/llama-bench" --llama-server "$LLAMA_SERVER" \
+  --edit-file "$ROOT/crates/shoal/bench/sync_inventory.py" "$GGUF" "${REAL[@]}" || echo "  (llama.cpp comparison failed)"
+
+# Speculative decoding in the engine alone (plain and drafted, each engine loaded on its own),
+# and each KV cache type's bytes per position and greedy agreement with f16.
+SHOAL_LOG=warn "$SHOAL" bench --drafting --model "${REAL[0]}" --runs "$RUNS"
+for M in "$GGUF" "${REAL[@]}"; do
+  SHOAL_LOG=warn "$SHOAL" bench --kv-types --model "$M"
+done
+
 # The same 8-stream load over HTTP: `shoal serve` against llama.cpp's own llama-server
 # --parallel 8 (llama.cpp from the llama-cpp-python sdist, built with the same options:
 # tools/llama-server.sh), both with the same file, threads and 8192 KV positions, prefix
@@ -148,9 +166,6 @@ PY
 # The two llama.cpp builds are not the same source: the llama-cpp-2 crate vendors no server,
 # and the newest llama-cpp-python sdist is an older llama.cpp (ggml 0.25.3 against the crate's
 # 0.26); the in-process columns above compare Shoal with llama.cpp from its own source.
-LLAMA_SERVER="$(bash "$ROOT/tools/llama-server.sh")"
-THREADS="$(SHOAL_LOG=warn "$SHOAL" bench --backend llama --model "$GGUF" --prompt-tokens 8 --gen-tokens 2 --runs 1 --json \
-  | python3 -c 'import json,sys; print(json.load(sys.stdin)["threads"])')"
 for M in "$GGUF" "${REAL[@]}"; do
   for LAYOUT in shared split; do
     echo "$(basename "$M"), Shoal's KV $LAYOUT:"

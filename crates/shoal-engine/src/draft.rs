@@ -61,7 +61,7 @@ impl Default for DraftOptions {
     fn default() -> Self {
         DraftOptions {
             prompt_lookup: true,
-            max_tokens: 16,
+            max_tokens: MAX_LENGTH,
         }
     }
 }
@@ -93,7 +93,7 @@ impl DraftOptions {
 /// on it), and a miss costs at most this many rows.
 pub const MAX_LENGTH: usize = 32;
 /// Longest n-gram tried first, then shorter ones down to [`MIN_NGRAM`].
-const MAX_NGRAM: usize = 4;
+const MAX_NGRAM: usize = 12;
 /// A single repeated token predicts too little to be worth a check.
 const MIN_NGRAM: usize = 2;
 /// The draft length a sequence starts with.
@@ -152,11 +152,11 @@ impl Drafter {
             self.length = (self.length / 2).max(1);
         } else {
             self.misses = 0;
-            self.length = if kept == proposed {
-                (self.length * 2).min(self.opts.max_tokens)
-            } else {
-                (kept + 1).clamp(1, self.opts.max_tokens)
-            };
+            // A draft cut short is usually a copy that resumes after a
+            // changed word: the length stays.
+            if kept == proposed {
+                self.length = (self.length * 2).min(self.opts.max_tokens);
+            }
         }
     }
 }
@@ -288,6 +288,9 @@ mod tests {
             .take_while(|_| d.propose(&ctx, 100).is_empty())
             .count();
         assert_eq!(paused, 4);
+        // Two misses halved the length to 2; a draft cut short keeps it.
+        d.kept(2, 1);
+        assert_eq!(d.propose(&ctx, 100).len(), 2);
         // Room caps a draft.
         assert_eq!(d.propose(&ctx, 1).len(), 1);
         assert!(Drafter::new(DraftOptions::off()).is_none());

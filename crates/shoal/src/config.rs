@@ -288,12 +288,14 @@ settings! {
         kv_cache_type: shoal_engine::KvType = shoal_engine::KvType::F16,
             env Env::Var("SHOAL_KV_CACHE_TYPE"), flag Flag::Value("kv-cache-type", "f16|q8_0|q4_0");
         /// Speculative decoding on llama.cpp: prompt-lookup drafts tokens
-        /// from the prompt and the reply so far (checked by the model, so the
-        /// reply is the one plain decoding gives), or off.
+        /// from the prompt and the reply so far, or off. Each draft is
+        /// checked by sampling its position as plain decoding would, so
+        /// usage and finish stay exact (and with --batch-invariant the reply
+        /// equals plain decoding's to the bit).
         draft: shoal_engine::draft::DraftKind = shoal_engine::draft::DraftKind::PromptLookup,
             env Env::Var("SHOAL_DRAFT"), flag Flag::Value("draft", "prompt-lookup|off");
-        /// Most draft tokens the model checks in one step.
-        draft_tokens: usize = 16,
+        /// Most draft tokens the model checks in one step (at most 32).
+        draft_tokens: usize = shoal_engine::draft::MAX_LENGTH,
             env Env::Var("SHOAL_DRAFT_TOKENS"), flag Flag::Value("draft-tokens", "N");
     }
     /// An embedding model served beside the chat model (/v1/embeddings,

@@ -609,6 +609,7 @@ impl LanguageModel for LlamaCppModel {
                         .map_err(|e| EngineError::Backend(e.to_string()))?;
                 }
             }
+            let started = std::time::Instant::now();
             if let Err(e) = s.decode_padded(&mut lb, self.pad) {
                 // Rows already run keep their step; this group's are undone.
                 for &(seq, len, _) in group {
@@ -634,6 +635,11 @@ impl LanguageModel for LlamaCppModel {
                 at += n as i32;
                 self.kv(rows.rows[row].as_mut())?.len += n;
             }
+            tracing::trace!(
+                rows = n_group,
+                ms = started.elapsed().as_secs_f64() * 1e3,
+                "step with drafts"
+            );
         }
         Ok(out)
     }
