@@ -12,12 +12,14 @@ REAL_QWEN  := $(REAL_DIR)/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
 REAL_GEMMA := $(REAL_DIR)/gemma-3-270m-q4_k_m.gguf
 EMBED_GGUF := $(CACHE)/models/all-minilm-l6-v2-0.1.2/all-MiniLM-L6-v2-F16.gguf
 THINK_GGUF := $(CACHE)/models/smollm2-think-v1/SmolLM2-135M-Instruct-think.Q4_1.gguf
+Q8_GGUF    := $(CACHE)/models/smollm2-q8-v1/SmolLM2-135M-Instruct.Q8_0.gguf
 export SHOAL_REAL_MODELS ?= $(REAL_DIR)
 export SHOAL_MODEL ?= $(MODEL_GGUF)
 export SHOAL_TEST_GGUF ?= $(MODEL_GGUF)
 export SHOAL_TEST_HF_DIR ?= $(MODEL_MLX)
 export SHOAL_TEST_EMBED_GGUF ?= $(EMBED_GGUF)
 export SHOAL_TEST_THINK_GGUF ?= $(THINK_GGUF)
+export SHOAL_TEST_Q8_GGUF ?= $(Q8_GGUF)
 CARGO      := cargo
 SHOAL      := $(ROOT)/target/release/shoal
 APT_PKGS   := libopenblas-dev chromium iproute2
@@ -122,6 +124,18 @@ GEMMA_F32_GGUF := $(CACHE)/models/gemma-3-270m-f32-gguf-v1/gemma-3-270m-f32.gguf
 $(GEMMA_F32_GGUF): $(REAL_GEMMA) tools/py/gguf_f32.py
 	@"$$(bash tools/setup-pyenv.sh)/bin/python" tools/py/gguf_f32.py $(REAL_GEMMA) $@
 
+## Q8_0 copies requantized from the Q4 files: a target of the same vocabulary that the Q4
+## file drafts for (speculative decoding with a draft model; the default model's in the
+## tests, Qwen-Coder's in the bench).
+$(Q8_GGUF): $(MODEL_GGUF) tools/py/gguf_f32.py
+	@"$$(bash tools/setup-pyenv.sh)/bin/python" tools/py/gguf_f32.py --type q8_0 $(MODEL_GGUF) $@
+
+QWEN_Q8_GGUF := $(CACHE)/models/qwen-coder-q8-v1/qwen2.5-coder-0.5b-instruct-q8_0.gguf
+export SHOAL_QWEN_Q8_GGUF ?= $(QWEN_Q8_GGUF)
+
+$(QWEN_Q8_GGUF): $(REAL_QWEN) tools/py/gguf_f32.py
+	@"$$(bash tools/setup-pyenv.sh)/bin/python" tools/py/gguf_f32.py --type q8_0 $(REAL_QWEN) $@
+
 TINY := $(CACHE)/models/tiny-v1
 
 $(TINY)/.made: $(MODEL_MLX)/config.json tools/py/tiny_models.py tools/py/tiny_gguf.py
@@ -133,9 +147,9 @@ $(TINY)/.made: $(MODEL_MLX)/config.json tools/py/tiny_models.py tools/py/tiny_gg
 ## The default GGUF and, for reference tests and benchmarks, the same weights as
 ## an MLX/HF directory (float32, and 4-bit quantized in two shards); the real GGUFs,
 ## Gemma's also as a float32 HF directory; the tiny models of each architecture; the
-## embedding model; the reasoning fixture.
+## embedding model; the reasoning fixture; the Q8_0 target for a draft model.
 models: $(MODEL_GGUF) $(MODEL_MLX)/config.json $(MODEL_Q4)/config.json $(REAL_QWEN) $(REAL_GEMMA) \
-	$(GEMMA_MLX)/config.json $(GEMMA_F32_GGUF) $(TINY)/.made $(EMBED_GGUF) $(THINK_GGUF)
+	$(GEMMA_MLX)/config.json $(GEMMA_F32_GGUF) $(TINY)/.made $(EMBED_GGUF) $(THINK_GGUF) $(Q8_GGUF)
 
 build: setup ui
 	$(CARGO) build --release -p shoal
@@ -183,7 +197,7 @@ src-tauri/node_modules/.package-lock.json: src-tauri/package.json src-tauri/pack
 	cd src-tauri && npm ci --no-audit --no-fund
 
 ## Shoal vs mlx-lm on the same weights, side by side.
-bench: build models
+bench: build models $(QWEN_Q8_GGUF)
 	@bash tools/bench.sh
 
 ## Load test: 64 streaming clients over OpenAI Chat / Responses and Anthropic Messages against

@@ -150,9 +150,13 @@ THREADS="$(SHOAL_LOG=warn "$SHOAL" bench --backend llama --model "$GGUF" --promp
   --llama-bench "$(dirname "$LLAMA_SERVER")/llama-bench" --llama-server "$LLAMA_SERVER" \
   --edit-file "$ROOT/crates/shoal/bench/sync_inventory.py" "$GGUF" "${REAL[@]}" || echo "  (llama.cpp comparison failed)"
 
-# Speculative decoding in the engine alone (plain and drafted, each engine loaded on its own),
+# Speculative decoding in the engine alone (plain and drafted, each engine loaded on its own;
+# by prompt lookup, then by a draft model),
 # and each KV cache type's bytes per position and greedy agreement with f16.
 SHOAL_LOG=warn "$SHOAL" bench --drafting --model "${REAL[0]}" --runs "$RUNS"
+# A draft model: Qwen-Coder's Q4_K_M drafting for its Q8_0 copy (`make bench` makes it).
+QWEN_Q8="${SHOAL_QWEN_Q8_GGUF:-${SHOAL_CACHE:-$ROOT/.cache}/models/qwen-coder-q8-v1/qwen2.5-coder-0.5b-instruct-q8_0.gguf}"
+SHOAL_LOG=warn "$SHOAL" bench --drafting --model "$QWEN_Q8" --draft-model "${REAL[0]}" --runs "$RUNS"
 for M in "$GGUF" "${REAL[@]}"; do
   SHOAL_LOG=warn "$SHOAL" bench --kv-types --model "$M"
 done

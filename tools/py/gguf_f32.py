@@ -9,6 +9,15 @@ convert_gguf.py uses for the Hugging Face layout), with the file's own
 vocabulary, special tokens and hyperparameters, so the MLX GGUF path can be
 checked against the same weights in a model directory and against llama.cpp
 on the same file. Only `general.file_type` changes (to ALL_F32).
+
+    python tools/py/gguf_f32.py --type q8_0 IN.gguf OUT.gguf
+
+requantizes instead: every weight matrix to Q8_0 from its dequantized
+values (the `gguf` package's Q8_0, the same block format llama.cpp's quantize
+tool writes), vectors in F32. A Q8_0 copy of a Q4_K_M file is a second model
+of the same vocabulary and nearly the same behaviour, larger and slower: the
+target that the Q4_K_M file drafts for in the speculative-decoding tests and
+bench.
 """
 
 from __future__ import annotations
@@ -37,9 +46,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("src", type=Path)
     ap.add_argument("out", type=Path)
+    ap.add_argument("--type", choices=["f32", "q8_0"], default="f32")
     args = ap.parse_args()
 
     import gguf
+
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    block = gguf.GGML_QUANT_SIZES[q8][0]
 
     reader = gguf.GGUFReader(args.src)
     arch = reader.fields["general.architecture"].contents()
@@ -50,17 +63,22 @@ def main() -> int:
         if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type"):
             continue
         copy_field(writer, field, gguf)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    to_q8 = args.type == "q8_0"
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if to_q8 else gguf.LlamaFileType.ALL_F32)
     for t in reader.tensors:
         data = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-        writer.add_tensor(t.name, data.reshape(shape))
+        data = data.reshape(shape)
+        if to_q8 and len(shape) >= 2 and shape[-1] % block == 0:
+            writer.add_tensor(t.name, gguf.quants.quantize(data, q8), raw_dtype=q8)
+        else:
+            writer.add_tensor(t.name, data)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     os.replace(tmp, args.out)
-    print(f"gguf_f32: {len(reader.tensors)} tensors -> {args.out}", file=sys.stderr)
+    print(f"gguf_f32: {len(reader.tensors)} tensors ({args.type}) -> {args.out}", file=sys.stderr)
     return 0
 
 

@@ -138,7 +138,8 @@ async fn health(State(s): State<AppState>) -> impl IntoResponse {
             "cached_tokens": sum(|s| &s.cached_tokens),
             "completion_tokens": sum(|s| &s.completion_tokens),
             "prefix_cache_bytes": sum(|s| &s.prefix_cache_bytes),
-            "kv_cache_bytes": engines.iter().map(|e| e.model.info.kv_capacity_bytes as u64).sum::<u64>(),
+            "kv_cache_bytes": engines.iter().map(|e| (e.model.info.kv_capacity_bytes
+                + e.model.draft.as_ref().map_or(0, |d| d.info.kv_capacity_bytes)) as u64).sum::<u64>(),
             "peak_batch": peak,
             "decode_passes": sum(|s| &s.decode_passes),
             "decode_steps": sum(|s| &s.decode_steps),

@@ -286,7 +286,7 @@ impl Metrics {
             self.model_loaded.get_or_create(&model).set(1);
             self.model_memory
                 .get_or_create(&model)
-                .set(e.model.info.resident_bytes() as i64);
+                .set(e.model.resident_bytes() as i64);
         }
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;

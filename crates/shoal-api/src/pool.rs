@@ -441,13 +441,37 @@ impl ModelPool {
                     return card.size_bytes + kv + buffers;
                 }
                 let llama = &self.opts.engine.llama;
-                let kv = (llama.kv_tokens as u64)
-                    .saturating_mul(kv_bytes_per_position_as(h, llama.kv_type));
-                let logits = (self.opts.engine.max_batch.max(1) as u64)
-                    .saturating_mul(logits_bytes_per_sequence(h));
-                card.size_bytes + kv + logits + vocab_table_bytes(h)
+                let reserved = |h: &shoal_gguf::Header| {
+                    let kv = (llama.kv_tokens as u64)
+                        .saturating_mul(kv_bytes_per_position_as(h, llama.kv_type));
+                    let logits = (self.opts.engine.max_batch.max(1) as u64)
+                        .saturating_mul(logits_bytes_per_sequence(h));
+                    kv + logits + vocab_table_bytes(h)
+                };
+                card.size_bytes + reserved(h) + self.draft_estimate(h, reserved)
             }
             _ => card.weight_memory(self.gpu),
+        }
+    }
+
+    /// The draft model's share of a llama.cpp model's estimate: its file and
+    /// what it reserves, when one is configured and has as many tokens as
+    /// the target (the engine loads it only for a vocabulary it shares).
+    fn draft_estimate(
+        &self,
+        target: &shoal_gguf::Header,
+        reserved: impl Fn(&shoal_gguf::Header) -> u64,
+    ) -> u64 {
+        let e = &self.opts.engine;
+        let Some(path) = e.draft_model.as_ref().filter(|_| e.draft.enabled()) else {
+            return 0;
+        };
+        let tokens = "tokenizer.ggml.tokens";
+        match (shoal_gguf::Header::read(path), std::fs::metadata(path)) {
+            (Ok(d), Ok(file)) if d.array_len(tokens) == target.array_len(tokens) => {
+                file.len() + reserved(&d)
+            }
+            _ => 0,
         }
     }
 
@@ -474,13 +498,15 @@ impl ModelPool {
             .ok()
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map_or(0, |d| d.as_secs());
-        let (loaded, capabilities, embedding) = match lock(&self.loaded).get(&m.id) {
+        let (loaded, capabilities, embedding, held, draft) = match lock(&self.loaded).get(&m.id) {
             Some(s) => (
                 Some(s.engine.model.info.clone()),
                 Some(s.engine.model.vocab.capabilities()),
                 s.engine.model.embedding().cloned(),
+                Some(s.engine.model.resident_bytes()),
+                s.engine.model.draft.clone(),
             ),
-            None => (None, None, None),
+            None => (None, None, None, None, None),
         };
         // An embedding model says so whether or not it is loaded: its card
         // reads the pooling from the file; the rest is known once loaded.
@@ -524,8 +550,18 @@ impl ModelPool {
                 "unavailable": unavailable,
                 "estimated_memory_bytes": self.estimate(&m.card, route.as_ref().ok()),
                 "loaded": loaded.is_some(),
-                "memory_bytes": loaded.as_ref().map(|i| i.resident_bytes()),
-                "kv_cache_bytes": loaded.as_ref().map(|i| i.kv_capacity_bytes),
+                // With the draft model's, when one drafts for it.
+                "memory_bytes": held,
+                "kv_cache_bytes": loaded.as_ref().map(|i| i.kv_capacity_bytes
+                    + draft.as_ref().map_or(0, |d| d.info.kv_capacity_bytes)),
+                // The model drafting for it (speculative decoding): its
+                // file, and the memory it holds.
+                "draft_model": draft.as_ref().map(|d| json!({
+                    "path": d.path,
+                    "memory_bytes": d.info.resident_bytes(),
+                    "kv_cache_bytes": d.info.kv_capacity_bytes,
+                    "quantization": d.info.quantization,
+                })),
                 // What its chat template can do (known once it is loaded).
                 "capabilities": capabilities,
                 // What a request that leaves them out gets, and from where.
@@ -585,5 +621,5 @@ impl From<ModelsError> for ApiError {
 
 /// Memory a loaded engine holds: its weights and what it reserved up front.
 pub(crate) fn held_bytes(e: &Engine) -> u64 {
-    e.model.info.resident_bytes() as u64
+    e.model.resident_bytes() as u64
 }

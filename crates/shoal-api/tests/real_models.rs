@@ -945,3 +945,70 @@ async fn drafts_are_counted_apart_from_completion_tokens() {
     let (_, text) = get(&off, "/metrics").await;
     assert!(!text.contains("shoal_draft_tokens_total{"), "{text}");
 }
+
+/// A draft model through the server: the pool's estimate and `/v1/models`
+/// count it with the model it drafts for, `/health` its KV pool, and the
+/// ledger its drafts, while the reply's usage is plain decoding's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draft_model_is_counted_in_memory_and_its_drafts_in_the_ledger() {
+    let q8 = common::q8_gguf();
+    let draft = common::gguf();
+    let pool_with = |draft_model: Option<PathBuf>| {
+        let pool = shoal_api::pool::ModelPool::new(shoal_api::pool::PoolOptions {
+            engine: EngineOptions {
+                backend: BackendChoice::Llama,
+                draft_model,
+                ..EngineOptions::default()
+            },
+            ..shoal_api::pool::PoolOptions::default()
+        });
+        pool.add_named("smollm2-q8", q8.clone(), Vec::new());
+        pool
+    };
+    let plain = common::serve(AppState::with_pool(pool_with(None))).await;
+    let base = common::serve(AppState::with_pool(pool_with(Some(draft.clone())))).await;
+    let entry = |t: &str| -> Value {
+        let v: Value = serde_json::from_str(t).expect("json");
+        v["data"][0]["shoal"].clone()
+    };
+    // Before loading: the estimate adds the draft model's file and reservations.
+    let (_, t) = get(&plain, "/v1/models").await;
+    let alone = n(&entry(&t)["estimated_memory_bytes"]);
+    let (_, t) = get(&base, "/v1/models").await;
+    let with = n(&entry(&t)["estimated_memory_bytes"]);
+    let draft_file = std::fs::metadata(&draft).expect("draft file").len();
+    assert!(with > alone + draft_file, "{alone} then {with}: {t}");
+
+    let body = json!({"model": "smollm2-q8", "max_tokens": 60, "temperature": 0,
+        "messages": [{"role": "user", "content":
+            "Repeat exactly: the quick brown fox jumps over the lazy dog, twice."}]});
+    let (s, drafted) = post(&base, "/v1/chat/completions", &body).await;
+    assert_eq!(s, 200, "{drafted}");
+    let (s, undrafted) = post(&plain, "/v1/chat/completions", &body).await;
+    assert_eq!(s, 200, "{undrafted}");
+    let usage = |t: &str| serde_json::from_str::<Value>(t).expect("json")["usage"].clone();
+    assert_eq!(usage(&drafted), usage(&undrafted));
+
+    // Loaded: memory and KV with the draft model's, which has the same
+    // shape as its Q8_0 copy and so the same KV pool.
+    let (_, t) = get(&base, "/v1/models").await;
+    let e = entry(&t);
+    let d = &e["draft_model"];
+    assert_eq!(d["path"], json!(draft), "{t}");
+    assert_eq!(n(&e["kv_cache_bytes"]), 2 * n(&d["kv_cache_bytes"]), "{t}");
+    assert!(
+        n(&e["memory_bytes"]) > n(&d["memory_bytes"]) + n(&e["size_bytes"]),
+        "{t}"
+    );
+    let (_, t) = get(&plain, "/v1/models").await;
+    assert!(entry(&t)["draft_model"].is_null(), "{t}");
+    let (_, h) = get(&base, "/health").await;
+    let h: Value = serde_json::from_str(&h).expect("json");
+    assert_eq!(h["engine"]["kv_cache_bytes"], e["kv_cache_bytes"], "{h}");
+
+    let (_, t) = get(&base, "/v1/usage?limit=1").await;
+    let row = &serde_json::from_str::<Value>(&t).expect("json")["data"][0];
+    let kept = n(&row["draft_accepted"]);
+    assert!(kept > 0 && kept <= n(&row["draft_tokens"]), "{t}");
+    assert!(kept < n(&row["tokens"]["completion"]), "{t}");
+}

@@ -4,9 +4,11 @@
 //! logits as plain decoding would and keeps a draft only where the sampled
 //! token equals it, so the output is the one plain decoding gives.
 //!
-//! Drafts here come from the text itself (prompt lookup): the longest recent
+//! Drafts come from the text itself (prompt lookup): the longest recent
 //! n-gram ending the context that occurred before, and what followed it
 //! then. Agents rewriting files and chats quoting are mostly such repeats.
+//! Or, when the engine has one, from a draft model ([`crate::draft_model`]),
+//! whose greedy drafts are checked by the same rule.
 //! A draft is deterministic (one token per position, probability 1), so the
 //! standard rejection rule, accept `d` with probability `min(1, p(d)/q(d))`
 //! and otherwise sample from `max(0, p - q)` renormalised, becomes: accept
@@ -14,6 +16,8 @@
 //! `t ~ p` and keeping the draft iff `t == d` is exactly that rule, and draws
 //! the same random numbers as plain decoding: a seeded reply is the same
 //! with drafting on or off.
+
+use crate::draft_model::{DraftModel, ModelDraft};
 
 /// Where drafts come from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -106,12 +110,16 @@ const MAX_PAUSE: usize = 64;
 /// the length follows what was kept and a miss pauses drafting for a number
 /// of steps that doubles with each miss in a row: open chat, where repeats
 /// are rare, decodes almost as if drafting were off.
-#[derive(Clone, Debug)]
 pub struct Drafter {
     opts: DraftOptions,
     length: usize,
     misses: u32,
     pause: usize,
+    /// Its cache in the engine's draft model, once it has drafted there.
+    model: Option<ModelDraft>,
+    /// The draft model failed for this sequence (out of KV room, say):
+    /// the reply goes on without drafts.
+    model_failed: bool,
 }
 
 impl Drafter {
@@ -124,12 +132,20 @@ impl Drafter {
             length: FIRST_LENGTH.min(opts.max_tokens),
             misses: 0,
             pause: 0,
+            model: None,
+            model_failed: false,
         })
     }
 
     /// A draft to check after `context` (whose last token is the one about
-    /// to run), at most `room` tokens long.
-    pub fn propose(&mut self, context: &[u32], room: usize) -> Vec<u32> {
+    /// to run), at most `room` tokens long: from `model` when the engine has
+    /// a draft model, else by prompt lookup.
+    pub fn propose(
+        &mut self,
+        context: &[u32],
+        room: usize,
+        model: Option<&mut DraftModel>,
+    ) -> Vec<u32> {
         if self.pause > 0 {
             self.pause -= 1;
             return Vec::new();
@@ -138,7 +154,34 @@ impl Drafter {
         if want == 0 {
             return Vec::new();
         }
-        lookup(context, want).to_vec()
+        let Some(dm) = model else {
+            return lookup(context, want).to_vec();
+        };
+        if self.model_failed {
+            return Vec::new();
+        }
+        let drafted = match self.model.take() {
+            Some(state) => Ok(state),
+            None => ModelDraft::start(dm, context),
+        }
+        .and_then(|mut state| {
+            let d = state.propose(dm, context, want)?;
+            self.model = Some(state);
+            Ok(d)
+        });
+        drafted.unwrap_or_else(|e| {
+            // Its cache may hold a half-run step: dropped with the state.
+            tracing::debug!(error = %e, "the draft model failed; this reply goes on without drafts");
+            self.model_failed = true;
+            Vec::new()
+        })
+    }
+
+    /// Hands this sequence's draft-model cache back for later turns.
+    pub fn finish(&mut self, model: Option<&mut DraftModel>) {
+        if let (Some(state), Some(dm)) = (self.model.take(), model) {
+            state.finish(dm);
+        }
     }
 
     /// What the model kept of a draft of `proposed` tokens.
@@ -275,24 +318,24 @@ mod tests {
         })
         .expect("on");
         let ctx = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2];
-        assert_eq!(d.propose(&ctx, 100), vec![3, 4, 5, 6]);
+        assert_eq!(d.propose(&ctx, 100, None), vec![3, 4, 5, 6]);
         d.kept(4, 4);
-        assert_eq!(d.propose(&ctx, 100).len(), 8);
+        assert_eq!(d.propose(&ctx, 100, None).len(), 8);
         d.kept(8, 0);
         // Paused two steps, then drafts again, shorter.
-        assert!(d.propose(&ctx, 100).is_empty());
-        assert!(d.propose(&ctx, 100).is_empty());
-        assert_eq!(d.propose(&ctx, 100).len(), 4);
+        assert!(d.propose(&ctx, 100, None).is_empty());
+        assert!(d.propose(&ctx, 100, None).is_empty());
+        assert_eq!(d.propose(&ctx, 100, None).len(), 4);
         d.kept(4, 0);
         let paused = (0..10)
-            .take_while(|_| d.propose(&ctx, 100).is_empty())
+            .take_while(|_| d.propose(&ctx, 100, None).is_empty())
             .count();
         assert_eq!(paused, 4);
         // Two misses halved the length to 2; a draft cut short keeps it.
         d.kept(2, 1);
-        assert_eq!(d.propose(&ctx, 100).len(), 2);
+        assert_eq!(d.propose(&ctx, 100, None).len(), 2);
         // Room caps a draft.
-        assert_eq!(d.propose(&ctx, 1).len(), 1);
+        assert_eq!(d.propose(&ctx, 1, None).len(), 1);
         assert!(Drafter::new(DraftOptions::off()).is_none());
     }
 }

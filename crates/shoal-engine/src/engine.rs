@@ -1,7 +1,7 @@
 //! The engine thread: owns the model, batches the requests of a bounded queue
 //! (continuous batching), and streams [`Event`]s back. Dropping the receiver
 //! cancels.
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
@@ -18,6 +18,7 @@ use crate::constraint::GrammarCompiler;
 use crate::content_filter::ContentPolicy;
 use crate::defaults::SamplingDefaults;
 use crate::draft::DraftOptions;
+use crate::draft_model::{vocabulary_mismatch, DraftInfo, DraftModel};
 use crate::embedding::{run_embeddings, EmbedJob};
 use crate::error::{EngineError, Result};
 use crate::loader::{self, LoadOptions, Vocabulary};
@@ -47,6 +48,12 @@ pub struct EngineOptions {
     pub llama: LlamaOptions,
     /// Speculative decoding (on backends that can check drafts).
     pub draft: DraftOptions,
+    /// A smaller GGUF of the same vocabulary that drafts for the model
+    /// (instead of prompt lookup); a model of another vocabulary ignores it.
+    pub draft_model: Option<PathBuf>,
+    /// A draft model of another vocabulary fails the load (the model it was
+    /// named for) instead of being ignored (a pool's other models).
+    pub draft_model_required: bool,
 }
 
 impl Default for EngineOptions {
@@ -61,6 +68,8 @@ impl Default for EngineOptions {
             backend: BackendChoice::Auto,
             llama: LlamaOptions::default(),
             draft: DraftOptions::default(),
+            draft_model: None,
+            draft_model_required: false,
         }
     }
 }
@@ -93,6 +102,15 @@ pub struct ModelHandle {
     pub defaults: SamplingDefaults,
     /// Set for an embedding model, which embeds and never generates.
     pub(crate) embedding: Option<EmbeddingInfo>,
+    /// The model drafting for this one (speculative decoding), if any.
+    pub draft: Option<DraftInfo>,
+}
+
+impl ModelHandle {
+    /// Memory the model holds, with its draft model's.
+    pub fn resident_bytes(&self) -> usize {
+        self.info.resident_bytes() + self.draft.as_ref().map_or(0, |d| d.info.resident_bytes())
+    }
 }
 
 impl Engine {
@@ -113,7 +131,12 @@ impl Engine {
         opts: EngineOptions,
         load: impl FnOnce(&Path) -> Result<loader::Loaded> + Send + 'static,
     ) -> Result<Engine> {
-        type Ready = (ModelInfo, Option<EmbeddingInfo>, Arc<Vocabulary>);
+        type Ready = (
+            ModelInfo,
+            Option<EmbeddingInfo>,
+            Arc<Vocabulary>,
+            Option<DraftInfo>,
+        );
         let (ready_tx, ready_rx) = sync_channel::<Result<Ready>>(1);
         let (jobs_tx, jobs_rx) = sync_channel::<Job>(opts.queue_capacity);
         let (embeds_tx, embeds_rx) = sync_channel::<EmbedJob>(opts.queue_capacity);
@@ -122,6 +145,19 @@ impl Engine {
         let prefix_bytes = opts.prefix_cache_bytes;
         let max_batch = opts.max_batch.max(1);
         let draft = opts.draft;
+        let draft_load = opts.draft_model.clone().map(|p| {
+            let load = LoadOptions {
+                backend: BackendChoice::Llama,
+                // Drafts never change a reply, so the drafter takes the
+                // fastest kernels whatever the target's mode.
+                llama: opts
+                    .llama
+                    .clone()
+                    .batch_invariant(false)
+                    .for_batch(opts.max_batch),
+            };
+            (p, load, opts.draft_model_required)
+        });
         let blocked = ContentPolicy::new(opts.blocked_phrases.clone(), &opts.blocked_patterns)?;
         let stats = Arc::new(EngineStats::default());
         let thread_stats = stats.clone();
@@ -144,10 +180,29 @@ impl Engine {
                     hold_mlx_at_exit_once();
                 }
                 let embedding = loaded.model.embedding().cloned();
+                let draft_model = match draft_load {
+                    Some((path, load, required))
+                        if embedding.is_none()
+                            && draft.enabled()
+                            && loaded.model.verifies_drafts() =>
+                    {
+                        match load_draft(&path, &load, &loaded, required) {
+                            Ok(d) => d,
+                            Err(e) => {
+                                let _ = ready_tx.send(Err(e));
+                                return;
+                            }
+                        }
+                        .map(|m| (DraftModel::new(m, prefix_bytes), path))
+                    }
+                    _ => None,
+                };
+                let draft_info = draft_model.as_ref().map(|(d, p)| d.info(p));
                 let _ = ready_tx.send(Ok((
                     loaded.model.info().clone(),
                     embedding.clone(),
                     loaded.vocab.clone(),
+                    draft_info,
                 )));
                 if embedding.is_some() {
                     drop(jobs_rx);
@@ -162,6 +217,7 @@ impl Engine {
                     chunk,
                     max_batch,
                     draft,
+                    draft_model: draft_model.map(|(d, _)| d),
                     stats: thread_stats,
                     prefixes: PrefixCache::new(prefix_bytes),
                     blocked,
@@ -171,7 +227,7 @@ impl Engine {
                 *done.lock().unwrap_or_else(|p| p.into_inner()) = true;
                 cv.notify_all();
             })?;
-        let (info, embedding, vocab) = ready_rx
+        let (info, embedding, vocab, draft_info) = ready_rx
             .recv()
             .map_err(|_| EngineError::Unavailable("engine thread exited while loading".into()))??;
         info!(model = id, arch = %info.architecture, dtype = %info.dtype, device = %info.device,
@@ -189,6 +245,7 @@ impl Engine {
                 embedding,
                 info,
                 vocab,
+                draft: draft_info,
             }),
         })
     }
@@ -350,10 +407,15 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
         chunk,
         max_batch,
         draft,
+        draft_model,
         stats,
-        mut prefixes,
+        prefixes,
         blocked,
     } = cfg;
+    let mut prefixes = Kept {
+        prefixes,
+        draft: draft_model,
+    };
     let ctx = model.info().context_length;
     let on_mlx = model.info().backend == BackendKind::Mlx;
     let draft = if model.verifies_drafts() {
@@ -425,7 +487,7 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
             }
             let cache = {
                 let _turn = turn_for(on_mlx);
-                match prefixes.lookup(&job.req.prompt) {
+                match prefixes.prefixes.lookup(&job.req.prompt) {
                     Some(hit) => Ok(hit.cache),
                     None => model.new_cache(),
                 }
@@ -465,7 +527,7 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
             match next {
                 Next::Feed(t) => {
                     let mut span = vec![t];
-                    span.extend(seq.propose(ctx));
+                    span.extend(seq.propose(ctx, prefixes.draft.as_mut()));
                     spans.push(span);
                 }
                 Next::Finished(r) => {
@@ -524,7 +586,7 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
                         match batch.join(cache) {
                             Ok(()) => {
                                 let mut span = vec![t];
-                                span.extend(seq.propose(ctx));
+                                span.extend(seq.propose(ctx, prefixes.draft.as_mut()));
                                 decoding.push(seq);
                                 spans.push(span);
                             }
@@ -594,16 +656,17 @@ fn retire(
     reason: FinishReason,
     vocab: &Vocabulary,
     stats: &EngineStats,
-    prefixes: &mut PrefixCache,
+    kept: &mut Kept,
 ) {
     let (c, context) = seq.finish(reason, vocab);
     if !matches!(c.finish, FinishReason::Error(_)) {
         let cache = std::mem::replace(&mut seq.cache, Box::new(NoCache));
-        prefixes.insert(&context, cache);
+        kept.prefixes.insert(&context, cache);
+        seq.finish_drafting(kept.draft.as_mut());
     }
     stats
         .prefix_cache_bytes
-        .store(prefixes.bytes() as u64, Ordering::Relaxed);
+        .store(kept.bytes() as u64, Ordering::Relaxed);
     record(stats, &c);
     let _ = seq.job.events.send(Event::Done(c));
 }
@@ -613,7 +676,7 @@ fn fail_all(
     error: &str,
     vocab: &Vocabulary,
     stats: &EngineStats,
-    prefixes: &mut PrefixCache,
+    prefixes: &mut Kept,
 ) {
     for seq in decoding.drain(..) {
         retire(
@@ -653,9 +716,67 @@ struct RunConfig {
     chunk: usize,
     max_batch: usize,
     draft: DraftOptions,
+    draft_model: Option<DraftModel>,
     stats: Arc<EngineStats>,
     prefixes: PrefixCache,
     blocked: ContentPolicy,
+}
+
+/// KV state kept between requests: the model's prefix cache, and the draft
+/// model with its own.
+struct Kept {
+    prefixes: PrefixCache,
+    draft: Option<DraftModel>,
+}
+
+impl Kept {
+    fn bytes(&self) -> usize {
+        self.prefixes.bytes() + self.draft.as_ref().map_or(0, |d| d.prefixes.bytes())
+    }
+
+    /// Frees the least recently used kept prefix (the draft model's are
+    /// in its own KV pool, so they go only when that pool is full).
+    fn evict_oldest(&mut self) -> bool {
+        self.prefixes.evict_oldest()
+    }
+}
+
+/// Loads `path` to draft for `target`, or `None` (with a warning) when the
+/// two vocabularies differ and the draft model is not `required`: a pool's
+/// other models ignore a draft model named for one family.
+fn load_draft(
+    path: &Path,
+    load: &LoadOptions,
+    target: &loader::Loaded,
+    required: bool,
+) -> Result<Option<Box<dyn LanguageModel>>> {
+    let d = loader::load(path, load)
+        .map_err(|e| EngineError::Unsupported(format!("draft model {}: {e}", path.display())))?;
+    if d.model.embedding().is_some() || !d.model.verifies_drafts() {
+        return Err(EngineError::Unsupported(format!(
+            "draft model {}: not a generation model on llama.cpp",
+            path.display()
+        )));
+    }
+    if let Some(why) = vocabulary_mismatch(
+        &target.vocab,
+        target.model.info().vocab_size,
+        &d.vocab,
+        d.model.info().vocab_size,
+    ) {
+        if required {
+            return Err(EngineError::Unsupported(format!(
+                "draft model {} cannot draft for {}: its vocabulary differs ({why})",
+                path.display(),
+                target.path.display()
+            )));
+        }
+        tracing::warn!(draft = %path.display(), target = %target.path.display(), %why,
+            "the draft model does not share this model's vocabulary; drafting by prompt lookup");
+        return Ok(None);
+    }
+    info!(draft = %path.display(), weight_mb = d.model.info().weight_bytes >> 20, "draft model loaded");
+    Ok(Some(d.model))
 }
 
 /// Stands in for a cache that has been handed on (or never existed).

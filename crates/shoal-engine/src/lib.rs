@@ -12,6 +12,7 @@ pub mod cpu_blas;
 pub mod defaults;
 pub mod detok;
 pub mod draft;
+pub mod draft_model;
 pub mod embedding;
 pub mod engine;
 pub mod error;

@@ -26,7 +26,8 @@ pub struct Hit {
     pub tokens: usize,
 }
 
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+/// How many leading tokens `a` and `b` share.
+pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 

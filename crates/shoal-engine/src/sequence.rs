@@ -15,6 +15,7 @@ use crate::constraint::Constraint;
 use crate::content_filter::{ContentPolicy, Screen};
 use crate::detok::IncrementalDecoder;
 use crate::draft::{DraftOptions, Drafter};
+use crate::draft_model::DraftModel;
 use crate::error::EngineError;
 use crate::loader::Vocabulary;
 use crate::reasoning::{Phase, ReasoningSplitter};
@@ -165,7 +166,7 @@ impl Sequence {
 
     /// Drafts to run after `token` (the token [`Sequence::advance`] said to
     /// run), within the reply's token limit and the context window.
-    pub fn propose(&mut self, ctx: usize) -> Vec<u32> {
+    pub fn propose(&mut self, ctx: usize, model: Option<&mut DraftModel>) -> Vec<u32> {
         let (Some(drafter), Some(d)) = (self.drafter.as_mut(), self.decode.as_ref()) else {
             return Vec::new();
         };
@@ -178,7 +179,14 @@ impl Sequence {
         let room = max_tokens
             .saturating_sub(d.generated.len())
             .min(ctx.saturating_sub(d.context.len() + 1));
-        drafter.propose(&d.context, room)
+        drafter.propose(&d.context, room, model)
+    }
+
+    /// Hands the sequence's draft-model cache back for later turns.
+    pub fn finish_drafting(&mut self, model: Option<&mut DraftModel>) {
+        if let Some(d) = self.drafter.as_mut() {
+            d.finish(model);
+        }
     }
 
     /// Logits from a step that ran `span` (a token, then drafts): those after

@@ -1,7 +1,8 @@
-//! Speculative decoding (prompt lookup) on llama.cpp with the default model:
-//! every reply equals plain decoding's, token for token, with the same usage
-//! and finish, whatever the sampler, grammar or stop sequences; drafts are
-//! counted apart from completion tokens. Equal to the bit in batch-invariant
+//! Speculative decoding on llama.cpp, by prompt lookup with the default
+//! model, and by a draft model (the default model drafting for its Q8_0
+//! copy): every reply equals plain decoding's, token for token, with the
+//! same usage and finish, whatever the sampler, grammar or stop sequences;
+//! drafts are counted apart from completion tokens. Equal to the bit in batch-invariant
 //! mode; with the default kernels a step of several rows may compute a
 //! logit in another order than a single row, so there the equality is
 //! checked where the model's choice is clear.
@@ -9,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
 
 mod common;
-use common::{chat_prompt, gguf_path};
+use common::{chat_prompt, gguf_path, made_model};
 use shoal_engine::{
     collect_blocking, BackendChoice, Completion, DraftOptions, Engine, EngineOptions, FinishReason,
     GenerateRequest, Grammar, LlamaOptions, SamplingParams,
@@ -208,4 +209,205 @@ fn several_streams_draft_at_once_each_as_alone() {
     assert!(kept > 0, "no stream kept a draft");
     // The engine's counters add up the replies' own.
     assert!(on.stats.draft_accepted.load(Ordering::Relaxed) - before >= kept as u64);
+}
+
+/// The default model requantized to Q8_0: a target of the same vocabulary
+/// that the default (Q4_1) model drafts for.
+fn q8_gguf() -> std::path::PathBuf {
+    made_model(
+        "SHOAL_TEST_Q8_GGUF",
+        "smollm2-q8-v1/SmolLM2-135M-Instruct.Q8_0.gguf",
+    )
+}
+
+fn start_target(
+    draft: DraftOptions,
+    draft_model: Option<std::path::PathBuf>,
+    prefix_cache_bytes: usize,
+) -> Engine {
+    let opts = EngineOptions {
+        backend: BackendChoice::Llama,
+        prefix_cache_bytes,
+        max_batch: 8,
+        draft,
+        draft_model,
+        draft_model_required: true,
+        llama: LlamaOptions::default().batch_invariant(true),
+        ..EngineOptions::default()
+    };
+    Engine::start(&q8_gguf(), "smollm2-q8", opts).expect("load the Q8_0 model")
+}
+
+/// The Q8_0 model drafted for by the Q4_1 one, and alone; batch-invariant,
+/// no prefix cache (a prompt computed in two parts is not computed as one).
+fn model_engines() -> &'static (Engine, Engine) {
+    static E: OnceLock<(Engine, Engine)> = OnceLock::new();
+    E.get_or_init(|| {
+        (
+            start_target(DraftOptions::default(), Some(gguf_path()), 0),
+            start_target(DraftOptions::off(), None, 0),
+        )
+    })
+}
+
+#[test]
+fn a_draft_model_drafts_and_greedy_replies_equal_plain_decoding() {
+    let (on, off) = model_engines();
+    // Loaded beside the target and counted in its memory.
+    let d = on.model.draft.as_ref().expect("the draft model is loaded");
+    assert_eq!(d.path, gguf_path());
+    assert!(d.info.weight_bytes > 0 && d.info.kv_capacity_bytes > 0);
+    assert_eq!(
+        on.model.resident_bytes(),
+        on.model.info.resident_bytes() + d.info.resident_bytes()
+    );
+    assert!(off.model.draft.is_none());
+    let mut accepted = 0;
+    for q in [
+        COPY,
+        "What is the capital of France? Answer in one sentence.",
+        "Write a haiku about autumn leaves.",
+        "Explain in three sentences why the sky is blue.",
+    ] {
+        let r = request(on, q, 64);
+        let drafted = run(on, r.clone());
+        same_reply(q, &drafted, &run(off, r));
+        accepted += drafted.1.timings.draft_accepted;
+    }
+    // The Q4_1 model mostly agrees with its own Q8_0 copy.
+    assert!(
+        accepted >= 40,
+        "the draft model's drafts were seldom kept: {accepted}"
+    );
+}
+
+#[test]
+fn a_draft_model_keeps_seeded_sampling_stop_sequences_and_grammar_exact() {
+    let (on, off) = model_engines();
+    for seed in 1..=4 {
+        let mut r = request(on, "Tell me a short story about a cat.", 48);
+        r.sampling = SamplingParams {
+            temperature: 0.7,
+            top_p: 0.95,
+            seed: Some(seed),
+            ..SamplingParams::default()
+        };
+        same_reply(&format!("seed {seed}"), &run(on, r.clone()), &run(off, r));
+    }
+    let mut stopped = request(on, COPY, 80);
+    stopped.stop = vec!["thousand".into()];
+    let drafted = run(on, stopped.clone());
+    same_reply("stop sequence", &drafted, &run(off, stopped));
+    for max in [1, 9] {
+        let r = request(on, COPY, max);
+        let drafted = run(on, r.clone());
+        same_reply(&format!("max_tokens {max}"), &drafted, &run(off, r));
+        assert_eq!(drafted.1.usage.completion_tokens, max);
+    }
+    let mut json = request(
+        on,
+        "Give a JSON object with the name and the age of a person called Ann who is 31.",
+        60,
+    );
+    json.grammar = Some(Grammar::JsonSchema(serde_json::json!({
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"]
+    })));
+    let drafted = run(on, json.clone());
+    same_reply("json schema", &drafted, &run(off, json));
+}
+
+#[test]
+fn several_streams_draft_from_the_draft_model_at_once_each_as_alone() {
+    let (on, off) = model_engines();
+    let reqs = [
+        request(on, COPY, 50),
+        request(on, "What is the capital of Italy?", 30),
+        request(on, "List three colours.", 30),
+    ];
+    let alone: Vec<_> = reqs.iter().map(|r| run(off, r.clone())).collect();
+    let streams: Vec<_> = reqs
+        .iter()
+        .map(|r| on.submit(r.clone()).expect("submit"))
+        .collect();
+    let together: Vec<_> = streams
+        .into_iter()
+        .map(|rx| collect_blocking(rx).expect("complete"))
+        .collect();
+    for (i, (t, a)) in together.iter().zip(&alone).enumerate() {
+        same_reply(&format!("stream {i}"), t, a);
+        assert!(t.1.timings.draft_accepted > 0, "stream {i} kept no draft");
+    }
+}
+
+#[test]
+fn the_draft_model_keeps_its_cache_for_the_next_turn() {
+    // Prefix caches on: both engines see the same requests in the same
+    // order, so each splits the follow-up's prompt at the same place.
+    let on = start_target(DraftOptions::default(), Some(gguf_path()), 1 << 30);
+    let off = start_target(DraftOptions::off(), None, 1 << 30);
+    let first = request(&on, COPY, 40);
+    let turn = run(&on, first.clone());
+    same_reply("first turn", &turn, &run(&off, first.clone()));
+    // The draft model's cache of the reply is kept beside the model's.
+    let kept = |e: &Engine| e.stats.prefix_cache_bytes.load(Ordering::Relaxed);
+    assert!(kept(&on) > kept(&off) && kept(&off) > 0);
+    let msg = |role: &str, content: &str| shoal_engine::ChatMessage {
+        role: role.into(),
+        content: content.into(),
+    };
+    let v = &on.model.vocab;
+    let text = v
+        .render_chat(
+            &[
+                msg("user", COPY),
+                msg("assistant", &turn.0),
+                msg("user", "Repeat it once more, exactly."),
+            ],
+            true,
+            &Default::default(),
+        )
+        .expect("render");
+    let r = GenerateRequest {
+        prompt: v.encode(&text).expect("encode"),
+        ..first
+    };
+    let drafted = run(&on, r.clone());
+    same_reply("follow-up", &drafted, &run(&off, r));
+    assert!(drafted.1.usage.cached_tokens > 0);
+    assert!(
+        drafted.1.timings.draft_accepted > 0,
+        "{:?} {:?}",
+        drafted.0,
+        drafted.1.timings
+    );
+}
+
+#[test]
+fn a_draft_model_of_another_vocabulary_is_refused_or_left_out() {
+    // The default model with one token renamed: same size, one text differs.
+    let other = made_model(
+        "SHOAL_TEST_THINK_GGUF",
+        "smollm2-think-v1/SmolLM2-135M-Instruct-think.Q4_1.gguf",
+    );
+    let opts = |required| EngineOptions {
+        backend: BackendChoice::Llama,
+        draft_model: Some(other.clone()),
+        draft_model_required: required,
+        ..EngineOptions::default()
+    };
+    let err = Engine::start(&gguf_path(), "smollm2", opts(true))
+        .err()
+        .expect("a draft model of another vocabulary is refused")
+        .to_string();
+    assert!(
+        err.contains("vocabulary") && err.contains("token 4"),
+        "{err}"
+    );
+    // Named for the pool, it is left out: the model drafts by prompt lookup.
+    let e = Engine::start(&gguf_path(), "smollm2", opts(false)).expect("loads");
+    assert!(e.model.draft.is_none());
+    let r = request(&e, COPY, 40);
+    assert!(run(&e, r).1.timings.draft_tokens > 0);
 }

@@ -74,7 +74,13 @@ pub fn run(a: &Args) -> Result<()> {
     };
     let plain_opts = EngineOptions {
         draft: DraftOptions::off(),
+        draft_model: None,
         ..base.clone()
+    };
+    // Drafts from the draft model when one is named, else by prompt lookup.
+    let source = match &base.draft_model {
+        Some(p) => format!("draft model {}", p.display()),
+        None => "prompt lookup".to_string(),
     };
     let on_opts = EngineOptions {
         draft: drafted,
@@ -83,6 +89,9 @@ pub fn run(a: &Args) -> Result<()> {
     // One reply on a freshly loaded engine, after a short warm-up request.
     let once = |opts: &EngineOptions, user: &str, max: usize| -> Result<(String, Completion)> {
         let e = start(a, opts.clone())?;
+        if opts.draft_model.is_some() && e.model.draft.is_none() {
+            anyhow::bail!("the draft model does not share the model's vocabulary");
+        }
         collect_blocking(e.submit(request(&e, "Say hello.", 4)?)?)?;
         let out = collect_blocking(e.submit(request(&e, user, max)?)?)?;
         drop(e);
@@ -127,6 +136,7 @@ pub fn run(a: &Args) -> Result<()> {
     }
     let out = json!({
         "model": model_id,
+        "drafts_from": source,
         "runs": a.runs,
         "max_draft": drafted.max_tokens,
         "tasks": rows,
@@ -136,8 +146,8 @@ pub fn run(a: &Args) -> Result<()> {
         return Ok(());
     }
     println!(
-        "shoal {}: speculative decoding (prompt lookup, up to {} drafts a step) against plain decoding, {} interleaved pairs",
-        model_id, drafted.max_tokens, a.runs
+        "shoal {}: speculative decoding ({}, up to {} drafts a step) against plain decoding, {} interleaved pairs",
+        model_id, source, drafted.max_tokens, a.runs
     );
     println!(
         "{:12} {:>7} {:>12} {:>12} {:>8} {:>16} {:>6}",

@@ -288,7 +288,7 @@ settings! {
         kv_cache_type: shoal_engine::KvType = shoal_engine::KvType::F16,
             env Env::Var("SHOAL_KV_CACHE_TYPE"), flag Flag::Value("kv-cache-type", "f16|q8_0|q4_0");
         /// Speculative decoding on llama.cpp: prompt-lookup drafts tokens
-        /// from the prompt and the reply so far, or off. Each draft is
+        /// from the prompt and the reply so far (or draft_model does), or off. Each draft is
         /// checked by sampling its position as plain decoding would, so
         /// usage and finish stay exact (and with --batch-invariant the reply
         /// equals plain decoding's to the bit).
@@ -297,6 +297,12 @@ settings! {
         /// Most draft tokens the model checks in one step (at most 32).
         draft_tokens: usize = shoal_engine::draft::MAX_LENGTH,
             env Env::Var("SHOAL_DRAFT_TOKENS"), flag Flag::Value("draft-tokens", "N");
+        /// A smaller .gguf of the same vocabulary that drafts for the model
+        /// instead of prompt lookup (e.g. a 0.5B Qwen for a larger Qwen);
+        /// loaded beside it and counted in its memory. Models of another
+        /// vocabulary keep prompt lookup.
+        draft_model: Option<PathBuf> = None,
+            env Env::Var("SHOAL_DRAFT_MODEL"), flag Flag::Value("draft-model", "PATH");
     }
     /// An embedding model served beside the chat model (/v1/embeddings,
     /// /api/embed); it loads on first use like a pulled model.
@@ -935,6 +941,7 @@ impl Config {
                 .batch_invariant(self.model.batch_invariant)
                 .kv_type(self.model.kv_cache_type),
             draft: shoal_engine::DraftOptions::new(self.model.draft, self.model.draft_tokens),
+            draft_model: self.model.draft_model.clone(),
             ..EngineOptions::default()
         })
     }
@@ -983,6 +990,7 @@ mod tests {
             "server.ollama_port",
             "model.path",
             "model.id",
+            "model.draft_model",
             "embedding.path",
             "embedding.id",
         ];

@@ -42,7 +42,13 @@ pub fn open_store(state: shoal_api::AppState, cfg: &config::Config) -> shoal_api
 /// once; other models load on first use.
 pub fn load_engine(cfg: &config::Config) -> anyhow::Result<shoal_engine::Engine> {
     let path = cfg.model_path();
-    shoal_engine::Engine::start(&path, &cfg.model_id(), cfg.engine_options()?)
+    // The draft model was named for this model: another vocabulary is a
+    // mistake to report, not to ignore.
+    let opts = shoal_engine::EngineOptions {
+        draft_model_required: true,
+        ..cfg.engine_options()?
+    };
+    shoal_engine::Engine::start(&path, &cfg.model_id(), opts)
         .with_context(|| format!("loading {}", path.display()))
 }
 

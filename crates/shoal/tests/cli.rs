@@ -1890,3 +1890,31 @@ fn the_ollama_port_switch_is_remembered_across_restarts() {
         start_server(&dir, serve(vec!["--ollama-port".into(), other.to_string()]));
     assert_eq!(get_json(&addr, "/health")["ollama"]["port"], other);
 }
+
+/// `--draft-model` names a model to draft for the served one: a file of
+/// another vocabulary stops `serve` with the reason, before it listens.
+#[test]
+fn serve_refuses_a_draft_model_of_another_vocabulary() {
+    let dir = temp_dir("draft-model-mismatch");
+    // The default model with one token renamed (`make models`).
+    let other = std::env::var("SHOAL_TEST_THINK_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../.cache/models"))
+                .join("smollm2-think-v1/SmolLM2-135M-Instruct-think.Q4_1.gguf")
+        });
+    let (ok, out, err) = output(
+        shoal_isolated(&dir)
+            .args(["serve", "--port", "0", "--backend", "llama", "--model"])
+            .arg(gguf())
+            .arg("--draft-model")
+            .arg(&other),
+    );
+    assert!(!ok, "served with a mismatched draft model: {out}");
+    assert!(!out.contains("listening"), "{out}");
+    assert!(
+        err.contains("draft model") && err.contains("vocabulary") && err.contains("token 4"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -135,7 +135,7 @@ async fn control_load(
         .await
         .map_err(|e| e.in_dialect(ErrorShape::OpenAi))?;
     Ok(Json(
-        json!({"model": engine.model.id, "memory_bytes": engine.model.info.resident_bytes(),
+        json!({"model": engine.model.id, "memory_bytes": engine.model.resident_bytes(),
                     "backend": engine.model.info.backend}),
     )
     .into_response())
@@ -157,7 +157,7 @@ impl AppState {
             .iter()
             .map(|e| ModelLoad {
                 id: e.model.id.clone(),
-                memory_bytes: e.model.info.resident_bytes() as u64,
+                memory_bytes: e.model.resident_bytes() as u64,
                 backend: e.model.info.backend.to_string(),
             })
             .collect();

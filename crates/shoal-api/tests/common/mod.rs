@@ -35,6 +35,16 @@ pub fn think_gguf() -> PathBuf {
     )
 }
 
+/// The default model requantized to Q8_0 (`tools/py/gguf_f32.py --type
+/// q8_0`): a target of the same vocabulary the default model drafts for.
+#[allow(dead_code)]
+pub fn q8_gguf() -> PathBuf {
+    made_model(
+        "SHOAL_TEST_Q8_GGUF",
+        "smollm2-q8-v1/SmolLM2-135M-Instruct.Q8_0.gguf",
+    )
+}
+
 /// all-MiniLM-L6-v2 converted to GGUF (`tools/fetch-embedding-model.sh`).
 pub fn embed_gguf() -> PathBuf {
     made_model(

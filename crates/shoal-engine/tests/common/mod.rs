@@ -130,3 +130,14 @@ pub fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max)
 }
+
+/// A model `make models` derives from the downloaded ones: `env`, else its
+/// place under `.cache/models`.
+#[allow(dead_code)]
+pub fn made_model(env: &str, rel: &str) -> PathBuf {
+    let p = std::env::var(env).map(PathBuf::from).unwrap_or_else(|_| {
+        PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../.cache/models")).join(rel)
+    });
+    assert!(p.is_file(), "{} missing — run `make models`", p.display());
+    p
+}

@@ -337,7 +337,7 @@ pub async fn ps(State(s): State<AppState>) -> Reply {
                     // Kept until unloaded: as Ollama shows it, centuries away.
                     None => wall + chrono::Duration::nanoseconds(i64::MAX),
                 };
-                let size = info.resident_bytes() as u64;
+                let size = e.model.resident_bytes() as u64;
                 let name = tag_name(&m.id);
                 json!({
                     "name": name, "model": name,
