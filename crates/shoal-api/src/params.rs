@@ -69,6 +69,11 @@ pub struct OpenAiSampling {
     pub frequency_penalty: Option<f32>,
     /// Token id (as a string, as OpenAI sends it) → additive bias in [-100, 100].
     pub logit_bias: Option<BTreeMap<String, f32>>,
+    /// Beyond OpenAI's fields, as vLLM and llama-server take them (0 turns
+    /// top_k and min_p off; 1 the repetition penalty).
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
 }
 
 impl OpenAiSampling {
@@ -92,6 +97,15 @@ impl OpenAiSampling {
         check_range("n", self.n, 1, 16)?;
         check_range("presence_penalty", self.presence_penalty, -2.0, 2.0)?;
         check_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)?;
+        check_range("top_k", self.top_k, 0, i64::from(u32::MAX))?;
+        check_range("min_p", self.min_p, 0.0, 1.0)?;
+        check_range("repetition_penalty", self.repetition_penalty, 0.0, 100.0)?;
+        if self.repetition_penalty == Some(0.0) {
+            return Err(ApiError::param(
+                "repetition_penalty",
+                "'repetition_penalty' must be greater than 0",
+            ));
+        }
         let logit_bias = self.logit_bias()?;
         Ok(SamplingParams {
             temperature: self.temperature.unwrap_or(defaults.temperature),
@@ -99,6 +113,11 @@ impl OpenAiSampling {
             seed: self.seed.map(|s| s as u64),
             presence_penalty: self.presence_penalty.unwrap_or(0.0),
             frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
+            top_k: self.top_k.map_or(defaults.top_k, |k| k as usize),
+            min_p: self.min_p.unwrap_or(defaults.min_p),
+            repetition_penalty: self
+                .repetition_penalty
+                .unwrap_or(defaults.repetition_penalty),
             top_logprobs,
             logit_bias,
             ..defaults.clone()

@@ -17,7 +17,9 @@
 //! the same random numbers as plain decoding: a seeded reply is the same
 //! with drafting on or off.
 
-use crate::draft_model::{DraftModel, ModelDraft};
+use std::time::{Duration, Instant};
+
+use crate::draft_model::{DraftModel, Mode, ModelDraft};
 
 /// Where drafts come from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -59,6 +61,9 @@ pub struct DraftOptions {
     pub prompt_lookup: bool,
     /// Most draft tokens checked in one step.
     pub max_tokens: usize,
+    /// Draft with the draft model only while its steps emit tokens faster
+    /// than plain steps (measured); off: whenever prompt lookup has none.
+    pub measured: bool,
 }
 
 impl Default for DraftOptions {
@@ -66,6 +71,7 @@ impl Default for DraftOptions {
         DraftOptions {
             prompt_lookup: true,
             max_tokens: MAX_LENGTH,
+            measured: true,
         }
     }
 }
@@ -76,6 +82,7 @@ impl DraftOptions {
         DraftOptions {
             prompt_lookup: kind == DraftKind::PromptLookup,
             max_tokens: max_tokens.min(MAX_LENGTH),
+            measured: true,
         }
     }
 
@@ -84,6 +91,7 @@ impl DraftOptions {
         DraftOptions {
             prompt_lookup: false,
             max_tokens: 0,
+            measured: true,
         }
     }
 
@@ -120,6 +128,11 @@ pub struct Drafter {
     /// The draft model failed for this sequence (out of KV room, say):
     /// the reply goes on without drafts.
     model_failed: bool,
+    /// When the last step was planned, how, and the tokens it emitted; the
+    /// draft model's prefill in it, not counted as the step's time.
+    last: Option<(Instant, Mode)>,
+    emitted: usize,
+    prefill: Duration,
 }
 
 impl Drafter {
@@ -134,38 +147,79 @@ impl Drafter {
             pause: 0,
             model: None,
             model_failed: false,
+            last: None,
+            emitted: 1,
+            prefill: Duration::ZERO,
         })
     }
 
     /// A draft to check after `context` (whose last token is the one about
-    /// to run), at most `room` tokens long: from `model` when the engine has
-    /// a draft model, else by prompt lookup.
+    /// to run), at most `room` tokens long: by prompt lookup, else from
+    /// `model` when the engine has a draft model and its steps pay.
     pub fn propose(
         &mut self,
         context: &[u32],
         room: usize,
-        model: Option<&mut DraftModel>,
+        mut model: Option<&mut DraftModel>,
     ) -> Vec<u32> {
+        let now = Instant::now();
+        // The step just checked, timed from its plan to this one's.
+        if let (Some((at, mode)), Some(dm)) = (self.last.take(), model.as_deref_mut()) {
+            dm.pace
+                .record(mode, (now - at).saturating_sub(self.prefill), self.emitted);
+        }
+        self.emitted = 1;
+        self.prefill = Duration::ZERO;
+        let (draft, mode) = self.plan(context, room, model);
+        self.last = Some((now, mode));
+        draft
+    }
+
+    fn plan(
+        &mut self,
+        context: &[u32],
+        room: usize,
+        model: Option<&mut DraftModel>,
+    ) -> (Vec<u32>, Mode) {
         if self.pause > 0 {
             self.pause -= 1;
-            return Vec::new();
-        }
-        let want = self.length.min(room);
-        if want == 0 {
-            return Vec::new();
+        } else {
+            let d = lookup(context, self.length.min(room));
+            if !d.is_empty() {
+                return (d.to_vec(), Mode::Lookup);
+            }
         }
         let Some(dm) = model else {
-            return lookup(context, want).to_vec();
+            return (Vec::new(), Mode::Plain);
         };
-        if self.model_failed {
-            return Vec::new();
+        let want = room.min(self.opts.max_tokens);
+        let pays = !self.opts.measured
+            || match self.model {
+                Some(_) => dm.pace.model_pays(),
+                None => dm
+                    .pace
+                    .worth_starting(context.len() - dm.prefixes.held_prefix(context), room),
+            };
+        if self.model_failed || want == 0 || !pays {
+            return (Vec::new(), Mode::Plain);
         }
+        (self.draft_by_model(context, want, dm), Mode::Model)
+    }
+
+    fn draft_by_model(&mut self, context: &[u32], want: usize, dm: &mut DraftModel) -> Vec<u32> {
         let drafted = match self.model.take() {
             Some(state) => Ok(state),
             None => ModelDraft::start(dm, context),
         }
         .and_then(|mut state| {
-            let d = state.propose(dm, context, want)?;
+            let (d, prefill) = state.propose(dm, context, want)?;
+            let (took, tokens) = prefill;
+            if tokens >= 16 {
+                dm.pace.record_prefill(took, tokens);
+            }
+            if tokens > 1 + want.max(MAX_LENGTH) {
+                self.prefill = took;
+            }
             self.model = Some(state);
             Ok(d)
         });
@@ -186,7 +240,10 @@ impl Drafter {
 
     /// What the model kept of a draft of `proposed` tokens.
     pub fn kept(&mut self, proposed: usize, kept: usize) {
-        if proposed == 0 {
+        self.emitted = kept + 1;
+        // Only prompt lookup's misses pause it and shorten its drafts; the
+        // draft model stops at its own uncertainty.
+        if proposed == 0 || !matches!(self.last, Some((_, Mode::Lookup))) {
             return;
         }
         if kept == 0 {
@@ -313,8 +370,8 @@ mod tests {
     #[test]
     fn misses_pause_drafting_longer_each_time_and_hits_lengthen_drafts() {
         let mut d = Drafter::new(DraftOptions {
-            prompt_lookup: true,
             max_tokens: 8,
+            ..DraftOptions::default()
         })
         .expect("on");
         let ctx = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2];

@@ -11,6 +11,7 @@
 //! finished reply's draft cache goes to a prefix cache of the draft model's
 //! own, so the next turn of a conversation does not prefill it again.
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use crate::backend::{KvCache, LanguageModel, ModelInfo};
 use crate::error::Result;
@@ -28,6 +29,96 @@ pub struct DraftModel {
     pub(crate) model: Box<dyn LanguageModel>,
     /// Draft caches of finished replies, for the next turn to reuse.
     pub(crate) prefixes: PrefixCache,
+    /// How fast steps drafted by it emit tokens, against plain steps.
+    pub(crate) pace: Pace,
+}
+
+/// How a sequence's step was planned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// No draft.
+    Plain,
+    /// Drafted by prompt lookup.
+    Lookup,
+    /// Drafted by the draft model.
+    Model,
+}
+
+/// A draft model pays only where its steps emit tokens faster than plain
+/// ones: on a CPU a draft model of three quarters the target's size, kept
+/// 99 times in 100, still made Qwen-Coder's replies slower (0.7x), since
+/// its own steps cost nearly the target's and a checking step of many rows
+/// costs several one-row steps. So the time per emitted token of each kind
+/// of step is measured (a moving average over every sequence's steps, timed
+/// from one plan to the next), and the draft model drafts only while its
+/// steps are the faster; one step in [`Pace::PROBE`] tries the other kind so
+/// a change (a reply that turns predictable) is seen. A draft model's
+/// prefill of a prompt is not a step: it is left out of the times, and a
+/// sequence starts the draft model (paying that prefill) only while the
+/// model's steps are the faster, never to probe.
+#[derive(Debug, Default)]
+pub(crate) struct Pace {
+    plain: Option<f64>,
+    model: Option<f64>,
+    /// Seconds per token of the draft model's prefill.
+    prefill: Option<f64>,
+    decisions: u64,
+}
+
+impl Pace {
+    const PROBE: u64 = 32;
+    const HORIZON: usize = 256;
+    const WEIGHT: f64 = 0.1;
+
+    /// A draft model's prefill of `tokens` tokens that took `took`.
+    pub fn record_prefill(&mut self, took: Duration, tokens: usize) {
+        let per_token = took.as_secs_f64() / tokens.max(1) as f64;
+        self.prefill = Some(match self.prefill {
+            Some(avg) => avg + Self::WEIGHT * (per_token - avg),
+            None => per_token,
+        });
+    }
+
+    pub fn record(&mut self, mode: Mode, took: Duration, emitted: usize) {
+        let per_token = took.as_secs_f64() / emitted.max(1) as f64;
+        let slot = match mode {
+            Mode::Plain => &mut self.plain,
+            Mode::Model => &mut self.model,
+            Mode::Lookup => return,
+        };
+        *slot = Some(match *slot {
+            Some(avg) => avg + Self::WEIGHT * (per_token - avg),
+            None => per_token,
+        });
+    }
+
+    /// Whether the next step without a lookup draft should use the model.
+    pub fn model_pays(&mut self) -> bool {
+        self.decisions += 1;
+        let probe = self.decisions.is_multiple_of(Self::PROBE);
+        match (self.plain, self.model) {
+            // Measure each kind once first.
+            (None, _) => false,
+            (Some(_), None) => true,
+            (Some(plain), Some(model)) => (model < plain) != probe,
+        }
+    }
+
+    /// Whether a sequence without a draft cache should start one, paying a
+    /// prefill of `catch_up` tokens, with up to `left` tokens to go: while
+    /// the model is unmeasured, or when what its faster steps would save
+    /// over the rest of the reply (counted as at most [`Pace::HORIZON`]
+    /// tokens, a long reply's length being a guess) beats that prefill.
+    pub fn worth_starting(&self, catch_up: usize, left: usize) -> bool {
+        match (self.plain, self.model) {
+            (None, _) => false,
+            (Some(_), None) => true,
+            (Some(plain), Some(model)) => {
+                let saved = (plain - model) * left.min(Self::HORIZON) as f64;
+                saved > self.prefill.unwrap_or(0.0) * catch_up as f64
+            }
+        }
+    }
 }
 
 /// What callers may know about a target's draft model.
@@ -43,6 +134,7 @@ impl DraftModel {
         DraftModel {
             model,
             prefixes: PrefixCache::new(prefix_bytes),
+            pace: Pace::default(),
         }
     }
 
@@ -101,16 +193,26 @@ impl ModelDraft {
 
     /// At most `want` tokens to follow `context`: the draft model catches up
     /// on what the target accepted since the last draft (positions it holds
-    /// past that are dropped), then extends greedily while confident.
-    pub fn propose(&mut self, dm: &DraftModel, context: &[u32], want: usize) -> Result<Vec<u32>> {
+    /// past that are dropped), then extends greedily while confident. Also
+    /// returns the catch-up's time and tokens: beyond a step's few tokens
+    /// (a prompt's prefill, or the tokens of steps it sat out) it is a
+    /// prefill, not a step's cost.
+    pub fn propose(
+        &mut self,
+        dm: &DraftModel,
+        context: &[u32],
+        want: usize,
+    ) -> Result<(Vec<u32>, (Duration, usize))> {
         if context.is_empty() || want == 0 {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), (Duration::ZERO, 0)));
         }
         // At least the last token runs: its logits give the first draft.
         let keep = common_prefix(&self.held, context).min(context.len() - 1);
         self.cache.truncate(keep);
         self.held.truncate(keep);
+        let started = Instant::now();
         let mut logits = dm.model.forward(&context[keep..], self.cache.as_mut())?;
+        let catch_up = (started.elapsed(), context.len() - keep);
         self.held.extend_from_slice(&context[keep..]);
         let mut out = Vec::with_capacity(want);
         while let Some((token, p)) = most_likely(&logits) {
@@ -124,7 +226,7 @@ impl ModelDraft {
             logits = dm.model.forward(&[token], self.cache.as_mut())?;
             self.held.push(token);
         }
-        Ok(out)
+        Ok((out, catch_up))
     }
 
     /// Hands the cache to the draft model's prefix cache.
@@ -149,6 +251,38 @@ fn most_likely(logits: &[f32]) -> Option<(u32, f32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_draft_model_drafts_only_while_its_steps_are_the_faster() {
+        let ms = Duration::from_millis;
+        let mut pace = Pace::default();
+        // Plain steps are measured first, then the model's.
+        assert!(!pace.model_pays());
+        pace.record(Mode::Plain, ms(20), 1);
+        assert!(pace.model_pays());
+        // 4 tokens in 100 ms: 25 ms a token, slower than plain.
+        pace.record(Mode::Model, ms(100), 4);
+        pace.record(Mode::Lookup, ms(1), 30);
+        let used = (0..64).filter(|_| pace.model_pays()).count();
+        assert_eq!(used, 2, "only the probes use the model");
+        // A sequence not drafting yet does not start the model to probe.
+        assert!(!pace.worth_starting(0, 100));
+        // Faster steps bring it back: 8 tokens in 60 ms, many times.
+        for _ in 0..40 {
+            pace.record(Mode::Model, ms(60), 8);
+        }
+        let used = (0..64).filter(|_| pace.model_pays()).count();
+        assert_eq!(used, 62, "all but the probes use the model");
+        assert!(pace.worth_starting(0, 100));
+        // Unless its prefill costs more than its steps would save: about
+        // 12.5 ms a token saved over 100 tokens, against 2 ms a token of
+        // prefill over 1000 prompt tokens.
+        pace.record_prefill(Duration::from_millis(200), 100);
+        assert!(pace.worth_starting(100, 100));
+        assert!(!pace.worth_starting(1000, 100));
+        // The rest of a long reply counts as 256 tokens at most.
+        assert!(!pace.worth_starting(2000, 100_000));
+    }
 
     #[test]
     fn the_most_likely_token_comes_with_its_softmax_probability() {

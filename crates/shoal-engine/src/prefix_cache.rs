@@ -72,6 +72,16 @@ impl PrefixCache {
         Some(Hit { cache, tokens: len })
     }
 
+    /// How many of `prompt`'s first tokens the best entry holds, without
+    /// taking it.
+    pub fn held_prefix(&self, prompt: &[u32]) -> usize {
+        self.entries
+            .iter()
+            .map(|e| common_prefix(&e.tokens, prompt).min(e.cache.len()))
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Keeps `cache`, whose positions hold `tokens[..cache.len()]`.
     pub fn insert(&mut self, tokens: &[u32], mut cache: Box<dyn KvCache>) {
         if self.budget_bytes == 0 || cache.is_empty() || cache.nbytes() > self.budget_bytes {
