@@ -15,6 +15,7 @@ import {
   ledgerEntry,
   newChat,
   openPage,
+  usePage,
   screenshot,
   send,
   shownStats,
@@ -45,7 +46,7 @@ after(async () => {
 async function withKeyedPage(name, opts, body) {
   const consoleLines = [];
   const apiRequests = [];
-  const { context, page, errors } = await openPage(browser, {
+  const opened = await openPage(browser, {
     base: KEYED_BASE,
     ...opts,
     setup: async (p) => {
@@ -56,16 +57,7 @@ async function withKeyedPage(name, opts, body) {
       });
     },
   });
-  try {
-    await body(page, { consoleLines, apiRequests });
-    await screenshot(page, name);
-  } catch (e) {
-    await screenshot(page, `${name}-failed`).catch(() => {});
-    throw e;
-  } finally {
-    await context.close();
-  }
-  assert.deepEqual(errors, [], 'uncaught errors in the page');
+  await usePage(opened, name, (page) => body(page, { consoleLines, apiRequests }));
   assert.ok(!consoleLines.some((l) => l.includes(KEY)), 'the key is in a console line');
 }
 

@@ -1,5 +1,6 @@
 // Shared pieces of the browser tests: Debian's chromium through playwright-core,
 // the server under test (SHOAL_URL, started by tests/run-ui.sh), screenshots.
+import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { mkdirSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
@@ -49,6 +50,24 @@ export async function openPage(browser, { width = 1280, height = 800, colorSchem
 
 export async function screenshot(page, name) {
   await page.screenshot({ path: join(ARTIFACTS, `${name}.png`) });
+}
+
+/**
+ * Runs `body(page)` on a page `openPage` opened, screenshots it (on failure,
+ * and on success unless `shot` is false), closes it, and checks no script
+ * error escaped.
+ */
+export async function usePage({ context, page, errors }, name, body, { shot = true } = {}) {
+  try {
+    await body(page);
+    if (shot) await screenshot(page, name);
+  } catch (e) {
+    await screenshot(page, `${name}-failed`).catch(() => {});
+    throw e;
+  } finally {
+    await context.close();
+  }
+  assert.deepEqual(errors, [], 'uncaught errors in the page');
 }
 
 /** A request to the server under test (or to `base`, with `key` as a Bearer token). */

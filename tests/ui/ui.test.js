@@ -13,6 +13,7 @@ import {
   ledgerEntry,
   newChat,
   openPage,
+  usePage,
   screenshot,
   send,
   shownStats,
@@ -50,17 +51,7 @@ after(async () => {
 
 /** Runs `body` with a fresh page; screenshots it (also on failure) and checks no script error escaped. */
 async function withPage(name, opts, body) {
-  const { context, page, errors } = await openPage(browser, opts);
-  try {
-    await body(page);
-    await screenshot(page, name);
-  } catch (e) {
-    await screenshot(page, `${name}-failed`).catch(() => {});
-    throw e;
-  } finally {
-    await context.close();
-  }
-  assert.deepEqual(errors, [], 'uncaught errors in the page');
+  await usePage(await openPage(browser, opts), name, body);
 }
 
 test('the binary serves the UI at / and unknown routes fall back to it', async () => {
@@ -481,15 +472,10 @@ test('the usage view lists requests made outside the UI and refreshes by itself'
     assert.equal(await row.getByTestId('usage-row-completion').innerText(), String(usage.completion_tokens));
     assert.equal(await row.getByTestId('usage-row-total').innerText(), String(usage.total_tokens));
     assert.equal(await row.getByTestId('usage-row-finish').innerText(), 'length');
-    // The chart has a bar per UTC day, today's as tall as the API's sum for it.
-    const days = (await api('/v1/usage?group_by=day')).json.data;
-    const today = days[days.length - 1];
-    const bar = page.locator(`[data-testid=chart-bar][data-day="${today.key}"]`);
-    await page.waitForFunction(
-      ([day, total]) => document.querySelector(`[data-testid=chart-bar][data-day="${day}"]`)?.dataset.total >= total,
-      [today.key, today.total_tokens],
-    );
-    assert.ok(Number(await bar.getAttribute('data-total')) >= today.total_tokens);
+    // The chart is the API's sums per bucket (all time on a fresh server: per hour).
+    const unit = await page.getByTestId('usage-chart').getAttribute('data-unit');
+    const bars = await chartMatches(page, '', unit);
+    assert.ok(bars.length > 0);
   });
 });
 
@@ -550,6 +536,172 @@ test('an Ollama request is in the usage dashboard under its own dialect, with it
     assert.equal(await row.getByTestId('usage-row-prompt').innerText(), String(r.json.prompt_eval_count));
     assert.equal(await row.getByTestId('usage-row-completion').innerText(), String(r.json.eval_count));
     assert.equal(await row.getByTestId('usage-row-finish').innerText(), r.json.done_reason);
+  });
+});
+
+/** Enough requests for a full log (the suite's earlier ones count), and one refused before a model was chosen. */
+async function usageTraffic() {
+  const have = (await api('/v1/usage?limit=200')).json.data.length;
+  for (let i = have; i < 14; i++) {
+    const r = await api('/v1/chat/completions', { model, messages: [{ role: 'user', content: FRANCE }], temperature: 0, max_tokens: 1 });
+    assert.equal(r.status, 200, r.text);
+  }
+  if (!(await api('/v1/usage?group_by=model')).json.data.some((g) => g.key === '')) {
+    const r = await api('/v1/chat/completions', { model: 'no-such-model', messages: [{ role: 'user', content: FRANCE }] });
+    assert.ok(r.status >= 400, r.text);
+    assert.ok((await api('/v1/usage?group_by=model')).json.data.some((g) => g.key === ''), 'the refusal is in the ledger without a model');
+  }
+}
+
+/** The chart's unit and bars (key, total). */
+const chartBars = (page) =>
+  page.evaluate(() => ({
+    unit: document.querySelector('[data-testid=usage-chart]')?.dataset.unit,
+    bars: [...document.querySelectorAll('[data-testid=chart-bar]')].map((g) => ({ key: g.dataset.key, total: Number(g.dataset.total) })),
+  }));
+
+/**
+ * Waits for the chart to show the API's `group_by=unit` sums for `query`
+ * (the page refreshes every few seconds): each of its buckets drawn, every
+ * other bar empty, and with `n` given, `n` bars (so a chart of the filter
+ * before is not taken for this one). Resolves with the bars.
+ */
+async function chartMatches(page, query, unit, n, timeoutMs = 15_000) {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const want = new Map((await api(`/v1/usage?${query}&group_by=${unit}`)).json.data.map((g) => [g.key, g.total_tokens]));
+    const shown = await chartBars(page);
+    const keys = new Set(shown.bars.map((b) => b.key));
+    const same = shown.bars.every((b) => b.total === (want.get(b.key) ?? 0)) && [...want.keys()].every((k) => keys.has(k));
+    if (shown.unit === unit && same && (n === undefined || shown.bars.length === n)) return shown.bars;
+    assert.ok(Date.now() < deadline, `the chart ${JSON.stringify(shown)} is not ${n ?? 'the'} bars of /v1/usage?${query} per ${unit}: ${JSON.stringify([...want])}`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+/** A bucket key's start in Unix seconds. */
+const bucketStart = (key) => Date.parse(key.length > 10 ? `${key}:00:00Z` : `${key}T00:00:00Z`) / 1000;
+
+/** Asserts the bars are consecutive buckets `step` seconds apart, reaching at least to the newest request. */
+async function assertRange(bars, step) {
+  bars.forEach((b, i) => i && assert.equal(bucketStart(b.key) - bucketStart(bars[i - 1].key), step, `${bars[i - 1].key} → ${b.key}`));
+  const newest = (await api('/v1/usage?limit=1')).json.data[0].created;
+  const last = bars[bars.length - 1].key;
+  assert.ok(newest < bucketStart(last) + step, `the last bucket ${last} is before the newest request (${newest})`);
+}
+
+/** How many request-log rows are wholly in sight: inside the window and the log's own box, below its header. */
+const rowsInSight = (log) =>
+  log.evaluate((box) => {
+    const b = box.getBoundingClientRect();
+    const top = Math.max(b.top, box.querySelector('thead').getBoundingClientRect().bottom, 0);
+    const bottom = Math.min(b.bottom, window.innerHeight);
+    return [...box.querySelectorAll('[data-testid=usage-row]')].filter((r) => {
+      const x = r.getBoundingClientRect();
+      return x.top >= top - 1 && x.bottom <= bottom + 1;
+    }).length;
+  });
+
+test('the usage view: a full request log, charts bucketed by the range, worded gaps and empty states', async () => {
+  await usageTraffic();
+  const requests = (await api('/v1/usage?limit=200')).json.data.length;
+  await withPage('usage-empty-filter', { path: '/usage' }, async (page) => {
+    await page.getByTestId('usage-updated').filter({ hasText: 'updated' }).waitFor();
+    assert.equal(
+      await page.getByTestId('usage-subtitle').innerText(),
+      'Every request this server answered, from any client, kept in its ledger.',
+    );
+    await page.waitForFunction((n) => document.querySelectorAll('[data-testid=usage-row]').length >= n, Math.min(requests, 100));
+    await screenshot(page, 'usage-1280-top');
+
+    // The log, scrolled to, shows a window's worth of rows (not two in a squeezed box).
+    const log = page.getByTestId('usage-log');
+    await log.scrollIntoViewIfNeeded();
+    const seen = await rowsInSight(log);
+    assert.ok(seen >= 8, `${seen} rows in sight at 1280×800`);
+    await screenshot(page, 'usage-1280-log');
+    // In a short window its rows scroll in its box, under a header that stays put.
+    await page.setViewportSize({ width: 1280, height: 480 });
+    await log.scrollIntoViewIfNeeded();
+    const sticky = await log.evaluate((box) => {
+      box.scrollTop = box.scrollHeight;
+      return { scrolled: box.scrollTop, head: box.querySelector('thead th').getBoundingClientRect().top - box.getBoundingClientRect().top };
+    });
+    assert.ok(sticky.scrolled > 0, 'the log scrolls in its box');
+    assert.ok(Math.abs(sticky.head) <= 2, `the header is ${sticky.head}px from the log's top`);
+    await page.setViewportSize({ width: 1280, height: 800 });
+
+    // Per model fits whole, its total row in sight and equal to the cards.
+    const byModel = page.getByTestId('usage-by-model');
+    await byModel.locator('[data-testid=group-total-row]').scrollIntoViewIfNeeded();
+    const fit = await byModel.evaluate((t) => {
+      const wrap = t.parentElement.getBoundingClientRect();
+      const cell = t.querySelector('tfoot [data-testid=group-total]').getBoundingClientRect();
+      return { over: t.parentElement.scrollWidth - t.parentElement.clientWidth, inside: cell.left >= wrap.left && cell.right <= wrap.right && cell.bottom <= window.innerHeight };
+    });
+    assert.deepEqual(fit, { over: 0, inside: true });
+    const models = (await api('/v1/usage?group_by=model')).json.data;
+    const sum = (k) => models.reduce((a, g) => a + g[k], 0).toLocaleString('en-US');
+    await page.waitForFunction(
+      (n) => document.querySelector('[data-testid=usage-by-model] tfoot [data-testid=group-requests]')?.textContent === n,
+      sum('requests'),
+    );
+    assert.equal(await byModel.locator('tfoot [data-testid=group-total]').innerText(), sum('total_tokens'));
+    assert.equal(await page.getByTestId('usage-count').innerText(), sum('requests'));
+
+    // Rows without a key or a model say so in words, never a bare dash.
+    assert.equal(await byModel.locator('[data-testid=group-row][data-key=""] td').first().innerText(), 'refused before a model was chosen');
+    assert.equal(
+      await page.locator('[data-testid=usage-by-client] [data-testid=group-row][data-key=""] td').first().innerText(),
+      'no API key',
+    );
+    const clients = await page.getByTestId('usage-row-client').allInnerTexts();
+    assert.deepEqual([...new Set(clients)], ['no API key']);
+    const dashes = await page.getByTestId('usage-view').locator('td').evaluateAll((tds) => tds.filter((td) => td.textContent.trim() === '–').length);
+    assert.equal(dashes, 0);
+
+    // The chart buckets by the range: hours up to two days, then days, empty buckets drawn.
+    await page.getByTestId('usage-filter-since').selectOption('1h');
+    // The last hour spans two clock hours, the last 24 hours 25, the last 7 days 8 days.
+    await assertRange(await chartMatches(page, 'since=1h', 'hour', 2), 3600);
+    await page.getByTestId('usage-filter-since').selectOption('24h');
+    await assertRange(await chartMatches(page, 'since=24h', 'hour', 25), 3600);
+    await page.getByTestId('usage-filter-since').selectOption('7d');
+    const week = await chartMatches(page, 'since=7d', 'day', 8);
+    await assertRange(week, 86_400);
+    assert.ok(week.filter((b) => b.total === 0).length >= 6, `empty days drawn: ${JSON.stringify(week)}`);
+
+    // A filter nothing matches: each part says what would be there.
+    assert.equal((await api('/v1/usage?since=7d&finish=content_filter&limit=1')).json.data.length, 0);
+    await page.getByTestId('usage-filter-finish').selectOption('content_filter');
+    const chartEmpty = page.getByTestId('usage-chart-empty');
+    await chartEmpty.waitFor();
+    assert.equal(await page.getByTestId('usage-chart').count(), 0, 'no chart with an empty axis');
+    assert.match(await chartEmpty.innerText(), /^No requests match these filters — each day's prompt, cached and completion tokens are charted here\.$/);
+    assert.deepEqual(await page.getByTestId('group-empty').allInnerTexts(), [
+      "No requests match these filters — each model's requests and tokens appear here.",
+      "No requests match these filters — each API key's requests and tokens appear here.",
+    ]);
+    assert.equal(await page.getByTestId('usage-empty').innerText(), 'No requests match these filters — requests to any API appear here with their tokens.');
+    assert.equal(await page.getByTestId('usage-row').count(), 0);
+  });
+});
+
+test('the usage view in a narrow window: the request log is reachable and shows its rows', async () => {
+  await usageTraffic();
+  await withPage('usage-420-log', { path: '/usage', width: 420, height: 800 }, async (page) => {
+    await page.getByTestId('usage-row').nth(7).waitFor({ state: 'attached' });
+    await screenshot(page, 'usage-420-top');
+    const log = page.getByTestId('usage-log');
+    await log.scrollIntoViewIfNeeded();
+    const seen = await rowsInSight(log);
+    assert.ok(seen >= 8, `${seen} rows in sight at 420×800`);
+    // Its columns scroll sideways within it, not the page.
+    const sideways = await log.evaluate((box) => {
+      box.scrollLeft = box.scrollWidth;
+      return box.scrollLeft > 0 && document.documentElement.scrollWidth <= window.innerWidth;
+    });
+    assert.ok(sideways);
   });
 });
 
@@ -682,7 +834,10 @@ test('the whole-cluster scope and the cluster view show a second node\'s request
       await page.getByTestId('nav-usage').click();
       await page.getByTestId('usage-updated').filter({ hasText: 'updated' }).waitFor();
       assert.equal(await page.locator(`[data-testid=usage-row][data-id="${r.json.id}"]`).count(), 0, 'not this server\'s');
+      assert.match(await page.getByTestId('usage-subtitle').innerText(), /^Every request this server answered/);
       await page.getByTestId('usage-filter-scope').selectOption('cluster');
+      // The subtitle speaks of the scope chosen.
+      assert.match(await page.getByTestId('usage-subtitle').innerText(), /^Every request the cluster's nodes answered, .* merged from each online node's ledger\.$/);
       await page.locator(`[data-testid=usage-row][data-id="${r.json.id}"]`).waitFor();
       assert.equal(await page.getByTestId('usage-count').innerText(), '1');
       // The cluster view: B served this request's tokens, A none.

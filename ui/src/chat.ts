@@ -13,9 +13,73 @@ export interface ChatRequest {
   stream: true;
   stream_options: { include_usage: true };
   temperature?: number;
+  top_p?: number;
+  top_k?: number;
+  min_p?: number;
+  repetition_penalty?: number;
+  seed?: number;
   max_tokens?: number;
   stop?: string[];
   reasoning_effort?: 'low';
+}
+
+/** A sampling setting a chat can override: the request field it is sent as and the values the form lets through. */
+export interface SamplingField {
+  key: 'temperature' | 'topP' | 'topK' | 'minP' | 'repetitionPenalty' | 'seed';
+  wire: 'temperature' | 'top_p' | 'top_k' | 'min_p' | 'repetition_penalty' | 'seed';
+  label: string;
+  /** What it does, for its tooltip. */
+  hint: string;
+  min: number;
+  max: number;
+  /** `min` itself is refused. */
+  aboveMin?: boolean;
+  integer?: boolean;
+  step: string;
+  /** The value that turns it off, named beside the model's default. */
+  off?: number;
+  /** Range left to the server, which refuses it in the reply (the suite's server-error test provokes that 400 this way). */
+  serverChecked?: boolean;
+}
+
+/** The ranges the server takes (shoal-engine's `SamplingParams::validate`; the repetition penalty's cap as its Ollama dialect checks). */
+export const SAMPLING: SamplingField[] = [
+  {
+    key: 'temperature', wire: 'temperature', label: 'Temperature', min: 0, max: 2, step: '0.1', serverChecked: true,
+    hint: 'How random the reply is: 0 always takes the likeliest token',
+  },
+  {
+    key: 'topP', wire: 'top_p', label: 'Top P', min: 0, max: 1, aboveMin: true, step: '0.05', off: 1,
+    hint: 'Samples from the likeliest tokens that together make up this share of the probability',
+  },
+  {
+    key: 'topK', wire: 'top_k', label: 'Top K', min: 0, max: Infinity, integer: true, step: '1', off: 0,
+    hint: 'Samples from this many of the likeliest tokens only',
+  },
+  {
+    key: 'minP', wire: 'min_p', label: 'Min P', min: 0, max: 1, step: '0.05', off: 0,
+    hint: 'Leaves out tokens less likely than this share of the likeliest one',
+  },
+  {
+    key: 'repetitionPenalty', wire: 'repetition_penalty', label: 'Repetition penalty', min: 0, max: 100, aboveMin: true, step: '0.05', off: 1,
+    hint: 'Makes tokens seen in the last 64 tokens less likely (above 1) or more likely (below 1)',
+  },
+  // Past 2^53 a JavaScript number is no longer the whole number typed.
+  {
+    key: 'seed', wire: 'seed', label: 'Seed', min: 0, max: Number.MAX_SAFE_INTEGER, integer: true, step: '1',
+    hint: 'The same seed and settings give the same reply again',
+  },
+];
+
+/** Why `v` cannot be sent as `f`; null when it can (or is empty: the model's default). */
+export function samplingProblem(f: SamplingField, v: number | null): string | null {
+  if (v == null || f.serverChecked) return null;
+  const whole = f.integer ? 'a whole number of ' : '';
+  const range = `${f.aboveMin ? 'more than' : 'at least'} ${f.min}${Number.isFinite(f.max) ? ` and at most ${f.max}` : ''}`;
+  if ((f.integer && !Number.isInteger(v)) || v < f.min || (f.aboveMin && v === f.min) || v > f.max) {
+    return `${f.label} must be ${whole}${range}, not ${v}`;
+  }
+  return null;
 }
 
 export function buildRequest(settings: ChatSettings, history: Message[]): ChatRequest {
@@ -32,7 +96,10 @@ export function buildRequest(settings: ChatSettings, history: Message[]): ChatRe
     stream: true,
     stream_options: { include_usage: true },
   };
-  if (settings.temperature != null) req.temperature = settings.temperature;
+  for (const f of SAMPLING) {
+    const v = settings[f.key];
+    if (v != null) req[f.wire] = v;
+  }
   if (settings.maxTokens != null) req.max_tokens = settings.maxTokens;
   const stop = settings.stop.filter((s) => s !== '');
   if (stop.length) req.stop = stop;

@@ -14,6 +14,12 @@ export interface ChatSettings {
   temperature: number | null;
   /** Empty: the server's default. */
   maxTokens: number | null;
+  /** Sampling overrides (sent as top_p, top_k, min_p, repetition_penalty, seed); empty: the model's default. */
+  topP: number | null;
+  topK: number | null;
+  minP: number | null;
+  repetitionPenalty: number | null;
+  seed: number | null;
   stop: string[];
   reasoning: boolean;
 }
@@ -80,6 +86,11 @@ export const DEFAULT_SETTINGS: ChatSettings = {
   systemPrompt: '',
   temperature: null,
   maxTokens: DEFAULT_MAX_TOKENS,
+  topP: null,
+  topK: null,
+  minP: null,
+  repetitionPenalty: null,
+  seed: null,
   stop: [],
   reasoning: false,
 };
@@ -149,6 +160,11 @@ function toSettings(raw: unknown): ChatSettings {
     systemPrompt: typeof s.systemPrompt === 'string' ? s.systemPrompt : DEFAULT_SETTINGS.systemPrompt,
     temperature: num(s.temperature),
     maxTokens: num(s.maxTokens),
+    topP: num(s.topP),
+    topK: num(s.topK),
+    minP: num(s.minP),
+    repetitionPenalty: num(s.repetitionPenalty),
+    seed: num(s.seed),
     stop: Array.isArray(s.stop) ? s.stop.filter((x): x is string => typeof x === 'string') : [],
     reasoning: s.reasoning === true,
   };

@@ -90,6 +90,7 @@ export function ModelsPanel(props: { selected: string; onUse: (id: string) => vo
         )}
       </Show>
 
+      {/* A narrow panel (a side column, a phone) shows each model as a card: see .models-panel in styles.css. */}
       <div class="table-wrap">
         <table class="table models-table" data-testid="models-table">
           <thead>
@@ -181,16 +182,16 @@ function ModelRow(props: { model: ModelInfo; selected: boolean; onUse: () => voi
           </span>
         </Show>
       </td>
-      <td data-testid="model-quant">{quantOf(m())}</td>
-      <td data-testid="model-backend" data-backend={s().backend ?? ''} title={s().unavailable ?? ''}>
+      <td data-testid="model-quant" data-label="Quantization">{quantOf(m())}</td>
+      <td data-testid="model-backend" data-label="Backend" data-backend={s().backend ?? ''} title={s().unavailable ?? ''}>
         <Show when={s().backend} fallback={<span class="tag warn">cannot run</span>}>
           {backendName(s().backend ?? '')}
         </Show>
       </td>
-      <td class="num" data-testid="model-size" data-bytes={s().size_bytes ?? ''}>
+      <td class="num" data-testid="model-size" data-label="On disk" data-bytes={s().size_bytes ?? ''}>
         {fmtBytes(s().size_bytes)}
       </td>
-      <td class="num" data-testid="model-memory" data-bytes={s().memory_bytes ?? ''}>
+      <td class="num" data-testid="model-memory" data-label="Memory" data-bytes={s().memory_bytes ?? ''}>
         <Show
           when={s().loaded}
           fallback={

@@ -25,8 +25,23 @@ import { ServerSettings } from '../components/ServerSettings';
 import { renderMarkdown } from '../markdown';
 import { fmtBytes } from '../format';
 import { canReason, chatModels, lib, modelById } from '../models';
+import { SAMPLING, samplingProblem, type SamplingField } from '../chat';
 import type { ModelInfo } from '../api';
 import type { Conversation, Message } from '../store';
+
+/** Settings fields whose text is not a number, by field (the chat's settings hold null for them meanwhile). */
+const [unreadable, setUnreadable] = createSignal<Record<string, string>>({});
+
+/** Why a chat's settings cannot be sent as they are (checked before sending); null when they can. */
+function settingsProblem(c: Conversation | undefined, model: ModelInfo | undefined): string | null {
+  if (!c) return null;
+  return (
+    Object.values(unreadable())[0] ??
+    maxTokensProblem(c.settings.maxTokens, model?.shoal?.context_length) ??
+    SAMPLING.map((f) => samplingProblem(f, c.settings[f.key])).find((p) => p != null) ??
+    null
+  );
+}
 
 export function ChatView() {
   const [draft, setDraft] = createSignal('');
@@ -52,7 +67,7 @@ export function ChatView() {
 
   const send = () => {
     const text = draft();
-    if (!text.trim() || chat.streaming || settingsProblem()) return;
+    if (!text.trim() || chat.streaming || problem()) return;
     setDraft('');
     void sendMessage(text);
   };
@@ -78,11 +93,7 @@ export function ChatView() {
       history.replaceState(null, '', path);
     }
   });
-  /** Why the chat's settings cannot be sent as they are (checked before sending). */
-  const settingsProblem = () => {
-    const c = current();
-    return c ? maxTokensProblem(c.settings.maxTokens, chosen()?.shoal?.context_length) : null;
-  };
+  const problem = () => settingsProblem(current(), chosen());
 
   return (
     <div class="chat" classList={{ 'sidebar-open': sidebarOpen() }} data-testid="chat-view">
@@ -219,96 +230,105 @@ export function ChatView() {
           </button>
         </div>
 
-        <Show when={modelsOpen()}>
-          <ModelsPanel selected={effectiveModel(current())} onUse={(id) => updateSettings({ model: id })} />
-        </Show>
+        <div class="chat-body">
+          <div class="chat-conv">
+            <Show when={lib.error}>
+              <ErrorBanner testid="models-error" action={{ label: 'Retry', onClick: () => void loadModels() }}>
+                {lib.error}
+              </ErrorBanner>
+            </Show>
 
-        <Show when={settingsOpen()}>
-          <Show when={current()} keyed>
-            {(c) => <SettingsPanel conv={c} model={chosen()} />}
-          </Show>
-        </Show>
+            <Show when={chat.loadError}>
+              <ErrorBanner testid="store-load-error" action={{ label: 'Retry', onClick: () => void loadConversations() }}>
+                {chat.loadError}
+              </ErrorBanner>
+            </Show>
 
-        <Show when={lib.error}>
-          <ErrorBanner testid="models-error" action={{ label: 'Retry', onClick: () => void loadModels() }}>
-            {lib.error}
-          </ErrorBanner>
-        </Show>
+            <Show when={chat.storeError}>
+              <ErrorBanner testid="store-error" action={{ label: 'Dismiss', title: 'Dismiss', onClick: dismissStoreError }}>
+                {chat.storeError}
+              </ErrorBanner>
+            </Show>
 
-        <Show when={chat.loadError}>
-          <ErrorBanner testid="store-load-error" action={{ label: 'Retry', onClick: () => void loadConversations() }}>
-            {chat.loadError}
-          </ErrorBanner>
-        </Show>
+            <div class="messages" ref={scroller} onScroll={onScroll} data-testid="messages">
+              <Show
+                when={(current()?.messages.length ?? 0) > 0}
+                fallback={
+                  <div class="empty" data-testid="empty-chat">
+                    <p>Ask the model something.</p>
+                    <p class="muted">Enter sends · Shift+Enter adds a line · Esc stops a reply</p>
+                  </div>
+                }
+              >
+                <For each={current()?.messages}>
+                  {(m) => <MessageView msg={m} streaming={chat.streaming?.messageId === m.id} blocked={problem()} />}
+                </For>
+              </Show>
+            </div>
 
-        <Show when={chat.storeError}>
-          <ErrorBanner testid="store-error" action={{ label: 'Dismiss', title: 'Dismiss', onClick: dismissStoreError }}>
-            {chat.storeError}
-          </ErrorBanner>
-        </Show>
-
-        <div class="messages" ref={scroller} onScroll={onScroll} data-testid="messages">
-          <Show
-            when={(current()?.messages.length ?? 0) > 0}
-            fallback={
-              <div class="empty" data-testid="empty-chat">
-                <p>Ask the model something.</p>
-                <p class="muted">Enter sends · Shift+Enter adds a line · Esc stops a reply</p>
-              </div>
-            }
-          >
-            <For each={current()?.messages}>
-              {(m) => <MessageView msg={m} streaming={chat.streaming?.messageId === m.id} />}
-            </For>
-          </Show>
-        </div>
-
-        <form
-          class="composer"
-          onSubmit={(e) => {
-            e.preventDefault();
-            send();
-          }}
-        >
-          <textarea
-            ref={input}
-            data-testid="composer-input"
-            rows={2}
-            placeholder="Message (Enter to send, Shift+Enter for a new line)"
-            value={draft()}
-            onInput={(e) => setDraft(e.currentTarget.value)}
-            onKeyDown={(e) => {
-              if (e.key === 'Enter' && !e.shiftKey && !e.isComposing) {
+            <form
+              class="composer"
+              onSubmit={(e) => {
                 e.preventDefault();
                 send();
-              }
-            }}
-          />
-          <Show
-            when={chat.streaming}
-            fallback={
-              <button
-                class="btn primary"
-                type="submit"
-                data-testid="send-button"
-                disabled={!draft().trim() || !!settingsProblem()}
-                title={settingsProblem() ?? ''}
+              }}
+            >
+              <textarea
+                ref={input}
+                data-testid="composer-input"
+                rows={2}
+                placeholder="Message (Enter to send, Shift+Enter for a new line)"
+                value={draft()}
+                onInput={(e) => setDraft(e.currentTarget.value)}
+                onKeyDown={(e) => {
+                  if (e.key === 'Enter' && !e.shiftKey && !e.isComposing) {
+                    e.preventDefault();
+                    send();
+                  }
+                }}
+              />
+              <Show
+                when={chat.streaming}
+                fallback={
+                  <button
+                    class="btn primary"
+                    type="submit"
+                    data-testid="send-button"
+                    disabled={!draft().trim() || !!problem()}
+                    title={problem() ?? ''}
+                  >
+                    Send
+                  </button>
+                }
               >
-                Send
-              </button>
-            }
-          >
-            <button class="btn danger" type="button" data-testid="stop-button" title="Stop (Esc)" onClick={stopReply}>
-              Stop
-            </button>
+                <button class="btn danger" type="button" data-testid="stop-button" title="Stop (Esc)" onClick={stopReply}>
+                  Stop
+                </button>
+              </Show>
+            </form>
+          </div>
+
+          {/* Beside the conversation in a wide window (above it in a narrow one), both panels in one column that
+              scrolls on its own: the conversation keeps its width and height whichever are open. */}
+          <Show when={modelsOpen() || settingsOpen()}>
+            <aside class="chat-side" data-testid="chat-side">
+              <Show when={settingsOpen()}>
+                <Show when={current()} keyed>
+                  {(c) => <SettingsPanel conv={c} model={chosen()} />}
+                </Show>
+              </Show>
+              <Show when={modelsOpen()}>
+                <ModelsPanel selected={effectiveModel(current())} onUse={(id) => updateSettings({ model: id })} />
+              </Show>
+            </aside>
           </Show>
-        </form>
+        </div>
       </section>
     </div>
   );
 }
 
-function MessageView(props: { msg: Message; streaming: boolean }) {
+function MessageView(props: { msg: Message; streaming: boolean; blocked: string | null }) {
   const m = () => props.msg;
   return (
     <Show
@@ -366,7 +386,7 @@ function MessageView(props: { msg: Message; streaming: boolean }) {
             <UsageStats stats={m().stats!} />
           </Show>
           <Show when={(m().finish === 'error' || m().finish === 'cancelled') && !props.streaming}>
-            <button class="btn small" data-testid="retry" onClick={retryLast}>
+            <button class="btn small" data-testid="retry" disabled={!!props.blocked} title={props.blocked ?? ''} onClick={retryLast}>
               Retry
             </button>
           </Show>
@@ -419,18 +439,22 @@ function numberOrNull(v: string): number | null {
 function SettingsPanel(props: { conv: Conversation; model: ModelInfo | undefined }) {
   const s = untrack(() => props.conv.settings);
   const context = () => props.model?.shoal?.context_length ?? null;
-  // What was typed, so text that is not a number is refused too.
-  const [maxText, setMaxText] = createSignal(s.maxTokens == null ? '' : String(s.maxTokens));
-  const maxProblem = () =>
-    maxText().trim() !== '' && numberOrNull(maxText()) == null
-      ? 'Max tokens must be a whole number'
-      : maxTokensProblem(props.conv.settings.maxTokens, context());
+  // Text that is not a number leaves the setting empty; it is refused until fixed or the panel closes.
+  onCleanup(() => setUnreadable({}));
+  const onNumber = (key: string, label: string, el: HTMLInputElement, save: (v: number | null) => void) => {
+    const n = el.validity.badInput ? null : numberOrNull(el.value);
+    const bad = el.validity.badInput || (el.value.trim() !== '' && n == null);
+    setUnreadable(({ [key]: _, ...rest }) => (bad ? { ...rest, [key]: `${label} must be a number` } : rest));
+    save(n);
+  };
+  const maxProblem = () => unreadable().maxTokens ?? maxTokensProblem(props.conv.settings.maxTokens, context());
   /** Whether the chat's model can reason (`null` until the server knows). */
   const reasons = () => (props.model ? canReason(props.model.id) : null);
-  /** The model's own default for a setting left empty, and where it came from. */
-  const modelDefault = (key: 'temperature') => props.model?.shoal?.sampling_defaults?.[key];
+  const field = (key: SamplingField['key']) => SAMPLING.find((f) => f.key === key)!;
+  const sampling = (f: SamplingField) => <SamplingInput field={f} conv={props.conv} model={props.model} onNumber={onNumber} />;
   return (
     <div class="settings" data-testid="settings-panel">
+      <b class="span2">Settings of this chat</b>
       <label class="field span2">
         <span>System prompt</span>
         <textarea
@@ -441,32 +465,9 @@ function SettingsPanel(props: { conv: Conversation; model: ModelInfo | undefined
           onInput={(e) => updateSettings({ systemPrompt: e.currentTarget.value })}
         />
       </label>
+      {sampling(field('temperature'))}
       <label class="field">
-        <span>Temperature</span>
-        <input
-          data-testid="setting-temperature"
-          type="number"
-          min="0"
-          max="2"
-          step="0.1"
-          placeholder={modelDefault('temperature') ? `model default ${modelDefault('temperature')!.value}` : 'model default'}
-          title={modelDefault('temperature') ? `from ${modelDefault('temperature')!.source}` : ''}
-          data-default={modelDefault('temperature')?.value ?? ''}
-          data-default-source={modelDefault('temperature')?.source ?? ''}
-          value={s.temperature ?? ''}
-          onInput={(e) => updateSettings({ temperature: numberOrNull(e.currentTarget.value) })}
-        />
-      </label>
-      <label class="field">
-        <span>
-          Max tokens
-          <Show when={context()}>
-            {' '}
-            <span class="muted small" data-testid="context-window">
-              of a {context()!.toLocaleString('en-US')}-token window
-            </span>
-          </Show>
-        </span>
+        <span>Max tokens</span>
         <input
           data-testid="setting-max-tokens"
           type="number"
@@ -476,18 +477,20 @@ function SettingsPanel(props: { conv: Conversation; model: ModelInfo | undefined
           placeholder="the context window"
           value={s.maxTokens ?? ''}
           aria-invalid={maxProblem() ? 'true' : 'false'}
-          onInput={(e) => {
-            const raw = e.currentTarget.value;
-            setMaxText(raw);
-            updateSettings({ maxTokens: numberOrNull(raw) });
-          }}
+          onInput={(e) => onNumber('maxTokens', 'Max tokens', e.currentTarget, (v) => updateSettings({ maxTokens: v }))}
         />
+        <Show when={context()}>
+          <span class="muted small field-note" data-testid="context-window">
+            of a {context()!.toLocaleString('en-US')}-token window
+          </span>
+        </Show>
         <Show when={maxProblem()}>
           <span class="error-text small" role="alert" data-testid="setting-max-tokens-error">
             {maxProblem()}
           </span>
         </Show>
       </label>
+      <For each={SAMPLING.filter((f) => f.key !== 'temperature')}>{sampling}</For>
       <label class="field">
         <span>Stop sequences</span>
         <textarea
@@ -522,5 +525,55 @@ function SettingsPanel(props: { conv: Conversation; model: ModelInfo | undefined
       </label>
       <ServerSettings />
     </div>
+  );
+}
+
+/**
+ * One sampling setting: empty, the model's default applies, named beside the
+ * field with where it came from (`/v1/models` `sampling_defaults`); a value
+ * overrides it for this chat.
+ */
+function SamplingInput(props: {
+  field: SamplingField;
+  conv: Conversation;
+  model: ModelInfo | undefined;
+  onNumber: (key: string, label: string, el: HTMLInputElement, save: (v: number | null) => void) => void;
+}) {
+  const f = props.field;
+  const id = `setting-${f.wire.replace(/_/g, '-')}`;
+  const def = () => (f.wire === 'seed' ? undefined : props.model?.shoal?.sampling_defaults?.[f.wire]);
+  const problem = () => unreadable()[f.key] ?? samplingProblem(f, props.conv.settings[f.key]);
+  const note = () => {
+    if (f.wire === 'seed') return 'default: none, a new random draw each reply';
+    const d = def();
+    if (!d) return "default: the model's";
+    return `default ${d.value}${d.value === f.off ? ' (off)' : ''} · ${d.source}`;
+  };
+  return (
+    <label class="field">
+      <span title={f.hint}>{f.label}</span>
+      <input
+        data-testid={id}
+        type="number"
+        min={f.min}
+        max={Number.isFinite(f.max) ? f.max : undefined}
+        step={f.step}
+        placeholder={def() ? `model default ${def()!.value}` : f.wire === 'seed' ? 'random' : 'model default'}
+        title={f.hint}
+        data-default={def()?.value ?? ''}
+        data-default-source={def()?.source ?? ''}
+        value={untrack(() => props.conv.settings[f.key]) ?? ''}
+        aria-invalid={problem() ? 'true' : 'false'}
+        onInput={(e) => props.onNumber(f.key, f.label, e.currentTarget, (v) => updateSettings({ [f.key]: v }))}
+      />
+      <span class="muted small field-note" data-testid={`${id}-default`}>
+        {note()}
+      </span>
+      <Show when={problem()}>
+        <span class="error-text small" role="alert" data-testid={`${id}-error`}>
+          {problem()}
+        </span>
+      </Show>
+    </label>
   );
 }

@@ -17,6 +17,8 @@ import { usePoll } from '../poll';
 
 const LIMIT = 100;
 const REFRESH_MS = 3000;
+const HOUR = 3600;
+const DAY = 86_400;
 const SPANS: [string, string][] = [
   ['', 'all time'],
   ['1h', 'last hour'],
@@ -25,6 +27,16 @@ const SPANS: [string, string][] = [
   ['7d', 'last 7 days'],
   ['30d', 'last 30 days'],
 ];
+/** Where each time filter starts, in Unix seconds (all time: none). */
+const SPAN_START: Record<string, (now: number) => number> = {
+  '1h': (now) => now - HOUR,
+  today: (now) => now - (now % DAY),
+  '24h': (now) => now - DAY,
+  '7d': (now) => now - 7 * DAY,
+  '30d': (now) => now - 30 * DAY,
+};
+/** Ranges up to this long are charted per hour, longer ones per day. */
+const HOURLY_UP_TO = 2 * DAY;
 const FINISHES = ['stop', 'length', 'stop_sequence', 'tool_calls', 'content_filter', 'cancelled', 'timeout', 'error'];
 
 interface Row {
@@ -55,7 +67,24 @@ function normalize(e: LedgerEntry): Row {
   return { e, prompt, cached, completion, reasoning, total };
 }
 
-/** The sums of several groups (the filter's totals are the sum of its days). */
+type Unit = 'hour' | 'day';
+
+/** The server's bucket key (`YYYY-MM-DD`, `YYYY-MM-DDTHH`, UTC) of Unix seconds, and back. */
+const keyOf = (secs: number, unit: Unit) => new Date(secs * 1000).toISOString().slice(0, unit === 'hour' ? 13 : 10);
+const startOf = (key: string) => Date.parse(key.length > 10 ? `${key}:00:00Z` : `${key}T00:00:00Z`) / 1000;
+
+/** Every bucket from `from` to `now`, the empty ones as zero sums, so the chart shows the whole range. */
+function fill(sums: UsageGroup[], unit: Unit, from: number, now: number): UsageGroup[] {
+  const step = unit === 'hour' ? HOUR : DAY;
+  const byKey = new Map(sums.map((g) => [g.key, g]));
+  for (let t = from - (from % step); t <= now; t += step) {
+    const key = keyOf(t, unit);
+    if (!byKey.has(key)) byKey.set(key, { ...sum([]), key });
+  }
+  return [...byKey.values()].sort((a, b) => a.key.localeCompare(b.key));
+}
+
+/** The sums of several groups (the filter's totals are the sum of its buckets). */
 function sum(groups: UsageGroup[]): UsageGroup {
   const t: UsageGroup = { key: 'all', requests: 0, prompt_tokens: 0, cached_tokens: 0, completion_tokens: 0, reasoning_tokens: 0, total_tokens: 0 };
   for (const g of groups) {
@@ -73,7 +102,9 @@ interface Loaded {
   rows: Row[];
   hasMore: boolean;
   nextCursor: number | null;
-  days: UsageGroup[];
+  /** The chart's buckets over the whole range, empty ones included. */
+  buckets: UsageGroup[];
+  unit: Unit;
   models: UsageGroup[];
   clients: UsageGroup[];
   keys: KeyUse[];
@@ -94,23 +125,33 @@ export function UsageView() {
   onMount(() => void dialects().then(setDialectNames).catch(() => setDialectNames([])));
   const load = async (): Promise<Loaded> => {
     const f = filters();
-    const [page, days, models, clients, keys] = await Promise.all([
+    const now = Math.floor(Date.now() / 1000);
+    const spanStart = f.since ? SPAN_START[f.since]?.(now) : undefined;
+    let unit: Unit = spanStart != null && now - spanStart <= HOURLY_UP_TO ? 'hour' : 'day';
+    const [page, first, models, clients, keys] = await Promise.all([
       usagePage(f, LIMIT),
-      usageSums(f, 'day'),
+      usageSums(f, unit),
       usageGroups(f, 'model'),
       usageGroups(f, 'client'),
       usageKeys().catch(() => [] as KeyUse[]),
     ]);
+    let sums = first;
+    // All time runs from the first request: if that is under two days ago, chart it per hour.
+    if (spanStart == null && sums.data.length && now - startOf(sums.data[0].key) <= HOURLY_UP_TO) {
+      unit = 'hour';
+      sums = await usageSums(f, unit);
+    }
     return {
       rows: page.data.map(normalize),
       hasMore: page.has_more,
       nextCursor: page.next_cursor,
-      days: days.data,
+      buckets: sums.data.length ? fill(sums.data, unit, spanStart ?? startOf(sums.data[0].key), now) : [],
+      unit,
       models,
       clients,
       keys,
-      cost: days.cost,
-      unpriced: days.unpriced_models ?? [],
+      cost: sums.cost,
+      unpriced: sums.unpriced_models ?? [],
     };
   };
   const poll = usePoll(load, REFRESH_MS);
@@ -121,7 +162,13 @@ export function UsageView() {
     void poll.refresh();
   };
   const rows = createMemo(() => [...(poll.data()?.rows ?? []), ...older()]);
-  const totals = createMemo(() => sum(poll.data()?.days ?? []));
+  const totals = createMemo(() => sum(poll.data()?.buckets ?? []));
+  // What an empty table or chart says: why it is empty, then what would be there.
+  const none = () => {
+    const { since, scope, ...rest } = filters();
+    return Object.values(rest).some(Boolean) ? 'No requests match these filters' : since ? 'No requests in this range' : 'No requests yet';
+  };
+  const loaded = () => poll.updated() != null;
   const cost = () => poll.data()?.cost;
   const cursor = () => (older().length ? olderCursor() : (poll.data()?.nextCursor ?? null));
   const loadMore = async () => {
@@ -164,10 +211,14 @@ export function UsageView() {
   ];
 
   return (
-    <div class="page" data-testid="usage-view">
+    <div class="page usage" data-testid="usage-view">
       <div class="page-head">
         <h1>Usage</h1>
-        <span class="muted">Every request this server answered, from any client, kept in its ledger.</span>
+        <span class="muted" data-testid="usage-subtitle">
+          {filters().scope === 'cluster'
+            ? "Every request the cluster's nodes answered, from any client, merged from each online node's ledger."
+            : 'Every request this server answered, from any client, kept in its ledger.'}
+        </span>
         <span class="spacer" />
         <span class="muted small" data-testid="usage-updated">
           {poll.updated() ? `updated ${fmtAgo(Date.now() - poll.updated()!)}` : 'loading…'}
@@ -222,17 +273,49 @@ export function UsageView() {
         </Show>
       </div>
       <div class="card">
-        <DayChart days={poll.data()?.days ?? []} />
+        <Show when={poll.data()}>
+          {(d) => (
+            <Show
+              when={totals().total_tokens > 0}
+              fallback={
+                <p class="muted usage-empty" data-testid="usage-chart-empty">
+                  {/* Refused requests count no tokens. */}
+                  {totals().requests ? 'No tokens in this range' : none()} — each {d().unit}'s prompt, cached and completion tokens are charted
+                  here.
+                </p>
+              }
+            >
+              <BucketChart buckets={d().buckets} unit={d().unit} />
+            </Show>
+          )}
+        </Show>
       </div>
       {/* With a cost column the group tables need the whole width. */}
       <div class="split" classList={{ stacked: !!cost() }}>
-        <GroupTable title="Per model" testid="usage-by-model" groups={poll.data()?.models ?? []} />
-        <GroupTable title="Per client" testid="usage-by-client" groups={poll.data()?.clients ?? []} />
+        <GroupTable
+          title="Per model"
+          testid="usage-by-model"
+          groups={poll.data()?.models ?? []}
+          loaded={loaded()}
+          all="all models"
+          unnamed="refused before a model was chosen"
+          empty={`${none()} — each model's requests and tokens appear here.`}
+        />
+        <GroupTable
+          title="Per client"
+          testid="usage-by-client"
+          groups={poll.data()?.clients ?? []}
+          loaded={loaded()}
+          all="all clients"
+          unnamed="no API key"
+          empty={`${none()} — each API key's requests and tokens appear here.`}
+        />
       </div>
       <Show when={(poll.data()?.keys ?? []).length > 0}>
         <KeyTable keys={poll.data()!.keys} />
       </Show>
-      <div class="table-wrap card">
+      {/* Its own scroll box, at most a window tall, its header kept in sight while its rows scroll. */}
+      <div class="table-wrap card usage-log" data-testid="usage-log">
         <table class="table" data-testid="usage-table">
           <thead>
             <tr>
@@ -255,10 +338,10 @@ export function UsageView() {
             </tr>
           </thead>
           <tbody>
-            <Show when={rows().length === 0 && poll.updated()}>
+            <Show when={rows().length === 0 && loaded()}>
               <tr>
-                <td colSpan={cost() ? 14 : 13} class="muted center" data-testid="usage-empty">
-                  No requests {Object.values(filters()).some(Boolean) ? 'match these filters' : 'yet'}.
+                <td colSpan={cost() ? 14 : 13} class="muted usage-empty" data-testid="usage-empty">
+                  {none()} — requests to any API appear here with their tokens.
                 </td>
               </tr>
             </Show>
@@ -273,7 +356,9 @@ export function UsageView() {
                     {r.e.dialect}
                     {r.e.stream ? ' · stream' : ''}
                   </td>
-                  <td data-testid="usage-row-client">{r.e.client ?? '–'}</td>
+                  <td data-testid="usage-row-client" classList={{ muted: !r.e.client }}>
+                    {r.e.client || 'no API key'}
+                  </td>
                   <td data-testid="usage-row-status">{r.e.status ?? ''}</td>
                   <td data-testid="usage-row-finish">{r.e.finish_reasons.length ? r.e.finish_reasons.join(', ') : (r.e.engine_finish_reasons ?? []).join(', ') || 'error'}</td>
                   <td class="num" data-testid="usage-row-prompt">{fmtInt(r.prompt)}</td>
@@ -330,8 +415,37 @@ function ShareCard(props: { label: string; testid: string; part: number; whole: 
   );
 }
 
-function GroupTable(props: { title: string; testid: string; groups: UsageGroup[] }) {
+function GroupTable(props: {
+  title: string;
+  testid: string;
+  groups: UsageGroup[];
+  loaded: boolean;
+  /** The total row's label. */
+  all: string;
+  /** What the group without a key is. */
+  unnamed: string;
+  /** What the table says when it has no rows. */
+  empty: string;
+}) {
   const priced = () => props.groups.some((g) => g.cost);
+  const total = createMemo(() => ({ ...sum(props.groups), key: props.all }));
+  // The total cost counts only the groups that have a price.
+  const totalCost = () => props.groups.reduce((a, g) => a + (g.cost?.total ?? 0), 0);
+  const cells = (g: UsageGroup, cost: number | undefined) => (
+    <>
+      <td class="num" data-testid="group-requests">{fmtInt(g.requests)}</td>
+      <td class="num" data-testid="group-prompt">{fmtInt(g.prompt_tokens)}</td>
+      <td class="num">{fmtShare(g.cached_tokens, g.prompt_tokens)}</td>
+      <td class="num" data-testid="group-completion">{fmtInt(g.completion_tokens)}</td>
+      <td class="num">{fmtShare(g.reasoning_tokens, g.completion_tokens)}</td>
+      <td class="num" data-testid="group-total">{fmtInt(g.total_tokens)}</td>
+      <Show when={priced()}>
+        <td class="num" data-testid="group-cost" data-value={cost ?? ''}>
+          {fmtCost(cost)}
+        </td>
+      </Show>
+    </>
+  );
   return (
     <div class="table-wrap card">
       <h2 class="small-head">{props.title}</h2>
@@ -351,25 +465,33 @@ function GroupTable(props: { title: string; testid: string; groups: UsageGroup[]
           </tr>
         </thead>
         <tbody>
+          <Show when={props.groups.length === 0 && props.loaded}>
+            <tr>
+              <td colSpan={priced() ? 8 : 7} class="muted usage-empty" data-testid="group-empty">
+                {props.empty}
+              </td>
+            </tr>
+          </Show>
           <For each={props.groups}>
             {(g) => (
               <tr data-testid="group-row" data-key={g.key}>
-                <td>{g.key || '–'}</td>
-                <td class="num" data-testid="group-requests">{fmtInt(g.requests)}</td>
-                <td class="num" data-testid="group-prompt">{fmtInt(g.prompt_tokens)}</td>
-                <td class="num">{fmtShare(g.cached_tokens, g.prompt_tokens)}</td>
-                <td class="num" data-testid="group-completion">{fmtInt(g.completion_tokens)}</td>
-                <td class="num">{fmtShare(g.reasoning_tokens, g.completion_tokens)}</td>
-                <td class="num" data-testid="group-total">{fmtInt(g.total_tokens)}</td>
-                <Show when={priced()}>
-                  <td class="num" data-testid="group-cost" data-value={g.cost?.total ?? ''}>
-                    {fmtCost(g.cost?.total)}
-                  </td>
-                </Show>
+                <td class="group-key" classList={{ muted: !g.key }} title={g.key || props.unnamed}>
+                  {g.key || props.unnamed}
+                </td>
+                {cells(g, g.cost?.total)}
               </tr>
             )}
           </For>
         </tbody>
+        {/* One group's total would only repeat it. */}
+        <Show when={props.groups.length > 1}>
+          <tfoot>
+            <tr data-testid="group-total-row">
+              <th class="group-key">{props.all}</th>
+              {cells(total(), totalCost())}
+            </tr>
+          </tfoot>
+        </Show>
       </table>
     </div>
   );
@@ -415,12 +537,18 @@ function KeyTable(props: { keys: KeyUse[] }) {
   );
 }
 
-/** Tokens per UTC day: uncached prompt, cached prompt and completion, stacked. */
-function DayChart(props: { days: UsageGroup[] }) {
+/** A round number at least `n` (1, 2 or 5 times a power of ten), for the chart's top line. */
+function niceCeil(n: number): number {
+  const p = 10 ** Math.floor(Math.log10(n));
+  return [1, 2, 5, 10].map((m) => m * p).find((v) => v >= n)!;
+}
+
+/** Tokens per UTC hour or day: uncached prompt, cached prompt and completion, stacked; empty buckets keep their slot. */
+function BucketChart(props: { buckets: UsageGroup[]; unit: Unit }) {
   // Drawn at the figure's real pixel width so text and bars keep their size.
   const [W, setW] = createSignal(640);
   const H = 180;
-  const pad = { l: 52, r: 16, t: 14, b: 22 };
+  const pad = { l: 64, r: 16, t: 14, b: 22 };
   let fig!: HTMLElement;
   onMount(() => {
     const ro = new ResizeObserver(() => setW(Math.max(240, Math.round(fig.clientWidth))));
@@ -429,13 +557,15 @@ function DayChart(props: { days: UsageGroup[] }) {
   });
   const geo = createMemo(() => {
     const W_ = W();
-    const days = props.days;
-    const maxTok = Math.max(1, ...days.map((d) => d.total_tokens));
-    const n = Math.max(days.length, 1);
+    const buckets = props.buckets;
+    const maxTok = niceCeil(Math.max(1, ...buckets.map((d) => d.total_tokens)));
+    const n = Math.max(buckets.length, 1);
     const slot = (W_ - pad.l - pad.r) / n;
-    const bw = Math.max(4, Math.min(40, slot * 0.7));
+    const bw = Math.max(1, Math.min(40, slot * 0.7));
+    // Label every k-th bucket so the labels (about 40 px) never overlap.
+    const every = Math.ceil(44 / slot);
     const y = (v: number) => pad.t + (H - pad.t - pad.b) * (1 - v / maxTok);
-    const bars = days.map((d, i) => {
+    const bars = buckets.map((d, i) => {
       const x = pad.l + slot * i + slot / 2 - bw / 2;
       const fresh = d.prompt_tokens - d.cached_tokens;
       const segs = [
@@ -443,39 +573,51 @@ function DayChart(props: { days: UsageGroup[] }) {
         { cls: 'bar-cached', from: fresh, to: d.prompt_tokens },
         { cls: 'bar-completion', from: d.prompt_tokens, to: d.total_tokens },
       ].map((s) => ({ cls: s.cls, y: y(s.to), h: Math.max(0, y(s.from) - y(s.to)) }));
-      return { d, x, w: bw, segs, labelX: x + bw / 2 };
+      const label = (n - 1 - i) % every === 0 ? (props.unit === 'hour' ? `${d.key.slice(11)}:00` : d.key.slice(5)) : '';
+      return { d, x, w: bw, segs, labelX: x + bw / 2, label };
     });
-    return { maxTok, bars, base: y(0) };
+    return { maxTok, bars, base: y(0), mid: y(maxTok / 2) };
   });
+  const what = () => (props.unit === 'hour' ? 'hour' : 'day');
   return (
-    <figure class="chart" data-testid="usage-chart" ref={fig}>
-      <svg viewBox={`0 0 ${W()} ${H}`} width={W()} height={H} role="img" aria-label="Tokens per day">
+    <figure class="chart" data-testid="usage-chart" data-unit={props.unit} ref={fig}>
+      <svg viewBox={`0 0 ${W()} ${H}`} width={W()} height={H} role="img" aria-label={`Tokens per UTC ${what()}`}>
         <line class="axis" x1={pad.l} x2={W() - pad.r} y1={geo().base} y2={geo().base} />
         <line class="grid" x1={pad.l} x2={W() - pad.r} y1={pad.t} y2={pad.t} />
+        <line class="grid" x1={pad.l} x2={W() - pad.r} y1={geo().mid} y2={geo().mid} />
         <text class="axis-label" x={pad.l - 6} y={pad.t + 4} text-anchor="end">
           {fmtInt(geo().maxTok)}
         </text>
         <text class="axis-label" x={pad.l - 6} y={pad.t + 16} text-anchor="end">
           tokens
         </text>
+        <Show when={geo().maxTok >= 2}>
+          <text class="axis-label" x={pad.l - 6} y={geo().mid + 4} text-anchor="end">
+            {fmtInt(geo().maxTok / 2)}
+          </text>
+        </Show>
         <text class="axis-label" x={pad.l - 6} y={geo().base} text-anchor="end">
           0
         </text>
         <For each={geo().bars}>
           {(b) => (
-            <g data-testid="chart-bar" data-day={b.d.key} data-total={b.d.total_tokens}>
+            <g data-testid="chart-bar" data-key={b.d.key} data-total={b.d.total_tokens}>
               <title>
-                {`${b.d.key}: ${fmtInt(b.d.requests)} requests · prompt ${fmtInt(b.d.prompt_tokens)} (${fmtShare(b.d.cached_tokens, b.d.prompt_tokens)} cached) · completion ${fmtInt(b.d.completion_tokens)}`}
+                {`${b.d.key}${props.unit === 'hour' ? ':00 UTC' : ''}: ${fmtInt(b.d.requests)} requests · prompt ${fmtInt(b.d.prompt_tokens)} (${fmtShare(b.d.cached_tokens, b.d.prompt_tokens)} cached) · completion ${fmtInt(b.d.completion_tokens)}`}
               </title>
-              <For each={b.segs}>{(s) => <rect class={s.cls} x={b.x} y={s.y} width={b.w} height={s.h} />}</For>
+              {/* An empty bucket is a tick on the axis, so its slot reads as "none" rather than missing. */}
+              <Show when={b.d.total_tokens > 0} fallback={<rect class="bar-empty" x={b.x} y={geo().base - 1} width={b.w} height={1} />}>
+                <For each={b.segs}>{(s) => <rect class={s.cls} x={b.x} y={s.y} width={b.w} height={s.h} />}</For>
+              </Show>
               <text class="axis-label" x={b.labelX} y={H - 6} text-anchor="middle">
-                {b.d.key.slice(5)}
+                {b.label}
               </text>
             </g>
           )}
         </For>
       </svg>
       <figcaption class="legend">
+        <span>tokens per UTC {what()}:</span>
         <span>
           <i class="swatch prompt" /> prompt tokens
         </span>
