@@ -562,21 +562,30 @@ const chartBars = (page) =>
 
 /**
  * Waits for the chart to show the API's `group_by=unit` sums for `query`
- * (the page refreshes every few seconds): each of its buckets drawn, every
+ * (the page redraws it on its next refresh): each of its buckets drawn, every
  * other bar empty, and with `n` given, `n` bars (so a chart of the filter
  * before is not taken for this one). Resolves with the bars.
  */
-async function chartMatches(page, query, unit, n, timeoutMs = 15_000) {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const want = new Map((await api(`/v1/usage?${query}&group_by=${unit}`)).json.data.map((g) => [g.key, g.total_tokens]));
-    const shown = await chartBars(page);
-    const keys = new Set(shown.bars.map((b) => b.key));
-    const same = shown.bars.every((b) => b.total === (want.get(b.key) ?? 0)) && [...want.keys()].every((k) => keys.has(k));
-    if (shown.unit === unit && same && (n === undefined || shown.bars.length === n)) return shown.bars;
-    assert.ok(Date.now() < deadline, `the chart ${JSON.stringify(shown)} is not ${n ?? 'the'} bars of /v1/usage?${query} per ${unit}: ${JSON.stringify([...want])}`);
-    await new Promise((r) => setTimeout(r, 200));
-  }
+async function chartMatches(page, query, unit, n) {
+  const want = (await api(`/v1/usage?${query}&group_by=${unit}`)).json.data.map((g) => [g.key, g.total_tokens]);
+  const drawn = await page
+    .waitForFunction(
+      ({ want, unit, n }) => {
+        const chart = document.querySelector('[data-testid=usage-chart]');
+        if (chart?.dataset.unit !== unit) return false;
+        const bars = [...chart.querySelectorAll('[data-testid=chart-bar]')].map((g) => [g.dataset.key, Number(g.dataset.total)]);
+        const sums = new Map(want);
+        const keys = new Set(bars.map(([k]) => k));
+        const same = bars.every(([k, t]) => t === (sums.get(k) ?? 0)) && want.every(([k]) => keys.has(k));
+        return same && (n === undefined || bars.length === n);
+      },
+      { want, unit, n },
+      { timeout: 30_000 },
+    )
+    .then(() => true, () => false);
+  const shown = await chartBars(page);
+  assert.ok(drawn, `the chart ${JSON.stringify(shown)} is not ${n ?? 'the'} bars of /v1/usage?${query} per ${unit}: ${JSON.stringify(want)}`);
+  return shown.bars;
 }
 
 /** A bucket key's start in Unix seconds. */

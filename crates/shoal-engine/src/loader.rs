@@ -454,7 +454,7 @@ pub fn real_models_dir() -> PathBuf {
 }
 
 /// `$SHOAL_CACHE`, else the repository's `.cache` where `make` puts downloads.
-fn cache_dir() -> PathBuf {
+pub fn cache_dir() -> PathBuf {
     std::env::var("SHOAL_CACHE")
         .map(PathBuf::from)
         .unwrap_or_else(|_| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../.cache")))

@@ -3,7 +3,7 @@ use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
 
 mod common;
-use common::{chat_prompt, gguf_path};
+use common::{chat_prompt, gguf};
 use shoal_engine::{
     collect_blocking, BackendKind, Completion, Engine, EngineError, EngineOptions, FinishReason,
     GenerateRequest, Grammar, SamplingParams,
@@ -15,7 +15,7 @@ fn start_engine() -> Engine {
         max_batch: 8,
         ..common::options()
     };
-    Engine::start(&gguf_path(), "smollm2", opts).expect("load default model")
+    Engine::start(&gguf(), "smollm2", opts).expect("load default model")
 }
 
 /// On llama.cpp, in batch-invariant mode (MLX always is).
@@ -26,7 +26,7 @@ fn start_invariant_engine() -> Engine {
         ..common::options()
     };
     opts.llama = opts.llama.batch_invariant(true);
-    Engine::start(&gguf_path(), "smollm2", opts).expect("load default model")
+    Engine::start(&gguf(), "smollm2", opts).expect("load default model")
 }
 
 /// The engine the tests share.

@@ -5,7 +5,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{chat_prompt, gguf_path};
+use common::{chat_prompt, gguf};
 use shoal_engine::{
     collect_blocking, ChatMessage, Completion, Engine, EngineError, EngineOptions, Event,
     FinishReason, GenerateRequest, SamplingParams,
@@ -19,14 +19,14 @@ fn engine() -> &'static Engine {
             prefix_cache_bytes: 0,
             ..common::options()
         };
-        Engine::start(&gguf_path(), "smollm2", opts).expect("load default model")
+        Engine::start(&gguf(), "smollm2", opts).expect("load default model")
     })
 }
 
 /// An engine of a test's own, for replies that must not share decode steps
 /// with other tests' requests (on llama.cpp they would change a sampled reply).
 fn own_engine() -> Engine {
-    Engine::start(&gguf_path(), "smollm2", common::options()).expect("load")
+    Engine::start(&gguf(), "smollm2", common::options()).expect("load")
 }
 
 fn greedy(prompt: Vec<u32>, max_tokens: Option<usize>, stop: Vec<String>) -> GenerateRequest {

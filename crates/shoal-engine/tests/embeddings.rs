@@ -289,7 +289,7 @@ fn each_kind_of_model_refuses_the_other_kind_of_work() {
         Ok(_) => panic!("an embedding model generated"),
     }
     let chat = Engine::start(
-        &common::gguf_path(),
+        &common::gguf(),
         "chat",
         EngineOptions {
             backend: shoal_engine::BackendChoice::Llama,
@@ -380,7 +380,7 @@ fn a_decoder_embedding_model_pools_its_last_token() {
     let out = dir.join("smollm2-last.gguf");
     py(&[
         common::repo().join("tools/py/gguf_edit.py").as_os_str(),
-        common::gguf_path().as_os_str(),
+        common::gguf().as_os_str(),
         out.as_os_str(),
         "--pooling".as_ref(),
         "last".as_ref(),

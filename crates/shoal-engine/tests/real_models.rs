@@ -33,7 +33,7 @@ const NEAR_TIE: f32 = 0.25;
 fn models() -> Vec<(&'static str, PathBuf)> {
     let real = shoal_engine::loader::real_models_dir();
     let out = vec![
-        ("smollm2", common::gguf_path()),
+        ("smollm2", common::gguf()),
         (
             "qwen2.5-coder",
             real.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
@@ -319,7 +319,7 @@ fn prose(e: &Engine, seed: usize, n: usize) -> Vec<u32> {
 
 #[test]
 fn a_full_kv_pool_makes_requests_wait_for_the_running_ones() {
-    let path = common::gguf_path();
+    let path = common::gguf();
     // The smallest pool: 256 positions, room for one 150-token request at a time.
     let e = llama_engine_with(
         &path,
@@ -454,7 +454,7 @@ fn model_info_says_llama_cpp_and_quantized_memory() {
 /// The same file ends its replies at the same tokens on either backend.
 #[test]
 fn replies_end_at_the_same_tokens_on_both_backends() {
-    let path = common::gguf_path();
+    let path = common::gguf();
     let on = |backend| {
         shoal_engine::loader::load(
             &path,
@@ -479,7 +479,7 @@ fn kept_prefixes_take_no_sequence_id_and_are_restored_into_a_free_one() {
     // all stay in the prefix cache (parked in host memory), and asked again,
     // each is restored into whichever id is free, with the same reply.
     let e = llama_engine_with(
-        &common::gguf_path(),
+        &common::gguf(),
         "smollm2",
         EngineOptions {
             max_batch: 2,
@@ -516,7 +516,7 @@ fn kept_prefixes_take_no_sequence_id_and_are_restored_into_a_free_one() {
 #[test]
 fn a_split_kv_cache_gives_each_request_its_slice() {
     // 1024 positions split between 4 running requests: 256 each.
-    let path = common::gguf_path();
+    let path = common::gguf();
     let e = llama_engine_with(
         &path,
         "smollm2",
@@ -573,7 +573,7 @@ fn a_split_kv_cache_replies_alike_whatever_else_runs() {
     // tokens lands wherever cells are free, and llama.cpp's CPU attention
     // rounds differently by where it sits.)
     let e = llama_engine_with(
-        &common::gguf_path(),
+        &common::gguf(),
         "smollm2",
         EngineOptions {
             max_batch: 2,
@@ -615,7 +615,7 @@ fn a_split_kv_cache_replies_alike_whatever_else_runs() {
 #[test]
 fn quantized_kv_caches_load_are_counted_at_their_size_and_answer_alike() {
     use shoal_engine::{KvType, LlamaOptions};
-    let path = common::gguf_path();
+    let path = common::gguf();
     let positions = 2048;
     let ask = |kv: KvType| {
         let e = llama_engine_with(

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
 
 mod common;
-use common::{chat_prompt, gguf_path, made_model};
+use common::{chat, chat_prompt, gguf, q8_gguf, think_gguf};
 use shoal_engine::{
     collect_blocking, BackendChoice, Completion, DraftOptions, Engine, EngineOptions, FinishReason,
     GenerateRequest, Grammar, LlamaOptions, SamplingParams,
@@ -25,7 +25,7 @@ fn start(draft: DraftOptions, invariant: bool) -> Engine {
         llama: LlamaOptions::default().batch_invariant(invariant),
         ..EngineOptions::default()
     };
-    Engine::start(&gguf_path(), "smollm2", opts).expect("load default model")
+    Engine::start(&gguf(), "smollm2", opts).expect("load default model")
 }
 
 /// Batch-invariant engines with drafting on (the default) and off, shared
@@ -118,15 +118,12 @@ fn with_default_kernels_clear_answers_are_the_same_and_drafts_are_kept() {
     same_reply("capital", &run(&on, r.clone()), &run(&off, r));
 }
 
-#[test]
-fn seeded_sampling_with_drafts_draws_what_plain_decoding_draws() {
-    // Sampling t ~ p and keeping a draft iff t equals it is the rejection
-    // rule for a draft of probability 1, and draws the same random numbers
-    // as plain decoding: each seed gives the same reply either way.
-    let (on, off) = engines();
+/// Seeded sampling on `prompt`, each seed's reply with drafts as without.
+/// Returns how many drafts were kept.
+fn seeded_replies_are_plain(on: &Engine, off: &Engine, prompt: &str, seeds: u64) -> usize {
     let mut kept = 0;
-    for seed in 1..=6 {
-        let mut r = request(on, COPY, 60);
+    for seed in 1..=seeds {
+        let mut r = request(on, prompt, 60);
         r.sampling = SamplingParams {
             temperature: 0.8,
             top_p: 0.95,
@@ -137,14 +134,14 @@ fn seeded_sampling_with_drafts_draws_what_plain_decoding_draws() {
         same_reply(&format!("seed {seed}"), &drafted, &run(off, r));
         kept += drafted.1.timings.draft_accepted;
     }
-    assert!(kept > 0, "no draft was kept under sampling");
+    kept
 }
 
-#[test]
-fn stop_sequences_grammar_and_limits_see_the_tokens_plain_decoding_sees() {
-    let (on, off) = engines();
-    // A stop sequence inside the copied text: the reply ends at the same
-    // place, with the same counts, though drafts ran past it.
+/// A stop sequence inside the copied text (drafts run past it), token
+/// limits in the middle of a kept draft, and a JSON schema whose forbidden
+/// drafts are never kept: each reply ends where plain decoding's does, with
+/// the same counts.
+fn constrained_replies_are_plain(on: &Engine, off: &Engine, limits: &[usize]) {
     let mut stopped = request(on, COPY, 80);
     stopped.stop = vec!["thousand".into()];
     let drafted = run(on, stopped.clone());
@@ -155,15 +152,13 @@ fn stop_sequences_grammar_and_limits_see_the_tokens_plain_decoding_sees() {
         drafted.1.finish,
         drafted.0
     );
-    // A token limit in the middle of a kept draft.
-    for max in [1, 7, 23] {
+    for &max in limits {
         let r = request(on, COPY, max);
         let drafted = run(on, r.clone());
         same_reply(&format!("max_tokens {max}"), &drafted, &run(off, r));
         assert_eq!(drafted.1.usage.completion_tokens, max);
         assert_eq!(drafted.1.finish, FinishReason::Length);
     }
-    // Grammar-constrained output: drafts the grammar forbids are never kept.
     let mut json = request(
         on,
         "Give a JSON object with the name and the age of a person called Ann who is 31.",
@@ -179,6 +174,43 @@ fn stop_sequences_grammar_and_limits_see_the_tokens_plain_decoding_sees() {
     serde_json::from_str::<serde_json::Value>(&drafted.0).expect("valid JSON");
 }
 
+/// `reqs` submitted at once to `on`, each reply as its lone run on `off`.
+fn streams_as_alone(
+    on: &Engine,
+    off: &Engine,
+    reqs: &[GenerateRequest],
+) -> Vec<(String, Completion)> {
+    let alone: Vec<_> = reqs.iter().map(|r| run(off, r.clone())).collect();
+    let streams: Vec<_> = reqs
+        .iter()
+        .map(|r| on.submit(r.clone()).expect("submit"))
+        .collect();
+    let together: Vec<_> = streams
+        .into_iter()
+        .map(|rx| collect_blocking(rx).expect("complete"))
+        .collect();
+    for (i, (t, a)) in together.iter().zip(&alone).enumerate() {
+        same_reply(&format!("stream {i}"), t, a);
+    }
+    together
+}
+
+#[test]
+fn seeded_sampling_with_drafts_draws_what_plain_decoding_draws() {
+    // Sampling t ~ p and keeping a draft iff t equals it is the rejection
+    // rule for a draft of probability 1, and draws the same random numbers
+    // as plain decoding: each seed gives the same reply either way.
+    let (on, off) = engines();
+    let kept = seeded_replies_are_plain(on, off, COPY, 6);
+    assert!(kept > 0, "no draft was kept under sampling");
+}
+
+#[test]
+fn stop_sequences_grammar_and_limits_see_the_tokens_plain_decoding_sees() {
+    let (on, off) = engines();
+    constrained_replies_are_plain(on, off, &[1, 7, 23]);
+}
+
 #[test]
 fn several_streams_draft_at_once_each_as_alone() {
     let (on, off) = engines();
@@ -191,33 +223,13 @@ fn several_streams_draft_at_once_each_as_alone() {
         ),
         request(on, "Say hello.", 20),
     ];
-    let alone: Vec<_> = reqs.iter().map(|r| run(off, r.clone())).collect();
     let before = on.stats.draft_accepted.load(Ordering::Relaxed);
-    let streams: Vec<_> = reqs
-        .iter()
-        .map(|r| on.submit(r.clone()).expect("submit"))
-        .collect();
-    let together: Vec<_> = streams
-        .into_iter()
-        .map(|rx| collect_blocking(rx).expect("complete"))
-        .collect();
+    let together = streams_as_alone(on, off, &reqs);
     assert!(on.stats.peak_batch.load(Ordering::Relaxed) >= 2);
-    for (i, (t, a)) in together.iter().zip(&alone).enumerate() {
-        same_reply(&format!("stream {i}"), t, a);
-    }
     let kept: usize = together.iter().map(|t| t.1.timings.draft_accepted).sum();
     assert!(kept > 0, "no stream kept a draft");
     // The engine's counters add up the replies' own.
     assert!(on.stats.draft_accepted.load(Ordering::Relaxed) - before >= kept as u64);
-}
-
-/// The default model requantized to Q8_0: a target of the same vocabulary
-/// that the default (Q4_1) model drafts for.
-fn q8_gguf() -> std::path::PathBuf {
-    made_model(
-        "SHOAL_TEST_Q8_GGUF",
-        "smollm2-q8-v1/SmolLM2-135M-Instruct.Q8_0.gguf",
-    )
 }
 
 /// Drafting that uses the draft model whenever prompt lookup has nothing,
@@ -253,7 +265,7 @@ fn model_engines() -> &'static (Engine, Engine) {
     static E: OnceLock<(Engine, Engine)> = OnceLock::new();
     E.get_or_init(|| {
         (
-            start_target(always_model(), Some(gguf_path()), 0),
+            start_target(always_model(), Some(gguf()), 0),
             start_target(DraftOptions::off(), None, 0),
         )
     })
@@ -264,7 +276,7 @@ fn a_draft_model_drafts_and_greedy_replies_equal_plain_decoding() {
     let (on, off) = model_engines();
     // Loaded beside the target and counted in its memory.
     let d = on.model.draft.as_ref().expect("the draft model is loaded");
-    assert_eq!(d.path, gguf_path());
+    assert_eq!(d.path, gguf());
     assert!(d.info.weight_bytes > 0 && d.info.kv_capacity_bytes > 0);
     assert_eq!(
         on.model.resident_bytes(),
@@ -293,38 +305,8 @@ fn a_draft_model_drafts_and_greedy_replies_equal_plain_decoding() {
 #[test]
 fn a_draft_model_keeps_seeded_sampling_stop_sequences_and_grammar_exact() {
     let (on, off) = model_engines();
-    for seed in 1..=4 {
-        let mut r = request(on, "Tell me a short story about a cat.", 48);
-        r.sampling = SamplingParams {
-            temperature: 0.7,
-            top_p: 0.95,
-            seed: Some(seed),
-            ..SamplingParams::default()
-        };
-        same_reply(&format!("seed {seed}"), &run(on, r.clone()), &run(off, r));
-    }
-    let mut stopped = request(on, COPY, 80);
-    stopped.stop = vec!["thousand".into()];
-    let drafted = run(on, stopped.clone());
-    same_reply("stop sequence", &drafted, &run(off, stopped));
-    for max in [1, 9] {
-        let r = request(on, COPY, max);
-        let drafted = run(on, r.clone());
-        same_reply(&format!("max_tokens {max}"), &drafted, &run(off, r));
-        assert_eq!(drafted.1.usage.completion_tokens, max);
-    }
-    let mut json = request(
-        on,
-        "Give a JSON object with the name and the age of a person called Ann who is 31.",
-        60,
-    );
-    json.grammar = Some(Grammar::JsonSchema(serde_json::json!({
-        "type": "object",
-        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-        "required": ["name", "age"]
-    })));
-    let drafted = run(on, json.clone());
-    same_reply("json schema", &drafted, &run(off, json));
+    seeded_replies_are_plain(on, off, "Tell me a short story about a cat.", 4);
+    constrained_replies_are_plain(on, off, &[1, 9]);
 }
 
 #[test]
@@ -335,17 +317,7 @@ fn several_streams_draft_from_the_draft_model_at_once_each_as_alone() {
         request(on, "What is the capital of Italy?", 30),
         request(on, "List three colours.", 30),
     ];
-    let alone: Vec<_> = reqs.iter().map(|r| run(off, r.clone())).collect();
-    let streams: Vec<_> = reqs
-        .iter()
-        .map(|r| on.submit(r.clone()).expect("submit"))
-        .collect();
-    let together: Vec<_> = streams
-        .into_iter()
-        .map(|rx| collect_blocking(rx).expect("complete"))
-        .collect();
-    for (i, (t, a)) in together.iter().zip(&alone).enumerate() {
-        same_reply(&format!("stream {i}"), t, a);
+    for (i, t) in streams_as_alone(on, off, &reqs).iter().enumerate() {
         assert!(t.1.timings.draft_accepted > 0, "stream {i} kept no draft");
     }
 }
@@ -354,7 +326,7 @@ fn several_streams_draft_from_the_draft_model_at_once_each_as_alone() {
 fn the_draft_model_keeps_its_cache_for_the_next_turn() {
     // Prefix caches on: both engines see the same requests in the same
     // order, so each splits the follow-up's prompt at the same place.
-    let on = start_target(always_model(), Some(gguf_path()), 1 << 30);
+    let on = start_target(always_model(), Some(gguf()), 1 << 30);
     let off = start_target(DraftOptions::off(), None, 1 << 30);
     // Little to look up: the draft model drafts.
     let first = request(&on, "Explain in three sentences why the sky is blue.", 40);
@@ -363,24 +335,15 @@ fn the_draft_model_keeps_its_cache_for_the_next_turn() {
     // The draft model's cache of the reply is kept beside the model's.
     let kept = |e: &Engine| e.stats.prefix_cache_bytes.load(Ordering::Relaxed);
     assert!(kept(&on) > kept(&off) && kept(&off) > 0);
-    let msg = |role: &str, content: &str| shoal_engine::ChatMessage {
-        role: role.into(),
-        content: content.into(),
-    };
-    let v = &on.model.vocab;
-    let text = v
-        .render_chat(
-            &[
-                msg("user", "Explain in three sentences why the sky is blue."),
-                msg("assistant", &turn.0),
-                msg("user", "Now explain why sunsets are red."),
-            ],
-            true,
-            &Default::default(),
-        )
-        .expect("render");
     let r = GenerateRequest {
-        prompt: v.encode(&text).expect("encode"),
+        prompt: chat(
+            &on,
+            &[
+                ("user", "Explain in three sentences why the sky is blue."),
+                ("assistant", &turn.0),
+                ("user", "Now explain why sunsets are red."),
+            ],
+        ),
         ..first
     };
     let drafted = run(&on, r.clone());
@@ -397,17 +360,14 @@ fn the_draft_model_keeps_its_cache_for_the_next_turn() {
 #[test]
 fn a_draft_model_of_another_vocabulary_is_refused_or_left_out() {
     // The default model with one token renamed: same size, one text differs.
-    let other = made_model(
-        "SHOAL_TEST_THINK_GGUF",
-        "smollm2-think-v1/SmolLM2-135M-Instruct-think.Q4_1.gguf",
-    );
+    let other = think_gguf();
     let opts = |required| EngineOptions {
         backend: BackendChoice::Llama,
         draft_model: Some(other.clone()),
         draft_model_required: required,
         ..EngineOptions::default()
     };
-    let err = Engine::start(&gguf_path(), "smollm2", opts(true))
+    let err = Engine::start(&gguf(), "smollm2", opts(true))
         .err()
         .expect("a draft model of another vocabulary is refused")
         .to_string();
@@ -416,7 +376,7 @@ fn a_draft_model_of_another_vocabulary_is_refused_or_left_out() {
         "{err}"
     );
     // Named for the pool, it is left out: the model drafts by prompt lookup.
-    let e = Engine::start(&gguf_path(), "smollm2", opts(false)).expect("loads");
+    let e = Engine::start(&gguf(), "smollm2", opts(false)).expect("loads");
     assert!(e.model.draft.is_none());
     let r = request(&e, COPY, 40);
     assert!(run(&e, r).1.timings.draft_tokens > 0);

