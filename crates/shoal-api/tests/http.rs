@@ -1889,3 +1889,85 @@ async fn ledger_totals_of_timed_out_requests_equal_what_the_clients_were_sent() 
         "every request here timed out: {finishes}"
     );
 }
+
+/// A reply cut by its token limit and sent back as a trailing assistant
+/// message is carried on, in each dialect: the two steps read as the one
+/// reply of both limits together, the second step's prompt counts the first
+/// step's tokens, and each step's completion is its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trailing_assistant_message_is_continued_with_exact_usage() {
+    let base = server(alone(&gguf())).await;
+    let ask = "Count from 1 to 40, separated by commas.";
+    // A reply's text, prompt and completion tokens, and finish.
+    type Reply = (String, u64, u64, String);
+    let body = |path: &str, prefix: Option<&str>, max: u32| {
+        let mut msgs = vec![json!({"role": "user", "content": ask})];
+        msgs.extend(prefix.map(|p| json!({"role": "assistant", "content": p})));
+        match path {
+            "/api/chat" => json!({"model": MODEL, "messages": msgs, "stream": false,
+                                  "options": {"temperature": 0, "num_predict": max}}),
+            _ => json!({"model": MODEL, "messages": msgs, "temperature": 0, "max_tokens": max}),
+        }
+    };
+    let read = |path: &str, v: &Value| -> Reply {
+        match path {
+            "/v1/chat/completions" => (
+                v["choices"][0]["message"]["content"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .into(),
+                v["usage"]["prompt_tokens"].as_u64().unwrap_or_default(),
+                v["usage"]["completion_tokens"].as_u64().unwrap_or_default(),
+                v["choices"][0]["finish_reason"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .into(),
+            ),
+            "/v1/messages" => (
+                v["content"][0]["text"].as_str().unwrap_or_default().into(),
+                v["usage"]["input_tokens"].as_u64().unwrap_or_default(),
+                v["usage"]["output_tokens"].as_u64().unwrap_or_default(),
+                v["stop_reason"].as_str().unwrap_or_default().into(),
+            ),
+            _ => (
+                v["message"]["content"].as_str().unwrap_or_default().into(),
+                v["prompt_eval_count"].as_u64().unwrap_or_default(),
+                v["eval_count"].as_u64().unwrap_or_default(),
+                v["done_reason"].as_str().unwrap_or_default().into(),
+            ),
+        }
+    };
+    let cases = [
+        ("/v1/chat/completions", "length"),
+        ("/v1/messages", "max_tokens"),
+        ("/api/chat", "length"),
+    ];
+    for (path, cut) in cases {
+        let call = |b: Value| {
+            let base = base.clone();
+            async move {
+                let (s, t, _) = post(&base, path, &b.to_string()).await;
+                assert_eq!(s, 200, "{path}: {t}");
+                let v: Value = serde_json::from_str(&t).expect("json");
+                read(path, &v)
+            }
+        };
+        let whole = call(body(path, None, 16)).await;
+        let first = call(body(path, None, 8)).await;
+        assert_eq!(first.3, cut, "{path}: {first:?}");
+        assert!(whole.0.starts_with(&first.0), "{path}: {whole:?} {first:?}");
+        let rest = call(body(path, Some(&first.0), 8)).await;
+        assert_eq!(
+            format!("{}{}", first.0, rest.0),
+            whole.0,
+            "{path}: the continued reply differs from the one reply"
+        );
+        assert_eq!(
+            rest.1,
+            first.1 + first.2,
+            "{path}: the prompt counts the first step"
+        );
+        assert_eq!((first.2, rest.2), (8, 8), "{path}");
+        assert_eq!(rest.3, cut, "{path}: {rest:?}");
+    }
+}

@@ -57,6 +57,18 @@ pub fn chat_prompt(
 ) -> Result<ChatPrompt> {
     let caps = vocab.capabilities();
     let mut messages = messages.to_vec();
+    // A conversation that ends with the assistant's own words: the reply
+    // carries them on (Anthropic's prefill; a trailing assistant message in
+    // Ollama's and llama-server's chat; a reply continued after its token
+    // limit). They go after the generation prompt, with no reasoning section
+    // opened: the answer has begun. Harmony's channels leave no such place.
+    let prefill = match messages.last() {
+        Some(m) if m.role == "assistant" && !m.content.is_empty() && !caps.harmony => {
+            messages.pop().map(|m| m.content)
+        }
+        _ => None,
+    };
+    let reasoning = reasoning.filter(|_| prefill.is_none());
     let mut extra = serde_json::Map::new();
     if caps.thinking {
         extra.insert("enable_thinking".into(), json!(reasoning.is_some()));
@@ -125,10 +137,14 @@ pub fn chat_prompt(
         // A model that cannot reason answers as it would without the ask:
         // no section is opened, so none of its answer counts as reasoning.
         (Some(_), false) => None,
-        // A thinking model may still open the section on its own.
-        (None, true) => Some(ReasoningSpec::think(false, None)),
-        (None, false) => None,
+        // A thinking model may still open the section on its own, unless
+        // its answer has begun.
+        (None, true) if prefill.is_none() => Some(ReasoningSpec::think(false, None)),
+        (None, _) => None,
     };
+    if let Some(p) = &prefill {
+        text.push_str(p);
+    }
     Ok(ChatPrompt {
         tokens: vocab.encode(&text)?,
         reasoning: spec,
