@@ -360,3 +360,39 @@ export async function ledgerEntry(id: string): Promise<LedgerEntry | null> {
     return null;
   }
 }
+
+/** A model the hub's search found (`GET /v1/hub/search`). */
+export interface HubRepo {
+  id: string;
+  downloads: number;
+  likes: number;
+  gguf: boolean;
+}
+
+/** A model a hub repository offers, with the pool's estimate once loaded (`GET /v1/hub/files`). */
+export interface HubFile {
+  name: string;
+  kind: 'gguf' | 'directory';
+  size_bytes: number;
+  quantization: string | null;
+  estimated_memory_bytes: number | null;
+  fits: boolean | null;
+  /** Why this server could not run the file, when it could not. */
+  unavailable: string | null;
+  pull: { model: string; file: string | null };
+}
+
+export interface HubFiles {
+  repo: string;
+  revision: string;
+  commit: string;
+  memory_budget_bytes: number;
+  architecture: string | null;
+  context_length: number | null;
+  files: HubFile[];
+}
+
+export const hubSearch = (q: string) =>
+  getJson<{ data: HubRepo[] }>(`/v1/hub/search?q=${encodeURIComponent(q)}`).then((r) => r.data ?? []);
+
+export const hubFiles = (repo: string) => getJson<HubFiles>(`/v1/hub/files?repo=${encodeURIComponent(repo)}`);

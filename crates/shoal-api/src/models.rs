@@ -17,10 +17,129 @@ pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/v1/models", get(list))
         .route("/v1/models/pull", post(pull))
+        .route("/v1/hub/search", get(hub_search))
+        .route("/v1/hub/files", get(hub_files))
         .route("/v1/models/{*id}", get(one).post(action).delete(remove))
 }
 
 type Reply = Result<Response, DialectError>;
+
+#[derive(serde::Deserialize)]
+struct SearchQuery {
+    q: String,
+    #[serde(default = "twenty")]
+    limit: usize,
+}
+
+fn twenty() -> usize {
+    20
+}
+
+/// `GET /v1/hub/search?q=NAME`: the hub's models whose names contain NAME,
+/// most downloaded first, each marked when it ships GGUF files.
+async fn hub_search(
+    State(s): State<AppState>,
+    axum::extract::Query(q): axum::extract::Query<SearchQuery>,
+) -> Reply {
+    let text = q.q.trim();
+    if text.is_empty() {
+        return Err(openai(ApiError::param("q", "say what to search for")));
+    }
+    let found = shoal_models::find::search(s.pool.hub(), text, q.limit.clamp(1, 100))
+        .await
+        .map_err(|e| openai(e.into()))?;
+    let data: Vec<Value> = found
+        .iter()
+        .map(|r| {
+            json!({"id": r.id, "downloads": r.downloads, "likes": r.likes,
+                   "gguf": r.tags.iter().any(|t| t == "gguf")})
+        })
+        .collect();
+    Ok(Json(json!({"object": "list", "data": data})).into_response())
+}
+
+#[derive(serde::Deserialize)]
+struct FilesQuery {
+    /// `org/name` or `org/name@revision`.
+    repo: String,
+}
+
+/// `GET /v1/hub/files?repo=ORG/NAME`: the repository's models (each GGUF
+/// file, and its safetensors directory) with their quantization and size,
+/// and for a GGUF file the memory the pool would count it at once loaded and
+/// whether that fits the budget, before anything is downloaded: the same
+/// estimate as for the file on disk, from one GGUF's header read from its
+/// first bytes (the quantizations of one model share their architecture,
+/// so they reserve the same KV cells, logits rows and vocabulary tables, and
+/// expand to the same parameters on MLX). A directory is estimated after
+/// download. `unavailable` says why this server could not run a file.
+async fn hub_files(
+    State(s): State<AppState>,
+    axum::extract::Query(q): axum::extract::Query<FilesQuery>,
+) -> Reply {
+    let spec = PullSpec::parse(q.repo.trim(), None)
+        .map_err(|e| openai(ApiError::param("repo", e.to_string())))?;
+    let hub = s.pool.hub();
+    let mut listed = shoal_models::find::files(hub, &spec)
+        .await
+        .map_err(|e| openai(e.into()))?;
+    // Vision projectors ride along in GGUF repos; they are not models.
+    listed
+        .files
+        .retain(|f| !f.name.to_ascii_lowercase().starts_with("mmproj"));
+    let sample = listed
+        .files
+        .iter()
+        .filter(|f| f.kind == shoal_models::find::FileKind::Gguf)
+        .min_by_key(|f| f.size_bytes);
+    let header = match sample {
+        Some(f) => Some(
+            shoal_models::find::gguf_header(hub, &spec, &f.name, f.size_bytes)
+                .await
+                .map_err(|e| openai(e.into()))?,
+        ),
+        None => None,
+    };
+    let budget = s.pool.budget();
+    let files: Vec<Value> = listed
+        .files
+        .iter()
+        .map(|f| {
+            let gguf = f.kind == shoal_models::find::FileKind::Gguf;
+            let estimate = header.as_ref().filter(|_| gguf).map(|h| {
+                let mut h = h.clone();
+                h.file_len = f.size_bytes;
+                s.pool.estimate_header(h, std::path::Path::new(&f.name))
+            });
+            let (estimate, unavailable) = match estimate {
+                Some(Ok(e)) => (Some(e), None),
+                Some(Err(why)) => (None, Some(why)),
+                None => (None, None),
+            };
+            json!({
+                "name": f.name,
+                "kind": f.kind,
+                "size_bytes": f.size_bytes,
+                "quantization": f.quantization,
+                "estimated_memory_bytes": estimate,
+                "fits": estimate.map(|e| e <= budget),
+                "unavailable": unavailable,
+                "pull": {"model": format!("{}@{}", listed.repo, listed.revision),
+                         "file": gguf.then_some(&f.name)},
+            })
+        })
+        .collect();
+    Ok(Json(json!({
+        "repo": listed.repo,
+        "revision": listed.revision,
+        "commit": listed.commit,
+        "memory_budget_bytes": budget,
+        "architecture": header.as_ref().and_then(|h| h.architecture()),
+        "context_length": header.as_ref().and_then(|h| h.arch_uint("context_length")),
+        "files": files,
+    }))
+    .into_response())
+}
 
 fn openai(e: ApiError) -> DialectError {
     e.in_dialect(ErrorShape::OpenAi)

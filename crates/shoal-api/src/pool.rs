@@ -7,7 +7,7 @@
 //! RAM free now. Idle models unload after `idle_unload`. Unloading only
 //! drops the pool's handle: requests already running on the engine finish.
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -432,26 +432,41 @@ impl ModelPool {
             Some(shoal_engine::backends::Route {
                 backend: shoal_engine::BackendKind::Llama,
                 header: Some(h),
-            }) => {
-                use shoal_engine::backends::llama::{
-                    embed, kv_bytes_per_position_as, logits_bytes_per_sequence, vocab_table_bytes,
-                };
-                // An embedding model reserves for one pass, not a KV pool.
-                if let Some((kv, buffers)) = embed::reserved_bytes(h) {
-                    return card.size_bytes + kv + buffers;
-                }
-                let llama = &self.opts.engine.llama;
-                let reserved = |h: &shoal_gguf::Header| {
-                    let kv = (llama.kv_tokens as u64)
-                        .saturating_mul(kv_bytes_per_position_as(h, llama.kv_type));
-                    let logits = (self.opts.engine.max_batch.max(1) as u64)
-                        .saturating_mul(logits_bytes_per_sequence(h));
-                    kv + logits + vocab_table_bytes(h)
-                };
-                card.size_bytes + reserved(h) + self.draft_estimate(h, reserved)
-            }
+            }) => self.gguf_estimate(h, card.size_bytes),
             _ => card.weight_memory(self.gpu),
         }
+    }
+
+    /// The memory a GGUF file not downloaded yet will be counted at once
+    /// loaded, from its header alone (its `file_len` the file's size), as
+    /// for the same file on disk; or why this server cannot run it.
+    pub fn estimate_header(&self, h: shoal_gguf::Header, name: &Path) -> Result<u64, String> {
+        let card = ModelCard::of_gguf(&h);
+        let route = shoal_engine::backends::route_gguf(h, self.opts.engine.backend, name)
+            .map_err(|e| e.to_string())?;
+        Ok(self.estimate(&card, Some(&route)))
+    }
+
+    /// Memory a GGUF file of `size_bytes` whose header is `h` will take on
+    /// llama.cpp: the file as it is plus the KV cells and logits rows it
+    /// reserves and its vocabulary tables.
+    fn gguf_estimate(&self, h: &shoal_gguf::Header, size_bytes: u64) -> u64 {
+        use shoal_engine::backends::llama::{
+            embed, kv_bytes_per_position_as, logits_bytes_per_sequence, vocab_table_bytes,
+        };
+        // An embedding model reserves for one pass, not a KV pool.
+        if let Some((kv, buffers)) = embed::reserved_bytes(h) {
+            return size_bytes + kv + buffers;
+        }
+        let llama = &self.opts.engine.llama;
+        let reserved = |h: &shoal_gguf::Header| {
+            let kv =
+                (llama.kv_tokens as u64).saturating_mul(kv_bytes_per_position_as(h, llama.kv_type));
+            let logits = (self.opts.engine.max_batch.max(1) as u64)
+                .saturating_mul(logits_bytes_per_sequence(h));
+            kv + logits + vocab_table_bytes(h)
+        };
+        size_bytes + reserved(h) + self.draft_estimate(h, reserved)
     }
 
     /// The draft model's share of a llama.cpp model's estimate: its file and

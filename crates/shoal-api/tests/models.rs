@@ -575,3 +575,134 @@ async fn ollama_pull_streams_progress_and_delete_removes() {
     assert_eq!(status, 400, "{v}");
     assert!(v["error"].is_string());
 }
+
+/// Finding a model before downloading it: the hub's search by name, a
+/// repository's files with their quantization and size, and for each GGUF
+/// the memory the pool will count it at once pulled, read from the first
+/// bytes of one file (never the whole of it), and whether that fits the
+/// budget.
+#[tokio::test]
+async fn hub_search_lists_files_with_the_estimate_they_get_once_pulled() {
+    let q4 = std::fs::read(gguf()).unwrap();
+    let q8 = std::fs::read(common::q8_gguf()).unwrap();
+    let (q4_len, q8_len) = (q4.len() as u64, q8.len() as u64);
+    let hub = HubFixture::start(vec![
+        FixtureRepo {
+            id: PULLED.into(),
+            commit: "1111111111111111111111111111111111111111".into(),
+            files: vec![
+                FixtureFile::new("SmolLM2-135M-Instruct.Q8_0.gguf", q8, true),
+                FixtureFile::new("SmolLM2-135M-Instruct.Q4_1.gguf", q4, true),
+                FixtureFile::new("README.md", b"# SmolLM2".to_vec(), false),
+            ],
+            token: None,
+        },
+        FixtureRepo {
+            id: "test/other-model".into(),
+            commit: "2222222222222222222222222222222222222222".into(),
+            files: vec![FixtureFile::new("README.md", b"# nothing".to_vec(), false)],
+            token: None,
+        },
+    ]);
+    let home = temp("find");
+    // The estimate once pulled, from the pool as it lists the file on disk.
+    let probe = ModelPool::new(options(&hub, &home));
+    probe.add_named("q4", gguf(), vec![]);
+    probe.add_named("q8", common::q8_gguf(), vec![]);
+    let listed = get_json(&serve(probe).await, "/v1/models").await;
+    let on_disk = |id: &str| {
+        entry(&listed, id)["shoal"]["estimated_memory_bytes"]
+            .as_u64()
+            .unwrap()
+    };
+    let (q4_need, q8_need) = (on_disk("q4"), on_disk("q8"));
+
+    let mut opts = options(&hub, &home);
+    // Room for the smaller of the two only (MLX on a CPU expands both
+    // alike, so there both fit or neither does).
+    opts.budget_bytes = Some((q4_need + q8_need) / 2);
+    let base = serve(ModelPool::new(opts)).await;
+
+    let found = get_json(&base, "/v1/hub/search?q=smollm2").await;
+    assert_eq!(found["data"].as_array().unwrap().len(), 1, "{found}");
+    assert_eq!(found["data"][0]["id"], PULLED);
+    assert_eq!(found["data"][0]["gguf"], true);
+    let none = get_json(&base, "/v1/hub/search?q=no-such-model").await;
+    assert_eq!(none["data"], json!([]));
+
+    let requests_before = hub.requests().len();
+    let files = get_json(&base, &format!("/v1/hub/files?repo={PULLED}")).await;
+    let rows = files["files"].as_array().unwrap();
+    let names: Vec<&str> = rows.iter().map(|f| f["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+            "SmolLM2-135M-Instruct.Q8_0.gguf"
+        ],
+        "GGUF files, smallest first; the README is not a model"
+    );
+    assert_eq!(files["architecture"], "llama");
+    assert_eq!(files["context_length"], 8192);
+    for (row, quant, len, need) in [
+        (&rows[0], "Q4_1", q4_len, q4_need),
+        (&rows[1], "Q8_0", q8_len, q8_need),
+    ] {
+        assert_eq!(row["quantization"], quant);
+        assert_eq!(row["size_bytes"], len);
+        assert_eq!(row["estimated_memory_bytes"], need, "{row}: as once pulled");
+        assert_eq!(
+            row["fits"],
+            need <= files["memory_budget_bytes"].as_u64().unwrap()
+        );
+        assert_eq!(row["pull"]["file"], row["name"]);
+    }
+    if q4_need != q8_need {
+        assert_eq!(
+            (rows[0]["fits"].clone(), rows[1]["fits"].clone()),
+            (json!(true), json!(false))
+        );
+    }
+    // One header was read, by ranges, not a whole file.
+    let reads: Vec<_> = hub.requests()[requests_before..]
+        .iter()
+        .filter(|r| r.path.contains("/resolve/"))
+        .cloned()
+        .collect();
+    assert!(
+        !reads.is_empty()
+            && reads
+                .iter()
+                .all(|r| r.range.is_some_and(|(a, b)| a == 0 && b + 1 < q4_len)),
+        "{reads:?}"
+    );
+
+    // Pulling the listed file as the listing says gives the model it described.
+    let (status, text) = send(
+        reqwest::Method::POST,
+        format!("{base}/v1/models/pull"),
+        Some(json!({"model": rows[0]["pull"]["model"], "file": rows[0]["pull"]["file"], "stream": false})),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let pulled: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(pulled["shoal"]["estimated_memory_bytes"], q4_need);
+
+    // Errors in the OpenAI shape: no text, no such repository, no model files.
+    for (path, status) in [
+        ("/v1/hub/search?q=%20", 400),
+        ("/v1/hub/files?repo=test/missing", 404),
+        ("/v1/hub/files?repo=not-a-repo", 400),
+        ("/v1/hub/files?repo=test/other-model", 400),
+    ] {
+        let (got, text) = send(reqwest::Method::GET, format!("{base}{path}"), None).await;
+        assert_eq!(got, status, "{path}: {text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{path}: {v}"
+        );
+    }
+}

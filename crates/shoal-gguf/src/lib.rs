@@ -12,6 +12,10 @@ use std::path::{Path, PathBuf};
 pub enum GgufError {
     #[error("{path}: {why}")]
     Malformed { path: PathBuf, why: String },
+    /// The bytes end inside the header (a file cut short, or a prefix of a
+    /// file too short to hold its header).
+    #[error("{path}: the header is cut short at byte {at}")]
+    CutShort { path: PathBuf, at: u64 },
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -85,11 +89,18 @@ impl Header {
                 source,
             })?
             .len();
-        let mut r = Reader {
-            r: BufReader::new(file),
-            path,
-            pos: 0,
-        };
+        Header::parse(BufReader::new(file), file_len, path)
+    }
+
+    /// Reads a header from the first bytes of a GGUF file of `file_len`
+    /// bytes (say, a ranged download of a file not yet fetched); `name`
+    /// names it in errors. [`GgufError::CutShort`] means more bytes are needed.
+    pub fn from_prefix(bytes: &[u8], file_len: u64, name: &Path) -> Result<Header> {
+        Header::parse(bytes, file_len, name)
+    }
+
+    fn parse(r: impl Read, file_len: u64, path: &Path) -> Result<Header> {
+        let mut r = Reader { r, path, pos: 0 };
         if &r.bytes::<4>()? != b"GGUF" {
             return Err(r.bad("not a GGUF file"));
         }
@@ -262,13 +273,13 @@ pub fn file_type_name(n: u64) -> String {
     name.to_string()
 }
 
-struct Reader<'a> {
-    r: BufReader<File>,
+struct Reader<'a, R> {
+    r: R,
     path: &'a Path,
     pos: u64,
 }
 
-impl Reader<'_> {
+impl<R: Read> Reader<'_, R> {
     fn bad(&self, why: impl Into<String>) -> GgufError {
         GgufError::Malformed {
             path: self.path.to_path_buf(),
@@ -276,11 +287,16 @@ impl Reader<'_> {
         }
     }
 
+    fn cut_short(&self) -> GgufError {
+        GgufError::CutShort {
+            path: self.path.to_path_buf(),
+            at: self.pos,
+        }
+    }
+
     fn bytes<const N: usize>(&mut self) -> Result<[u8; N]> {
         let mut b = [0u8; N];
-        self.r
-            .read_exact(&mut b)
-            .map_err(|_| self.bad(format!("the header is cut short at byte {}", self.pos)))?;
+        self.r.read_exact(&mut b).map_err(|_| self.cut_short())?;
         self.pos += N as u64;
         Ok(b)
     }
@@ -299,9 +315,7 @@ impl Reader<'_> {
             return Err(self.bad(format!("a string of {len} bytes at byte {}", self.pos)));
         }
         let mut s = vec![0u8; len as usize];
-        self.r
-            .read_exact(&mut s)
-            .map_err(|_| self.bad(format!("the header is cut short at byte {}", self.pos)))?;
+        self.r.read_exact(&mut s).map_err(|_| self.cut_short())?;
         self.pos += len;
         Ok(String::from_utf8_lossy(&s).into_owned())
     }

@@ -149,21 +149,31 @@ fn read_gguf(path: &Path) -> Result<ModelCard> {
     let h = shoal_gguf::Header::read(path).map_err(|e| match e {
         shoal_gguf::GgufError::Io { source, .. } => ModelsError::Io(source),
         shoal_gguf::GgufError::Malformed { why, .. } => bad(path, why),
+        shoal_gguf::GgufError::CutShort { at, .. } => {
+            bad(path, format!("the header is cut short at byte {at}"))
+        }
     })?;
-    Ok(ModelCard {
-        format: "gguf".into(),
-        quantization: h.file_type(),
-        architecture: h.architecture().map(str::to_string),
-        context_length: h.arch_uint("context_length"),
-        layers: h.arch_uint("block_count"),
-        parameters: h
-            .tensors
-            .iter()
-            .fold(0u64, |a, t| a.saturating_add(t.elements())),
-        size_bytes: h.file_len,
-        embedding_pooling: h.embedding_pooling().map(str::to_string),
-        embedding_length: h.arch_uint("embedding_length"),
-    })
+    Ok(ModelCard::of_gguf(&h))
+}
+
+impl ModelCard {
+    /// What a GGUF header says of its model (the header's `file_len` is the size).
+    pub fn of_gguf(h: &shoal_gguf::Header) -> ModelCard {
+        ModelCard {
+            format: "gguf".into(),
+            quantization: h.file_type(),
+            architecture: h.architecture().map(str::to_string),
+            context_length: h.arch_uint("context_length"),
+            layers: h.arch_uint("block_count"),
+            parameters: h
+                .tensors
+                .iter()
+                .fold(0u64, |a, t| a.saturating_add(t.elements())),
+            size_bytes: h.file_len,
+            embedding_pooling: h.embedding_pooling().map(str::to_string),
+            embedding_length: h.arch_uint("embedding_length"),
+        }
+    }
 }
 
 #[cfg(test)]

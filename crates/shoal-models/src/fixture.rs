@@ -93,6 +93,7 @@ impl HubFixture {
         listener.set_nonblocking(true).expect("nonblocking");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let app = Router::new()
+            .route("/api/models", get(search))
             .route("/api/models/{org}/{name}/revision/{rev}", get(listing))
             .route("/{org}/{name}/resolve/{rev}/{*file}", get(resolve))
             .with_state(shared.clone());
@@ -221,6 +222,36 @@ async fn listing(
     s.log(path, None, StatusCode::OK);
     Json(serde_json::json!({"id": repo.id, "sha": repo.commit, "siblings": siblings}))
         .into_response()
+}
+
+/// `/api/models?search=…&limit=…`: the repositories whose id contains the
+/// search text, ignoring case (tokened repositories too, as the hub lists
+/// private ones to their owner), with the tags the hub gives a GGUF repo.
+async fn search(
+    State(s): State<Arc<Shared>>,
+    axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
+) -> Response {
+    let text = q
+        .get("search")
+        .map(|t| t.to_lowercase())
+        .unwrap_or_default();
+    let limit = q
+        .get("limit")
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(usize::MAX);
+    let found: Vec<serde_json::Value> = s
+        .repos
+        .iter()
+        .filter(|r| r.id.to_lowercase().contains(&text))
+        .take(limit)
+        .map(|r| {
+            let gguf = r.files.iter().any(|f| f.name.ends_with(".gguf"));
+            let tags: Vec<&str> = if gguf { vec!["gguf"] } else { vec![] };
+            serde_json::json!({"id": r.id, "modelId": r.id, "downloads": 0, "likes": 0, "tags": tags})
+        })
+        .collect();
+    s.log(format!("/api/models?search={text}"), None, StatusCode::OK);
+    Json(found).into_response()
 }
 
 /// `bytes=a-b` (b inclusive, clamped to the file) or `bytes=a-`.

@@ -97,7 +97,7 @@ impl HubOptions {
         }
     }
 
-    fn api(&self) -> Result<Api> {
+    pub(crate) fn api(&self) -> Result<Api> {
         let cache = hf_hub::Cache::new(self.library.hub_dir.clone());
         ApiBuilder::from_cache(cache)
             .with_endpoint(self.endpoint.clone())
@@ -150,15 +150,15 @@ pub struct PlannedFile {
 
 /// The hub's listing of a revision (`/api/models/{repo}/revision/{rev}?blobs=true`).
 #[derive(Debug, Deserialize)]
-struct Listing {
-    sha: String,
+pub(crate) struct Listing {
+    pub(crate) sha: String,
     #[serde(default)]
-    siblings: Vec<Sibling>,
+    pub(crate) siblings: Vec<Sibling>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
-struct Sibling {
-    rfilename: String,
+pub(crate) struct Sibling {
+    pub(crate) rfilename: String,
     #[serde(default)]
     size: Option<u64>,
     #[serde(rename = "blobId", default)]
@@ -174,13 +174,13 @@ struct Lfs {
 }
 
 impl Sibling {
-    fn size(&self) -> u64 {
+    pub(crate) fn size(&self) -> u64 {
         self.lfs.as_ref().map(|l| l.size).or(self.size).unwrap_or(0)
     }
 }
 
 /// Files a model directory needs besides its weights.
-const DIR_FILES: &[&str] = &[
+pub(crate) const DIR_FILES: &[&str] = &[
     "config.json",
     "generation_config.json",
     "model.safetensors.index.json",
@@ -456,7 +456,7 @@ async fn fetch(
     }
 }
 
-async fn list(repo: &ApiRepo, spec: &PullSpec) -> Result<Listing> {
+pub(crate) async fn list(repo: &ApiRepo, spec: &PullSpec) -> Result<Listing> {
     let resp = repo
         .info_request()
         .query(&[("blobs", "true")])

@@ -1,9 +1,10 @@
-//! Local models: pulling them from a Hugging Face hub with progress and
-//! checksums (`hub`), listing and removing them (`library`), and reading what
+//! Local models: finding them on a Hugging Face hub (`find`), pulling them
+//! with progress and checksums (`hub`), listing and removing them (`library`), and reading what
 //! each one is without loading it (`card`). No MLX here: the server and the
 //! CLI decide what to load.
 pub mod card;
 pub mod error;
+pub mod find;
 #[cfg(feature = "fixture")]
 pub mod fixture;
 pub mod hub;

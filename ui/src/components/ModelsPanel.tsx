@@ -1,6 +1,7 @@
 import { createSignal, For, onCleanup, onMount, Show } from 'solid-js';
 import type { ModelInfo } from '../api';
 import { ErrorBanner } from './ErrorBanner';
+import { HubFinder } from './HubFinder';
 import { backendName, fmtBytes } from '../format';
 import {
   deleteOne,
@@ -118,6 +119,8 @@ export function ModelsPanel(props: { selected: string; onUse: (id: string) => vo
           </tbody>
         </table>
       </div>
+
+      <HubFinder />
 
       <form class="pull-form" data-testid="pull-form" onSubmit={submit}>
         <TextField

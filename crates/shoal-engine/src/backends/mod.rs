@@ -133,7 +133,12 @@ pub fn route(path: &Path, choice: BackendChoice) -> Result<Route> {
             path.display()
         )));
     }
-    let header = check_gguf(path)?;
+    route_gguf(check_gguf(path)?, choice, path)
+}
+
+/// [`route`] for a GGUF file whose header is read already (from a file not
+/// downloaded yet, say); `path` names it in errors.
+pub fn route_gguf(header: shoal_gguf::Header, choice: BackendChoice, path: &Path) -> Result<Route> {
     let backend = match choice {
         // Embedding models run on llama.cpp whatever the choice: the MLX
         // side here runs causal language models only.
@@ -183,8 +188,8 @@ fn known_type(ggml_type: u32) -> bool {
 pub fn check_gguf(path: &Path) -> Result<shoal_gguf::Header> {
     let h = shoal_gguf::Header::read(path).map_err(|e| match e {
         shoal_gguf::GgufError::Io { source, .. } => EngineError::Io(source),
-        shoal_gguf::GgufError::Malformed { path, why } => {
-            EngineError::InvalidModel(format!("{}: {why}", path.display()))
+        e @ (shoal_gguf::GgufError::Malformed { .. } | shoal_gguf::GgufError::CutShort { .. }) => {
+            EngineError::InvalidModel(e.to_string())
         }
     })?;
     if h.architecture().is_none() {
