@@ -38,7 +38,8 @@ export function launch() {
  * collected in `errors`; a test ends by asserting there were none.
  */
 export async function openPage(browser, { width = 1280, height = 800, colorScheme = 'light', path = '/', setup, base = BASE } = {}) {
-  const context = await browser.newContext({ viewport: { width, height }, colorScheme });
+  // Copy buttons write the clipboard; the tests read it back.
+  const context = await browser.newContext({ viewport: { width, height }, colorScheme, permissions: ['clipboard-read', 'clipboard-write'] });
   const page = await context.newPage();
   page.setDefaultTimeout(30_000);
   const errors = [];

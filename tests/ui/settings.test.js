@@ -14,7 +14,7 @@ const FRANCE = 'What is the capital of France? Answer in one sentence.';
 
 /** The sampling fields: the request field, the field's test id, a value it takes and values it refuses with why. */
 const FIELDS = [
-  { wire: 'temperature', id: 'setting-temperature', ok: 0.7, bad: [] },
+  { wire: 'temperature', id: 'setting-temperature', ok: 0.7, bad: [['2.5', /^Temperature must be at least 0 and at most 2, not 2\.5$/]] },
   {
     wire: 'top_p',
     id: 'setting-top-p',

@@ -38,14 +38,12 @@ export interface SamplingField {
   step: string;
   /** The value that turns it off, named beside the model's default. */
   off?: number;
-  /** Range left to the server, which refuses it in the reply (the suite's server-error test provokes that 400 this way). */
-  serverChecked?: boolean;
 }
 
 /** The ranges the server takes (shoal-engine's `SamplingParams::validate`; the repetition penalty's cap as its Ollama dialect checks). */
 export const SAMPLING: SamplingField[] = [
   {
-    key: 'temperature', wire: 'temperature', label: 'Temperature', min: 0, max: 2, step: '0.1', serverChecked: true,
+    key: 'temperature', wire: 'temperature', label: 'Temperature', min: 0, max: 2, step: '0.1',
     hint: 'How random the reply is: 0 always takes the likeliest token',
   },
   {
@@ -73,7 +71,7 @@ export const SAMPLING: SamplingField[] = [
 
 /** Why `v` cannot be sent as `f`; null when it can (or is empty: the model's default). */
 export function samplingProblem(f: SamplingField, v: number | null): string | null {
-  if (v == null || f.serverChecked) return null;
+  if (v == null) return null;
   const whole = f.integer ? 'a whole number of ' : '';
   const range = `${f.aboveMin ? 'more than' : 'at least'} ${f.min}${Number.isFinite(f.max) ? ` and at most ${f.max}` : ''}`;
   if ((f.integer && !Number.isInteger(v)) || v < f.min || (f.aboveMin && v === f.min) || v > f.max) {
@@ -88,7 +86,10 @@ export function buildRequest(settings: ChatSettings, history: Message[]): ChatRe
   for (const m of history) {
     // Failed replies carry no model text; they are not part of the conversation.
     if (m.role === 'assistant' && (m.finish === 'error' || m.content === '')) continue;
-    messages.push({ role: m.role, content: m.content });
+    const prev = messages[messages.length - 1];
+    // A reply continued after its token limit is one turn: its steps joined.
+    if (m.role === 'assistant' && prev?.role === 'assistant') prev.content += m.content;
+    else messages.push({ role: m.role, content: m.content });
   }
   const req: ChatRequest = {
     model: settings.model,

@@ -352,16 +352,9 @@ function patchMessage(convId: string, msgId: string, fn: (m: Message) => void): 
   );
 }
 
-export async function sendMessage(text: string): Promise<void> {
-  if (state.streaming || text.trim() === '') return;
-  const conv = current() ?? newChat();
-  const convId = conv.id;
-  const model = effectiveModel(conv);
-  const modelChanged = model !== conv.settings.model;
-  if (modelChanged) setState('conversations', (x) => x.id === convId, 'settings', 'model', model);
-  const first = conv.messages.length === 0;
-  const user: Message = { id: newKey('m'), saved: 'pending', role: 'user', content: text };
-  const reply: Message = {
+/** An empty reply about to stream from `model`, with live counts. */
+function emptyReply(model: string): Message {
+  return {
     id: newKey('m'),
     saved: 'pending',
     role: 'assistant',
@@ -380,6 +373,18 @@ export async function sendMessage(text: string): Promise<void> {
       tokPerS: null,
     },
   };
+}
+
+export async function sendMessage(text: string): Promise<void> {
+  if (state.streaming || text.trim() === '') return;
+  const conv = current() ?? newChat();
+  const convId = conv.id;
+  const model = effectiveModel(conv);
+  const modelChanged = model !== conv.settings.model;
+  if (modelChanged) setState('conversations', (x) => x.id === convId, 'settings', 'model', model);
+  const first = conv.messages.length === 0;
+  const user: Message = { id: newKey('m'), saved: 'pending', role: 'user', content: text };
+  const reply = emptyReply(model);
   batch(() => {
     setState(
       'conversations',
@@ -395,8 +400,46 @@ export async function sendMessage(text: string): Promise<void> {
   });
   if (modelChanged) saveSettings(convId);
   if (first) saveTitle(convId);
-  void flush(convId);
+  await streamReply(convId, reply);
+}
 
+/**
+ * Whether `c`'s last message is a reply cut by its token limit, which
+ * Continue can carry on (a continuation is itself such a reply when it is cut
+ * again).
+ */
+export function canContinue(c: Conversation | undefined): boolean {
+  const last = c?.messages[c.messages.length - 1];
+  return last?.role === 'assistant' && last.finish === 'length' && last.content !== '';
+}
+
+/**
+ * Continues the last reply where its token limit cut it: the reply so far is
+ * sent back as the start of the assistant's turn and the model's next words
+ * stream into a new step of the same reply, with usage of its own.
+ */
+export async function continueReply(): Promise<void> {
+  const c = current();
+  if (!c || state.streaming || !canContinue(c)) return;
+  const convId = c.id;
+  const reply = emptyReply(effectiveModel(c));
+  batch(() => {
+    setState(
+      'conversations',
+      (x) => x.id === convId,
+      produce((x) => {
+        x.messages.push(reply);
+        x.updated = Date.now();
+      }),
+    );
+    setState('streaming', { conversationId: convId, messageId: reply.id });
+  });
+  await streamReply(convId, reply);
+}
+
+/** Streams `reply`, the conversation's last message, from the messages before it. */
+async function streamReply(convId: string, reply: Message): Promise<void> {
+  void flush(convId);
   const live = snapshot(convId)!;
   const req = buildRequest(live.settings, live.messages.slice(0, -1));
   controller = new AbortController();
@@ -436,21 +479,35 @@ export async function sendMessage(text: string): Promise<void> {
   }
 }
 
-/** Sends the last user message again (after an error or a cancel). */
-export function retryLast(): void {
+/**
+ * Drops the conversation's messages from `idx` on, here and in the store, and
+ * sends `text` as the user's message in their place.
+ */
+function resendFrom(idx: number, text: string): void {
   const c = current();
-  if (!c || state.streaming) return;
-  const idx = c.messages.map((m) => m.role).lastIndexOf('user');
-  if (idx < 0) return;
+  if (!c || state.streaming || idx < 0 || idx >= c.messages.length || text.trim() === '') return;
   const convId = c.id;
-  const lastUser = c.messages[idx];
-  const key = lastUser.id;
-  const content = lastUser.content;
-  // Drop the last exchange, here and in the store, and send it again.
+  const from = c.messages[idx];
+  const key = from.id;
   setState('conversations', (x) => x.id === convId, 'messages', (ms) => ms.slice(0, idx));
   void enqueue(convId, async (s) => {
-    const mid = s.messageIds.get(key) ?? lastUser.serverId;
+    const mid = s.messageIds.get(key) ?? from.serverId;
     if (s.serverId != null && mid != null) await deleteMessagesFrom(s.serverId, mid);
   });
-  void sendMessage(content);
+  void sendMessage(text);
+}
+
+/** Sends the last user message again: a new reply in place of the last one (after an error, a cancel, or to regenerate). */
+export function retryLast(): void {
+  const c = current();
+  if (!c) return;
+  const idx = c.messages.map((m) => m.role).lastIndexOf('user');
+  if (idx >= 0) resendFrom(idx, c.messages[idx].content);
+}
+
+/** Replaces a sent user message with `text` and sends it again; what followed it goes. */
+export function editMessage(msgId: string, text: string): void {
+  const c = current();
+  const idx = c?.messages.findIndex((m) => m.id === msgId) ?? -1;
+  if (c && idx >= 0 && c.messages[idx].role === 'user') resendFrom(idx, text);
 }

@@ -23,7 +23,7 @@ export const FINISH: Record<Finish, { label: string; tone: 'ok' | 'warn' | 'bad'
   length: {
     label: 'length',
     tone: 'warn',
-    help: 'The reply hit the max tokens limit (or the context window) and was cut off. Raise max tokens in the chat settings, or start a new chat if the conversation fills the context window.',
+    help: 'The reply hit the max tokens limit (or the context window) and was cut off. Continue carries it on; or raise max tokens in the chat settings, or start a new chat if the conversation fills the context window.',
   },
   tool_calls: {
     label: 'tool calls',
