@@ -36,18 +36,18 @@ run: export SHOAL_EMBEDDING_MODEL ?= $(EMBED_GGUF)
 ## Everything CI runs: lint, Rust unit/e2e/reference tests, the official SDK suites,
 ## then the web UI in a real browser.
 test: setup ui lint
-	@bash tools/cargo-tally.sh "rust" $(CACHE)/cargo-test.log \
+	@bash tools/timed.sh "rust tests" bash tools/cargo-tally.sh "rust" $(CACHE)/cargo-test.log \
 	  $(CARGO) test --release --no-fail-fast --workspace --exclude shoal-desktop
 	@# The behaviour suites again with the default GGUF on llama.cpp.
-	@SHOAL_TEST_BACKEND=llama SHOAL_BACKEND=llama bash tools/cargo-tally.sh \
-	  "rust (default GGUF on llama.cpp)" $(CACHE)/cargo-test-llama.log \
+	@SHOAL_TEST_BACKEND=llama SHOAL_BACKEND=llama bash tools/timed.sh "rust tests on llama.cpp" \
+	  bash tools/cargo-tally.sh "rust (default GGUF on llama.cpp)" $(CACHE)/cargo-test-llama.log \
 	  $(CARGO) test --release --no-fail-fast $(BEHAVIOUR_SUITES)
-	@$(CARGO) build --release -p shoal
+	@bash tools/timed.sh "build for the SDK and UI suites" $(CARGO) build --release -p shoal
 	@$(CARGO) build --release -p shoal-models --features fixture --bin shoal-hub-fixture
-	@bash tests/run-sdk.sh
-	@SHOAL_BACKEND=llama bash tests/run-sdk.sh
-	@bash tests/run-ui.sh
-	@SHOAL_BACKEND=llama bash tests/run-ui.sh
+	@bash tools/timed.sh "sdk suites on mlx" bash tests/run-sdk.sh
+	@SHOAL_BACKEND=llama bash tools/timed.sh "sdk suites on llama.cpp" bash tests/run-sdk.sh
+	@bash tools/timed.sh "ui suite on mlx" bash tests/run-ui.sh
+	@SHOAL_BACKEND=llama bash tools/timed.sh "ui suite on llama.cpp" bash tests/run-ui.sh
 
 # The engine, API, CLI and SDK suites about behaviour run on both backends: first on MLX
 # with the whole workspace, then these again (and the SDK suites) on llama.cpp. The
@@ -65,6 +65,7 @@ test test-ui: export HF_ENDPOINT := http://127.0.0.1:9
 test test-ui: export HF_TOKEN :=
 
 setup: deps-apt mlx models
+	@echo "time: setup done $$(date -u +%T)"
 
 deps-apt:
 	@[ "$$(uname -s)" = Linux ] || exit 0; \
@@ -171,11 +172,11 @@ test-ui: setup ui
 
 lint: mlx
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --release --workspace --exclude shoal-desktop --all-targets -- -D warnings
+	@bash tools/timed.sh "clippy (builds the workspace)" $(CARGO) clippy --release --workspace --exclude shoal-desktop --all-targets -- -D warnings
 
 ## The desktop app (src-tauri, Tauri 2): lint, .deb bundle, and a smoke test that drives
 ## the window through tauri-driver/WebKitWebDriver and the tray menu over D-Bus, under Xvfb.
-DESKTOP_PKGS := xvfb xauth dbus-x11 libwebkit2gtk-4.1-dev libayatana-appindicator3-dev webkit2gtk-driver librsvg2-dev xclip
+DESKTOP_PKGS := xvfb xauth dbus-x11 libwebkit2gtk-4.1-dev libayatana-appindicator3-dev webkit2gtk-driver librsvg2-dev xclip patchelf
 TAURI_DRIVER_VERSION := 2.1.0
 TAURI_DRIVER := $(CACHE)/tauri-driver-$(TAURI_DRIVER_VERSION)/bin/tauri-driver
 

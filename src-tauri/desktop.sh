@@ -59,6 +59,23 @@ step "deb contents" bundle_config
 step "tauri build --bundles deb" bash -c "cd src-tauri && npx --no-install tauri build --bundles deb --ci --config '$out/bundle.json'"
 
 deb=$(ls -t target/release/bundle/deb/*.deb | head -1)
+
+# The binary is linked with the build machine's MLX folder first in its
+# runpath, so it also runs from target/; the package's copy must look only
+# in its own library folder. Rewritten with patchelf, and the package built
+# again with its checksums.
+package_runpath() {
+  local root="$out/repack"
+  rm -rf "$root" && mkdir -p "$root"
+  dpkg-deb -R "$deb" "$root"
+  patchelf --set-rpath /usr/lib/shoal/mlx/lib "$root/usr/bin/shoal-desktop"
+  if [ -f "$root/DEBIAN/md5sums" ]; then
+    (cd "$root" && find . -path ./DEBIAN -prune -o -type f -printf '%P\0' | sort -z | xargs -0 md5sum) > "$root/DEBIAN/md5sums"
+  fi
+  dpkg-deb --root-owner-group -Zgzip -b "$root" "$deb" >/dev/null
+}
+step "package runpath" package_runpath
+
 check_deb() {
   dpkg-deb -I "$deb" | sed -n 's/^ \(Package\|Version\|Depends\):/  \1:/p'
   dpkg-deb -c "$deb" | awk '{print "  " $NF}' | grep -E 'usr/bin/|\.desktop$|/icons/.*32x32|libmlx'
@@ -70,7 +87,21 @@ check_deb() {
     return 1
   fi
   ldd "$lib" | grep -E 'blas|lapack' | sed "s|$out/deb-root||; s/^\s*/  /"
-  readelf -d "$out/deb-root/usr/bin/shoal-desktop" | grep -o 'runpath: .*' | sed 's/^/  /'
+  # Every runpath in the package stays inside it: the app's library folder or
+  # a library's own $ORIGIN, never a folder of the machine that built it.
+  local f rp p bad=0
+  while IFS= read -r -d '' f; do
+    rp=$(readelf -d "$f" 2>/dev/null | sed -n 's/.*(\(RUNPATH\|RPATH\)).*\[\(.*\)\]/\2/p')
+    [ -n "$rp" ] || continue
+    echo "  runpath ${f#"$out/deb-root"}: $rp"
+    for p in ${rp//:/ }; do
+      case "$p" in
+        /usr/lib/shoal/* | '$ORIGIN' | '$ORIGIN'/*) ;;
+        *) echo "  build path in the package's runpath: $p" >&2; bad=1 ;;
+      esac
+    done
+  done < <(find "$out/deb-root" -type f \( -name '*.so*' -o -path '*/usr/bin/*' \) -print0)
+  return $bad
 }
 step "check .deb" check_deb
 

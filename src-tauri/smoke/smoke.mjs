@@ -5,7 +5,8 @@
 //   xvfb-run -a dbus-run-session -- node smoke.mjs APP TAURI_DRIVER OUT_DIR
 //
 // It checks that: the window shows the chat UI served by the in-process
-// server; one chat message gets a reply with a finish badge; the tray menu is
+// server; a chat message sent with the settings untouched gets a reply that
+// ends by itself, and a greedy one a reply with a finish badge; the tray menu is
 // exported over D-Bus (StatusNotifierItem + com.canonical.dbusmenu) with the
 // status line and items; Stop/Start Server work from the menu; Copy API URL
 // fills the clipboard; closing the window keeps the server up; a `shoal serve`
@@ -365,8 +366,41 @@ try {
     },
     30_000,
   );
-  // Greedy, so the reply is the one short sentence on every run: the wait
-  // below guards against a hang, it does not bet on the dice.
+  // Types the question, sends it and waits for the reply's finish badge (the
+  // wait guards against a hang); resolves with the finish, its label and the
+  // reply's text.
+  const ask = async () => {
+    await wdCall('POST', `/session/${session}/element/${input}/value`, {
+      text: 'What is the capital of France? Answer in one sentence.',
+    });
+    const send = await waitFor('the send button to be enabled', async () => {
+      const b = await find(session, 'send-button');
+      return (await wdCall('GET', `/session/${session}/element/${b}/enabled`)) ? b : null;
+    }, 10_000);
+    const sentAt = Date.now();
+    const before = (await findAll(session, 'finish-badge')).length;
+    await wdCall('POST', `/session/${session}/element/${send}/click`, {});
+    const badge = await waitFor('the finish badge', async () => (await findAll(session, 'finish-badge'))[before], 300_000, 500);
+    const finish = await wdCall('GET', `/session/${session}/element/${badge}/attribute/data-finish`);
+    const label = await wdCall('GET', `/session/${session}/element/${badge}/text`);
+    const replies = await findAll(session, 'assistant-content');
+    const reply = replies.length
+      ? await wdCall('GET', `/session/${session}/element/${replies[replies.length - 1]}/text`)
+      : '';
+    return { finish, label, reply, secs: ((Date.now() - sentAt) / 1000).toFixed(1) };
+  };
+  // First as a first-time user would: the settings untouched, the model's own
+  // sampling defaults and the chat's default token cap. The reply ends by
+  // itself, at the model's end of turn or at the cap.
+  const first = await ask();
+  check(
+    'chat reply with the defaults untouched ends by itself',
+    ['stop', 'length'].includes(first.finish) && first.reply.trim().length > 0,
+    `finish=${first.finish} badge=${JSON.stringify(first.label)} in ${first.secs} s; reply=${JSON.stringify(first.reply.slice(0, 80))}`,
+  );
+  // Then greedy in a new chat, so the reply is the one short sentence on every run.
+  const newChat = await find(session, 'new-chat');
+  await wdCall('POST', `/session/${session}/element/${newChat}/click`, {});
   if (!(await find(session, 'settings-panel').catch(() => null))) {
     const toggle = await find(session, 'settings-toggle');
     await wdCall('POST', `/session/${session}/element/${toggle}/click`, {});
@@ -374,26 +408,11 @@ try {
   const temperature = await waitFor('the temperature setting', () => find(session, 'setting-temperature'), 10_000);
   await wdCall('POST', `/session/${session}/element/${temperature}/clear`, {});
   await wdCall('POST', `/session/${session}/element/${temperature}/value`, { text: '0' });
-  await wdCall('POST', `/session/${session}/element/${input}/value`, {
-    text: 'What is the capital of France? Answer in one sentence.',
-  });
-  const send = await waitFor('the send button to be enabled', async () => {
-    const b = await find(session, 'send-button');
-    return (await wdCall('GET', `/session/${session}/element/${b}/enabled`)) ? b : null;
-  }, 10_000);
-  const sentAt = Date.now();
-  await wdCall('POST', `/session/${session}/element/${send}/click`, {});
-  const badge = await waitFor('the finish badge', async () => (await findAll(session, 'finish-badge'))[0], 180_000, 500);
-  const finish = await wdCall('GET', `/session/${session}/element/${badge}/attribute/data-finish`);
-  const label = await wdCall('GET', `/session/${session}/element/${badge}/text`);
-  const replies = await findAll(session, 'assistant-content');
-  const reply = replies.length
-    ? await wdCall('GET', `/session/${session}/element/${replies[replies.length - 1]}/text`)
-    : '';
+  const greedy = await ask();
   check(
     'chat reply with finish badge',
-    finish === 'stop' && reply.trim().length > 0,
-    `finish=${finish} badge=${JSON.stringify(label)} in ${((Date.now() - sentAt) / 1000).toFixed(1)} s; reply=${JSON.stringify(reply.slice(0, 80))}`,
+    greedy.finish === 'stop' && greedy.reply.trim().length > 0,
+    `finish=${greedy.finish} badge=${JSON.stringify(greedy.label)} in ${greedy.secs} s; reply=${JSON.stringify(greedy.reply.slice(0, 80))}`,
   );
   const shot = await wdCall('GET', `/session/${session}/screenshot`);
   writeFileSync(join(outDir, 'chat.png'), Buffer.from(shot, 'base64'));
