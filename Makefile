@@ -38,12 +38,12 @@ run: export SHOAL_EMBEDDING_MODEL ?= $(EMBED_GGUF)
 test: setup ui lint
 	@bash tools/timed.sh "rust tests" bash tools/cargo-tally.sh "rust" $(CACHE)/cargo-test.log \
 	  $(CARGO) test --release --no-fail-fast --workspace --exclude shoal-desktop
-	@# The behaviour suites again with the default GGUF on llama.cpp.
+	@# The behaviour suites again with the default GGUF on llama.cpp: the same build as
+	@# above (the whole workspace, so nothing compiles again), these test files only.
 	@SHOAL_TEST_BACKEND=llama SHOAL_BACKEND=llama bash tools/timed.sh "rust tests on llama.cpp" \
 	  bash tools/cargo-tally.sh "rust (default GGUF on llama.cpp)" $(CACHE)/cargo-test-llama.log \
-	  $(CARGO) test --release --no-fail-fast $(BEHAVIOUR_SUITES)
-	@bash tools/timed.sh "build for the SDK and UI suites" $(CARGO) build --release -p shoal
-	@$(CARGO) build --release -p shoal-models --features fixture --bin shoal-hub-fixture
+	  $(CARGO) test --release --no-fail-fast --workspace --exclude shoal-desktop $(BEHAVIOUR_SUITES)
+	@# The SDK and UI suites run the `shoal` and `shoal-hub-fixture` binaries those tests built.
 	@bash tools/timed.sh "sdk suites on mlx" bash tests/run-sdk.sh
 	@SHOAL_BACKEND=llama bash tools/timed.sh "sdk suites on llama.cpp" bash tests/run-sdk.sh
 	@bash tools/timed.sh "ui suite on mlx" bash tests/run-ui.sh
@@ -52,9 +52,10 @@ test: setup ui lint
 # The engine, API, CLI and SDK suites about behaviour run on both backends: first on MLX
 # with the whole workspace, then these again (and the SDK suites) on llama.cpp. The
 # llama.cpp backend also has suites of its own (real_models) on all three real models.
-BEHAVIOUR_SUITES := -p shoal-engine --test e2e --test batching \
-	-p shoal-api --test http --test faults --test access --test models --test defaults --test ollama \
-	-p shoal --test cli --test netns
+# Each name is one package's test file (engine: e2e, batching; API: http … ollama; CLI: cli, netns).
+BEHAVIOUR_SUITES := --test e2e --test batching \
+	--test http --test faults --test access --test models --test defaults --test ollama \
+	--test cli --test netns
 
 # Test runs keep to an empty model library of their own and never reach a hub.
 # The UI suite runs on both backends (set here to MLX, then to llama.cpp above); the
