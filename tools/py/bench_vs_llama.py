@@ -40,40 +40,57 @@ def shoal_bench(a, model, p, g):
                            "--prompt-tokens", str(p), "--gen-tokens", str(g), "--runs", "1", "--json"]))
 
 
-def llama_bench(a, model):
-    out = json.loads(run([a.llama_bench, "-m", model, "-t", str(a.threads), "-p", "512", "-n", "128",
+def llama_bench(a, model, test):
+    """One llama-bench figure: `test` is ("pp", 512) or ("tg", 128)."""
+    kind, n = test
+    p, g = (n, 0) if kind == "pp" else (0, n)
+    out = json.loads(run([a.llama_bench, "-m", model, "-t", str(a.threads), "-p", str(p), "-n", str(g),
                           "-r", "1", "-o", "json"]))
-    pp = next(r["avg_ts"] for r in out if r["n_prompt"] == 512 and r["n_gen"] == 0)
-    tg = next(r["avg_ts"] for r in out if r["n_prompt"] == 0 and r["n_gen"] == 128)
-    return pp, tg
+    return next(r["avg_ts"] for r in out if r["n_prompt"] == p and r["n_gen"] == g)
+
+
+def ours(a, model, test):
+    """Shoal's figure for the same test: prefill of the prompt, or decode after an 8-token one."""
+    kind, n = test
+    if kind == "pp":
+        return shoal_bench(a, model, n, 2)["prefill_tok_s"]
+    return shoal_bench(a, model, 8, n)["decode_tok_s"]
 
 
 def ratio_cell(pairs):
     ours = statistics.median(x for x, _ in pairs)
     theirs = statistics.median(y for _, y in pairs)
-    return f"{ours:7.1f}/{theirs:7.1f} {statistics.median(x / y for x, y in pairs):5.2f}x"
+    ratios = [x / y for x, y in pairs]
+    spread = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    return (f"{ours:7.1f}/{theirs:7.1f} {statistics.median(ratios):5.2f}x"
+            f" [{spread[0]:4.2f}-{spread[2]:4.2f}]")
 
 
 def part1(a):
+    """Each pair is one figure from each side back to back, the order alternating, so a drift
+    on this shared host falls on both; a single pair's ratio swings by 10-20% here, so a cell
+    is the median of many pairs, with the middle half of the pairs' ratios in brackets."""
+    pairs = max(a.runs * 3, 9)
     print(f"llama.cpp backend vs llama-bench (llama.cpp's default options), {a.threads} threads,"
-          f" {a.runs} interleaved pairs; shoal/llama-bench tok/s and ratio")
-    print(f"{'model':40s} {'pp512':>22s} {'tg128':>22s}")
+          f" {pairs} interleaved pairs per cell; shoal/llama-bench tok/s, median ratio [quartiles]")
+    print(f"{'model':40s} {'pp512':>34s} {'tg128':>34s}")
     tg128 = {}
     for m in a.models:
-        pp, tg = [], []
-        for r in range(a.runs):
-            def ours():
-                return (shoal_bench(a, m, 512, 16)["prefill_tok_s"], shoal_bench(a, m, 8, 128)["decode_tok_s"])
-            if r % 2 == 0:
-                o = ours()
-                t = llama_bench(a, m)
-            else:
-                t = llama_bench(a, m)
-                o = ours()
-            pp.append((o[0], t[0]))
-            tg.append((o[1], t[1]))
-        tg128[m] = statistics.median(y for _, y in tg)
-        print(f"{os.path.basename(m)[:40]:40s} {ratio_cell(pp):>22s} {ratio_cell(tg):>22s}", flush=True)
+        cells = {}
+        for test in (("pp", 512), ("tg", 128)):
+            got = []
+            for r in range(pairs):
+                if r % 2 == 0:
+                    o = ours(a, m, test)
+                    t = llama_bench(a, m, test)
+                else:
+                    t = llama_bench(a, m, test)
+                    o = ours(a, m, test)
+                got.append((o, t))
+            cells[test[0]] = got
+        tg128[m] = statistics.median(y for _, y in cells["tg"])
+        print(f"{os.path.basename(m)[:40]:40s} {ratio_cell(cells['pp']):>34s} {ratio_cell(cells['tg']):>34s}",
+              flush=True)
     return tg128
 
 
@@ -239,7 +256,7 @@ def main():
         part2(a, shoal_cmd, llama_cmd)
     if "3" in a.parts and qwen:
         if qwen not in tg128:
-            tg128[qwen] = llama_bench(a, qwen)[1]
+            tg128[qwen] = llama_bench(a, qwen, ("tg", 128))
         part3(a, shoal_cmd, llama_cmd, qwen, tg128[qwen])
 
 
