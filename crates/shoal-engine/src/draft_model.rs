@@ -56,12 +56,22 @@ pub enum Mode {
 /// prefill of a prompt is not a step: it is left out of the times, and a
 /// sequence starts the draft model (paying that prefill) only while the
 /// model's steps are the faster, never to probe.
+///
+/// Before the first reply, [`calibrate`] gives each figure a first value,
+/// and `best` bounds what the model's steps could ever reach: with no
+/// measured step yet, the model is tried only where that bound beats a
+/// plain step. Otherwise a warm-up reply's couple of steps decide, and once
+/// started the draft model on a 600-token prompt for Qwen-Coder's Q8_0 copy:
+/// 3 s of its prefill, for steps that could not pay.
 #[derive(Debug, Default)]
 pub(crate) struct Pace {
     plain: Option<f64>,
     model: Option<f64>,
     /// Seconds per token of the draft model's prefill.
     prefill: Option<f64>,
+    /// The least time per emitted token a draft-model step could take (every
+    /// draft kept), measured at load; `None` when not calibrated.
+    best: Option<f64>,
     decisions: u64,
 }
 
@@ -97,11 +107,16 @@ impl Pace {
         self.decisions += 1;
         let probe = self.decisions.is_multiple_of(Self::PROBE);
         match (self.plain, self.model) {
-            // Measure each kind once first.
+            // Measure each kind once first, the model only if it could pay.
             (None, _) => false,
-            (Some(_), None) => true,
+            (Some(plain), None) => self.could_pay(plain),
             (Some(plain), Some(model)) => (model < plain) != probe,
         }
+    }
+
+    /// Whether the model's best case beats `plain` (true when not calibrated).
+    fn could_pay(&self, plain: f64) -> bool {
+        self.best.is_none_or(|best| best < plain)
     }
 
     /// Whether a sequence without a draft cache should start one, paying a
@@ -110,7 +125,7 @@ impl Pace {
     /// over the rest of the reply (counted as at most [`Pace::HORIZON`]
     /// tokens, a long reply's length being a guess) beats that prefill.
     pub fn worth_starting(&self, catch_up: usize, left: usize) -> bool {
-        match (self.plain, self.model) {
+        match (self.plain, self.model.or(self.best)) {
             (None, _) => false,
             (Some(_), None) => true,
             (Some(plain), Some(model)) => {
@@ -121,12 +136,94 @@ impl Pace {
     }
 }
 
+/// Draft lengths [`calibrate`] times a checking step for.
+const CALIBRATION_DRAFTS: [usize; 3] = [3, 7, 15];
+
+/// [`Pace`]'s first figures, timed on the two models before any request: a
+/// plain step (one row of the target), the draft model's step and prefill
+/// per token, and a checking step of `k + 1` rows for each `k` in
+/// [`CALIBRATION_DRAFTS`]. The best case of a draft-model step is `k`
+/// draft steps and one checking step for `k + 1` emitted tokens, at the
+/// best `k`. Each time is the least of two tries: a shared host only ever
+/// adds time. About 30 steps in all (well under a second for a 0.5B model).
+pub(crate) fn calibrate(target: &dyn LanguageModel, draft: &dyn LanguageModel) -> Result<Pace> {
+    let vocab = target.info().vocab_size.min(draft.info().vocab_size).max(1);
+    // Ids spread over the vocabulary, as llama-bench times with.
+    let tokens: Vec<u32> = (0..64u32)
+        .map(|i| (i.wrapping_mul(7919).wrapping_add(13)) % vocab as u32)
+        .collect();
+    let least = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
+        let mut best = f64::INFINITY;
+        for _ in 0..2 {
+            let t = Instant::now();
+            f()?;
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        Ok(best)
+    };
+
+    let mut cache = draft.new_cache()?;
+    let prefill = least(&mut || {
+        cache.truncate(0);
+        draft.forward(&tokens, cache.as_mut()).map(drop)
+    })? / tokens.len() as f64;
+    let step = least(&mut || draft.forward(&tokens[..1], cache.as_mut()).map(drop))?;
+    drop(cache);
+
+    let mut batch = target.new_batch()?;
+    let mut cache = target.new_cache()?;
+    target.forward(&tokens[..16], cache.as_mut())?;
+    batch.join(cache)?;
+    let mut check = |rows: usize| -> Result<f64> {
+        least(&mut || {
+            let spans = [tokens[16..16 + rows].to_vec()];
+            target.forward_spans(&spans, batch.as_mut())?;
+            batch.drop_last(0, rows)
+        })
+    };
+    let plain = check(1)?;
+    let best = CALIBRATION_DRAFTS
+        .iter()
+        .map(|&k| Ok((k as f64 * step + check(k + 1)?) / (k + 1) as f64))
+        .collect::<Result<Vec<f64>>>()?
+        .into_iter()
+        .fold(f64::INFINITY, f64::min);
+    batch.leave(0)?;
+    Ok(Pace {
+        plain: Some(plain),
+        model: None,
+        prefill: Some(prefill),
+        best: Some(best),
+        decisions: 0,
+    })
+}
+
+impl Pace {
+    /// Seconds per token of a plain step and of the draft model's best
+    /// step, as calibrated (for the log).
+    pub fn first_estimates(&self) -> (Option<f64>, Option<f64>) {
+        (self.plain, self.best)
+    }
+}
+
 /// What callers may know about a target's draft model.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct DraftInfo {
     pub path: PathBuf,
     #[serde(flatten)]
     pub info: ModelInfo,
+    /// The load-time timing that decides whether the model is tried at all.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timed_at_load: Option<DraftTiming>,
+}
+
+/// Milliseconds per emitted token of a plain step and of a draft-model step
+/// at best (every draft kept), timed at load: the model is tried only where
+/// the second is the smaller.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct DraftTiming {
+    pub plain_ms_per_token: f64,
+    pub best_drafted_ms_per_token: f64,
 }
 
 impl DraftModel {
@@ -138,10 +235,34 @@ impl DraftModel {
         }
     }
 
+    /// Gives the pace its first figures (see [`calibrate`]); on failure it
+    /// keeps learning from the first replies alone.
+    pub fn calibrate(&mut self, target: &dyn LanguageModel) {
+        match calibrate(target, self.model.as_ref()) {
+            Ok(pace) => {
+                let (plain, best) = pace.first_estimates();
+                tracing::info!(
+                    plain_ms = plain.unwrap_or(0.0) * 1e3,
+                    best_drafted_ms = best.unwrap_or(0.0) * 1e3,
+                    "draft model timed: milliseconds per emitted token, plain and at best drafted"
+                );
+                self.pace = pace;
+            }
+            Err(e) => tracing::warn!(error = %e, "could not time the draft model"),
+        }
+    }
+
     pub fn info(&self, path: &Path) -> DraftInfo {
         DraftInfo {
             path: path.to_path_buf(),
             info: self.model.info().clone(),
+            timed_at_load: match self.pace.first_estimates() {
+                (Some(plain), Some(best)) => Some(DraftTiming {
+                    plain_ms_per_token: plain * 1e3,
+                    best_drafted_ms_per_token: best * 1e3,
+                }),
+                _ => None,
+            },
         }
     }
 }
@@ -282,6 +403,33 @@ mod tests {
         assert!(!pace.worth_starting(1000, 100));
         // The rest of a long reply counts as 256 tokens at most.
         assert!(!pace.worth_starting(2000, 100_000));
+    }
+
+    #[test]
+    fn a_calibrated_draft_model_is_tried_only_where_its_best_case_beats_a_plain_step() {
+        let calibrated = |best_ms: f64| Pace {
+            plain: Some(0.030),
+            prefill: Some(0.005),
+            best: Some(best_ms / 1e3),
+            ..Pace::default()
+        };
+        // Best case 33 ms a token against 30 ms plain: never started, never
+        // tried, whatever the first reply's own steps say.
+        let mut slow = calibrated(33.0);
+        assert!(!slow.worth_starting(600, 256));
+        assert!(!slow.worth_starting(1, 256));
+        assert!((0..64).all(|_| !slow.model_pays()));
+        // Best case 10 ms: a sequence with a short catch-up starts it (20 ms
+        // saved a token over 256 tokens beats 5 ms a token of prefill over
+        // 600), a long prompt does not, and it is tried until measured.
+        let mut fast = calibrated(10.0);
+        assert!(fast.worth_starting(600, 256));
+        assert!(!fast.worth_starting(2000, 256));
+        assert!(fast.model_pays());
+        // Then its measured steps decide: 40 ms a token, slower than plain.
+        fast.record(Mode::Model, Duration::from_millis(80), 2);
+        assert!(!fast.worth_starting(1, 256));
+        assert_eq!((0..64).filter(|_| fast.model_pays()).count(), 2);
     }
 
     #[test]

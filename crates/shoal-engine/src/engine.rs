@@ -193,7 +193,13 @@ impl Engine {
                                 return;
                             }
                         }
-                        .map(|m| (DraftModel::new(m, prefix_bytes), path))
+                        .map(|m| {
+                            let mut d = DraftModel::new(m, prefix_bytes);
+                            if draft.measured {
+                                d.calibrate(loaded.model.as_ref());
+                            }
+                            (d, path)
+                        })
                     }
                     _ => None,
                 };
