@@ -576,6 +576,9 @@ impl ModelPool {
                     "memory_bytes": d.info.resident_bytes(),
                     "kv_cache_bytes": d.info.kv_capacity_bytes,
                     "quantization": d.info.quantization,
+                    // Whether it can pay at all: it is tried only where its
+                    // best case beats a plain step.
+                    "timed_at_load": d.timed_at_load,
                 })),
                 // What its chat template can do (known once it is loaded).
                 "capabilities": capabilities,
