@@ -20,6 +20,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -241,9 +242,12 @@ def main():
     a.models = [m for m in a.models if os.path.isfile(m)]
     qwen = next((m for m in a.models if "qwen" in os.path.basename(m).lower()), None)
 
+    # Each Shoal server keeps its own store, so one's usage ledger holds only its own replies.
+    stores = tempfile.mkdtemp(prefix="shoal-bench-")
+
     def shoal_cmd(m, port, extra):
         return [a.shoal, "serve", "--backend", "llama", "--threads", str(a.threads), "--kv-cache-tokens", "8192",
-                "--model", m, "--port", str(port), *extra]
+                "--model", m, "--port", str(port), "--db", os.path.join(stores, f"{port}.sqlite"), *extra]
 
     def llama_cmd(m, port, extra):
         return [a.llama_server, "-m", m, "-t", str(a.threads), "-c", "8192", "--parallel", "1",
