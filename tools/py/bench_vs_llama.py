@@ -59,11 +59,11 @@ def ours(a, model, test):
 
 
 def ratio_cell(pairs):
-    ours = statistics.median(x for x, _ in pairs)
+    mine = statistics.median(x for x, _ in pairs)
     theirs = statistics.median(y for _, y in pairs)
     ratios = [x / y for x, y in pairs]
     spread = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-    return (f"{ours:7.1f}/{theirs:7.1f} {statistics.median(ratios):5.2f}x"
+    return (f"{mine:7.1f}/{theirs:7.1f} {statistics.median(ratios):5.2f}x"
             f" [{spread[0]:4.2f}-{spread[2]:4.2f}]")
 
 
@@ -243,7 +243,8 @@ def main():
     qwen = next((m for m in a.models if "qwen" in os.path.basename(m).lower()), None)
 
     # Each Shoal server keeps its own store, so one's usage ledger holds only its own replies.
-    stores = tempfile.mkdtemp(prefix="shoal-bench-")
+    stores_dir = tempfile.TemporaryDirectory(prefix="shoal-bench-")
+    stores = stores_dir.name
 
     def shoal_cmd(m, port, extra):
         return [a.shoal, "serve", "--backend", "llama", "--threads", str(a.threads), "--kv-cache-tokens", "8192",

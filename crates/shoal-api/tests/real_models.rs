@@ -998,7 +998,7 @@ async fn a_draft_model_is_counted_in_memory_and_its_drafts_in_the_ledger() {
     // Timed at load, which decides whether the model is ever tried.
     for k in ["plain_ms_per_token", "best_drafted_ms_per_token"] {
         let ms = d["timed_at_load"][k].as_f64().unwrap_or(0.0);
-        assert!(ms > 0.0 && ms < 10_000.0, "{k}: {t}");
+        assert!(ms > 0.0 && ms.is_finite(), "{k}: {t}");
     }
     assert_eq!(n(&e["kv_cache_bytes"]), 2 * n(&d["kv_cache_bytes"]), "{t}");
     assert!(

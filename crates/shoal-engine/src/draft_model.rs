@@ -31,6 +31,9 @@ pub struct DraftModel {
     pub(crate) prefixes: PrefixCache,
     /// How fast steps drafted by it emit tokens, against plain steps.
     pub(crate) pace: Pace,
+    /// The pace's figures as calibrated, kept apart: the pace moves on with
+    /// every step.
+    timed_at_load: Option<DraftTiming>,
 }
 
 /// How a sequence's step was planned.
@@ -111,6 +114,18 @@ impl Pace {
             (None, _) => false,
             (Some(plain), None) => self.could_pay(plain),
             (Some(plain), Some(model)) => (model < plain) != probe,
+        }
+    }
+
+    /// The calibrated figures, while they are still the first ones (for
+    /// the log and [`DraftInfo`]).
+    fn timing(&self) -> Option<DraftTiming> {
+        match (self.plain, self.best) {
+            (Some(plain), Some(best)) => Some(DraftTiming {
+                plain_ms_per_token: plain * 1e3,
+                best_drafted_ms_per_token: best * 1e3,
+            }),
+            _ => None,
         }
     }
 
@@ -198,14 +213,6 @@ pub(crate) fn calibrate(target: &dyn LanguageModel, draft: &dyn LanguageModel) -
     })
 }
 
-impl Pace {
-    /// Seconds per token of a plain step and of the draft model's best
-    /// step, as calibrated (for the log).
-    pub fn first_estimates(&self) -> (Option<f64>, Option<f64>) {
-        (self.plain, self.best)
-    }
-}
-
 /// What callers may know about a target's draft model.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct DraftInfo {
@@ -232,6 +239,7 @@ impl DraftModel {
             model,
             prefixes: PrefixCache::new(prefix_bytes),
             pace: Pace::default(),
+            timed_at_load: None,
         }
     }
 
@@ -240,12 +248,8 @@ impl DraftModel {
     pub fn calibrate(&mut self, target: &dyn LanguageModel) {
         match calibrate(target, self.model.as_ref()) {
             Ok(pace) => {
-                let (plain, best) = pace.first_estimates();
-                tracing::info!(
-                    plain_ms = plain.unwrap_or(0.0) * 1e3,
-                    best_drafted_ms = best.unwrap_or(0.0) * 1e3,
-                    "draft model timed: milliseconds per emitted token, plain and at best drafted"
-                );
+                self.timed_at_load = pace.timing();
+                tracing::info!(timing = ?self.timed_at_load, "draft model timed at load");
                 self.pace = pace;
             }
             Err(e) => tracing::warn!(error = %e, "could not time the draft model"),
@@ -256,13 +260,7 @@ impl DraftModel {
         DraftInfo {
             path: path.to_path_buf(),
             info: self.model.info().clone(),
-            timed_at_load: match self.pace.first_estimates() {
-                (Some(plain), Some(best)) => Some(DraftTiming {
-                    plain_ms_per_token: plain * 1e3,
-                    best_drafted_ms_per_token: best * 1e3,
-                }),
-                _ => None,
-            },
+            timed_at_load: self.timed_at_load,
         }
     }
 }
