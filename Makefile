@@ -53,7 +53,7 @@ test: setup ui lint
 # with the whole workspace, then these again (and the SDK suites) on llama.cpp. The
 # llama.cpp backend also has suites of its own (real_models) on all three real models.
 # Each name is one package's test file (engine: e2e, batching; API: http … ollama; CLI: cli, netns).
-BEHAVIOUR_SUITES := --test e2e --test batching \
+BEHAVIOUR_SUITES := --test e2e --test batching --test disk_cache \
 	--test http --test faults --test access --test models --test defaults --test ollama \
 	--test cli --test netns
 

@@ -150,6 +150,13 @@ THREADS="$(SHOAL_LOG=warn "$SHOAL" bench --backend llama --model "$GGUF" --promp
   --llama-bench "$(dirname "$LLAMA_SERVER")/llama-bench" --llama-server "$LLAMA_SERVER" \
   --edit-file "$ROOT/crates/shoal/bench/sync_inventory.py" "$GGUF" "${REAL[@]}" || echo "  (llama.cpp comparison failed)"
 
+# The prompt cache as agents meet it: an ~8k-token agent prompt (system, tools, a file) on
+# Qwen2.5-Coder, cold, after a restart, after an unload and reload, after Gemma-3-270m and back,
+# two agents taking turns, bytes per cached token (f16, q8_0), the disk tier's cost to a cold
+# request, and llama-server given the same sequence (tools/py/bench_agent_cache.py).
+"$VENV/bin/python" "$ROOT/tools/py/bench_agent_cache.py" --shoal "$SHOAL" --threads "$THREADS" \
+  --model "${REAL[0]}" --switch "${REAL[1]}" --llama-server "$LLAMA_SERVER" || echo "  (prompt cache bench failed)"
+
 # Speculative decoding in the engine alone (plain and drafted, each engine loaded on its own;
 # by prompt lookup, then by a draft model),
 # and each KV cache type's bytes per position and greedy agreement with f16.

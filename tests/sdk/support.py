@@ -72,14 +72,18 @@ class Server:
             return "(no server log)"
 
 
-def start_server(*extra: str) -> Server:
-    """Starts `shoal serve --port 0 EXTRA...` and waits for its listening line."""
+def start_server(*extra: str, db: Path | None = None) -> Server:
+    """Starts `shoal serve --port 0 EXTRA...` and waits for its listening line.
+    `db` (default: a new temporary folder's) is its store; the prefix cache's
+    disk tier lives beside it, so a server started again on the same `db`
+    finds what the last one kept."""
     if not SHOAL_BIN.is_file() or not os.access(SHOAL_BIN, os.X_OK):
         raise RuntimeError(f"shoal binary not found or not executable: {SHOAL_BIN}")
     log = Path(tempfile.mkstemp(prefix="shoal-sdk-server-", suffix=".log")[1])
     log_fh = open(log, "wb")
     # A store of its own, never the user's.
-    db = Path(tempfile.mkdtemp(prefix="shoal-sdk-db-")) / "conversations.sqlite"
+    if db is None:
+        db = Path(tempfile.mkdtemp(prefix="shoal-sdk-db-")) / "conversations.sqlite"
     # An empty model library, so the listed models are only the test's.
     env = {**os.environ, "HF_HOME": tempfile.mkdtemp(prefix="shoal-sdk-hf-")}
     proc = subprocess.Popen(
@@ -119,10 +123,12 @@ def start_server(*extra: str) -> Server:
 
 
 def stop_server(srv: Server) -> None:
+    """SIGTERM, which the server answers by finishing gracefully (its
+    models freed, the prefix cache's writes landed); a kill after 60 s."""
     if srv.proc.poll() is None:
         srv.proc.terminate()
         try:
-            srv.proc.wait(10)
+            srv.proc.wait(60)
         except subprocess.TimeoutExpired:
             srv.proc.kill()
             srv.proc.wait(10)

@@ -239,12 +239,13 @@ export async function traceReplies(page) {
 /**
  * Starts a server of the test's own (`shoal serve --port 0` plus `args`,
  * the model from the environment) and waits for its listening line;
- * resolves with its URL and process. The caller stops it.
+ * resolves with its URL and process. The caller stops it. Its prefix cache
+ * is off (so are its files on disk) unless `prefixCacheMb` says otherwise.
  */
-export function startServer(args) {
+export function startServer(args, { prefixCacheMb = 0 } = {}) {
   const bin = process.env.SHOAL_BIN;
   if (!bin) throw new Error('SHOAL_BIN is not set: run the suite through tests/run-ui.sh');
-  const proc = spawn(bin, ['serve', '--port', '0', '--prefix-cache-mb', '0', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const proc = spawn(bin, ['serve', '--port', '0', '--prefix-cache-mb', String(prefixCacheMb), ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
   let err = '';
   proc.stderr.on('data', (d) => (err = (err + d).slice(-4000)));
   return new Promise((resolveUrl, reject) => {

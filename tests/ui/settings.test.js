@@ -268,3 +268,57 @@ test('at 420×800 the settings and each model\'s state and Unload button are on 
     await row.locator('[data-testid=model-state]', { hasText: /^loaded$/ }).waitFor();
   });
 });
+
+test('a prefix kept on disk outlives a restart: the reply says how much came from disk, Settings shows the files and clears them', async () => {
+  const dir = mkdtempSync(join(process.env.SHOAL_UI_TMP || '/tmp', 'prompt-cache-'));
+  const db = join(dir, 'store.sqlite');
+  // An agent's instructions stand-in: above the disk tier's 256-token floor.
+  const system = Array.from({ length: 24 }, (_, i) => `Rule ${i + 1}: answer briefly, in plain words, and only what is asked.`).join(' ');
+  const chatOnce = async (srv) => {
+    let stats;
+    await usePage(await openPage(browser, { base: srv.url }), 'prompt-cache', async (page) => {
+      await newChat(page, { system });
+      await send(page, FRANCE);
+      await waitFinish(page);
+      stats = lastReply(page).getByTestId('usage-cached');
+      stats = { value: Number(await stats.getAttribute('data-value')), text: await stats.innerText() };
+    }, { shot: false });
+    return stats;
+  };
+  let first = await startServer(['--db', db], { prefixCacheMb: 64 });
+  try {
+    const cold = await chatOnce(first);
+    assert.equal(cold.value, 0, 'a cold prompt');
+    assert.doesNotMatch(cold.text, /from disk/);
+    // The file is written after the reply: wait for it before the kill.
+    for (let i = 0; i < 600; i++) {
+      const c = await api('/v1/cache', undefined, 'GET', { base: first.url });
+      if (c.json?.disk?.entries === 1) break;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  } finally {
+    await killServer(first.proc);
+  }
+  const second = await startServer(['--db', db], { prefixCacheMb: 64 });
+  try {
+    const warm = await chatOnce(second);
+    assert.ok(warm.value > 256, `cached ${warm.value}`);
+    assert.match(warm.text, new RegExp(`^cached ${warm.value} \\(${warm.value} from disk\\)$`));
+    await usePage(await openPage(browser, { base: second.url }), 'prompt-cache-settings', async (page) => {
+      await newChat(page);
+      const size = page.getByTestId('prompt-cache-size');
+      await page.waitForFunction(() => /on disk in \d+ entr/.test(document.querySelector('[data-testid=prompt-cache-size]')?.textContent ?? ''));
+      assert.match(await size.innerText(), /on disk in 1 entry \(of 10\.0 GiB\)/);
+      assert.ok(Number(await size.getAttribute('data-disk-bytes')) > 0);
+      await page.getByTestId('prompt-cache-clear').click();
+      await page.getByTestId('prompt-cache-note').waitFor();
+      assert.match(await page.getByTestId('prompt-cache-note').innerText(), /^Removed 1 from disk/);
+      await page.waitForFunction(() => document.querySelector('[data-testid=prompt-cache-size]')?.dataset.diskBytes === '0');
+      assert.match(await size.innerText(), /0\.0 KiB on disk in 0 entries|0 B on disk in 0 entries/);
+    }, { shot: false });
+    const cache = await api('/v1/cache', undefined, 'GET', { base: second.url });
+    assert.equal(cache.json.disk.entries, 0);
+  } finally {
+    await killServer(second.proc);
+  }
+});

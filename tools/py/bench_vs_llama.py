@@ -2,9 +2,10 @@
 options (tools/llama-server.sh), on the same files and threads, in interleaved pairs:
 
 1. pp512 and tg128 (after a short prompt): `shoal bench` against `llama-bench`.
-2. Time to first token for a ~4k-token prompt through Anthropic's /v1/messages, streamed:
-   `shoal serve` against `llama-server` (one slot of 8192 positions). Each request opens with
-   its own line, so neither server's prompt cache serves it.
+2. Time to first token for a ~4k-token prompt (and ~8k and ~16k, agent sizes, on Qwen2.5-Coder)
+   through Anthropic's /v1/messages, streamed: `shoal serve` against `llama-server` (one slot),
+   both with a window of 32768 positions. Each request opens with its own line, so neither
+   server's prompt cache serves it.
 3. Speculative decoding on Qwen2.5-Coder: a code edit (the function in
    crates/shoal/bench/sync_inventory.py handed back with one line changed) and an open chat,
    through /v1/chat/completions, greedy: Shoal with prompt lookup, Shoal without, llama-server
@@ -143,6 +144,10 @@ def stream(url, path, body):
     return first, time.perf_counter() - start, finals
 
 
+# The window both servers get in part 2: room for a 16k-token agent prompt.
+AGENT_WINDOW = 32768
+
+
 def filler(tag, sentences):
     body = " ".join(f"Entry {i}: the ferry left pier {i % 17} at {i % 12 + 1} o'clock with {i * 3 % 50} "
                     f"passengers and a cargo of {['apples', 'timber', 'copper', 'wool'][i % 4]}."
@@ -151,17 +156,21 @@ def filler(tag, sentences):
 
 
 def part2(a, shoal_cmd, llama_cmd):
-    print(f"\ntime to first token, a ~4k-token prompt through /v1/messages (streamed), {a.runs} interleaved pairs")
+    print(f"\ntime to first token through /v1/messages (streamed), {a.runs} interleaved pairs, both servers"
+          f" with a window of {AGENT_WINDOW} positions: a ~4k-token prompt on every model, ~8k and ~16k"
+          f" (agent sizes) on the agent model, Qwen2.5-Coder")
     print(f"{'model':40s} {'prompt':>7s} {'shoal ms':>9s} {'llama-server ms':>16s} {'llama/shoal':>12s}")
-    for m in a.models:
-        s = Server(shoal_cmd(m, 18941, []), 18941)
-        l = Server(llama_cmd(m, 18942, []), 18942)
+    cases = [(m, 140) for m in a.models]
+    cases += [(m, n) for m in a.models if "qwen" in os.path.basename(m).lower() for n in (280, 560)]
+    for m, sentences in cases:
+        s = Server(shoal_cmd(m, 18941, [], AGENT_WINDOW), 18941)
+        l = Server(llama_cmd(m, 18942, [], AGENT_WINDOW), 18942)
         try:
             pairs, tokens = [], 0
             for r in range(a.runs):
                 def ask(server, who):
                     body = {"model": server.model(), "max_tokens": 8, "stream": True,
-                            "messages": [{"role": "user", "content": filler(f"{who}-{r}-{time.time_ns()}", 140)}]}
+                            "messages": [{"role": "user", "content": filler(f"{who}-{r}-{time.time_ns()}", sentences)}]}
                     first, _, finals = stream(server.url, "/v1/messages", body)
                     return first, finals
                 order = [(s, "shoal"), (l, "llama")] if r % 2 == 0 else [(l, "llama"), (s, "shoal")]
@@ -246,12 +255,12 @@ def main():
     stores_dir = tempfile.TemporaryDirectory(prefix="shoal-bench-")
     stores = stores_dir.name
 
-    def shoal_cmd(m, port, extra):
-        return [a.shoal, "serve", "--backend", "llama", "--threads", str(a.threads), "--kv-cache-tokens", "8192",
+    def shoal_cmd(m, port, extra, window=8192):
+        return [a.shoal, "serve", "--backend", "llama", "--threads", str(a.threads), "--kv-cache-tokens", str(window),
                 "--model", m, "--port", str(port), "--db", os.path.join(stores, f"{port}.sqlite"), *extra]
 
-    def llama_cmd(m, port, extra):
-        return [a.llama_server, "-m", m, "-t", str(a.threads), "-c", "8192", "--parallel", "1",
+    def llama_cmd(m, port, extra, window=8192):
+        return [a.llama_server, "-m", m, "-t", str(a.threads), "-c", str(window), "--parallel", "1",
                 "--host", "127.0.0.1", "--port", str(port), *extra]
 
     tg128 = {}

@@ -8,7 +8,7 @@ export interface Usage {
   prompt_tokens: number;
   completion_tokens: number;
   total_tokens: number;
-  prompt_tokens_details?: { cached_tokens?: number } | null;
+  prompt_tokens_details?: { cached_tokens?: number; cached_disk_tokens?: number } | null;
   completion_tokens_details?: { reasoning_tokens?: number } | null;
 }
 
@@ -232,6 +232,19 @@ export const setOllamaPort = (enabled: boolean, port?: number) =>
   request('PUT', '/v1/settings/ollama-port', port === undefined ? { enabled } : { enabled, port }).then(
     (r) => r.json() as Promise<OllamaPortSetting>,
   );
+
+/** The prefix cache: RAM per loaded model, and the disk tier (null when off). */
+export interface CacheState {
+  ram: { bytes: number; models: { model: string; bytes: number }[] };
+  disk: { dir: string; budget_bytes: number; bytes: number; entries: number; writes_paused: boolean; last_error: string | null; hits: number } | null;
+  entries?: { model: string; tokens: number; bytes: number; last_used: number }[];
+}
+
+export const getCache = () => getJson<CacheState>('/v1/cache');
+
+/** Empties the disk tier now and each model's RAM entries before its next request. */
+export const clearCache = () =>
+  request('DELETE', '/v1/cache').then((r) => r.json() as Promise<{ disk_entries_removed: number; ram_cleared_for: string[] }>);
 
 /** Loads a model into memory; 503 (`insufficient_memory`) when it does not fit. */
 export const loadModel = (id: string) => request('POST', `${modelPath(id)}/load`).then((r) => r.json() as Promise<ModelInfo>);

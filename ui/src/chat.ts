@@ -129,6 +129,7 @@ function usageStats(u: Usage, ttftMs: number | null, spanMs: number | null, sour
   return {
     prompt: u.prompt_tokens ?? null,
     cached: u.prompt_tokens_details?.cached_tokens ?? 0,
+    cachedDisk: u.prompt_tokens_details?.cached_disk_tokens ?? 0,
     completion,
     reasoning: u.completion_tokens_details?.reasoning_tokens ?? 0,
     total: u.total_tokens ?? null,

@@ -60,6 +60,8 @@ export function finishFromApi(reason: string | null | undefined): Finish {
     case 'end_turn':
       return 'stop';
     case 'max_tokens':
+    // Anthropic's word for a reply that filled the context window.
+    case 'model_context_window_exceeded':
       return 'length';
     // The engine's word for a reply the server's time limit stopped.
     case 'timeout':

@@ -27,6 +27,8 @@ export interface ChatSettings {
 export interface ReplyStats {
   prompt: number | null;
   cached: number | null;
+  /** Of `cached`, the tokens read back from the prefix cache's disk tier. */
+  cachedDisk?: number | null;
   completion: number;
   reasoning: number | null;
   total: number | null;

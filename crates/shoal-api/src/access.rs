@@ -114,6 +114,9 @@ pub struct Access {
     /// Longest a request may run; then it stops with a timeout error that
     /// still carries its usage (`None`: no limit).
     pub request_timeout: Option<std::time::Duration>,
+    /// With keys, whether a request may reuse prefixes that another key's
+    /// requests cached (off: each key's prefixes are its own).
+    pub share_cache_across_keys: bool,
 }
 
 impl Default for Access {
@@ -125,6 +128,7 @@ impl Default for Access {
             max_tools: 256,
             max_body_bytes: 8 << 20,
             request_timeout: Some(std::time::Duration::from_secs(600)),
+            share_cache_across_keys: false,
         }
     }
 }
@@ -152,6 +156,18 @@ impl Access {
 
     pub fn requires_key(&self) -> bool {
         !self.keys.is_empty()
+    }
+
+    /// The prefix-cache salt of a request made with the key named `client`:
+    /// a key's own when keys keep their prefixes apart, else 0 (shared).
+    pub fn cache_salt(&self, client: Option<&str>) -> u64 {
+        match client {
+            Some(name) if self.requires_key() && !self.share_cache_across_keys => {
+                let d = sha2::Sha256::digest(name.as_bytes());
+                u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]]) | 1
+            }
+            _ => 0,
+        }
     }
 
     /// The key `given` is, if any. Every key is compared in full, as

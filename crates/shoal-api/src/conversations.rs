@@ -357,6 +357,7 @@ mod tests {
             cached_tokens: cached,
             completion_tokens: completion,
             reasoning_tokens: reasoning,
+            ..Usage::default()
         }
     }
 

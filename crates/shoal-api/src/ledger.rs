@@ -147,6 +147,11 @@ impl LedgerEntry {
             "tokens": {
                 "prompt": self.usage().prompt_tokens,
                 "cached": self.usage().cached_tokens,
+                // Of `cached`, what came from the prefix cache's disk tier.
+                "cached_disk": self.usage().cached_disk_tokens,
+                // Written at the client's cache breakpoints (Anthropic's cache_control).
+                "cache_write": self.usage().cache_write_tokens,
+                "cache_write_1h": self.usage().cache_write_1h_tokens,
                 "completion": self.usage().completion_tokens,
                 "reasoning": self.usage().reasoning_tokens,
                 "total": self.usage().total_tokens(),
@@ -247,6 +252,9 @@ fn choice_row(c: &Completion) -> ChoiceRow {
         finish_detail: c.finish.detail(),
         prompt_tokens: n(c.usage.prompt_tokens),
         cached_tokens: n(c.usage.cached_tokens),
+        cached_disk_tokens: n(c.usage.cached_disk_tokens),
+        cache_write_tokens: n(c.usage.cache_write_tokens),
+        cache_write_1h_tokens: n(c.usage.cache_write_1h_tokens),
         completion_tokens: n(c.usage.completion_tokens),
         reasoning_tokens: n(c.usage.reasoning_tokens),
         queue_ms: c.timings.queue_ms,
@@ -272,6 +280,9 @@ fn completion(id: &str, c: ChoiceRow) -> Option<Completion> {
         usage: Usage {
             prompt_tokens: n(c.prompt_tokens),
             cached_tokens: n(c.cached_tokens),
+            cached_disk_tokens: n(c.cached_disk_tokens),
+            cache_write_tokens: n(c.cache_write_tokens),
+            cache_write_1h_tokens: n(c.cache_write_1h_tokens),
             completion_tokens: n(c.completion_tokens),
             reasoning_tokens: n(c.reasoning_tokens),
         },
@@ -916,6 +927,7 @@ mod tests {
             cached_tokens: cached,
             completion_tokens: completion,
             reasoning_tokens: reasoning,
+            ..Usage::default()
         };
         let mut refused = entry("", Usage::default());
         refused.completions.clear();

@@ -3,6 +3,7 @@
 //! final `Completion` record.
 pub mod access;
 mod body;
+mod cache;
 pub mod cluster;
 mod conversations;
 pub mod dialects;
@@ -79,6 +80,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/", get(root).head(root))
         .route("/health", get(health))
+        .route("/v1/cache", get(cache::list).delete(cache::clear))
         .route("/v1/usage", get(usage::handle))
         .route("/v1/usage/keys", get(usage::keys))
         .route("/v1/usage/{id}", get(usage::entry))
@@ -146,6 +148,7 @@ async fn health(State(s): State<AppState>) -> impl IntoResponse {
             "draft_tokens": sum(|s| &s.draft_tokens),
             "draft_accepted": sum(|s| &s.draft_accepted),
         },
+        "prefix_cache": cache::summary(&s),
     }))
 }
 

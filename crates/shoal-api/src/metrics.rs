@@ -31,6 +31,13 @@ struct TokenLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TierLabels {
+    /// `ram` or `disk`.
+    tier: String,
+    stat: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DraftLabels {
     dialect: String,
     /// `accepted` (kept: completion tokens that took no step of their own)
@@ -73,6 +80,7 @@ pub struct Metrics {
     model_memory: Family<ModelLabels, Gauge>,
     prefix_cache_bytes: Gauge,
     cache_hit_ratio: Gauge<f64, AtomicU64>,
+    cache_tiers: Family<TierLabels, Gauge>,
     /// Serialises scrapes (gauges are set, then the registry encoded).
     scrape: Mutex<()>,
 }
@@ -170,7 +178,14 @@ impl Metrics {
             "Share of all prompt tokens served from the prefix cache since start",
             Gauge::<f64, AtomicU64>::default(),
         );
+        let cache_tiers = register(
+            &mut r,
+            "prefix_cache",
+            "The prefix cache's tiers since start, by tier (ram, disk) and stat: hits, misses, evictions, and on disk bytes_read, bytes_written, writes, bad_entries (torn or corrupted, removed), write_errors, bytes and entries held",
+            Family::<TierLabels, Gauge>::default(),
+        );
         Metrics {
+            cache_tiers,
             registry: r,
             requests,
             tokens,
@@ -226,6 +241,8 @@ impl Metrics {
         }
         add("prompt", work.prompt_tokens);
         add("cached", work.cached_tokens);
+        add("cached_disk", work.cached_disk_tokens);
+        add("cache_write", work.cache_write_tokens);
         add("completion", work.completion_tokens);
         add("reasoning", work.reasoning_tokens);
         let checked: usize = completions.iter().map(|c| c.timings.draft_tokens).sum();
@@ -276,6 +293,35 @@ impl Metrics {
         } else {
             cached as f64 / prompt as f64
         });
+        let tier = |tier: &str, stat: &str, v: u64| {
+            self.cache_tiers
+                .get_or_create(&TierLabels {
+                    tier: tier.to_string(),
+                    stat: stat.to_string(),
+                })
+                .set(v as i64);
+        };
+        tier("ram", "hits", sum(|s| &s.ram_hits));
+        tier("ram", "misses", sum(|s| &s.ram_misses));
+        tier("ram", "evictions", sum(|s| &s.ram_evictions));
+        tier("ram", "bytes", sum(|s| &s.prefix_cache_bytes));
+        if let Some(d) = s.pool.disk_cache() {
+            let d = d.summary();
+            for (stat, v) in [
+                ("hits", d.hits),
+                ("misses", d.misses),
+                ("evictions", d.evictions),
+                ("bytes_read", d.bytes_read),
+                ("bytes_written", d.bytes_written),
+                ("writes", d.writes),
+                ("bad_entries", d.bad_entries),
+                ("write_errors", d.write_errors),
+                ("bytes", d.bytes),
+                ("entries", d.entries as u64),
+            ] {
+                tier("disk", stat, v);
+            }
+        }
         // Models unloaded since the last scrape drop to 0.
         self.model_loaded.clear();
         self.model_memory.clear();

@@ -25,23 +25,17 @@ pub fn check_range<T: PartialOrd + std::fmt::Display + Copy>(
     }
 }
 
-/// `max_tokens`-style limits: positive and below the context window.
-pub fn check_max_tokens(
-    name: &str,
-    v: Option<i64>,
-    context: usize,
-) -> Result<Option<usize>, ApiError> {
+/// `max_tokens`-style limits: at least 1. A limit past what the context
+/// window leaves is a cap, not an error: the reply then runs until the
+/// window is full and says so (`FinishReason::ContextWindow`).
+pub fn check_max_tokens(name: &str, v: Option<i64>) -> Result<Option<usize>, ApiError> {
     match v {
         None => Ok(None),
         Some(x) if x < 1 => Err(ApiError::param(
             name,
             format!("'{name}' must be at least 1, got {x}"),
         )),
-        Some(x) if x as u64 > context as u64 => Err(ApiError::param(
-            name,
-            format!("'{name}' is {x} but the model's context window is {context} tokens"),
-        )),
-        Some(x) => Ok(Some(x as usize)),
+        Some(x) => Ok(Some(usize::try_from(x).unwrap_or(usize::MAX))),
     }
 }
 

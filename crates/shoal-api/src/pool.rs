@@ -92,8 +92,16 @@ fn insufficient(message: String) -> ApiError {
         .with_code("insufficient_memory")
 }
 
+/// The memory budget when none is set: three quarters of RAM.
+pub fn default_budget() -> u64 {
+    shoal_cluster::memory_now().0 / 4 * 3
+}
+
 impl ModelPool {
-    pub fn new(opts: PoolOptions) -> Arc<ModelPool> {
+    pub fn new(mut opts: PoolOptions) -> Arc<ModelPool> {
+        // An `auto` KV pool takes its share of this pool's budget: the
+        // loads and the estimates before them size it alike.
+        opts.engine.llama.memory_budget = Some(opts.budget_bytes.unwrap_or_else(default_budget));
         Arc::new(ModelPool {
             opts,
             named: Mutex::new(Vec::new()),
@@ -136,11 +144,14 @@ impl ModelPool {
         &self.opts.hub
     }
 
+    /// The prefix cache's disk tier every model of the pool shares, if on.
+    pub fn disk_cache(&self) -> Option<&std::sync::Arc<shoal_engine::disk_cache::DiskCache>> {
+        self.opts.engine.disk_cache.as_ref()
+    }
+
     /// The memory budget in bytes.
     pub fn budget(&self) -> u64 {
-        self.opts
-            .budget_bytes
-            .unwrap_or_else(|| shoal_cluster::memory_now().0 / 4 * 3)
+        self.opts.budget_bytes.unwrap_or_else(default_budget)
     }
 
     /// Whether `requested` names a model of the config (a file of the
@@ -458,15 +469,58 @@ impl ModelPool {
         if let Some((kv, buffers)) = embed::reserved_bytes(h) {
             return size_bytes + kv + buffers;
         }
-        let llama = &self.opts.engine.llama;
+        let llama = self.llama_options();
         let reserved = |h: &shoal_gguf::Header| {
-            let kv =
-                (llama.kv_tokens as u64).saturating_mul(kv_bytes_per_position_as(h, llama.kv_type));
+            // The positions the load will reserve, `auto` sized by the same rule.
+            let kv = (llama.kv_tokens_for(h) as u64)
+                .saturating_mul(kv_bytes_per_position_as(h, llama.kv_type));
             let logits = (self.opts.engine.max_batch.max(1) as u64)
                 .saturating_mul(logits_bytes_per_sequence(h));
             kv + logits + vocab_table_bytes(h)
         };
         size_bytes + reserved(h) + self.draft_estimate(h, reserved)
+    }
+
+    /// The llama.cpp options a model loads with (an engine's options for its
+    /// batch, as `Engine::start` gives them).
+    fn llama_options(&self) -> shoal_engine::LlamaOptions {
+        self.opts
+            .engine
+            .llama
+            .clone()
+            .for_batch(self.opts.engine.max_batch)
+    }
+
+    /// The window one request gets on a model: the loaded model's, else the
+    /// one it would load with here (on llama.cpp its trained window within
+    /// its share of the KV pool, [`shoal_engine::LlamaOptions::window_for`];
+    /// on MLX, whose cache grows to it, the trained window).
+    fn served_window(
+        &self,
+        card: &ModelCard,
+        route: Option<&shoal_engine::backends::Route>,
+        loaded: Option<&shoal_engine::backend::ModelInfo>,
+    ) -> Option<u64> {
+        if let Some(info) = loaded {
+            return Some(info.context_length as u64);
+        }
+        match route {
+            Some(shoal_engine::backends::Route {
+                backend: shoal_engine::BackendKind::Llama,
+                header: Some(h),
+            }) => Some(self.llama_options().window_for(h) as u64),
+            _ => card.context_length,
+        }
+    }
+
+    /// [`ModelPool::served_window`] of a local model (reads a GGUF header
+    /// when it is not loaded: call it off the async runtime).
+    pub(crate) fn window_of(&self, m: &LocalModel) -> Option<u64> {
+        if let Some(slot) = lock(&self.loaded).get(&m.id) {
+            return Some(slot.engine.model.info.context_length as u64);
+        }
+        let route = shoal_engine::backends::route(&m.path, self.opts.engine.backend).ok();
+        self.served_window(&m.card, route.as_ref(), None)
     }
 
     /// The draft model's share of a llama.cpp model's estimate: its file and
@@ -523,6 +577,10 @@ impl ModelPool {
             ),
             None => (None, None, None, None, None),
         };
+        // The backend it runs on, or would run on, or why none can.
+        let route = shoal_engine::backends::route(&m.path, self.opts.engine.backend);
+        // The window a request gets: never more than is served.
+        let window = self.served_window(&m.card, route.as_ref().ok(), loaded.as_ref());
         // An embedding model says so whether or not it is loaded: its card
         // reads the pooling from the file; the rest is known once loaded.
         let embedding = match (embedding, &m.card.embedding_pooling) {
@@ -531,7 +589,7 @@ impl ModelPool {
                 "dimensions": m.card.embedding_length,
                 "pooling": pooling,
                 "normalize": true,
-                "max_input_tokens": m.card.context_length,
+                "max_input_tokens": window,
             }),
             (None, None) => Value::Null,
         };
@@ -540,8 +598,6 @@ impl ModelPool {
         } else {
             "embedding"
         };
-        // The backend it runs on, or would run on, or why none can.
-        let route = shoal_engine::backends::route(&m.path, self.opts.engine.backend);
         let (backend, unavailable) = match (&loaded, &route) {
             (Some(i), _) => (Some(i.backend.as_str()), None),
             (None, Ok(r)) => (Some(r.backend.as_str()), None),
@@ -555,7 +611,10 @@ impl ModelPool {
                 "embedding": embedding,
                 "architecture": m.card.architecture,
                 "quantization": m.card.quantization,
-                "context_length": m.card.context_length,
+                // The window served (as loaded, or as it would load here),
+                // and the one the model was trained on.
+                "context_length": window,
+                "trained_context_length": m.card.context_length,
                 "format": m.card.format,
                 "parameters": m.card.parameters,
                 "size_bytes": m.card.size_bytes,

@@ -28,6 +28,8 @@ pub struct Generation {
     pub grammar: Option<shoal_engine::Grammar>,
     /// Parse tool calls in this syntax out of the reply.
     pub tools: Option<shoal_engine::tools::ToolSyntax>,
+    /// Prefixes the client marked for caching (Anthropic's `cache_control`).
+    pub cache_breakpoints: Vec<shoal_engine::CacheBreakpoint>,
 }
 
 /// The facts of a request its ledger entry keeps beside the engine's records.
@@ -379,6 +381,8 @@ impl Collected {
 pub fn start(state: &Served, job: Generation, fmt: LedgerFormat) -> Result<Choices, ApiError> {
     let per = job.n.max(1);
     let n = per * job.prompts.len();
+    let client = fmt.tracked.as_ref().and_then(|t| t.client.get().cloned());
+    let cache_salt = state.access.cache_salt(client.as_deref());
     let mut streams = Vec::with_capacity(n);
     let mut flags = Vec::with_capacity(n);
     for i in 0..n {
@@ -395,6 +399,8 @@ pub fn start(state: &Served, job: Generation, fmt: LedgerFormat) -> Result<Choic
             reasoning: job.reasoning.clone(),
             grammar: job.grammar.clone(),
             tools: job.tools,
+            cache_salt,
+            cache_breakpoints: job.cache_breakpoints.clone(),
         };
         let flag = req.cancel.clone();
         match state.engine.submit(req) {

@@ -12,6 +12,7 @@ fn usage() -> Usage {
         cached_tokens: 10,
         completion_tokens: 7,
         reasoning_tokens: 3,
+        ..Usage::default()
     }
 }
 
@@ -20,6 +21,8 @@ fn script(finish: FinishReason) -> Vec<Event> {
         Event::Started {
             prompt_tokens: 40,
             cached_tokens: 10,
+            cache_write_tokens: 0,
+            cache_write_1h_tokens: 0,
         },
         Event::Delta {
             text: "Hel".into(),
@@ -250,6 +253,12 @@ fn anthropic_stream_order_and_usage_on_every_path() {
             Value::String("END".into()),
         ),
         (FinishReason::Length, "max_tokens", Value::Null),
+        // A reply that filled the context window says so, not max_tokens.
+        (
+            FinishReason::ContextWindow,
+            "model_context_window_exceeded",
+            Value::Null,
+        ),
         (FinishReason::ToolCalls, "tool_use", Value::Null),
         (FinishReason::ContentFilter, "refusal", Value::Null),
     ] {
@@ -335,6 +344,12 @@ fn responses_event_order_status_and_usage() {
         ),
         (
             FinishReason::Length,
+            "response.incomplete",
+            "incomplete",
+            Value::String("max_output_tokens".into()),
+        ),
+        (
+            FinishReason::ContextWindow,
             "response.incomplete",
             "incomplete",
             Value::String("max_output_tokens".into()),
@@ -437,6 +452,8 @@ fn anthropic_thinking_block_precedes_text_block() {
         Event::Started {
             prompt_tokens: 40,
             cached_tokens: 10,
+            cache_write_tokens: 0,
+            cache_write_1h_tokens: 0,
         },
         Event::Reasoning { text: "hmm".into() },
     ];
@@ -470,6 +487,8 @@ fn tool_script() -> Vec<Event> {
         Event::Started {
             prompt_tokens: 40,
             cached_tokens: 10,
+            cache_write_tokens: 0,
+            cache_write_1h_tokens: 0,
         },
         Event::Delta {
             text: "Checking.".into(),

@@ -177,4 +177,24 @@ impl Served {
             offer,
         )?)
     }
+
+    /// The tokens of `messages` as whole turns, without the generation
+    /// prompt (see [`shoal_engine::prompt::turns_prompt`]).
+    pub fn turns_prompt(
+        &self,
+        messages: &[ChatMessage],
+        want: Option<Option<usize>>,
+        tools: Option<&tools::ToolRequest>,
+    ) -> Result<Vec<u32>, ApiError> {
+        let offer = tools.map(|t| shoal_engine::prompt::ToolOffer {
+            defs: &t.defs,
+            choice: &t.choice,
+        });
+        Ok(shoal_engine::prompt::turns_prompt(
+            &self.engine.model.vocab,
+            messages,
+            want.is_some(),
+            offer,
+        )?)
+    }
 }

@@ -54,6 +54,9 @@ pub fn combined_usage(completions: &[Completion], per_prompt: usize) -> Usage {
         if let Some(first) = group.first() {
             u.prompt_tokens += first.usage.prompt_tokens;
             u.cached_tokens += first.usage.cached_tokens;
+            u.cached_disk_tokens += first.usage.cached_disk_tokens;
+            u.cache_write_tokens += first.usage.cache_write_tokens;
+            u.cache_write_1h_tokens += first.usage.cache_write_1h_tokens;
         }
         for c in group {
             u.completion_tokens += c.usage.completion_tokens;
@@ -113,7 +116,12 @@ pub mod chat {
             "prompt_tokens": u.prompt_tokens,
             "completion_tokens": u.completion_tokens,
             "total_tokens": u.total_tokens(),
-            "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+            // `cached_disk_tokens` (of `cached_tokens`, those read back from
+            // the prefix cache's disk tier) is Shoal's own, beside OpenAI's.
+            "prompt_tokens_details": {
+                "cached_tokens": u.cached_tokens,
+                "cached_disk_tokens": u.cached_disk_tokens,
+            },
             "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
         })
     }
@@ -128,7 +136,10 @@ pub mod responses {
     pub fn usage_json(u: &Usage) -> Value {
         json!({
             "input_tokens": u.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": u.cached_tokens},
+            "input_tokens_details": {
+                "cached_tokens": u.cached_tokens,
+                "cached_disk_tokens": u.cached_disk_tokens,
+            },
             "output_tokens": u.completion_tokens,
             "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
             "total_tokens": u.total_tokens(),
@@ -172,24 +183,35 @@ pub mod messages {
         match f {
             FinishReason::Stop | FinishReason::Cancelled => "end_turn",
             FinishReason::StopSequence(_) => "stop_sequence",
-            FinishReason::Length | FinishReason::ContextWindow => "max_tokens",
+            FinishReason::Length => "max_tokens",
+            // Anthropic's word for a reply that filled the context window.
+            FinishReason::ContextWindow => "model_context_window_exceeded",
             FinishReason::ToolCalls => "tool_use",
             FinishReason::ContentFilter => "refusal",
             FinishReason::Error(_) | FinishReason::Timeout { .. } => "error",
         }
     }
 
-    /// Anthropic's `input_tokens`: the prompt less what was read from cache.
+    /// Anthropic's `input_tokens`: the prompt less what was read from cache
+    /// and what was written at the request's cache breakpoints, so that the
+    /// three add up to the whole prompt as Anthropic's do.
     pub fn uncached(u: &Usage) -> usize {
-        u.prompt_tokens - u.cached_tokens.min(u.prompt_tokens)
+        u.prompt_tokens
+            .saturating_sub(u.cached_tokens)
+            .saturating_sub(u.cache_write_tokens)
     }
 
-    /// The one usage builder: `input_tokens` excludes what was read from cache.
+    /// The one usage builder: `input_tokens` + `cache_creation_input_tokens`
+    /// + `cache_read_input_tokens` = the prompt; the writes split by TTL.
     pub fn usage_json(u: &Usage) -> Value {
         json!({
             "input_tokens": uncached(u),
-            "cache_creation_input_tokens": 0,
+            "cache_creation_input_tokens": u.cache_write_tokens,
             "cache_read_input_tokens": u.cached_tokens,
+            "cache_creation": {
+                "ephemeral_5m_input_tokens": u.cache_write_tokens - u.cache_write_1h_tokens.min(u.cache_write_tokens),
+                "ephemeral_1h_input_tokens": u.cache_write_1h_tokens,
+            },
             "output_tokens": u.completion_tokens,
         })
     }

@@ -129,6 +129,20 @@ async fn model_routes_answer_as_ollama_does() {
         );
         assert_eq!(v["model_info"]["general.architecture"], "llama", "{v}");
         assert_eq!(n(&v["model_info"]["llama.context_length"]), 8192);
+        // The window served beside the trained one (SmolLM2's whole 8192).
+        assert_eq!(n(&v["context_length"]), 8192, "{v}");
+        assert_eq!(n(&v["trained_context_length"]), 8192, "{v}");
+        assert_eq!(
+            n(&v["model_info"]["shoal.trained_context_length"]),
+            8192,
+            "{v}"
+        );
+        assert!(
+            v["parameters"]
+                .as_str()
+                .is_some_and(|p| p.ends_with("\nnum_ctx 8192")),
+            "{v}"
+        );
         assert!(v["template"]
             .as_str()
             .is_some_and(|t| t.contains("im_start")));
@@ -156,6 +170,7 @@ async fn model_routes_answer_as_ollama_does() {
     assert!(n(&m["size"]) > 1 << 20);
     assert_eq!(m["size_vram"], 0);
     assert_eq!(n(&m["context_length"]), 8192);
+    assert_eq!(n(&m["trained_context_length"]), 8192);
     // Kept until unloaded (no idle limit): far in the future.
     assert!(m["expires_at"].as_str().is_some_and(|t| t > "2200"), "{m}");
 
@@ -413,9 +428,9 @@ async fn bad_requests_get_ollama_errors_and_are_recorded() {
         ),
         (
             "/api/chat",
-            json!({"model": MODEL, "messages": msg, "options": {"num_ctx": 100000}}),
+            json!({"model": MODEL, "messages": msg, "options": {"num_ctx": 0}}),
             400,
-            "context window",
+            "num_ctx",
         ),
         (
             "/api/chat",

@@ -703,8 +703,13 @@ async fn models_list_says_which_backend_and_counts_the_kv_pool() {
             n(&s["memory_bytes"]),
             n(&s["estimated_memory_bytes"]),
         );
-        // Qwen2.5-0.5B: 24 layers x 2 KV heads x (64 + 64) x 2 bytes per position, 8192 positions.
-        assert_eq!(kv, 24 * 2 * 128 * 2 * 8192, "{t}");
+        // Qwen2.5-0.5B: 24 layers x 2 KV heads x (64 + 64) x 2 bytes per
+        // position; the `auto` pool holds its whole trained window of 32768
+        // (384 MiB, within a quarter of any budget this runs on), and the
+        // list says so.
+        assert_eq!(s["context_length"], 32768, "{t}");
+        assert_eq!(s["trained_context_length"], 32768, "{t}");
+        assert_eq!(kv, 24 * 2 * 128 * 2 * 32768, "{t}");
         // Beside weights and KV, a logits row of Qwen's 151,936 tokens for
         // each of the 16 sequences the context tracks (the default max_batch),
         // and llama.cpp's tables of those tokens and the file's 151,387 merges.

@@ -90,6 +90,16 @@ pub trait KvCache: Any + Send {
     /// pool moves it out of that pool here, so kept prefixes neither take
     /// room from nor slow down the sequences that run.
     fn park(&mut self) {}
+    /// Writes the positions it holds, whose tokens are `tokens`, to `path` in
+    /// the backend's own format, for the disk tier of the prefix cache
+    /// ([`LanguageModel::restore_cache`] reads it back). A backend that
+    /// cannot says so, and its prefixes stay in RAM only.
+    fn save(&mut self, path: &std::path::Path, tokens: &[u32]) -> Result<()> {
+        let _ = (path, tokens);
+        Err(EngineError::Unsupported(
+            "this backend cannot write its KV state to disk".into(),
+        ))
+    }
 }
 
 /// The backend's own state behind a seam object (`cache.as_any_mut()`), or
@@ -167,6 +177,15 @@ pub trait LanguageModel: Send {
         ))
     }
     fn new_cache(&self) -> Result<Box<dyn KvCache>>;
+    /// A cache holding the state [`KvCache::save`] wrote to `path` for
+    /// `tokens`. Anything that does not match this model (another shape,
+    /// another token list) is an error, never a wrong cache.
+    fn restore_cache(&self, path: &std::path::Path, tokens: &[u32]) -> Result<Box<dyn KvCache>> {
+        let _ = (path, tokens);
+        Err(EngineError::Unsupported(
+            "this backend cannot read KV state from disk".into(),
+        ))
+    }
     /// Runs `tokens` after whatever `cache` already holds and returns the
     /// logits (length `vocab_size`, float32) for the position after the last token.
     fn forward(&self, tokens: &[u32], cache: &mut dyn KvCache) -> Result<Vec<f32>>;

@@ -87,8 +87,20 @@ impl FinishReason {
 pub struct Usage {
     /// Every token of the rendered prompt, whether or not it came from cache.
     pub prompt_tokens: usize,
-    /// Prompt tokens whose KV state was reused instead of computed.
+    /// Prompt tokens whose KV state was reused instead of computed, from the
+    /// prefix cache's RAM and disk tiers alike.
     pub cached_tokens: usize,
+    /// The part of `cached_tokens` read back from the disk tier.
+    #[serde(default)]
+    pub cached_disk_tokens: usize,
+    /// Prompt tokens newly stored at the client's cache breakpoints
+    /// (Anthropic's `cache_creation_input_tokens`): those after the cached
+    /// part up to the last breakpoint. Never more than the uncached prompt.
+    #[serde(default)]
+    pub cache_write_tokens: usize,
+    /// The part of `cache_write_tokens` kept for an hour (the rest: 5 minutes).
+    #[serde(default)]
+    pub cache_write_1h_tokens: usize,
     /// Every sampled token, including an EOS or the tokens of a matched stop sequence.
     pub completion_tokens: usize,
     /// Completion tokens spent inside a reasoning section.
@@ -107,6 +119,9 @@ impl std::ops::AddAssign for Usage {
     fn add_assign(&mut self, o: Usage) {
         self.prompt_tokens += o.prompt_tokens;
         self.cached_tokens += o.cached_tokens;
+        self.cached_disk_tokens += o.cached_disk_tokens;
+        self.cache_write_tokens += o.cache_write_tokens;
+        self.cache_write_1h_tokens += o.cache_write_1h_tokens;
         self.completion_tokens += o.completion_tokens;
         self.reasoning_tokens += o.reasoning_tokens;
     }
@@ -162,6 +177,9 @@ pub enum Event {
     Started {
         prompt_tokens: usize,
         cached_tokens: usize,
+        /// Written at the request's cache breakpoints (see [`Usage`]).
+        cache_write_tokens: usize,
+        cache_write_1h_tokens: usize,
     },
     /// New visible text (never a partial UTF-8 character, never part of a
     /// stop sequence), with logprobs for the tokens it came from when asked.

@@ -298,7 +298,7 @@ impl ModelDraft {
     /// A sequence's draft cache, from the draft model's prefix cache when an
     /// earlier reply shares the context's start.
     pub fn start(dm: &mut DraftModel, context: &[u32]) -> Result<ModelDraft> {
-        Ok(match dm.prefixes.lookup(context) {
+        Ok(match dm.prefixes.lookup(context, 0) {
             Some(hit) => ModelDraft {
                 held: context[..hit.tokens].to_vec(),
                 cache: hit.cache,
@@ -350,7 +350,7 @@ impl ModelDraft {
 
     /// Hands the cache to the draft model's prefix cache.
     pub fn finish(self, dm: &mut DraftModel) {
-        dm.prefixes.insert(&self.held, self.cache);
+        dm.prefixes.insert(&self.held, self.cache, 0);
     }
 }
 

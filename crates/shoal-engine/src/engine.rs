@@ -17,13 +17,16 @@ use crate::completion::{Completion, Event, FinishReason, Timings, Usage};
 use crate::constraint::GrammarCompiler;
 use crate::content_filter::ContentPolicy;
 use crate::defaults::SamplingDefaults;
+use crate::disk_cache::{DiskCache, Fingerprint, ModelDisk};
 use crate::draft::DraftOptions;
 use crate::draft_model::{vocabulary_mismatch, DraftInfo, DraftModel};
 use crate::embedding::{run_embeddings, EmbedJob};
 use crate::error::{EngineError, Result};
 use crate::loader::{self, LoadOptions, Vocabulary};
 use crate::prefix_cache::PrefixCache;
-pub use crate::request::{CancelFlag, EngineStats, GenerateRequest};
+pub use crate::request::{
+    breakpoint_writes, CacheBreakpoint, CancelFlag, EngineStats, GenerateRequest,
+};
 use crate::sequence::{ms, record, Job, Next, Sequence, Stall};
 
 /// Engine options.
@@ -37,6 +40,9 @@ pub struct EngineOptions {
     pub prefill_chunk: usize,
     /// Memory for KV state kept between requests to reuse shared prefixes; 0 turns it off.
     pub prefix_cache_bytes: usize,
+    /// The prefix cache's disk tier, shared by every engine of the process
+    /// (each model in a folder of its own); `None` keeps prefixes in RAM only.
+    pub disk_cache: Option<Arc<DiskCache>>,
     /// Content filter: output containing any of these phrases is cut before
     /// the phrase and ends with `ContentFilter` (the tokens spent still count).
     pub blocked_phrases: Vec<String>,
@@ -63,6 +69,7 @@ impl Default for EngineOptions {
             max_batch: 16,
             prefill_chunk: 2048,
             prefix_cache_bytes: 1 << 30,
+            disk_cache: None,
             blocked_phrases: Vec::new(),
             blocked_patterns: Vec::new(),
             backend: BackendChoice::Auto,
@@ -159,6 +166,9 @@ impl Engine {
             (p, load, opts.draft_model_required)
         });
         let blocked = ContentPolicy::new(opts.blocked_phrases.clone(), &opts.blocked_patterns)?;
+        let disk_cache = opts.disk_cache.clone();
+        let model_id = id.to_string();
+        let llama = opts.llama.clone();
         let stats = Arc::new(EngineStats::default());
         let thread_stats = stats.clone();
         let stopped = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
@@ -204,6 +214,10 @@ impl Engine {
                     _ => None,
                 };
                 let draft_info = draft_model.as_ref().map(|(d, p)| d.info(p));
+                let disk = disk_cache
+                    .as_ref()
+                    .filter(|_| embedding.is_none())
+                    .and_then(|c| model_disk(c, &path_buf, &model_id, loaded.model.info(), &llama));
                 let _ = ready_tx.send(Ok((
                     loaded.model.info().clone(),
                     embedding.clone(),
@@ -226,6 +240,7 @@ impl Engine {
                     draft_model: draft_model.map(|(d, _)| d),
                     stats: thread_stats,
                     prefixes: PrefixCache::new(prefix_bytes),
+                    disk,
                     blocked,
                 };
                 run(loaded.model, loaded.vocab, jobs_rx, cfg);
@@ -416,10 +431,12 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
         draft_model,
         stats,
         prefixes,
+        disk,
         blocked,
     } = cfg;
     let mut prefixes = Kept {
         prefixes,
+        disk,
         draft: draft_model,
     };
     let ctx = model.info().context_length;
@@ -469,6 +486,13 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
                 }
             };
             stats.queued.fetch_sub(1, Ordering::Relaxed);
+            if stats.clear_prefixes.swap(false, Ordering::Relaxed) {
+                let _turn = turn_for(on_mlx);
+                prefixes.prefixes.clear();
+                stats
+                    .prefix_cache_bytes
+                    .store(prefixes.bytes() as u64, Ordering::Relaxed);
+            }
             if job.gone() {
                 debug!("request cancelled while queued");
                 let prompt_tokens = job.req.prompt.len();
@@ -493,13 +517,14 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
             }
             let cache = {
                 let _turn = turn_for(on_mlx);
-                match prefixes.prefixes.lookup(&job.req.prompt) {
-                    Some(hit) => Ok(hit.cache),
-                    None => model.new_cache(),
-                }
+                prefixes.lookup(model.as_ref(), &job.req.prompt, job.req.cache_salt, &stats)
             };
             match cache {
-                Ok(cache) => prefilling.push(Sequence::new(job, cache).drafting(draft)),
+                Ok((cache, from_disk)) => prefilling.push(
+                    Sequence::new(job, cache)
+                        .with_cache_facts(from_disk, prefixes.stores())
+                        .drafting(draft),
+                ),
                 Err(e) => retire(
                     Sequence::new(job, Box::new(NoCache)),
                     FinishReason::Error(e.to_string()),
@@ -665,16 +690,42 @@ fn retire(
     kept: &mut Kept,
 ) {
     let (c, context) = seq.finish(reason, vocab);
+    let salt = seq.job.req.cache_salt;
+    // A prefix the client marked stays ahead of others for its longest TTL.
+    let keep_secs = seq
+        .job
+        .req
+        .cache_breakpoints
+        .iter()
+        .map(|b| b.ttl_secs)
+        .max();
+    let keep_until = keep_secs.map(|s| Instant::now() + std::time::Duration::from_secs(s));
+    let mut to_disk = None;
     if !matches!(c.finish, FinishReason::Error(_)) {
         let cache = std::mem::replace(&mut seq.cache, Box::new(NoCache));
-        kept.prefixes.insert(&context, cache);
+        if kept.disk_wants(&context, cache.as_ref(), salt) {
+            to_disk = Some(cache);
+        } else {
+            kept.prefixes.insert_kept(&context, cache, salt, keep_until);
+        }
         seq.finish_drafting(kept.draft.as_mut());
     }
     stats
         .prefix_cache_bytes
         .store(kept.bytes() as u64, Ordering::Relaxed);
+    stats
+        .ram_evictions
+        .store(kept.prefixes.evictions, Ordering::Relaxed);
     record(stats, &c);
     let _ = seq.job.events.send(Event::Done(c));
+    // The disk copy is written after the reply's last event, off its path.
+    if let Some(mut cache) = to_disk {
+        kept.save_to_disk(&context, cache.as_mut(), salt, keep_secs);
+        kept.prefixes.insert_kept(&context, cache, salt, keep_until);
+        stats
+            .prefix_cache_bytes
+            .store(kept.bytes() as u64, Ordering::Relaxed);
+    }
 }
 
 fn fail_all(
@@ -725,17 +776,93 @@ struct RunConfig {
     draft_model: Option<DraftModel>,
     stats: Arc<EngineStats>,
     prefixes: PrefixCache,
+    disk: Option<ModelDisk>,
     blocked: ContentPolicy,
 }
 
-/// KV state kept between requests: the model's prefix cache, and the draft
-/// model with its own.
+/// KV state kept between requests: the model's prefix cache (in RAM, and
+/// its disk tier), and the draft model with its own.
 struct Kept {
     prefixes: PrefixCache,
+    disk: Option<ModelDisk>,
     draft: Option<DraftModel>,
 }
 
 impl Kept {
+    /// The cache a request starts from and how many of its tokens came from
+    /// disk: the longest prefix in RAM, or on disk where that holds at least
+    /// a block more; else an empty cache. A disk entry that fails its
+    /// checksum or will not restore is removed, and the request goes on with
+    /// what RAM had.
+    fn lookup(
+        &mut self,
+        model: &dyn LanguageModel,
+        prompt: &[u32],
+        salt: u64,
+        stats: &EngineStats,
+    ) -> Result<(Box<dyn KvCache>, usize)> {
+        let ram = self.prefixes.lookup(prompt, salt);
+        let counter = if ram.is_some() {
+            &stats.ram_hits
+        } else {
+            &stats.ram_misses
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        let ram_tokens = ram.as_ref().map_or(0, |h| h.tokens);
+        if let Some(disk) = &self.disk {
+            if let Some(hit) = disk.lookup(prompt, salt, ram_tokens) {
+                if disk.verify(&hit) {
+                    match model.restore_cache(&hit.payload, hit.stored_tokens()) {
+                        Ok(mut cache) => {
+                            cache.truncate(hit.tokens);
+                            disk.restored(&hit);
+                            debug!(tokens = hit.tokens, "prefix restored from disk");
+                            return Ok((cache, hit.tokens));
+                        }
+                        // No room in the KV pool now: not the entry's fault.
+                        Err(EngineError::KvCacheFull) => {}
+                        Err(e) => disk.refused(&hit, &e.to_string()),
+                    }
+                }
+            }
+        }
+        match ram {
+            Some(hit) => Ok((hit.cache, 0)),
+            None => Ok((model.new_cache()?, 0)),
+        }
+    }
+
+    /// Whether a finished request's prefix is kept at all.
+    fn stores(&self) -> bool {
+        self.prefixes.enabled() || self.disk.is_some()
+    }
+
+    /// Whether the disk tier wants `cache` (holding `context`'s first tokens).
+    fn disk_wants(&self, context: &[u32], cache: &dyn KvCache, salt: u64) -> bool {
+        let held = &context[..cache.len().min(context.len())];
+        self.disk
+            .as_ref()
+            .is_some_and(|d| d.wants(held, salt, cache.nbytes()))
+    }
+
+    /// Writes `cache` to the disk tier (the payload here, the rest on the
+    /// tier's own thread).
+    fn save_to_disk(
+        &self,
+        context: &[u32],
+        cache: &mut dyn KvCache,
+        salt: u64,
+        keep_secs: Option<u64>,
+    ) {
+        let Some(disk) = &self.disk else { return };
+        let held = &context[..cache.len().min(context.len())];
+        let (tmp, name) = disk.temp_payload();
+        match cache.save(&tmp, held) {
+            Ok(()) => disk.commit(tmp, name, held, salt, keep_secs),
+            Err(e) => disk.write_failed(&tmp, &e.to_string()),
+        }
+    }
+
     fn bytes(&self) -> usize {
         self.prefixes.bytes() + self.draft.as_ref().map_or(0, |d| d.prefixes.bytes())
     }
@@ -746,6 +873,46 @@ impl Kept {
         self.prefixes.evict_oldest()
     }
 }
+
+/// The disk tier of a model, in a folder named by everything that makes its
+/// KV state valid; `None` (with a warning) if it cannot be opened.
+fn model_disk(
+    cache: &Arc<DiskCache>,
+    path: &Path,
+    id: &str,
+    info: &ModelInfo,
+    llama: &LlamaOptions,
+) -> Option<ModelDisk> {
+    let mut settings = vec![
+        ("engine", env!("CARGO_PKG_VERSION").to_string()),
+        ("backend", info.backend.as_str().to_string()),
+        ("dtype", info.dtype.clone()),
+        ("context", info.context_length.to_string()),
+        ("kv_capacity_bytes", info.kv_capacity_bytes.to_string()),
+        ("layers", info.num_layers.to_string()),
+    ];
+    if info.backend == BackendKind::Llama {
+        settings.extend([
+            ("llama.cpp", LLAMA_CPP_BUILD.to_string()),
+            ("kv_type", llama.kv_type.as_str().to_string()),
+            ("kv_tokens", llama.kv_tokens.to_string()),
+            ("split", llama.splits().to_string()),
+            ("batch_invariant", llama.batch_invariant.to_string()),
+        ]);
+    }
+    let made = Fingerprint::of(path, &settings)
+        .and_then(|fp| cache.for_model(fp, id, info.backend.as_str()));
+    match made {
+        Ok(d) => Some(d),
+        Err(e) => {
+            tracing::warn!(model = id, error = %e, "the prefix cache's disk tier is off for this model");
+            None
+        }
+    }
+}
+
+/// The llama.cpp build whose state format the disk tier's payloads hold.
+const LLAMA_CPP_BUILD: &str = "llama-cpp-sys-2 0.1.161";
 
 /// Loads `path` to draft for `target`, or `None` (with a warning) when the
 /// two vocabularies differ and the draft model is not `required`: a pool's

@@ -11,6 +11,7 @@ pub mod content_filter;
 pub mod cpu_blas;
 pub mod defaults;
 pub mod detok;
+pub mod disk_cache;
 pub mod draft;
 pub mod draft_model;
 pub mod embedding;
@@ -42,8 +43,8 @@ pub use defaults::SamplingDefaults;
 pub use draft::DraftOptions;
 pub use embedding::Embedded;
 pub use engine::{
-    collect_blocking, CancelFlag, Engine, EngineOptions, EngineStats, EventStream, GenerateRequest,
-    ModelHandle,
+    breakpoint_writes, collect_blocking, CacheBreakpoint, CancelFlag, Engine, EngineOptions,
+    EngineStats, EventStream, GenerateRequest, ModelHandle,
 };
 pub use error::{EngineError, Result};
 pub use loader::LoadOptions;

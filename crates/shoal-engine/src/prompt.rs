@@ -69,9 +69,63 @@ pub fn chat_prompt(
         _ => None,
     };
     let reasoning = reasoning.filter(|_| prefill.is_none());
+    let (extra, syntax, grammar) = offer_tools(vocab, &mut messages, reasoning.is_some(), tools);
+    let mut text = vocab.render_chat(&messages, true, &extra)?;
+    // Harmony models always reason in their analysis channel; asked to, the
+    // server opens it, so the budget counts from the first token.
+    let harmony = caps
+        .harmony
+        .then(|| Markers::find(&vocab.special_tokens()))
+        .flatten();
+    let spec = match (reasoning, caps.thinking) {
+        _ if harmony.is_some() => harmony.map(|m| {
+            if reasoning.is_some() {
+                text.push_str(crate::harmony::OPEN_ANALYSIS);
+            }
+            ReasoningSpec::harmony(m, reasoning.is_some(), reasoning.flatten())
+        }),
+        (Some(budget), true) => Some(ReasoningSpec::think(false, budget)),
+        // A model with a `</think>` token but no switch: the section is opened.
+        (Some(budget), false) if caps.reasoning => {
+            text.push_str("<think>\n");
+            Some(ReasoningSpec::think(true, budget))
+        }
+        // A model that cannot reason answers as it would without the ask:
+        // no section is opened, so none of its answer counts as reasoning.
+        (Some(_), false) => None,
+        // A thinking model may still open the section on its own, unless
+        // its answer has begun.
+        (None, true) if prefill.is_none() => Some(ReasoningSpec::think(false, None)),
+        (None, _) => None,
+    };
+    if let Some(p) = &prefill {
+        text.push_str(p);
+    }
+    Ok(ChatPrompt {
+        tokens: vocab.encode(&text)?,
+        reasoning: spec,
+        tools: syntax,
+        grammar,
+    })
+}
+
+/// The template's extra variables (the thinking switch, a tools list) and
+/// `messages` with the tool instructions in the system turn for a template
+/// without tools; the call syntax and a forced call's grammar.
+fn offer_tools(
+    vocab: &Vocabulary,
+    messages: &mut Vec<ChatMessage>,
+    reasoning: bool,
+    tools: Option<ToolOffer<'_>>,
+) -> (
+    serde_json::Map<String, Value>,
+    Option<ToolSyntax>,
+    Option<Grammar>,
+) {
+    let caps = vocab.capabilities();
     let mut extra = serde_json::Map::new();
     if caps.thinking {
-        extra.insert("enable_thinking".into(), json!(reasoning.is_some()));
+        extra.insert("enable_thinking".into(), json!(reasoning));
     }
     let (syntax, grammar) = match tools
         .filter(|t| !t.defs.is_empty() && *t.choice != ToolChoice::None)
@@ -114,41 +168,21 @@ pub fn chat_prompt(
         }
         None => (None, None),
     };
-    let mut text = vocab.render_chat(&messages, true, &extra)?;
-    // Harmony models always reason in their analysis channel; asked to, the
-    // server opens it, so the budget counts from the first token.
-    let harmony = caps
-        .harmony
-        .then(|| Markers::find(&vocab.special_tokens()))
-        .flatten();
-    let spec = match (reasoning, caps.thinking) {
-        _ if harmony.is_some() => harmony.map(|m| {
-            if reasoning.is_some() {
-                text.push_str(crate::harmony::OPEN_ANALYSIS);
-            }
-            ReasoningSpec::harmony(m, reasoning.is_some(), reasoning.flatten())
-        }),
-        (Some(budget), true) => Some(ReasoningSpec::think(false, budget)),
-        // A model with a `</think>` token but no switch: the section is opened.
-        (Some(budget), false) if caps.reasoning => {
-            text.push_str("<think>\n");
-            Some(ReasoningSpec::think(true, budget))
-        }
-        // A model that cannot reason answers as it would without the ask:
-        // no section is opened, so none of its answer counts as reasoning.
-        (Some(_), false) => None,
-        // A thinking model may still open the section on its own, unless
-        // its answer has begun.
-        (None, true) if prefill.is_none() => Some(ReasoningSpec::think(false, None)),
-        (None, _) => None,
-    };
-    if let Some(p) = &prefill {
-        text.push_str(p);
-    }
-    Ok(ChatPrompt {
-        tokens: vocab.encode(&text)?,
-        reasoning: spec,
-        tools: syntax,
-        grammar,
-    })
+    (extra, syntax, grammar)
+}
+
+/// The tokens of `messages` as whole turns, with no generation prompt after
+/// them (and tools offered as [`chat_prompt`] offers them): where a prefix
+/// of a conversation ends inside the prompt of the whole, for a client's
+/// cache breakpoint after one of its messages.
+pub fn turns_prompt(
+    vocab: &Vocabulary,
+    messages: &[ChatMessage],
+    reasoning: bool,
+    tools: Option<ToolOffer<'_>>,
+) -> Result<Vec<u32>> {
+    let mut messages = messages.to_vec();
+    let (extra, _, _) = offer_tools(vocab, &mut messages, reasoning, tools);
+    let text = vocab.render_chat(&messages, false, &extra)?;
+    vocab.encode(&text)
 }

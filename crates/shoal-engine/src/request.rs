@@ -28,6 +28,43 @@ pub struct GenerateRequest {
     pub grammar: Option<Grammar>,
     /// Parse tool calls written in this syntax out of the reply.
     pub tools: Option<ToolSyntax>,
+    /// Whose cached prefixes the request may reuse: only those kept under
+    /// the same salt (0: everyone's). A server with API keys salts by key.
+    pub cache_salt: u64,
+    /// Prefixes the client asked to have cached (Anthropic's
+    /// `cache_control`): kept ahead of unmarked entries for their TTL, and
+    /// counted as written in the usage.
+    pub cache_breakpoints: Vec<CacheBreakpoint>,
+}
+
+/// One prefix a client marked for caching: its first `tokens` prompt
+/// tokens, to keep for at least `ttl_secs`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheBreakpoint {
+    pub tokens: usize,
+    pub ttl_secs: u64,
+}
+
+/// What a request's breakpoints write, given the `cached` leading prompt
+/// tokens it reused: every token after `cached` up to its last breakpoint,
+/// each under the TTL of the first breakpoint at or after it. Returns
+/// (written, of which under a TTL of an hour or more).
+pub fn breakpoint_writes(points: &[CacheBreakpoint], cached: usize) -> (usize, usize) {
+    let mut points: Vec<CacheBreakpoint> = points.to_vec();
+    points.sort_by_key(|p| p.tokens);
+    let (mut written, mut long) = (0, 0);
+    let mut from = cached;
+    for p in points {
+        if p.tokens > from {
+            let n = p.tokens - from;
+            written += n;
+            if p.ttl_secs >= 3600 {
+                long += n;
+            }
+            from = p.tokens;
+        }
+    }
+    (written, long)
 }
 
 /// A shared "please stop" flag for one request.
@@ -56,6 +93,8 @@ impl GenerateRequest {
             reasoning: None,
             grammar: None,
             tools: None,
+            cache_salt: 0,
+            cache_breakpoints: Vec::new(),
         }
     }
 }
@@ -73,6 +112,16 @@ pub struct EngineStats {
     pub last_cancelled_tokens: AtomicU64,
     /// Prompt tokens served from the prefix cache.
     pub cached_tokens: AtomicU64,
+    /// The part of them read back from the disk tier.
+    pub cached_disk_tokens: AtomicU64,
+    /// Requests that found a prefix in RAM, and those that found none there.
+    pub ram_hits: AtomicU64,
+    pub ram_misses: AtomicU64,
+    /// Prefix-cache entries dropped from RAM for room.
+    pub ram_evictions: AtomicU64,
+    /// Set to drop the prefix cache's RAM entries before the next request
+    /// is admitted (`DELETE /v1/cache`).
+    pub clear_prefixes: std::sync::atomic::AtomicBool,
     /// Bytes the prefix cache holds now.
     pub prefix_cache_bytes: AtomicU64,
     /// Requests waiting in the queue now.

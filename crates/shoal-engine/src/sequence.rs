@@ -99,6 +99,23 @@ pub(crate) struct Sequence {
 }
 
 impl Sequence {
+    /// Of its cached prompt tokens, `n` came from the disk tier; `stores`
+    /// says whether its prefix will be kept (a prefix cache is on), so its
+    /// breakpoints write what they cover beyond the cached part.
+    pub fn with_cache_facts(mut self, n: usize, stores: bool) -> Self {
+        self.usage.cached_disk_tokens = n.min(self.usage.cached_tokens);
+        if stores {
+            let (w, long) = crate::request::breakpoint_writes(
+                &self.job.req.cache_breakpoints,
+                self.usage.cached_tokens,
+            );
+            let room = self.usage.prompt_tokens - self.usage.cached_tokens;
+            self.usage.cache_write_tokens = w.min(room);
+            self.usage.cache_write_1h_tokens = long.min(room);
+        }
+        self
+    }
+
     pub fn new(mut job: Job, cache: Box<dyn KvCache>) -> Self {
         let constraint = job.constraint.take();
         let started = Instant::now();
@@ -228,6 +245,8 @@ impl Sequence {
         let _ = self.job.events.send(Event::Started {
             prompt_tokens: self.usage.prompt_tokens,
             cached_tokens: self.usage.cached_tokens,
+            cache_write_tokens: self.usage.cache_write_tokens,
+            cache_write_1h_tokens: self.usage.cache_write_1h_tokens,
         });
         let req = &self.job.req;
         self.decode = Some(Decode {
@@ -574,6 +593,9 @@ pub(crate) fn record(stats: &crate::request::EngineStats, c: &Completion) {
     stats
         .cached_tokens
         .fetch_add(u.cached_tokens as u64, Ordering::Relaxed);
+    stats
+        .cached_disk_tokens
+        .fetch_add(u.cached_disk_tokens as u64, Ordering::Relaxed);
     stats
         .prompt_tokens
         .fetch_add(u.prompt_tokens as u64, Ordering::Relaxed);

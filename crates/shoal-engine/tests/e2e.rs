@@ -43,6 +43,8 @@ fn greedy(prompt: Vec<u32>, max_tokens: Option<usize>, stop: Vec<String>) -> Gen
         reasoning: None,
         grammar: None,
         tools: None,
+        cache_salt: 0,
+        cache_breakpoints: Vec::new(),
     }
 }
 
@@ -134,6 +136,8 @@ fn seeded_sampling_is_reproducible() {
         reasoning: None,
         grammar: None,
         tools: None,
+        cache_salt: 0,
+        cache_breakpoints: Vec::new(),
     };
     let (a, _) = run(mk(7));
     let (b, _) = run(mk(7));
@@ -216,6 +220,8 @@ fn utf8_never_broken_in_deltas() {
             reasoning: None,
             grammar: None,
             tools: None,
+            cache_salt: 0,
+            cache_breakpoints: Vec::new(),
         })
         .unwrap();
     let mut all = String::new();

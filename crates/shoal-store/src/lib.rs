@@ -92,6 +92,8 @@ const MIGRATIONS: &[&str] = &[
     "CREATE TABLE settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);",
     // 6: speculative decoding's draft counts on each ledger choice.
     usage::DRAFT_MIGRATION,
+    // 7: the part of each choice's cached tokens read from the disk tier.
+    usage::DISK_CACHE_MIGRATION,
 ];
 
 /// A stored message with its pieces.

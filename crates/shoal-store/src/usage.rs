@@ -100,6 +100,14 @@ pub(crate) const DRAFT_MIGRATION: &str =
     "ALTER TABLE usage_choices ADD COLUMN draft_tokens INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE usage_choices ADD COLUMN draft_accepted INTEGER NOT NULL DEFAULT 0;";
 
+/// Where each choice's cached prompt tokens came from (the part read back
+/// from the prefix cache's disk tier; the rest came from RAM), and what its
+/// cache breakpoints wrote (all, and the part kept for an hour).
+pub(crate) const DISK_CACHE_MIGRATION: &str =
+    "ALTER TABLE usage_choices ADD COLUMN cached_disk_tokens INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE usage_choices ADD COLUMN cache_write_tokens INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE usage_choices ADD COLUMN cache_write_1h_tokens INTEGER NOT NULL DEFAULT 0;";
+
 /// One request as stored (and as nodes pass it to each other).
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct UsageRow {
@@ -155,6 +163,15 @@ pub struct ChoiceRow {
     pub finish_detail: Option<String>,
     pub prompt_tokens: u64,
     pub cached_tokens: u64,
+    /// The part of `cached_tokens` read back from the disk tier.
+    #[serde(default)]
+    pub cached_disk_tokens: u64,
+    /// Prompt tokens written at the request's cache breakpoints, and the
+    /// part of them kept for an hour.
+    #[serde(default)]
+    pub cache_write_tokens: u64,
+    #[serde(default)]
+    pub cache_write_1h_tokens: u64,
     pub completion_tokens: u64,
     pub reasoning_tokens: u64,
     pub queue_ms: f64,
@@ -253,8 +270,9 @@ impl UsageLog {
                 "INSERT INTO usage_choices (usage_seq, idx, finish, finish_detail, prompt_tokens,
                      cached_tokens, completion_tokens, reasoning_tokens, queue_ms, ttft_ms,
                      prefill_tokens_per_s, decode_tokens_per_s, total_ms, draft_tokens,
-                     draft_accepted)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+                     draft_accepted, cached_disk_tokens, cache_write_tokens, cache_write_1h_tokens)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
+                     ?17, ?18)",
             )?;
             for (i, c) in r.choices.iter().enumerate() {
                 choice.execute(params![
@@ -273,6 +291,9 @@ impl UsageLog {
                     c.total_ms,
                     to_sql(c.draft_tokens)?,
                     to_sql(c.draft_accepted)?,
+                    to_sql(c.cached_disk_tokens)?,
+                    to_sql(c.cache_write_tokens)?,
+                    to_sql(c.cache_write_1h_tokens)?,
                 ])?;
             }
             let mut word = tx.prepare_cached(
@@ -333,7 +354,8 @@ impl UsageLog {
         let mut stmt = self.conn.prepare_cached(
             "SELECT usage_seq, finish, finish_detail, prompt_tokens, cached_tokens,
                  completion_tokens, reasoning_tokens, queue_ms, ttft_ms, prefill_tokens_per_s,
-                 decode_tokens_per_s, total_ms, draft_tokens, draft_accepted
+                 decode_tokens_per_s, total_ms, draft_tokens, draft_accepted, cached_disk_tokens,
+                 cache_write_tokens, cache_write_1h_tokens
              FROM usage_choices WHERE usage_seq BETWEEN ?1 AND ?2 ORDER BY usage_seq, idx",
         )?;
         let mut by_seq: std::collections::HashMap<i64, Vec<ChoiceRow>> = Default::default();
@@ -355,6 +377,9 @@ impl UsageLog {
                     total_ms: c.get(11)?,
                     draft_tokens: count(12)?,
                     draft_accepted: count(13)?,
+                    cached_disk_tokens: count(14)?,
+                    cache_write_tokens: count(15)?,
+                    cache_write_1h_tokens: count(16)?,
                 },
             ))
         })?;

@@ -82,6 +82,8 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
         reasoning: None,
         grammar: None,
         tools: None,
+        cache_salt: 0,
+        cache_breakpoints: Vec::new(),
     }
 }
 

@@ -237,7 +237,13 @@ pub fn kv_types(a: &Args) -> Result<()> {
     for kv in [KvType::F16, KvType::Q8_0, KvType::Q4_0] {
         let mut opts = base.clone();
         opts.llama = opts.llama.kv_type(kv);
-        let positions = opts.llama.kv_tokens;
+        // The positions the pool reserves (`auto` sized for this model).
+        let route = shoal_engine::backends::route(&a.model.config()?.model_path(), opts.backend)?;
+        let llama = opts.llama.clone().for_batch(opts.max_batch);
+        let positions = route
+            .header
+            .as_ref()
+            .map_or(llama.kv_tokens, |h| llama.kv_tokens_for(h));
         let e = start(a, opts)?;
         let mut replies = Vec::new();
         for p in AGREEMENT_PROMPTS {

@@ -50,7 +50,9 @@ kinds!(
     shoal_engine::BackendChoice,
     crate::LogFormat,
     shoal_engine::KvType,
-    shoal_engine::draft::DraftKind
+    shoal_engine::backends::llama::KvTokens,
+    shoal_engine::draft::DraftKind,
+    shoal_engine::disk_cache::DiskBudget
 );
 kinds!(Path: PathBuf);
 kinds!(Integer: u16, u64, usize);
@@ -269,9 +271,11 @@ settings! {
             env Env::Var("SHOAL_BACKEND"), flag Flag::Value("backend", "auto|mlx|llama");
         /// llama.cpp threads (0 = the physical cores).
         threads: usize = 0, env Env::Var("SHOAL_THREADS"), flag Flag::Value("threads", "N");
-        /// KV positions llama.cpp reserves per model, shared by its requests.
-        kv_cache_tokens: usize = shoal_engine::backends::llama::DEFAULT_KV_TOKENS,
-            env Env::Var("SHOAL_KV_CACHE_TOKENS"), flag Flag::Value("kv-cache-tokens", "N");
+        /// KV positions llama.cpp reserves per model, shared by its requests:
+        /// a number, or auto (the model's trained window, within a quarter of
+        /// models.memory_budget_mb, never below 8192 or the trained window).
+        kv_cache_tokens: shoal_engine::backends::llama::KvTokens = shoal_engine::backends::llama::KvTokens::Auto,
+            env Env::Var("SHOAL_KV_CACHE_TOKENS"), flag Flag::Value("kv-cache-tokens", "auto|N");
         /// Split kv_cache_tokens evenly between the requests that can run at
         /// once (max_batch), as llama-server --parallel does: faster under
         /// concurrent load, but one request can then use only its share.
@@ -319,6 +323,21 @@ settings! {
         /// requests, in MiB (0 = off).
         prefix_cache_mb: usize = EngineOptions::default().prefix_cache_bytes >> 20,
             env Env::Var("SHOAL_PREFIX_CACHE_MB"), flag Flag::Value("prefix-cache-mb", "MIB");
+        /// The prefix cache's disk tier, in MiB (or off): prefixes of 256
+        /// tokens or more are kept in files too, so they outlive a restart,
+        /// an unload or eviction from memory; least recently used out first.
+        /// Off when prefix_cache_mb is 0.
+        disk_mb: shoal_engine::disk_cache::DiskBudget = Default::default(),
+            env Env::Var("SHOAL_CACHE_DISK_MB"), flag Flag::Value("cache-disk-mb", "MIB|off");
+        /// The disk tier's folder (default: kv-cache beside the
+        /// conversation store, in the data directory).
+        disk_dir: Option<PathBuf> = None,
+            env Env::Var("SHOAL_CACHE_DISK_DIR"), flag Flag::Value("cache-disk-dir", "DIR");
+        /// With API keys configured, let a request reuse prefixes another
+        /// key's requests cached (off: each key has its own, so one client
+        /// cannot time another's prompts by its cache hits).
+        share_across_keys: bool = false,
+            env Env::Var("SHOAL_CACHE_SHARE_ACROSS_KEYS"), flag Flag::On("cache-share-across-keys");
     }
     /// Which models stay in memory.
     [models] Models {
@@ -841,15 +860,36 @@ impl Config {
             .unwrap_or_else(shoal_engine::loader::default_model_path)
     }
 
+    /// `models.memory_budget_mb` in bytes, `None` when 0 (the pool's default).
+    fn memory_budget_bytes(&self) -> Result<Option<u64>> {
+        let budget = self.models.memory_budget_mb;
+        (budget > 0)
+            .then(|| budget.checked_mul(1 << 20))
+            .map(|b| b.context("models.memory_budget_mb is too large"))
+            .transpose()
+    }
+
+    /// The memory all loaded models may take together, in bytes.
+    fn memory_budget(&self) -> Result<u64> {
+        Ok(self
+            .memory_budget_bytes()?
+            .unwrap_or_else(shoal_api::pool::default_budget))
+    }
+
+    /// The engine options of a server: [`Config::engine_options`] with the
+    /// prefix cache's disk tier (one-shot commands and benches keep to RAM).
+    pub fn serve_engine_options(&self) -> Result<EngineOptions> {
+        Ok(EngineOptions {
+            disk_cache: self.open_disk_cache(),
+            ..self.engine_options()?
+        })
+    }
+
     /// How the model pool loads, budgets and unloads models.
     pub fn pool_options(&self) -> Result<shoal_api::pool::PoolOptions> {
-        let budget = self.models.memory_budget_mb;
         Ok(shoal_api::pool::PoolOptions {
-            engine: self.engine_options()?,
-            budget_bytes: (budget > 0)
-                .then(|| budget.checked_mul(1 << 20))
-                .map(|b| b.context("models.memory_budget_mb is too large"))
-                .transpose()?,
+            engine: self.serve_engine_options()?,
+            budget_bytes: self.memory_budget_bytes()?,
             idle_unload: (self.models.idle_unload_secs > 0)
                 .then(|| std::time::Duration::from_secs(self.models.idle_unload_secs)),
             hub: shoal_models::HubOptions::from_env(),
@@ -867,6 +907,7 @@ impl Config {
         a.max_body_bytes = self.server.max_body_mb.max(1).saturating_mul(1 << 20);
         a.request_timeout = (self.server.request_timeout_secs > 0)
             .then(|| std::time::Duration::from_secs(self.server.request_timeout_secs));
+        a.share_cache_across_keys = self.cache.share_across_keys;
         Ok(a)
     }
 
@@ -906,6 +947,63 @@ impl Config {
         Some(o)
     }
 
+    /// The disk tier's folder: the configured one, else `kv-cache` beside
+    /// the conversation store.
+    pub fn disk_cache_dir(&self) -> Result<PathBuf> {
+        if let Some(d) = &self.cache.disk_dir {
+            return Ok(d.clone());
+        }
+        let db = self.db_path()?;
+        Ok(db
+            .parent()
+            .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+            .join("kv-cache"))
+    }
+
+    /// The prefix cache's disk tier as configured, opened once per folder in
+    /// a process (one writer thread, one view of its files); `None` when it
+    /// is off. A folder that cannot be made is logged and the tier left off:
+    /// the server serves either way.
+    pub fn open_disk_cache(&self) -> Option<std::sync::Arc<shoal_engine::disk_cache::DiskCache>> {
+        use shoal_engine::disk_cache::DiskCache;
+        use std::sync::{Arc, Mutex, OnceLock};
+        static OPEN: OnceLock<Mutex<BTreeMap<PathBuf, Arc<DiskCache>>>> = OnceLock::new();
+        // The disk tier is behind the prefix cache: off with it.
+        if self.cache.prefix_cache_mb == 0 {
+            return None;
+        }
+        let budget = self.cache.disk_mb.bytes()?;
+        let dir = match self.disk_cache_dir() {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(error = %e, "the prefix cache's disk tier is off");
+                return None;
+            }
+        };
+        let mut open = OPEN
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = open.get(&dir) {
+            return Some(c.clone());
+        }
+        match DiskCache::open(shoal_engine::disk_cache::DiskCacheOptions {
+            dir: dir.clone(),
+            budget_bytes: budget,
+            min_tokens: shoal_engine::disk_cache::DEFAULT_MIN_TOKENS,
+        }) {
+            Ok(c) => {
+                tracing::info!(dir = %dir.display(), budget_mb = budget >> 20, "prefix cache on disk");
+                open.insert(dir, c.clone());
+                Some(c)
+            }
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "the prefix cache's disk tier is off");
+                None
+            }
+        }
+    }
+
     /// The conversation store file: the configured one or the default.
     pub fn db_path(&self) -> Result<PathBuf> {
         match &self.server.db {
@@ -936,14 +1034,26 @@ impl Config {
             blocked_phrases: non_empty(&self.content_filter.phrases),
             blocked_patterns: non_empty(&self.content_filter.patterns),
             backend: self.model.backend,
-            llama: shoal_engine::LlamaOptions::new(self.model.threads, self.model.kv_cache_tokens)
-                .split(self.model.split_kv_cache)
-                .batch_invariant(self.model.batch_invariant)
-                .kv_type(self.model.kv_cache_type),
+            llama: self.llama_options()?,
             draft: shoal_engine::DraftOptions::new(self.model.draft, self.model.draft_tokens),
             draft_model: self.model.draft_model.clone(),
             ..EngineOptions::default()
         })
+    }
+
+    /// The llama.cpp backend's options from these settings (before an
+    /// engine sizes them for its batch): what `shoal models` reads a
+    /// model's window from without starting anything.
+    pub fn llama_options(&self) -> Result<shoal_engine::LlamaOptions> {
+        Ok(shoal_engine::LlamaOptions::new(
+            self.model.threads,
+            self.model.kv_cache_tokens.positions(),
+        )
+        // `auto` KV takes its share of the pool's budget.
+        .memory_budget(Some(self.memory_budget()?))
+        .split(self.model.split_kv_cache)
+        .batch_invariant(self.model.batch_invariant)
+        .kv_type(self.model.kv_cache_type))
     }
 }
 
@@ -1078,6 +1188,55 @@ mod tests {
         assert_eq!(o.queue_capacity, 64);
         assert_eq!(o.prefix_cache_bytes, 1 << 30);
         assert!(o.blocked_phrases.is_empty() && o.blocked_patterns.is_empty());
+    }
+
+    #[test]
+    fn kv_cache_tokens_is_auto_or_a_number_from_every_layer() {
+        use shoal_engine::backends::llama::{KvTokens, AUTO_KV_TOKENS};
+        let r = resolve_with(&Flags::default(), &env_of(&[]), None).expect("resolve");
+        assert_eq!(r.config.model.kv_cache_tokens, KvTokens::Auto);
+        let o = r.config.engine_options().expect("options");
+        assert_eq!(o.llama.kv_tokens, AUTO_KV_TOKENS);
+        // `auto` takes its share of the pool's budget, the same the pool uses.
+        assert_eq!(
+            o.llama.memory_budget,
+            Some(shoal_api::pool::default_budget())
+        );
+        let dir = temp_dir("kv-tokens");
+        for (text, want) in [
+            ("kv_cache_tokens = 32768", KvTokens::Fixed(32768)),
+            ("kv_cache_tokens = 0", KvTokens::Auto),
+            ("kv_cache_tokens = \"auto\"", KvTokens::Auto),
+        ] {
+            let path = write(
+                &dir,
+                &format!("[model]\n{text}\n[models]\nmemory_budget_mb = 4096\n"),
+            );
+            let r = resolve_with(&flags_with(&path), &env_of(&[]), None).expect("resolve");
+            assert_eq!(r.config.model.kv_cache_tokens, want, "{text}");
+            let o = r.config.engine_options().expect("options");
+            assert_eq!(o.llama.kv_tokens, want.positions(), "{text}");
+            assert_eq!(o.llama.memory_budget, Some(4096 << 20), "{text}");
+        }
+        for (value, want) in [("auto", KvTokens::Auto), ("16384", KvTokens::Fixed(16384))] {
+            let env = env_of(&[("SHOAL_KV_CACHE_TOKENS", value)]);
+            let r = resolve_with(&Flags::default(), &env, None).expect("resolve");
+            assert_eq!(r.config.model.kv_cache_tokens, want, "{value}");
+            let mut flags = Flags::default();
+            flags.set("model.kv_cache_tokens", value).expect("flag");
+            let r = resolve_with(&flags, &env_of(&[]), None).expect("resolve");
+            assert_eq!(r.config.model.kv_cache_tokens, want, "{value}");
+        }
+        let err = resolve_with(
+            &Flags::default(),
+            &env_of(&[("SHOAL_KV_CACHE_TOKENS", "lots")]),
+            None,
+        )
+        .expect_err("not a number");
+        assert!(
+            format!("{err:#}").contains("SHOAL_KV_CACHE_TOKENS"),
+            "{err:#}"
+        );
     }
 
     #[test]

@@ -85,6 +85,8 @@ pub fn run(a: Args) -> Result<()> {
         reasoning: prompt.reasoning,
         grammar: None,
         tools: None,
+        cache_salt: 0,
+        cache_breakpoints: Vec::new(),
     })?;
     let mut out = String::new();
     let mut reasoning = String::new();

@@ -46,7 +46,7 @@ pub fn load_engine(cfg: &config::Config) -> anyhow::Result<shoal_engine::Engine>
     // mistake to report, not to ignore.
     let opts = shoal_engine::EngineOptions {
         draft_model_required: true,
-        ..cfg.engine_options()?
+        ..cfg.serve_engine_options()?
     };
     shoal_engine::Engine::start(&path, &cfg.model_id(), opts)
         .with_context(|| format!("loading {}", path.display()))

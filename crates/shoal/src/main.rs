@@ -3,6 +3,7 @@ mod bench;
 mod bench_cluster;
 mod bench_draft;
 mod bench_embed;
+mod cache;
 mod chat;
 mod generate;
 mod models;
@@ -47,6 +48,9 @@ enum Command {
     /// The server's usage ledger: requests, sums per day, model, client …,
     /// or each API key against its quota (read from the store; no server needed).
     Usage(usage::Args),
+    /// The prefix cache's disk tier: stored prefixes (model, tokens, bytes,
+    /// last use), or --clear them (no server needed).
+    Cache(cache::Args),
     /// Download a model from the Hugging Face hub (HF_ENDPOINT, HF_TOKEN and
     /// HF_HOME are honoured); an interrupted pull resumes.
     Pull(models::PullArgs),
@@ -97,6 +101,7 @@ fn main() -> Result<()> {
         Command::Chat(a) => chat::run(a),
         Command::History(a) => chat::history(a),
         Command::Usage(a) => usage::run(a),
+        Command::Cache(a) => cache::run(a),
         Command::Pull(a) => models::pull(a),
         Command::Models(a) => models::list(a),
         Command::Rm(a) => models::rm(a),

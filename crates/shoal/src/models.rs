@@ -218,32 +218,60 @@ fn kind(m: &LocalModel) -> &'static str {
 
 pub fn list(a: ListArgs) -> Result<()> {
     let all = local_models(&a.settings)?;
-    let choice = config::resolve(&a.settings)?.config.model.backend;
-    // The engine each model would run on, or why none can, before anyone loads it.
-    let backends: Vec<std::result::Result<String, String>> = all
+    let cfg = config::resolve(&a.settings)?.config;
+    let choice = cfg.model.backend;
+    // As `shoal serve` would load them: the pool's budget sizes an `auto` KV pool.
+    let llama = cfg.llama_options()?.for_batch(cfg.server.max_batch.max(1));
+    // The engine each model would run on, or why none can, before anyone
+    // loads it, and the window a request would get there.
+    let routes: Vec<std::result::Result<(String, Option<u64>), String>> = all
         .iter()
         .map(|m| {
-            shoal_engine::backends::choose(&m.path, choice)
-                .map(|b| b.to_string())
+            shoal_engine::backends::route(&m.path, choice)
+                .map(|r| {
+                    let window = match (&r.backend, &r.header) {
+                        (shoal_engine::BackendKind::Llama, Some(h)) => {
+                            Some(llama.window_for(h) as u64)
+                        }
+                        _ => m.card.context_length,
+                    };
+                    (r.backend.to_string(), window)
+                })
                 .map_err(|e| e.to_string())
+        })
+        .collect();
+    let backends: Vec<std::result::Result<String, String>> = routes
+        .iter()
+        .map(|r| r.as_ref().map(|(b, _)| b.clone()).map_err(Clone::clone))
+        .collect();
+    let windows: Vec<Option<u64>> = all
+        .iter()
+        .zip(&routes)
+        .map(|(m, r)| match r {
+            Ok((_, w)) => *w,
+            Err(_) => m.card.context_length,
         })
         .collect();
     if a.json {
         let mut v = serde_json::to_value(&all)?;
         if let Some(items) = v.as_array_mut() {
-            for ((item, b), m) in items.iter_mut().zip(&backends).zip(&all) {
+            for (((item, b), m), w) in items.iter_mut().zip(&backends).zip(&all).zip(&windows) {
                 item["kind"] = kind(m).into();
                 item["backend"] = b.as_ref().ok().cloned().into();
                 item["unavailable"] = b.as_ref().err().cloned().into();
+                // The window served, beside the trained one.
+                item["context_length"] = (*w).into();
+                item["trained_context_length"] = m.card.context_length.into();
             }
         }
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    let rows: Vec<[String; 9]> = all
+    let rows: Vec<[String; 10]> = all
         .iter()
         .zip(&backends)
-        .map(|(m, backend)| {
+        .zip(&windows)
+        .map(|((m, backend), window)| {
             let c = &m.card;
             let from = match &m.source {
                 Source::Hub { repo, commit } => {
@@ -258,6 +286,7 @@ pub fn list(a: ListArgs) -> Result<()> {
                 c.quantization.clone().unwrap_or_else(|| "?".into()),
                 format!("{:.0}M", c.parameters as f64 / 1e6),
                 bytes(c.size_bytes),
+                window.map_or("?".into(), |n| n.to_string()),
                 c.context_length.map_or("?".into(), |n| n.to_string()),
                 match backend {
                     Ok(b) => b.clone(),
@@ -268,7 +297,7 @@ pub fn list(a: ListArgs) -> Result<()> {
         })
         .collect();
     let head = [
-        "ID", "KIND", "ARCH", "QUANT", "PARAMS", "SIZE", "CONTEXT", "BACKEND", "FROM",
+        "ID", "KIND", "ARCH", "QUANT", "PARAMS", "SIZE", "CONTEXT", "TRAINED", "BACKEND", "FROM",
     ];
     let mut widths = head.map(str::len);
     for r in &rows {

@@ -652,7 +652,9 @@ fn pull_list_and_remove_models_from_a_fixture_hub() {
     for m in &list {
         assert_eq!(m["architecture"], "llama");
         assert_eq!(m["quantization"], "Q4_1");
+        // The window served (SmolLM2's whole trained window) beside the trained one.
         assert_eq!(m["context_length"], 8192);
+        assert_eq!(m["trained_context_length"], 8192);
         assert_eq!(m["size_bytes"], size);
         assert!(m["parameters"].as_u64().unwrap_or(0) > 100_000_000, "{m}");
     }
@@ -662,6 +664,7 @@ fn pull_list_and_remove_models_from_a_fixture_hub() {
     let (ok, table, _) = cli(&["models", "--model", model_arg]);
     assert!(ok);
     assert!(table.starts_with("ID"), "{table}");
+    assert!(table.contains("CONTEXT  TRAINED"), "{table}");
     assert!(
         table
             .lines()
@@ -1912,4 +1915,77 @@ fn serve_refuses_a_draft_model_of_another_vocabulary() {
         "{err}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The prefix cache's disk tier from the terminal: a server stopped with
+/// SIGTERM (as service managers stop it) leaves its long prefix on disk,
+/// `shoal cache` lists it (model, tokens, bytes) with no server running, and
+/// `--clear` removes it; with the tier off it says so.
+#[test]
+fn shoal_cache_lists_and_clears_what_a_server_kept_on_disk() {
+    let dir = temp_dir("cache-cli");
+    let db = dir.join("store.sqlite");
+    let serve = |c: &mut std::process::Command| {
+        c.args(["serve", "--port", "0", "--backend", gguf_backend()])
+            .arg("--model")
+            .arg(gguf())
+            .arg("--db")
+            .arg(&db);
+    };
+    let (mut server, addr) = start_server(&dir, serve);
+    let rules: String = (1..=24)
+        .map(|i| format!("Rule {i}: answer briefly, in plain words, and only what is asked. "))
+        .collect();
+    let body = json!({"model": crate_model_id(), "max_tokens": 4,
+                      "messages": [{"role": "system", "content": rules},
+                                   {"role": "user", "content": "Name a colour."}]});
+    let (status, v) = post_json(&addr, "/v1/chat/completions", &body.to_string());
+    assert_eq!(status, 200, "{v}");
+    let prompt = v["usage"]["prompt_tokens"].as_u64().expect("prompt");
+    // SIGTERM: a graceful stop, the cache's writes land before exit.
+    let pid = server.0.id().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill")
+        .success());
+    let exited = server.0.wait().expect("wait");
+    assert!(exited.success(), "a graceful exit: {exited:?}");
+
+    let cache = |args: &[&str]| {
+        let (ok, out, err) = output(
+            shoal_isolated(&dir)
+                .arg("cache")
+                .arg("--db")
+                .arg(&db)
+                .args(args),
+        );
+        assert!(ok, "shoal cache {args:?}: {err}");
+        out
+    };
+    let listed: Value = serde_json::from_str(&cache(&["--json"])).expect("json");
+    let entries = listed["entries"].as_array().expect("entries");
+    assert_eq!(entries.len(), 1, "{listed}");
+    assert_eq!(entries[0]["model"], crate_model_id());
+    // The prompt and the reply's tokens but its last (never fed back).
+    let tokens = entries[0]["tokens"].as_u64().expect("tokens");
+    assert!(
+        tokens >= prompt && tokens < prompt + 4,
+        "{tokens} tokens for a {prompt}-token prompt"
+    );
+    assert!(entries[0]["bytes"].as_u64().expect("bytes") > 1000 * tokens);
+    let table = cache(&[]);
+    assert!(
+        table.contains(&crate_model_id()) && table.contains("1 entries"),
+        "{table}"
+    );
+    assert!(cache(&["--clear"]).starts_with("removed 1 entries"));
+    let listed: Value = serde_json::from_str(&cache(&["--json"])).expect("json");
+    assert_eq!(listed["entries"].as_array().map(Vec::len), Some(0));
+    let (ok, _, err) = output(
+        shoal_isolated(&dir)
+            .args(["cache", "--cache-disk-mb", "off", "--db"])
+            .arg(&db),
+    );
+    assert!(!ok && err.contains("disk tier is off"), "{err}");
 }

@@ -1,5 +1,6 @@
 import { createResource, createSignal, Show } from 'solid-js';
-import { getOllamaPort, setOllamaPort, type OllamaPortSetting } from '../api';
+import { clearCache, getCache, getOllamaPort, setOllamaPort, type CacheState, type OllamaPortSetting } from '../api';
+import { fmtBytes } from '../format';
 
 /** What the Ollama switch's state means for a user, in one sentence. */
 function describe(s: OllamaPortSetting): string {
@@ -55,6 +56,56 @@ export function ServerSettings() {
       <Show when={failed()}>
         <p class="warn" role="alert" data-testid="ollama-port-error">{failed()}</p>
       </Show>
+      <PromptCache />
     </fieldset>
+  );
+}
+
+/** One sentence on what the prompt cache holds, in memory and on disk. */
+function describeCache(c: CacheState): string {
+  const ram = `${fmtBytes(c.ram.bytes)} in memory`;
+  if (!c.disk) return `${ram}; the disk tier is off (cache.disk_mb).`;
+  const d = c.disk;
+  const disk = `${fmtBytes(d.bytes)} on disk in ${d.entries} ${d.entries === 1 ? 'entry' : 'entries'} (of ${fmtBytes(d.budget_bytes)})`;
+  return `${ram}, ${disk}.`;
+}
+
+/** The prompt cache's size in RAM and on disk, and a Clear button. */
+function PromptCache() {
+  const [cache, { refetch }] = createResource(getCache);
+  const [busy, setBusy] = createSignal(false);
+  const [note, setNote] = createSignal<string | null>(null);
+  const clear = async () => {
+    setBusy(true);
+    setNote(null);
+    try {
+      const r = await clearCache();
+      setNote(`Removed ${r.disk_entries_removed} from disk; memory is cleared before each model's next request.`);
+      await refetch();
+    } catch (e) {
+      setNote((e as Error).message);
+    } finally {
+      setBusy(false);
+    }
+  };
+  return (
+    <div class="prompt-cache" data-testid="prompt-cache">
+      <span>Prompt cache</span>
+      <p class="muted" data-testid="prompt-cache-size" data-disk-bytes={cache()?.disk?.bytes ?? ''}>
+        {cache() ? describeCache(cache()!) : cache.error ? `Unavailable: ${cache.error.message}` : 'Loading…'}
+      </p>
+      <Show when={cache()?.disk?.writes_paused || cache()?.disk?.last_error}>
+        <p class="warn" role="alert" data-testid="prompt-cache-error">
+          {cache()?.disk?.writes_paused ? 'Writing to disk is paused: the disk is full. ' : ''}
+          {cache()?.disk?.last_error}
+        </p>
+      </Show>
+      <button type="button" data-testid="prompt-cache-clear" disabled={busy()} onClick={() => void clear()}>
+        Clear
+      </button>
+      <Show when={note()}>
+        <p class="muted" data-testid="prompt-cache-note">{note()}</p>
+      </Show>
+    </div>
   );
 }

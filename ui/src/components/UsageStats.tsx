@@ -32,7 +32,13 @@ export function UsageStats(props: { stats: ReplyStats }) {
         </span>
       </Show>
       {item('prompt', 'prompt', s().prompt, fmtInt(s().prompt), 'Prompt tokens')}
-      {item('cached', 'cached', s().cached, fmtInt(s().cached), 'Prompt tokens served from the prefix cache')}
+      {item(
+        'cached',
+        'cached',
+        s().cached,
+        s().cachedDisk ? `${fmtInt(s().cached)} (${fmtInt(s().cachedDisk)} from disk)` : fmtInt(s().cached),
+        'Prompt tokens served from the prefix cache (in memory, or read back from its files on disk)',
+      )}
       {item(
         'cache-hit',
         'cache hit',

@@ -47,6 +47,50 @@ pub struct AnthropicTool {
     pub name: String,
     pub description: Option<String>,
     pub input_schema: Option<Value>,
+    pub cache_control: Option<CacheControl>,
+}
+
+/// `cache_control`: `{"type": "ephemeral", "ttl": "5m" | "1h"}` on a tool, a
+/// system block or a message's content block: cache the prompt up to and
+/// including it.
+#[derive(Debug, Deserialize)]
+pub struct CacheControl {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub ttl: Option<String>,
+}
+
+impl CacheControl {
+    /// Its TTL in seconds, or the error Anthropic gives for a bad one.
+    fn ttl_secs(&self, at: &str) -> Result<u64, ApiError> {
+        if self.kind != "ephemeral" {
+            return Err(ApiError::invalid(format!(
+                "{at}.cache_control.type: Input should be 'ephemeral'"
+            )));
+        }
+        match self.ttl.as_deref() {
+            None | Some("5m") => Ok(300),
+            Some("1h") => Ok(3600),
+            Some(other) => Err(ApiError::invalid(format!(
+                "{at}.cache_control.ttl: Input should be '5m' or '1h', got '{other}'"
+            ))),
+        }
+    }
+}
+
+/// Most cache breakpoints one request may set, as Anthropic allows.
+const MAX_BREAKPOINTS: usize = 4;
+
+/// A request's cache breakpoints, each with its TTL in seconds.
+type Marks = Vec<(Mark, u64)>;
+
+/// Where a cache breakpoint ends the prefix it marks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mark {
+    /// After the tools (a `cache_control` on a tool).
+    Tools,
+    /// After the rendered conversation's message at this index.
+    Through(usize),
 }
 
 #[derive(Debug, Deserialize)]
@@ -84,6 +128,7 @@ pub struct Block {
     pub tool_use_id: Option<String>,
     pub content: Option<TextOrBlocks>,
     pub is_error: Option<bool>,
+    pub cache_control: Option<CacheControl>,
 }
 
 impl TextOrBlocks {
@@ -116,19 +161,29 @@ fn stop_sequence(f: &FinishReason) -> Value {
     }
 }
 
+/// The conversation as chat messages, and the cache breakpoints its blocks
+/// set (each with its TTL in seconds).
 fn to_messages(
     state: &Served,
     system: Option<&TextOrBlocks>,
     msgs: &[InMessage],
-) -> Result<Vec<ChatMessage>, ApiError> {
+) -> Result<(Vec<ChatMessage>, Marks), ApiError> {
     if msgs.is_empty() {
         return Err(ApiError::invalid(
             "messages: at least one message is required",
         ));
     }
     let mut out = Vec::with_capacity(msgs.len() + 1);
+    let mut marks = Vec::new();
     if let Some(s) = system {
         out.push(ChatMessage::new("system", s.text("system")?));
+        if let TextOrBlocks::Blocks(blocks) = s {
+            for (j, b) in blocks.iter().enumerate() {
+                if let Some(cc) = &b.cache_control {
+                    marks.push((Mark::Through(0), cc.ttl_secs(&format!("system.{j}"))?));
+                }
+            }
+        }
     }
     for (i, m) in msgs.iter().enumerate() {
         let role = match m.role.as_str() {
@@ -146,6 +201,12 @@ fn to_messages(
             out.push(ChatMessage::new(role, m.content.text(&at)?));
             continue;
         };
+        let mut marked = Vec::new();
+        for (j, b) in blocks.iter().enumerate() {
+            if let Some(cc) = &b.cache_control {
+                marked.push(cc.ttl_secs(&format!("{at}.{j}"))?);
+            }
+        }
         // Tool blocks become their own turns; text blocks stay together.
         let mut text = String::new();
         let mut calls = Vec::new();
@@ -195,8 +256,74 @@ fn to_messages(
         } else if !text.is_empty() || !blocks.iter().any(|b| b.kind == "tool_result") {
             out.push(ChatMessage::new(role, text));
         }
+        // A breakpoint anywhere in a message ends after the whole message:
+        // its blocks render as one turn.
+        if let Some(last) = out.len().checked_sub(1) {
+            marks.extend(marked.into_iter().map(|ttl| (Mark::Through(last), ttl)));
+        }
+    }
+    Ok((out, marks))
+}
+
+/// The breakpoints of a request on its rendered prompt `full`: each mark's
+/// prefix is the conversation rendered up to it, and it ends where that
+/// rendering and `full` part. At most [`MAX_BREAKPOINTS`] marked blocks.
+fn breakpoints(
+    state: &Served,
+    messages: &[ChatMessage],
+    marks: &[(Mark, u64)],
+    tool_marks: &[u64],
+    want: Option<Option<usize>>,
+    tools: Option<&ToolRequest>,
+    full: &[u32],
+) -> Result<Vec<shoal_engine::CacheBreakpoint>, ApiError> {
+    let n = marks.len() + tool_marks.len();
+    if n > MAX_BREAKPOINTS {
+        return Err(ApiError::invalid(format!(
+            "A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. Found {n}."
+        )));
+    }
+    let has_system = messages.first().is_some_and(|m| m.role == "system");
+    let all = tool_marks
+        .iter()
+        .map(|&ttl| (Mark::Tools, ttl))
+        .chain(marks.iter().copied());
+    let mut out = Vec::with_capacity(n);
+    for (mark, ttl) in all {
+        let part = match mark {
+            // The tools render into the system turn where there is one,
+            // else they lead the prompt on their own.
+            Mark::Tools if has_system => &messages[..1],
+            Mark::Tools => &messages[..0],
+            Mark::Through(k) => &messages[..=k.min(messages.len() - 1)],
+        };
+        // A template that cannot render the tools alone marks nothing.
+        let turns = match state.turns_prompt(part, want, tools) {
+            Ok(t) => t,
+            Err(_) if part.is_empty() => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        let tokens = turns.iter().zip(full).take_while(|(a, b)| a == b).count();
+        out.push(shoal_engine::CacheBreakpoint {
+            tokens,
+            ttl_secs: ttl,
+        });
     }
     Ok(out)
+}
+
+/// The TTLs of the tools marked with `cache_control`.
+fn tool_marks(tools: Option<&Vec<AnthropicTool>>) -> Result<Vec<u64>, ApiError> {
+    tools
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .filter_map(|(i, t)| {
+            t.cache_control
+                .as_ref()
+                .map(|cc| cc.ttl_secs(&format!("tools.{i}")))
+        })
+        .collect()
 }
 
 /// `tools` and `tool_choice`: `{"type": "auto" | "any" | "tool" | "none", "name"}`.
@@ -287,10 +414,9 @@ fn wanted_thinking(
 
 fn prepare(state: &Served, req: &MessagesRequest) -> Result<Generation, ApiError> {
     let tools = tool_request(req.tools.as_ref(), req.tool_choice.as_ref())?;
-    let ctx = state.engine.model.info.context_length;
     let max_tokens = match req.max_tokens {
         None => return Err(ApiError::invalid("max_tokens: Field required")),
-        Some(v) => check_max_tokens("max_tokens", Some(v), ctx)?,
+        Some(v) => check_max_tokens("max_tokens", Some(v))?,
     };
     check_range("temperature", req.temperature, 0.0, 1.0)?;
     check_range("top_p", req.top_p, 0.0, 1.0)?;
@@ -308,9 +434,19 @@ fn prepare(state: &Served, req: &MessagesRequest) -> Result<Generation, ApiError
         ));
     }
     let want = wanted_thinking(req.thinking.as_ref(), max_tokens)?;
-    let messages = to_messages(state, req.system.as_ref(), &req.messages)?;
+    let (messages, marks) = to_messages(state, req.system.as_ref(), &req.messages)?;
     let p = state.chat_prompt(&messages, want, tools.as_ref())?;
+    let cache_breakpoints = breakpoints(
+        state,
+        &messages,
+        &marks,
+        &tool_marks(req.tools.as_ref())?,
+        want,
+        tools.as_ref(),
+        &p.tokens,
+    )?;
     Ok(Generation {
+        cache_breakpoints,
         reasoning: p.reasoning,
         grammar: p.grammar,
         tools: p.tools,
@@ -369,16 +505,12 @@ impl MessagesRenderer {
         (name.to_string(), data)
     }
 
-    fn start(&mut self, prompt: usize, cached: usize, out: &mut Vec<(String, Value)>) {
+    fn start(&mut self, prompt: &Usage, out: &mut Vec<(String, Value)>) {
         if self.started {
             return;
         }
         self.started = true;
-        let mut usage = usage_json(&Usage {
-            prompt_tokens: prompt,
-            cached_tokens: cached,
-            ..Usage::default()
-        });
+        let mut usage = usage_json(prompt);
         usage["output_tokens"] = json!(0);
         out.push(Self::ev(
             "message_start",
@@ -440,7 +572,18 @@ impl MessagesRenderer {
             Event::Started {
                 prompt_tokens,
                 cached_tokens,
-            } => self.start(*prompt_tokens, *cached_tokens, &mut out),
+                cache_write_tokens,
+                cache_write_1h_tokens,
+            } => self.start(
+                &Usage {
+                    prompt_tokens: *prompt_tokens,
+                    cached_tokens: *cached_tokens,
+                    cache_write_tokens: *cache_write_tokens,
+                    cache_write_1h_tokens: *cache_write_1h_tokens,
+                    ..Usage::default()
+                },
+                &mut out,
+            ),
             Event::Reasoning { text } => {
                 let i = self.block("thinking", &mut out);
                 out.push(Self::ev(
@@ -474,7 +617,7 @@ impl MessagesRenderer {
                     out.push(Self::ev("error", err));
                     return out;
                 }
-                self.start(c.usage.prompt_tokens, c.usage.cached_tokens, &mut out);
+                self.start(&c.usage, &mut out);
                 if self.open.is_none() && self.next_index == 0 {
                     self.block("text", &mut out);
                 }
@@ -566,7 +709,14 @@ pub async fn count_tokens(
         let req: CountRequest = parse(&body)?;
         let state = state.serve(&req.model).await?;
         let tools = tool_request(req.tools.as_ref(), req.tool_choice.as_ref())?;
-        let messages = to_messages(&state, req.system.as_ref(), &req.messages)?;
+        let (messages, marks) = to_messages(&state, req.system.as_ref(), &req.messages)?;
+        let tool_marks = tool_marks(req.tools.as_ref())?;
+        if marks.len() + tool_marks.len() > MAX_BREAKPOINTS {
+            return Err(ApiError::invalid(format!(
+                "A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. Found {}.",
+                marks.len() + tool_marks.len()
+            )));
+        }
         // Tools take prompt space: they are counted as the request would render them.
         let prompt = state.chat_prompt(&messages, None, tools.as_ref())?;
         Ok::<_, ApiError>(Json(json!({"input_tokens": prompt.tokens.len()})).into_response())
@@ -598,7 +748,7 @@ fn provider_meta(
     p.stop_reason = finish.map(|f| DIALECT.finish_words(f));
     p.token_usage_reasoning_tokens = None;
     p.token_usage_input_tokens = Some(crate::wire::messages::uncached(u) as u64);
-    p.token_usage_cache_creation_tokens = Some(0);
+    p.token_usage_cache_creation_tokens = Some(u.cache_write_tokens as u64);
     p
 }
 

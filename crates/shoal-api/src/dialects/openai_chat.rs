@@ -388,10 +388,9 @@ pub(crate) fn format_grammar(f: Option<&ResponseFormat>) -> Result<Option<Gramma
 fn prepare(state: &Served, req: &mut ChatRequest) -> Result<Generation, ApiError> {
     let tools = tool_request(req)?;
     let format = format_grammar(req.response_format.as_ref())?;
-    let ctx = state.engine.model.info.context_length;
     let max_tokens = match (req.max_completion_tokens, req.max_tokens) {
-        (Some(v), _) => check_max_tokens("max_completion_tokens", Some(v), ctx)?,
-        (None, v) => check_max_tokens("max_tokens", v, ctx)?,
+        (Some(v), _) => check_max_tokens("max_completion_tokens", Some(v))?,
+        (None, v) => check_max_tokens("max_tokens", v)?,
     };
     let sampling = req.sampling.params(
         &state.engine.model.defaults.params(),
@@ -412,6 +411,7 @@ fn prepare(state: &Served, req: &mut ChatRequest) -> Result<Generation, ApiError
         sampling,
         stop: check_stop(req.stop.take())?,
         n: req.sampling.n(),
+        cache_breakpoints: Vec::new(),
         reasoning: p.reasoning,
         // A required call outranks the reply format.
         grammar: p.grammar.or(format),

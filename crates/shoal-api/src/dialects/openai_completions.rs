@@ -98,11 +98,9 @@ fn prepare(state: &Served, req: &mut CompletionRequest) -> Result<Prepared, ApiE
             "'echo' together with 'logprobs' is not supported",
         ));
     }
-    let ctx = state.engine.model.info.context_length;
     let max_tokens = check_max_tokens(
         "max_tokens",
         Some(req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)),
-        ctx,
     )?;
     let vocab = &state.engine.model.vocab;
     let (prompts, texts): (Vec<Vec<u32>>, Vec<String>) = match req.prompt.take() {
@@ -144,6 +142,7 @@ fn prepare(state: &Served, req: &mut CompletionRequest) -> Result<Prepared, ApiE
             sampling,
             stop: check_stop(req.stop.take())?,
             n: req.sampling.n(),
+            cache_breakpoints: Vec::new(),
             reasoning: None,
             grammar: None,
             tools: None,

@@ -315,6 +315,7 @@ mod tests {
                 cached_tokens: 10,
                 completion_tokens: 9,
                 reasoning_tokens: 4,
+                ..Usage::default()
             },
             timings: Timings {
                 queue_ms: 1.0,
@@ -355,6 +356,8 @@ mod tests {
             Event::Started {
                 prompt_tokens: 40,
                 cached_tokens: 10,
+                cache_write_tokens: 0,
+                cache_write_1h_tokens: 0,
             },
             Event::Reasoning { text: "Hmm".into() },
             Event::Delta {

@@ -372,9 +372,10 @@ impl Options {
     }
 
     /// The reply's token cap for a prompt of `prompt_len` tokens: `num_predict`
-    /// (negative: no cap), within `num_ctx` when given. A `num_ctx` above the
-    /// model's window, or one the prompt does not fit in, is refused rather
-    /// than the prompt cut silently.
+    /// (negative: no cap), within `num_ctx` when given. A `num_ctx` at or
+    /// above the model's window is the window (the reply then ends when the
+    /// window is full, as `length`); one the prompt does not fit in is
+    /// refused rather than the prompt cut silently.
     pub fn max_tokens(&self, prompt_len: usize, window: usize) -> Result<Option<usize>, ApiError> {
         let predict = match self.num_predict {
             None => None,
@@ -391,14 +392,16 @@ impl Options {
             return Ok(predict);
         };
         let ctx = usize::try_from(ctx).unwrap_or(0);
-        if ctx == 0 || ctx > window {
+        if ctx == 0 {
             return Err(ApiError::param(
                 "options.num_ctx",
-                format!(
-                    "'options.num_ctx' is {} but the model's context window is {window} tokens",
-                    self.num_ctx.unwrap_or(0)
-                ),
+                "'options.num_ctx' must be at least 1",
             ));
+        }
+        if ctx >= window {
+            // The engine's own window bounds the reply, and refuses a
+            // prompt that does not fit in it.
+            return Ok(predict);
         }
         if prompt_len >= ctx {
             return Err(ApiError::param(
@@ -511,6 +514,7 @@ pub fn job(
         sampling: options.sampling(&served.engine.model.defaults.params())?,
         stop: options.stops()?,
         n: 1,
+        cache_breakpoints: Vec::new(),
         reasoning: p.reasoning,
         // A required call's grammar outranks the reply format.
         grammar: p.grammar.or(format),
@@ -612,8 +616,16 @@ mod tests {
             Some(Some(10))
         );
         assert_eq!(o(None, Some(20)).max_tokens(10, 100).ok(), Some(Some(10)));
-        assert!(o(None, Some(200)).max_tokens(10, 100).is_err());
+        // Above the window (LlamaIndex's num_ctx, say): the window caps it.
+        assert_eq!(o(None, Some(200)).max_tokens(10, 100).ok(), Some(None));
+        assert_eq!(
+            o(Some(50), Some(100_000)).max_tokens(10, 100).ok(),
+            Some(Some(50))
+        );
+        assert_eq!(o(None, Some(100)).max_tokens(10, 100).ok(), Some(None));
         assert!(o(None, Some(10)).max_tokens(10, 100).is_err());
+        assert!(o(None, Some(0)).max_tokens(10, 100).is_err());
+        assert!(o(None, Some(-5)).max_tokens(10, 100).is_err());
         assert!(o(Some(0), None).max_tokens(10, 100).is_err());
     }
 

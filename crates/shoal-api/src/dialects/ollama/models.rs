@@ -184,8 +184,10 @@ fn template_source(path: &Path) -> Option<String> {
 
 /// `model_info`: a GGUF header's metadata (arrays left out, as Ollama
 /// leaves them out unless verbose), or a model directory's `config.json`
-/// under the GGUF key names.
-fn model_info(path: &Path, card: &ModelCard) -> Map<String, Value> {
+/// under the GGUF key names. Its `{arch}.context_length` is the `window`
+/// served when that is smaller than the trained one, which
+/// `shoal.trained_context_length` keeps: clients size prompts by it.
+fn model_info(path: &Path, card: &ModelCard, window: Option<u64>) -> Map<String, Value> {
     let mut out = Map::new();
     if path.is_dir() {
         let cfg: Value = std::fs::read_to_string(path.join("config.json"))
@@ -224,6 +226,21 @@ fn model_info(path: &Path, card: &ModelCard) -> Map<String, Value> {
     }
     out.entry("general.parameter_count")
         .or_insert(json!(card.parameters));
+    if let (Some(window), Some(arch)) = (
+        window,
+        out.get("general.architecture")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+    ) {
+        let key = format!("{arch}.context_length");
+        let trained = out.get(&key).and_then(Value::as_u64);
+        if let Some(t) = trained {
+            out.insert("shoal.trained_context_length".into(), json!(t));
+        }
+        if trained.is_none_or(|t| window < t) {
+            out.insert(key, json!(window));
+        }
+    }
     out
 }
 
@@ -277,7 +294,10 @@ pub async fn show(State(s): State<AppState>, body: Body) -> Reply {
             capabilities.push("insert");
         }
         let d = shoal_engine::SamplingDefaults::read(&m.path);
-        let parameters = format!(
+        // The window served (as loaded, or as it would load): `num_ctx`, as
+        // Ollama shows the window a model runs with.
+        let window = pool.window_of(&m);
+        let mut parameters = format!(
             "temperature {}\ntop_p {}\ntop_k {}\nmin_p {}\nrepeat_penalty {}",
             d.temperature.value,
             d.top_p.value,
@@ -285,6 +305,9 @@ pub async fn show(State(s): State<AppState>, body: Body) -> Reply {
             d.min_p.value,
             d.repetition_penalty.value
         );
+        if let Some(w) = window {
+            parameters.push_str(&format!("\nnum_ctx {w}"));
+        }
         let template = template.unwrap_or_default();
         let modelfile = format!(
             "# Modelfile of {} as Shoal serves it\nFROM {}\nTEMPLATE \"\"\"{template}\"\"\"\n{}\n",
@@ -301,8 +324,10 @@ pub async fn show(State(s): State<AppState>, body: Body) -> Reply {
             "parameters": parameters,
             "template": template,
             "details": details(&m.card),
-            "model_info": model_info(&m.path, &m.card),
+            "model_info": model_info(&m.path, &m.card, window),
             "capabilities": capabilities,
+            "context_length": window,
+            "trained_context_length": m.card.context_length,
             "modified_at": timestamp(modified(&m.path)),
         }))
     })
@@ -347,7 +372,9 @@ pub async fn ps(State(s): State<AppState>) -> Reply {
                     "expires_at": timestamp(expires),
                     // Unified memory on a Mac is the GPU's; a CPU holds none.
                     "size_vram": if info.device.contains("gpu") || info.device.contains("metal") { size } else { 0 },
+                    // The window served; the one trained on beside it.
                     "context_length": info.context_length,
+                    "trained_context_length": m.card.context_length,
                 })
             })
             .collect::<Vec<_>>()

@@ -175,8 +175,7 @@ pub(super) fn prepare(
 ) -> Result<(Generation, Vec<ChatMessage>), ApiError> {
     let tools = tool_request(req)?;
     let format = text_format(req.text.as_ref())?;
-    let ctx = state.engine.model.info.context_length;
-    let max_tokens = check_max_tokens("max_output_tokens", req.max_output_tokens, ctx)?;
+    let max_tokens = check_max_tokens("max_output_tokens", req.max_output_tokens)?;
     check_range("temperature", req.temperature, 0.0, 2.0)?;
     check_range("top_p", req.top_p, 0.0, 1.0)?;
     let want = match req.reasoning.as_ref().and_then(|r| r.get("effort")) {
@@ -205,6 +204,7 @@ pub(super) fn prepare(
             },
             stop: Vec::new(),
             n: 1,
+            cache_breakpoints: Vec::new(),
             reasoning: p.reasoning,
             grammar: p.grammar.or(format),
             tools: p.tools,

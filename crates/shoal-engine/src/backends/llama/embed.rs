@@ -39,7 +39,7 @@ fn is_encoder(header: &shoal_gguf::Header) -> bool {
 
 /// The longest input: the positions the model was trained on (its
 /// `{arch}.context_length`, 512 if it names none), at most `MAX_INPUT_TOKENS`.
-fn window_of(header: &shoal_gguf::Header) -> usize {
+pub(super) fn window_of(header: &shoal_gguf::Header) -> usize {
     (header.arch_uint("context_length").unwrap_or(512) as usize).clamp(1, MAX_INPUT_TOKENS)
 }
 

@@ -30,6 +30,8 @@ use crate::error::{EngineError, Result};
 
 pub mod embed;
 pub mod vocab;
+#[cfg(test)]
+mod window_tests;
 
 /// llama.cpp's `LLAMA_MAX_SEQ`: most sequences one context can track.
 const LLAMA_MAX_SEQ: usize = 256;
@@ -57,8 +59,15 @@ pub fn runtime() -> Result<&'static LlamaBackend> {
 pub struct LlamaOptions {
     /// Threads for prefill and decode.
     pub threads: usize,
-    /// KV positions shared by all sequences of the model (the cache's bound).
+    /// KV positions shared by all sequences of the model (the cache's
+    /// bound); 0 is `auto`: sized for each model from its trained window and
+    /// `memory_budget` ([`LlamaOptions::kv_tokens_for`]).
     pub kv_tokens: usize,
+    /// The memory all loaded models may take together (the pool's budget,
+    /// `models.memory_budget_mb`), of which an `auto` KV pool takes at most
+    /// [`AUTO_KV_SHARE`]; `None`: three quarters of the machine's RAM, as
+    /// the pool's own default.
+    pub memory_budget: Option<u64>,
     /// Sequences the context tracks: the running requests. llama.cpp
     /// reserves logits for each up front, so this is not simply the maximum.
     pub sequences: usize,
@@ -138,10 +147,125 @@ impl std::fmt::Display for KvType {
     }
 }
 
-/// KV positions a model reserves unless told otherwise.
-pub const DEFAULT_KV_TOKENS: usize = 8192;
+/// `kv_tokens` for `auto`: the pool sized from the model and the memory.
+pub const AUTO_KV_TOKENS: usize = 0;
 /// The fewest KV positions a model reserves (smaller settings are raised to it).
 pub const MIN_KV_TOKENS: usize = 256;
+/// The most KV positions a model reserves.
+pub const MAX_KV_TOKENS: usize = 1 << 20;
+/// `auto` never sizes a pool below this many positions (the trained window
+/// when that is smaller), whatever the memory: the window an agent's
+/// prompts need at the least.
+pub const AUTO_KV_FLOOR: usize = 8192;
+/// `auto`: one model's KV pool takes at most this share (numerator,
+/// denominator: a quarter) of the memory budget, leaving the rest to weights
+/// and other models.
+pub const AUTO_KV_SHARE: (u64, u64) = (1, 4);
+/// llama.cpp rounds a context's positions (and a split's slices) up to this.
+const KV_PAD: usize = 256;
+
+/// The `kv_cache_tokens` setting: `auto` (or 0), or a number of positions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvTokens {
+    #[default]
+    Auto,
+    Fixed(usize),
+}
+
+impl KvTokens {
+    /// As [`LlamaOptions::kv_tokens`] takes it (0 for `auto`).
+    pub fn positions(self) -> usize {
+        match self {
+            KvTokens::Auto => AUTO_KV_TOKENS,
+            KvTokens::Fixed(n) => n,
+        }
+    }
+}
+
+impl std::str::FromStr for KvTokens {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let s = s.trim();
+        if s.eq_ignore_ascii_case("auto") {
+            return Ok(KvTokens::Auto);
+        }
+        match s.parse::<usize>() {
+            Ok(0) => Ok(KvTokens::Auto),
+            Ok(n) => Ok(KvTokens::Fixed(n)),
+            Err(_) => Err(format!("{s:?} is not a number of KV positions or \"auto\"")),
+        }
+    }
+}
+
+impl std::fmt::Display for KvTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KvTokens::Auto => f.write_str("auto"),
+            KvTokens::Fixed(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+impl serde::Serialize for KvTokens {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            KvTokens::Auto => s.serialize_str("auto"),
+            KvTokens::Fixed(n) => s.serialize_u64(*n as u64),
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for KvTokens {
+    /// A number (0: `auto`) or text: `auto` or a number written out (as a
+    /// flag or an environment variable gives it).
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Number(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Number(0) => Ok(KvTokens::Auto),
+            Raw::Number(n) => Ok(KvTokens::Fixed(usize::try_from(n).unwrap_or(usize::MAX))),
+            Raw::Text(t) => t.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// The `auto` rule: a model's KV pool holds its trained window of
+/// `trained` positions, unless that would take more than [`AUTO_KV_SHARE`]
+/// of `budget` bytes at `bytes_per_position`; then as many positions as fit
+/// in that share (whole 256-position blocks), but never fewer than
+/// [`AUTO_KV_FLOOR`] (or `trained`, if smaller). `None`: no memory bound.
+pub fn auto_kv_tokens(trained: usize, bytes_per_position: u64, budget: Option<u64>) -> usize {
+    let trained = trained.clamp(1, MAX_KV_TOKENS);
+    let fits = budget.map_or(usize::MAX, |b| {
+        let (num, den) = AUTO_KV_SHARE;
+        let share = b / den * num;
+        let n = usize::try_from(share / bytes_per_position.max(1)).unwrap_or(usize::MAX);
+        n / KV_PAD * KV_PAD
+    });
+    trained.min(fits).max(trained.min(AUTO_KV_FLOOR))
+}
+
+/// The machine's memory in bytes, where this build can read it.
+fn machine_memory() -> Option<u64> {
+    static TOTAL: OnceLock<Option<u64>> = OnceLock::new();
+    *TOTAL.get_or_init(|| {
+        if cfg!(target_os = "macos") {
+            let out = std::process::Command::new("/usr/sbin/sysctl")
+                .args(["-n", "hw.memsize"])
+                .output()
+                .ok()?;
+            return String::from_utf8_lossy(&out.stdout).trim().parse().ok();
+        }
+        let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+        let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kb * 1024)
+    })
+}
 
 impl LlamaOptions {
     /// From user settings: 0 threads means the physical cores.
@@ -152,7 +276,11 @@ impl LlamaOptions {
             } else {
                 threads
             },
-            kv_tokens: kv_tokens.max(MIN_KV_TOKENS),
+            kv_tokens: match kv_tokens {
+                AUTO_KV_TOKENS => AUTO_KV_TOKENS,
+                n => n.max(MIN_KV_TOKENS),
+            },
+            memory_budget: None,
             sequences: 16,
             split: false,
             batch_invariant: false,
@@ -176,6 +304,13 @@ impl LlamaOptions {
     /// The KV cache's element type.
     pub fn kv_type(mut self, kv_type: KvType) -> Self {
         self.kv_type = kv_type;
+        self
+    }
+
+    /// The memory budget an `auto` KV pool takes its share of (`None`:
+    /// three quarters of the machine's RAM).
+    pub fn memory_budget(mut self, bytes: Option<u64>) -> Self {
+        self.memory_budget = bytes;
         self
     }
 
@@ -208,10 +343,77 @@ impl LlamaOptions {
         self.split || self.batch_invariant
     }
 
+    /// The KV positions asked of llama.cpp for a model whose header is `h`:
+    /// `kv_tokens`, or for `auto` [`auto_kv_tokens`] of the model's trained
+    /// window (`{arch}.context_length`, llama.cpp's `n_ctx_train`) and its
+    /// KV bytes per position in this cache type, within `memory_budget`.
+    fn asked_kv_tokens(&self, h: &shoal_gguf::Header) -> usize {
+        if self.kv_tokens != AUTO_KV_TOKENS {
+            return self.kv_tokens.clamp(MIN_KV_TOKENS, MAX_KV_TOKENS);
+        }
+        let budget = self
+            .memory_budget
+            .or_else(|| machine_memory().map(|m| m / 4 * 3));
+        auto_kv_tokens(
+            trained_window(h).unwrap_or(AUTO_KV_FLOOR),
+            kv_bytes_per_position_as(h, self.kv_type),
+            budget,
+        )
+        .max(MIN_KV_TOKENS)
+    }
+
+    /// The KV positions the pool of a model whose header is `h` reserves
+    /// with these options, as llama.cpp rounds them (to 256, and with a
+    /// split to 256 a slice): what the load reserves and the pool's memory
+    /// estimate counts, one rule for both.
+    pub fn kv_tokens_for(&self, h: &shoal_gguf::Header) -> usize {
+        let n = self.asked_kv_tokens(h).next_multiple_of(KV_PAD);
+        if !self.splits() {
+            return n;
+        }
+        let seqs = self.context_sequences();
+        (n / seqs).max(1).next_multiple_of(KV_PAD) * seqs
+    }
+
+    /// The window one request gets on the model whose header is `h`: its
+    /// trained window within its share of the pool (a slice when split), as
+    /// the loaded model's `ModelInfo::context_length` will say; for an
+    /// embedding model, its longest input.
+    pub fn window_for(&self, h: &shoal_gguf::Header) -> usize {
+        if embed::pooling_of(h).is_some() {
+            return embed::window_of(h);
+        }
+        let pool = self.kv_tokens_for(h);
+        let per_sequence = if self.splits() {
+            pool / self.context_sequences()
+        } else {
+            pool
+        };
+        trained_window(h).map_or(per_sequence, |t| t.min(per_sequence))
+    }
+
+    /// These options for the model whose header is `h`: `auto` resolved to
+    /// the positions [`LlamaOptions::kv_tokens_for`] counts.
+    pub fn for_model(&self, h: &shoal_gguf::Header) -> LlamaOptions {
+        LlamaOptions {
+            kv_tokens: self.asked_kv_tokens(h),
+            ..self.clone()
+        }
+    }
+
     /// The llama.cpp context these options make: what a model loads with,
     /// and what `examples/llama_reference.rs --resident` measures.
+    /// `auto` ([`LlamaOptions::for_model`] resolves it) reserves
+    /// [`AUTO_KV_FLOOR`] here.
     pub fn context_params(&self) -> LlamaContextParams {
-        let kv_tokens = self.kv_tokens.clamp(MIN_KV_TOKENS, 1 << 20);
+        // Asked as llama.cpp will round it: it caps a step's tokens
+        // (`n_batch`) at the positions asked, before rounding, so a prompt
+        // that fits the rounded window must fit a step too.
+        let kv_tokens = match self.kv_tokens {
+            AUTO_KV_TOKENS => AUTO_KV_FLOOR,
+            n => n.clamp(MIN_KV_TOKENS, MAX_KV_TOKENS),
+        }
+        .next_multiple_of(KV_PAD);
         let threads = i32::try_from(self.threads.max(1)).unwrap_or(1);
         LlamaContextParams::default()
             .with_n_ctx(NonZeroU32::new(kv_tokens as u32))
@@ -249,8 +451,15 @@ impl LlamaOptions {
 
 impl Default for LlamaOptions {
     fn default() -> Self {
-        LlamaOptions::new(0, DEFAULT_KV_TOKENS)
+        LlamaOptions::new(0, AUTO_KV_TOKENS)
     }
+}
+
+/// The window a model was trained on, from its header.
+fn trained_window(h: &shoal_gguf::Header) -> Option<usize> {
+    h.arch_uint("context_length")
+        .filter(|&n| n > 0)
+        .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
 }
 
 /// Physical cores: llama.cpp's kernels gain nothing from SMT siblings.
@@ -436,6 +645,7 @@ fn model_info(
 impl LlamaCppModel {
     /// Loads `path` (already checked by [`super::check_gguf`]).
     pub fn load(path: &Path, header: &shoal_gguf::Header, opts: &LlamaOptions) -> Result<Self> {
+        let opts = &opts.for_model(header);
         let (model, ctx) = load_with_context(path, &opts.model_params(), opts.context_params())?;
         let n_ctx_train = model.n_ctx_train().max(1) as usize;
         let sequences = opts.context_sequences();
@@ -458,6 +668,13 @@ impl LlamaCppModel {
             reserved * bytes_per_position,
             sequences * logits_bytes_per_sequence(header) as usize
                 + vocab_table_bytes(header) as usize,
+        );
+        tracing::info!(
+            kv_tokens = reserved,
+            trained_window = n_ctx_train,
+            window = info.context_length,
+            kv_mb = (reserved * bytes_per_position) >> 20,
+            "llama.cpp KV pool"
         );
         Ok(LlamaCppModel {
             model,
@@ -496,6 +713,34 @@ impl LanguageModel for LlamaCppModel {
             bytes_per_position: self.bytes_per_position,
             shared: self.shared.clone(),
         }))
+    }
+
+    fn restore_cache(&self, path: &Path, tokens: &[u32]) -> Result<Box<dyn KvCache>> {
+        let mut s = lock(&self.shared);
+        let seq = s.take_id().ok_or(EngineError::KvCacheFull)?;
+        let loaded = s
+            .ctx
+            .with_dependent_mut(|_, ctx| ctx.state_seq_load_file(path, seq, tokens.len()));
+        let same = |read: &[LlamaToken]| {
+            read.len() == tokens.len() && read.iter().zip(tokens).all(|(a, &b)| a.0 as u32 == b)
+        };
+        match loaded {
+            Ok((read, _)) if same(&read) => Ok(Box::new(LlamaKv {
+                seq: Some(seq),
+                parked: None,
+                len: tokens.len(),
+                bytes_per_position: self.bytes_per_position,
+                shared: self.shared.clone(),
+            })),
+            other => {
+                s.remove(seq, 0);
+                s.free.insert(seq);
+                Err(EngineError::Backend(match other {
+                    Ok(_) => "the stored state holds other tokens".into(),
+                    Err(e) => format!("llama.cpp could not restore the stored state: {e}"),
+                }))
+            }
+        }
     }
 
     fn forward(&self, tokens: &[u32], cache: &mut dyn KvCache) -> Result<Vec<f32>> {
@@ -744,6 +989,46 @@ impl KvCache for LlamaKv {
             bytes_per_position: self.bytes_per_position,
             shared: self.shared.clone(),
         })
+    }
+
+    fn save(&mut self, path: &Path, tokens: &[u32]) -> Result<()> {
+        if tokens.len() != self.len || self.len == 0 {
+            return Err(EngineError::Backend(format!(
+                "{} tokens for a cache of {} positions",
+                tokens.len(),
+                self.len
+            )));
+        }
+        let mut s = lock(&self.shared);
+        // A parked state goes through a sequence id of its own for the
+        // write (llama.cpp writes a sequence from its cells), cut to its length.
+        let (seq, borrowed) = match (self.seq, &self.parked) {
+            (Some(seq), _) => (seq, false),
+            (None, Some(state)) => {
+                let seq = s.take_id().ok_or(EngineError::KvCacheFull)?;
+                let set = s
+                    .ctx
+                    .with_dependent_mut(|_, ctx| ctx.state_seq_set(state, seq));
+                if set.is_err() || !s.remove(seq, self.len) {
+                    s.remove(seq, 0);
+                    s.free.insert(seq);
+                    return Err(EngineError::KvCacheFull);
+                }
+                (seq, true)
+            }
+            (None, None) => return Err(EngineError::Backend("an empty cache".into())),
+        };
+        let ids: Vec<LlamaToken> = tokens.iter().map(|&t| LlamaToken(t as i32)).collect();
+        let written = s
+            .ctx
+            .with_dependent(|_, ctx| ctx.state_seq_save_file(path, seq, &ids));
+        if borrowed {
+            s.remove(seq, 0);
+            s.free.insert(seq);
+        }
+        written
+            .map(|_| ())
+            .map_err(|e| EngineError::Backend(format!("llama.cpp could not write the state: {e}")))
     }
 
     fn park(&mut self) {

@@ -1,5 +1,7 @@
 //! One sequence's key/value state.
 use std::any::Any;
+use std::io::Write;
+use std::path::Path;
 
 use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
 use mlx_rs::ops::{self};
@@ -77,7 +79,64 @@ impl MlxCache {
     pub(super) fn arrays(&self) -> impl Iterator<Item = &Array> {
         self.layers.iter().flat_map(|(k, v)| [k, v])
     }
+
+    /// A cache of `len` positions read from a file [`KvCache::save`] wrote,
+    /// for a model of `(layers, kv_heads, head_dim)` computing in `dtype`.
+    /// Values are stored as f32, which every compute dtype round-trips
+    /// through exactly.
+    pub(super) fn restore(
+        path: &Path,
+        len: usize,
+        (layers, nkv, hd): (usize, usize, usize),
+        dtype: Dtype,
+    ) -> Result<MlxCache> {
+        let bytes = std::fs::read(path)?;
+        let bad = |why: &str| EngineError::Backend(format!("stored MLX cache: {why}"));
+        let head: [u32; 4] = [layers as u32, len as u32, nkv as u32, hd as u32];
+        let mut want = MLX_MAGIC.to_vec();
+        for h in head {
+            want.extend_from_slice(&h.to_le_bytes());
+        }
+        if !bytes.starts_with(&want) {
+            return Err(bad("made for another model or length"));
+        }
+        let per = nkv * len * hd;
+        let body = &bytes[want.len()..];
+        if body.len() != layers * 2 * per * 4 {
+            return Err(bad("wrong size"));
+        }
+        let cap = len.div_ceil(CACHE_STEP) * CACHE_STEP;
+        let full = [1, nkv as i32, cap as i32, hd as i32];
+        let part = [1, nkv as i32, len as i32, hd as i32];
+        let mut out = Vec::with_capacity(layers);
+        for chunk in body.chunks_exact(2 * per * 4) {
+            let mut pair = Vec::with_capacity(2);
+            for half in chunk.chunks_exact(per * 4) {
+                let values: Vec<f32> = half
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect();
+                let stored = Array::from_slice(&values, &part).as_dtype(dtype)?;
+                let mut a = ops::zeros_dtype(&full, dtype)?;
+                a.try_index_mut((.., .., 0..len as i32, ..), &stored)?;
+                pair.push(a);
+            }
+            let v = pair.pop().ok_or_else(|| bad("no values"))?;
+            let k = pair.pop().ok_or_else(|| bad("no keys"))?;
+            out.push((k, v));
+        }
+        let arrays: Vec<&Array> = out.iter().flat_map(|(k, v)| [k, v]).collect();
+        mlx_rs::transforms::eval(arrays)?;
+        Ok(MlxCache {
+            layers: out,
+            offset: len,
+            capacity: cap,
+        })
+    }
 }
+
+/// The first bytes of a stored MLX cache, before its shape.
+const MLX_MAGIC: &[u8; 8] = b"SHOALMLX";
 
 impl KvCache for MlxCache {
     fn len(&self) -> usize {
@@ -94,5 +153,41 @@ impl KvCache for MlxCache {
     }
     fn clone_box(&self) -> Box<dyn KvCache> {
         Box::new(self.clone())
+    }
+    fn save(&mut self, path: &Path, tokens: &[u32]) -> Result<()> {
+        let len = self.offset;
+        if tokens.len() != len || len == 0 {
+            return Err(EngineError::Backend(format!(
+                "{} tokens for a cache of {len} positions",
+                tokens.len()
+            )));
+        }
+        let (nkv, hd) = match self.layers.first() {
+            Some((k, _)) => (k.shape()[1], k.shape()[3]),
+            None => return Err(EngineError::Backend("an empty cache".into())),
+        };
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
+        w.write_all(MLX_MAGIC)?;
+        for h in [self.layers.len() as u32, len as u32, nkv as u32, hd as u32] {
+            w.write_all(&h.to_le_bytes())?;
+        }
+        for (k, v) in &self.layers {
+            for a in [k, v] {
+                let part = a
+                    .index((.., .., 0..len as i32, ..))
+                    .as_dtype(Dtype::Float32)?
+                    .contiguous()?;
+                let values = part
+                    .try_as_slice::<f32>()
+                    .map_err(|e| EngineError::Backend(e.to_string()))?;
+                let mut buf = Vec::with_capacity(values.len() * 4);
+                for x in values {
+                    buf.extend_from_slice(&x.to_le_bytes());
+                }
+                w.write_all(&buf)?;
+            }
+        }
+        w.flush()?;
+        Ok(())
     }
 }

@@ -612,6 +612,16 @@ impl LanguageModel for Transformer {
         Ok(Box::new(MlxCache::default()))
     }
 
+    fn restore_cache(&self, path: &std::path::Path, tokens: &[u32]) -> Result<Box<dyn KvCache>> {
+        let shape = (self.layers.len(), self.cfg.num_kv_heads, self.cfg.head_dim);
+        Ok(Box::new(MlxCache::restore(
+            path,
+            tokens.len(),
+            shape,
+            self.dtype,
+        )?))
+    }
+
     fn forward(&self, tokens: &[u32], cache: &mut dyn KvCache) -> Result<Vec<f32>> {
         if tokens.is_empty() {
             return Err(EngineError::InvalidRequest("no tokens to run".into()));
