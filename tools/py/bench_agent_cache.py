@@ -25,10 +25,12 @@ import json
 import os
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import tempfile
 import time
+import urllib.error
 import urllib.request
 
 
@@ -96,7 +98,11 @@ def stream(url: str, body: dict) -> tuple[float, dict]:
     )
     start = time.perf_counter()
     first, usage = None, {}
-    with urllib.request.urlopen(req, timeout=3600) as r:
+    try:
+        r = urllib.request.urlopen(req, timeout=3600)
+    except urllib.error.HTTPError as e:
+        raise RuntimeError(f"{body['model']}: {e.code} {e.read().decode()[:300]}") from None
+    with r:
         for raw in r:
             line = raw.decode().strip()
             if not line.startswith("data: "):
@@ -117,11 +123,24 @@ def get(url: str, path: str, method: str = "GET") -> dict:
         return json.load(r)
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# Every server started, so that a failure part-way stops them all.
+RUNNING: list = []
+
+
 class Server:
     def __init__(self, cmd: list[str], port: int):
+        RUNNING.append(self)
         self.url = f"http://127.0.0.1:{port}"
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     env={**os.environ, "SHOAL_LOG": "warn"})
+        # Warnings go to SHOAL_BENCH_LOG when set (a file), else nowhere.
+        log = open(os.environ["SHOAL_BENCH_LOG"], "ab") if os.environ.get("SHOAL_BENCH_LOG") else subprocess.DEVNULL
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log,
+                                     env={**os.environ, "SHOAL_LOG": os.environ.get("SHOAL_LOG", "warn")})
         for _ in range(1200):
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
@@ -139,6 +158,8 @@ class Server:
 
     def stop(self) -> None:
         """Gracefully (SIGTERM), so a server's last cache writes land."""
+        if self.proc.poll() is not None:
+            return
         self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(120)
@@ -161,7 +182,6 @@ def main() -> None:
     ap.add_argument("--lines", type=int, default=110, help="functions in the file read (~70 tokens each)")
     ap.add_argument("--pairs", type=int, default=3, help="interleaved pairs for the disk tier's cold cost")
     a = ap.parse_args()
-    port = 18961
     data = tempfile.mkdtemp(prefix="shoal-bench-cache-")
     # A model library of the bench's own, holding the model to switch to.
     os.environ["HF_HOME"] = os.path.join(data, "hf")
@@ -175,8 +195,7 @@ def main() -> None:
     threads = ["--threads", str(a.threads)] if a.threads else []
 
     def shoal(db: str, *extra: str) -> Server:
-        nonlocal port
-        port += 1
+        port = free_port()
         cmd = [a.shoal, "serve", "--backend", "llama", "--model", a.model, "--port", str(port),
                "--db", db, "--idle-unload-secs", "0", *threads, *extra]
         return Server(cmd, port)
@@ -207,12 +226,17 @@ def main() -> None:
             # The other model, in the server's model library (the hub cache layout): the
             # agent's model is unloaded first, as a memory budget for one model would.
             get(s.url, f"/v1/models/{m}/unload", "POST")
-            other = {"model": "local/switch", "max_tokens": 4, "stream": True,
-                     "messages": [{"role": "user", "content": "Say hello."}]}
-            stream(s.url, other)
+            # A raw completion: the switch model may be a base model with no chat template.
+            req = urllib.request.Request(
+                f"{s.url}/v1/completions",
+                data=json.dumps({"model": "local/switch", "prompt": "Once upon a time", "max_tokens": 4}).encode(),
+                headers={"content-type": "application/json"},
+            )
+            with urllib.request.urlopen(req, timeout=600) as r:
+                r.read()
             get(s.url, "/v1/models/local/switch/unload", "POST")
             t, u = stream(s.url, agent_body(m, "a", a.lines, "What does sync_item_a_3 do?"))
-            print(f"  after {os.path.basename(a.switch)[:20]:20s} and back {pct(t, cold)}")
+            print(f"  after {'another model':20s} and back {pct(t, cold)}  ({os.path.basename(a.switch)})")
         s.stop()
 
         # Two agents with a RAM tier too small for both prefixes, a side request between turns.
@@ -232,7 +256,9 @@ def main() -> None:
         per = [e["bytes"] / e["tokens"] for e in entries if e["tokens"]]
         if per:
             print(f"  bytes on disk per cached token     {statistics.median(per):9.0f} (f16 KV)")
-        q8db = os.path.join(data, "q8.sqlite")
+        # A data directory of its own, so its disk tier holds only the q8_0 entry.
+        os.makedirs(os.path.join(data, "q8"))
+        q8db = os.path.join(data, "q8", "store.sqlite")
         s = shoal(q8db, "--kv-cache-type", "q8_0")
         stream(s.url, agent_body(m, "a", a.lines, "What does sync_item_a_3 do?"))
         s.stop()
@@ -249,7 +275,8 @@ def main() -> None:
             order = ["on", "off"] if r % 2 == 0 else ["off", "on"]
             got = {}
             for which in order:
-                d = os.path.join(data, f"pair-{r}-{which}.sqlite")
+                os.makedirs(os.path.join(data, f"pair-{r}-{which}"))
+                d = os.path.join(data, f"pair-{r}-{which}", "store.sqlite")
                 s = shoal(d, *([] if which == "on" else ["--cache-disk-mb", "off"]))
                 got[which], _ = stream(s.url, agent_body(m, f"p{r}{which}", a.lines, "What does sync_item_3 do?"))
                 s.stop()
@@ -258,7 +285,7 @@ def main() -> None:
               f" (off/on, {a.pairs} interleaved pairs; >= 0.97x means writing costs a cold request nothing)")
 
         if a.llama_server:
-            lport = 18990
+            lport = free_port()
             cmd = [a.llama_server, "-m", a.model, "-c", "32768", "--host", "127.0.0.1", "--port", str(lport)]
             if a.threads:
                 cmd += ["-t", str(a.threads)]
@@ -274,6 +301,8 @@ def main() -> None:
                   f" {100 * again / lcold:.1f}%, after a restart {100 * restart / lcold:.1f}% of its cold"
                   f" (Shoal's cold / llama-server's: {lcold / cold:.2f}x)")
     finally:
+        for server in RUNNING:
+            server.stop()
         shutil.rmtree(data, ignore_errors=True)
 
 
