@@ -203,6 +203,7 @@ function storedStats(meta: Record<string, unknown>): ReplyStats | undefined {
       prompt,
       // The API always reports these two (0 when none); absent here means not reported.
       cached: num(meta.token_usage_cached_tokens) ?? (prompt != null ? 0 : null),
+      cachedDisk: num(meta.cached_disk_tokens) ?? 0,
       completion,
       reasoning: num(meta.token_usage_reasoning_tokens) ?? 0,
       total: num(meta.token_usage_total_tokens),

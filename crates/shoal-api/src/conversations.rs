@@ -33,6 +33,7 @@ const SERVER_KEYS: &[&str] = &[
     "decode_tokens_per_s",
     "draft_tokens",
     "draft_accepted",
+    "cached_disk_tokens",
     "reasoning_content",
     "error",
 ];
@@ -262,6 +263,11 @@ async fn add_message(
                 if t.draft_tokens > 0 {
                     metadata.insert("draft_tokens".into(), json!(t.draft_tokens));
                     metadata.insert("draft_accepted".into(), json!(t.draft_accepted));
+                }
+                // Of the cached prompt tokens, those read back from disk.
+                let disk = e.usage().cached_disk_tokens;
+                if disk > 0 {
+                    metadata.insert("cached_disk_tokens".into(), json!(disk));
                 }
             }
             if let Some(r) = m.reasoning.filter(|r| !r.is_empty()) {

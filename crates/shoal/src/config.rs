@@ -807,6 +807,7 @@ impl Resolved {
         shown.model.path = Some(self.config.model_path());
         shown.model.id = Some(self.config.model_id());
         shown.server.db = self.config.db_path().ok();
+        shown.cache.disk_dir = self.config.disk_cache_dir().ok();
         // Keys and secrets are shown as set, never printed.
         for k in shown.server.api_keys.iter_mut() {
             *k = shoal_api::access::Key::redacted(k);
@@ -1103,6 +1104,7 @@ mod tests {
             "model.draft_model",
             "embedding.path",
             "embedding.id",
+            "cache.disk_dir",
         ];
         for s in SETTINGS {
             let present = s.value_in(&table).is_some();
@@ -1195,13 +1197,10 @@ mod tests {
         use shoal_engine::backends::llama::{KvTokens, AUTO_KV_TOKENS};
         let r = resolve_with(&Flags::default(), &env_of(&[]), None).expect("resolve");
         assert_eq!(r.config.model.kv_cache_tokens, KvTokens::Auto);
-        let o = r.config.engine_options().expect("options");
-        assert_eq!(o.llama.kv_tokens, AUTO_KV_TOKENS);
+        let o = r.config.llama_options().expect("options");
+        assert_eq!(o.kv_tokens, AUTO_KV_TOKENS);
         // `auto` takes its share of the pool's budget, the same the pool uses.
-        assert_eq!(
-            o.llama.memory_budget,
-            Some(shoal_api::pool::default_budget())
-        );
+        assert_eq!(o.memory_budget, Some(shoal_api::pool::default_budget()));
         let dir = temp_dir("kv-tokens");
         for (text, want) in [
             ("kv_cache_tokens = 32768", KvTokens::Fixed(32768)),
@@ -1214,9 +1213,9 @@ mod tests {
             );
             let r = resolve_with(&flags_with(&path), &env_of(&[]), None).expect("resolve");
             assert_eq!(r.config.model.kv_cache_tokens, want, "{text}");
-            let o = r.config.engine_options().expect("options");
-            assert_eq!(o.llama.kv_tokens, want.positions(), "{text}");
-            assert_eq!(o.llama.memory_budget, Some(4096 << 20), "{text}");
+            let o = r.config.llama_options().expect("options");
+            assert_eq!(o.kv_tokens, want.positions(), "{text}");
+            assert_eq!(o.memory_budget, Some(4096 << 20), "{text}");
         }
         for (value, want) in [("auto", KvTokens::Auto), ("16384", KvTokens::Fixed(16384))] {
             let env = env_of(&[("SHOAL_KV_CACHE_TOKENS", value)]);
