@@ -177,6 +177,12 @@ pub trait LanguageModel: Send {
         ))
     }
     fn new_cache(&self) -> Result<Box<dyn KvCache>>;
+    /// Whether its caches can be written to disk and read back
+    /// ([`KvCache::save`], [`LanguageModel::restore_cache`]): the prefix
+    /// cache's disk tier is on only for such a model.
+    fn persists_cache(&self) -> bool {
+        false
+    }
     /// A cache holding the state [`KvCache::save`] wrote to `path` for
     /// `tokens`. Anything that does not match this model (another shape,
     /// another token list) is an error, never a wrong cache.

@@ -599,15 +599,25 @@ impl DiskCache {
         n
     }
 
+    /// The tier's figures; sizes from the folder's listing alone (no file
+    /// is read), so `/health` and `/metrics` can ask often.
     pub fn summary(&self) -> DiskSummary {
-        let entries = all_metas(&self.opts.dir);
-        let bytes = entries
-            .iter()
-            .map(|(p, m, _)| {
-                std::fs::metadata(p.with_file_name(&m.payload)).map_or(0, |x| x.len())
-                    + std::fs::metadata(p).map_or(0, |x| x.len())
-            })
-            .sum();
+        let (mut bytes, mut entries) = (0u64, 0usize);
+        for d in std::fs::read_dir(&self.opts.dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            for f in std::fs::read_dir(d.path()).into_iter().flatten().flatten() {
+                let p = f.path();
+                match p.extension().and_then(|x| x.to_str()) {
+                    Some("meta") => entries += 1,
+                    Some("kv") => {}
+                    _ => continue,
+                }
+                bytes += f.metadata().map_or(0, |m| m.len());
+            }
+        }
         let s = lock(&self.state);
         let st = &self.stats;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -615,7 +625,7 @@ impl DiskCache {
             dir: self.opts.dir.clone(),
             budget_bytes: self.opts.budget_bytes,
             bytes,
-            entries: entries.len(),
+            entries,
             writes_paused: s.paused_until.is_some_and(|t| Instant::now() < t),
             last_error: s.last_error.clone(),
             hits: get(&st.hits),

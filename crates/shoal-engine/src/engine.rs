@@ -216,7 +216,7 @@ impl Engine {
                 let draft_info = draft_model.as_ref().map(|(d, p)| d.info(p));
                 let disk = disk_cache
                     .as_ref()
-                    .filter(|_| embedding.is_none())
+                    .filter(|_| embedding.is_none() && loaded.model.persists_cache())
                     .and_then(|c| model_disk(c, &path_buf, &model_id, loaded.model.info(), &llama));
                 let _ = ready_tx.send(Ok((
                     loaded.model.info().clone(),

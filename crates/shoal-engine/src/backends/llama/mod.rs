@@ -715,6 +715,10 @@ impl LanguageModel for LlamaCppModel {
         }))
     }
 
+    fn persists_cache(&self) -> bool {
+        true
+    }
+
     fn restore_cache(&self, path: &Path, tokens: &[u32]) -> Result<Box<dyn KvCache>> {
         let mut s = lock(&self.shared);
         let seq = s.take_id().ok_or(EngineError::KvCacheFull)?;

@@ -612,6 +612,10 @@ impl LanguageModel for Transformer {
         Ok(Box::new(MlxCache::default()))
     }
 
+    fn persists_cache(&self) -> bool {
+        true
+    }
+
     fn restore_cache(&self, path: &std::path::Path, tokens: &[u32]) -> Result<Box<dyn KvCache>> {
         let shape = (self.layers.len(), self.cfg.num_kv_heads, self.cfg.head_dim);
         Ok(Box::new(MlxCache::restore(
