@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Iterator
 
 import anthropic
+import openai
 import pytest
 
 from support import Server, anthropic_client, http_json, openai_client, start_server, stop_server
@@ -164,35 +165,29 @@ def test_openai_prompt_cache_key_is_accepted(cache_server: Server) -> None:
     assert r.usage.prompt_tokens_details.cached_tokens == r.usage.prompt_tokens - 1
 
 
+def keyed(srv: Server, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def ask(srv: Server, key: str):
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
+    return keyed(srv, key).chat.completions.create(model=srv.model, messages=msgs, max_tokens=4, temperature=0)
+
+
 def test_one_keys_prefixes_are_not_reused_for_another() -> None:
     srv = start_server("--api-key", "alice=key-a", "--api-key", "bob=key-b")
     try:
-        import openai
-
-        def client(key: str) -> openai.OpenAI:
-            return openai.OpenAI(base_url=srv.url + "/v1", api_key=key, max_retries=0, timeout=120)
-
-        msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
-        a1 = client("key-a").chat.completions.create(model=srv.model, messages=msgs, max_tokens=4, temperature=0)
-        assert a1.usage.prompt_tokens_details.cached_tokens == 0
-        b1 = client("key-b").chat.completions.create(model=srv.model, messages=msgs, max_tokens=4, temperature=0)
-        assert b1.usage.prompt_tokens_details.cached_tokens == 0, "another key's prefix is not reused"
-        a2 = client("key-a").chat.completions.create(model=srv.model, messages=msgs, max_tokens=4, temperature=0)
+        assert ask(srv, "key-a").usage.prompt_tokens_details.cached_tokens == 0
+        b = ask(srv, "key-b")
+        assert b.usage.prompt_tokens_details.cached_tokens == 0, "another key's prefix is not reused"
+        a2 = ask(srv, "key-a")
         assert a2.usage.prompt_tokens_details.cached_tokens == a2.usage.prompt_tokens - 1
     finally:
         stop_server(srv)
-    shared = start_server(
-        "--api-key", "alice=key-a", "--api-key", "bob=key-b", "--cache-share-across-keys"
-    )
+    shared = start_server("--api-key", "alice=key-a", "--api-key", "bob=key-b", "--cache-share-across-keys")
     try:
-        import openai
-
-        def client2(key: str) -> openai.OpenAI:
-            return openai.OpenAI(base_url=shared.url + "/v1", api_key=key, max_retries=0, timeout=120)
-
-        msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
-        client2("key-a").chat.completions.create(model=shared.model, messages=msgs, max_tokens=4, temperature=0)
-        b = client2("key-b").chat.completions.create(model=shared.model, messages=msgs, max_tokens=4, temperature=0)
+        ask(shared, "key-a")
+        b = ask(shared, "key-b")
         assert b.usage.prompt_tokens_details.cached_tokens == b.usage.prompt_tokens - 1
     finally:
         stop_server(shared)

@@ -24,14 +24,13 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import tempfile
 import time
 import urllib.error
 import urllib.request
+
+from bench_server import Server, free_port, stop_all
 
 
 def filler_file(tag: str, lines: int) -> str:
@@ -121,51 +120,6 @@ def get(url: str, path: str, method: str = "GET") -> dict:
     req = urllib.request.Request(f"{url}{path}", method=method)
     with urllib.request.urlopen(req, timeout=3600) as r:
         return json.load(r)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-# Every server started, so that a failure part-way stops them all.
-RUNNING: list = []
-
-
-class Server:
-    def __init__(self, cmd: list[str], port: int):
-        RUNNING.append(self)
-        self.url = f"http://127.0.0.1:{port}"
-        # Warnings go to SHOAL_BENCH_LOG when set (a file), else nowhere.
-        log = open(os.environ["SHOAL_BENCH_LOG"], "ab") if os.environ.get("SHOAL_BENCH_LOG") else subprocess.DEVNULL
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log,
-                                     env={**os.environ, "SHOAL_LOG": os.environ.get("SHOAL_LOG", "warn")})
-        for _ in range(1200):
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except Exception:
-                pass
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{cmd[0]} exited")
-            time.sleep(0.5)
-        raise RuntimeError(f"{cmd[0]} did not start")
-
-    def model(self) -> str:
-        return get(self.url, "/v1/models")["data"][0]["id"]
-
-    def stop(self) -> None:
-        """Gracefully (SIGTERM), so a server's last cache writes land."""
-        if self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(120)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def pct(x: float, cold: float) -> str:
@@ -301,8 +255,7 @@ def main() -> None:
                   f" {100 * again / lcold:.1f}%, after a restart {100 * restart / lcold:.1f}% of its cold"
                   f" (Shoal's cold / llama-server's: {lcold / cold:.2f}x)")
     finally:
-        for server in RUNNING:
-            server.stop()
+        stop_all()
         shutil.rmtree(data, ignore_errors=True)
 
 

@@ -26,6 +26,8 @@ import time
 import urllib.error
 import urllib.request
 
+from bench_server import Server
+
 EDIT = ("In the Python function below, change the line `    retries = 3` to `    retries = 5`. "
         "Reply with the whole updated function in one Python code block and nothing else.\n\n"
         "```python\n{function}```")
@@ -94,33 +96,6 @@ def part1(a):
         print(f"{os.path.basename(m)[:40]:40s} {ratio_cell(cells['pp']):>34s} {ratio_cell(cells['tg']):>34s}",
               flush=True)
     return tg128
-
-
-class Server:
-    def __init__(self, cmd, port):
-        self.url = f"http://127.0.0.1:{port}"
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     env={**os.environ, "SHOAL_LOG": "warn"})
-        for _ in range(300):
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except Exception:
-                pass
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{cmd[0]} exited")
-            time.sleep(0.5)
-        raise RuntimeError(f"{cmd[0]} did not start")
-
-    def model(self):
-        """The id the server lists first (llama-server answers whatever is asked)."""
-        with urllib.request.urlopen(f"{self.url}/v1/models", timeout=10) as r:
-            return json.load(r)["data"][0]["id"]
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait()
 
 
 def stream(url, path, body):

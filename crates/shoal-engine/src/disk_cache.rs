@@ -766,17 +766,9 @@ fn remove_stale_tmp(root: &Path) {
     }
 }
 
-/// The writer thread's part: checksum the payload, rename it and its meta
-/// into place, drop entries it supersedes, keep the budget.
-fn place(job: WriteJob, opts: &DiskCacheOptions, stats: &DiskStats) -> std::io::Result<()> {
-    let WriteJob {
-        dir,
-        key,
-        tmp,
-        payload,
-        mut meta,
-    } = job;
-    let mut f = std::fs::File::open(&tmp)?;
+/// The length and CRC-32 of the file at `path`, read in 1 MiB pieces.
+fn file_crc(path: &Path) -> std::io::Result<(u64, u32)> {
+    let mut f = std::fs::File::open(path)?;
     let mut hasher = crc32fast::Hasher::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut len = 0u64;
@@ -788,8 +780,22 @@ fn place(job: WriteJob, opts: &DiskCacheOptions, stats: &DiskStats) -> std::io::
         hasher.update(&buf[..n]);
         len += n as u64;
     }
+    Ok((len, hasher.finalize()))
+}
+
+/// The writer thread's part: checksum the payload, rename it and its meta
+/// into place, drop entries it supersedes, keep the budget.
+fn place(job: WriteJob, opts: &DiskCacheOptions, stats: &DiskStats) -> std::io::Result<()> {
+    let WriteJob {
+        dir,
+        key,
+        tmp,
+        payload,
+        mut meta,
+    } = job;
+    let (len, crc) = file_crc(&tmp)?;
     meta.payload_len = len;
-    meta.payload_crc = hasher.finalize();
+    meta.payload_crc = crc;
     if len + 4096 > opts.budget_bytes {
         std::fs::remove_file(&tmp)?;
         return Ok(());
@@ -951,22 +957,13 @@ impl ModelDisk {
     /// Checks a hit's payload against its meta (length and CRC); a bad one is
     /// removed and counted, and the caller prefills cold.
     pub fn verify(&self, hit: &DiskHit) -> bool {
-        let ok = (|| -> std::io::Result<bool> {
-            let mut f = std::fs::File::open(&hit.payload)?;
-            if f.metadata()?.len() != hit.meta.payload_len {
+        let ok = std::fs::metadata(&hit.payload).and_then(|m| {
+            if m.len() != hit.meta.payload_len {
                 return Ok(false);
             }
-            let mut hasher = crc32fast::Hasher::new();
-            let mut buf = vec![0u8; 1 << 20];
-            loop {
-                let n = f.read(&mut buf)?;
-                if n == 0 {
-                    break;
-                }
-                hasher.update(&buf[..n]);
-            }
-            Ok(hasher.finalize() == hit.meta.payload_crc)
-        })();
+            file_crc(&hit.payload)
+                .map(|(len, crc)| len == hit.meta.payload_len && crc == hit.meta.payload_crc)
+        });
         match ok {
             Ok(true) => true,
             Ok(false) => {
