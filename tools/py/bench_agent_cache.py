@@ -253,7 +253,7 @@ def main() -> None:
             l.stop()
             print(f"  llama-server, same sequence: cold {lcold * 1e3:.0f} ms, same prompt again"
                   f" {100 * again / lcold:.1f}%, after a restart {100 * restart / lcold:.1f}% of its cold"
-                  f" (Shoal's cold / llama-server's: {lcold / cold:.2f}x)")
+                  f" (its cold over Shoal's: {lcold / cold:.2f}x, one unpaired sample; above 1, Shoal is sooner)")
     finally:
         stop_all()
         shutil.rmtree(data, ignore_errors=True)
