@@ -166,15 +166,11 @@ impl Served {
                 ),
             ));
         }
-        let offer = tools.map(|t| shoal_engine::prompt::ToolOffer {
-            defs: &t.defs,
-            choice: &t.choice,
-        });
         Ok(shoal_engine::prompt::chat_prompt(
             &self.engine.model.vocab,
             messages,
             want,
-            offer,
+            offer(tools),
         )?)
     }
 
@@ -186,15 +182,19 @@ impl Served {
         want: Option<Option<usize>>,
         tools: Option<&tools::ToolRequest>,
     ) -> Result<Vec<u32>, ApiError> {
-        let offer = tools.map(|t| shoal_engine::prompt::ToolOffer {
-            defs: &t.defs,
-            choice: &t.choice,
-        });
         Ok(shoal_engine::prompt::turns_prompt(
             &self.engine.model.vocab,
             messages,
             want.is_some(),
-            offer,
+            offer(tools),
         )?)
     }
+}
+
+/// The tools a request offers, as the engine's prompt builder takes them.
+fn offer(tools: Option<&tools::ToolRequest>) -> Option<shoal_engine::prompt::ToolOffer<'_>> {
+    tools.map(|t| shoal_engine::prompt::ToolOffer {
+        defs: &t.defs,
+        choice: &t.choice,
+    })
 }
