@@ -259,6 +259,19 @@ export function startServer(args, { prefixCacheMb = 0 } = {}) {
   });
 }
 
+/**
+ * Stops a server started by `startServer` with SIGTERM, as a service manager
+ * does, and waits for it to exit: a graceful stop lets the prefix cache's
+ * last writes land first.
+ */
+export function stopServer(proc) {
+  return new Promise((done) => {
+    if (proc.exitCode !== null || proc.signalCode !== null) return done(proc.exitCode);
+    proc.once('exit', (code) => done(code));
+    proc.kill('SIGTERM');
+  });
+}
+
 /** Kills a server started by `startServer` with SIGKILL and waits for it to be gone. */
 export function killServer(proc) {
   return new Promise((done) => {

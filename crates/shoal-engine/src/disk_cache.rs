@@ -1147,6 +1147,15 @@ mod tests {
         assert_ne!(chain_key(&fp, 0, &a), chain_key(&fp, 0, &a[..699]));
     }
 
+    fn open(dir: &Path, budget_bytes: u64, min_tokens: usize) -> Arc<DiskCache> {
+        DiskCache::open(DiskCacheOptions {
+            dir: dir.join("kv"),
+            budget_bytes,
+            min_tokens,
+        })
+        .expect("open")
+    }
+
     fn write_entry(disk: &ModelDisk, tokens: &[u32], salt: u64, payload: &[u8]) {
         let (tmp, name) = disk.temp_payload();
         std::fs::write(&tmp, payload).expect("write");
@@ -1157,12 +1166,7 @@ mod tests {
     #[test]
     fn entries_are_found_checked_superseded_and_kept_in_budget() {
         let root = tempfile::tempdir().expect("tmp");
-        let cache = DiskCache::open(DiskCacheOptions {
-            dir: root.path().join("kv"),
-            budget_bytes: 1 << 20,
-            min_tokens: 4,
-        })
-        .expect("open");
+        let cache = open(root.path(), 1 << 20, 4);
         let fp = Fingerprint([9; 32]);
         let disk = cache.for_model(fp, "m", "llama").expect("model");
         let short: Vec<u32> = (0..300).collect();
@@ -1210,12 +1214,7 @@ mod tests {
         {
             use std::os::unix::fs::PermissionsExt;
             let root = tempfile::tempdir().expect("tmp");
-            let cache = DiskCache::open(DiskCacheOptions {
-                dir: root.path().join("kv"),
-                budget_bytes: 1 << 20,
-                min_tokens: 1,
-            })
-            .expect("open");
+            let cache = open(root.path(), 1 << 20, 1);
             let disk = cache
                 .for_model(Fingerprint([1; 32]), "m", "mlx")
                 .expect("m");

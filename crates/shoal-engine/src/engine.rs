@@ -24,9 +24,7 @@ use crate::embedding::{run_embeddings, EmbedJob};
 use crate::error::{EngineError, Result};
 use crate::loader::{self, LoadOptions, Vocabulary};
 use crate::prefix_cache::PrefixCache;
-pub use crate::request::{
-    breakpoint_writes, CacheBreakpoint, CancelFlag, EngineStats, GenerateRequest,
-};
+pub use crate::request::{CacheBreakpoint, CancelFlag, EngineStats, GenerateRequest};
 use crate::sequence::{ms, record, Job, Next, Sequence, Stall};
 
 /// Engine options.

@@ -43,8 +43,8 @@ pub use defaults::SamplingDefaults;
 pub use draft::DraftOptions;
 pub use embedding::Embedded;
 pub use engine::{
-    breakpoint_writes, collect_blocking, CacheBreakpoint, CancelFlag, Engine, EngineOptions,
-    EngineStats, EventStream, GenerateRequest, ModelHandle,
+    collect_blocking, CacheBreakpoint, CancelFlag, Engine, EngineOptions, EngineStats, EventStream,
+    GenerateRequest, ModelHandle,
 };
 pub use error::{EngineError, Result};
 pub use loader::LoadOptions;

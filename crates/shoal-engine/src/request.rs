@@ -49,7 +49,7 @@ pub struct CacheBreakpoint {
 /// tokens it reused: every token after `cached` up to its last breakpoint,
 /// each under the TTL of the first breakpoint at or after it. Returns
 /// (written, of which under a TTL of an hour or more).
-pub fn breakpoint_writes(points: &[CacheBreakpoint], cached: usize) -> (usize, usize) {
+pub(crate) fn breakpoint_writes(points: &[CacheBreakpoint], cached: usize) -> (usize, usize) {
     let mut points: Vec<CacheBreakpoint> = points.to_vec();
     points.sort_by_key(|p| p.tokens);
     let (mut written, mut long) = (0, 0);
@@ -143,4 +143,27 @@ pub struct EngineStats {
     /// Speculative decoding: draft tokens checked, and those confirmed.
     pub draft_tokens: AtomicU64,
     pub draft_accepted: AtomicU64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{breakpoint_writes, CacheBreakpoint};
+
+    fn at(tokens: usize, ttl_secs: u64) -> CacheBreakpoint {
+        CacheBreakpoint { tokens, ttl_secs }
+    }
+
+    #[test]
+    fn breakpoints_write_what_lies_past_the_cached_part_under_each_ttl() {
+        // System (1h) to 100, user turn (5m) to 140, given in any order.
+        let points = [at(140, 300), at(100, 3600)];
+        assert_eq!(breakpoint_writes(&points, 0), (140, 100));
+        // 60 cached: 40 more under the hour, 40 under five minutes.
+        assert_eq!(breakpoint_writes(&points, 60), (80, 40));
+        // Past the first breakpoint: only the 5m part is new.
+        assert_eq!(breakpoint_writes(&points, 120), (20, 0));
+        // Everything already cached, or no breakpoint: nothing written.
+        assert_eq!(breakpoint_writes(&points, 140), (0, 0));
+        assert_eq!(breakpoint_writes(&[], 0), (0, 0));
+    }
 }

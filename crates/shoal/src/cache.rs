@@ -21,12 +21,9 @@ pub struct Args {
     pub settings: config::Flags,
 }
 
+/// Sizes as `shoal models` prints them.
 fn size(bytes: u64) -> String {
-    match bytes {
-        b if b >= 1 << 30 => format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64),
-        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
-        b => format!("{:.1} KiB", b as f64 / 1024.0),
-    }
+    indicatif::HumanBytes(bytes).to_string()
 }
 
 fn ago(secs: u64) -> String {
