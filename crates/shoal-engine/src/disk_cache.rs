@@ -914,10 +914,6 @@ pub struct ModelDisk {
 }
 
 impl ModelDisk {
-    pub fn stats(&self) -> &DiskStats {
-        &self.cache.stats
-    }
-
     /// The stored entry sharing the longest prefix with `prompt` under
     /// `salt`, if it beats `better_than` tokens by at least one block (a
     /// shorter gain is not worth a file's read). Leaves one prompt token to
