@@ -204,6 +204,17 @@ pub trait LanguageModel: Send {
     /// returns each row's next-token logits.
     fn forward_batch(&self, tokens: &[u32], batch: &mut dyn DecodeBatch) -> Result<Vec<Vec<f32>>>;
 
+    /// `Some(n)` where a reply must equal its cold run to the bit (llama.cpp's
+    /// batch-invariant mode): a position's keys and values are then the bits
+    /// a cold prefill gives only if they were computed in the same
+    /// micro-batch, `n` tokens from a multiple of `n`. The engine then
+    /// prefills in multiples of `n`, reuses a cached prefix only in whole
+    /// micro-batches, and keeps only prompt positions (a reply's, computed a
+    /// step at a time, differ from what a prefill of them gives).
+    fn exact_prefix_unit(&self) -> Option<usize> {
+        None
+    }
+
     /// Whether [`LanguageModel::forward_spans`] takes several tokens a row:
     /// what speculative decoding needs to verify a draft in one step.
     fn verifies_drafts(&self) -> bool {

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sha2::{Digest, Sha256};
 
-use crate::prefix_cache::common_prefix;
+use crate::prefix_cache::{common_prefix, reusable};
 
 /// Bumped whenever the meta or a payload layout changes: older entries then
 /// fail their check and are removed.
@@ -43,6 +43,11 @@ pub const BLOCK_TOKENS: usize = 256;
 /// Shortest prefix worth a file: below it a cold prefill takes about as long
 /// as reading one back.
 pub const DEFAULT_MIN_TOKENS: usize = 256;
+/// A request that computes at least this many prompt tokens has its prompt
+/// written as soon as its prefill ends, not only when its reply does: at
+/// about 100 tokens/s on a laptop CPU that is 20 s of work a crash, a kill
+/// or a client's timeout mid-reply would otherwise throw away.
+pub const DEFAULT_SAVE_AFTER_PREFILL: usize = 2048;
 /// How long writing stays paused after the disk ran full.
 const FULL_PAUSE: Duration = Duration::from_secs(600);
 /// Temporary files older than this are a dead writer's and are removed.
@@ -128,6 +133,9 @@ pub struct DiskCacheOptions {
     pub budget_bytes: u64,
     /// Prefixes shorter than this are not written.
     pub min_tokens: usize,
+    /// Prompt tokens a request must compute for its prompt to be written
+    /// right after its prefill (see [`DEFAULT_SAVE_AFTER_PREFILL`]).
+    pub save_after_prefill: usize,
 }
 
 /// Counters of the disk tier, for `/health` and `/metrics`.
@@ -526,6 +534,7 @@ impl DiskCache {
             dir,
             model: model.to_string(),
             backend: backend.to_string(),
+            align: 1,
         })
     }
 
@@ -911,9 +920,17 @@ pub struct ModelDisk {
     dir: PathBuf,
     model: String,
     backend: String,
+    /// A hit is a multiple of this many tokens (see [`reusable`]).
+    align: usize,
 }
 
 impl ModelDisk {
+    /// Hits cut to a multiple of `unit` tokens (see [`reusable`]).
+    pub fn aligned(mut self, unit: usize) -> Self {
+        self.align = unit.max(1);
+        self
+    }
+
     /// The stored entry sharing the longest prefix with `prompt` under
     /// `salt`, if it beats `better_than` tokens by at least one block (a
     /// shorter gain is not worth a file's read). Leaves one prompt token to
@@ -929,7 +946,7 @@ impl ModelDisk {
             .into_iter()
             .filter(|(_, m)| m.salt == salt && m.fingerprint == self.fp.0)
             .map(|(p, m)| {
-                let n = common_prefix(&m.tokens, prompt).min(limit);
+                let n = reusable(common_prefix(&m.tokens, prompt), prompt.len(), self.align);
                 (p, m, n)
             })
             .max_by_key(|e| e.2);
@@ -1019,6 +1036,12 @@ impl ModelDisk {
             .metas(&self.dir)
             .iter()
             .any(|(_, m)| m.salt == salt && m.tokens.starts_with(tokens))
+    }
+
+    /// Whether a request that computed `computed` prompt tokens has its
+    /// prompt written as soon as its prefill ends.
+    pub fn saves_after_prefill(&self, computed: usize) -> bool {
+        computed >= self.cache.opts.save_after_prefill
     }
 
     /// A temporary path for a payload that `commit` then puts in place.
@@ -1148,6 +1171,7 @@ mod tests {
             dir: dir.join("kv"),
             budget_bytes,
             min_tokens,
+            save_after_prefill: DEFAULT_SAVE_AFTER_PREFILL,
         })
         .expect("open")
     }

@@ -212,10 +212,12 @@ impl Engine {
                     _ => None,
                 };
                 let draft_info = draft_model.as_ref().map(|(d, p)| d.info(p));
+                let align = loaded.model.exact_prefix_unit().unwrap_or(1);
                 let disk = disk_cache
                     .as_ref()
                     .filter(|_| embedding.is_none() && loaded.model.persists_cache())
-                    .and_then(|c| model_disk(c, &path_buf, &model_id, loaded.model.info(), &llama));
+                    .and_then(|c| model_disk(c, &path_buf, &model_id, loaded.model.info(), &llama))
+                    .map(|d| d.aligned(align));
                 let _ = ready_tx.send(Ok((
                     loaded.model.info().clone(),
                     embedding.clone(),
@@ -237,7 +239,7 @@ impl Engine {
                     draft,
                     draft_model: draft_model.map(|(d, _)| d),
                     stats: thread_stats,
-                    prefixes: PrefixCache::new(prefix_bytes),
+                    prefixes: PrefixCache::new(prefix_bytes).aligned(align),
                     disk,
                     blocked,
                 };
@@ -432,10 +434,14 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
         disk,
         blocked,
     } = cfg;
+    let exact = model.exact_prefix_unit();
+    // Every prefill chunk starts a micro-batch where replies must be exact.
+    let chunk = exact.map_or(chunk, |unit| chunk.div_ceil(unit) * unit);
     let mut prefixes = Kept {
         prefixes,
         disk,
         draft: draft_model,
+        prompt_only: exact.is_some(),
     };
     let ctx = model.info().context_length;
     let on_mlx = model.info().backend == BackendKind::Mlx;
@@ -611,6 +617,9 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
                 Ok(true) => match seq.advance(&vocab, ctx).0 {
                     Next::Finished(r) => retire(seq, r, &vocab, &stats, &mut prefixes),
                     Next::Feed(t) => {
+                        // Its first token is out: a long prefill goes to
+                        // disk now, before a crash or a timeout can lose it.
+                        prefixes.save_prefill(&mut seq);
                         let cache = std::mem::replace(&mut seq.cache, Box::new(NoCache));
                         match batch.join(cache) {
                             Ok(()) => {
@@ -689,18 +698,14 @@ fn retire(
 ) {
     let (c, context) = seq.finish(reason, vocab);
     let salt = seq.job.req.cache_salt;
-    // A prefix the client marked stays ahead of others for its longest TTL.
-    let keep_secs = seq
-        .job
-        .req
-        .cache_breakpoints
-        .iter()
-        .map(|b| b.ttl_secs)
-        .max();
+    let keep_secs = seq.job.req.keep_secs();
     let keep_until = keep_secs.map(|s| Instant::now() + std::time::Duration::from_secs(s));
     let mut to_disk = None;
     if !matches!(c.finish, FinishReason::Error(_)) {
-        let cache = std::mem::replace(&mut seq.cache, Box::new(NoCache));
+        let mut cache = std::mem::replace(&mut seq.cache, Box::new(NoCache));
+        if kept.prompt_only {
+            cache.truncate(cache.len().min(seq.job.req.prompt.len()));
+        }
         if kept.disk_wants(&context, cache.as_ref(), salt) {
             to_disk = Some(cache);
         } else {
@@ -784,6 +789,9 @@ struct Kept {
     prefixes: PrefixCache,
     disk: Option<ModelDisk>,
     draft: Option<DraftModel>,
+    /// Keep only a request's prompt positions, not its reply's (see
+    /// [`LanguageModel::exact_prefix_unit`]).
+    prompt_only: bool,
 }
 
 impl Kept {
@@ -858,6 +866,25 @@ impl Kept {
         match cache.save(&tmp, held) {
             Ok(()) => disk.commit(tmp, name, held, salt, keep_secs),
             Err(e) => disk.write_failed(&tmp, &e.to_string()),
+        }
+    }
+
+    /// Writes the prompt of `seq`, just prefilled, to the disk tier if its
+    /// prefill was long (its reply's own write later supersedes it).
+    fn save_prefill(&self, seq: &mut Sequence) {
+        let Some(disk) = &self.disk else { return };
+        if !disk.saves_after_prefill(seq.computed_prompt_tokens()) {
+            return;
+        }
+        let req = &seq.job.req;
+        if self.disk_wants(&req.prompt, seq.cache.as_ref(), req.cache_salt) {
+            debug!(tokens = req.prompt.len(), "long prefill written to disk");
+            self.save_to_disk(
+                &req.prompt,
+                seq.cache.as_mut(),
+                req.cache_salt,
+                req.keep_secs(),
+            );
         }
     }
 

@@ -33,6 +33,8 @@ pub struct PrefixCache {
     entries: Vec<Entry>,
     budget_bytes: usize,
     clock: u64,
+    /// A hit is a multiple of this many tokens (see [`reusable`]).
+    align: usize,
     /// Entries dropped for room since the cache was made.
     pub evictions: u64,
 }
@@ -48,14 +50,31 @@ pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
+/// How many of a stored prefix's `shared` tokens a prompt of `prompt_len`
+/// reuses: one prompt token is always left to compute (the next token's
+/// logits come from running the last prompt position), and the rest is cut
+/// to a multiple of `align` (whole micro-batches where a reply must equal
+/// its cold run to the bit, see [`crate::backend::LanguageModel::exact_prefix_unit`]).
+pub(crate) fn reusable(shared: usize, prompt_len: usize, align: usize) -> usize {
+    let n = shared.min(prompt_len.saturating_sub(1));
+    n - n % align.max(1)
+}
+
 impl PrefixCache {
     pub fn new(budget_bytes: usize) -> Self {
         PrefixCache {
             entries: Vec::new(),
             budget_bytes,
             clock: 0,
+            align: 1,
             evictions: 0,
         }
+    }
+
+    /// Hits cut to a multiple of `unit` tokens (see [`reusable`]).
+    pub fn aligned(mut self, unit: usize) -> Self {
+        self.align = unit.max(1);
+        self
     }
 
     /// The cache sharing the longest prefix with `prompt`, truncated to it.
@@ -66,19 +85,14 @@ impl PrefixCache {
             return None;
         }
         self.clock += 1;
-        let limit = prompt.len() - 1;
         let (idx, len) = self
             .entries
             .iter()
             .enumerate()
             .filter(|(_, e)| e.salt == salt)
             .map(|(i, e)| {
-                (
-                    i,
-                    common_prefix(&e.tokens, prompt)
-                        .min(limit)
-                        .min(e.cache.len()),
-                )
+                let shared = common_prefix(&e.tokens, prompt).min(e.cache.len());
+                (i, reusable(shared, prompt.len(), self.align))
             })
             .max_by_key(|&(_, n)| n)?;
         if len == 0 {
@@ -238,6 +252,23 @@ mod tests {
         // Identical prompt: everything but the last token.
         assert_eq!(pc.lookup(&[1, 2, 3, 4, 5], 0).map(|h| h.tokens), Some(4));
         assert!(pc.lookup(&[7, 1, 2], 0).is_none());
+    }
+
+    #[test]
+    fn an_aligned_cache_reuses_whole_units_only() {
+        let mut pc = PrefixCache::new(10_000).aligned(4);
+        pc.insert(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], Box::new(Fake(10)), 0);
+        // Nine shared, one left to compute: eight reused, two whole units.
+        let hit = pc.lookup(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 0).expect("hit");
+        assert_eq!((hit.tokens, hit.cache.len()), (8, 8));
+        assert_eq!(
+            pc.lookup(&[1, 2, 3, 4, 5, 6, 0], 0).map(|h| h.tokens),
+            Some(4)
+        );
+        // Less than a unit shared: nothing.
+        assert!(pc.lookup(&[1, 2, 3, 0], 0).is_none());
+        assert_eq!(reusable(9, 100, 1), 9);
+        assert_eq!(reusable(9, 5, 1), 4);
     }
 
     #[test]

@@ -97,6 +97,12 @@ impl GenerateRequest {
             cache_breakpoints: Vec::new(),
         }
     }
+
+    /// How long the prefix this request leaves stays ahead of unmarked ones:
+    /// its cache breakpoints' longest TTL.
+    pub fn keep_secs(&self) -> Option<u64> {
+        self.cache_breakpoints.iter().map(|b| b.ttl_secs).max()
+    }
 }
 
 /// Counters the engine keeps for observability (and for tests to see

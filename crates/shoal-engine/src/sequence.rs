@@ -143,6 +143,11 @@ impl Sequence {
         }
     }
 
+    /// Prompt tokens this request computes itself (those no cache held).
+    pub fn computed_prompt_tokens(&self) -> usize {
+        self.usage.prompt_tokens - self.usage.cached_tokens
+    }
+
     /// Drafts tokens for speculative decoding (see [`crate::draft`]).
     pub fn drafting(mut self, opts: DraftOptions) -> Self {
         self.drafter = Drafter::new(opts);

@@ -8,8 +8,10 @@ use std::time::Duration;
 
 mod common;
 use common::{chat, gguf};
-use shoal_engine::disk_cache::{DiskCache, DiskCacheOptions, DEFAULT_MIN_TOKENS};
-use shoal_engine::{collect_blocking, Completion, Engine, EngineOptions, GenerateRequest};
+use shoal_engine::disk_cache::{
+    DiskCache, DiskCacheOptions, DEFAULT_MIN_TOKENS, DEFAULT_SAVE_AFTER_PREFILL,
+};
+use shoal_engine::{collect_blocking, Completion, Engine, EngineOptions, Event, GenerateRequest};
 
 /// A system prompt of a few hundred tokens (an agent's instructions stand-in)
 /// and a question with one clear answer.
@@ -27,10 +29,16 @@ fn long_prompt(e: &Engine, question: &str) -> Vec<u32> {
 }
 
 fn disk(dir: &Path, budget_bytes: u64) -> Arc<DiskCache> {
+    disk_saving_after(dir, budget_bytes, DEFAULT_SAVE_AFTER_PREFILL)
+}
+
+/// A tier that writes a prompt after a prefill of `save_after_prefill` tokens.
+fn disk_saving_after(dir: &Path, budget_bytes: u64, save_after_prefill: usize) -> Arc<DiskCache> {
     DiskCache::open(DiskCacheOptions {
         dir: dir.to_path_buf(),
         budget_bytes,
         min_tokens: DEFAULT_MIN_TOKENS,
+        save_after_prefill,
     })
     .expect("open the disk tier")
 }
@@ -202,4 +210,138 @@ fn two_engines_on_one_folder_write_and_read_each_others_entries() {
         stop(e, &c);
     }
     assert_eq!(c.summary().bad_entries, 0);
+}
+
+#[test]
+fn a_long_prefill_is_on_disk_while_its_reply_still_runs() {
+    let dir = tempfile::tempdir().expect("tmp");
+    // Every prompt of a block or more counts as a long prefill here.
+    let cache = disk_saving_after(dir.path(), 1 << 30, DEFAULT_MIN_TOKENS);
+    let e = engine(&cache);
+    let prompt = long_prompt(&e, QUESTION);
+    // A reply that would run for thousands of tokens.
+    let mut req = GenerateRequest::new(prompt.clone());
+    req.max_tokens = Some(4096);
+    req.ignore_eos = true;
+    req.sampling.temperature = 0.0;
+    let cancel = req.cancel.clone();
+    let mut rx = e.submit(req).expect("submit");
+    // The prompt is handed to the tier between the first token and the
+    // second: once two have streamed, it is on its way.
+    let mut deltas = 0;
+    while deltas < 2 {
+        match rx.blocking_recv().expect("the reply streams") {
+            Event::Delta { .. } => deltas += 1,
+            Event::Done(c) => panic!("the reply ended early: {c:?}"),
+            _ => {}
+        }
+    }
+    assert!(cache.wait_idle(Duration::from_secs(120)), "writes landed");
+    let entries = cache.entries();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(
+        entries[0].tokens,
+        prompt.len(),
+        "the whole prompt, no reply"
+    );
+    // Another process on the folder (this one might have crashed by now)
+    // finds the prompt there.
+    let other = disk(dir.path(), 1 << 30);
+    let e2 = engine(&other);
+    let (_, c) = greedy(&e2, prompt.clone());
+    assert_eq!(c.usage.cached_disk_tokens, prompt.len() - 1);
+    stop(e2, &other);
+    // The reply, cut short, still ends truthfully; the longer prefixes the
+    // replies left replace the prompt's entry.
+    cancel.cancel();
+    let (_, done) = collect_blocking(rx).expect("complete");
+    assert_eq!(done.finish, shoal_engine::FinishReason::Cancelled);
+    stop(e, &cache);
+    let entries = cache.entries();
+    assert!(!entries.is_empty());
+    assert!(
+        entries.iter().all(|x| x.tokens > prompt.len()),
+        "{entries:?}"
+    );
+}
+
+/// The reply's text and every token's logprobs (with the top 5), greedy.
+fn logprobs(e: &Engine, prompt: Vec<u32>) -> (String, Vec<shoal_engine::TokenLogprob>, Completion) {
+    let mut req = GenerateRequest::new(prompt);
+    req.max_tokens = Some(24);
+    req.sampling.temperature = 0.0;
+    req.sampling.top_logprobs = Some(5);
+    let mut rx = e.submit(req).expect("submit");
+    let (mut text, mut lps) = (String::new(), Vec::new());
+    while let Some(ev) = rx.blocking_recv() {
+        match ev {
+            Event::Delta { text: t, logprobs } => {
+                text.push_str(&t);
+                lps.extend(logprobs);
+            }
+            Event::Done(c) => return (text, lps, c),
+            _ => {}
+        }
+    }
+    panic!("the stream ended without Done");
+}
+
+/// A restored prefix gives the cold run's logprobs: to the bit on llama.cpp
+/// in batch-invariant mode (which reuses whole 512-token micro-batches of
+/// the prompt only), within float rounding on MLX (whose last prompt token
+/// then runs alone instead of in a chunk).
+#[test]
+fn a_restored_prefix_gives_the_cold_logprobs_to_the_bit_in_batch_invariant_mode() {
+    let llama = common::test_backend() == shoal_engine::BackendChoice::Llama;
+    let dir = tempfile::tempdir().expect("tmp");
+    let start = |cache: &Arc<DiskCache>| {
+        let mut opts = EngineOptions {
+            disk_cache: Some(cache.clone()),
+            // One request: the whole KV pool is its slice.
+            max_batch: 1,
+            ..common::options()
+        };
+        opts.llama = opts.llama.batch_invariant(true);
+        Engine::start(&gguf(), "smollm2", opts).expect("load default model")
+    };
+    let cache = disk(dir.path(), 1 << 30);
+    let e = start(&cache);
+    // Over two micro-batches, so a whole one or more is reused.
+    let rules: String = (1..=90)
+        .map(|i| format!("Rule {i}: answer briefly, in plain words, and only what is asked. "))
+        .collect();
+    let prompt = chat(&e, &[("system", &rules), ("user", QUESTION)]);
+    assert!(prompt.len() > 1100, "prompt of {} tokens", prompt.len());
+    let (text, cold, c) = logprobs(&e, prompt.clone());
+    assert_eq!(c.usage.cached_tokens, 0);
+    stop(e, &cache);
+    let cache = disk(dir.path(), 1 << 30);
+    let e = start(&cache);
+    let (again, restored, c) = logprobs(&e, prompt.clone());
+    let reused = if llama {
+        (prompt.len() - 1) / 512 * 512
+    } else {
+        prompt.len() - 1
+    };
+    assert_eq!(c.usage.cached_disk_tokens, reused);
+    assert_eq!(c.usage.cached_tokens, reused);
+    assert_eq!(again, text);
+    assert_eq!(restored.len(), cold.len());
+    let alike = |a: f32, b: f32| {
+        if llama {
+            a.to_bits() == b.to_bits()
+        } else {
+            (a - b).abs() <= 1e-4
+        }
+    };
+    for (i, (r, k)) in restored.iter().zip(&cold).enumerate() {
+        assert_eq!(r.token, k.token, "token {i}");
+        assert!(alike(r.logprob, k.logprob), "token {i}: {r:?} vs {k:?}");
+        assert_eq!(r.top.len(), k.top.len());
+        for ((ri, _, rl), (ki, _, kl)) in r.top.iter().zip(&k.top) {
+            assert_eq!(ri, ki, "token {i}'s alternatives: {r:?} vs {k:?}");
+            assert!(alike(*rl, *kl), "token {i}'s alternatives: {r:?} vs {k:?}");
+        }
+    }
+    stop(e, &cache);
 }

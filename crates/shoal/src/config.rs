@@ -992,6 +992,7 @@ impl Config {
             dir: dir.clone(),
             budget_bytes: budget,
             min_tokens: shoal_engine::disk_cache::DEFAULT_MIN_TOKENS,
+            save_after_prefill: shoal_engine::disk_cache::DEFAULT_SAVE_AFTER_PREFILL,
         }) {
             Ok(c) => {
                 tracing::info!(dir = %dir.display(), budget_mb = budget >> 20, "prefix cache on disk");

@@ -37,6 +37,9 @@ mod window_tests;
 const LLAMA_MAX_SEQ: usize = 256;
 /// Tokens handed to one `llama_decode` call; longer prompts go in pieces.
 const N_BATCH: usize = 2048;
+/// Tokens llama.cpp computes in one micro-batch (its `n_ubatch`, the
+/// default llama-server uses).
+const N_UBATCH: usize = 512;
 
 /// llama.cpp's process-wide initialisation, done once.
 pub fn runtime() -> Result<&'static LlamaBackend> {
@@ -418,7 +421,7 @@ impl LlamaOptions {
         LlamaContextParams::default()
             .with_n_ctx(NonZeroU32::new(kv_tokens as u32))
             .with_n_batch(N_BATCH as u32)
-            .with_n_ubatch(512)
+            .with_n_ubatch(N_UBATCH as u32)
             .with_n_seq_max(self.context_sequences() as u32)
             .with_n_threads(threads)
             .with_n_threads_batch(threads)
@@ -717,6 +720,10 @@ impl LanguageModel for LlamaCppModel {
 
     fn persists_cache(&self) -> bool {
         true
+    }
+
+    fn exact_prefix_unit(&self) -> Option<usize> {
+        self.pad.map(|_| N_UBATCH)
     }
 
     fn restore_cache(&self, path: &Path, tokens: &[u32]) -> Result<Box<dyn KvCache>> {
