@@ -157,6 +157,12 @@ THREADS="$(SHOAL_LOG=warn "$SHOAL" bench --backend llama --model "$GGUF" --promp
 "$VENV/bin/python" "$ROOT/tools/py/bench_agent_cache.py" --shoal "$SHOAL" --threads "$THREADS" \
   --model "${REAL[0]}" --switch "${REAL[1]}" --llama-server "$LLAMA_SERVER" || echo "  (prompt cache bench failed)"
 
+# A real agent: Claude Code run twice on Qwen2.5-Coder, the server restarted between; the
+# ledger's cached share of each request (tools/py/bench_claude_code.py).
+CLAUDE="$(bash "$ROOT/tools/claude-code.sh")" &&
+  "$VENV/bin/python" "$ROOT/tools/py/bench_claude_code.py" --shoal "$SHOAL" --threads "$THREADS" \
+    --claude "$CLAUDE" --model "${REAL[0]}" || echo "  (Claude Code bench failed)"
+
 # Speculative decoding in the engine alone (plain and drafted, each engine loaded on its own;
 # by prompt lookup, then by a draft model),
 # and each KV cache type's bytes per position and greedy agreement with f16.
