@@ -233,9 +233,43 @@ def test_responses_function_call_streamed_and_not(oai, model):
     assert chained.usage.input_tokens == follow.usage.input_tokens
 
 
+def test_responses_namespace_tools_and_hosted_tools_as_codex_sends_them(oai, model):
+    # Codex's shape: a namespace of functions beside a hosted tool a local server cannot run.
+    tools = [{"type": "namespace", "name": "weather_v1", "description": "Weather lookups.",
+              "tools": responses_tools()},
+             {"type": "web_search", "external_web_access": False}]
+    kw = dict(model=model, input=ASK, tools=tools, tool_choice={"type": "function", "name": "get_weather"},
+              temperature=0, max_output_tokens=MAX)
+    raw = oai.responses.with_raw_response.create(**kw)
+    # The hosted tool is left out, and the response says so.
+    assert raw.headers.get("x-shoal-omitted-tools") == "web_search"
+    r = raw.parse()
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert [(c.name, getattr(c, "namespace", None)) for c in calls] == [("get_weather", "weather_v1")]
+    check_weather_args(calls[0].arguments)
+    with oai.responses.stream(**kw) as s:
+        final = s.get_final_response()
+    fcalls = [o for o in final.output if o.type == "function_call"]
+    assert [(c.name, getattr(c, "namespace", None), c.arguments) for c in fcalls] == \
+        [(c.name, "weather_v1", c.arguments) for c in calls]
+    # The call goes back with its namespace, as Codex replays it.
+    follow = oai.responses.create(
+        model=model, tools=tools, temperature=0, max_output_tokens=30,
+        input=[
+            {"role": "user", "content": ASK},
+            {"type": "function_call", "call_id": calls[0].call_id, "name": "get_weather",
+             "namespace": "weather_v1", "arguments": calls[0].arguments},
+            {"type": "function_call_output", "call_id": calls[0].call_id, "output": "Sunny, 21 degrees"},
+        ],
+    )
+    assert follow.status in ("completed", "incomplete")
+    assert follow.usage.input_tokens > r.usage.input_tokens + 15
+
+
 def test_responses_bad_tools_are_400(oai, model):
-    with pytest.raises(openai.BadRequestError):
-        oai.responses.create(model=model, input=ASK, tools=[{"type": "web_search"}], max_output_tokens=5)
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.responses.create(model=model, input=ASK, tools=[{"type": "custom", "name": "x"}], max_output_tokens=5)
+    assert "'custom' is not supported" in str(e.value) and "Some(" not in str(e.value)
     with pytest.raises(openai.BadRequestError):
         oai.responses.create(model=model, input=ASK, tools=responses_tools(),
                              tool_choice={"type": "function", "name": "nope"}, max_output_tokens=5)

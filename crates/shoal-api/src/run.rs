@@ -285,6 +285,11 @@ pub trait Adapter: Sized + Send + 'static {
         served: &Served,
         collected: Vec<Collected>,
     ) -> Result<serde_json::Value, ApiError>;
+    /// Headers the response carries beside the dialect's own (what the
+    /// server did with the request that the body has no word for).
+    fn headers(&self) -> Vec<(&'static str, String)> {
+        Vec::new()
+    }
     /// The renderer for the streamed response.
     fn stream(self, served: Served) -> Self::Stream;
 }
@@ -330,14 +335,22 @@ pub async fn serve_request<A: Adapter>(
             stream: streaming,
             tracked,
         };
+        let headers = adapter.headers();
         let choices = start(&served, job, fmt)?;
-        if streaming {
+        let mut response = if streaming {
             let render = adapter.stream(served);
-            return Ok(stream(choices, render, A::FRAMING));
+            stream(choices, render, A::FRAMING)
+        } else {
+            let collected = choices.collect().await?;
+            let body = adapter.respond(&served, collected)?;
+            axum::Json(body).into_response()
+        };
+        for (name, value) in headers {
+            if let Ok(v) = axum::http::HeaderValue::from_str(&value) {
+                response.headers_mut().insert(name, v);
+            }
         }
-        let collected = choices.collect().await?;
-        let body = adapter.respond(&served, collected)?;
-        Ok::<_, ApiError>(axum::Json(body).into_response())
+        Ok::<_, ApiError>(response)
     };
     answer.await.map_err(|e| e.in_dialect(A::DIALECT))
 }

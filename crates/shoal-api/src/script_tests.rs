@@ -317,6 +317,7 @@ fn shape() -> openai_responses::Shape {
         tools: serde_json::json!([]),
         tool_choice: serde_json::json!("auto"),
         text_format: serde_json::json!({"type": "text"}),
+        names: Default::default(),
     }
 }
 

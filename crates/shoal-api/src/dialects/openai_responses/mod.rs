@@ -16,7 +16,11 @@ pub use render::{OutCall, ResponsesRenderer, Shape};
 use request::prepare;
 #[cfg(test)]
 pub(crate) use request::{text_format, tool_request};
-pub use request::{Input, InputItem, ResponsesRequest};
+pub use request::{Input, InputItem, Namespaced, ResponsesRequest};
+
+/// The response header naming the tool types a request sent that this
+/// server cannot run and left out of the offer (`web_search`, …).
+pub const OMITTED_TOOLS_HEADER: &str = "x-shoal-omitted-tools";
 use store::remember;
 pub use store::{get_response, ResponseStore};
 
@@ -25,6 +29,8 @@ pub use store::{get_response, ResponseStore};
 pub struct Responses {
     shape: Shape,
     msgs: Vec<ChatMessage>,
+    /// Tool types left out of the offer (said in a response header).
+    omitted: Vec<String>,
 }
 
 impl run::Adapter for Responses {
@@ -38,7 +44,12 @@ impl run::Adapter for Responses {
         mut req: ResponsesRequest,
         id: String,
     ) -> Result<(Generation, Self), ApiError> {
-        let (job, msgs) = prepare(served, &mut req)?;
+        let request::Prepared {
+            job,
+            msgs,
+            names,
+            omitted,
+        } = prepare(served, &mut req)?;
         let shape = Shape {
             id,
             msg_id: run::new_id("msg_"),
@@ -60,8 +71,16 @@ impl run::Adapter for Responses {
                 .and_then(|t| t.get("format"))
                 .cloned()
                 .unwrap_or_else(|| json!({"type": "text"})),
+            names,
         };
-        Ok((job, Responses { shape, msgs }))
+        Ok((
+            job,
+            Responses {
+                shape,
+                msgs,
+                omitted,
+            },
+        ))
     }
 
     fn respond(self, served: &Served, collected: Vec<run::Collected>) -> Result<Value, ApiError> {
@@ -71,7 +90,7 @@ impl run::Adapter for Responses {
         let calls: Vec<OutCall> = c
             .tool_calls
             .iter()
-            .map(|t| OutCall::new(&t.name, &t.arguments))
+            .map(|t| OutCall::new(&t.name, &t.arguments, &self.shape.names))
             .collect();
         let body =
             self.shape
@@ -80,6 +99,13 @@ impl run::Adapter for Responses {
             remember(served, &self.shape, self.msgs, &c.text, &calls, &body);
         }
         Ok(body)
+    }
+
+    fn headers(&self) -> Vec<(&'static str, String)> {
+        if self.omitted.is_empty() {
+            return Vec::new();
+        }
+        vec![(OMITTED_TOOLS_HEADER, self.omitted.join(", "))]
     }
 
     fn stream(self, served: Served) -> ResponsesStream {

@@ -2,6 +2,7 @@
 use serde_json::{json, Value};
 use shoal_engine::{Completion, Event};
 
+use super::request::Namespaced;
 use crate::run;
 use crate::wire::responses::{status, usage_json};
 
@@ -11,22 +12,36 @@ pub struct OutCall {
     /// The item id (`fc_…`) and the id a `function_call_output` answers (`call_…`).
     pub id: String,
     pub call_id: String,
+    /// The function's name as the client knows it, and the `namespace` tool
+    /// it came in, if any.
     pub name: String,
+    pub namespace: Option<String>,
+    /// The name the model called it by (what a later turn replays).
+    pub offered: String,
     pub arguments: String,
 }
 
 impl OutCall {
-    pub(super) fn new(name: &str, arguments: &str) -> Self {
+    /// The call the model made to `offered` (a name `names` may map back
+    /// to a namespaced function).
+    pub(super) fn new(offered: &str, arguments: &str, names: &Namespaced) -> Self {
+        let (namespace, name) = names.wire(offered);
         OutCall {
             id: run::new_id("fc_"),
             call_id: run::new_id("call_"),
             name: name.to_string(),
+            namespace: namespace.map(str::to_string),
+            offered: offered.to_string(),
             arguments: arguments.to_string(),
         }
     }
     fn item(&self, status: &str) -> Value {
-        json!({"type": "function_call", "id": self.id, "call_id": self.call_id, "name": self.name,
-               "arguments": self.arguments, "status": status})
+        let mut item = json!({"type": "function_call", "id": self.id, "call_id": self.call_id,
+                              "name": self.name, "arguments": self.arguments, "status": status});
+        if let Some(ns) = &self.namespace {
+            item["namespace"] = json!(ns);
+        }
+        item
     }
 }
 
@@ -49,6 +64,8 @@ pub struct Shape {
     pub tools: Value,
     pub tool_choice: Value,
     pub text_format: Value,
+    /// The functions offered from `namespace` tools, by offered name.
+    pub names: Namespaced,
 }
 
 impl Shape {
@@ -315,7 +332,7 @@ impl ResponsesRenderer {
                 self.close_call(&mut out);
                 let i = self.next_index;
                 self.next_index += 1;
-                let call = OutCall::new(name, "");
+                let call = OutCall::new(name, "", &self.shape.names);
                 self.push(
                     &mut out,
                     "response.output_item.added",

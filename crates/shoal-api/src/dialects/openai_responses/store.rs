@@ -58,7 +58,7 @@ pub(super) fn remember(
 ) {
     let calls: Vec<(String, Value)> = calls
         .iter()
-        .map(|c| (c.name.clone(), tools::arguments_value(&c.arguments)))
+        .map(|c| (c.offered.clone(), tools::arguments_value(&c.arguments)))
         .collect();
     msgs.push(state.assistant_with_calls(text, &calls));
     state.responses.put(shape.id.clone(), msgs, body.clone());
