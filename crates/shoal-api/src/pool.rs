@@ -170,6 +170,12 @@ impl ModelPool {
 
     /// The loaded engine for a name, without loading anything.
     pub fn loaded_engine(&self, requested: &str) -> Option<Engine> {
+        self.loaded_exactly(requested)
+            .or_else(|| untagged(requested).and_then(|id| self.loaded_exactly(id)))
+    }
+
+    /// [`ModelPool::loaded_engine`] for `requested` as it is spelled.
+    fn loaded_exactly(&self, requested: &str) -> Option<Engine> {
         let id = self
             .named_id(requested)
             .map_or_else(|| requested.to_string(), |n| n.id);
@@ -221,13 +227,17 @@ impl ModelPool {
 
     /// What a name refers to: a named model, else a model in the library.
     fn resolve(&self, requested: &str) -> Result<(String, PathBuf), ApiError> {
-        if let Some(n) = self.named_id(requested) {
-            return Ok((n.id, n.path));
-        }
-        self.library()
-            .find(requested)
-            .map(|m| (m.id, m.path))
+        self.resolve_exactly(requested)
+            .or_else(|| untagged(requested).and_then(|id| self.resolve_exactly(id)))
             .ok_or_else(|| ApiError::model_not_found(requested))
+    }
+
+    /// [`ModelPool::resolve`] for `requested` as it is spelled.
+    fn resolve_exactly(&self, requested: &str) -> Option<(String, PathBuf)> {
+        if let Some(n) = self.named_id(requested) {
+            return Some((n.id, n.path));
+        }
+        self.library().find(requested).map(|m| (m.id, m.path))
     }
 
     /// The engine for `requested`, loading the model first if it is not in
@@ -699,4 +709,11 @@ impl From<ModelsError> for ApiError {
 /// Memory a loaded engine holds: its weights and what it reserved up front.
 pub(crate) fn held_bytes(e: &Engine) -> u64 {
     e.model.resident_bytes() as u64
+}
+
+/// `requested` without Ollama's tag (`ID:latest`, the name `/api/tags`
+/// gives): clients reuse that name on every route, OpenAI's and
+/// Anthropic's too, so it names `ID` wherever no model has the whole name.
+fn untagged(requested: &str) -> Option<&str> {
+    requested.strip_suffix(":latest")
 }

@@ -146,6 +146,39 @@ async fn chat_sse_order_and_usage_only_when_asked() {
     }
 }
 
+/// `ID:latest`, the name Ollama's `/api/tags` lists, names the model on the
+/// other dialects' routes too (tools reuse it); an unknown name stays a 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ollama_tag_names_the_model_on_every_route() {
+    let base = server(engine()).await;
+    let tagged = format!("{MODEL}:latest");
+    for (path, body) in [
+        (
+            "/v1/chat/completions",
+            json!({"model": tagged, "messages": france(), "max_tokens": 2}),
+        ),
+        (
+            "/v1/messages",
+            json!({"model": tagged, "messages": france(), "max_tokens": 2}),
+        ),
+        (
+            "/v1/responses",
+            json!({"model": tagged, "input": "Hi", "max_output_tokens": 2}),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": tagged, "prompt": "Hi", "max_tokens": 2}),
+        ),
+    ] {
+        let (status, text, _) = post(&base, path, &body.to_string()).await;
+        assert_eq!(status, 200, "{path}: {text}");
+        let mut unknown = body.clone();
+        unknown["model"] = json!("nosuchmodel:latest");
+        let (status, text, _) = post(&base, path, &unknown.to_string()).await;
+        assert_eq!(status, 404, "{path}: {text}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn anthropic_and_responses_sse_order() {
     let base = server(engine()).await;
@@ -794,6 +827,14 @@ async fn a_model_that_cannot_reason_answers_normally_when_asked_to() {
         })
         .collect();
     assert_eq!(kinds, [json!("text")], "{t}");
+    // The whole block is ignored, Anthropic's budget rule included: Qwen
+    // Code sends a budget of 32000 with a max_tokens of 4000.
+    let qwen_code = json!({"model": MODEL, "max_tokens": 30, "messages": france(), "temperature": 0,
+                           "thinking": {"type": "enabled", "budget_tokens": 32000}});
+    let (s, t, _) = post(&base, "/v1/messages", &qwen_code.to_string()).await;
+    assert_eq!(s, 200, "{t}");
+    let v: Value = serde_json::from_str(&t).expect("json");
+    assert_eq!(v["content"][0]["text"], answer);
 
     // Responses: no reasoning item, reasoning_tokens 0.
     for stream in [false, true] {

@@ -52,7 +52,8 @@ kinds!(
     shoal_engine::KvType,
     shoal_engine::backends::llama::KvTokens,
     shoal_engine::draft::DraftKind,
-    shoal_engine::disk_cache::DiskBudget
+    shoal_engine::disk_cache::DiskBudget,
+    PortSetting
 );
 kinds!(Path: PathBuf);
 kinds!(Integer: u16, u64, usize);
@@ -65,6 +66,72 @@ impl<V> SettingType for BTreeMap<String, V> {
 
 impl<T: SettingType> SettingType for Option<T> {
     const KIND: Kind = T::KIND;
+}
+
+/// A port a setting opens, or `off`: a setting that can say no as well as
+/// say nothing (`server.ollama_port` unset leaves the choice to the
+/// Settings switch remembered in the store; `off` closes it whatever the
+/// switch last said, as the switch's own off state does).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PortSetting {
+    Off,
+    On(u16),
+}
+
+impl PortSetting {
+    /// The port, or `None` when off.
+    pub fn port(self) -> Option<u16> {
+        match self {
+            PortSetting::Off => None,
+            PortSetting::On(p) => Some(p),
+        }
+    }
+}
+
+impl std::str::FromStr for PortSetting {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "off" | "none" | "false" | "no" => Ok(PortSetting::Off),
+            n => n
+                .parse::<u16>()
+                .map(PortSetting::On)
+                .map_err(|_| format!("{s:?} is not a port number (1-65535) or off")),
+        }
+    }
+}
+
+impl std::fmt::Display for PortSetting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PortSetting::Off => f.write_str("off"),
+            PortSetting::On(p) => write!(f, "{p}"),
+        }
+    }
+}
+
+impl serde::Serialize for PortSetting {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            PortSetting::Off => s.serialize_str("off"),
+            PortSetting::On(p) => s.serialize_u16(*p),
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for PortSetting {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Int(u16),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Int(n) => Ok(PortSetting::On(n)),
+            Raw::Text(t) => t.parse().map_err(serde::de::Error::custom),
+        }
+    }
 }
 
 /// The environment variable that overrides a setting.
@@ -216,10 +283,11 @@ settings! {
         /// Port to listen on; 0 picks a free one.
         port: u16 = 8421, env Env::Var("SHOAL_PORT"), flag Flag::Value("port", "PORT");
         /// Also serve on this port (Ollama's is 11434) for tools that look
-        /// for Ollama there; off unless set. A taken port is reported in
-        /// /health and the main port serves regardless.
-        ollama_port: Option<u16> = None,
-            env Env::Var("SHOAL_OLLAMA_PORT"), flag Flag::Value("ollama-port", "PORT");
+        /// for Ollama there, or off; unset, the Settings switch's last
+        /// choice holds (off at first). A taken port is reported in /health
+        /// and the main port serves regardless.
+        ollama_port: Option<PortSetting> = None,
+            env Env::Var("SHOAL_OLLAMA_PORT"), flag Flag::Value("ollama-port", "PORT|off");
         /// Requests allowed to wait behind the running ones; more get 429/529.
         queue: usize = EngineOptions::default().queue_capacity,
             env Env::Var("SHOAL_QUEUE"), flag Flag::Value("queue", "N");

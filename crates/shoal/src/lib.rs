@@ -111,7 +111,10 @@ pub fn app_state(
     let remembered = state.store.as_ref().and_then(|s| {
         shoal_api::dialects::ollama::port::remembered(&s.lock().unwrap_or_else(|p| p.into_inner()))
     });
-    let port = cfg.server.ollama_port.or(remembered.flatten());
+    let port = match cfg.server.ollama_port {
+        Some(setting) => setting.port(),
+        None => remembered.flatten(),
+    };
     state.ollama = std::sync::Arc::new(shoal_api::dialects::ollama::port::OllamaPort::new(port));
     Ok(state)
 }

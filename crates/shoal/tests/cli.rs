@@ -1846,7 +1846,7 @@ fn a_mixture_of_experts_split_over_two_nodes_answers_like_one() {
 
 /// The Ollama port switch, turned on through the API, is remembered in the
 /// store: the next `shoal serve` on that store listens there without a flag,
-/// and a flag still decides over it.
+/// and a flag still decides over it, `off` included.
 #[test]
 fn the_ollama_port_switch_is_remembered_across_restarts() {
     let dir = temp_dir("ollama-switch");
@@ -1889,9 +1889,14 @@ fn the_ollama_port_switch_is_remembered_across_restarts() {
         .and_then(|l| l.local_addr())
         .expect("free port")
         .port();
-    let (_server, addr) =
-        start_server(&dir, serve(vec!["--ollama-port".into(), other.to_string()]));
+    let (server, addr) = start_server(&dir, serve(vec!["--ollama-port".into(), other.to_string()]));
     assert_eq!(get_json(&addr, "/health")["ollama"]["port"], other);
+    drop(server);
+    // And `off` says no, as the switch's own off state does.
+    let (_server, addr) = start_server(&dir, serve(vec!["--ollama-port".into(), "off".into()]));
+    let health = get_json(&addr, "/health");
+    assert_eq!(health["ollama"]["enabled"], false, "{health}");
+    assert_eq!(health["ollama"]["listening"], false, "{health}");
 }
 
 /// `--draft-model` names a model to draft for the served one: a file of

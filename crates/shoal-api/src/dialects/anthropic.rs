@@ -433,7 +433,14 @@ fn prepare(state: &Served, req: &MessagesRequest) -> Result<Generation, ApiError
             "stop_sequences: each stop sequence must be non-empty",
         ));
     }
-    let want = wanted_thinking(req.thinking.as_ref(), max_tokens)?;
+    // A model that cannot reason answers as if none was asked, so the
+    // whole block is ignored there, Anthropic's budget rule included (Qwen
+    // Code sends a 32000 budget with a max_tokens of 4000).
+    let thinking = req
+        .thinking
+        .as_ref()
+        .filter(|_| state.engine.model.vocab.capabilities().reasoning);
+    let want = wanted_thinking(thinking, max_tokens)?;
     let (messages, marks) = to_messages(state, req.system.as_ref(), &req.messages)?;
     let p = state.chat_prompt(&messages, want, tools.as_ref())?;
     let cache_breakpoints = breakpoints(

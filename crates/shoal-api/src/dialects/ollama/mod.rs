@@ -24,8 +24,9 @@ mod models;
 pub mod port;
 
 /// The Ollama version `/api/version` reports: the API this module follows
-/// (clients gate features on it).
-pub const OLLAMA_VERSION: &str = "0.12.6";
+/// (clients gate features on it; Codex's `--oss` mode wants 0.13.4 or
+/// newer, for `/v1/responses`). Where it differs is in the README.
+pub const OLLAMA_VERSION: &str = "0.13.5";
 
 /// Ollama's words for the engine's records, and its routes.
 pub struct Words;
