@@ -245,7 +245,7 @@ const NOT_OFFERED: &[&str] = &[
 ];
 
 /// Names of the functions a request offers from `namespace` tools: the
-/// name the model sees and calls (the function's own, or `namespace.name`
+/// name the model sees and calls (the function's own, or `namespace__name`
 /// where two would clash), and the namespace and name the client knows.
 #[derive(Clone, Debug, Default)]
 pub struct Namespaced(Vec<NsName>);
@@ -361,7 +361,7 @@ pub(crate) fn tool_request(req: &ResponsesRequest) -> Result<Offer, ApiError> {
     let mut defs = plain.clone();
     for (ns, mut def) in grouped.clone() {
         let offered = if count(&def.name) > 1 {
-            format!("{ns}.{}", def.name)
+            format!("{ns}__{}", def.name)
         } else {
             def.name.clone()
         };
@@ -468,7 +468,11 @@ mod tests {
         // A clash with a plain function is told apart by the namespace.
         assert_eq!(
             names,
-            ["exec_command", "close_agent", "multi_agent_v1.exec_command"]
+            [
+                "exec_command",
+                "close_agent",
+                "multi_agent_v1__exec_command"
+            ]
         );
         assert_eq!(
             defs[1].description.as_deref(),
@@ -480,13 +484,13 @@ mod tests {
             (Some("multi_agent_v1"), "close_agent")
         );
         assert_eq!(
-            n.wire("multi_agent_v1.exec_command"),
+            n.wire("multi_agent_v1__exec_command"),
             (Some("multi_agent_v1"), "exec_command")
         );
         assert_eq!(n.wire("exec_command"), (None, "exec_command"));
         assert_eq!(
             n.offered(Some("multi_agent_v1"), "exec_command"),
-            "multi_agent_v1.exec_command"
+            "multi_agent_v1__exec_command"
         );
         assert_eq!(n.offered(None, "exec_command"), "exec_command");
         // A forced call may name a namespaced function.
