@@ -316,6 +316,58 @@ async fn chat_counts_match_chat_completions_streamed_or_not() {
     assert_eq!(chat_row["tokens"]["completion"], v["eval_count"]);
 }
 
+/// `logprobs` / `top_logprobs` on `/api/chat` and `/api/generate`, as
+/// Ollama 0.12.11 on gives them: one entry per generated token, the same
+/// streamed or not, with the alternatives asked for; none unless asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logprobs_come_per_token_streamed_or_not() {
+    let base = server().await;
+    for (path, body) in [
+        ("/api/chat", json!({"model": MODEL, "messages": france()})),
+        (
+            "/api/generate",
+            json!({"model": MODEL, "prompt": "The capital of France is"}),
+        ),
+    ] {
+        let mut asked = body.clone();
+        asked["options"] = json!({"temperature": 0, "num_predict": 6});
+        asked["logprobs"] = json!(true);
+        asked["top_logprobs"] = json!(2);
+        asked["stream"] = json!(false);
+        let (s, v) = post(&base, path, asked.clone()).await;
+        assert_eq!(s, 200, "{path}: {v}");
+        let lps = v["logprobs"].as_array().expect("logprobs").clone();
+        assert_eq!(lps.len() as u64, n(&v["eval_count"]), "{path}: {v}");
+        for l in &lps {
+            assert!(l["logprob"].as_f64().is_some_and(|x| x <= 0.0), "{l}");
+            assert!(l["token"].is_string(), "{l}");
+            let top = l["top_logprobs"].as_array().expect("top");
+            assert_eq!(top.len(), 2, "{l}");
+            // Greedy: the chosen token is the most likely one.
+            assert_eq!(top[0]["token"], l["token"], "{l}");
+        }
+        asked["stream"] = json!(true);
+        let (_, lines) = stream(&base, path, asked.clone()).await;
+        let streamed: Vec<Value> = lines
+            .iter()
+            .filter_map(|l| l["logprobs"].as_array())
+            .flatten()
+            .cloned()
+            .collect();
+        assert_eq!(streamed, lps, "{path}");
+        // Not asked: none.
+        let mut plain = body.clone();
+        plain["options"] = json!({"temperature": 0, "num_predict": 6});
+        plain["stream"] = json!(false);
+        let (_, v) = post(&base, path, plain).await;
+        assert!(v.get("logprobs").is_none(), "{path}: {v}");
+        let mut bad = asked.clone();
+        bad["top_logprobs"] = json!(21);
+        let (s, v) = post(&base, path, bad).await;
+        assert_eq!(s, 400, "{path}: {v}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn options_format_and_finishes() {
     let base = server().await;

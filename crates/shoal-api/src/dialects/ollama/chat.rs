@@ -29,6 +29,8 @@ pub struct ChatRequest {
     pub tools: Option<Vec<Tool>>,
     pub options: Option<Options>,
     pub think: Option<Value>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<i64>,
 }
 
 impl run::WireRequest for ChatRequest {
@@ -179,6 +181,8 @@ pub struct OllamaChat {
     /// The name as the client gave it, echoed back.
     model: String,
     ready_after: Duration,
+    /// Whether the client asked for logprobs.
+    logprobs: bool,
 }
 
 impl run::Adapter for OllamaChat {
@@ -199,12 +203,14 @@ impl run::Adapter for OllamaChat {
         let want = wanted_thinking(req.think.as_ref(), can_think(served), &req.model)?;
         let messages = to_messages(served, &req.messages)?;
         let p = served.chat_prompt(&messages, want, tools.as_ref())?;
-        let job = super::job(served, p, &options, format)?;
+        let mut job = super::job(served, p, &options, format)?;
+        job.sampling.top_logprobs = super::wanted_logprobs(req.logprobs, req.top_logprobs)?;
         Ok((
             job,
             OllamaChat {
                 model: req.model,
                 ready_after: served.ready_after,
+                logprobs: req.logprobs.unwrap_or(false),
             },
         ))
     }
@@ -222,7 +228,10 @@ impl run::Adapter for OllamaChat {
                     .map(|t| (t.name.as_str(), t.arguments.as_str())),
             );
         }
-        let head = json!({"model": self.model, "created_at": now(), "message": message});
+        let mut head = json!({"model": self.model, "created_at": now(), "message": message});
+        if self.logprobs {
+            head["logprobs"] = super::logprobs_json(&c.logprobs);
+        }
         Ok(super::closing(head, c.completion(), self.ready_after))
     }
 
@@ -231,6 +240,7 @@ impl run::Adapter for OllamaChat {
             model: self.model,
             ready_after: self.ready_after,
             calls: Vec::new(),
+            logprobs: self.logprobs,
         }
     }
 }
@@ -252,6 +262,7 @@ pub struct ChatStream {
     model: String,
     ready_after: Duration,
     calls: Vec<(String, String)>,
+    logprobs: bool,
 }
 
 impl ChatStream {
@@ -267,10 +278,14 @@ impl run::StreamRender for ChatStream {
         let mut step = Step::default();
         match ev {
             Event::Started { .. } => {}
-            Event::Delta { text, .. } => {
-                if !text.is_empty() {
-                    step.frames
-                        .push(self.line(json!({"role": "assistant", "content": text})));
+            Event::Delta { text, logprobs } => {
+                let lps = self.logprobs && !logprobs.is_empty();
+                if !text.is_empty() || lps {
+                    let mut line = self.line(json!({"role": "assistant", "content": text}));
+                    if lps {
+                        line.1 = with_logprobs(&line.1, logprobs);
+                    }
+                    step.frames.push(line);
                 }
             }
             Event::Reasoning { text } => step
@@ -299,6 +314,13 @@ impl run::StreamRender for ChatStream {
         }
         step
     }
+}
+
+/// A stream line (JSON text) with the tokens' logprobs beside its message.
+fn with_logprobs(line: &str, lps: &[shoal_engine::TokenLogprob]) -> String {
+    let mut v: Value = serde_json::from_str(line).unwrap_or(Value::Null);
+    v["logprobs"] = super::logprobs_json(lps);
+    v.to_string()
 }
 
 #[cfg(test)]
@@ -333,6 +355,7 @@ mod tests {
             model: "m:latest".into(),
             ready_after: Duration::from_millis(5),
             calls: Vec::new(),
+            logprobs: false,
         };
         let mut out = Vec::new();
         for (i, ev) in events.iter().enumerate() {

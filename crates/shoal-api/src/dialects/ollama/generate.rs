@@ -35,6 +35,8 @@ pub struct GenerateRequest {
     pub images: Option<Vec<Value>>,
     pub options: Option<Options>,
     pub think: Option<Value>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<i64>,
 }
 
 impl run::WireRequest for GenerateRequest {
@@ -127,6 +129,8 @@ fn prompt(
 pub struct OllamaGenerate {
     model: String,
     ready_after: Duration,
+    /// Whether the client asked for logprobs.
+    logprobs: bool,
 }
 
 impl run::Adapter for OllamaGenerate {
@@ -162,12 +166,14 @@ impl run::Adapter for OllamaGenerate {
         let format = format_grammar(req.format.as_ref())?;
         let want = wanted_thinking(req.think.as_ref(), can_think(served), &req.model)?;
         let p = prompt(served, &req, want)?;
-        let job = super::job(served, p, &options, format)?;
+        let mut job = super::job(served, p, &options, format)?;
+        job.sampling.top_logprobs = super::wanted_logprobs(req.logprobs, req.top_logprobs)?;
         Ok((
             job,
             OllamaGenerate {
                 model: req.model,
                 ready_after: served.ready_after,
+                logprobs: req.logprobs.unwrap_or(false),
             },
         ))
     }
@@ -178,6 +184,9 @@ impl run::Adapter for OllamaGenerate {
         if !c.reasoning.is_empty() {
             head["thinking"] = json!(c.reasoning);
         }
+        if self.logprobs {
+            head["logprobs"] = super::logprobs_json(&c.logprobs);
+        }
         Ok(super::closing(head, c.completion(), self.ready_after))
     }
 
@@ -185,6 +194,7 @@ impl run::Adapter for OllamaGenerate {
         GenerateStream {
             model: self.model,
             ready_after: self.ready_after,
+            logprobs: self.logprobs,
         }
     }
 }
@@ -193,6 +203,7 @@ impl run::Adapter for OllamaGenerate {
 pub struct GenerateStream {
     model: String,
     ready_after: Duration,
+    logprobs: bool,
 }
 
 impl run::StreamRender for GenerateStream {
@@ -207,6 +218,11 @@ impl run::StreamRender for GenerateStream {
             (None, v.to_string())
         };
         match ev {
+            Event::Delta { text, logprobs } if self.logprobs && !logprobs.is_empty() => {
+                let lps = super::logprobs_json(logprobs);
+                step.frames
+                    .push(line(json!({"response": text, "logprobs": lps})));
+            }
             Event::Delta { text, .. } if !text.is_empty() => {
                 step.frames.push(line(json!({"response": text})));
             }

@@ -523,6 +523,35 @@ pub fn job(
     })
 }
 
+/// `logprobs` / `top_logprobs` (Ollama 0.12.11 on): `Some(n)` when logprobs
+/// are asked for, with the `n` most likely alternatives of each token.
+pub fn wanted_logprobs(
+    logprobs: Option<bool>,
+    top: Option<i64>,
+) -> Result<Option<usize>, ApiError> {
+    if let Some(n) = top.filter(|n| !(0..=20).contains(n)) {
+        return Err(ApiError::param(
+            "top_logprobs",
+            format!("top_logprobs must be between 0 and 20, got {n}"),
+        ));
+    }
+    Ok(logprobs.unwrap_or(false).then(|| top.unwrap_or(0) as usize))
+}
+
+/// Tokens' logprobs in Ollama's shape.
+pub fn logprobs_json(lps: &[shoal_engine::TokenLogprob]) -> Value {
+    lps.iter()
+        .map(|l| {
+            let top: Vec<Value> = l
+                .top
+                .iter()
+                .map(|(_, t, lp)| json!({"token": t, "logprob": lp, "bytes": t.as_bytes()}))
+                .collect();
+            json!({"token": l.text, "logprob": l.logprob, "bytes": l.bytes, "top_logprobs": top})
+        })
+        .collect()
+}
+
 /// The one collected reply of a non-streamed request, or its failure.
 pub fn only(collected: &[crate::run::Collected]) -> Result<&crate::run::Collected, ApiError> {
     let c = collected
