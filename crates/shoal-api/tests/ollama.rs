@@ -97,6 +97,14 @@ async fn model_routes_answer_as_ollama_does() {
     // Codex's `--oss` mode refuses an Ollama older than 0.13.4.
     assert!(version >= vec![0, 13, 4], "{v}");
 
+    // Pulling a model the server has is done at once, no hub involved.
+    for name in [MODEL.to_string(), format!("{MODEL}:latest")] {
+        let (s, v) = post(&base, "/api/pull", json!({"model": name, "stream": false})).await;
+        assert_eq!((s, &v), (200, &json!({"status": "success"})), "{name}");
+        let (_, lines) = stream(&base, "/api/pull", json!({"model": name})).await;
+        assert_eq!(lines.last(), Some(&json!({"status": "success"})), "{name}");
+    }
+
     let (s, v) = get(&base, "/api/tags").await;
     assert_eq!(s, 200, "{v}");
     let m = &v["models"][0];

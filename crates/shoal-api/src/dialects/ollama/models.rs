@@ -416,6 +416,22 @@ fn file_digest(repo: &str, file: &str) -> String {
 pub async fn pull(State(s): State<AppState>, body: Body) -> Reply {
     let req = parse_named(&body)?;
     let name = req.name().map_err(err)?.to_string();
+    // A model this server already has is there: success at once, with no
+    // hub involved (Codex's `--oss` pulls its model before each session).
+    if s.pool.path_of(&name).is_ok() {
+        let done = json!({"status": "success"});
+        if req.stream == Some(false) {
+            return Ok(Json(done).into_response());
+        }
+        let (lines, out) = tokio::sync::mpsc::unbounded_channel::<String>();
+        for v in [json!({"status": "pulling manifest"}), done] {
+            let _ = lines.send(format!("{v}\n"));
+        }
+        return Ok(crate::sse::framed_response(
+            out,
+            crate::sse::Framing::Ndjson,
+        ));
+    }
     let spec = pull_spec(&name).map_err(err)?;
     let repo = spec.repo.clone();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<PullEvent>();
