@@ -12,7 +12,7 @@ use anyhow::{bail, ensure, Context, Result};
 use serde_json::{json, Value};
 use shoal_client::target::{Dialect, Message, Request, Target, TargetConfig};
 
-use crate::bench::{median, Args};
+use crate::common::{median, Args};
 
 struct Run {
     text: String,

@@ -7,7 +7,7 @@ use shoal_engine::{
     GenerateRequest, KvType, SamplingParams,
 };
 
-use crate::bench::{median, Args};
+use crate::common::{median, Args};
 
 /// A function of about 400 tokens to hand back with one line changed: what
 /// an agent editing a file asks for.

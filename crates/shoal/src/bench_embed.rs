@@ -13,7 +13,7 @@ use anyhow::{ensure, Context, Result};
 use serde_json::{json, Value};
 use shoal_engine::{Engine, EngineOptions};
 
-use crate::bench::{median, Args};
+use crate::common::{median, Args};
 
 /// Input counts per request.
 const BATCHES: [usize; 3] = [1, 16, 256];

@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use serde_json::json;
 use shoal_engine::{ChatMessage, Engine, Event, FinishReason, GenerateRequest, SamplingParams};
 
-use crate::ModelArgs;
+use crate::common::ModelArgs;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {

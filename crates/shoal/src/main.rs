@@ -5,6 +5,7 @@ mod bench_draft;
 mod bench_embed;
 mod cache;
 mod chat;
+mod common;
 mod generate;
 mod models;
 mod serve;
@@ -35,7 +36,7 @@ enum Command {
     /// Run one chat turn and print the reply, its finish reason and usage.
     Generate(generate::Args),
     /// Measure prefill and decode speed and time to first token.
-    Bench(bench::Args),
+    Bench(common::Args),
     /// Serve the OpenAI- and Anthropic-compatible HTTP API.
     Serve(serve::Args),
     /// Print the settings `serve` would use, as TOML, with where each came from.
@@ -61,20 +62,6 @@ enum Command {
     /// One rank of a model split over nodes (started by the server).
     #[command(hide = true)]
     Shard(shoal::shard::Args),
-}
-
-/// The model settings of `generate` and `bench`: `serve`'s `[model]` rows,
-/// resolved the same way (config file, environment, flags).
-#[derive(clap::Args, Clone, Debug)]
-pub struct ModelArgs {
-    #[command(flatten)]
-    pub settings: config::ModelFlags,
-}
-
-impl ModelArgs {
-    pub fn config(&self) -> Result<config::Config> {
-        Ok(config::resolve(&self.settings.0)?.config)
-    }
 }
 
 fn main() -> Result<()> {

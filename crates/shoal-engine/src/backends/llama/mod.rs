@@ -16,7 +16,6 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams};
 use llama_cpp_2::context::session::{LlamaStateSeqFlags, SeqState};
 use llama_cpp_2::context::LlamaContext;
-use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::LlamaModel;
@@ -29,7 +28,10 @@ use crate::backend::{
 use crate::error::{EngineError, Result};
 
 pub mod embed;
+mod init;
 pub mod vocab;
+
+pub use init::runtime;
 #[cfg(test)]
 mod window_tests;
 
@@ -40,22 +42,6 @@ const N_BATCH: usize = 2048;
 /// Tokens llama.cpp computes in one micro-batch (its `n_ubatch`, the
 /// default llama-server uses).
 const N_UBATCH: usize = 512;
-
-/// llama.cpp's process-wide initialisation, done once.
-pub fn runtime() -> Result<&'static LlamaBackend> {
-    static BACKEND: OnceLock<std::result::Result<LlamaBackend, String>> = OnceLock::new();
-    BACKEND
-        .get_or_init(|| {
-            // llama.cpp narrates every load at length: heard only when debugging.
-            llama_cpp_2::send_logs_to_tracing(
-                llama_cpp_2::LogOptions::default()
-                    .with_logs_enabled(tracing::enabled!(tracing::Level::DEBUG)),
-            );
-            LlamaBackend::init().map_err(|e| e.to_string())
-        })
-        .as_ref()
-        .map_err(|e| EngineError::Backend(format!("llama.cpp did not start: {e}")))
-}
 
 /// Settings of the llama.cpp backend.
 #[derive(Clone, Debug)]

@@ -27,9 +27,10 @@ pub fn named_ends(header: &shoal_gguf::Header) -> Vec<u32> {
 /// alone: the MLX path ends replies on the same file at the same tokens.
 pub fn end_tokens_of(path: &Path, header: &shoal_gguf::Header) -> Result<Vec<u32>> {
     let params = LlamaModelParams::default().with_vocab_only(true);
-    let model = LlamaModel::load_from_file(super::runtime()?, path, &params).map_err(|e| {
-        EngineError::InvalidModel(format!("llama.cpp could not read the vocabulary: {e}"))
-    })?;
+    let model =
+        LlamaModel::load_from_file(super::init::runtime()?, path, &params).map_err(|e| {
+            EngineError::InvalidModel(format!("llama.cpp could not read the vocabulary: {e}"))
+        })?;
     let vocab = LlamaVocab::of(Arc::new(model));
     Ok(vocab.end_tokens(
         &named_ends(header),
