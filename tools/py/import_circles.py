@@ -60,6 +60,29 @@ def strip_tests(text: str) -> str:
     return text[: m.start()] if m else text
 
 
+INLINE_MOD = re.compile(r"^\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*\{", re.M)
+
+
+def flatten_inline_mods(text: str) -> str:
+    """Inside an inline `mod x { … }`, `super::` is the file's own module: say `self::`."""
+    out, pos = [], 0
+    for m in INLINE_MOD.finditer(text):
+        if m.start() < pos:
+            continue
+        depth, i = 0, m.end() - 1
+        while i < len(text):
+            depth += text[i] == "{"
+            depth -= text[i] == "}"
+            if depth == 0:
+                break
+            i += 1
+        out.append(text[pos : m.end()])
+        out.append(text[m.end() : i].replace("super::", "self::"))
+        pos = i
+    out.append(text[pos:])
+    return "".join(out)
+
+
 class Crate:
     """One crate's files, what each defines, and what each brings in by `use`."""
 
@@ -82,8 +105,8 @@ class Crate:
         self.where = {f: m for m, f in self.mods.items()}
         self.text = {}
         for f in self.files:
-            t = strip_tests(f.read_text(errors="replace"))
-            self.text[f] = re.sub(r"//[^\n]*", "", t)
+            t = re.sub(r"//[^\n]*", "", strip_tests(f.read_text(errors="replace")))
+            self.text[f] = flatten_inline_mods(t)
         # name -> the path it was brought in by, per file
         self.uses: dict[Path, dict[str, list[str]]] = {}
         for f in self.files:
