@@ -287,7 +287,7 @@ fn logprobs(e: &Engine, prompt: Vec<u32>) -> (String, Vec<shoal_engine::TokenLog
 }
 
 /// A restored prefix gives the cold run's logprobs: to the bit on llama.cpp
-/// in batch-invariant mode (which reuses whole 512-token micro-batches of
+/// in batch-invariant mode (which reuses whole 64-token micro-batches of
 /// the prompt only), within float rounding on MLX (whose last prompt token
 /// then runs alone instead of in a chunk).
 #[test]
@@ -306,7 +306,7 @@ fn a_restored_prefix_gives_the_cold_logprobs_to_the_bit_in_batch_invariant_mode(
     };
     let cache = disk(dir.path(), 1 << 30);
     let e = start(&cache);
-    // Over two micro-batches, so a whole one or more is reused.
+    // A long prompt: many micro-batches, the last one partial.
     let rules: String = (1..=90)
         .map(|i| format!("Rule {i}: answer briefly, in plain words, and only what is asked. "))
         .collect();
@@ -319,7 +319,7 @@ fn a_restored_prefix_gives_the_cold_logprobs_to_the_bit_in_batch_invariant_mode(
     let e = start(&cache);
     let (again, restored, c) = logprobs(&e, prompt.clone());
     let reused = if llama {
-        (prompt.len() - 1) / 512 * 512
+        (prompt.len() - 1) / 64 * 64
     } else {
         prompt.len() - 1
     };

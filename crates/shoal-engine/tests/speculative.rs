@@ -328,8 +328,22 @@ fn the_draft_model_keeps_its_cache_for_the_next_turn() {
     // order, so each splits the follow-up's prompt at the same place.
     let on = start_target(always_model(), Some(gguf()), 1 << 30);
     let off = start_target(DraftOptions::off(), None, 1 << 30);
-    // Little to look up: the draft model drafts.
-    let first = request(&on, "Explain in three sentences why the sky is blue.", 40);
+    // Little to look up: the draft model drafts. The instructions make the
+    // prompt longer than a micro-batch: batch-invariant mode reuses whole
+    // ones of a prompt only (a reply's positions are computed otherwise).
+    const SYSTEM: &str = "You are a patient science teacher. Answer in plain words, with \
+        short sentences, for a curious student of twelve who likes examples from daily life. \
+        Prefer the kitchen, the garden and the bicycle to the laboratory, name no formulas, \
+        and end with one question the student could try at home.";
+    let mut first = request(&on, "Explain in three sentences why the sky is blue.", 40);
+    first.prompt = chat(
+        &on,
+        &[
+            ("system", SYSTEM),
+            ("user", "Explain in three sentences why the sky is blue."),
+        ],
+    );
+    assert!(first.prompt.len() > 64, "{} tokens", first.prompt.len());
     let turn = run(&on, first.clone());
     same_reply("first turn", &turn, &run(&off, first.clone()));
     // The draft model's cache of the reply is kept beside the model's.
@@ -339,6 +353,7 @@ fn the_draft_model_keeps_its_cache_for_the_next_turn() {
         prompt: chat(
             &on,
             &[
+                ("system", SYSTEM),
                 ("user", "Explain in three sentences why the sky is blue."),
                 ("assistant", &turn.0),
                 ("user", "Now explain why sunsets are red."),

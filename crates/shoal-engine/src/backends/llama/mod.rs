@@ -42,6 +42,11 @@ const N_BATCH: usize = 2048;
 /// Tokens llama.cpp computes in one micro-batch (its `n_ubatch`, the
 /// default llama-server uses).
 const N_UBATCH: usize = 512;
+/// The micro-batch in batch-invariant mode: a reused prefix is cut to a
+/// multiple of it there ([`LanguageModel::exact_prefix_unit`]), so a small
+/// one keeps short chats' prefixes (a few percent of prefill speed, in a
+/// mode that trades speed for exactness already).
+const N_UBATCH_EXACT: usize = 64;
 
 /// Settings of the llama.cpp backend.
 #[derive(Clone, Debug)]
@@ -327,6 +332,16 @@ impl LlamaOptions {
         (self.sequences + pad).clamp(1 + pad, LLAMA_MAX_SEQ)
     }
 
+    /// Tokens a micro-batch computes ([`N_UBATCH`], or [`N_UBATCH_EXACT`] in
+    /// batch-invariant mode).
+    pub fn ubatch(&self) -> usize {
+        if self.batch_invariant {
+            N_UBATCH_EXACT
+        } else {
+            N_UBATCH
+        }
+    }
+
     /// Whether requests get a KV slice each.
     pub fn splits(&self) -> bool {
         self.split || self.batch_invariant
@@ -407,7 +422,7 @@ impl LlamaOptions {
         LlamaContextParams::default()
             .with_n_ctx(NonZeroU32::new(kv_tokens as u32))
             .with_n_batch(N_BATCH as u32)
-            .with_n_ubatch(N_UBATCH as u32)
+            .with_n_ubatch(self.ubatch() as u32)
             .with_n_seq_max(self.context_sequences() as u32)
             .with_n_threads(threads)
             .with_n_threads_batch(threads)
@@ -579,6 +594,8 @@ pub struct LlamaCppModel {
     bytes_per_position: usize,
     /// Batch-invariant mode's companion sequence for a lone row.
     pad: Option<i32>,
+    /// Tokens of a micro-batch ([`LlamaOptions::ubatch`]).
+    ubatch: usize,
 }
 
 /// The weights of `path` (already checked by [`super::check_gguf`]) and a
@@ -674,6 +691,7 @@ impl LlamaCppModel {
             info,
             bytes_per_position,
             pad,
+            ubatch: opts.ubatch(),
         })
     }
 
@@ -709,7 +727,7 @@ impl LanguageModel for LlamaCppModel {
     }
 
     fn exact_prefix_unit(&self) -> Option<usize> {
-        self.pad.map(|_| N_UBATCH)
+        self.pad.map(|_| self.ubatch)
     }
 
     fn restore_cache(&self, path: &Path, tokens: &[u32]) -> Result<Box<dyn KvCache>> {
