@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::error::{ApiError, ErrorKind, ErrorShape};
+use crate::error::{ApiError, ErrorKind};
 use crate::AppState;
 
 /// Origins of the desktop app's webview, allowed by default.
@@ -267,12 +267,12 @@ impl Limits {
 
 /// Routes open without a key: liveness, the web UI's files, and the cluster
 /// control routes (signed with the cluster secret instead).
-fn open_route(path: &str) -> bool {
+fn open_route(path: &str, routed: crate::dialect::Routed) -> bool {
     path == "/health"
         || !(path.starts_with("/v1/")
             || path == "/v1"
             || path == "/metrics"
-            || crate::dialects::Dialect::for_path(path).is_some())
+            || routed.dialect.is_some())
         || matches!(
             path,
             shoal_cluster::STATUS_PATH
@@ -300,7 +300,8 @@ fn presented_key(headers: &HeaderMap) -> Option<&[u8]> {
 /// The access check, run before every route.
 pub async fn guard(State(s): State<AppState>, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
-    let dialect = ErrorShape::for_path(&path);
+    let routed = crate::dialect::Routed::of(req.extensions());
+    let dialect = routed.error_shape();
     let access = &s.access;
     if let Some(origin) = req
         .headers()
@@ -318,7 +319,7 @@ pub async fn guard(State(s): State<AppState>, req: Request, next: Next) -> Respo
             .into_response();
         }
     }
-    if !access.requires_key() || open_route(&path) || req.method() == Method::OPTIONS {
+    if !access.requires_key() || open_route(&path, routed) || req.method() == Method::OPTIONS {
         return next.run(req).await;
     }
     if let Some(key) = presented_key(req.headers()).and_then(|k| access.key_for(k)) {

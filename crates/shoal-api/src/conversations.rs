@@ -330,8 +330,10 @@ mod tests {
     use shoal_engine::{Completion, FinishReason, Usage};
 
     /// The server's dialect a recorder client's dialect talks to.
-    fn server(d: WireDialect) -> crate::dialects::Dialect {
-        crate::dialects::Dialect::parse(d.ledger_name()).expect("every client dialect is served")
+    fn server(d: WireDialect) -> crate::dialect::Dialect {
+        crate::dialects::registry()
+            .parse(d.ledger_name())
+            .expect("every client dialect is served")
     }
 
     fn entry(dialect: WireDialect, finishes: Vec<FinishReason>, usage: Usage) -> LedgerEntry {

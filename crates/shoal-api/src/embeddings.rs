@@ -6,7 +6,7 @@
 //! [`EmbedRequest`] and renders the [`Answer`].
 use shoal_engine::{Completion, Embedded, EngineError, FinishReason, Timings, Usage};
 
-use crate::dialects::Dialect;
+use crate::dialect::Dialect;
 use crate::error::ApiError;
 use crate::ledger::{LedgerEntry, Tracked};
 use crate::run::{new_id, now_secs};

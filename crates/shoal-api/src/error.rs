@@ -5,7 +5,7 @@ use serde_json::json;
 use shoal_engine::EngineError;
 
 /// The shape and statuses of an error body, as a dialect chooses it
-/// (`dialects::Words::error_shape`): OpenAI's for its dialects and Shoal's
+/// (`dialect::Words::error_shape`): OpenAI's for its dialects and Shoal's
 /// own routes, Anthropic's, or a plain `{"error": "message"}` (Ollama's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ErrorShape {
@@ -13,13 +13,6 @@ pub enum ErrorShape {
     Anthropic,
     /// `{"error": "message"}`; overload is a 503.
     Plain,
-}
-
-impl ErrorShape {
-    /// The shape errors take on a request path.
-    pub fn for_path(path: &str) -> Self {
-        crate::dialects::Dialect::for_path(path).map_or(ErrorShape::OpenAi, ErrorShape::from)
-    }
 }
 
 /// What went wrong, independent of dialect.

@@ -7,7 +7,7 @@
 //! and `shoal usage` query it.
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::dialects::Dialect;
+use crate::dialect::{Dialect, Registry};
 use serde_json::{json, Value};
 use shoal_client::metadata::{Cost, Price};
 use shoal_engine::{Completion, FinishReason, Timings, Usage};
@@ -214,8 +214,8 @@ impl LedgerEntry {
         }
     }
 
-    fn from_row(r: UsageRow) -> Option<LedgerEntry> {
-        let dialect = Dialect::parse(&r.dialect)?;
+    fn from_row(r: UsageRow, dialects: Registry) -> Option<LedgerEntry> {
+        let dialect = dialects.parse(&r.dialect)?;
         let completions = r
             .choices
             .into_iter()
@@ -311,6 +311,9 @@ pub struct Retention {
 pub struct Ledger {
     log: Mutex<UsageLog>,
     retention: Retention,
+    /// The dialects its rows may name (a row of one no longer served is
+    /// skipped when read).
+    dialects: Registry,
     /// Ids of requests generating now, each to be recorded when it ends.
     pending: Mutex<std::collections::HashSet<String>>,
     /// Woken whenever a row is written or a pending request ends.
@@ -338,11 +341,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Ledger {
     /// A ledger in memory (a server run without a store), holding at most
     /// `rows` records.
-    pub fn in_memory(rows: usize) -> Self {
+    pub fn in_memory(rows: usize, dialects: Registry) -> Self {
         let log = UsageLog::in_memory().expect("an in-memory SQLite database opens");
         Ledger {
             log: Mutex::new(log),
             retention: Retention { days: 0, rows },
+            dialects,
             pending: Mutex::default(),
             written: tokio::sync::Notify::new(),
         }
@@ -352,13 +356,20 @@ impl Ledger {
     pub fn open(
         path: &std::path::Path,
         retention: Retention,
+        dialects: Registry,
     ) -> Result<Self, shoal_store::StoreError> {
         Ok(Ledger {
             log: Mutex::new(UsageLog::open(path)?),
             retention,
+            dialects,
             pending: Mutex::default(),
             written: tokio::sync::Notify::new(),
         })
+    }
+
+    /// The dialects its rows may name.
+    pub fn dialects(&self) -> Registry {
+        self.dialects
     }
 
     pub(crate) fn log(&self) -> std::sync::MutexGuard<'_, UsageLog> {
@@ -421,7 +432,7 @@ impl Ledger {
     /// The entry for a response id.
     pub fn get(&self, id: &str) -> Option<LedgerEntry> {
         match self.log().get(id) {
-            Ok(row) => row.and_then(LedgerEntry::from_row),
+            Ok(row) => row.and_then(|r| LedgerEntry::from_row(r, self.dialects)),
             Err(error) => {
                 tracing::error!(%id, %error, "usage ledger read failed");
                 None
@@ -517,7 +528,7 @@ impl Ledger {
     /// whether a listing stopped short of them all.
     pub fn query(&self, q: &UsageQuery) -> Result<Page, ApiError> {
         let (rows, has_more) = self.rows(q)?;
-        Ok(Page::of(rows, has_more))
+        Ok(Page::of(rows, has_more, self.dialects))
     }
 }
 
@@ -529,12 +540,12 @@ pub struct Page {
 }
 
 impl Page {
-    pub(crate) fn of(rows: Vec<UsageRow>, has_more: bool) -> Page {
+    pub(crate) fn of(rows: Vec<UsageRow>, has_more: bool, dialects: Registry) -> Page {
         let entries = rows
             .into_iter()
             .filter_map(|r| {
                 let seq = r.seq;
-                LedgerEntry::from_row(r).map(|e| (seq, e))
+                LedgerEntry::from_row(r, dialects).map(|e| (seq, e))
             })
             .collect();
         Page { entries, has_more }
@@ -655,6 +666,7 @@ impl UsageQuery {
     /// error naming the parameter.
     pub fn parse<'a>(
         pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+        dialects: Registry,
     ) -> Result<Self, crate::error::ApiError> {
         let number = |k: &str, v: &str| {
             v.parse::<u64>()
@@ -671,10 +683,11 @@ impl UsageQuery {
                 "model" => f.model = Some(v.to_string()),
                 "dialect" => {
                     f.dialect = Some(
-                        Dialect::parse(v)
+                        dialects
+                            .parse(v)
                             .ok_or_else(|| {
                                 let names: Vec<_> =
-                                    Dialect::all().map(Dialect::ledger_name).collect();
+                                    dialects.all().map(Dialect::ledger_name).collect();
                                 ApiError::param(
                                     k,
                                     format!(
@@ -981,7 +994,7 @@ mod tests {
     #[test]
     fn a_value_outside_its_choices_is_refused_with_the_choices() {
         let refused = |k: &str, v: &str| {
-            let e = super::UsageQuery::parse([(k, v)]).expect_err(k);
+            let e = super::UsageQuery::parse([(k, v)], crate::dialects::registry()).expect_err(k);
             (e.param.unwrap_or_default(), e.message)
         };
         assert_eq!(
@@ -1001,11 +1014,14 @@ mod tests {
             refused("format", "xml").1,
             "'format' must be json or csv, got \"xml\""
         );
-        let q = super::UsageQuery::parse([
-            ("group_by", "served_by"),
-            ("scope", "cluster"),
-            ("format", "csv"),
-        ])
+        let q = super::UsageQuery::parse(
+            [
+                ("group_by", "served_by"),
+                ("scope", "cluster"),
+                ("format", "csv"),
+            ],
+            crate::dialects::registry(),
+        )
         .expect("valid");
         assert_eq!(q.group_by, Some(super::GroupBy::ServedBy));
         assert!(q.cluster && q.csv);

@@ -6,6 +6,7 @@ mod body;
 mod cache;
 pub mod cluster;
 mod conversations;
+pub mod dialect;
 pub mod dialects;
 pub mod embeddings;
 mod error;
@@ -34,7 +35,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 
-use crate::error::{ApiError, DialectError, ErrorShape};
+use crate::error::ApiError;
 use crate::ledger::Ledger;
 pub use crate::state::{AppState, Served};
 
@@ -104,6 +105,8 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             usage::track,
         ))
+        // Outside every layer that asks which dialect a request speaks.
+        .layer(axum::middleware::from_fn(attach_dialect))
         .layer(access::cors(&state.access))
         // Bodies are read up to the limit before the 413, so a client still
         // sending gets the answer rather than a broken pipe.
@@ -168,21 +171,34 @@ async fn root(
     dialects::ollama::ROOT_TEXT.into_response()
 }
 
+/// Works out a request's dialect once, from its path, for every layer and
+/// handler after it ([`dialect::Routed`], a request extension).
+async fn attach_dialect(
+    mut req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let routed = dialects::registry().route(req.uri().path());
+    req.extensions_mut().insert(routed);
+    next.run(req).await
+}
+
 /// API paths that match no route get the dialect's 404; everything else is
 /// the web UI.
-async fn fallback(method: axum::http::Method, uri: axum::http::Uri) -> axum::response::Response {
+async fn fallback(
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+    routed: Option<axum::Extension<dialect::Routed>>,
+) -> axum::response::Response {
+    let routed = routed.map(|r| r.0).unwrap_or_default();
     let path = uri.path();
     if path.starts_with("/v1/")
         || path == "/v1"
-        || dialects::Dialect::for_path(path).is_some()
+        || routed.dialect.is_some()
         || method != axum::http::Method::GET
     {
-        return not_found(uri).await.into_response();
+        return ApiError::not_found(format!("no route for {path}"))
+            .in_dialect(routed.error_shape())
+            .into_response();
     }
     ui::serve(path)
-}
-
-async fn not_found(uri: axum::http::Uri) -> DialectError {
-    ApiError::not_found(format!("no route for {}", uri.path()))
-        .in_dialect(ErrorShape::for_path(uri.path()))
 }

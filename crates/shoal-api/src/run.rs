@@ -7,7 +7,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tracing::Instrument;
 
-use crate::dialects::Dialect;
+use crate::dialect::Dialect;
 use crate::error::ApiError;
 pub use crate::ids::{new_id, now_secs};
 use crate::ledger::{LedgerEntry, Tracked};

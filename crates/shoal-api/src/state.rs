@@ -83,7 +83,7 @@ impl AppState {
         AppState {
             node: LocalNode::start(NodeIdentity::for_this_machine(), backend),
             pool,
-            ledger: Arc::new(Ledger::in_memory(10_000)),
+            ledger: Arc::new(Ledger::in_memory(10_000, crate::dialects::registry())),
             responses: Arc::new(dialects::openai_responses::ResponseStore::new(256)),
             running: Arc::new(run::Running::default()),
             store: None,
@@ -109,7 +109,7 @@ impl AppState {
     ) -> Result<Self, shoal_store::StoreError> {
         let store = shoal_store::Store::open(path)?;
         self.store = Some(Arc::new(std::sync::Mutex::new(store)));
-        self.ledger = Arc::new(Ledger::open(path, retention)?);
+        self.ledger = Arc::new(Ledger::open(path, retention, crate::dialects::registry())?);
         Ok(self)
     }
 

@@ -3,7 +3,6 @@
 //! middleware that gives generation handlers their request's facts and
 //! records what they could not, and the control route through which nodes
 //! read each other's rows.
-use crate::dialects::Dialect;
 use axum::extract::{Query, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -25,7 +24,7 @@ use crate::ledger::{CLIENT_HEADER, ORIGIN_HEADER, RECEIVED_BY_HEADER};
 /// signature checks out.
 pub async fn track(State(s): State<crate::AppState>, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
-    let Some(dialect) = Dialect::for_generation_path(&path) else {
+    let Some(dialect) = crate::dialect::Routed::of(req.extensions()).generation else {
         return next.run(req).await;
     };
     let own = s.node.identity().id.clone();
@@ -143,7 +142,7 @@ async fn forwarded_facts(
     let (parts, body) = req.into_parts();
     let Ok(bytes) = axum::body::to_bytes(body, s.access.max_body_bytes).await else {
         return Err(crate::body::too_large(Some(s.access.max_body_bytes))
-            .in_dialect(ErrorShape::for_path(parts.uri.path()))
+            .in_dialect(crate::dialect::Routed::of(&parts.extensions).error_shape())
             .into_response());
     };
     let verified = s
@@ -212,8 +211,11 @@ pub async fn peer_usage(State(s): State<crate::AppState>, req: Request) -> Respo
             .get(id)
             .map(|r| r.into_iter().collect())
             .map_err(|e| ApiError::internal(format!("the usage ledger could not be read: {e}"))),
-        None => UsageQuery::parse(ask.query.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .and_then(|q| s.ledger.rows(&q).map(|(rows, _)| rows)),
+        None => UsageQuery::parse(
+            ask.query.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+            s.ledger.dialects(),
+        )
+        .and_then(|q| s.ledger.rows(&q).map(|(rows, _)| rows)),
     };
     match rows {
         Ok(rows) => axum::Json(json!({ "data": rows })).into_response(),
@@ -250,7 +252,10 @@ pub async fn handle(
     Query(pairs): Query<Vec<(String, String)>>,
 ) -> Response {
     let answer = async {
-        let mut q = UsageQuery::parse(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
+        let mut q = UsageQuery::parse(
+            pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+            s.ledger.dialects(),
+        )?;
         if q.filter.limit.is_none() && !q.csv {
             q.filter.limit = Some(100);
         }
@@ -369,7 +374,7 @@ async fn cluster_page(
         has_more |= rows.len() > n;
         rows.truncate(n);
     }
-    Ok((Page::of(rows, has_more), missing))
+    Ok((Page::of(rows, has_more, s.ledger.dialects()), missing))
 }
 
 /// `/v1/usage/keys`: each API key's use against its limits (names only).

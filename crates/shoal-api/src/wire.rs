@@ -6,7 +6,7 @@
 use serde_json::Value;
 use shoal_client::ProviderMeta;
 
-pub use crate::dialects::Dialect;
+pub use crate::dialect::Dialect;
 use shoal_engine::{Completion, FinishReason, Usage};
 
 use crate::error::ApiError;

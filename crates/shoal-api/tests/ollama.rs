@@ -329,7 +329,18 @@ async fn chat_counts_match_chat_completions_streamed_or_not() {
 /// streamed or not, with the alternatives asked for; none unless asked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logprobs_come_per_token_streamed_or_not() {
-    let base = server().await;
+    // An engine of its own: a row batched with another test's request may
+    // differ from its lone run in a logprob's last bits.
+    let alone = Engine::start(
+        &common::gguf(),
+        MODEL,
+        EngineOptions {
+            prefix_cache_bytes: 0,
+            ..common::options()
+        },
+    )
+    .expect("load");
+    let base = common::serve(AppState::new(alone)).await;
     for (path, body) in [
         ("/api/chat", json!({"model": MODEL, "messages": france()})),
         (

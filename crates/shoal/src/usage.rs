@@ -72,7 +72,7 @@ pub fn run(a: Args) -> Result<()> {
         "no usage ledger at {} (the server has not run with this store yet)",
         db.display()
     );
-    let ledger = Ledger::open(&db, cfg.retention())
+    let ledger = Ledger::open(&db, cfg.retention(), shoal_api::dialects::registry())
         .with_context(|| format!("opening the usage ledger in {}", db.display()))?;
     if a.keys {
         return print_keys(&ledger, &cfg, a.json);
@@ -100,8 +100,11 @@ pub fn run(a: Args) -> Result<()> {
         (None, false) => pairs.push(("limit", "50".into())),
         (None, true) => {}
     }
-    let q = UsageQuery::parse(pairs.iter().map(|(k, v)| (*k, v.as_str())))
-        .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    let q = UsageQuery::parse(
+        pairs.iter().map(|(k, v)| (*k, v.as_str())),
+        ledger.dialects(),
+    )
+    .map_err(|e| anyhow::anyhow!("{}", e.message))?;
     let page = ledger
         .query(&q)
         .map_err(|e| anyhow::anyhow!("{}", e.message))?;

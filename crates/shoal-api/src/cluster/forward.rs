@@ -25,12 +25,13 @@ pub async fn forward(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let path = req.uri().path().to_string();
+    let routed = crate::dialect::Routed::of(req.extensions());
+    let shape = routed.error_shape();
     let Some(cluster) = s.cluster() else {
         return next.run(req).await;
     };
     if req.method() != Method::POST
-        || !crate::dialects::Dialect::names_model(&path)
+        || !routed.names_model
         || req.headers().contains_key(FORWARDED_HEADER)
     {
         return next.run(req).await;
@@ -40,7 +41,7 @@ pub async fn forward(
         Ok(b) => b,
         Err(_) => {
             return crate::body::too_large(Some(s.access.max_body_bytes))
-                .in_dialect(ErrorShape::for_path(&path))
+                .in_dialect(shape)
                 .into_response()
         }
     };
@@ -49,7 +50,7 @@ pub async fn forward(
         .and_then(|v| v.get("model").and_then(|m| m.as_str()).map(str::to_string));
     // A model split over nodes from here goes to its first stage.
     if let Some(target) = model.as_deref().and_then(|m| shards::route(&s, m)) {
-        return proxy(target, parts, bytes, ErrorShape::for_path(&path))
+        return proxy(target, parts, bytes, shape)
             .await
             .unwrap_or_else(|n| n.answer);
     }
@@ -59,10 +60,11 @@ pub async fn forward(
         .as_deref()
         .filter(|m| s.pool.loaded_engine(m).is_none())
         .and_then(|m| {
-            cluster
-                .peers()
-                .into_iter()
-                .find(|p| p.status == "online" && p.models.iter().any(|x| x.id == m))
+            cluster.peers().into_iter().find(|p| {
+                // Ollama's `ID:latest` names the peer's `ID` too.
+                let bare = m.strip_suffix(":latest").unwrap_or(m);
+                p.status == "online" && p.models.iter().any(|x| x.id == m || x.id == bare)
+            })
         });
     let Some(peer) = target else {
         let req = axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes));
@@ -88,14 +90,7 @@ pub async fn forward(
                 .then(|| format!("node {id} became unreachable mid-answer"))
         }),
     };
-    match proxy(
-        target,
-        parts.clone(),
-        bytes.clone(),
-        ErrorShape::for_path(&path),
-    )
-    .await
-    {
+    match proxy(target, parts.clone(), bytes.clone(), shape).await {
         Ok(answer) => answer,
         // The peer went away before it got the request (its heartbeat has not
         // lapsed yet): nothing ran there, so this node serves it, loading the

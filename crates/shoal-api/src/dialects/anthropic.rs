@@ -677,7 +677,7 @@ pub struct Messages {
 impl run::Adapter for Messages {
     type Request = MessagesRequest;
     type Stream = MessagesRenderer;
-    const DIALECT: super::Dialect = DIALECT;
+    const DIALECT: crate::dialect::Dialect = DIALECT;
     const ID_PREFIX: &'static str = "msg_";
 
     fn prepare(
@@ -732,14 +732,14 @@ pub async fn count_tokens(
 }
 
 /// Anthropic Messages's words for the engine's records.
-pub const DIALECT: super::Dialect = super::Dialect(&super::Described {
+pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dialect::Described {
     ledger_name: "anthropic.messages",
     short_name: "messages",
     path_prefixes: &["/v1/messages"],
     generation_paths: &["/v1/messages"],
     model_paths: &["/v1/messages", "/v1/messages/count_tokens"],
     error_shape: ErrorShape::Anthropic,
-    finish_words: |f| super::FinishWords::one(crate::wire::messages::stop_reason(f)),
+    finish_words: |f| crate::dialect::FinishWords::one(crate::wire::messages::stop_reason(f)),
     usage_json: crate::wire::messages::usage_json,
     provider_meta,
 });

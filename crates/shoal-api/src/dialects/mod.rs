@@ -1,16 +1,18 @@
 //! The API dialects, peers in one folder: each module is one wire format
 //! (its requests, its renderers, its routes and its words for the engine's
-//! records) and registers itself in [`REGISTRY`]. Nothing outside this
-//! folder names a dialect: the serving path, the ledger, the metrics and
-//! the conversation store reach a dialect's words through [`Dialect`].
-//! A new dialect is one module here plus one line in [`REGISTRY`].
+//! records) and is listed in [`REGISTRY`]. Nothing outside this folder
+//! names a dialect: the serving path, the ledger, the metrics and the
+//! conversation store reach a dialect's words through
+//! [`crate::dialect::Dialect`], and the set of them through the
+//! [`registry`] value the server hands down. A new dialect is one module
+//! here plus one line in [`REGISTRY`].
+use std::sync::OnceLock;
+
 use axum::Router;
 use serde_json::Value;
-use shoal_client::ProviderMeta;
-use shoal_engine::{FinishReason, Usage};
 
-use crate::error::ErrorShape;
-use crate::AppState;
+pub use crate::dialect::{Described, Dialect, FinishWords, Registry, Words, CANCELLED};
+use crate::state::AppState;
 
 pub mod anthropic;
 pub mod common;
@@ -19,110 +21,6 @@ pub mod openai_chat;
 pub mod openai_completions;
 pub mod openai_embeddings;
 pub mod openai_responses;
-
-/// A dialect's own words for the engine's records, and where it lives.
-pub trait Words: Send + Sync + 'static {
-    /// The name the ledger, `/metrics` and the logs give the dialect
-    /// (`openai.chat`, `ollama` …); stored, so never renamed.
-    fn ledger_name(&self) -> &'static str;
-    /// A short alias `/v1/usage?dialect=` also accepts (`chat`).
-    fn short_name(&self) -> &'static str;
-    /// Path prefixes of the dialect's routes: their errors take its shape.
-    fn path_prefixes(&self) -> &'static [&'static str];
-    /// The routes whose every answer is a ledger row.
-    fn generation_paths(&self) -> &'static [&'static str];
-    /// Routes whose body names a model, so a node without it forwards them.
-    fn model_paths(&self) -> &'static [&'static str] {
-        self.generation_paths()
-    }
-    /// How its error bodies look.
-    fn error_shape(&self) -> ErrorShape;
-    /// One choice's finish in the dialect's words (a cancelled choice is
-    /// worded by [`Dialect::finish_words`], the same in every dialect).
-    fn finish_words(&self, f: &FinishReason) -> FinishWords;
-    /// The usage object exactly as the dialect sends it.
-    fn usage_json(&self, u: &Usage) -> Value;
-    /// What a recorder client stores under its reserved keys for a reply of
-    /// this dialect: the finish words and the usage fields it reports.
-    fn provider_meta(&self, finish: Option<&FinishReason>, u: &Usage) -> ProviderMeta;
-}
-
-/// A finish in a dialect's words: one word (`length`, `max_tokens`), or a
-/// status with its reason (Responses' `incomplete` for `max_output_tokens`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FinishWords {
-    pub word: &'static str,
-    pub reason: Option<&'static str>,
-}
-
-impl FinishWords {
-    pub const fn one(word: &'static str) -> Self {
-        FinishWords { word, reason: None }
-    }
-    /// Every word the ledger's `finish` filter finds it by: the word, the
-    /// reason, and both as listed.
-    pub fn terms(&self) -> Vec<String> {
-        let mut out = vec![self.word.to_string()];
-        if let Some(r) = self.reason {
-            out.push(r.to_string());
-            out.push(self.to_string());
-        }
-        out
-    }
-}
-
-/// As listed: `word`, or `status:reason`.
-impl std::fmt::Display for FinishWords {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.reason {
-            Some(r) => write!(f, "{}:{r}", self.word),
-            None => f.write_str(self.word),
-        }
-    }
-}
-
-/// A dialect's words given as data, which is all most dialects need.
-pub struct Described {
-    pub ledger_name: &'static str,
-    pub short_name: &'static str,
-    pub path_prefixes: &'static [&'static str],
-    pub generation_paths: &'static [&'static str],
-    pub model_paths: &'static [&'static str],
-    pub error_shape: ErrorShape,
-    pub finish_words: fn(&FinishReason) -> FinishWords,
-    pub usage_json: fn(&Usage) -> Value,
-    pub provider_meta: fn(Option<&FinishReason>, &Usage) -> ProviderMeta,
-}
-
-impl Words for Described {
-    fn ledger_name(&self) -> &'static str {
-        self.ledger_name
-    }
-    fn short_name(&self) -> &'static str {
-        self.short_name
-    }
-    fn path_prefixes(&self) -> &'static [&'static str] {
-        self.path_prefixes
-    }
-    fn generation_paths(&self) -> &'static [&'static str] {
-        self.generation_paths
-    }
-    fn model_paths(&self) -> &'static [&'static str] {
-        self.model_paths
-    }
-    fn error_shape(&self) -> ErrorShape {
-        self.error_shape
-    }
-    fn finish_words(&self, f: &FinishReason) -> FinishWords {
-        (self.finish_words)(f)
-    }
-    fn usage_json(&self, u: &Usage) -> Value {
-        (self.usage_json)(u)
-    }
-    fn provider_meta(&self, finish: Option<&FinishReason>, u: &Usage) -> ProviderMeta {
-        (self.provider_meta)(finish, u)
-    }
-}
 
 /// One registered dialect: its words and its routes.
 pub struct Registered {
@@ -140,84 +38,10 @@ pub const REGISTRY: &[Registered] = &[
     openai_embeddings::REGISTERED,
 ];
 
-/// A handle on a dialect's words; compared and stored by its ledger name.
-#[derive(Clone, Copy)]
-pub struct Dialect(pub &'static dyn Words);
-
-/// The word for a choice whose client left before it ended: no dialect has one.
-pub const CANCELLED: &str = "cancelled";
-
-impl Dialect {
-    /// Every registered dialect.
-    pub fn all() -> impl Iterator<Item = Dialect> {
-        REGISTRY.iter().map(|r| r.dialect)
-    }
-    /// The dialect stored under `name` (its ledger name or short alias).
-    pub fn parse(name: &str) -> Option<Dialect> {
-        Dialect::all().find(|d| d.ledger_name() == name || d.0.short_name() == name)
-    }
-    /// The dialect whose routes `path` is under; `None` for Shoal's own routes.
-    pub fn for_path(path: &str) -> Option<Dialect> {
-        Dialect::all().find(|d| {
-            d.0.path_prefixes().iter().any(|p| {
-                path == *p
-                    || path
-                        .strip_prefix(p)
-                        .is_some_and(|rest| p.ends_with('/') || rest.starts_with('/'))
-            })
-        })
-    }
-    /// The dialect whose generation route `path` is (ledger rows for every answer).
-    pub fn for_generation_path(path: &str) -> Option<Dialect> {
-        Dialect::all().find(|d| d.0.generation_paths().contains(&path))
-    }
-    /// Whether `path` is a route whose body names a model (forwardable).
-    pub fn names_model(path: &str) -> bool {
-        Dialect::all().any(|d| d.0.model_paths().contains(&path))
-    }
-    pub fn ledger_name(self) -> &'static str {
-        self.0.ledger_name()
-    }
-    pub fn error_shape(self) -> ErrorShape {
-        self.0.error_shape()
-    }
-    /// One choice's finish in this dialect's words; `cancelled` for a
-    /// choice whose client left, in every dialect.
-    pub fn finish_words(self, f: &FinishReason) -> String {
-        self.finish_terms(f).to_string()
-    }
-    /// The same, typed (the ledger stores its parts).
-    pub fn finish_terms(self, f: &FinishReason) -> FinishWords {
-        if *f == FinishReason::Cancelled {
-            return FinishWords::one(CANCELLED);
-        }
-        self.0.finish_words(f)
-    }
-    pub fn usage_json(self, u: &Usage) -> Value {
-        self.0.usage_json(u)
-    }
-    pub fn provider_meta(self, finish: Option<&FinishReason>, u: &Usage) -> ProviderMeta {
-        self.0.provider_meta(finish, u)
-    }
-}
-
-impl PartialEq for Dialect {
-    fn eq(&self, other: &Self) -> bool {
-        self.ledger_name() == other.ledger_name()
-    }
-}
-impl Eq for Dialect {}
-
-impl std::fmt::Debug for Dialect {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.ledger_name())
-    }
-}
-
-impl From<Dialect> for ErrorShape {
-    fn from(d: Dialect) -> Self {
-        d.error_shape()
-    }
+/// Every registered dialect's words, as the layers below look them up.
+pub fn registry() -> Registry {
+    static ALL: OnceLock<Vec<Dialect>> = OnceLock::new();
+    Registry(ALL.get_or_init(|| REGISTRY.iter().map(|r| r.dialect).collect()))
 }
 
 /// Every dialect's routes.
@@ -231,7 +55,7 @@ pub fn routes() -> Router<AppState> {
 /// without naming any.
 pub async fn list() -> axum::Json<Value> {
     axum::Json(serde_json::json!({
-        "data": Dialect::all().map(|d| serde_json::json!({
+        "data": registry().all().map(|d| serde_json::json!({
             "name": d.ledger_name(),
             "short_name": d.0.short_name(),
             "generation_paths": d.0.generation_paths(),
@@ -257,28 +81,30 @@ mod tests {
             ("/apix", None),
         ] {
             assert_eq!(
-                Dialect::for_path(path).map(Dialect::ledger_name),
+                registry().for_path(path).map(Dialect::ledger_name),
                 want,
                 "{path}"
             );
         }
         assert_eq!(
-            Dialect::for_generation_path("/api/generate").map(Dialect::ledger_name),
+            registry()
+                .for_generation_path("/api/generate")
+                .map(Dialect::ledger_name),
             Some("ollama")
         );
-        assert!(Dialect::for_generation_path("/api/tags").is_none());
+        assert!(registry().for_generation_path("/api/tags").is_none());
     }
 
     #[test]
     fn names_are_unique_and_parse_back() {
-        let names: Vec<_> = Dialect::all().map(Dialect::ledger_name).collect();
+        let names: Vec<_> = registry().all().map(Dialect::ledger_name).collect();
         let mut dedup = names.clone();
         dedup.sort();
         dedup.dedup();
         assert_eq!(names.len(), dedup.len());
-        for d in Dialect::all() {
-            assert_eq!(Dialect::parse(d.ledger_name()), Some(d));
-            assert_eq!(Dialect::parse(d.0.short_name()), Some(d));
+        for d in registry().all() {
+            assert_eq!(registry().parse(d.ledger_name()), Some(d));
+            assert_eq!(registry().parse(d.0.short_name()), Some(d));
         }
     }
 }

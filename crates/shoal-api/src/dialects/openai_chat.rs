@@ -432,7 +432,7 @@ pub struct Chat {
 impl run::Adapter for Chat {
     type Request = ChatRequest;
     type Stream = ChatStream;
-    const DIALECT: super::Dialect = DIALECT;
+    const DIALECT: crate::dialect::Dialect = DIALECT;
     const ID_PREFIX: &'static str = "chatcmpl-";
 
     fn prepare(
@@ -505,14 +505,14 @@ impl run::Adapter for Chat {
 }
 
 /// OpenAI Chat Completions's words for the engine's records.
-pub const DIALECT: super::Dialect = super::Dialect(&super::Described {
+pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dialect::Described {
     ledger_name: "openai.chat",
     short_name: "chat",
     path_prefixes: &["/v1/chat/completions"],
     generation_paths: &["/v1/chat/completions"],
     model_paths: &["/v1/chat/completions"],
     error_shape: ErrorShape::OpenAi,
-    finish_words: |f| super::FinishWords::one(crate::wire::chat::finish_reason(f)),
+    finish_words: |f| crate::dialect::FinishWords::one(crate::wire::chat::finish_reason(f)),
     usage_json: crate::wire::chat::usage_json,
     provider_meta,
 });

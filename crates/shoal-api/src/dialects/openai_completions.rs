@@ -168,7 +168,7 @@ pub struct Completions {
 impl run::Adapter for Completions {
     type Request = CompletionRequest;
     type Stream = CompletionRenderer;
-    const DIALECT: super::Dialect = DIALECT;
+    const DIALECT: crate::dialect::Dialect = DIALECT;
     const ID_PREFIX: &'static str = "cmpl-";
 
     fn prepare(
@@ -335,14 +335,14 @@ impl run::StreamRender for CompletionRenderer {
 }
 
 /// OpenAI legacy Completions's words for the engine's records.
-pub const DIALECT: super::Dialect = super::Dialect(&super::Described {
+pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dialect::Described {
     ledger_name: "openai.completions",
     short_name: "completions",
     path_prefixes: &["/v1/completions"],
     generation_paths: &["/v1/completions"],
     model_paths: &["/v1/completions"],
     error_shape: ErrorShape::OpenAi,
-    finish_words: |f| super::FinishWords::one(crate::wire::chat::finish_reason(f)),
+    finish_words: |f| crate::dialect::FinishWords::one(crate::wire::chat::finish_reason(f)),
     usage_json: crate::wire::chat::usage_json,
     provider_meta,
 });

@@ -95,7 +95,7 @@ fn provider_meta(
     crate::wire::base_meta(finish, u)
 }
 
-pub const DIALECT: super::Dialect = super::Dialect(&super::Described {
+pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dialect::Described {
     ledger_name: "openai.embeddings",
     short_name: "embeddings",
     path_prefixes: &["/v1/embeddings"],
@@ -103,7 +103,7 @@ pub const DIALECT: super::Dialect = super::Dialect(&super::Described {
     model_paths: &["/v1/embeddings"],
     error_shape: ErrorShape::OpenAi,
     // An embedding request has no finish of its own; a served one is `stop`.
-    finish_words: |f| super::FinishWords::one(crate::wire::chat::finish_reason(f)),
+    finish_words: |f| crate::dialect::FinishWords::one(crate::wire::chat::finish_reason(f)),
     usage_json,
     provider_meta,
 });

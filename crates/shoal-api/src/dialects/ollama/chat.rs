@@ -188,7 +188,7 @@ pub struct OllamaChat {
 impl run::Adapter for OllamaChat {
     type Request = ChatRequest;
     type Stream = ChatStream;
-    const DIALECT: crate::dialects::Dialect = DIALECT;
+    const DIALECT: crate::dialect::Dialect = DIALECT;
     const ID_PREFIX: &'static str = "ollama-";
     const FRAMING: run::Framing = run::Framing::Ndjson;
 

@@ -136,7 +136,7 @@ pub struct OllamaGenerate {
 impl run::Adapter for OllamaGenerate {
     type Request = GenerateRequest;
     type Stream = GenerateStream;
-    const DIALECT: crate::dialects::Dialect = DIALECT;
+    const DIALECT: crate::dialect::Dialect = DIALECT;
     const ID_PREFIX: &'static str = "ollama-";
     const FRAMING: run::Framing = run::Framing::Ndjson;
 

@@ -31,7 +31,7 @@ pub const OLLAMA_VERSION: &str = "0.13.5";
 /// Ollama's words for the engine's records, and its routes.
 pub struct Words;
 
-impl super::Words for Words {
+impl crate::dialect::Words for Words {
     fn ledger_name(&self) -> &'static str {
         "ollama"
     }
@@ -52,8 +52,8 @@ impl super::Words for Words {
     fn error_shape(&self) -> ErrorShape {
         ErrorShape::Plain
     }
-    fn finish_words(&self, f: &FinishReason) -> super::FinishWords {
-        super::FinishWords::one(done_reason(f))
+    fn finish_words(&self, f: &FinishReason) -> crate::dialect::FinishWords {
+        crate::dialect::FinishWords::one(done_reason(f))
     }
     fn usage_json(&self, u: &Usage) -> Value {
         json!({
@@ -75,7 +75,7 @@ impl super::Words for Words {
 }
 
 /// Ollama as the server registers it.
-pub const DIALECT: super::Dialect = super::Dialect(&Words);
+pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&Words);
 pub const REGISTERED: super::Registered = super::Registered {
     dialect: DIALECT,
     routes,

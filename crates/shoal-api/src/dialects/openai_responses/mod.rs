@@ -36,7 +36,7 @@ pub struct Responses {
 impl run::Adapter for Responses {
     type Request = ResponsesRequest;
     type Stream = ResponsesStream;
-    const DIALECT: crate::dialects::Dialect = DIALECT;
+    const DIALECT: crate::dialect::Dialect = DIALECT;
     const ID_PREFIX: &'static str = "resp_";
 
     fn prepare(
@@ -157,7 +157,7 @@ impl run::StreamRender for ResponsesStream {
 }
 
 /// OpenAI Responses's words for the engine's records.
-pub const DIALECT: super::Dialect = super::Dialect(&super::Described {
+pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dialect::Described {
     ledger_name: "openai.responses",
     short_name: "responses",
     path_prefixes: &["/v1/responses"],
@@ -167,7 +167,7 @@ pub const DIALECT: super::Dialect = super::Dialect(&super::Described {
     // A finish is its `status`, or `status:reason` when incomplete.
     finish_words: |f| {
         let (word, reason) = crate::wire::responses::outcome(f);
-        super::FinishWords { word, reason }
+        crate::dialect::FinishWords { word, reason }
     },
     usage_json: crate::wire::responses::usage_json,
     provider_meta,
@@ -181,7 +181,7 @@ fn provider_meta(
     let mut p = crate::wire::base_meta(finish, u);
     match finish {
         Some(shoal_engine::FinishReason::Cancelled) => {
-            p.status = Some(crate::dialects::CANCELLED.into())
+            p.status = Some(crate::dialect::CANCELLED.into())
         }
         Some(f) => {
             let (status, reason) = crate::wire::responses::outcome(f);
