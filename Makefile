@@ -24,7 +24,7 @@ CARGO      := cargo
 SHOAL      := $(ROOT)/target/release/shoal
 APT_PKGS   := libopenblas-dev chromium iproute2
 
-.PHONY: run test test-ui ui setup deps-apt mlx models pyenv build lint bench load fuzz clean-cache desktop deps-desktop
+.PHONY: run test test-clock test-ui ui setup deps-apt mlx models pyenv build lint bench load fuzz clean-cache desktop deps-desktop
 
 ## Serve the API (OpenAI + Anthropic dialects) on the default model at 127.0.0.1:8421.
 run: build
@@ -35,7 +35,7 @@ run: export SHOAL_EMBEDDING_MODEL ?= $(EMBED_GGUF)
 
 ## Everything CI runs: lint, Rust unit/e2e/reference tests, the official SDK suites,
 ## then the web UI in a real browser.
-test: setup ui lint
+test: test-clock setup ui lint
 	@bash tools/timed.sh "rust tests" bash tools/cargo-tally.sh "rust" $(CACHE)/cargo-test.log \
 	  $(CARGO) test --release --no-fail-fast --workspace --exclude shoal-desktop
 	@# The behaviour suites again with the default GGUF on llama.cpp: the same build as
@@ -48,6 +48,11 @@ test: setup ui lint
 	@SHOAL_BACKEND=llama bash tools/timed.sh "sdk suites on llama.cpp" bash tests/run-sdk.sh
 	@bash tools/timed.sh "ui suite on mlx" bash tests/run-ui.sh
 	@SHOAL_BACKEND=llama bash tools/timed.sh "ui suite on llama.cpp" bash tests/run-ui.sh
+	@echo "time: make test took $$(( $$(date +%s) - $$(cat $(CACHE)/test-started) )) s in all (setup included)"
+
+# When `make test` began, for its closing total.
+test-clock:
+	@mkdir -p $(CACHE) && date +%s > $(CACHE)/test-started
 
 # The engine, API, CLI and SDK suites about behaviour run on both backends: first on MLX
 # with the whole workspace, then these again (and the SDK suites) on llama.cpp. The
