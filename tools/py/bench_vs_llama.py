@@ -135,8 +135,9 @@ def part2(a, shoal_cmd, llama_cmd):
           f" with a window of {AGENT_WINDOW} positions: a ~4k-token prompt on every model, ~8k and ~16k"
           f" (agent sizes) on the agent model, Qwen2.5-Coder")
     print(f"{'model':40s} {'prompt':>7s} {'shoal ms':>9s} {'llama-server ms':>16s} {'llama/shoal':>12s}")
-    cases = [(m, 140) for m in a.models]
-    cases += [(m, n) for m in a.models if "qwen" in os.path.basename(m).lower() for n in (280, 560)]
+    cases = [(m, 140) for m in a.models if 140 in a.sizes]
+    cases += [(m, n) for m in a.models if "qwen" in os.path.basename(m).lower()
+              for n in a.sizes if n != 140]
     for m, sentences in cases:
         s = Server(shoal_cmd(m, 18941, [], AGENT_WINDOW), 18941)
         l = Server(llama_cmd(m, 18942, [], AGENT_WINDOW), 18942)
@@ -221,8 +222,12 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--edit-file", required=True)
     ap.add_argument("--parts", default="123")
+    ap.add_argument("--sizes", default="140,280,560",
+                    help="part 2's prompts in filler sentences (~28 tokens each): 140 on every model,"
+                         " the others on Qwen2.5-Coder only")
     ap.add_argument("models", nargs="+")
     a = ap.parse_args()
+    a.sizes = [int(x) for x in a.sizes.split(",") if x]
     a.models = [m for m in a.models if os.path.isfile(m)]
     qwen = next((m for m in a.models if "qwen" in os.path.basename(m).lower()), None)
 
