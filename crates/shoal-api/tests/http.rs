@@ -374,6 +374,9 @@ async fn queue_overflow_is_429_and_529_with_retry_after() {
         MODEL,
         EngineOptions {
             queue_capacity: 1,
+            // One running at a time: the second request stays queued until
+            // the first ends, whatever the timing.
+            max_batch: 1,
             prefix_cache_bytes: 0,
             ..common::options()
         },
