@@ -480,7 +480,7 @@ impl DiskCache {
             stats: stats.clone(),
             state: state.clone(),
             indexes: Mutex::new(HashMap::new()),
-            writer_id: format!("{:x}{:x}", std::process::id(), now_secs() & 0xffff_ffff),
+            writer_id: writer_id(),
             counter: AtomicU64::new(0),
             opts: opts.clone(),
         });
@@ -698,6 +698,19 @@ impl DiskCache {
             i.metas.remove(meta_path);
         }
     }
+}
+
+/// A name no other writer of the folder uses: this process, when it
+/// started writing, and which of its tiers (two tiers of one process, as
+/// two engines in one test, must not share temporary file names either).
+fn writer_id() -> String {
+    static OPENED: AtomicU64 = AtomicU64::new(0);
+    let n = OPENED.fetch_add(1, Ordering::Relaxed);
+    format!(
+        "{:x}{:x}{n:x}",
+        std::process::id(),
+        now_secs() & 0xffff_ffff
+    )
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
