@@ -48,11 +48,13 @@ test: test-clock setup ui lint
 	@SHOAL_BACKEND=llama bash tools/timed.sh "sdk suites on llama.cpp" bash tests/run-sdk.sh
 	@bash tools/timed.sh "ui suite on mlx" bash tests/run-ui.sh
 	@SHOAL_BACKEND=llama bash tools/timed.sh "ui suite on llama.cpp" bash tests/run-ui.sh
+	@echo "== where make test's time went"; cat $(CACHE)/test-times
 	@echo "time: make test took $$(( $$(date +%s) - $$(cat $(CACHE)/test-started) )) s in all (setup included)"
 
-# When `make test` began, for its closing total.
+# When `make test` began, for its closing total; each stage's time is kept for the summary.
 test-clock:
-	@mkdir -p $(CACHE) && date +%s > $(CACHE)/test-started
+	@mkdir -p $(CACHE) && date +%s > $(CACHE)/test-started && : > $(CACHE)/test-times
+test: export SHOAL_TIMES := $(CACHE)/test-times
 
 # The engine, API, CLI and SDK suites about behaviour run on both backends: first on MLX
 # with the whole workspace, then these again (and the SDK suites) on llama.cpp. The
