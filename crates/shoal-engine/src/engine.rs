@@ -434,14 +434,14 @@ fn run(model: Box<dyn LanguageModel>, vocab: Arc<Vocabulary>, jobs: Receiver<Job
         disk,
         blocked,
     } = cfg;
-    let exact = model.exact_prefix_unit();
-    // Every prefill chunk starts a micro-batch where replies must be exact.
-    let chunk = exact.map_or(chunk, |unit| chunk.div_ceil(unit) * unit);
+    // Every prefill chunk starts a micro-batch where replies must be exact
+    // (the prefix cache was made aligned to it).
+    let unit = prefixes.alignment();
+    let chunk = chunk.div_ceil(unit) * unit;
     let mut prefixes = Kept {
         prefixes,
         disk,
         draft: draft_model,
-        prompt_only: exact.is_some(),
     };
     let ctx = model.info().context_length;
     let on_mlx = model.info().backend == BackendKind::Mlx;
@@ -703,7 +703,7 @@ fn retire(
     let mut to_disk = None;
     if !matches!(c.finish, FinishReason::Error(_)) {
         let mut cache = std::mem::replace(&mut seq.cache, Box::new(NoCache));
-        if kept.prompt_only {
+        if kept.prompt_only() {
             cache.truncate(cache.len().min(seq.job.req.prompt.len()));
         }
         if kept.disk_wants(&context, cache.as_ref(), salt) {
@@ -789,9 +789,6 @@ struct Kept {
     prefixes: PrefixCache,
     disk: Option<ModelDisk>,
     draft: Option<DraftModel>,
-    /// Keep only a request's prompt positions, not its reply's (see
-    /// [`LanguageModel::exact_prefix_unit`]).
-    prompt_only: bool,
 }
 
 impl Kept {
@@ -867,6 +864,13 @@ impl Kept {
             Ok(()) => disk.commit(tmp, name, held, salt, keep_secs),
             Err(e) => disk.write_failed(&tmp, &e.to_string()),
         }
+    }
+
+    /// Whether only a request's prompt positions are kept, not its reply's:
+    /// where hits are cut to exact micro-batches (see
+    /// [`LanguageModel::exact_prefix_unit`]).
+    fn prompt_only(&self) -> bool {
+        self.prefixes.alignment() > 1
     }
 
     /// Writes the prompt of `seq`, just prefilled, to the disk tier if its

@@ -77,6 +77,11 @@ impl PrefixCache {
         self
     }
 
+    /// The multiple a hit is cut to (1: any length).
+    pub fn alignment(&self) -> usize {
+        self.align
+    }
+
     /// The cache sharing the longest prefix with `prompt`, truncated to it.
     /// At least one prompt token is always left to compute, because the next
     /// token's logits come from running the last prompt position.
