@@ -45,9 +45,11 @@ test: test-clock setup ui lint
 	  $(CARGO) test --release --no-fail-fast --workspace --exclude shoal-desktop $(BEHAVIOUR_SUITES)
 	@# The SDK and UI suites run the `shoal` and `shoal-hub-fixture` binaries those tests built.
 	@bash tools/timed.sh "sdk suites on mlx" bash tests/run-sdk.sh
-	@SHOAL_BACKEND=llama bash tools/timed.sh "sdk suites on llama.cpp" bash tests/run-sdk.sh
+	@SHOAL_BACKEND=llama SDK_NODE=skip SDK_PY_TESTS="$(LLAMA_SDK_PY)" \
+	  bash tools/timed.sh "sdk suites on llama.cpp (what the backend decides)" bash tests/run-sdk.sh
 	@bash tools/timed.sh "ui suite on mlx" bash tests/run-ui.sh
-	@SHOAL_BACKEND=llama bash tools/timed.sh "ui suite on llama.cpp" bash tests/run-ui.sh
+	@SHOAL_BACKEND=llama UI_TESTS="$(LLAMA_UI_FILES)" UI_TEST_PATTERN="$(LLAMA_UI_PATTERN)" \
+	  bash tools/timed.sh "ui suite on llama.cpp (replies only)" bash tests/run-ui.sh
 	@echo "== where make test's time went"; cat $(CACHE)/test-times
 	@echo "time: make test took $$(( $$(date +%s) - $$(cat $(CACHE)/test-started) )) s in all (setup included)"
 
@@ -61,8 +63,23 @@ test: export SHOAL_TIMES := $(CACHE)/test-times
 # llama.cpp backend also has suites of its own (real_models) on all three real models.
 # Each name is one package's test file (engine: e2e, batching; API: http … ollama; CLI: cli, netns).
 BEHAVIOUR_SUITES := --test e2e --test batching --test disk_cache \
-	--test http --test faults --test access --test models --test defaults --test ollama \
-	--test cli --test netns
+	--test http --test faults --test models --test defaults --test ollama \
+	--test cli -- $(addprefix --skip ,$(BACKEND_FREE_TESTS))
+
+# The second backend runs only what the backend decides: tokens, usage, finish reasons,
+# caches, sampling, cancellation. Tests of what sits above the engine alone (keys, config
+# files, logs, the cluster's membership and forwarding, the hub) run once, on MLX; so do
+# the SDKs' own parsing (the Node suite) and the UI's panels.
+BACKEND_FREE_TESTS := config_ log_format json_logs_carry exposure_needs_a_key \
+	pull_list_and_remove cluster_nodes_join requests_are_forwarded two_servers_sharing_a_home \
+	split_over_two_nodes mixture_of_experts_split the_usage_ledger_survives_kill_9 \
+	ollama_port_switch oversized_body_is_413 bad_input_table without_a_store \
+	usage_filters_groups usage_prices cluster_nodes_lists_this_node
+LLAMA_SDK_PY := $(addprefix tests/sdk/,test_openai_chat.py test_anthropic_messages.py \
+	test_ollama.py test_prompt_cache.py test_prefix_cache.py test_reasoning.py \
+	test_structured_output.py test_concurrency.py)
+LLAMA_UI_FILES := ui.test.js chat-actions.test.js settings.test.js
+LLAMA_UI_PATTERN := streams token by token|max tokens 3|stop sequence ends|Stop during|reasoning arrives|cannot reason|edited message|regenerate replaces|continue carries|a seed set|prefix kept on disk
 
 # Test runs keep to an empty model library of their own and never reach a hub.
 # The UI suite runs on both backends (set here to MLX, then to llama.cpp above); the

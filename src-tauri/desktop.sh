@@ -105,8 +105,11 @@ check_deb() {
 }
 step "check .deb" check_deb
 
-# The smoke test's peer node (cluster split with the app).
-step "build shoal CLI (peer node)" cargo build --release -p shoal
+# The smoke test's peer node (cluster split with the app): the shoal binary exactly as
+# `make test` builds it (the workspace with its tests, whose dev-dependencies turn on
+# features of shared crates), so after `make test` nothing compiles again; a plain
+# `cargo build -p shoal` would rebuild the whole stack with other features.
+step "shoal CLI (peer node)" cargo test --release --workspace --exclude shoal-desktop --no-run
 
 # The smoke test on each backend: the default GGUF on MLX, then on llama.cpp
 # (where a pipeline split is refused and the model is placed whole).

@@ -13,7 +13,8 @@
 # afterwards). Beside it a second server that requires an API key (`--api-key
 # <random key>`, its own --db and HF_HOME) for the key tests: its URL and key
 # reach the suite as SHOAL_UI_KEYED_URL and SHOAL_UI_KEY (the key is never
-# printed). UI_TESTS (file names in tests/ui) runs only those files. Saves screenshots to target/ui-artifacts/, prints
+# printed). UI_TESTS (file names in tests/ui) runs only those files; UI_TEST_PATTERN (a
+# regular expression) only the tests whose names match it. Saves screenshots to target/ui-artifacts/, prints
 # "ui: N passed, M failed" and exits non-zero if a test failed or none ran.
 set -uo pipefail
 
@@ -123,7 +124,8 @@ keyed_status="$(curl -s -o /dev/null -w '%{http_code}' "$KEYED_URL/v1/models")"
 suite_start=$SECONDS
 # SHOAL_BIN lets a test start (and kill) servers of its own.
 (cd "$ROOT/tests/ui" && SHOAL_URL="$URL" HUB_URL="$HUB_URL" SHOAL_UI_KEYED_URL="$KEYED_URL" SHOAL_UI_KEY="$SHOAL_UI_KEY" \
-  SHOAL_BIN="$SHOAL_BIN" SHOAL_UI_TMP="$LOGDIR" node --test --test-reporter=spec ${UI_TESTS:-}) 2>&1 | tee "$LOGDIR/ui.log"
+  SHOAL_BIN="$SHOAL_BIN" SHOAL_UI_TMP="$LOGDIR" node --test --test-reporter=spec \
+  ${UI_TEST_PATTERN:+--test-name-pattern="$UI_TEST_PATTERN"} ${UI_TESTS:-}) 2>&1 | tee "$LOGDIR/ui.log"
 rc=${PIPESTATUS[0]}
 secs=$((SECONDS - suite_start))
 
@@ -132,6 +134,7 @@ count() { grep -E "^(ℹ|#) $1 [0-9]+\$" "$LOGDIR/ui.log" | tail -n 1 | grep -oE
 pass="$(count pass)"
 failed="$(count fail)"
 cancelled="$(count cancelled)"
+skipped="$(count skipped)"
 pass=${pass:-0}
 failed=$((${failed:-0} + ${cancelled:-0}))
 
@@ -146,5 +149,5 @@ if ((status != 0)); then
 fi
 echo
 echo "ui suite took ${secs}s (node exit $rc); screenshots in ${UI_ARTIFACTS#$ROOT/}/"
-echo "ui: $pass passed, $failed failed"
+echo "ui: $pass passed, $failed failed, ${skipped:-0} skipped${UI_TEST_PATTERN:+ (only the tests matching: $UI_TEST_PATTERN)}"
 exit "$status"
