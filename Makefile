@@ -62,7 +62,7 @@ test: export SHOAL_TIMES := $(CACHE)/test-times
 # with the whole workspace, then these again (and the SDK suites) on llama.cpp. The
 # llama.cpp backend also has suites of its own (real_models) on all three real models.
 # Each name is one package's test file (engine: e2e, batching; API: http … ollama; CLI: cli, netns).
-BEHAVIOUR_SUITES := --test e2e --test batching --test disk_cache \
+BEHAVIOUR_SUITES = --test e2e --test batching --test disk_cache \
 	--test http --test faults --test models --test defaults --test ollama \
 	--test cli -- $(addprefix --skip ,$(BACKEND_FREE_TESTS))
 
