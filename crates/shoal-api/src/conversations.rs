@@ -5,7 +5,6 @@
 //! reserved keys (finish reason, every `token_usage_` figure) come from the
 //! request ledger by response id, never from the posting client, which can
 //! only add keys of its own.
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::{Path, State};
@@ -20,9 +19,6 @@ use shoal_store::{Metadata, Piece, PieceKind, Store};
 use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::ledger::LedgerEntry;
 use crate::AppState;
-
-/// The store behind the routes; one writer at a time.
-pub type SharedStore = Arc<Mutex<Store>>;
 
 /// Metadata keys written by the server besides the reserved ones; a client
 /// cannot set them either.

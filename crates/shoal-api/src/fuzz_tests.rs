@@ -186,7 +186,7 @@ fn check_all(bytes: Vec<u8>) -> Result<(), String> {
     }
     match parse::<crate::dialects::ollama::chat::ChatRequest>(&b) {
         Ok(req) => {
-            use crate::dialects::ollama as o;
+            use crate::dialects::ollama::shared as o;
             let options = req.options.as_ref();
             for r in [
                 options.map_or(Ok(()), |o| o.sampling(&Default::default()).map(|_| ())),

@@ -4,17 +4,12 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
-use axum::extract::State;
-use axum::http::header;
-use axum::response::IntoResponse;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-
-use crate::AppState;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -276,9 +271,10 @@ impl Metrics {
     }
 
     /// The exposition text, with the engine's gauges read now.
-    fn render(&self, s: &AppState) -> Result<String, std::fmt::Error> {
+    /// The text exposition, with the gauges read from the pool's models now.
+    pub fn render(&self, pool: &crate::pool::ModelPool) -> Result<String, std::fmt::Error> {
         let _one = self.scrape.lock().unwrap_or_else(|p| p.into_inner());
-        let engines = s.pool.loaded();
+        let engines = pool.loaded();
         let sum = |f: fn(&shoal_engine::EngineStats) -> &std::sync::atomic::AtomicU64| -> u64 {
             engines.iter().map(|e| f(&e.stats).load(Relaxed)).sum()
         };
@@ -305,7 +301,7 @@ impl Metrics {
         tier("ram", "misses", sum(|s| &s.ram_misses));
         tier("ram", "evictions", sum(|s| &s.ram_evictions));
         tier("ram", "bytes", sum(|s| &s.prefix_cache_bytes));
-        if let Some(d) = s.pool.disk_cache() {
+        if let Some(d) = pool.disk_cache() {
             let d = d.summary();
             for (stat, v) in [
                 ("hits", d.hits),
@@ -337,21 +333,5 @@ impl Metrics {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
-    }
-}
-
-pub async fn handle(State(s): State<AppState>) -> axum::response::Response {
-    match s.metrics.render(&s) {
-        Ok(text) => (
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            text,
-        )
-            .into_response(),
-        Err(e) => crate::error::ApiError::internal(format!("metrics: {e}"))
-            .in_dialect(crate::error::ErrorShape::OpenAi)
-            .into_response(),
     }
 }

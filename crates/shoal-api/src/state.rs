@@ -3,12 +3,17 @@
 //! plus the engine of the model it named).
 use std::sync::Arc;
 
-use shoal_cluster::{LocalNode, NodeIdentity};
-use shoal_engine::{ChatMessage, Engine};
+use shoal_cluster::LocalNode;
+use shoal_engine::Engine;
 
+use crate::access::rules::{Access, Limits};
+use crate::dialects::ollama::port::OllamaPort;
 use crate::error::ApiError;
 use crate::ledger::Ledger;
-use crate::{access, cluster, conversations, dialects, ledger, metrics, pool, run, tools};
+use crate::{cluster, ledger, metrics, pool};
+
+/// The conversation store, shared by the handlers that read and write it.
+pub type SharedStore = Arc<std::sync::Mutex<shoal_store::Store>>;
 
 /// Shared server state.
 #[derive(Clone)]
@@ -16,25 +21,24 @@ pub struct AppState {
     /// The models this server answers with, loaded on demand.
     pub pool: Arc<pool::ModelPool>,
     pub ledger: Arc<Ledger>,
-    pub responses: Arc<dialects::openai_responses::ResponseStore>,
     /// This node's identity and live status.
     pub node: Arc<LocalNode>,
     /// Generations in progress (cancelled when the server shuts down).
-    pub running: Arc<run::Running>,
+    pub running: Arc<Running>,
     /// Log each request's prompt text (off by default: prompts are private).
     pub log_prompts: bool,
     /// Counters and histograms behind `/metrics`.
     pub metrics: Arc<metrics::Metrics>,
     /// Conversation history for `/v1/conversations`; `None` serves 503s.
-    pub store: Option<conversations::SharedStore>,
+    pub store: Option<SharedStore>,
     /// Join a cluster with these settings once listening (`None`: alone).
     pub cluster_options: Option<shoal_cluster::ClusterOptions>,
     /// The cluster, set when serving starts.
     pub cluster: Arc<std::sync::OnceLock<Arc<shoal_cluster::Cluster>>>,
     /// API keys, browser origins and request limits.
-    pub access: Arc<access::Access>,
+    pub access: Arc<Access>,
     /// The keys' recent requests, for their per-minute limits.
-    pub limits: Arc<access::Limits>,
+    pub limits: Arc<Limits>,
     /// This node's `shoal shard` processes, by instance.
     pub shards: cluster::shards::Shards,
     /// Models placed on nodes through `/v1/instances`.
@@ -44,7 +48,10 @@ pub struct AppState {
     pub prices: Arc<ledger::Prices>,
     /// The switch for Ollama's own port beside the main one (off: `None`
     /// port); what listening on it gave shows in `/health`.
-    pub ollama: Arc<dialects::ollama::port::OllamaPort>,
+    pub ollama: Arc<OllamaPort>,
+    /// The state each dialect keeps for itself, by type (added by its
+    /// registration: see [`Self::dialect_state`]).
+    pub dialects: Arc<axum::http::Extensions>,
 }
 
 /// One request's view of the server: the shared state and the engine of
@@ -66,53 +73,6 @@ impl std::ops::Deref for Served {
 }
 
 impl AppState {
-    /// A server on one already started engine (kept loaded).
-    pub fn new(engine: Engine) -> Self {
-        let pool = pool::ModelPool::new(pool::PoolOptions::default());
-        pool.insert(engine, Vec::new());
-        AppState::with_pool(pool)
-    }
-
-    /// A server on a pool of models.
-    pub fn with_pool(pool: Arc<pool::ModelPool>) -> Self {
-        let backend = if cfg!(target_os = "macos") {
-            "metal"
-        } else {
-            "cpu"
-        };
-        AppState {
-            node: LocalNode::start(NodeIdentity::for_this_machine(), backend),
-            pool,
-            ledger: Arc::new(Ledger::in_memory(10_000, crate::dialects::registry())),
-            responses: Arc::new(dialects::openai_responses::ResponseStore::new(256)),
-            running: Arc::new(run::Running::default()),
-            store: None,
-            cluster_options: None,
-            cluster: Arc::default(),
-            instances: Arc::default(),
-            shards: Arc::default(),
-            access: Arc::new(access::Access::default()),
-            limits: Arc::default(),
-            metrics: Arc::new(metrics::Metrics::new()),
-            log_prompts: false,
-            prices: Arc::default(),
-            ollama: Arc::default(),
-        }
-    }
-
-    /// Opens (creating or migrating) the conversation store at `path`, and
-    /// the usage ledger in the same file, kept for `retention`.
-    pub fn with_store(
-        mut self,
-        path: &std::path::Path,
-        retention: ledger::Retention,
-    ) -> Result<Self, shoal_store::StoreError> {
-        let store = shoal_store::Store::open(path)?;
-        self.store = Some(Arc::new(std::sync::Mutex::new(store)));
-        self.ledger = Arc::new(Ledger::open(path, retention, crate::dialects::registry())?);
-        Ok(self)
-    }
-
     /// The requested model's engine (loading it if needed); unknown names are a 404.
     pub async fn serve(&self, model: &str) -> Result<Served, ApiError> {
         let asked = std::time::Instant::now();
@@ -122,6 +82,11 @@ impl AppState {
             engine,
             ready_after: asked.elapsed(),
         })
+    }
+
+    /// The state of type `T` a dialect keeps for itself.
+    pub fn dialect_state<T: Send + Sync + 'static>(&self) -> Option<&T> {
+        self.dialects.get::<T>()
     }
 
     /// Requests running and queued over every loaded model.
@@ -136,65 +101,52 @@ impl AppState {
     }
 }
 
-impl Served {
-    /// A chat request's prompt: the server's limits on messages and tools,
-    /// then the engine's one prompt decision (`shoal_engine::prompt`).
-    pub fn chat_prompt(
-        &self,
-        messages: &[ChatMessage],
-        want: Option<Option<usize>>,
-        tools: Option<&tools::ToolRequest>,
-    ) -> Result<shoal_engine::prompt::ChatPrompt, ApiError> {
-        let limits = &self.access;
-        if messages.len() > limits.max_messages {
-            return Err(ApiError::param(
-                "messages",
-                format!(
-                    "{} messages is more than this server accepts ({}; server.max_messages)",
-                    messages.len(),
-                    limits.max_messages
-                ),
-            ));
-        }
-        if let Some(t) = tools.filter(|t| t.defs.len() > limits.max_tools) {
-            return Err(ApiError::param(
-                "tools",
-                format!(
-                    "{} tools is more than this server accepts ({}; server.max_tools)",
-                    t.defs.len(),
-                    limits.max_tools
-                ),
-            ));
-        }
-        Ok(shoal_engine::prompt::chat_prompt(
-            &self.engine.model.vocab,
-            messages,
-            want,
-            offer(tools),
-        )?)
-    }
+/// The generations in progress, so that shutting the server down can cancel
+/// them: each then ends with its final event instead of being cut off.
+#[derive(Default)]
+pub struct Running {
+    next: std::sync::atomic::AtomicU64,
+    flags: std::sync::Mutex<std::collections::HashMap<u64, Vec<shoal_engine::CancelFlag>>>,
+}
 
-    /// The tokens of `messages` as whole turns, without the generation
-    /// prompt (see [`shoal_engine::prompt::turns_prompt`]).
-    pub fn turns_prompt(
-        &self,
-        messages: &[ChatMessage],
-        want: Option<Option<usize>>,
-        tools: Option<&tools::ToolRequest>,
-    ) -> Result<Vec<u32>, ApiError> {
-        Ok(shoal_engine::prompt::turns_prompt(
-            &self.engine.model.vocab,
-            messages,
-            want.is_some(),
-            offer(tools),
-        )?)
+/// Unregisters a request's flags when dropped.
+pub struct RunningGuard {
+    set: std::sync::Arc<Running>,
+    id: u64,
+}
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        self.set
+            .flags
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.id);
     }
 }
 
-/// The tools a request offers, as the engine's prompt builder takes them.
-fn offer(tools: Option<&tools::ToolRequest>) -> Option<shoal_engine::prompt::ToolOffer<'_>> {
-    tools.map(|t| shoal_engine::prompt::ToolOffer {
-        defs: &t.defs,
-        choice: &t.choice,
-    })
+impl Running {
+    pub fn register(
+        self: &std::sync::Arc<Self>,
+        flags: Vec<shoal_engine::CancelFlag>,
+    ) -> RunningGuard {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.flags
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, flags);
+        RunningGuard {
+            set: self.clone(),
+            id,
+        }
+    }
+
+    /// Cancels every generation in progress; returns how many requests.
+    pub fn cancel_all(&self) -> usize {
+        let map = self.flags.lock().unwrap_or_else(|p| p.into_inner());
+        map.values()
+            .flatten()
+            .for_each(shoal_engine::CancelFlag::cancel);
+        map.len()
+    }
 }

@@ -154,3 +154,68 @@ impl Served {
 pub fn arguments_value(text: &str) -> Value {
     serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_string()))
 }
+
+/// A request's prompt with its tools: the server's limits, then the engine's
+/// one prompt decision.
+impl Served {
+    /// A chat request's prompt: the server's limits on messages and tools,
+    /// then the engine's one prompt decision (`shoal_engine::prompt`).
+    pub fn chat_prompt(
+        &self,
+        messages: &[ChatMessage],
+        want: Option<Option<usize>>,
+        tools: Option<&ToolRequest>,
+    ) -> Result<shoal_engine::prompt::ChatPrompt, ApiError> {
+        let limits = &self.access;
+        if messages.len() > limits.max_messages {
+            return Err(ApiError::param(
+                "messages",
+                format!(
+                    "{} messages is more than this server accepts ({}; server.max_messages)",
+                    messages.len(),
+                    limits.max_messages
+                ),
+            ));
+        }
+        if let Some(t) = tools.filter(|t| t.defs.len() > limits.max_tools) {
+            return Err(ApiError::param(
+                "tools",
+                format!(
+                    "{} tools is more than this server accepts ({}; server.max_tools)",
+                    t.defs.len(),
+                    limits.max_tools
+                ),
+            ));
+        }
+        Ok(shoal_engine::prompt::chat_prompt(
+            &self.engine.model.vocab,
+            messages,
+            want,
+            offer(tools),
+        )?)
+    }
+
+    /// The tokens of `messages` as whole turns, without the generation
+    /// prompt (see [`shoal_engine::prompt::turns_prompt`]).
+    pub fn turns_prompt(
+        &self,
+        messages: &[ChatMessage],
+        want: Option<Option<usize>>,
+        tools: Option<&ToolRequest>,
+    ) -> Result<Vec<u32>, ApiError> {
+        Ok(shoal_engine::prompt::turns_prompt(
+            &self.engine.model.vocab,
+            messages,
+            want.is_some(),
+            offer(tools),
+        )?)
+    }
+}
+
+/// The tools a request offers, as the engine's prompt builder takes them.
+fn offer(tools: Option<&ToolRequest>) -> Option<shoal_engine::prompt::ToolOffer<'_>> {
+    tools.map(|t| shoal_engine::prompt::ToolOffer {
+        defs: &t.defs,
+        choice: &t.choice,
+    })
+}

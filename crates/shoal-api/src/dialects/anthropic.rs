@@ -7,6 +7,7 @@ use serde_json::{json, Value};
 use shoal_engine::{ChatMessage, Event, FinishReason, SamplingParams, Usage};
 
 use crate::body::{parse, Body};
+use crate::dialects::registration::Registered;
 use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::params::{check_max_tokens, check_range};
 use crate::run::{self, Generation};
@@ -760,9 +761,10 @@ fn provider_meta(
 }
 
 /// The dialect as the server registers it: its words and its routes.
-pub const REGISTERED: super::Registered = super::Registered {
+pub const REGISTERED: Registered = Registered {
     dialect: DIALECT,
     routes,
+    keeps: None,
 };
 
 fn routes() -> axum::Router<crate::AppState> {

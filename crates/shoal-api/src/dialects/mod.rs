@@ -15,18 +15,14 @@ pub use crate::dialect::{Described, Dialect, FinishWords, Registry, Words, CANCE
 use crate::state::AppState;
 
 pub mod anthropic;
+mod registration;
+pub use registration::Registered;
 pub mod common;
 pub mod ollama;
 pub mod openai_chat;
 pub mod openai_completions;
 pub mod openai_embeddings;
 pub mod openai_responses;
-
-/// One registered dialect: its words and its routes.
-pub struct Registered {
-    pub dialect: Dialect,
-    pub routes: fn() -> Router<AppState>,
-}
 
 /// Every dialect the server speaks, in the order the UI lists them.
 pub const REGISTRY: &[Registered] = &[
@@ -42,6 +38,16 @@ pub const REGISTRY: &[Registered] = &[
 pub fn registry() -> Registry {
     static ALL: OnceLock<Vec<Dialect>> = OnceLock::new();
     Registry(ALL.get_or_init(|| REGISTRY.iter().map(|r| r.dialect).collect()))
+}
+
+/// The state every dialect keeps for itself, for a new server.
+pub fn kept_state() -> axum::http::Extensions {
+    let mut ext = axum::http::Extensions::new();
+    REGISTRY
+        .iter()
+        .filter_map(|r| r.keeps)
+        .for_each(|keep| keep(&mut ext));
+    ext
 }
 
 /// Every dialect's routes.

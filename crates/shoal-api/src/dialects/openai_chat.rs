@@ -5,6 +5,7 @@ use shoal_engine::{ChatMessage, Completion, Event, FinishReason, TokenLogprob, U
 
 use super::common::{effort_budget, Content, StreamOptions};
 use crate::body::OneOrMany;
+use crate::dialects::registration::Registered;
 use crate::error::{ApiError, ErrorShape};
 use crate::params::{check_max_tokens, check_range, check_stop, OpenAiSampling};
 use crate::run::{self, Generation};
@@ -528,9 +529,10 @@ fn provider_meta(
 }
 
 /// The dialect as the server registers it: its words and its routes.
-pub const REGISTERED: super::Registered = super::Registered {
+pub const REGISTERED: Registered = Registered {
     dialect: DIALECT,
     routes,
+    keeps: None,
 };
 
 fn routes() -> axum::Router<crate::AppState> {

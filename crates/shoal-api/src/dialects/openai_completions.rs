@@ -5,6 +5,7 @@ use shoal_engine::{Completion, Event, TokenLogprob};
 
 use super::common::StreamOptions;
 use crate::body::OneOrMany;
+use crate::dialects::registration::Registered;
 use crate::error::{ApiError, ErrorShape};
 use crate::params::{check_max_tokens, check_range, check_stop, OpenAiSampling};
 use crate::run::{self, Generation};
@@ -358,9 +359,10 @@ fn provider_meta(
 }
 
 /// The dialect as the server registers it: its words and its routes.
-pub const REGISTERED: super::Registered = super::Registered {
+pub const REGISTERED: Registered = Registered {
     dialect: DIALECT,
     routes,
+    keeps: None,
 };
 
 fn routes() -> axum::Router<crate::AppState> {

@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::dialects::registration::Registered;
 use crate::embeddings::{base64_vector, embed, EmbedRequest, Input};
 use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::AppState;
@@ -109,9 +110,10 @@ pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dia
 });
 
 /// The dialect as the server registers it: its words and its routes.
-pub const REGISTERED: super::Registered = super::Registered {
+pub const REGISTERED: Registered = Registered {
     dialect: DIALECT,
     routes,
+    keeps: None,
 };
 
 fn routes() -> axum::Router<AppState> {

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use shoal_engine::tools::ToolDef;
 use shoal_engine::{ChatMessage, Event};
 
-use super::{
+use super::shared::{
     can_think, format_grammar, model_id, no_images, now, wanted_thinking, KeepAlive, Options,
     DIALECT,
 };
@@ -101,14 +101,14 @@ pub async fn handle(
         .map_err(|e| e.in_dialect(DIALECT))?;
     let name = req.model.clone();
     if req.messages.is_empty() {
-        return super::load_request(&state, &name, keep, |reason| {
+        return super::shared::load_request(&state, &name, keep, |reason| {
             json!({"model": name, "created_at": now(),
                    "message": {"role": "assistant", "content": ""},
                    "done_reason": reason, "done": true})
         })
         .await;
     }
-    super::generation::<OllamaChat>(&state, tracked, req, &name, keep).await
+    super::shared::generation::<OllamaChat>(&state, tracked, req, &name, keep).await
 }
 
 fn to_messages(served: &Served, msgs: &[InMessage]) -> Result<Vec<ChatMessage>, ApiError> {
@@ -203,8 +203,8 @@ impl run::Adapter for OllamaChat {
         let want = wanted_thinking(req.think.as_ref(), can_think(served), &req.model)?;
         let messages = to_messages(served, &req.messages)?;
         let p = served.chat_prompt(&messages, want, tools.as_ref())?;
-        let mut job = super::job(served, p, &options, format)?;
-        job.sampling.top_logprobs = super::wanted_logprobs(req.logprobs, req.top_logprobs)?;
+        let mut job = super::shared::job(served, p, &options, format)?;
+        job.sampling.top_logprobs = super::shared::wanted_logprobs(req.logprobs, req.top_logprobs)?;
         Ok((
             job,
             OllamaChat {
@@ -216,7 +216,7 @@ impl run::Adapter for OllamaChat {
     }
 
     fn respond(self, _: &Served, collected: Vec<Collected>) -> Result<Value, ApiError> {
-        let c = super::only(&collected)?;
+        let c = super::shared::only(&collected)?;
         let mut message = json!({"role": "assistant", "content": c.text});
         if !c.reasoning.is_empty() {
             message["thinking"] = json!(c.reasoning);
@@ -230,9 +230,13 @@ impl run::Adapter for OllamaChat {
         }
         let mut head = json!({"model": self.model, "created_at": now(), "message": message});
         if self.logprobs {
-            head["logprobs"] = super::logprobs_json(&c.logprobs);
+            head["logprobs"] = super::shared::logprobs_json(&c.logprobs);
         }
-        Ok(super::closing(head, c.completion(), self.ready_after))
+        Ok(super::shared::closing(
+            head,
+            c.completion(),
+            self.ready_after,
+        ))
     }
 
     fn stream(self, _: Served) -> ChatStream {
@@ -307,7 +311,7 @@ impl run::StreamRender for ChatStream {
                 }
                 let head = json!({"model": self.model, "created_at": now(),
                     "message": {"role": "assistant", "content": ""}});
-                let last = super::closing(head, c, self.ready_after);
+                let last = super::shared::closing(head, c, self.ready_after);
                 step.frames.push((None, last.to_string()));
                 step.last = true;
             }
@@ -319,7 +323,7 @@ impl run::StreamRender for ChatStream {
 /// A stream line (JSON text) with the tokens' logprobs beside its message.
 fn with_logprobs(line: &str, lps: &[shoal_engine::TokenLogprob]) -> String {
     let mut v: Value = serde_json::from_str(line).unwrap_or(Value::Null);
-    v["logprobs"] = super::logprobs_json(lps);
+    v["logprobs"] = super::shared::logprobs_json(lps);
     v.to_string()
 }
 

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{apply_keep_alive, load_request, model_id, ollama_error, KeepAlive, DIALECT};
+use super::shared::{apply_keep_alive, load_request, model_id, ollama_error, KeepAlive, DIALECT};
 use crate::embeddings::{embed, EmbedRequest, Input};
 use crate::error::{ApiError, DialectError};
 use crate::AppState;

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use shoal_engine::loader::Vocabulary;
 use shoal_engine::{ChatMessage, Event};
 
-use super::{
+use super::shared::{
     can_think, format_grammar, model_id, no_images, now, wanted_thinking, KeepAlive, Options,
     DIALECT,
 };
@@ -60,13 +60,13 @@ pub async fn handle(
         .map_err(|e| e.in_dialect(DIALECT))?;
     let name = req.model.clone();
     if req.prompt.is_empty() && req.suffix.as_deref().unwrap_or("").is_empty() {
-        return super::load_request(&state, &name, keep, |reason| {
+        return super::shared::load_request(&state, &name, keep, |reason| {
             json!({"model": name, "created_at": now(), "response": "",
                    "done": true, "done_reason": reason})
         })
         .await;
     }
-    super::generation::<OllamaGenerate>(&state, tracked, req, &name, keep).await
+    super::shared::generation::<OllamaGenerate>(&state, tracked, req, &name, keep).await
 }
 
 /// Fill-in-the-middle markers, as the model's vocabulary spells them
@@ -166,8 +166,8 @@ impl run::Adapter for OllamaGenerate {
         let format = format_grammar(req.format.as_ref())?;
         let want = wanted_thinking(req.think.as_ref(), can_think(served), &req.model)?;
         let p = prompt(served, &req, want)?;
-        let mut job = super::job(served, p, &options, format)?;
-        job.sampling.top_logprobs = super::wanted_logprobs(req.logprobs, req.top_logprobs)?;
+        let mut job = super::shared::job(served, p, &options, format)?;
+        job.sampling.top_logprobs = super::shared::wanted_logprobs(req.logprobs, req.top_logprobs)?;
         Ok((
             job,
             OllamaGenerate {
@@ -179,15 +179,19 @@ impl run::Adapter for OllamaGenerate {
     }
 
     fn respond(self, _: &Served, collected: Vec<Collected>) -> Result<Value, ApiError> {
-        let c = super::only(&collected)?;
+        let c = super::shared::only(&collected)?;
         let mut head = json!({"model": self.model, "created_at": now(), "response": c.text});
         if !c.reasoning.is_empty() {
             head["thinking"] = json!(c.reasoning);
         }
         if self.logprobs {
-            head["logprobs"] = super::logprobs_json(&c.logprobs);
+            head["logprobs"] = super::shared::logprobs_json(&c.logprobs);
         }
-        Ok(super::closing(head, c.completion(), self.ready_after))
+        Ok(super::shared::closing(
+            head,
+            c.completion(),
+            self.ready_after,
+        ))
     }
 
     fn stream(self, _: Served) -> GenerateStream {
@@ -219,7 +223,7 @@ impl run::StreamRender for GenerateStream {
         };
         match ev {
             Event::Delta { text, logprobs } if self.logprobs && !logprobs.is_empty() => {
-                let lps = super::logprobs_json(logprobs);
+                let lps = super::shared::logprobs_json(logprobs);
                 step.frames
                     .push(line(json!({"response": text, "logprobs": lps})));
             }
@@ -229,7 +233,7 @@ impl run::StreamRender for GenerateStream {
             Event::Reasoning { text } => step.frames.push(line(json!({"thinking": text}))),
             Event::Done(c) => {
                 let head = json!({"model": self.model, "created_at": now(), "response": ""});
-                let last = super::closing(head, c, self.ready_after);
+                let last = super::shared::closing(head, c, self.ready_after);
                 step.frames.push((None, last.to_string()));
                 step.last = true;
             }

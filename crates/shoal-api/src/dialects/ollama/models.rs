@@ -11,7 +11,9 @@ use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 use shoal_models::{LocalModel, ModelCard, PullEvent, PullSpec};
 
-use super::{model_id, not_found, ollama_error, tag_name, timestamp, DIALECT, OLLAMA_VERSION};
+use super::shared::{
+    model_id, not_found, ollama_error, tag_name, timestamp, DIALECT, OLLAMA_VERSION,
+};
 use crate::body::Body;
 use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::AppState;

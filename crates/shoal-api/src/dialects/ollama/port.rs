@@ -7,14 +7,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Mutex;
 
-use axum::extract::State;
-use axum::response::IntoResponse;
-use axum::Json;
-use serde::Deserialize;
 use serde_json::{json, Value};
-
-use crate::error::{ApiError, ErrorShape};
-use crate::AppState;
 
 /// Ollama's default port.
 pub const DEFAULT_PORT: u16 = 11434;
@@ -44,6 +37,9 @@ struct Inner {
     host: Option<IpAddr>,
     /// The last attempt: the address bound, or why binding failed.
     outcome: Option<Result<SocketAddr, String>>,
+    /// What the port serves: the main router marked [`OnOllamaPort`], given
+    /// when serving starts.
+    app: Option<axum::Router>,
     /// Ends the listener that is open, and its task.
     stop: Option<(
         tokio::sync::oneshot::Sender<()>,
@@ -92,17 +88,19 @@ impl OllamaPort {
         v
     }
 
-    /// Starts serving on the switch's port, if on, beside a main listener on
-    /// `host`. Called when serving starts (again, after a stop).
-    pub(crate) async fn open(&self, state: &AppState, host: IpAddr) {
+    /// Starts serving `app` on the switch's port, if on, beside a main
+    /// listener on `host`, and keeps it for the switch's later changes.
+    /// Called when serving starts (again, after a stop).
+    pub(crate) async fn open(&self, app: axum::Router, host: IpAddr) {
         let _op = self.op.lock().await;
         let port = {
             let mut g = self.lock();
             g.host = Some(host);
+            g.app = Some(app.layer(axum::Extension(OnOllamaPort)));
             g.wanted
         };
         if let Some(port) = port {
-            self.listen(state, host, port).await;
+            self.listen(host, port).await;
         }
     }
 
@@ -134,7 +132,7 @@ impl OllamaPort {
 
     /// Sets the switch on a running server: closes what listens, then opens
     /// `port` (`None`: stays off).
-    async fn set(&self, state: &AppState, port: Option<u16>) {
+    pub(crate) async fn set(&self, port: Option<u16>) {
         let _op = self.op.lock().await;
         self.close().await;
         let host = {
@@ -143,17 +141,19 @@ impl OllamaPort {
             g.host
         };
         if let (Some(port), Some(host)) = (port, host) {
-            self.listen(state, host, port).await;
+            self.listen(host, port).await;
         }
     }
 
-    async fn listen(&self, state: &AppState, host: IpAddr, port: u16) {
+    async fn listen(&self, host: IpAddr, port: u16) {
         let addr = SocketAddr::new(host, port);
+        let Some(app) = self.lock().app.clone() else {
+            return;
+        };
         let outcome = match tokio::net::TcpListener::bind(addr).await {
             Ok(l) => {
                 let bound = l.local_addr().unwrap_or(addr);
                 tracing::info!(address = %bound, "serving Ollama's API on its own port too");
-                let app = crate::router(state.clone()).layer(axum::Extension(OnOllamaPort));
                 let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
                 let task = tokio::spawn(async move {
                     let done = async move {
@@ -180,61 +180,6 @@ impl OllamaPort {
         };
         self.lock().outcome = Some(outcome);
     }
-}
-
-/// `GET /v1/settings/ollama-port`.
-pub(crate) async fn get_setting(State(s): State<AppState>) -> Json<Value> {
-    Json(s.ollama.status())
-}
-
-/// The body of `PUT /v1/settings/ollama-port`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct Setting {
-    enabled: bool,
-    /// Default: Ollama's 11434.
-    #[serde(default)]
-    port: Option<u16>,
-}
-
-/// `PUT /v1/settings/ollama-port`: turns the second port on or off now and
-/// remembers it for the next start (when the config says nothing). Answers
-/// with the switch's state: a taken port is a 200 whose `listening` is
-/// false and whose `error` says why.
-pub(crate) async fn put_setting(
-    State(s): State<AppState>,
-    body: Result<Json<Setting>, axum::extract::rejection::JsonRejection>,
-) -> axum::response::Response {
-    let Json(setting) = match body {
-        Ok(b) => b,
-        Err(e) => {
-            return ApiError::invalid(format!(
-                "expected {{\"enabled\": true|false, \"port\": 1-65535}}: {}",
-                e.body_text()
-            ))
-            .in_dialect(ErrorShape::OpenAi)
-            .into_response()
-        }
-    };
-    let port = setting.port.unwrap_or(DEFAULT_PORT);
-    if port == 0 {
-        return ApiError::param("port", "port must be 1-65535")
-            .in_dialect(ErrorShape::OpenAi)
-            .into_response();
-    }
-    let wanted = setting.enabled.then_some(port);
-    s.ollama.set(&s, wanted).await;
-    if let Some(store) = &s.store {
-        let value = wanted.map_or("off".to_string(), |p| p.to_string());
-        let saved = store
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .set_setting(SETTING, &value);
-        if let Err(e) = saved {
-            tracing::warn!(error = %e, "could not remember the Ollama port setting");
-        }
-    }
-    Json(s.ollama.status()).into_response()
 }
 
 /// The remembered switch from the store: `Some(None)` for off, `None` when

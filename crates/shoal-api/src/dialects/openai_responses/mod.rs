@@ -21,7 +21,6 @@ pub use request::{Input, InputItem, Namespaced, ResponsesRequest};
 /// The response header naming the tool types a request sent that this
 /// server cannot run and left out of the offer (`web_search`, …).
 pub const OMITTED_TOOLS_HEADER: &str = "x-shoal-omitted-tools";
-use store::remember;
 pub use store::{get_response, ResponseStore};
 
 /// Responses as an [`run::Adapter`]: the response's shape, and the
@@ -194,14 +193,38 @@ fn provider_meta(
 }
 
 /// The dialect as the server registers it: its words and its routes.
-pub const REGISTERED: crate::dialects::Registered = crate::dialects::Registered {
-    dialect: DIALECT,
-    routes,
-};
+pub const REGISTERED: crate::dialects::registration::Registered =
+    crate::dialects::registration::Registered {
+        dialect: DIALECT,
+        routes,
+        keeps: Some(store::keep),
+    };
 
 fn routes() -> axum::Router<crate::AppState> {
     use axum::routing::{get, post};
     axum::Router::new()
         .route("/v1/responses", post(run::serve::<Responses>))
         .route("/v1/responses/{id}", get(get_response))
+}
+
+/// Keeps a finished response for `previous_response_id` and `GET /v1/responses/{id}`.
+fn remember(
+    state: &Served,
+    shape: &Shape,
+    mut msgs: Vec<ChatMessage>,
+    text: &str,
+    calls: &[OutCall],
+    body: &Value,
+) {
+    let calls: Vec<(String, Value)> = calls
+        .iter()
+        .map(|c| {
+            (
+                c.offered.clone(),
+                crate::tools::arguments_value(&c.arguments),
+            )
+        })
+        .collect();
+    msgs.push(state.assistant_with_calls(text, &calls));
+    store::of(state).put(shape.id.clone(), msgs, body.clone());
 }

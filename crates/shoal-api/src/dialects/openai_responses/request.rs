@@ -67,7 +67,7 @@ pub(super) fn conversation(
     names: &Namespaced,
 ) -> Result<Vec<ChatMessage>, ApiError> {
     let mut msgs = match &req.previous_response_id {
-        Some(prev) => state.responses.conversation(prev).ok_or_else(|| {
+        Some(prev) => super::store::of(state).conversation(prev).ok_or_else(|| {
             ApiError::param(
                 "previous_response_id",
                 format!("no stored response with id '{prev}'"),

@@ -9,10 +9,23 @@ use axum::Json;
 use serde_json::Value;
 use shoal_engine::ChatMessage;
 
-use super::{OutCall, Shape};
 use crate::error::{ApiError, DialectError, ErrorShape};
-use crate::tools;
-use crate::{AppState, Served};
+use crate::AppState;
+
+/// How many earlier responses the store keeps.
+const KEPT: usize = 256;
+
+/// Adds the dialect's store to a new server's state (its registration's `keeps`).
+pub(super) fn keep(state: &mut axum::http::Extensions) {
+    state.insert(std::sync::Arc::new(ResponseStore::new(KEPT)));
+}
+
+/// The server's store of earlier responses.
+pub(super) fn of(state: &AppState) -> &ResponseStore {
+    state
+        .dialect_state::<std::sync::Arc<ResponseStore>>()
+        .expect("the Responses dialect's registration adds its store to every server")
+}
 
 /// Conversations of earlier responses, for `previous_response_id`; bounded.
 pub struct ResponseStore {
@@ -48,28 +61,11 @@ impl ResponseStore {
     }
 }
 
-pub(super) fn remember(
-    state: &Served,
-    shape: &Shape,
-    mut msgs: Vec<ChatMessage>,
-    text: &str,
-    calls: &[OutCall],
-    body: &Value,
-) {
-    let calls: Vec<(String, Value)> = calls
-        .iter()
-        .map(|c| (c.offered.clone(), tools::arguments_value(&c.arguments)))
-        .collect();
-    msgs.push(state.assistant_with_calls(text, &calls));
-    state.responses.put(shape.id.clone(), msgs, body.clone());
-}
-
 pub async fn get_response(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Response, DialectError> {
-    state
-        .responses
+    of(&state)
         .response(&id)
         .map(|r| Json(r).into_response())
         .ok_or_else(|| {
