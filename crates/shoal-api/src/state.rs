@@ -7,10 +7,11 @@ use shoal_cluster::LocalNode;
 use shoal_engine::Engine;
 
 use crate::access::rules::{Access, Limits};
+use crate::cluster::placement::{Instance, Shards};
 use crate::dialects::ollama::port::OllamaPort;
 use crate::error::ApiError;
 use crate::ledger::Ledger;
-use crate::{cluster, ledger, metrics, pool};
+use crate::{ledger, metrics, pool};
 
 /// The conversation store, shared by the handlers that read and write it.
 pub type SharedStore = Arc<std::sync::Mutex<shoal_store::Store>>;
@@ -40,9 +41,9 @@ pub struct AppState {
     /// The keys' recent requests, for their per-minute limits.
     pub limits: Arc<Limits>,
     /// This node's `shoal shard` processes, by instance.
-    pub shards: cluster::shards::Shards,
+    pub shards: Shards,
     /// Models placed on nodes through `/v1/instances`.
-    pub instances: Arc<std::sync::Mutex<std::collections::BTreeMap<String, cluster::Instance>>>,
+    pub instances: Arc<std::sync::Mutex<std::collections::BTreeMap<String, Instance>>>,
     /// Per-million-token prices by model (`[prices.MODEL]`): `/v1/usage`
     /// shows what its traffic would have cost there. Empty: no costs.
     pub prices: Arc<ledger::Prices>,

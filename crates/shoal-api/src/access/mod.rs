@@ -32,9 +32,9 @@ fn open_route(path: &str, routed: crate::dialect::Routed) -> bool {
                 | "/v1/cluster/unload"
                 | crate::cluster::INSTANCES_PATH
                 | crate::cluster::INSTANCE_REMOVE_PATH
-                | crate::cluster::shards::PREPARE_PATH
-                | crate::cluster::shards::START_PATH
-                | crate::cluster::shards::STOP_PATH
+                | crate::cluster::placement::PREPARE_PATH
+                | crate::cluster::placement::START_PATH
+                | crate::cluster::placement::STOP_PATH
         )
 }
 

@@ -7,15 +7,13 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::http::Method;
 use axum::response::{IntoResponse, Response};
-use shoal_cluster::Cluster;
 
 use crate::error::{ApiError, ErrorShape};
 use crate::AppState;
 
+use super::peer::peer_rows;
+use super::placement::{NotSent, Upstream, FORWARDED_HEADER};
 use super::shards;
-
-/// Marks a request one node forwarded to another, so it is never forwarded again.
-pub const FORWARDED_HEADER: &str = "x-shoal-forwarded";
 
 /// Sends requests for a model this node does not have to a peer that has
 /// it loaded, and streams the peer's answer back unchanged. If the peer
@@ -101,30 +99,6 @@ pub async fn forward(
             next.run(req).await
         }
     }
-}
-
-/// A request that never reached its upstream (the connection was refused),
-/// so it is safe to serve elsewhere; `answer` is the error to send if not.
-pub struct NotSent {
-    pub error: reqwest::Error,
-    pub answer: Response,
-}
-
-/// Where a request is passed on to, and what tells that it has failed.
-pub struct Upstream {
-    /// `host:port` of the API that answers.
-    pub addr: String,
-    /// Names it in error messages.
-    pub what: String,
-    /// Sign the request as this cluster (peers); `None` for a local shard.
-    pub signer: Option<Arc<Cluster>>,
-    /// Copy the peer's record of the request here once it has answered.
-    pub ledger: Option<Arc<crate::ledger::Ledger>>,
-    /// For a local pipeline stage: the nodes that ran the request (the
-    /// stage process knows nothing of who asked; the copy says it).
-    pub ran_on: Option<String>,
-    /// Checked twice a second while an answer streams: `Some(reason)` ends it.
-    pub watch: Box<dyn Fn() -> Option<String> + Send + Sync>,
 }
 
 pub async fn proxy(
@@ -357,7 +331,7 @@ pub(crate) async fn copy_from_peer(
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
         let ask = serde_json::json!({ "id": id });
-        match super::peer_rows(cluster.as_deref(), &addr, &ask).await {
+        match peer_rows(cluster.as_deref(), &addr, &ask).await {
             Ok(mut rows) => {
                 for row in &mut rows {
                     if let Some(f) = &facts {

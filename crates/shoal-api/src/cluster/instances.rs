@@ -11,26 +11,9 @@ use crate::body::OpenAiJson;
 use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::AppState;
 
-use super::{shards, Peer, LOAD_PATH, UNLOAD_PATH};
-
-/// Control routes a node calls on another to read or drop the instances it placed.
-pub const INSTANCES_PATH: &str = "/v1/cluster/instances";
-pub const INSTANCE_REMOVE_PATH: &str = "/v1/cluster/instances/remove";
-
-/// A model placed on a node by `POST /v1/instances`.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct Instance {
-    pub id: String,
-    pub model: String,
-    pub sharding: String,
-    pub nodes: Vec<String>,
-    /// The node requests for the model go to.
-    pub entry: String,
-    pub created: u64,
-    /// Each node's layers, `[first, end)`, in rank order (pipelines).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub layers: Vec<(usize, usize)>,
-}
+use super::peer::Peer;
+use super::placement::{Instance, INSTANCES_PATH, INSTANCE_REMOVE_PATH, LOAD_PATH, UNLOAD_PATH};
+use super::shards::{self, describe};
 
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -45,36 +28,6 @@ pub(crate) struct PlaceRequest {
 
 pub(crate) fn bad(message: impl Into<String>) -> DialectError {
     ApiError::invalid(message).in_dialect(ErrorShape::OpenAi)
-}
-
-/// An instance as listed: `ready` while its node is up with the model
-/// loaded, `failed` once the node is unreachable or gone, else `unloaded`.
-pub fn describe(s: &AppState, i: &Instance) -> serde_json::Value {
-    let self_id = s.node.identity().id.clone();
-    let status = if i.sharding == "pipeline" {
-        if shards::healthy(s, i).is_ok() {
-            "ready"
-        } else {
-            "failed"
-        }
-    } else if i.entry == self_id {
-        if s.pool.loaded_engine(&i.model).is_some() {
-            "ready"
-        } else {
-            "unloaded"
-        }
-    } else {
-        let peers = s.cluster().map(|c| c.peers()).unwrap_or_default();
-        match peers.iter().find(|p| p.id == i.entry) {
-            Some(p) if p.status == "online" && p.models.iter().any(|m| m.id == i.model) => "ready",
-            Some(p) if p.status == "online" => "unloaded",
-            _ => "failed",
-        }
-    };
-    let mut v = serde_json::to_value(i).unwrap_or_default();
-    v["object"] = json!("instance");
-    v["status"] = json!(status);
-    v
 }
 
 /// The instances this node placed.

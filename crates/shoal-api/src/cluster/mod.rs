@@ -9,10 +9,18 @@
 //! model this node does not hold to the node that does).
 pub mod forward;
 pub mod instances;
+mod peer;
+pub mod placement;
 pub mod shards;
 
-pub use forward::{forward, Upstream, FORWARDED_HEADER};
-pub use instances::{describe, Instance, INSTANCES_PATH, INSTANCE_REMOVE_PATH};
+pub use forward::forward;
+pub(crate) use peer::peer_rows;
+pub use peer::Peer;
+pub use placement::{
+    Instance, Upstream, FORWARDED_HEADER, INSTANCES_PATH, INSTANCE_REMOVE_PATH, PEER_USAGE_PATH,
+};
+use placement::{LOAD_PATH, UNLOAD_PATH};
+pub use shards::describe;
 
 use std::sync::Arc;
 
@@ -34,9 +42,12 @@ pub fn routes() -> Router<AppState> {
         .route(UNLOAD_PATH, axum::routing::post(control_unload))
         .route("/v1/cluster/nodes", get(nodes))
         .route("/v1/cluster/events", get(events))
-        .route(shards::PREPARE_PATH, axum::routing::post(shards::prepare))
-        .route(shards::START_PATH, axum::routing::post(shards::start))
-        .route(shards::STOP_PATH, axum::routing::post(shards::stop))
+        .route(
+            placement::PREPARE_PATH,
+            axum::routing::post(shards::prepare),
+        )
+        .route(placement::START_PATH, axum::routing::post(shards::start))
+        .route(placement::STOP_PATH, axum::routing::post(shards::stop))
         .route(
             INSTANCES_PATH,
             axum::routing::post(instances::own_instances),
@@ -59,70 +70,9 @@ pub fn routes() -> Router<AppState> {
         )
 }
 
-/// The control route through which nodes read each other's ledger rows
-/// (attribution of forwarded requests, `scope=cluster`); served by `usage.rs`.
-pub const PEER_USAGE_PATH: &str = "/v1/cluster/usage";
-
-/// Another node's ledger rows for `ask` (`{"id"}` or `{"query"}`, see
-/// `usage::PeerUsage`): signed through `cluster`, or plain to a local
-/// pipeline stage (`cluster` none).
-pub(crate) async fn peer_rows(
-    cluster: Option<&Cluster>,
-    addr: &str,
-    ask: &serde_json::Value,
-) -> Result<Vec<shoal_store::UsageRow>, reqwest::Error> {
-    let body = ask.to_string().into_bytes();
-    let req = match cluster {
-        Some(c) => c.signed(reqwest::Method::POST, addr, PEER_USAGE_PATH, body),
-        None => reqwest::Client::new()
-            .post(format!("http://{addr}{PEER_USAGE_PATH}"))
-            .body(body),
-    };
-    #[derive(serde::Deserialize)]
-    struct Rows {
-        data: Vec<shoal_store::UsageRow>,
-    }
-    let resp = req
-        .header("content-type", "application/json")
-        .timeout(std::time::Duration::from_secs(30))
-        .send()
-        .await?
-        .error_for_status()?;
-    Ok(resp.json::<Rows>().await?.data)
-}
-
-/// Control routes a node calls on another to place or drop a model.
-pub(crate) const LOAD_PATH: &str = "/v1/cluster/load";
-pub(crate) const UNLOAD_PATH: &str = "/v1/cluster/unload";
-
 #[derive(serde::Deserialize)]
 struct ModelBody {
     model: String,
-}
-
-/// A control request from a peer: its signature checked (the sender
-/// becomes a peer), its JSON body parsed. Every control route takes one.
-pub struct Peer<T>(pub T);
-
-impl<T: serde::de::DeserializeOwned> axum::extract::FromRequest<AppState> for Peer<T> {
-    type Rejection = DialectError;
-
-    async fn from_request(
-        req: axum::extract::Request,
-        s: &AppState,
-    ) -> Result<Self, Self::Rejection> {
-        let (parts, body) = req.into_parts();
-        let bytes = axum::body::to_bytes(body, s.access.max_body_bytes)
-            .await
-            .map_err(|_| {
-                crate::body::too_large(Some(s.access.max_body_bytes)).in_dialect(ErrorShape::OpenAi)
-            })?;
-        s.verify_peer(&parts.method, &parts.uri, &parts.headers, &bytes)?;
-        let json: &[u8] = if bytes.is_empty() { b"null" } else { &bytes };
-        serde_json::from_slice(json)
-            .map(Peer)
-            .map_err(|e| ApiError::invalid(e.to_string()).in_dialect(ErrorShape::OpenAi))
-    }
 }
 
 async fn control_load(

@@ -6,9 +6,9 @@
 //! every request for the model — forwarded here from any node. If a node of
 //! the instance goes away, its requests end with an error event, the
 //! shards are stopped and the instance shows `failed`.
-use std::collections::HashMap;
+
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -16,30 +16,10 @@ use axum::Json;
 use serde_json::json;
 use tokio::io::AsyncBufReadExt;
 
-use super::{Instance, Peer, Upstream};
+use super::peer::Peer;
+use super::placement::{Instance, ShardProc, Upstream, PREPARE_PATH, START_PATH, STOP_PATH};
 use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::AppState;
-
-pub const PREPARE_PATH: &str = "/v1/cluster/shard/prepare";
-pub const START_PATH: &str = "/v1/cluster/shard/start";
-pub const STOP_PATH: &str = "/v1/cluster/shard/stop";
-
-/// A running `shoal shard` process of an instance.
-pub struct ShardProc {
-    child: tokio::process::Child,
-    /// Rank 0: the address of its API.
-    pub addr: Option<String>,
-    /// Read through this pipe; closing it ends the shard.
-    _stdin: Option<tokio::process::ChildStdin>,
-}
-
-impl ShardProc {
-    pub fn alive(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-}
-
-pub type Shards = Arc<Mutex<HashMap<String, ShardProc>>>;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -445,6 +425,36 @@ pub fn route(s: &AppState, model: &str) -> Option<Upstream> {
             ))
         }),
     })
+}
+
+/// An instance as listed: `ready` while its node is up with the model
+/// loaded, `failed` once the node is unreachable or gone, else `unloaded`.
+pub fn describe(s: &AppState, i: &Instance) -> serde_json::Value {
+    let self_id = s.node.identity().id.clone();
+    let status = if i.sharding == "pipeline" {
+        if healthy(s, i).is_ok() {
+            "ready"
+        } else {
+            "failed"
+        }
+    } else if i.entry == self_id {
+        if s.pool.loaded_engine(&i.model).is_some() {
+            "ready"
+        } else {
+            "unloaded"
+        }
+    } else {
+        let peers = s.cluster().map(|c| c.peers()).unwrap_or_default();
+        match peers.iter().find(|p| p.id == i.entry) {
+            Some(p) if p.status == "online" && p.models.iter().any(|m| m.id == i.model) => "ready",
+            Some(p) if p.status == "online" => "unloaded",
+            _ => "failed",
+        }
+    };
+    let mut v = serde_json::to_value(i).unwrap_or_default();
+    v["object"] = json!("instance");
+    v["status"] = json!(status);
+    v
 }
 
 #[cfg(test)]
