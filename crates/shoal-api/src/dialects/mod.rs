@@ -18,6 +18,8 @@ pub mod anthropic;
 mod registration;
 pub use registration::Registered;
 pub mod common;
+#[cfg(test)]
+mod echo_tests;
 pub mod ollama;
 pub mod openai_chat;
 pub mod openai_completions;
@@ -32,6 +34,8 @@ pub const REGISTRY: &[Registered] = &[
     anthropic::REGISTERED,
     ollama::REGISTERED,
     openai_embeddings::REGISTERED,
+    #[cfg(test)]
+    echo_tests::REGISTERED,
 ];
 
 /// Every registered dialect's words, as the layers below look them up.
