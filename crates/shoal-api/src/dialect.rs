@@ -27,6 +27,20 @@ pub trait Words: Send + Sync + 'static {
     }
     /// How its error bodies look.
     fn error_shape(&self) -> ErrorShape;
+    /// The event name of an error frame in its streams (Anthropic's SSE
+    /// names it `error`); `None`: error frames are bare data.
+    fn stream_error_event(&self) -> Option<&'static str> {
+        None
+    }
+    /// Headers its SDKs send an API key in, besides `Authorization: Bearer`.
+    fn key_headers(&self) -> &'static [&'static str] {
+        &[]
+    }
+    /// Request headers its SDKs send that browsers may (CORS) and peers pass
+    /// on (forwarding), besides content type, accept and authorization.
+    fn request_headers(&self) -> &'static [&'static str] {
+        &[]
+    }
     /// One choice's finish in the dialect's words (a cancelled choice is
     /// worded by [`Dialect::finish_words`], the same in every dialect).
     fn finish_words(&self, f: &FinishReason) -> FinishWords;
@@ -79,6 +93,9 @@ pub struct Described {
     pub generation_paths: &'static [&'static str],
     pub model_paths: &'static [&'static str],
     pub error_shape: ErrorShape,
+    pub stream_error_event: Option<&'static str>,
+    pub key_headers: &'static [&'static str],
+    pub request_headers: &'static [&'static str],
     pub finish_words: fn(&FinishReason) -> FinishWords,
     pub usage_json: fn(&Usage) -> Value,
     pub provider_meta: fn(Option<&FinishReason>, &Usage) -> ProviderMeta,
@@ -102,6 +119,15 @@ impl Words for Described {
     }
     fn error_shape(&self) -> ErrorShape {
         self.error_shape
+    }
+    fn stream_error_event(&self) -> Option<&'static str> {
+        self.stream_error_event
+    }
+    fn key_headers(&self) -> &'static [&'static str] {
+        self.key_headers
+    }
+    fn request_headers(&self) -> &'static [&'static str] {
+        self.request_headers
     }
     fn finish_words(&self, f: &FinishReason) -> FinishWords {
         (self.finish_words)(f)
@@ -200,6 +226,20 @@ impl Registry {
     pub fn names_model(self, path: &str) -> bool {
         self.all().any(|d| d.0.model_paths().contains(&path))
     }
+    /// Every header any dialect's SDKs send a key in (besides Bearer).
+    pub fn key_headers(self) -> Vec<&'static str> {
+        self.union(|d| d.0.key_headers())
+    }
+    /// Every dialect's own request headers (CORS and forwarding pass them).
+    pub fn request_headers(self) -> Vec<&'static str> {
+        self.union(|d| d.0.request_headers())
+    }
+    fn union(self, of: impl Fn(Dialect) -> &'static [&'static str]) -> Vec<&'static str> {
+        let mut out: Vec<&'static str> = self.all().flat_map(of).copied().collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
     /// What a request on `path` is, worked out once for every layer.
     pub fn route(self, path: &str) -> Routed {
         Routed {
@@ -231,5 +271,9 @@ impl Routed {
     /// (Shoal's own routes).
     pub fn error_shape(self) -> ErrorShape {
         self.dialect.map_or(ErrorShape::OpenAi, ErrorShape::from)
+    }
+    /// The event name of an error frame in this request's stream.
+    pub fn stream_error_event(self) -> Option<&'static str> {
+        self.dialect.and_then(|d| d.0.stream_error_event())
     }
 }

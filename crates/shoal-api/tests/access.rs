@@ -369,6 +369,20 @@ async fn foreign_origins_are_refused_and_only_allowed_ones_get_cors() {
         ok.headers()["access-control-allow-origin"],
         "http://localhost:5173"
     );
+    // Every dialect's own request headers are allowed (Anthropic's SDK sends
+    // `anthropic-version` and `x-api-key` from a browser too).
+    let allowed = ok.headers()["access-control-allow-headers"]
+        .to_str()
+        .unwrap()
+        .to_ascii_lowercase();
+    let own = shoal_api::dialects::registry().request_headers();
+    assert!(own.contains(&"anthropic-version"), "{own:?}");
+    for h in own.iter().chain(&["content-type", "authorization"]) {
+        assert!(
+            allowed.split(',').any(|a| a.trim() == *h),
+            "{h} not allowed: {allowed}"
+        );
+    }
     let evil = preflight("http://evil.example").await.unwrap();
     assert!(evil.headers().get("access-control-allow-origin").is_none());
 }

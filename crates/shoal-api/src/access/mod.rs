@@ -38,9 +38,11 @@ fn open_route(path: &str, routed: crate::dialect::Routed) -> bool {
         )
 }
 
-/// The key a request carries, from either header SDKs use.
+/// The key a request carries: in a header some dialect's SDKs send it in
+/// (Anthropic's `x-api-key`), else as `Authorization: Bearer`.
 fn presented_key(headers: &HeaderMap) -> Option<&[u8]> {
-    if let Some(v) = headers.get("x-api-key") {
+    let own = crate::dialects::registry().key_headers();
+    if let Some(v) = own.iter().find_map(|h| headers.get(*h)) {
         return Some(v.as_bytes());
     }
     let auth = headers.get(header::AUTHORIZATION)?.as_bytes();
@@ -124,11 +126,15 @@ pub fn cors(access: &Access) -> tower_http::cors::CorsLayer {
     CorsLayer::new()
         .allow_origin(allow)
         .allow_methods([Method::GET, Method::POST, Method::PATCH, Method::DELETE])
-        .allow_headers([
-            header::AUTHORIZATION,
-            header::CONTENT_TYPE,
-            header::HeaderName::from_static("x-api-key"),
-            header::HeaderName::from_static("anthropic-version"),
-            header::HeaderName::from_static("anthropic-beta"),
-        ])
+        .allow_headers(
+            [header::AUTHORIZATION, header::CONTENT_TYPE]
+                .into_iter()
+                .chain(
+                    crate::dialects::registry()
+                        .request_headers()
+                        .into_iter()
+                        .map(header::HeaderName::from_static),
+                )
+                .collect::<Vec<_>>(),
+        )
 }

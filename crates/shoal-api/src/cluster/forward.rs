@@ -25,6 +25,10 @@ pub async fn forward(
 ) -> Response {
     let routed = crate::dialect::Routed::of(req.extensions());
     let shape = routed.error_shape();
+    let errors = ErrorFrames {
+        shape,
+        event: routed.stream_error_event(),
+    };
     let Some(cluster) = s.cluster() else {
         return next.run(req).await;
     };
@@ -48,7 +52,7 @@ pub async fn forward(
         .and_then(|v| v.get("model").and_then(|m| m.as_str()).map(str::to_string));
     // A model split over nodes from here goes to its first stage.
     if let Some(target) = model.as_deref().and_then(|m| shards::route(&s, m)) {
-        return proxy(target, parts, bytes, shape)
+        return proxy(target, parts, bytes, errors)
             .await
             .unwrap_or_else(|n| n.answer);
     }
@@ -88,7 +92,7 @@ pub async fn forward(
                 .then(|| format!("node {id} became unreachable mid-answer"))
         }),
     };
-    match proxy(target, parts.clone(), bytes.clone(), shape).await {
+    match proxy(target, parts.clone(), bytes.clone(), errors).await {
         Ok(answer) => answer,
         // The peer went away before it got the request (its heartbeat has not
         // lapsed yet): nothing ran there, so this node serves it, loading the
@@ -105,7 +109,7 @@ pub async fn proxy(
     target: Upstream,
     parts: axum::http::request::Parts,
     body: axum::body::Bytes,
-    dialect: ErrorShape,
+    dialect: ErrorFrames,
 ) -> Result<Response, NotSent> {
     let Upstream {
         addr,
@@ -143,14 +147,11 @@ pub async fn proxy(
             }
         }
     }
-    for name in [
-        "content-type",
-        "accept",
-        "anthropic-version",
-        "anthropic-beta",
-        "authorization",
-        "x-api-key",
-    ] {
+    let own = crate::dialects::registry().request_headers();
+    for name in ["content-type", "accept", "authorization"]
+        .into_iter()
+        .chain(own)
+    {
         if let Some(v) = parts.headers.get(name).and_then(|v| v.to_str().ok()) {
             req = req.header(name, v);
         }
@@ -166,7 +167,7 @@ pub async fn proxy(
         Err(e) => {
             let answer =
                 ApiError::unavailable(format!("{peer} holding the model did not answer: {e}"))
-                    .in_dialect(dialect)
+                    .in_dialect(dialect.shape)
                     .into_response();
             if e.is_connect() {
                 return Err(NotSent { error: e, answer });
@@ -239,7 +240,7 @@ pub async fn proxy(
                 )
             }
             Err(e) => ApiError::unavailable(format!("{peer} failed mid-answer: {e}"))
-                .in_dialect(dialect)
+                .in_dialect(dialect.shape)
                 .into_response(),
         });
     }
@@ -293,20 +294,27 @@ pub async fn proxy(
     Ok(with_id(out))
 }
 
-/// Ends a forwarded answer with the dialect's error (an SSE error event, or
-/// a cut body for plain JSON, which a client reports as a broken response).
+/// How a request's dialect words an error in a stream: the body's shape
+/// and the frame's event name.
+#[derive(Clone, Copy)]
+pub struct ErrorFrames {
+    pub shape: ErrorShape,
+    pub event: Option<&'static str>,
+}
+
+/// Ends a forwarded answer with the dialect's error (an error frame in its
+/// stream, or a cut body for plain JSON, which a client reports as a broken
+/// response).
 pub(crate) fn fail(
     tx: &tokio::sync::mpsc::UnboundedSender<Result<axum::body::Bytes, std::io::Error>>,
     framing: Option<crate::sse::Framing>,
-    dialect: ErrorShape,
+    dialect: ErrorFrames,
     message: &str,
 ) {
     tracing::warn!("{message}");
     if let Some(framing) = framing {
-        let err = ApiError::unavailable(message.to_string()).body(dialect);
-        // Anthropic names its error events; the others send bare data.
-        let name = (dialect == ErrorShape::Anthropic).then_some("error");
-        let frame = framing.frame(name, &err.to_string());
+        let err = ApiError::unavailable(message.to_string()).body(dialect.shape);
+        let frame = framing.frame(dialect.event, &err.to_string());
         let _ = tx.send(Ok(frame.into()));
     } else {
         let _ = tx.send(Err(std::io::Error::other(message.to_string())));

@@ -103,6 +103,9 @@ pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dia
     generation_paths: &["/v1/embeddings"],
     model_paths: &["/v1/embeddings"],
     error_shape: ErrorShape::OpenAi,
+    stream_error_event: None,
+    key_headers: &[],
+    request_headers: &[],
     // An embedding request has no finish of its own; a served one is `stop`.
     finish_words: |f| crate::dialect::FinishWords::one(crate::wire::chat::finish_reason(f)),
     usage_json,

@@ -163,6 +163,9 @@ pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dia
     generation_paths: &["/v1/responses"],
     model_paths: &["/v1/responses"],
     error_shape: ErrorShape::OpenAi,
+    stream_error_event: None,
+    key_headers: &[],
+    request_headers: &[],
     // A finish is its `status`, or `status:reason` when incomplete.
     finish_words: |f| {
         let (word, reason) = crate::wire::responses::outcome(f);
