@@ -85,6 +85,25 @@ impl std::fmt::Display for FinishWords {
     }
 }
 
+/// What a dialect's SDKs do beyond the body: the event name of a stream's
+/// error frame, the headers they send a key in and their own request headers
+/// (see [`Words`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Transport {
+    pub stream_error_event: Option<&'static str>,
+    pub key_headers: &'static [&'static str],
+    pub request_headers: &'static [&'static str],
+}
+
+impl Transport {
+    /// Bearer keys, bare error frames, no headers of its own (OpenAI's and Ollama's way).
+    pub const PLAIN: Transport = Transport {
+        stream_error_event: None,
+        key_headers: &[],
+        request_headers: &[],
+    };
+}
+
 /// A dialect's words given as data, which is all most dialects need.
 pub struct Described {
     pub ledger_name: &'static str,
@@ -93,9 +112,7 @@ pub struct Described {
     pub generation_paths: &'static [&'static str],
     pub model_paths: &'static [&'static str],
     pub error_shape: ErrorShape,
-    pub stream_error_event: Option<&'static str>,
-    pub key_headers: &'static [&'static str],
-    pub request_headers: &'static [&'static str],
+    pub transport: Transport,
     pub finish_words: fn(&FinishReason) -> FinishWords,
     pub usage_json: fn(&Usage) -> Value,
     pub provider_meta: fn(Option<&FinishReason>, &Usage) -> ProviderMeta,
@@ -121,13 +138,13 @@ impl Words for Described {
         self.error_shape
     }
     fn stream_error_event(&self) -> Option<&'static str> {
-        self.stream_error_event
+        self.transport.stream_error_event
     }
     fn key_headers(&self) -> &'static [&'static str] {
-        self.key_headers
+        self.transport.key_headers
     }
     fn request_headers(&self) -> &'static [&'static str] {
-        self.request_headers
+        self.transport.request_headers
     }
     fn finish_words(&self, f: &FinishReason) -> FinishWords {
         (self.finish_words)(f)

@@ -45,6 +45,18 @@ pub fn base_meta(finish: Option<&FinishReason>, u: &Usage) -> ProviderMeta {
     }
 }
 
+/// The reserved metadata of a dialect that reports its finish as
+/// `finish_reason` in its own words (OpenAI's chat and completions, Ollama).
+pub fn finish_reason_meta(
+    d: crate::dialect::Dialect,
+    finish: Option<&FinishReason>,
+    u: &Usage,
+) -> ProviderMeta {
+    let mut p = base_meta(finish, u);
+    p.finish_reason = finish.map(|f| d.finish_words(f));
+    p
+}
+
 /// Usage over choices: each prompt counts once (as the APIs define `n`),
 /// completion and reasoning tokens add up over every choice. `per_prompt` is
 /// the number of consecutive choices that share a prompt.

@@ -740,9 +740,11 @@ pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dia
     generation_paths: &["/v1/messages"],
     model_paths: &["/v1/messages", "/v1/messages/count_tokens"],
     error_shape: ErrorShape::Anthropic,
-    stream_error_event: Some("error"),
-    key_headers: &["x-api-key"],
-    request_headers: &["x-api-key", "anthropic-version", "anthropic-beta"],
+    transport: crate::dialect::Transport {
+        stream_error_event: Some("error"),
+        key_headers: &["x-api-key"],
+        request_headers: &["x-api-key", "anthropic-version", "anthropic-beta"],
+    },
     finish_words: |f| crate::dialect::FinishWords::one(crate::wire::messages::stop_reason(f)),
     usage_json: crate::wire::messages::usage_json,
     provider_meta,
@@ -764,11 +766,7 @@ fn provider_meta(
 }
 
 /// The dialect as the server registers it: its words and its routes.
-pub const REGISTERED: Registered = Registered {
-    dialect: DIALECT,
-    routes,
-    keeps: None,
-};
+pub const REGISTERED: Registered = Registered::new(DIALECT, routes);
 
 fn routes() -> axum::Router<crate::AppState> {
     use axum::routing::post;

@@ -1,9 +1,49 @@
 //! What several dialects' requests share: message content as text or typed
-//! parts, OpenAI's stream options, and the reasoning-effort budgets. Kept
-//! here so that no dialect imports another.
+//! parts, OpenAI's stream options, function tools as OpenAI's and Ollama's
+//! chat requests carry them, and the reasoning-effort budgets. Kept here so
+//! that no dialect imports another.
 use serde::Deserialize;
+use serde_json::Value;
+use shoal_engine::tools::ToolDef;
 
 use crate::error::ApiError;
+
+/// A function tool's definition, as OpenAI's and Ollama's chat requests
+/// carry it (`{"type": "function", "function": {…}}`).
+#[derive(Debug, Deserialize)]
+// `strict` is accepted (and type-checked) for SDK compatibility without
+// changing anything here.
+#[allow(dead_code)]
+pub struct FunctionDef {
+    pub name: String,
+    pub description: Option<String>,
+    pub parameters: Option<Value>,
+    pub strict: Option<bool>,
+}
+
+/// The tools of a request as the engine takes them, from each tool's `type`
+/// and function; a type other than `function` is a 400 naming the tool.
+pub fn function_tools<'a>(
+    tools: impl IntoIterator<Item = (&'a str, &'a FunctionDef)>,
+) -> Result<Vec<ToolDef>, ApiError> {
+    tools
+        .into_iter()
+        .enumerate()
+        .map(|(i, (kind, f))| {
+            if kind != "function" {
+                return Err(ApiError::param(
+                    "tools",
+                    format!("tools[{i}].type '{kind}' is not supported; use 'function'"),
+                ));
+            }
+            Ok(ToolDef {
+                name: f.name.clone(),
+                description: f.description.clone(),
+                parameters: crate::tools::parameters_or_empty(f.parameters.as_ref()),
+            })
+        })
+        .collect()
+}
 
 /// Budgets behind the effort levels (reasoning tokens).
 pub fn effort_budget(param: &str, effort: &str) -> Result<Option<Option<usize>>, ApiError> {

@@ -29,19 +29,13 @@ pub const DIALECT: Dialect = Dialect(&Described {
     generation_paths: &["/v1/echo"],
     model_paths: &["/v1/echo"],
     error_shape: ErrorShape::Plain,
-    stream_error_event: None,
-    key_headers: &[],
-    request_headers: &[],
+    transport: crate::dialect::Transport::PLAIN,
     finish_words: |f| FinishWords::one(why(f)),
     usage_json: spent,
     provider_meta: |_, _| shoal_client::ProviderMeta::default(),
 });
 
-pub const REGISTERED: Registered = Registered {
-    dialect: DIALECT,
-    routes,
-    keeps: None,
-};
+pub const REGISTERED: Registered = Registered::new(DIALECT, routes);
 
 fn routes() -> Router<AppState> {
     Router::new().route("/v1/echo", post(run::serve::<Echo>))
@@ -210,14 +204,11 @@ async fn a_dialect_declared_in_one_module_is_served_recorded_and_listed_everywhe
     );
 
     // Listed for the UI.
-    let listed: Value = http
-        .get(format!("{base}/v1/dialects"))
-        .send()
-        .await
-        .expect("send")
-        .json()
-        .await
-        .expect("json");
+    let get = |path: &str| {
+        let req = http.get(format!("{base}{path}")).send();
+        async move { req.await.expect("send").text().await.expect("text") }
+    };
+    let listed: Value = serde_json::from_str(&get("/v1/dialects").await).expect("json");
     let names: Vec<&str> = listed["data"]
         .as_array()
         .expect("data")
@@ -228,14 +219,8 @@ async fn a_dialect_declared_in_one_module_is_served_recorded_and_listed_everywhe
 
     // Recorded in the ledger under its name, found by its short name and
     // its finish word, with the usage the client was sent.
-    let usage: Value = http
-        .get(format!("{base}/v1/usage?dialect=echo&finish=cut"))
-        .send()
-        .await
-        .expect("send")
-        .json()
-        .await
-        .expect("json");
+    let usage: Value =
+        serde_json::from_str(&get("/v1/usage?dialect=echo&finish=cut").await).expect("json");
     let rows = usage["data"].as_array().expect("data");
     assert_eq!(rows.len(), 2, "{usage}");
     for row in rows {
@@ -251,14 +236,7 @@ async fn a_dialect_declared_in_one_module_is_served_recorded_and_listed_everywhe
     }
 
     // Counted by /metrics under its name.
-    let metrics = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .expect("send")
-        .text()
-        .await
-        .expect("text");
+    let metrics = get("/metrics").await;
     assert!(
         metrics
             .lines()

@@ -3,7 +3,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use shoal_engine::{ChatMessage, Completion, Event, FinishReason, TokenLogprob, Usage};
 
-use super::common::{effort_budget, Content, StreamOptions};
+use super::common::{effort_budget, function_tools, Content, FunctionDef, StreamOptions};
 use crate::body::OneOrMany;
 use crate::dialects::registration::Registered;
 use crate::error::{ApiError, ErrorShape};
@@ -12,7 +12,6 @@ use crate::run::{self, Generation};
 use crate::tools::{self, ToolRequest};
 use crate::wire::chat::{finish_reason, usage_json};
 use crate::Served;
-use shoal_engine::tools::ToolDef;
 use shoal_engine::Grammar;
 
 #[derive(Debug, Deserialize)]
@@ -104,17 +103,6 @@ pub struct ChatTool {
     #[serde(rename = "type")]
     pub kind: String,
     pub function: FunctionDef,
-}
-
-#[derive(Debug, Deserialize)]
-// Some fields are accepted (and type-checked) for SDK compatibility without
-// changing anything here.
-#[allow(dead_code)]
-pub struct FunctionDef {
-    pub name: String,
-    pub description: Option<String>,
-    pub parameters: Option<Value>,
-    pub strict: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -317,26 +305,7 @@ fn to_messages(state: &Served, msgs: &[InMessage]) -> Result<Vec<ChatMessage>, A
 pub(crate) fn tool_request(req: &ChatRequest) -> Result<Option<ToolRequest>, ApiError> {
     let defs = match &req.tools {
         None => Vec::new(),
-        Some(list) => list
-            .iter()
-            .enumerate()
-            .map(|(i, t)| {
-                if t.kind != "function" {
-                    return Err(ApiError::param(
-                        "tools",
-                        format!(
-                            "tools[{i}].type '{}' is not supported; use 'function'",
-                            t.kind
-                        ),
-                    ));
-                }
-                Ok(ToolDef {
-                    name: t.function.name.clone(),
-                    description: t.function.description.clone(),
-                    parameters: tools::parameters_or_empty(t.function.parameters.as_ref()),
-                })
-            })
-            .collect::<Result<_, _>>()?,
+        Some(list) => function_tools(list.iter().map(|t| (t.kind.as_str(), &t.function)))?,
     };
     let Some(choice) = tools::openai_tool_choice(
         req.tool_choice.as_ref(),
@@ -513,30 +482,14 @@ pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dia
     generation_paths: &["/v1/chat/completions"],
     model_paths: &["/v1/chat/completions"],
     error_shape: ErrorShape::OpenAi,
-    stream_error_event: None,
-    key_headers: &[],
-    request_headers: &[],
+    transport: crate::dialect::Transport::PLAIN,
     finish_words: |f| crate::dialect::FinishWords::one(crate::wire::chat::finish_reason(f)),
     usage_json: crate::wire::chat::usage_json,
-    provider_meta,
+    provider_meta: |f, u| crate::wire::finish_reason_meta(DIALECT, f, u),
 });
 
-/// What a recorder stores under its reserved keys for a reply.
-fn provider_meta(
-    finish: Option<&shoal_engine::FinishReason>,
-    u: &shoal_engine::Usage,
-) -> shoal_client::ProviderMeta {
-    let mut p = crate::wire::base_meta(finish, u);
-    p.finish_reason = finish.map(|f| DIALECT.finish_words(f));
-    p
-}
-
 /// The dialect as the server registers it: its words and its routes.
-pub const REGISTERED: Registered = Registered {
-    dialect: DIALECT,
-    routes,
-    keeps: None,
-};
+pub const REGISTERED: Registered = Registered::new(DIALECT, routes);
 
 fn routes() -> axum::Router<crate::AppState> {
     use axum::routing::post;

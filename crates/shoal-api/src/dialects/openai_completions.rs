@@ -343,30 +343,14 @@ pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dia
     generation_paths: &["/v1/completions"],
     model_paths: &["/v1/completions"],
     error_shape: ErrorShape::OpenAi,
-    stream_error_event: None,
-    key_headers: &[],
-    request_headers: &[],
+    transport: crate::dialect::Transport::PLAIN,
     finish_words: |f| crate::dialect::FinishWords::one(crate::wire::chat::finish_reason(f)),
     usage_json: crate::wire::chat::usage_json,
-    provider_meta,
+    provider_meta: |f, u| crate::wire::finish_reason_meta(DIALECT, f, u),
 });
 
-/// What a recorder stores under its reserved keys for a reply.
-fn provider_meta(
-    finish: Option<&shoal_engine::FinishReason>,
-    u: &shoal_engine::Usage,
-) -> shoal_client::ProviderMeta {
-    let mut p = crate::wire::base_meta(finish, u);
-    p.finish_reason = finish.map(|f| DIALECT.finish_words(f));
-    p
-}
-
 /// The dialect as the server registers it: its words and its routes.
-pub const REGISTERED: Registered = Registered {
-    dialect: DIALECT,
-    routes,
-    keeps: None,
-};
+pub const REGISTERED: Registered = Registered::new(DIALECT, routes);
 
 fn routes() -> axum::Router<crate::AppState> {
     use axum::routing::post;

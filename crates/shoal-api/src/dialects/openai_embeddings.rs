@@ -103,9 +103,7 @@ pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dia
     generation_paths: &["/v1/embeddings"],
     model_paths: &["/v1/embeddings"],
     error_shape: ErrorShape::OpenAi,
-    stream_error_event: None,
-    key_headers: &[],
-    request_headers: &[],
+    transport: crate::dialect::Transport::PLAIN,
     // An embedding request has no finish of its own; a served one is `stop`.
     finish_words: |f| crate::dialect::FinishWords::one(crate::wire::chat::finish_reason(f)),
     usage_json,
@@ -113,11 +111,7 @@ pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dia
 });
 
 /// The dialect as the server registers it: its words and its routes.
-pub const REGISTERED: Registered = Registered {
-    dialect: DIALECT,
-    routes,
-    keeps: None,
-};
+pub const REGISTERED: Registered = Registered::new(DIALECT, routes);
 
 fn routes() -> axum::Router<AppState> {
     axum::Router::new().route("/v1/embeddings", axum::routing::post(handle))

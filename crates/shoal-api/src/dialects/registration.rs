@@ -14,3 +14,22 @@ pub struct Registered {
     /// ([`AppState::dialect_state`]); `None` for a dialect that keeps none.
     pub keeps: Option<fn(&mut axum::http::Extensions)>,
 }
+
+impl Registered {
+    /// A dialect that keeps no state of its own.
+    pub const fn new(dialect: Dialect, routes: fn() -> Router<AppState>) -> Self {
+        Registered {
+            dialect,
+            routes,
+            keeps: None,
+        }
+    }
+
+    /// The same, adding the state it keeps to every new server's.
+    pub const fn keeping(self, keep: fn(&mut axum::http::Extensions)) -> Self {
+        Registered {
+            keeps: Some(keep),
+            ..self
+        }
+    }
+}

@@ -5,7 +5,6 @@ use axum::extract::State;
 use axum::response::Response;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use shoal_engine::tools::ToolDef;
 use shoal_engine::{ChatMessage, Event};
 
 use super::shared::{
@@ -75,18 +74,11 @@ pub struct InFunction {
 pub struct Tool {
     #[serde(rename = "type", default = "function")]
     pub kind: String,
-    pub function: FunctionDef,
+    pub function: crate::dialects::common::FunctionDef,
 }
 
 fn function() -> String {
     "function".into()
-}
-
-#[derive(Debug, Deserialize)]
-pub struct FunctionDef {
-    pub name: String,
-    pub description: Option<String>,
-    pub parameters: Option<Value>,
 }
 
 /// `POST /api/chat`: a load (or, with `keep_alive: 0`, unload) request when
@@ -153,26 +145,9 @@ fn tool_request(req: &ChatRequest) -> Result<Option<ToolRequest>, ApiError> {
     let Some(list) = req.tools.as_ref().filter(|l| !l.is_empty()) else {
         return Ok(None);
     };
-    let defs = list
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            if t.kind != "function" {
-                return Err(ApiError::param(
-                    "tools",
-                    format!(
-                        "tools[{i}].type '{}' is not supported; use 'function'",
-                        t.kind
-                    ),
-                ));
-            }
-            Ok(ToolDef {
-                name: t.function.name.clone(),
-                description: t.function.description.clone(),
-                parameters: tools::parameters_or_empty(t.function.parameters.as_ref()),
-            })
-        })
-        .collect::<Result<_, _>>()?;
+    let defs = crate::dialects::common::function_tools(
+        list.iter().map(|t| (t.kind.as_str(), &t.function)),
+    )?;
     ToolRequest::new(defs, ToolChoice::Auto, "tools").map(Some)
 }
 

@@ -21,11 +21,7 @@ pub mod port;
 mod settings;
 pub(crate) mod shared;
 
-pub const REGISTERED: Registered = Registered {
-    dialect: DIALECT,
-    routes,
-    keeps: None,
-};
+pub const REGISTERED: Registered = Registered::new(DIALECT, routes);
 
 fn routes() -> Router<AppState> {
     Router::new()

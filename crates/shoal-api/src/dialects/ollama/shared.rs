@@ -55,9 +55,7 @@ impl crate::dialect::Words for Words {
         finish: Option<&FinishReason>,
         u: &Usage,
     ) -> shoal_client::ProviderMeta {
-        let mut p = crate::wire::base_meta(finish, u);
-        p.finish_reason = finish.map(|f| DIALECT.finish_words(f));
-        p
+        crate::wire::finish_reason_meta(DIALECT, finish, u)
     }
 }
 

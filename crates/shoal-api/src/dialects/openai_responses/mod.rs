@@ -163,9 +163,7 @@ pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dia
     generation_paths: &["/v1/responses"],
     model_paths: &["/v1/responses"],
     error_shape: ErrorShape::OpenAi,
-    stream_error_event: None,
-    key_headers: &[],
-    request_headers: &[],
+    transport: crate::dialect::Transport::PLAIN,
     // A finish is its `status`, or `status:reason` when incomplete.
     finish_words: |f| {
         let (word, reason) = crate::wire::responses::outcome(f);
@@ -197,11 +195,7 @@ fn provider_meta(
 
 /// The dialect as the server registers it: its words and its routes.
 pub const REGISTERED: crate::dialects::registration::Registered =
-    crate::dialects::registration::Registered {
-        dialect: DIALECT,
-        routes,
-        keeps: Some(store::keep),
-    };
+    crate::dialects::registration::Registered::new(DIALECT, routes).keeping(store::keep);
 
 fn routes() -> axum::Router<crate::AppState> {
     use axum::routing::{get, post};
