@@ -420,12 +420,7 @@ mod tests {
             FinishReason::Cancelled,
         ];
         let usages = [usage(10, 6, 4, 2), usage(7, 0, 0, 0), usage(3, 3, 9, 0)];
-        for d in [
-            WireDialect::Chat,
-            WireDialect::Completions,
-            WireDialect::Responses,
-            WireDialect::Messages,
-        ] {
+        for d in WireDialect::ALL {
             for f in &finishes {
                 for u in &usages {
                     let e = entry(d, vec![f.clone()], *u);
@@ -442,6 +437,10 @@ mod tests {
                         }
                         WireDialect::Messages => {
                             wire.stop_reason = word(crate::wire::messages::stop_reason(f))
+                        }
+                        WireDialect::Ollama => {
+                            wire.finish_reason =
+                                word(crate::dialects::ollama::shared::done_reason(f))
                         }
                         WireDialect::Responses => {
                             let (status, incomplete, _) = crate::wire::responses::status(f);

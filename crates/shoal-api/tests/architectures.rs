@@ -69,7 +69,7 @@ async fn direct(
 fn finish_word(d: Dialect, finish: &FinishReason) -> (&'static str, &'static str) {
     let length = *finish == FinishReason::Length;
     match d {
-        Dialect::Chat | Dialect::Completions => {
+        Dialect::Chat | Dialect::Completions | Dialect::Ollama => {
             ("finish_reason", if length { "length" } else { "stop" })
         }
         Dialect::Responses => {
@@ -95,7 +95,7 @@ async fn check(name: &str) {
     let raw = vocab.encode(QUESTION).expect("encode");
     let raw_run = direct(&e, raw.clone(), None).await;
     let base = common::serve(AppState::new(e)).await;
-    for dialect in Dialect::ALL {
+    for dialect in common::recorder_dialects() {
         let (prompt, want) = match dialect {
             Dialect::Completions => (raw.len(), &raw_run),
             _ => (chat.tokens.len(), &chat_run),

@@ -1,12 +1,14 @@
 //! A client for the APIs Shoal serves — OpenAI Chat Completions, Completions,
-//! Responses and Anthropic Messages — that works against any provider and
+//! Responses, Anthropic Messages and Ollama's chat — that works against any provider and
 //! records, on every response piece, the provider's own stop reason and
 //! usage under reserved metadata keys no caller can forge. Replies are kept
 //! in `shoal-store`'s SQLite conversation store.
+pub mod dialect;
 pub mod error;
 pub mod metadata;
 mod sse;
 pub mod target;
+mod wire;
 
 pub use error::ClientError;
 pub use metadata::{is_reserved, Metadata, ProviderMeta, RESERVED_KEYS};

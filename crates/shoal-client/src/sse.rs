@@ -1,5 +1,7 @@
-//! Server-sent events, as the providers send them: `event:` and `data:`
-//! fields, events separated by a blank line, `:` comment lines ignored.
+//! Stream frames as the providers send them: server-sent events (`event:`
+//! and `data:` fields, events separated by a blank line, `:` comment lines
+//! ignored), or NDJSON (one JSON object a line, Ollama's), read as events
+//! with no name.
 use futures::{Stream, StreamExt};
 
 /// One event: its name (if any) and its data lines joined by `\n`.
@@ -69,17 +71,75 @@ impl SseParser {
     }
 }
 
-/// Events from a response body. A transport error ends the stream with `Err`.
+/// Splits NDJSON into one event a non-empty line.
+#[derive(Default)]
+pub struct NdjsonParser {
+    buf: Vec<u8>,
+}
+
+impl NdjsonParser {
+    pub fn push(&mut self, bytes: &[u8]) -> Vec<SseEvent> {
+        self.buf.extend_from_slice(bytes);
+        let mut out = Vec::new();
+        while let Some(nl) = self.buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = self.buf.drain(..=nl).collect();
+            Self::line(&line, &mut out);
+        }
+        out
+    }
+
+    /// The stream ended: a last line without its newline still counts.
+    pub fn finish(&mut self) -> Vec<SseEvent> {
+        let mut out = Vec::new();
+        Self::line(&std::mem::take(&mut self.buf), &mut out);
+        out
+    }
+
+    fn line(line: &[u8], out: &mut Vec<SseEvent>) {
+        let line = String::from_utf8_lossy(line);
+        let line = line.trim();
+        if !line.is_empty() {
+            out.push(SseEvent {
+                event: None,
+                data: line.to_string(),
+            });
+        }
+    }
+}
+
+/// Either parser, as the dialect frames its stream.
+enum Parser {
+    Sse(SseParser),
+    Ndjson(NdjsonParser),
+}
+
+impl Parser {
+    fn push(&mut self, bytes: &[u8]) -> Vec<SseEvent> {
+        match self {
+            Parser::Sse(p) => p.push(bytes),
+            Parser::Ndjson(p) => p.push(bytes),
+        }
+    }
+    fn finish(&mut self) -> Vec<SseEvent> {
+        match self {
+            Parser::Sse(p) => p.finish(),
+            Parser::Ndjson(p) => p.finish(),
+        }
+    }
+}
+
+/// Events from a response body framed as `framing`. A transport error ends
+/// the stream with `Err`.
 pub fn events(
     body: impl Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin,
+    framing: crate::wire::Framing,
 ) -> impl Stream<Item = Result<SseEvent, String>> {
+    let parser = match framing {
+        crate::wire::Framing::Sse => Parser::Sse(SseParser::default()),
+        crate::wire::Framing::Ndjson => Parser::Ndjson(NdjsonParser::default()),
+    };
     futures::stream::unfold(
-        (
-            body,
-            SseParser::default(),
-            std::collections::VecDeque::new(),
-            false,
-        ),
+        (body, parser, std::collections::VecDeque::new(), false),
         |(mut body, mut parser, mut queue, mut ended)| async move {
             loop {
                 if let Some(ev) = queue.pop_front() {
@@ -107,6 +167,18 @@ pub fn events(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ndjson_lines_split_across_chunks() {
+        let mut p = NdjsonParser::default();
+        let mut all = p.push(b"{\"a\":1}\n{\"b\"");
+        all.extend(p.push(b":2}\r\n\n"));
+        all.extend(p.push(b"{\"done\":true}"));
+        all.extend(p.finish());
+        let data: Vec<&str> = all.iter().map(|e| e.data.as_str()).collect();
+        assert_eq!(data, ["{\"a\":1}", "{\"b\":2}", "{\"done\":true}"]);
+        assert!(all.iter().all(|e| e.event.is_none()));
+    }
 
     #[test]
     fn events_split_across_chunks_with_comments_and_crlf() {

@@ -1,6 +1,6 @@
 //! Every target against a local fixture provider that replays responses in
-//! the shapes the public OpenAI, Azure OpenAI and Anthropic references
-//! document. Each reply is stored and read back, and its metadata is checked
+//! the shapes the public OpenAI, Azure OpenAI, Anthropic and Ollama
+//! references document. Each reply is stored and read back, and its metadata is checked
 //! key by key — including that forged reserved keys from the request are gone.
 use axum::body::Body;
 use axum::http::{HeaderMap, StatusCode};
@@ -136,6 +136,25 @@ fn scenario(name: &str) -> (u16, &'static str, String) {
             ("error", json!({"type": "error", "error": {"type": "timeout_error", "message": "the request exceeded the server's time limit of 1 s"},
                 "usage": {"input_tokens": 9, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 5, "output_tokens": 3}})),
         ]),
+        "ollama_stop" => j(json!({"model": "m", "created_at": "2023-08-04T19:22:45.499127Z",
+            "message": {"role": "assistant", "content": "Hi"}, "done": true, "done_reason": "stop",
+            "total_duration": 4883583458u64, "load_duration": 1334875, "prompt_eval_count": 26,
+            "prompt_eval_duration": 342546000, "eval_count": 2, "eval_duration": 4535599000u64})),
+        "ollama_stream" => {
+            let lines = [
+                json!({"model": "m", "message": {"role": "assistant", "content": "Hel"}, "done": false}),
+                json!({"model": "m", "message": {"role": "assistant", "content": "lo"}, "done": false}),
+                json!({"model": "m", "message": {"role": "assistant", "content": ""}, "done": true,
+                       "done_reason": "length", "prompt_eval_count": 8, "prompt_eval_cached_count": 3,
+                       "eval_count": 2, "eval_thinking_count": 0}),
+            ];
+            let body: String = lines.iter().map(|l| format!("{l}\n")).collect();
+            (200, "application/x-ndjson", body)
+        }
+        "ollama_tools" => j(json!({"model": "m", "message": {"role": "assistant", "content": "",
+            "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+            "done": true, "done_reason": "stop", "prompt_eval_count": 30, "eval_count": 12})),
+        "ollama_404" => (404, "application/json", json!({"error": "model 'm' not found"}).to_string()),
         other => (404, "text/plain", format!("no scenario {other}")),
     }
 }
@@ -158,7 +177,9 @@ async fn fixture() -> String {
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let app = Router::new().route("/v1/{*path}", post(provider));
+    let app = Router::new()
+        .route("/v1/{*path}", post(provider))
+        .route("/api/{*path}", post(provider));
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
@@ -539,6 +560,38 @@ async fn every_path_records_the_providers_reason_and_usage_only() {
             "token_usage_prompt_tokens": 30, "token_usage_completion_tokens": 7, "token_usage_total_tokens": 37}),
             )],
         },
+        Case {
+            dialect: Ollama,
+            stream: false,
+            scenario: "ollama_stop",
+            status: 200,
+            pieces: vec![(
+                Text,
+                "Hi",
+                json!({"finish_reason": "stop", "token_usage_prompt_tokens": 26,
+                       "token_usage_completion_tokens": 2, "token_usage_total_tokens": 28}),
+            )],
+        },
+        Case {
+            dialect: Ollama,
+            stream: true,
+            scenario: "ollama_stream",
+            status: 200,
+            pieces: vec![(
+                Text,
+                "Hello",
+                json!({"finish_reason": "length", "token_usage_prompt_tokens": 8,
+                       "token_usage_cached_tokens": 3, "token_usage_completion_tokens": 2,
+                       "token_usage_total_tokens": 10, "token_usage_reasoning_tokens": 0}),
+            )],
+        },
+        Case {
+            dialect: Ollama,
+            stream: false,
+            scenario: "ollama_404",
+            status: 404,
+            pieces: vec![(Error, "", json!({}))],
+        },
     ];
     for c in cases {
         check(&base, &mut store, conv, c).await;
@@ -573,6 +626,12 @@ async fn tool_calls_are_kept_per_dialect() {
             false,
             "messages_tool_use",
             json!([{"id": "toolu_1", "name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}]),
+        ),
+        (
+            Dialect::Ollama,
+            false,
+            "ollama_tools",
+            json!([{"id": "", "name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}]),
         ),
     ] {
         let t = Target::new(TargetConfig {

@@ -21,7 +21,7 @@ pub struct Args {
     /// Providers file (default: providers.toml in the platform config directory).
     #[arg(long)]
     pub providers: Option<PathBuf>,
-    /// API dialect: chat, completions, responses or messages (default chat).
+    /// API dialect: chat, completions, responses, messages or ollama (default chat).
     #[arg(long)]
     pub target: Option<String>,
     /// Server root, a trailing /v1 is fine (default http://127.0.0.1:8421) [env: SHOAL_BASE_URL].
@@ -213,7 +213,11 @@ pub fn run(a: Args) -> Result<()> {
         .or_else(|| prov.target.clone())
         .unwrap_or_else(|| "chat".into());
     let dialect = Dialect::parse(&target_name).with_context(|| {
-        format!("--target must be chat, completions, responses or messages, not '{target_name}'")
+        let names: Vec<&str> = Dialect::ALL.iter().map(|d| d.name()).collect();
+        format!(
+            "--target must be one of {}, not '{target_name}'",
+            names.join(", ")
+        )
     })?;
     let base_url = a
         .base_url

@@ -27,7 +27,7 @@ pub struct Args {
     pub until: Option<String>,
     #[arg(long)]
     pub model: Option<String>,
-    /// chat, completions, responses or messages (or openai.chat …).
+    /// A dialect's short name (chat, messages, ollama …) or ledger name (openai.chat …).
     #[arg(long)]
     pub dialect: Option<String>,
     /// The engine's reason (stop, length, timeout …) or the dialect's word.

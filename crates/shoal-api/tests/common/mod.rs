@@ -38,3 +38,22 @@ pub fn options() -> shoal_engine::EngineOptions {
         ..shoal_engine::EngineOptions::default()
     }
 }
+
+/// Every dialect the server registers, as the recorder client speaks it: the
+/// "every dialect" tests loop over this, so a dialect added to the server's
+/// registry is in them, or fails here until the client has a module for it.
+/// Embeddings are the one dialect no chat client speaks (tests/embeddings.rs).
+#[allow(dead_code)]
+pub fn recorder_dialects() -> Vec<shoal_client::Dialect> {
+    shoal_api::dialects::registry()
+        .all()
+        .filter_map(|d| {
+            let client = shoal_client::Dialect::for_ledger_name(d.ledger_name());
+            assert!(
+                client.is_some() || d.ledger_name() == "openai.embeddings",
+                "the recorder client does not speak {d:?}: give it a module in shoal-client/src/wire/"
+            );
+            client
+        })
+        .collect()
+}

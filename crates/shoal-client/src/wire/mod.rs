@@ -1,0 +1,121 @@
+//! One module per dialect behind one trait, [`Wire`]: how a request body is
+//! written, how the key and the dialect's headers are sent, how usage, a
+//! whole response and each stream event are read. The sending, the stream
+//! reading and the metadata merge that every dialect shares are in
+//! `target.rs`.
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
+
+use crate::metadata::ProviderMeta;
+use crate::target::Request;
+
+pub(crate) mod chat;
+pub(crate) mod completions;
+pub(crate) mod messages;
+pub(crate) mod ollama;
+mod openai;
+pub(crate) mod responses;
+
+/// How a dialect's stream is framed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Framing {
+    /// Server-sent events.
+    Sse,
+    /// One JSON object per line.
+    Ndjson,
+}
+
+/// A dialect as the recorder speaks it.
+pub(crate) trait Wire: Sync {
+    /// Its short name (`chat`).
+    fn name(&self) -> &'static str;
+    /// The name servers' ledgers give it (`openai.chat`).
+    fn ledger_name(&self) -> &'static str;
+    /// Its endpoint's path (`/v1/chat/completions`).
+    fn path(&self) -> &'static str;
+    /// Whether a request may ask for several choices (`n`).
+    fn has_choices(&self) -> bool {
+        false
+    }
+    /// How its stream is framed.
+    fn framing(&self) -> Framing {
+        Framing::Sse
+    }
+    /// The request body's fields beside `model` (and the caller's extras,
+    /// which are written after these).
+    fn body(&self, req: &Request, stream: bool, b: &mut Map<String, Value>);
+    /// The API key, as its SDKs send it (Bearer unless it says otherwise).
+    fn auth(&self, rb: reqwest::RequestBuilder, key: &str) -> reqwest::RequestBuilder {
+        rb.bearer_auth(key)
+    }
+    /// Headers its requests carry beside the key.
+    fn headers(&self) -> &'static [(&'static str, &'static str)] {
+        &[]
+    }
+    /// Usage in its field names, onto the typed capture.
+    fn read_usage(&self, u: &Value, m: &mut ProviderMeta);
+    /// Where a body's usage is (an error body's too).
+    fn usage_in<'a>(&self, v: &'a Value) -> Option<&'a Value> {
+        v.get("usage").filter(|u| u.is_object())
+    }
+    /// Marks a content-filter refusal (a 400) in its finish words.
+    fn mark_filtered(&self, m: &mut ProviderMeta);
+    /// A whole (non-streamed) response; `shared` holds its usage.
+    fn parse_body(&self, v: &Value, shared: ProviderMeta) -> Vec<Choice>;
+    /// One stream event (`kind`: the SSE event name, else the JSON `type`);
+    /// true once the stream has said its last word.
+    fn on_event(
+        &self,
+        kind: &str,
+        v: &Value,
+        s: &mut StreamState,
+        on_text: &mut dyn FnMut(usize, &str),
+    ) -> bool;
+}
+
+/// What a parse found before metadata is merged, per choice.
+#[derive(Default, Debug)]
+pub(crate) struct Choice {
+    pub text: String,
+    /// By index: id, name and arguments JSON text.
+    pub tool_calls: BTreeMap<usize, (String, String, String)>,
+    pub meta: ProviderMeta,
+    pub error: Option<String>,
+}
+
+/// What a stream has told so far.
+#[derive(Default)]
+pub(crate) struct StreamState {
+    pub choices: BTreeMap<usize, Choice>,
+    /// Usage, shared by all choices.
+    pub shared: ProviderMeta,
+    /// A dialect that ends its stream with the whole response (Responses).
+    pub final_response: Option<Choice>,
+}
+
+impl StreamState {
+    /// The first (or only) choice.
+    pub fn first(&mut self) -> &mut Choice {
+        self.choices.entry(0).or_default()
+    }
+    /// Text of choice `index` arrived.
+    pub fn text(&mut self, index: usize, t: &str, on_text: &mut dyn FnMut(usize, &str)) {
+        self.choices.entry(index).or_default().text.push_str(t);
+        on_text(index, t);
+    }
+}
+
+/// The elements of an array field; none where it is missing or not an array.
+pub(crate) fn items(v: Option<&Value>) -> impl Iterator<Item = &Value> {
+    v.and_then(Value::as_array).into_iter().flatten()
+}
+
+/// Messages as `{"role", "content"}` objects, system turns left out when asked.
+pub(crate) fn messages(req: &Request, skip_system: bool) -> Vec<Value> {
+    req.messages
+        .iter()
+        .filter(|m| !(skip_system && m.role == "system"))
+        .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
+        .collect()
+}
