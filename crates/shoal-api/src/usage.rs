@@ -15,6 +15,13 @@ use crate::ledger::{
 };
 use crate::ledger::{CLIENT_HEADER, ORIGIN_HEADER, RECEIVED_BY_HEADER};
 
+/// A bad `/v1/usage` parameter is a 400 naming it.
+impl From<crate::ledger::QueryError> for ApiError {
+    fn from(e: crate::ledger::QueryError) -> Self {
+        ApiError::param(&e.param, e.message)
+    }
+}
+
 /// Middleware around the generation endpoints: notes the request's facts
 /// for the handler, then records what the handler could not — the status of
 /// an error response after generation began, or a request refused before it
@@ -215,6 +222,7 @@ pub async fn peer_usage(State(s): State<crate::AppState>, req: Request) -> Respo
             ask.query.iter().map(|(k, v)| (k.as_str(), v.as_str())),
             s.ledger.dialects(),
         )
+        .map_err(ApiError::from)
         .and_then(|q| s.ledger.rows(&q).map(|(rows, _)| rows)),
     };
     match rows {

@@ -6,6 +6,7 @@
 pub mod dialect;
 pub mod error;
 pub mod metadata;
+mod request;
 mod sse;
 pub mod target;
 mod wire;

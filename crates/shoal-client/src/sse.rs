@@ -4,6 +4,15 @@
 //! with no name.
 use futures::{Stream, StreamExt};
 
+/// How a dialect's stream is framed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Framing {
+    /// Server-sent events.
+    Sse,
+    /// One JSON object per line.
+    Ndjson,
+}
+
 /// One event: its name (if any) and its data lines joined by `\n`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SseEvent {
@@ -132,11 +141,11 @@ impl Parser {
 /// the stream with `Err`.
 pub fn events(
     body: impl Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin,
-    framing: crate::wire::Framing,
+    framing: Framing,
 ) -> impl Stream<Item = Result<SseEvent, String>> {
     let parser = match framing {
-        crate::wire::Framing::Sse => Parser::Sse(SseParser::default()),
-        crate::wire::Framing::Ndjson => Parser::Ndjson(NdjsonParser::default()),
+        Framing::Sse => Parser::Sse(SseParser::default()),
+        Framing::Ndjson => Parser::Ndjson(NdjsonParser::default()),
     };
     futures::stream::unfold(
         (body, parser, std::collections::VecDeque::new(), false),

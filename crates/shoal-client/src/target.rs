@@ -5,12 +5,12 @@
 //! transport error, stream cut short — goes through [`metadata::merge`], so
 //! caller-supplied reserved keys never survive.
 use futures::StreamExt;
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 pub use crate::dialect::Dialect;
 use crate::error::{ClientError, Result};
-use crate::metadata::{self, text, Metadata, Price, ProviderMeta};
+use crate::metadata::{self, text, Price, ProviderMeta};
+pub use crate::request::{Message, Request};
 use crate::sse;
 use crate::wire::{Choice, StreamState, Wire};
 pub use shoal_store::{Piece, PieceKind};
@@ -29,28 +29,6 @@ pub struct TargetConfig {
     pub stream: bool,
     /// Prices for `response_cost_usd`.
     pub price: Option<Price>,
-}
-
-/// One conversation turn.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Message {
-    pub role: String,
-    pub content: String,
-}
-
-/// What to send.
-#[derive(Clone, Debug, Default)]
-pub struct Request {
-    pub messages: Vec<Message>,
-    pub max_tokens: Option<u64>,
-    pub temperature: Option<f64>,
-    /// Choices (the dialects that have them: Chat and Completions).
-    pub n: Option<u32>,
-    pub stop: Vec<String>,
-    /// Caller metadata, merged into every response piece (reserved keys removed).
-    pub metadata: Metadata,
-    /// Extra body fields passed through as given.
-    pub extra: Map<String, Value>,
 }
 
 /// The pieces of one response, and the HTTP status (0 if none arrived).

@@ -8,7 +8,8 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value};
 
 use crate::metadata::ProviderMeta;
-use crate::target::Request;
+use crate::request::Request;
+pub(crate) use crate::sse::Framing;
 
 pub(crate) mod chat;
 pub(crate) mod completions;
@@ -16,15 +17,6 @@ pub(crate) mod messages;
 pub(crate) mod ollama;
 mod openai;
 pub(crate) mod responses;
-
-/// How a dialect's stream is framed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Framing {
-    /// Server-sent events.
-    Sse,
-    /// One JSON object per line.
-    Ndjson,
-}
 
 /// A dialect as the recorder speaks it.
 pub(crate) trait Wire: Sync {

@@ -7,7 +7,7 @@ use serde_json::{json, Map, Value};
 
 use super::{items, messages, Choice, Framing, StreamState, Wire};
 use crate::metadata::{count, text, ProviderMeta};
-use crate::target::Request;
+use crate::request::Request;
 
 pub(crate) struct Ollama;
 

@@ -4,7 +4,7 @@ use serde_json::{json, Map, Value};
 
 use super::{items, Choice, StreamState};
 use crate::metadata::{count, text, ProviderMeta};
-use crate::target::Request;
+use crate::request::Request;
 
 /// Usage fields at `paths` (prompt, completion, total, cached, reasoning).
 pub(crate) fn read_usage(u: &Value, m: &mut ProviderMeta, paths: [&str; 5]) {

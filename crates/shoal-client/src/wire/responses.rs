@@ -4,7 +4,7 @@ use serde_json::{json, Map, Value};
 
 use super::{items, messages, openai, Choice, StreamState, Wire};
 use crate::metadata::{text, ProviderMeta};
-use crate::target::Request;
+use crate::request::Request;
 
 pub(crate) struct Responses;
 
