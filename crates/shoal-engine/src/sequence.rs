@@ -39,8 +39,15 @@ impl Job {
     }
 }
 
+/// Milliseconds to the microsecond: the figures a ledger stores and a client
+/// reads, without the float noise of 15 significant digits.
 pub(crate) fn ms(d: std::time::Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+/// Tokens per second to the hundredth, for the same reason as [`ms`].
+fn rate(tokens: usize, secs: f64) -> f64 {
+    (tokens as f64 / secs * 100.0).round() / 100.0
 }
 
 /// What a sequence needs after one step.
@@ -246,7 +253,7 @@ impl Sequence {
         let now = Instant::now();
         let computed = self.usage.prompt_tokens - self.usage.cached_tokens;
         self.timings.prefill_tokens_per_s =
-            computed as f64 / (now - self.started).as_secs_f64().max(1e-9);
+            rate(computed, (now - self.started).as_secs_f64().max(1e-9));
         let _ = self.job.events.send(Event::Started {
             prompt_tokens: self.usage.prompt_tokens,
             cached_tokens: self.usage.cached_tokens,
@@ -506,7 +513,7 @@ impl Sequence {
                 let n = self.usage.completion_tokens.saturating_sub(1);
                 let secs = (last - first).as_secs_f64();
                 self.timings.decode_tokens_per_s = if n > 0 && secs > 0.0 {
-                    n as f64 / secs
+                    rate(n, secs)
                 } else {
                     0.0
                 };
@@ -638,4 +645,25 @@ pub(crate) fn record(stats: &crate::request::EngineStats, c: &Completion) {
         completion = u.completion_tokens,
         "generation done"
     );
+}
+
+#[cfg(test)]
+mod timing_tests {
+    use std::time::Duration;
+
+    #[test]
+    fn timings_read_as_figures_not_float_noise() {
+        // As a ledger stores them and a client reads them (JSON text).
+        let text = |v: f64| serde_json::json!(v).to_string();
+        assert_eq!(
+            text(super::ms(Duration::from_nanos(123_456_789))),
+            "123.457"
+        );
+        assert_eq!(
+            text(super::ms(Duration::from_nanos(2_000_000_400))),
+            "2000.0"
+        );
+        assert_eq!(text(super::rate(10, 3.0)), "3.33");
+        assert_eq!(text(super::rate(7, 0.1)), "70.0");
+    }
 }
