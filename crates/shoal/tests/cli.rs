@@ -369,7 +369,7 @@ fn chat_records_what_the_server_sent_in_every_dialect() {
     let db = dir.join("conversations.sqlite");
     let n = |v: &Value, p: &str| v.pointer(p).cloned().unwrap_or(Value::Null);
     let mut completion_sum = 0;
-    for target in ["chat", "completions", "responses", "messages"] {
+    for target in ["chat", "completions", "responses", "messages", "ollama"] {
         for stream in [true, false] {
             let mut cmd = shoal_isolated(&dir);
             cmd.args(["chat", "--target", target, "--base-url"])
@@ -436,6 +436,19 @@ fn chat_records_what_the_server_sent_in_every_dialect() {
                     assert!(
                         meta.get("finish_reason").is_none() && meta.get("stop_reason").is_none()
                     );
+                }
+                "ollama" => {
+                    assert_eq!(meta["finish_reason"], json!(finish), "{target}");
+                    assert_eq!(
+                        meta["token_usage_prompt_tokens"],
+                        n(u, "/prompt_eval_count")
+                    );
+                    assert_eq!(meta["token_usage_completion_tokens"], n(u, "/eval_count"));
+                    assert_eq!(
+                        meta["token_usage_cached_tokens"],
+                        n(u, "/prompt_eval_cached_count")
+                    );
+                    assert!(meta.get("stop_reason").is_none());
                 }
                 _ => {
                     assert_eq!(meta["stop_reason"], json!(finish));
