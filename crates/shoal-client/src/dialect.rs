@@ -35,8 +35,8 @@ impl Dialect {
     /// The module that speaks it.
     pub(crate) fn wire(self) -> &'static dyn Wire {
         match self {
-            Dialect::Chat => &wire::chat::Chat,
-            Dialect::Completions => &wire::completions::Completions,
+            Dialect::Chat => &wire::chat::CHAT,
+            Dialect::Completions => &wire::completions::COMPLETIONS,
             Dialect::Responses => &wire::responses::Responses,
             Dialect::Messages => &wire::messages::Messages,
             Dialect::Ollama => &wire::ollama::Ollama,
@@ -49,12 +49,12 @@ impl Dialect {
 
     /// Its short name (`chat`, `messages`, `ollama` …).
     pub fn name(self) -> &'static str {
-        self.wire().name()
+        self.wire().names().name
     }
 
     /// The name a server's usage ledger, metrics and logs give the dialect.
     pub fn ledger_name(self) -> &'static str {
-        self.wire().ledger_name()
+        self.wire().names().ledger_name
     }
 
     /// The dialect a server's ledger name stands for.
@@ -66,7 +66,7 @@ impl Dialect {
     /// is Anthropic's too); `None` for paths of no dialect.
     pub fn for_path(path: &str) -> Option<Self> {
         Dialect::ALL.into_iter().find(|d| {
-            let own = d.wire().path();
+            let own = d.wire().names().path;
             path.strip_prefix(own)
                 .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
         })

@@ -62,7 +62,7 @@ impl Target {
     pub fn url(&self) -> String {
         let base = self.cfg.base_url.trim_end_matches('/');
         let base = base.strip_suffix("/v1").unwrap_or(base);
-        format!("{base}{}", self.wire().path())
+        format!("{base}{}", self.wire().names().path)
     }
 
     fn wire(&self) -> &'static dyn Wire {

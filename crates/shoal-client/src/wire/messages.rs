@@ -2,21 +2,19 @@
 //! prompt apart, usage whose `input_tokens` leave out cache reads and writes.
 use serde_json::{json, Map, Value};
 
-use super::{items, messages, Choice, StreamState, Wire};
+use super::{items, messages, Choice, Names, StreamState, Wire};
 use crate::metadata::{count, text, ProviderMeta};
 use crate::request::Request;
 
 pub(crate) struct Messages;
 
 impl Wire for Messages {
-    fn name(&self) -> &'static str {
-        "messages"
-    }
-    fn ledger_name(&self) -> &'static str {
-        "anthropic.messages"
-    }
-    fn path(&self) -> &'static str {
-        "/v1/messages"
+    fn names(&self) -> Names {
+        Names {
+            name: "messages",
+            ledger_name: "anthropic.messages",
+            path: "/v1/messages",
+        }
     }
     fn body(&self, req: &Request, stream: bool, b: &mut Map<String, Value>) {
         let system: Vec<&str> = req

@@ -15,17 +15,23 @@ pub(crate) mod chat;
 pub(crate) mod completions;
 pub(crate) mod messages;
 pub(crate) mod ollama;
-mod openai;
+pub(crate) mod openai;
 pub(crate) mod responses;
+
+/// What a dialect is called and where it is served.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Names {
+    /// Its short name (`chat`).
+    pub name: &'static str,
+    /// The name servers' ledgers give it (`openai.chat`).
+    pub ledger_name: &'static str,
+    /// Its endpoint's path (`/v1/chat/completions`).
+    pub path: &'static str,
+}
 
 /// A dialect as the recorder speaks it.
 pub(crate) trait Wire: Sync {
-    /// Its short name (`chat`).
-    fn name(&self) -> &'static str;
-    /// The name servers' ledgers give it (`openai.chat`).
-    fn ledger_name(&self) -> &'static str;
-    /// Its endpoint's path (`/v1/chat/completions`).
-    fn path(&self) -> &'static str;
+    fn names(&self) -> Names;
     /// Whether a request may ask for several choices (`n`).
     fn has_choices(&self) -> bool {
         false

@@ -5,21 +5,19 @@
 //! `eval_thinking_count`).
 use serde_json::{json, Map, Value};
 
-use super::{items, messages, Choice, Framing, StreamState, Wire};
+use super::{items, messages, Choice, Framing, Names, StreamState, Wire};
 use crate::metadata::{count, text, ProviderMeta};
 use crate::request::Request;
 
 pub(crate) struct Ollama;
 
 impl Wire for Ollama {
-    fn name(&self) -> &'static str {
-        "ollama"
-    }
-    fn ledger_name(&self) -> &'static str {
-        "ollama"
-    }
-    fn path(&self) -> &'static str {
-        "/api/chat"
+    fn names(&self) -> Names {
+        Names {
+            name: "ollama",
+            ledger_name: "ollama",
+            path: "/api/chat",
+        }
     }
     fn framing(&self) -> Framing {
         Framing::Ndjson

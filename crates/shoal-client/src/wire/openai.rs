@@ -2,9 +2,52 @@
 //! `n` choices with their finish reasons, the stream's `[DONE]` close.
 use serde_json::{json, Map, Value};
 
-use super::{items, Choice, StreamState};
+use super::{items, Choice, Names, StreamState, Wire};
 use crate::metadata::{count, text, ProviderMeta};
 use crate::request::Request;
+
+/// Chat Completions or legacy Completions: what differs between the two is
+/// data (their names, how the conversation goes in, where a choice's text is).
+pub(crate) struct OpenAi {
+    pub names: Names,
+    /// The conversation into the body (`messages`, or one `prompt`).
+    pub input: fn(&Request, &mut Map<String, Value>),
+    /// A whole choice's text.
+    pub text: fn(&Value) -> Option<String>,
+    /// A streamed choice's new text.
+    pub delta: fn(&Value) -> Option<&Value>,
+}
+
+impl Wire for OpenAi {
+    fn names(&self) -> Names {
+        self.names
+    }
+    fn has_choices(&self) -> bool {
+        true
+    }
+    fn body(&self, req: &Request, stream: bool, b: &mut Map<String, Value>) {
+        (self.input)(req, b);
+        common_body(req, stream, b);
+    }
+    fn read_usage(&self, u: &Value, m: &mut ProviderMeta) {
+        read_chat_usage(u, m);
+    }
+    fn mark_filtered(&self, m: &mut ProviderMeta) {
+        m.finish_reason = Some("content_filter".into());
+    }
+    fn parse_body(&self, v: &Value, shared: ProviderMeta) -> Vec<Choice> {
+        parse_choices(v, shared, self.text)
+    }
+    fn on_event(
+        &self,
+        _kind: &str,
+        v: &Value,
+        s: &mut StreamState,
+        on_text: &mut dyn FnMut(usize, &str),
+    ) -> bool {
+        on_chunk(v, s, self.delta, on_text)
+    }
+}
 
 /// Usage fields at `paths` (prompt, completion, total, cached, reasoning).
 pub(crate) fn read_usage(u: &Value, m: &mut ProviderMeta, paths: [&str; 5]) {
@@ -17,7 +60,7 @@ pub(crate) fn read_usage(u: &Value, m: &mut ProviderMeta, paths: [&str; 5]) {
 }
 
 /// Chat's and Completions' usage names.
-pub(super) fn read_chat_usage(u: &Value, m: &mut ProviderMeta) {
+fn read_chat_usage(u: &Value, m: &mut ProviderMeta) {
     read_usage(
         u,
         m,
@@ -33,7 +76,7 @@ pub(super) fn read_chat_usage(u: &Value, m: &mut ProviderMeta) {
 
 /// The fields Chat and Completions share: limits, sampling, `n`, stops and
 /// the stream's usage.
-pub(super) fn common_body(req: &Request, stream: bool, b: &mut Map<String, Value>) {
+fn common_body(req: &Request, stream: bool, b: &mut Map<String, Value>) {
     if let Some(n) = req.max_tokens {
         b.insert("max_tokens".into(), json!(n));
     }
@@ -53,7 +96,7 @@ pub(super) fn common_body(req: &Request, stream: bool, b: &mut Map<String, Value
 }
 
 /// A whole response's `choices`, in index order; `content` reads a choice's text.
-pub(super) fn parse_choices(
+fn parse_choices(
     v: &Value,
     shared: ProviderMeta,
     content: fn(&Value) -> Option<String>,
@@ -94,7 +137,7 @@ pub(super) fn parse_choices(
 
 /// One stream chunk: usage, each choice's text (at `delta`), tool-call
 /// deltas and finish. The stream ends with `[DONE]`, never here.
-pub(super) fn on_chunk(
+fn on_chunk(
     v: &Value,
     s: &mut StreamState,
     delta: fn(&Value) -> Option<&Value>,

@@ -2,21 +2,19 @@
 //! stream event carries the whole response object.
 use serde_json::{json, Map, Value};
 
-use super::{items, messages, openai, Choice, StreamState, Wire};
+use super::{items, messages, openai, Choice, Names, StreamState, Wire};
 use crate::metadata::{text, ProviderMeta};
 use crate::request::Request;
 
 pub(crate) struct Responses;
 
 impl Wire for Responses {
-    fn name(&self) -> &'static str {
-        "responses"
-    }
-    fn ledger_name(&self) -> &'static str {
-        "openai.responses"
-    }
-    fn path(&self) -> &'static str {
-        "/v1/responses"
+    fn names(&self) -> Names {
+        Names {
+            name: "responses",
+            ledger_name: "openai.responses",
+            path: "/v1/responses",
+        }
     }
     fn body(&self, req: &Request, stream: bool, b: &mut Map<String, Value>) {
         b.insert("input".into(), json!(messages(req, false)));
