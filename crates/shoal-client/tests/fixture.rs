@@ -155,6 +155,12 @@ fn scenario(name: &str) -> (u16, &'static str, String) {
             "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
             "done": true, "done_reason": "stop", "prompt_eval_count": 30, "eval_count": 12})),
         "ollama_404" => (404, "application/json", json!({"error": "model 'm' not found"}).to_string()),
+        // Shoal's Ollama error for a generation over its time limit: the
+        // counts spent, under `usage`, beside the error.
+        "ollama_504_usage" => (504, "application/json", json!({
+            "error": "the request exceeded the server's time limit of 1 s",
+            "usage": {"prompt_eval_count": 14, "prompt_eval_cached_count": 6, "eval_count": 40,
+                      "eval_thinking_count": 0}}).to_string()),
         other => (404, "text/plain", format!("no scenario {other}")),
     }
 }
@@ -591,6 +597,19 @@ async fn every_path_records_the_providers_reason_and_usage_only() {
             scenario: "ollama_404",
             status: 404,
             pieces: vec![(Error, "", json!({}))],
+        },
+        Case {
+            dialect: Ollama,
+            stream: false,
+            scenario: "ollama_504_usage",
+            status: 504,
+            pieces: vec![(
+                Error,
+                "",
+                json!({"token_usage_prompt_tokens": 14, "token_usage_cached_tokens": 6,
+                       "token_usage_completion_tokens": 40, "token_usage_total_tokens": 54,
+                       "token_usage_reasoning_tokens": 0}),
+            )],
         },
     ];
     for c in cases {

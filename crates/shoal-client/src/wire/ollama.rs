@@ -49,9 +49,13 @@ impl Wire for Ollama {
         m.token_usage_cached_tokens = count(u.get("prompt_eval_cached_count"));
         m.token_usage_reasoning_tokens = count(u.get("eval_thinking_count"));
     }
-    /// The counts sit at the top of the closing object.
+    /// The counts sit at the top of the closing object; beside an error
+    /// (a generation over the time limit), Shoal puts them under `usage`.
     fn usage_in<'a>(&self, v: &'a Value) -> Option<&'a Value> {
-        v.get("prompt_eval_count").map(|_| v)
+        match v.get("prompt_eval_count") {
+            Some(_) => Some(v),
+            None => v.get("usage").filter(|u| u.is_object()),
+        }
     }
     fn mark_filtered(&self, m: &mut ProviderMeta) {
         m.finish_reason = Some("content_filter".into());
