@@ -72,11 +72,6 @@ impl Dialect {
         })
     }
 
-    /// Whether errors in this dialect take Anthropic's shape.
-    pub fn is_anthropic(self) -> bool {
-        self == Dialect::Messages
-    }
-
     /// Whether a request may ask for several choices (`n`).
     pub fn has_choices(self) -> bool {
         self.wire().has_choices()
@@ -115,6 +110,5 @@ mod tests {
             assert_eq!(Dialect::for_ledger_name(d.ledger_name()), Some(d));
         }
         assert_eq!(Dialect::Messages.ledger_name(), "anthropic.messages");
-        assert!(Dialect::Messages.is_anthropic() && !Dialect::Chat.is_anthropic());
     }
 }
