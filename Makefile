@@ -59,9 +59,10 @@ test-clock:
 test: export SHOAL_TIMES := $(CACHE)/test-times
 
 # The engine, API, CLI and SDK suites about behaviour run on both backends: first on MLX
-# with the whole workspace, then these again (and the SDK suites) on llama.cpp. The
-# llama.cpp backend also has suites of its own (real_models) on all three real models.
-# Each name is one package's test file (engine: e2e, batching; API: http … ollama; CLI: cli, netns).
+# with the whole workspace, then these files again on llama.cpp, less the tests named in
+# BACKEND_FREE_TESTS. The llama.cpp backend also has suites of its own (real_models) on
+# all three real models. Each name is one package's test file (engine: e2e, batching,
+# disk_cache; API: http … ollama; CLI: cli).
 BEHAVIOUR_SUITES = --test e2e --test batching --test disk_cache \
 	--test http --test faults --test models --test defaults --test ollama \
 	--test cli -- $(addprefix --skip ,$(BACKEND_FREE_TESTS))
