@@ -445,13 +445,19 @@ try {
 
   // Stop, then start again on the same address.
   clickMenu(bus, menuPath, byLabel(/^Stop Server$/).id);
-  await waitFor('the server to stop', async () => !(await health(base)), 20_000);
-  items = menuItems(bus, menuPath);
-  check('Stop Server', Boolean(byLabel(/^Start Server$/)), items.map((i) => i.label).join(' | '));
-  clickMenu(bus, menuPath, byLabel(/^Start Server$/).id);
-  await waitFor('the server to start again', () => health(base), 20_000);
-  items = menuItems(bus, menuPath);
-  check('Start Server (same address)', Boolean(byLabel(/^Stop Server$/)), base);
+  await waitFor('the server to stop', async () => !(await health(base)), 60_000);
+  // The listener closes before the tray hears the new status, so wait for
+  // the menu's own change rather than reading it once.
+  const relabelled = (re) => waitFor(`the menu to offer ${re.source}`, () => {
+    items = menuItems(bus, menuPath);
+    return byLabel(re)?.enabled ? byLabel(re) : null;
+  }, 60_000).catch(() => null);
+  const start = await relabelled(/^Start Server$/);
+  check('Stop Server', Boolean(start), items.map((i) => i.label).join(' | '));
+  if (!start) throw new Error('the tray never offered Start Server');
+  clickMenu(bus, menuPath, start.id);
+  await waitFor('the server to start again', () => health(base), 60_000);
+  check('Start Server (same address)', Boolean(await relabelled(/^Stop Server$/)), base);
 
   // Closing the window leaves the server and the tray.
   // Asked like a window manager's close button does. (WebDriver's Close
