@@ -124,8 +124,26 @@ pub struct ToolParser {
     /// without the Hermes markers (as small Qwen models write it): it ends
     /// with the reply.
     bare: bool,
+    /// The bare call opened inside a Markdown code fence (```` ```json ````,
+    /// as Qwen models often write it): the fence's opening as written, kept
+    /// to give back if the object turns out not to be a call.
+    fence: Option<String>,
+    /// A fenced call just ended: its closing fence is layout, not text.
+    closing_fence: bool,
     head: Regex,
 }
+
+/// What the start of a reply says about a code fence around a call.
+enum Fence {
+    /// Too little text yet to tell.
+    Wait,
+    /// A `json` (or unnamed) fence whose content opens an object: consumed.
+    Call,
+    /// Anything else: ordinary text.
+    NotCall,
+}
+
+const FENCE: &str = "```";
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
@@ -146,6 +164,8 @@ impl ToolParser {
             held_ws: String::new(),
             after_call: false,
             bare: false,
+            fence: None,
+            closing_fence: false,
             head,
         }
     }
@@ -181,36 +201,126 @@ impl ToolParser {
                 let raw = std::mem::take(&mut self.buf);
                 match self.syntax {
                     // A bare call may put its arguments first: parse it whole.
-                    ToolSyntax::Llama3Json => self.whole_call(raw.trim(), &mut out),
-                    ToolSyntax::Hermes if self.bare => self.whole_call(raw.trim(), &mut out),
+                    ToolSyntax::Llama3Json => self.bare_call_at_end(&raw, &mut out),
+                    ToolSyntax::Hermes if self.bare => self.bare_call_at_end(&raw, &mut out),
                     // Never became a call: give the text back.
                     ToolSyntax::Hermes => out.push(ToolOut::Text(format!("{OPEN}{raw}"))),
                 }
             }
             State::Text => {
                 let rest = std::mem::take(&mut self.buf);
-                self.emit_text(rest, &mut out);
+                if !(self.closing_fence && FENCE.starts_with(rest.trim())) {
+                    self.emit_text(rest, &mut out);
+                }
             }
         }
         self.state = State::Text;
         self.held_ws.clear();
         self.bare = false;
+        self.fence = None;
+        self.closing_fence = false;
         out
     }
 
+    /// The reply ended inside a bare call whose name did not come first:
+    /// parse what there is whole, without its closing fence if it had one.
+    fn bare_call_at_end(&mut self, raw: &str, out: &mut Vec<ToolOut>) {
+        let mut body = raw.trim();
+        if self.fence.is_some() {
+            body = body.strip_suffix(FENCE).map_or(body, str::trim_end);
+        }
+        if !self.whole_call(body, out) {
+            // Give it back as written, bar the layout around it.
+            out.push(ToolOut::Text(match self.fence.take() {
+                Some(opening) => format!("{opening}{}", raw.trim_end()),
+                None => raw.trim().to_string(),
+            }));
+        }
+    }
+
+    /// At the start of a reply, looks for a code fence whose content is a
+    /// JSON object, and consumes the fence's opening if so.
+    fn fence_open(&mut self) -> Fence {
+        let t = self.buf.trim_start();
+        if !t.starts_with(FENCE) {
+            return if FENCE.starts_with(t) {
+                Fence::Wait
+            } else {
+                Fence::NotCall
+            };
+        }
+        let Some(nl) = t.find('\n') else {
+            // An info string is a word or two; a longer line is no fence.
+            return if t.len() < 16 {
+                Fence::Wait
+            } else {
+                Fence::NotCall
+            };
+        };
+        let lang = t[FENCE.len()..nl].trim();
+        if !(lang.is_empty() || lang.eq_ignore_ascii_case("json")) {
+            return Fence::NotCall;
+        }
+        let rest = t[nl + 1..].trim_start();
+        if rest.is_empty() {
+            return Fence::Wait;
+        }
+        if !rest.starts_with('{') {
+            return Fence::NotCall;
+        }
+        let opening = self.buf.len() - rest.len();
+        self.fence = Some(self.buf.drain(..opening).collect());
+        Fence::Call
+    }
+
+    /// After a fenced call: drops its closing fence. Returns whether to go
+    /// on (false: wait for more text).
+    fn fence_close(&mut self) -> bool {
+        let t = self.buf.trim_start();
+        if t.starts_with(FENCE) {
+            let end = self.buf.len() - t.len() + FENCE.len();
+            self.buf.drain(..end);
+        } else if FENCE.starts_with(t) {
+            return false;
+        }
+        self.closing_fence = false;
+        true
+    }
+
+    /// A reply may open with a bare call, in a code fence or not.
+    /// `Some(progressed)` when that decided this step, `None` to go on as text.
+    fn bare_open(&mut self) -> Option<bool> {
+        let t = self.buf.trim_start();
+        if t.is_empty() {
+            return Some(false);
+        }
+        let call = t.starts_with('{')
+            || match self.fence_open() {
+                Fence::Wait => return Some(false),
+                // A fenced call ends where its object closes, in any syntax.
+                Fence::Call => {
+                    self.bare = true;
+                    true
+                }
+                Fence::NotCall => false,
+            };
+        call.then(|| {
+            self.state = State::Head;
+            true
+        })
+    }
+
     fn text_state(&mut self, out: &mut Vec<ToolOut>) -> bool {
+        if self.closing_fence && !self.fence_close() {
+            return false;
+        }
         match self.syntax {
             ToolSyntax::Hermes => {
                 // A reply that opens with a JSON object may be a bare call.
                 if self.calls == 0 && !self.seen_text {
-                    let t = self.buf.trim_start();
-                    if t.is_empty() {
-                        return false;
-                    }
-                    if t.starts_with('{') {
-                        self.bare = true;
-                        self.state = State::Head;
-                        return true;
+                    if let Some(progressed) = self.bare_open() {
+                        self.bare |= matches!(self.state, State::Head);
+                        return progressed;
                     }
                 }
                 if let Some(at) = self.buf.find(OPEN) {
@@ -242,9 +352,8 @@ impl ToolParser {
                     self.buf = rest.to_string();
                     return true;
                 }
-                if trimmed.starts_with('{') {
-                    self.state = State::Head;
-                    return true;
+                if let Some(progressed) = self.bare_open() {
+                    return progressed;
                 }
                 self.seen_text = true;
                 true
@@ -274,11 +383,16 @@ impl ToolParser {
     fn head_state(&mut self, out: &mut Vec<ToolOut>) -> bool {
         let Some(m) = self.head.captures(&self.buf) else {
             // Not name-first: wait for the whole call, then parse it.
-            if self.syntax == ToolSyntax::Hermes && !self.bare {
+            if self.bare {
+                return self.bare_whole(out);
+            }
+            if self.syntax == ToolSyntax::Hermes {
                 if let Some(at) = self.buf.find(CLOSE) {
                     let body: String = self.buf[..at].to_string();
                     self.buf.drain(..at + CLOSE.len());
-                    self.whole_call(&body, out);
+                    if !self.whole_call(&body, out) {
+                        out.push(ToolOut::Text(format!("{OPEN}{body}{CLOSE}")));
+                    }
                     self.state = State::Text;
                     return true;
                 }
@@ -299,6 +413,30 @@ impl ToolParser {
         self.calls += 1;
         self.after_call = true;
         self.state = State::Args { sent: 0 };
+        true
+    }
+
+    /// A bare call that is not name-first, once its object has closed:
+    /// parsed whole; what follows is text. If the object is no call, it is
+    /// given back as written (with its fence) and the reply goes on as text.
+    fn bare_whole(&mut self, out: &mut Vec<ToolOut>) -> bool {
+        let lead = self.buf.len() - self.buf.trim_start().len();
+        let Some(end) = self.buf[lead..]
+            .strip_prefix('{')
+            .and_then(object_end)
+            .map(|e| lead + 1 + e)
+        else {
+            return false;
+        };
+        let body: String = self.buf.drain(..=end).collect();
+        self.bare = false;
+        self.state = State::Text;
+        if self.whole_call(body.trim(), out) {
+            self.closing_fence = self.fence.take().is_some();
+        } else {
+            let opening = self.fence.take().unwrap_or_default();
+            self.emit_text(format!("{opening}{body}"), out);
+        }
         true
     }
 
@@ -323,6 +461,7 @@ impl ToolParser {
                 }
                 self.buf.drain(..end + 1);
                 self.bare = false;
+                self.closing_fence = self.fence.take().is_some();
                 self.state = State::Text;
                 return true;
             }
@@ -372,8 +511,9 @@ impl ToolParser {
         false
     }
 
-    /// A call whose name did not come first: parse it whole.
-    fn whole_call(&mut self, body: &str, out: &mut Vec<ToolOut>) {
+    /// A call whose name did not come first: parse it whole. False when it
+    /// is no call (the caller gives the text back as written).
+    fn whole_call(&mut self, body: &str, out: &mut Vec<ToolOut>) -> bool {
         let parsed: Option<(String, Value)> =
             serde_json::from_str::<Value>(body).ok().and_then(|v| {
                 let name = v.get("name")?.as_str()?.to_string();
@@ -393,11 +533,9 @@ impl ToolParser {
                     index,
                     delta: args.to_string(),
                 });
+                true
             }
-            None => out.push(ToolOut::Text(match self.syntax {
-                ToolSyntax::Hermes if !self.bare => format!("{OPEN}{body}{CLOSE}"),
-                _ => body.to_string(),
-            })),
+            None => false,
         }
     }
 }
@@ -550,6 +688,60 @@ mod tests {
         );
         assert_eq!(text, "Sure: {\"name\": \"f\", \"arguments\": {}}");
         assert!(calls.is_empty());
+    }
+
+    #[test]
+    fn a_call_in_a_json_code_fence_is_a_call() {
+        for syntax in [ToolSyntax::Hermes, ToolSyntax::Llama3Json] {
+            let reply = format!(
+                "```json\n{{\"name\": \"get_weather\", \"{}\": {{\"city\": \"Paris\"}}}}\n```",
+                syntax.args_key()
+            );
+            for pieces in [chars(&reply), vec![reply.clone()]] {
+                let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
+                let (text, calls) = run(syntax, &refs);
+                assert_eq!(text, "", "{syntax:?}");
+                assert_eq!(
+                    calls,
+                    vec![("get_weather".into(), r#"{"city": "Paris"}"#.into())],
+                    "{syntax:?}"
+                );
+            }
+        }
+        // An unnamed fence, arguments first, and text after the fence.
+        let reply = "\n```\n{\"arguments\": {\"a\": 1}, \"name\": \"f\"}\n```\nDone.";
+        let pieces = chars(reply);
+        let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
+        let (text, calls) = run(ToolSyntax::Hermes, &refs);
+        assert_eq!(calls, vec![("f".into(), r#"{"a":1}"#.into())]);
+        assert_eq!(text, "\nDone.");
+        // The reply ends inside the fence, arguments first: parsed whole.
+        let (text, calls) = run(
+            ToolSyntax::Hermes,
+            &["```json\n{\"arguments\": {}, \"name\": \"f\"", "}\n``"],
+        );
+        assert_eq!(
+            (text.as_str(), calls),
+            ("", vec![("f".into(), "{}".into())])
+        );
+    }
+
+    #[test]
+    fn a_code_fence_that_holds_no_call_stays_text() {
+        for reply in [
+            "```python\nprint({1: 2})\n```",
+            "```json\n[1, 2]\n```",
+            "``not a fence``",
+        ] {
+            let pieces = chars(reply);
+            let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
+            let (text, calls) = run(ToolSyntax::Hermes, &refs);
+            assert_eq!((text.as_str(), calls.len()), (reply, 0));
+        }
+        // A JSON object that is no call is given back with its fence.
+        let reply = "```json\n{\"answer\": 42}\n```";
+        let (text, calls) = run(ToolSyntax::Hermes, &[reply]);
+        assert_eq!((text.as_str(), calls.len()), (reply, 0));
     }
 
     #[test]
