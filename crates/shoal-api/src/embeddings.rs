@@ -4,12 +4,15 @@
 //! model's own tokenizer, the engine call (which batches across requests),
 //! the ledger row and the metrics. A dialect parses its body into an
 //! [`EmbedRequest`] and renders the [`Answer`].
-use shoal_engine::{Completion, Embedded, EngineError, FinishReason, Timings, Usage};
+use shoal_engine::{
+    Completion, EmbedTicket, Embedded, EmbeddingInfo, EngineError, FinishReason, Timings, Usage,
+};
 
 use crate::dialect::Dialect;
 use crate::error::ApiError;
 use crate::ledger::{LedgerEntry, Tracked};
 use crate::run::{new_id, now_secs};
+use crate::state::Served;
 use crate::AppState;
 
 /// Most inputs one request may carry (OpenAI's own limit); more get a 400.
@@ -121,6 +124,46 @@ pub async fn embed(
     req: EmbedRequest,
 ) -> Result<Answer, ApiError> {
     let received = std::time::Instant::now();
+    check_inputs(&req)?;
+    let served = state.serve(&req.model).await?;
+    let window = embedding_info(&served, &req)?.max_input_tokens;
+    let tokens = tokenize(&served, &req, window)?;
+    let field = req.field;
+    let ticket = served
+        .engine
+        .submit_embedding(tokens)
+        .map_err(|e| engine_error(field, e))?;
+    let row = Row {
+        id: new_id("emb-"),
+        dialect,
+        model: req.model.clone(),
+        backend: served.engine.model.info.backend.to_string(),
+        tracked,
+        received,
+        state: state.clone(),
+    };
+    let id = row.id.clone();
+    // The rest runs apart from this handler, so a client that leaves still
+    // gets its ledger row, with what its request cost.
+    let (answer, delivered) = tokio::sync::oneshot::channel();
+    tokio::spawn(settle(row, ticket, answer));
+    let (embedded, total_ms) = delivered
+        .await
+        .map_err(|_| ApiError::from(EngineError::Unavailable("engine has stopped".into())))?
+        .map_err(|e| engine_error(field, e))?;
+    tracing::info!(id = %id, model = %req.model, inputs = embedded.vectors.len(),
+                   prompt_tokens = embedded.prompt_tokens(), "embeddings served");
+    Ok(Answer {
+        id,
+        model: req.model,
+        load_ms: served.ready_after.as_secs_f64() * 1000.0,
+        total_ms,
+        embedded,
+    })
+}
+
+/// The inputs' own checks, before any model is loaded.
+fn check_inputs(req: &EmbedRequest) -> Result<(), ApiError> {
     let field = req.field;
     if req.inputs.is_empty() {
         return Err(ApiError::param(field, format!("'{field}' is empty")));
@@ -143,9 +186,13 @@ pub async fn embed(
             format!("input {i} is empty; every input needs at least one character or token"),
         ));
     }
-    let served = state.serve(&req.model).await?;
-    let model = &served.engine.model;
-    let Some(info) = model.embedding().cloned() else {
+    Ok(())
+}
+
+/// The served model's embedding facts; a 400 if it generates text, or if
+/// the request asks for another vector length.
+fn embedding_info(served: &Served, req: &EmbedRequest) -> Result<EmbeddingInfo, ApiError> {
+    let Some(info) = served.engine.model.embedding().cloned() else {
         return Err(ApiError::param(
             "model",
             format!(
@@ -166,84 +213,145 @@ pub async fn embed(
             ),
         ));
     }
-    let window = info.max_input_tokens;
-    let mut tokens = Vec::with_capacity(req.inputs.len());
-    for (i, input) in req.inputs.iter().enumerate() {
-        let mut t = match input {
-            Input::Text(s) => model
-                .embedding_tokens(s, req.truncate)
-                .map_err(ApiError::from)?,
-            Input::Tokens(t) => t.clone(),
-        };
-        if t.len() > window {
-            if !req.truncate {
-                return Err(ApiError::param(
-                    field,
-                    format!(
-                        "input {i} has {} tokens but the model's window is {window} tokens",
-                        t.len()
-                    ),
-                )
-                .with_code("context_length_exceeded"));
+    Ok(info)
+}
+
+/// Every input as token ids of the model, within its window (cut to it
+/// when the request allows, a 400 otherwise).
+fn tokenize(served: &Served, req: &EmbedRequest, window: usize) -> Result<Vec<Vec<u32>>, ApiError> {
+    let field = req.field;
+    let model = &served.engine.model;
+    req.inputs
+        .iter()
+        .enumerate()
+        .map(|(i, input)| {
+            let mut t = match input {
+                Input::Text(s) => model
+                    .embedding_tokens(s, req.truncate)
+                    .map_err(ApiError::from)?,
+                Input::Tokens(t) => t.clone(),
+            };
+            if t.len() > window {
+                if !req.truncate {
+                    return Err(ApiError::param(
+                        field,
+                        format!(
+                            "input {i} has {} tokens but the model's window is {window} tokens",
+                            t.len()
+                        ),
+                    )
+                    .with_code("context_length_exceeded"));
+                }
+                t.truncate(window);
             }
-            t.truncate(window);
-        }
-        tokens.push(t);
-    }
-    let id = new_id("emb-");
-    if let Some(t) = &tracked {
-        let _ = t.recorded.set(id.clone());
-    }
-    let pending = state.ledger.expect(&id);
-    let embedded = served.engine.embed(tokens).await.map_err(|e| match e {
+            Ok(t)
+        })
+        .collect()
+}
+
+fn engine_error(field: &str, e: EngineError) -> ApiError {
+    match e {
         EngineError::InvalidRequest(_) => ApiError::param(field, e.to_string()),
         other => ApiError::from(other),
-    })?;
-    let usage = usage_of(&embedded);
-    let total_ms = received.elapsed().as_secs_f64() * 1000.0;
-    let entry = LedgerEntry {
-        id: id.clone(),
-        dialect,
-        model: req.model.clone(),
-        created: now_secs(),
-        stream: false,
-        per_prompt: 1,
-        completions: vec![Completion {
-            finish: FinishReason::Stop,
-            usage,
-            timings: Timings {
-                queue_ms: embedded.queue_ms,
-                ttft_ms: embedded.queue_ms + embedded.compute_ms,
-                prefill_tokens_per_s: if embedded.compute_ms > 0.0 {
-                    usage.prompt_tokens as f64 / (embedded.compute_ms / 1000.0)
-                } else {
-                    0.0
-                },
-                decode_tokens_per_s: 0.0,
-                total_ms,
-                ..Timings::default()
-            },
-        }],
-        facts: tracked.as_ref().map(Tracked::facts).unwrap_or_default(),
-        backend: model.info.backend.to_string(),
-        status: 200,
-        error: None,
+    }
+}
+
+/// What a request's ledger row needs besides its outcome.
+struct Row {
+    id: String,
+    dialect: Dialect,
+    model: String,
+    backend: String,
+    tracked: Option<Tracked>,
+    received: std::time::Instant,
+    state: AppState,
+}
+
+/// Waits for the vectors, records the request and hands the vectors to the
+/// handler. If the handler is gone (its client left), a request no round
+/// has taken is withdrawn and recorded as cancelled with nothing spent; one
+/// already being computed is recorded as cancelled with the tokens it cost.
+/// An engine failure writes no row here: the error response does.
+async fn settle(
+    row: Row,
+    mut ticket: EmbedTicket,
+    mut answer: tokio::sync::oneshot::Sender<Result<(Embedded, f64), EngineError>>,
+) {
+    let pending = row.state.ledger.expect(&row.id);
+    let (result, finish) = tokio::select! {
+        r = ticket.result() => (r, FinishReason::Stop),
+        () = answer.closed() => {
+            let nothing = Embedded {
+                vectors: Vec::new(),
+                tokens: Vec::new(),
+                queue_ms: 0.0,
+                compute_ms: 0.0,
+            };
+            if ticket.withdraw() {
+                (Ok(nothing), FinishReason::Cancelled)
+            } else {
+                (ticket.result().await, FinishReason::Cancelled)
+            }
+        }
     };
-    state.metrics.observe(&entry);
-    state
-        .metrics
-        .observe_embedded(dialect.ledger_name(), embedded.vectors.len());
-    state.ledger.record(&entry);
+    let result = result.map(|embedded| {
+        let total_ms = row.received.elapsed().as_secs_f64() * 1000.0;
+        row.record(&embedded, finish, total_ms);
+        (embedded, total_ms)
+    });
     drop(pending);
-    tracing::info!(id = %id, model = %req.model, inputs = embedded.vectors.len(),
-                   prompt_tokens = usage.prompt_tokens, "embeddings served");
-    Ok(Answer {
-        id,
-        model: req.model,
-        load_ms: served.ready_after.as_secs_f64() * 1000.0,
-        total_ms,
-        embedded,
-    })
+    let _ = answer.send(result);
+}
+
+impl Row {
+    fn record(&self, embedded: &Embedded, finish: FinishReason, total_ms: f64) {
+        let usage = usage_of(embedded);
+        let cancelled = finish == FinishReason::Cancelled;
+        if let Some(t) = &self.tracked {
+            let _ = t.recorded.set(self.id.clone());
+        }
+        let entry = LedgerEntry {
+            id: self.id.clone(),
+            dialect: self.dialect,
+            model: self.model.clone(),
+            created: now_secs(),
+            stream: false,
+            per_prompt: 1,
+            completions: vec![Completion {
+                finish,
+                usage,
+                timings: Timings {
+                    queue_ms: embedded.queue_ms,
+                    ttft_ms: embedded.queue_ms + embedded.compute_ms,
+                    prefill_tokens_per_s: if embedded.compute_ms > 0.0 {
+                        usage.prompt_tokens as f64 / (embedded.compute_ms / 1000.0)
+                    } else {
+                        0.0
+                    },
+                    decode_tokens_per_s: 0.0,
+                    total_ms,
+                    ..Timings::default()
+                },
+            }],
+            facts: self
+                .tracked
+                .as_ref()
+                .map(Tracked::facts)
+                .unwrap_or_default(),
+            backend: self.backend.clone(),
+            status: 200,
+            error: None,
+        };
+        let metrics = &self.state.metrics;
+        metrics.observe(&entry);
+        metrics.observe_embedded(self.dialect.ledger_name(), embedded.vectors.len());
+        self.state.ledger.record(&entry);
+        if cancelled {
+            tracing::info!(id = %self.id, model = %self.model,
+                           prompt_tokens = usage.prompt_tokens,
+                           "embedding request cancelled: its client left");
+        }
+    }
 }
 
 /// A vector as OpenAI's `encoding_format: "base64"` sends it: the

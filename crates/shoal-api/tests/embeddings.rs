@@ -499,3 +499,106 @@ async fn the_ledger_and_metrics_count_embedding_requests() {
         "{m}"
     );
 }
+
+/// A gauge's value in `/metrics`.
+async fn gauge(base: &str, name: &str) -> i64 {
+    let (_, t) = get(base, "/metrics").await;
+    t.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Polls `check` until it gives a value; the server's own events, not a
+/// clock, decide the outcome (the cap only ends a run that went wrong).
+async fn until<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    for _ in 0..2400 {
+        if let Some(v) = check().await {
+            return v;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("never saw {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_embedding_request_whose_client_leaves_is_recorded_as_cancelled() {
+    let base = common::serve(state()).await;
+    let text = "the quick brown fox jumps over the lazy dog";
+    let (s, v) = post(
+        &base,
+        "/v1/embeddings",
+        json!({"model": EMBED, "input": text}),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let cost = v["usage"]["prompt_tokens"].as_u64().expect("tokens");
+    // A long request keeps the engine busy while a second one waits.
+    let long: Vec<String> = (0..256).map(|i| format!("{text} {i} ").repeat(8)).collect();
+    let busy = {
+        let base = base.clone();
+        tokio::spawn(async move {
+            post(
+                &base,
+                "/v1/embeddings",
+                json!({"model": EMBED, "input": long}),
+            )
+            .await
+        })
+    };
+    let at_least = |name: &'static str| {
+        let base = base.clone();
+        move || {
+            let base = base.clone();
+            async move { (gauge(&base, name).await >= 1).then_some(()) }
+        }
+    };
+    until(
+        "the long request running",
+        at_least("shoal_requests_in_flight"),
+    )
+    .await;
+    let leaving = {
+        let base = base.clone();
+        tokio::spawn(async move {
+            post(
+                &base,
+                "/v1/embeddings",
+                json!({"model": EMBED, "input": text}),
+            )
+            .await
+        })
+    };
+    until("the second request queued", at_least("shoal_queue_depth")).await;
+    // Its client leaves: the connection closes with the request unanswered.
+    leaving.abort();
+    let _ = leaving.await;
+    let (s, _) = busy.await.expect("long request");
+    assert_eq!(s, 200);
+    let row = until("the cancelled request's row", || {
+        let base = base.clone();
+        async move {
+            let (_, t) = get(&base, "/v1/usage?dialect=embeddings&finish=cancelled").await;
+            let u: Value = serde_json::from_str(&t).unwrap_or_default();
+            u["data"].as_array().and_then(|d| d.first()).cloned()
+        }
+    })
+    .await;
+    assert_eq!(row["finish_reasons"], json!(["cancelled"]), "{row}");
+    assert_eq!(row["model"], EMBED, "{row}");
+    // Exact either way: withdrawn from the queue costs nothing; taken into
+    // a round before the client left costs its tokens.
+    let spent = row["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
+    assert!(spent == 0 || spent == cost, "{row}");
+    // The server keeps serving.
+    let (s, v) = post(
+        &base,
+        "/v1/embeddings",
+        json!({"model": EMBED, "input": text}),
+    )
+    .await;
+    assert_eq!((s, v["usage"]["prompt_tokens"].as_u64()), (200, Some(cost)));
+}

@@ -7,7 +7,7 @@
 //! vector does not depend on what shares its pass (each input is its own
 //! sequence); it is scaled to unit length here, above the seam, when the
 //! model's metadata says so.
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::Instant;
@@ -25,6 +25,40 @@ pub struct EmbedJob {
     inputs: Vec<Vec<u32>>,
     reply: oneshot::Sender<Result<Embedded>>,
     submitted: Instant,
+    /// Who has the job: still queued, taken into a round, or withdrawn by
+    /// its caller. One atomic step decides between the last two, so a
+    /// caller that leaves knows exactly whether its tokens were computed.
+    claim: Arc<AtomicU8>,
+}
+
+const QUEUED: u8 = 0;
+const TAKEN: u8 = 1;
+const WITHDRAWN: u8 = 2;
+
+/// A queued embedding request: its vectors when they come, or, for a
+/// caller that gives up, whether the engine had already taken it.
+pub struct EmbedTicket {
+    wait: oneshot::Receiver<Result<Embedded>>,
+    claim: Arc<AtomicU8>,
+}
+
+impl EmbedTicket {
+    /// The vectors and their cost. Cancel-safe: it may be awaited again
+    /// after another branch of a `select!` won.
+    pub async fn result(&mut self) -> Result<Embedded> {
+        (&mut self.wait)
+            .await
+            .map_err(|_| EngineError::Unavailable("engine has stopped".into()))?
+    }
+
+    /// Withdraws the request if no round has taken it yet: true means
+    /// nothing of it was or will be computed; false means a round has it
+    /// (its result still comes, and its tokens were spent).
+    pub fn withdraw(&self) -> bool {
+        self.claim
+            .compare_exchange(QUEUED, WITHDRAWN, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
 }
 
 /// One request's vectors, in input order, with what they cost.
@@ -92,6 +126,13 @@ impl Engine {
     /// Queues `inputs` (token ids, each non-empty and within the window;
     /// see [`ModelHandle::embedding_tokens`]) and waits for their vectors.
     pub async fn embed(&self, inputs: Vec<Vec<u32>>) -> Result<Embedded> {
+        self.submit_embedding(inputs)?.result().await
+    }
+
+    /// Queues `inputs` as [`Engine::embed`] does, returning at once with a
+    /// ticket for the vectors (a caller that must account for a request
+    /// its client left uses it to tell queued from computed).
+    pub fn submit_embedding(&self, inputs: Vec<Vec<u32>>) -> Result<EmbedTicket> {
         let info = self.model.embedding.as_ref().ok_or_else(not_embedding)?;
         let vocab = self.model.info.vocab_size;
         for (i, tokens) in inputs.iter().enumerate() {
@@ -113,14 +154,15 @@ impl Engine {
             }
         }
         let (reply, wait) = oneshot::channel();
+        let claim = Arc::new(AtomicU8::new(QUEUED));
         let job = EmbedJob {
             inputs,
             reply,
             submitted: Instant::now(),
+            claim: claim.clone(),
         };
         self.queue_embedding(job)?;
-        wait.await
-            .map_err(|_| EngineError::Unavailable("engine has stopped".into()))?
+        Ok(EmbedTicket { wait, claim })
     }
 }
 
@@ -140,13 +182,19 @@ pub(crate) fn run_embeddings(
         stats
             .queued
             .fetch_sub(round.len() as u64, Ordering::Relaxed);
-        // A request whose caller left is not computed.
-        round.retain(|j| !j.reply.is_closed());
+        // A request whose caller left or withdrew it is not computed; the
+        // rest are claimed for this round.
+        round.retain(|j| {
+            !j.reply.is_closed()
+                && j.claim
+                    .compare_exchange(QUEUED, TAKEN, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+        });
         stats.running.store(round.len() as u64, Ordering::Relaxed);
         stats.embedding_rounds.fetch_add(1, Ordering::Relaxed);
         run_round(model.as_ref(), &info, round, &stats);
         stats.running.store(0, Ordering::Relaxed);
-        crate::engine::release_free_memory();
+        crate::process::release_free_memory();
     }
 }
 

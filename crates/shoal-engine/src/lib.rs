@@ -41,7 +41,7 @@ pub use completion::{Completion, Event, FinishReason, Timings, TokenLogprob, Usa
 pub use constraint::Grammar;
 pub use defaults::SamplingDefaults;
 pub use draft::DraftOptions;
-pub use embedding::Embedded;
+pub use embedding::{EmbedTicket, Embedded};
 pub use engine::{
     collect_blocking, CacheBreakpoint, CancelFlag, Engine, EngineOptions, EngineStats, EventStream,
     GenerateRequest, ModelHandle,
