@@ -394,13 +394,60 @@ impl Collected {
 pub fn start(state: &Served, job: Generation, fmt: LedgerFormat) -> Result<Choices, ApiError> {
     let per = job.n.max(1);
     let n = per * job.prompts.len();
+    let (streams, flags) = submit(state, &job, &fmt)?;
+    let span = request_span(state, &job, &fmt);
+    // From here the request is the ledger's: it is recorded under this id
+    // before its final event (the response carries the id in a header).
+    if let Some(t) = &fmt.tracked {
+        let _ = t.recorded.set(fmt.id.clone());
+    }
+    let forward = Forward {
+        recorder: Recorder {
+            ledger: state.ledger.clone(),
+            metrics: state.metrics.clone(),
+            backend: state.engine.model.info.backend.to_string(),
+            created: now_secs(),
+            per,
+            fmt,
+        },
+        limit: state.access.request_timeout,
+        // Registered so a server shutdown can end it with a proper final event.
+        running: state.running.register(flags.clone()),
+        flags,
+    };
+    // Readers of the id (a stored reply's usage) wait for its row until then.
+    let pending = state.ledger.expect(&forward.recorder.fmt.id);
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(
+        async move {
+            forward
+                .run(futures::stream::select_all(streams), n, tx)
+                .await;
+            drop(pending);
+        }
+        .instrument(span),
+    );
+    Ok(Choices { rx, n })
+}
+
+type ChoiceStream = futures::stream::BoxStream<'static, (usize, Event)>;
+
+/// One engine request per choice (seeds stepped so choices differ but
+/// repeat), with their cancel flags; if one is refused, those already
+/// submitted are cancelled.
+fn submit(
+    state: &Served,
+    job: &Generation,
+    fmt: &LedgerFormat,
+) -> Result<(Vec<ChoiceStream>, Vec<CancelFlag>), ApiError> {
+    let per = job.n.max(1);
+    let n = per * job.prompts.len();
     let client = fmt.tracked.as_ref().and_then(|t| t.client.get().cloned());
     let cache_salt = state.access.cache_salt(client.as_deref());
     let mut streams = Vec::with_capacity(n);
     let mut flags = Vec::with_capacity(n);
     for i in 0..n {
         let mut sampling = job.sampling.clone();
-        // Independent but reproducible choices.
         sampling.seed = sampling.seed.map(|s| s.wrapping_add((i % per) as u64));
         let req = GenerateRequest {
             prompt: job.prompts[i / per].clone(),
@@ -431,11 +478,12 @@ pub fn start(state: &Served, job: Generation, fmt: LedgerFormat) -> Result<Choic
             }
         }
     }
-    let (tx, rx) = mpsc::unbounded_channel();
-    let ledger = state.ledger.clone();
-    let metrics = state.metrics.clone();
-    let backend = state.engine.model.info.backend.to_string();
-    // One span per request; its outcome is recorded on it when it ends.
+    Ok((streams, flags))
+}
+
+/// One span per request; its outcome is recorded on it when it ends. The
+/// prompts are logged in it when the server logs prompts.
+fn request_span(state: &Served, job: &Generation, fmt: &LedgerFormat) -> tracing::Span {
     let span = tracing::info_span!(
         "request",
         id = %fmt.id,
@@ -456,102 +504,118 @@ pub fn start(state: &Served, job: Generation, fmt: LedgerFormat) -> Result<Choic
             span.in_scope(|| tracing::info!(prompt = %text, "prompt"));
         }
     }
-    let created = now_secs();
-    let limit = state.access.request_timeout;
-    // From here the request is the ledger's: it is recorded under this id
-    // before its final event (the response carries the id in a header).
-    if let Some(t) = &fmt.tracked {
-        let _ = t.recorded.set(fmt.id.clone());
+    span
+}
+
+/// Writes a request's ledger row, metrics and log line.
+struct Recorder {
+    ledger: std::sync::Arc<crate::ledger::Ledger>,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
+    backend: String,
+    created: u64,
+    per: usize,
+    fmt: LedgerFormat,
+}
+
+impl Recorder {
+    fn record(&self, done: &[Option<Completion>]) {
+        let fmt = &self.fmt;
+        let entry = LedgerEntry {
+            id: fmt.id.clone(),
+            dialect: fmt.dialect,
+            model: fmt.model.clone(),
+            created: self.created,
+            stream: fmt.stream,
+            per_prompt: self.per,
+            completions: done.iter().flatten().cloned().collect(),
+            facts: fmt.tracked.as_ref().map(Tracked::facts).unwrap_or_default(),
+            backend: self.backend.clone(),
+            status: 200,
+            error: None,
+        };
+        let finish_reasons = entry.finish_reasons();
+        self.metrics.observe(&entry);
+        let usage = wire::usage_json(fmt.dialect, &entry.usage());
+        let first = entry.timings();
+        let span = tracing::Span::current();
+        span.record("finish_reason", tracing::field::debug(&finish_reasons));
+        span.record("usage", tracing::field::display(&usage));
+        tracing::info!(
+            ttft_ms = first.ttft_ms,
+            decode_tokens_per_s = first.decode_tokens_per_s,
+            "request finished"
+        );
+        self.ledger.record(&entry);
     }
-    // Registered so a server shutdown can end it with a proper final event.
-    let running = state.running.register(flags.clone());
-    // Readers of the id (a stored reply's usage) wait for its row until then.
-    let pending = state.ledger.expect(&fmt.id);
-    tokio::spawn(
-        async move {
-            let mut merged = futures::stream::select_all(streams);
-            let mut done: Vec<Option<Completion>> = vec![None; n];
-            let mut client_gone = false;
-            let mut recorded = false;
-            // Records the request; called before the last choice's final event is
-            // forwarded, so a client that has seen the end finds the entry.
-            let record = |done: &[Option<Completion>]| {
-                let entry = LedgerEntry {
-                    id: fmt.id.clone(),
-                    dialect: fmt.dialect,
-                    model: fmt.model.clone(),
-                    created,
-                    stream: fmt.stream,
-                    per_prompt: per,
-                    completions: done.iter().flatten().cloned().collect(),
-                    facts: fmt.tracked.as_ref().map(Tracked::facts).unwrap_or_default(),
-                    backend: backend.clone(),
-                    status: 200,
-                    error: None,
-                };
-                let finish_reasons = entry.finish_reasons();
-                metrics.observe(&entry);
-                let usage = wire::usage_json(fmt.dialect, &entry.usage());
-                let first = entry.timings();
-                let span = tracing::Span::current();
-                span.record("finish_reason", tracing::field::debug(&finish_reasons));
-                span.record("usage", tracing::field::display(&usage));
-                tracing::info!(
-                    ttft_ms = first.ttft_ms,
-                    decode_tokens_per_s = first.decode_tokens_per_s,
-                    "request finished"
-                );
-                ledger.record(&entry);
+}
+
+/// The forwarding task: merges the choices' events to the handler, cancels
+/// them when the client leaves or the time limit passes, and records the
+/// request before the last choice's final event goes out, so a client
+/// that has seen the end finds its row.
+struct Forward {
+    recorder: Recorder,
+    limit: Option<std::time::Duration>,
+    running: crate::state::RunningGuard,
+    flags: Vec<CancelFlag>,
+}
+
+impl Forward {
+    async fn run(
+        self,
+        mut merged: futures::stream::SelectAll<ChoiceStream>,
+        n: usize,
+        tx: mpsc::UnboundedSender<(usize, Event)>,
+    ) {
+        let cancel = || self.flags.iter().for_each(CancelFlag::cancel);
+        let mut done: Vec<Option<Completion>> = vec![None; n];
+        let mut client_gone = false;
+        let mut recorded = false;
+        let deadline = self.limit.map(|l| tokio::time::Instant::now() + l);
+        let mut timed_out = false;
+        loop {
+            let next = match deadline.filter(|_| !timed_out) {
+                Some(at) => match tokio::time::timeout_at(at, merged.next()).await {
+                    Ok(ev) => ev,
+                    Err(_) => {
+                        // Over the time limit: stop generating; the final
+                        // events below say why.
+                        timed_out = true;
+                        tracing::warn!("request over its time limit; stopping it");
+                        cancel();
+                        continue;
+                    }
+                },
+                None => merged.next().await,
             };
-            let deadline = limit.map(|l| tokio::time::Instant::now() + l);
-            let mut timed_out = false;
-            loop {
-                let next = match deadline.filter(|_| !timed_out) {
-                    Some(at) => match tokio::time::timeout_at(at, merged.next()).await {
-                        Ok(ev) => ev,
-                        Err(_) => {
-                            // Over the time limit: stop generating; the
-                            // final events below say why.
-                            timed_out = true;
-                            tracing::warn!("request over its time limit; stopping it");
-                            flags.iter().for_each(CancelFlag::cancel);
-                            continue;
-                        }
-                    },
-                    None => merged.next().await,
-                };
-                let Some((i, mut ev)) = next else { break };
-                if let (true, Event::Done(c)) = (timed_out, &mut ev) {
-                    if c.finish == FinishReason::Cancelled {
-                        c.finish = FinishReason::Timeout {
-                            limit_secs: limit.map_or(0, |l| l.as_secs()),
-                        };
-                    }
-                }
-                if let Event::Done(c) = &ev {
-                    if let Some(slot) = done.get_mut(i) {
-                        *slot = Some(c.clone());
-                    }
-                    if !recorded && done.iter().all(Option::is_some) {
-                        record(&done);
-                        recorded = true;
-                    }
-                }
-                if !client_gone && tx.send((i, ev)).is_err() {
-                    client_gone = true;
-                    tracing::info!("client disconnected; cancelling generation");
-                    flags.iter().for_each(CancelFlag::cancel);
+            let Some((i, mut ev)) = next else { break };
+            if let (true, Event::Done(c)) = (timed_out, &mut ev) {
+                if c.finish == FinishReason::Cancelled {
+                    c.finish = FinishReason::Timeout {
+                        limit_secs: self.limit.map_or(0, |l| l.as_secs()),
+                    };
                 }
             }
-            drop(running);
-            drop(pending);
-            if !recorded {
-                record(&done);
+            if let Event::Done(c) = &ev {
+                if let Some(slot) = done.get_mut(i) {
+                    *slot = Some(c.clone());
+                }
+                if !recorded && done.iter().all(Option::is_some) {
+                    self.recorder.record(&done);
+                    recorded = true;
+                }
+            }
+            if !client_gone && tx.send((i, ev)).is_err() {
+                client_gone = true;
+                tracing::info!("client disconnected; cancelling generation");
+                cancel();
             }
         }
-        .instrument(span),
-    );
-    Ok(Choices { rx, n })
+        drop(self.running);
+        if !recorded {
+            self.recorder.record(&done);
+        }
+    }
 }
 
 /// The first failed choice of a non-streamed response, as the error to

@@ -30,42 +30,48 @@ impl From<crate::ledger::QueryError> for ApiError {
 /// received it, the key's name, the origin), taken only when its cluster
 /// signature checks out.
 pub async fn track(State(s): State<crate::AppState>, req: Request, next: Next) -> Response {
-    let path = req.uri().path().to_string();
     let Some(dialect) = crate::dialect::Routed::of(req.extensions()).generation else {
         return next.run(req).await;
     };
-    let own = s.node.identity().id.clone();
     let (mut req, forwarded) = match forwarded_facts(&s, req).await {
         Ok(pair) => pair,
         Err(resp) => return resp,
     };
-    // (The request's body is not `Sync`, so no borrow of it may live
-    // across the awaits below.)
-    let (user_agent, origin) = {
-        let header = |name: axum::http::HeaderName| {
-            req.headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        };
-        (
-            header(axum::http::header::USER_AGENT),
-            header(axum::http::header::ORIGIN),
-        )
+    let tracked = tracked(&s, &req, forwarded);
+    req.extensions_mut().insert(tracked.clone());
+    let response = next.run(req).await;
+    match tracked.recorded.get() {
+        Some(id) => mark_recorded(&s, id, response),
+        None if response.status().as_u16() < 400 => response,
+        None => record_refusal(&s, dialect, &tracked, response).await,
+    }
+}
+
+/// The request's facts as the handler gets them: the path, the client's
+/// agent and origin, and which node received and which runs it.
+fn tracked(s: &crate::AppState, req: &Request, forwarded: Option<Facts>) -> Tracked {
+    let own = s.node.identity().id.clone();
+    let endpoint = req.uri().path().to_string();
+    let header = |name: axum::http::HeaderName| {
+        req.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
     };
+    let user_agent = header(axum::http::header::USER_AGENT);
     let mut tracked = Tracked {
         facts: match forwarded {
             Some(f) => Facts {
-                endpoint: path,
+                endpoint,
                 user_agent: f.user_agent.or(user_agent),
                 ran_on: Some(own),
                 ..f
             },
             None => Facts {
-                endpoint: path,
+                endpoint,
                 client: None,
                 user_agent,
-                origin,
+                origin: header(axum::http::header::ORIGIN),
                 node: Some(own),
                 ran_on: None,
             },
@@ -77,64 +83,71 @@ pub async fn track(State(s): State<crate::AppState>, req: Request, next: Next) -
     if let Some(client) = tracked.facts.client.take() {
         let _ = tracked.client.set(client);
     }
-    req.extensions_mut().insert(tracked.clone());
-    let mut response = next.run(req).await;
+    tracked
+}
+
+/// A request the handler recorded: an error status it ended with goes on
+/// its row, and the response names the row.
+fn mark_recorded(s: &crate::AppState, id: &str, mut response: Response) -> Response {
     let status = response.status().as_u16();
-    let ledger = s.ledger.clone();
-    match tracked.recorded.get() {
-        Some(id) => {
-            if status != 200 {
-                ledger.set_status(id, status);
-            }
-            if let Ok(v) = axum::http::HeaderValue::from_str(id) {
-                response.headers_mut().insert(REQUEST_ID_HEADER, v);
-            }
-            response
-        }
-        None if status < 400 => response,
-        None => {
-            let (mut parts, body) = response.into_parts();
-            let bytes = axum::body::to_bytes(body, 1 << 20)
-                .await
-                .unwrap_or_default();
-            // The refusal as this server made it; a peer's passed on is read
-            // from its body (the error's message in any dialect's shape).
-            let message = match parts.extensions.get::<crate::error::Refusal>() {
-                Some(r) => r.0.clone(),
-                None => serde_json::from_slice::<Value>(&bytes)
-                    .ok()
-                    .and_then(|v| {
-                        let m = v.pointer("/error/message").or_else(|| v.get("error"))?;
-                        m.as_str().map(str::to_owned)
-                    })
-                    .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned()),
-            };
-            // A peer's refusal passed on keeps the peer's id.
-            let id = parts
-                .headers
-                .get(REQUEST_ID_HEADER)
-                .and_then(|v| v.to_str().ok())
-                .map_or_else(|| crate::ids::new_id("err"), str::to_owned);
-            let entry = LedgerEntry {
-                id,
-                dialect,
-                model: String::new(),
-                created: crate::ids::now_secs(),
-                stream: false,
-                per_prompt: 1,
-                completions: Vec::new(),
-                facts: tracked.facts(),
-                backend: String::new(),
-                status,
-                error: Some(message),
-            };
-            ledger.record(&entry);
-            if let Ok(v) = axum::http::HeaderValue::from_str(&entry.id) {
-                parts.headers.insert(REQUEST_ID_HEADER, v);
-            }
-            Response::from_parts(parts, axum::body::Body::from(bytes))
-        }
+    if status != 200 {
+        s.ledger.set_status(id, status);
     }
+    if let Ok(v) = axum::http::HeaderValue::from_str(id) {
+        response.headers_mut().insert(REQUEST_ID_HEADER, v);
+    }
+    response
+}
+
+/// A request refused before it generated: recorded as an error row with the
+/// refusal's words, and the response names the row.
+async fn record_refusal(
+    s: &crate::AppState,
+    dialect: crate::dialect::Dialect,
+    tracked: &Tracked,
+    response: Response,
+) -> Response {
+    let status = response.status().as_u16();
+    let (mut parts, body) = response.into_parts();
+    let bytes = axum::body::to_bytes(body, 1 << 20)
+        .await
+        .unwrap_or_default();
+    // The refusal as this server made it; a peer's passed on is read from
+    // its body (the error's message in any dialect's shape).
+    let message = match parts.extensions.get::<crate::error::Refusal>() {
+        Some(r) => r.0.clone(),
+        None => serde_json::from_slice::<Value>(&bytes)
+            .ok()
+            .and_then(|v| {
+                let m = v.pointer("/error/message").or_else(|| v.get("error"))?;
+                m.as_str().map(str::to_owned)
+            })
+            .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned()),
+    };
+    // A peer's refusal passed on keeps the peer's id.
+    let id = parts
+        .headers
+        .get(REQUEST_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map_or_else(|| crate::ids::new_id("err"), str::to_owned);
+    let entry = LedgerEntry {
+        id,
+        dialect,
+        model: String::new(),
+        created: crate::ids::now_secs(),
+        stream: false,
+        per_prompt: 1,
+        completions: Vec::new(),
+        facts: tracked.facts(),
+        backend: String::new(),
+        status,
+        error: Some(message),
+    };
+    s.ledger.record(&entry);
+    if let Ok(v) = axum::http::HeaderValue::from_str(&entry.id) {
+        parts.headers.insert(REQUEST_ID_HEADER, v);
+    }
+    Response::from_parts(parts, axum::body::Body::from(bytes))
 }
 
 /// The receiving node's facts on a request forwarded here, if its
