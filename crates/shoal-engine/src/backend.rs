@@ -159,6 +159,11 @@ pub struct EmbeddingInfo {
     pub batch_inputs: usize,
 }
 
+/// A hold on what a backend shares across a process while it computes
+/// (MLX's streams, graph evaluation and allocator): see
+/// [`LanguageModel::turn`]. `None` where nothing is shared.
+pub type Turn = Option<std::sync::MutexGuard<'static, ()>>;
+
 /// A model run by the engine: a causal language model run token by token,
 /// or an embedding model ([`LanguageModel::embedding`] is `Some`) whose
 /// generation calls fail and whose [`LanguageModel::embed`] works.
@@ -213,6 +218,22 @@ pub trait LanguageModel: Send {
     /// step at a time, differ from what a prefill of them gives).
     fn exact_prefix_unit(&self) -> Option<usize> {
         None
+    }
+
+    /// Held by the engine around each step of this model and while it is
+    /// freed. A backend whose runtime is one per process (MLX) makes every
+    /// engine thread that drives it take turns here; one engine alone
+    /// never waits. Nothing by default.
+    fn turn(&self) -> Turn {
+        None
+    }
+
+    /// What besides the model file and [`ModelInfo`] makes this model's
+    /// saved KV state valid (the backend's build and KV settings): part of
+    /// the disk tier's fingerprint, so a changed setting never reads
+    /// another setting's state.
+    fn kv_fingerprint(&self) -> Vec<(&'static str, String)> {
+        Vec::new()
     }
 
     /// Whether [`LanguageModel::forward_spans`] takes several tokens a row:

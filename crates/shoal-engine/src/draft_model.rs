@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::backend::{KvCache, LanguageModel, ModelInfo};
-use crate::error::Result;
-use crate::loader::Vocabulary;
+use crate::error::{EngineError, Result};
+use crate::loader::{self, LoadOptions, Vocabulary};
 use crate::prefix_cache::{common_prefix, PrefixCache};
 
 /// A draft token needs at least this probability under the draft model;
@@ -365,6 +365,44 @@ fn most_likely(logits: &[f32]) -> Option<(u32, f32)> {
     }
     let z: f32 = logits.iter().map(|&l| (l - max).exp()).sum();
     Some((best as u32, 1.0 / z))
+}
+
+/// Loads `path` to draft for `target`, or `None` (with a warning) when the
+/// two vocabularies differ and the draft model is not `required`: a pool's
+/// other models ignore a draft model named for one family.
+pub(crate) fn load_draft(
+    path: &Path,
+    load: &LoadOptions,
+    target: &loader::Loaded,
+    required: bool,
+) -> Result<Option<Box<dyn LanguageModel>>> {
+    let d = loader::load(path, load)
+        .map_err(|e| EngineError::Unsupported(format!("draft model {}: {e}", path.display())))?;
+    if d.model.embedding().is_some() || !d.model.verifies_drafts() {
+        return Err(EngineError::Unsupported(format!(
+            "draft model {}: not a generation model on llama.cpp",
+            path.display()
+        )));
+    }
+    if let Some(why) = vocabulary_mismatch(
+        &target.vocab,
+        target.model.info().vocab_size,
+        &d.vocab,
+        d.model.info().vocab_size,
+    ) {
+        if required {
+            return Err(EngineError::Unsupported(format!(
+                "draft model {} cannot draft for {}: its vocabulary differs ({why})",
+                path.display(),
+                target.path.display()
+            )));
+        }
+        tracing::warn!(draft = %path.display(), target = %target.path.display(), %why,
+            "the draft model does not share this model's vocabulary; drafting by prompt lookup");
+        return Ok(None);
+    }
+    tracing::info!(draft = %path.display(), weight_mb = d.model.info().weight_bytes >> 20, "draft model loaded");
+    Ok(Some(d.model))
 }
 
 #[cfg(test)]

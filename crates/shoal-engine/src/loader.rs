@@ -209,6 +209,26 @@ pub struct LoadOptions {
     pub llama: LlamaOptions,
 }
 
+impl LoadOptions {
+    /// What an engine serving up to `max_batch` sequences at once loads with.
+    pub fn for_engine(backend: BackendChoice, llama: &LlamaOptions, max_batch: usize) -> Self {
+        LoadOptions {
+            backend,
+            llama: llama.clone().for_batch(max_batch),
+        }
+    }
+
+    /// What a separate draft model loads with: a GGUF on llama.cpp. Drafts
+    /// never change a reply, so the drafter takes the fastest kernels
+    /// whatever the target's mode.
+    pub fn for_drafter(llama: &LlamaOptions, max_batch: usize) -> Self {
+        LoadOptions {
+            backend: BackendChoice::Llama,
+            llama: llama.clone().batch_invariant(false).for_batch(max_batch),
+        }
+    }
+}
+
 /// Loads a `.gguf` file or a Hugging Face / MLX model directory on the
 /// backend `opts` chooses (see [`backends::choose`]).
 pub fn load(path: &Path, opts: &LoadOptions) -> Result<Loaded> {
@@ -288,8 +308,20 @@ fn load_llama(path: &Path, header: &shoal_gguf::Header, opts: &LlamaOptions) -> 
 }
 
 /// Loads only `layers` of a model (all when `None`) with its vocabulary: a
-/// pipeline stage.
+/// pipeline stage. Loading is MLX work, so it takes MLX's turn; once MLX
+/// has built its per-process objects, its exit hook is registered.
 pub fn load_stage(
+    path: &Path,
+    layers: Option<std::ops::Range<usize>>,
+) -> Result<(Transformer, Arc<Vocabulary>)> {
+    let turn = backends::mlx::turns::mlx_turn();
+    let loaded = load_mlx(path, layers);
+    drop(turn);
+    backends::mlx::turns::hold_mlx_at_exit_once();
+    loaded
+}
+
+fn load_mlx(
     path: &Path,
     layers: Option<std::ops::Range<usize>>,
 ) -> Result<(Transformer, Arc<Vocabulary>)> {

@@ -1,5 +1,6 @@
-//! This process's memory as the kernel counts it, for the benchmarks that
-//! print it beside llama.cpp's own (Linux; `None` elsewhere).
+//! This process's memory: as the kernel counts it, for the benchmarks that
+//! print it beside llama.cpp's own (Linux; `None` elsewhere), and handing
+//! freed pages back after a busy spell.
 
 /// Resident memory now, in MiB.
 pub fn resident_mb() -> Option<f64> {
@@ -23,3 +24,18 @@ fn status_mb(key: &str) -> Option<f64> {
     let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb / 1024.0)
 }
+
+/// Returns free heap pages to the system. glibc keeps what a burst of
+/// requests freed (per-thread arenas, holes in the heap), so after a busy
+/// spell the process would otherwise stay at its peak size while idle.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub(crate) fn release_free_memory() {
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Elsewhere (macOS, musl) the allocator is left to itself.
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub(crate) fn release_free_memory() {}

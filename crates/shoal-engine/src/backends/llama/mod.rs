@@ -324,7 +324,23 @@ impl LlamaOptions {
     }
 }
 
+/// The llama.cpp build whose state format the disk tier's payloads hold.
+const LLAMA_CPP_BUILD: &str = "llama-cpp-sys-2 0.1.161";
+
 impl LlamaOptions {
+    /// What of these options (as set, before `auto` is resolved) makes a
+    /// saved sequence state valid beside the model file: the build, and the
+    /// KV cache's type, size, layout and mode.
+    fn kv_fingerprint(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("llama.cpp", LLAMA_CPP_BUILD.to_string()),
+            ("kv_type", self.kv_type.as_str().to_string()),
+            ("kv_tokens", self.kv_tokens.to_string()),
+            ("split", self.splits().to_string()),
+            ("batch_invariant", self.batch_invariant.to_string()),
+        ]
+    }
+
     /// The sequences a context made from these options tracks (one more
     /// in batch-invariant mode: the throwaway companion of a lone row).
     pub fn context_sequences(&self) -> usize {
@@ -596,6 +612,8 @@ pub struct LlamaCppModel {
     pad: Option<i32>,
     /// Tokens of a micro-batch ([`LlamaOptions::ubatch`]).
     ubatch: usize,
+    /// See [`LanguageModel::kv_fingerprint`].
+    kv_fingerprint: Vec<(&'static str, String)>,
 }
 
 /// The weights of `path` (already checked by [`super::check_gguf`]) and a
@@ -651,6 +669,7 @@ fn model_info(
 impl LlamaCppModel {
     /// Loads `path` (already checked by [`super::check_gguf`]).
     pub fn load(path: &Path, header: &shoal_gguf::Header, opts: &LlamaOptions) -> Result<Self> {
+        let kv_fingerprint = opts.kv_fingerprint();
         let opts = &opts.for_model(header);
         let (model, ctx) = load_with_context(path, &opts.model_params(), opts.context_params())?;
         let n_ctx_train = model.n_ctx_train().max(1) as usize;
@@ -692,6 +711,7 @@ impl LlamaCppModel {
             bytes_per_position,
             pad,
             ubatch: opts.ubatch(),
+            kv_fingerprint,
         })
     }
 
@@ -720,6 +740,10 @@ impl LanguageModel for LlamaCppModel {
             bytes_per_position: self.bytes_per_position,
             shared: self.shared.clone(),
         }))
+    }
+
+    fn kv_fingerprint(&self) -> Vec<(&'static str, String)> {
+        self.kv_fingerprint.clone()
     }
 
     fn persists_cache(&self) -> bool {

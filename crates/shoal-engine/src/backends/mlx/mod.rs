@@ -18,6 +18,7 @@ pub mod pipeline;
 pub mod rope;
 pub mod stage;
 pub mod transformer;
+pub(crate) mod turns;
 mod weights;
 
 pub use batch::MlxBatch;

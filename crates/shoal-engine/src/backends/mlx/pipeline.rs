@@ -278,6 +278,10 @@ impl Drop for PipeCache {
 }
 
 impl LanguageModel for PipelineModel {
+    fn turn(&self) -> crate::backend::Turn {
+        Some(super::turns::mlx_turn())
+    }
+
     fn info(&self) -> &ModelInfo {
         &self.info
     }

@@ -612,6 +612,10 @@ impl LanguageModel for Transformer {
         Ok(Box::new(MlxCache::default()))
     }
 
+    fn turn(&self) -> crate::backend::Turn {
+        Some(super::turns::mlx_turn())
+    }
+
     fn persists_cache(&self) -> bool {
         true
     }
