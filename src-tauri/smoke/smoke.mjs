@@ -435,6 +435,29 @@ try {
     check(`menu item ${re.source}`, Boolean(byLabel(re)), items.map((i) => i.label).join(' | '));
   }
 
+  // The Ollama port's line: off by default, then following the server-wide
+  // switch (the route the window's Settings use) both ways.
+  const menuShows = (re, enabled) => waitFor(`the menu to show ${re.source}`, () => {
+    items = menuItems(bus, menuPath);
+    const item = byLabel(re);
+    return item && (enabled === undefined || item.enabled === enabled) ? item : null;
+  }, 60_000).catch(() => null);
+  check('Ollama port line (off)', Boolean(await menuShows(/^Ollama API: off$/, false)),
+    items.map((i) => i.label).join(' | '));
+  const ollamaPort = await freePort();
+  const setOllama = (enabled) => fetch(`${base}v1/settings/ollama-port`, {
+    method: 'PUT',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ enabled, port: ollamaPort }),
+  }).then((r) => r.json());
+  const switched = await setOllama(true);
+  check('Ollama port line follows the switch',
+    Boolean(await menuShows(new RegExp(`^Ollama API: on \\S+:${ollamaPort}$`), false)),
+    `${JSON.stringify(switched)} → ${items.map((i) => i.label).join(' | ')}`);
+  await setOllama(false);
+  check('Ollama port line back to off', Boolean(await menuShows(/^Ollama API: off$/, false)),
+    items.map((i) => i.label).join(' | '));
+
   // Copy API URL → clipboard.
   clickMenu(bus, menuPath, byLabel(/^Copy API URL$/).id);
   const clip = await waitFor('the clipboard', async () => {
@@ -448,16 +471,12 @@ try {
   await waitFor('the server to stop', async () => !(await health(base)), 60_000);
   // The listener closes before the tray hears the new status, so wait for
   // the menu's own change rather than reading it once.
-  const relabelled = (re) => waitFor(`the menu to offer ${re.source}`, () => {
-    items = menuItems(bus, menuPath);
-    return byLabel(re)?.enabled ? byLabel(re) : null;
-  }, 60_000).catch(() => null);
-  const start = await relabelled(/^Start Server$/);
+  const start = await menuShows(/^Start Server$/, true);
   check('Stop Server', Boolean(start), items.map((i) => i.label).join(' | '));
   if (!start) throw new Error('the tray never offered Start Server');
   clickMenu(bus, menuPath, start.id);
   await waitFor('the server to start again', () => health(base), 60_000);
-  check('Start Server (same address)', Boolean(await relabelled(/^Stop Server$/)), base);
+  check('Start Server (same address)', Boolean(await menuShows(/^Stop Server$/, true)), base);
 
   // Closing the window leaves the server and the tray.
   // Asked like a window manager's close button does. (WebDriver's Close

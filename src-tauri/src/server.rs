@@ -202,6 +202,36 @@ impl Server {
     }
 }
 
+impl Server {
+    /// The tray's line for Ollama's own port: off, where it listens, or why
+    /// it does not (a running Ollama holding it). `None` before the model
+    /// has loaded.
+    pub fn ollama_line(&self) -> Option<String> {
+        let inner = self.inner();
+        let state = inner.state.as_ref()?;
+        Some(ollama_line(&state.ollama.status(), inner.running.is_some()))
+    }
+}
+
+/// Words for the Ollama port's status (`/v1/settings/ollama-port`'s body).
+fn ollama_line(status: &serde_json::Value, serving: bool) -> String {
+    let port = status["port"].as_u64().unwrap_or(0);
+    if status["enabled"] != true {
+        return "Ollama API: off".to_string();
+    }
+    if !serving {
+        return format!("Ollama API: port {port}, with the server stopped");
+    }
+    if let Some(addr) = status["address"].as_str() {
+        return format!("Ollama API: on {addr}");
+    }
+    match status["error"].as_str() {
+        Some(why) if why.contains("taken") => format!("Ollama API: port {port} is taken"),
+        Some(why) => format!("Ollama API: {}", shorten(why, 60)),
+        None => format!("Ollama API: opening port {port}…"),
+    }
+}
+
 /// `text` cut to `max` characters, marked with an ellipsis when cut.
 fn shorten(text: &str, max: usize) -> String {
     if text.chars().count() <= max {
@@ -255,6 +285,23 @@ mod tests {
         assert_eq!(line.chars().count(), "Error: ".len() + 80);
         assert!(line.ends_with('…'));
         assert_eq!(Status::Failed("no model".into()).line(), "Error: no model");
+    }
+
+    #[test]
+    fn ollama_port_lines() {
+        use serde_json::json;
+        let off = json!({"enabled": false, "port": 11434, "listening": false});
+        assert_eq!(ollama_line(&off, true), "Ollama API: off");
+        let on = json!({"enabled": true, "port": 11434, "listening": true,
+                        "address": "127.0.0.1:11434"});
+        assert_eq!(ollama_line(&on, true), "Ollama API: on 127.0.0.1:11434");
+        assert_eq!(
+            ollama_line(&on, false),
+            "Ollama API: port 11434, with the server stopped"
+        );
+        let taken = json!({"enabled": true, "port": 11434, "listening": false,
+            "error": "port 11434 is taken (a running Ollama?): Ollama's API is served on the main port only"});
+        assert_eq!(ollama_line(&taken, true), "Ollama API: port 11434 is taken");
     }
 
     #[test]

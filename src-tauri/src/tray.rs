@@ -1,5 +1,5 @@
-//! The tray (menu bar) item: a status line, then Open Chat, Start/Stop
-//! Server, Copy API URL and Quit.
+//! The tray (menu bar) item: a status line and the Ollama port's, then
+//! Open Chat, Start/Stop Server, Copy API URL and Quit.
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,6 +13,7 @@ use crate::Shell;
 
 const TRAY: &str = "shoal";
 const STATUS: &str = "status";
+const OLLAMA: &str = "ollama";
 const OPEN: &str = "open";
 const TOGGLE: &str = "toggle";
 const COPY: &str = "copy";
@@ -21,6 +22,7 @@ const QUIT: &str = "quit";
 /// The items whose text or state changes, and what they show now.
 struct Items {
     status: MenuItem<Wry>,
+    ollama: MenuItem<Wry>,
     toggle: MenuItem<Wry>,
     copy: MenuItem<Wry>,
     shown: Mutex<Option<Shown>>,
@@ -29,6 +31,7 @@ struct Items {
 #[derive(Clone, PartialEq, Eq)]
 struct Shown {
     line: String,
+    ollama: String,
     toggle: &'static str,
     can_toggle: bool,
     can_copy: bool,
@@ -36,6 +39,7 @@ struct Shown {
 
 pub fn build(app: &AppHandle) -> tauri::Result<()> {
     let status = MenuItem::with_id(app, STATUS, Status::Loading.line(), false, None::<&str>)?;
+    let ollama = MenuItem::with_id(app, OLLAMA, "Ollama API: …", false, None::<&str>)?;
     let open = MenuItem::with_id(app, OPEN, "Open Chat", true, None::<&str>)?;
     let toggle = MenuItem::with_id(app, TOGGLE, "Stop Server", false, None::<&str>)?;
     let copy = MenuItem::with_id(app, COPY, "Copy API URL", false, None::<&str>)?;
@@ -44,6 +48,7 @@ pub fn build(app: &AppHandle) -> tauri::Result<()> {
         app,
         &[
             &status,
+            &ollama,
             &PredefinedMenuItem::separator(app)?,
             &open,
             &toggle,
@@ -63,6 +68,7 @@ pub fn build(app: &AppHandle) -> tauri::Result<()> {
     tray.build(app)?;
     app.manage(Items {
         status,
+        ollama,
         toggle,
         copy,
         shown: Mutex::new(None),
@@ -93,6 +99,10 @@ pub fn refresh(app: &AppHandle) {
     };
     let now = Shown {
         line: status.line(),
+        ollama: shell
+            .server
+            .ollama_line()
+            .unwrap_or_else(|| "Ollama API: …".to_string()),
         toggle,
         can_toggle,
         can_copy: shell.server.url().is_some(),
@@ -107,6 +117,9 @@ pub fn refresh(app: &AppHandle) {
         if let Some(tray) = app.tray_by_id(TRAY) {
             let _ = tray.set_tooltip(Some(format!("Shoal — {}", now.line)));
         }
+    }
+    if before.as_ref().map(|b| &b.ollama) != Some(&now.ollama) {
+        let _ = items.ollama.set_text(&now.ollama);
     }
     let _ = items.toggle.set_text(now.toggle);
     let _ = items.toggle.set_enabled(now.can_toggle);
