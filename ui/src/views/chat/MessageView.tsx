@@ -1,0 +1,251 @@
+// One message of a chat as shown: its text (a reply rendered as Markdown), usage, finish and
+// actions (copy, edit and resend, regenerate, retry, Continue). Apart from Chat.tsx because it is
+// the per-message rendering, independent of the page around it (sidebar, toolbar, composer).
+import { createEffect, createSignal, Show } from 'solid-js';
+import { continueReply, editMessage, retryLast } from '../../chatState';
+import { FinishBadge } from '../../components/FinishBadge';
+import { UsageStats } from '../../components/UsageStats';
+import { renderMarkdown } from '../../markdown';
+import { copyText } from '../../share';
+import type { Message } from '../../store';
+
+/** A button that copies `text()` and says so for a moment. */
+function CopyButton(props: { text: () => string; testid: string; label?: string }) {
+  const [done, setDone] = createSignal<'copied' | 'failed' | null>(null);
+  return (
+    <button
+      class="btn small ghost"
+      type="button"
+      data-testid={props.testid}
+      data-copied={done() ?? ''}
+      onClick={async () => {
+        setDone((await copyText(props.text())) ? 'copied' : 'failed');
+        setTimeout(() => setDone(null), 1500);
+      }}
+    >
+      {done() === 'copied' ? 'Copied' : done() === 'failed' ? 'Copy failed' : (props.label ?? 'Copy')}
+    </button>
+  );
+}
+
+/**
+ * A reply's text as HTML, each code block with a Copy button of its own (added
+ * to the rendered blocks, since the sanitiser lets no button through).
+ */
+function Markdown(props: { text: string; live: boolean }) {
+  let box!: HTMLDivElement;
+  createEffect(() => {
+    box.innerHTML = renderMarkdown(props.text, { live: props.live });
+    for (const pre of box.querySelectorAll('pre')) {
+      const wrap = document.createElement('div');
+      wrap.className = 'code-block';
+      const b = document.createElement('button');
+      b.type = 'button';
+      b.className = 'btn small code-copy';
+      b.dataset.testid = 'copy-code';
+      b.textContent = 'Copy';
+      pre.replaceWith(wrap);
+      wrap.append(b, pre);
+    }
+  });
+  const onClick = async (e: MouseEvent) => {
+    const b = (e.target as HTMLElement).closest<HTMLButtonElement>('[data-testid=copy-code]');
+    const code = b?.parentElement?.querySelector('pre code');
+    if (!b || !code) return;
+    // The rendered block ends with the newline marked puts before `</code>`.
+    const ok = await copyText((code.textContent ?? '').replace(/\n$/, ''));
+    b.textContent = ok ? 'Copied' : 'Copy failed';
+    b.dataset.copied = ok ? 'copied' : 'failed';
+    setTimeout(() => {
+      b.textContent = 'Copy';
+      b.dataset.copied = '';
+    }, 1500);
+  };
+  return <div class="md" data-testid="assistant-content" ref={box} onClick={(e) => void onClick(e)} />;
+}
+export function MessageView(props: {
+  msg: Message;
+  /** The reply before this one, when this one continues it. */
+  continues: boolean;
+  last: boolean;
+  streaming: boolean;
+  busy: boolean;
+  blocked: string | null;
+}) {
+  const m = () => props.msg;
+  const [editing, setEditing] = createSignal<string | null>(null);
+  return (
+    <Show
+      when={m().role === 'assistant'}
+      fallback={
+        <div class="msg user" data-testid="message-user" data-saved={m().saved}>
+          <Show
+            when={editing() != null}
+            fallback={
+              <>
+                <div class="bubble" data-testid="user-content">
+                  {m().content}
+                </div>
+                <div class="msg-actions">
+                  <CopyButton text={() => m().content} testid="copy-message" />
+                  <button
+                    class="btn small ghost"
+                    type="button"
+                    data-testid="edit-message"
+                    disabled={props.busy}
+                    title="Change this message and send it again; the replies after it are replaced"
+                    onClick={() => setEditing(m().content)}
+                  >
+                    Edit
+                  </button>
+                </div>
+              </>
+            }
+          >
+            <form
+              class="edit-form"
+              onSubmit={(e) => {
+                e.preventDefault();
+                const text = editing() ?? '';
+                if (!text.trim() || props.busy || props.blocked) return;
+                setEditing(null);
+                editMessage(m().id, text);
+              }}
+            >
+              <textarea
+                data-testid="edit-input"
+                rows={3}
+                value={editing() ?? ''}
+                onInput={(e) => setEditing(e.currentTarget.value)}
+                onKeyDown={(e) => e.key === 'Escape' && setEditing(null)}
+              />
+              <div class="msg-actions">
+                <button class="btn small" type="button" data-testid="edit-cancel" onClick={() => setEditing(null)}>
+                  Cancel
+                </button>
+                <button
+                  class="btn small primary"
+                  type="submit"
+                  data-testid="edit-send"
+                  disabled={!editing()?.trim() || props.busy || !!props.blocked}
+                  title={props.blocked ?? ''}
+                >
+                  Send
+                </button>
+              </div>
+            </form>
+          </Show>
+          <Show when={m().saved === 'failed'}>
+            <NotSaved />
+          </Show>
+        </div>
+      }
+    >
+      <div
+        class="msg assistant"
+        classList={{ continued: props.continues }}
+        data-testid="message-assistant"
+        data-continues={props.continues ? 'true' : 'false'}
+        data-streaming={props.streaming ? 'true' : 'false'}
+        data-response-id={m().responseId ?? ''}
+        data-saved={m().saved}
+      >
+        <Show when={m().reasoning}>
+          <details class="reasoning" data-testid="reasoning-block" open={props.streaming && !m().content}>
+            <summary>
+              Reasoning
+              <Show when={m().stats?.reasoning != null && !m().stats?.live}>
+                {' '}
+                <span class="muted">({m().stats!.reasoning} tokens)</span>
+              </Show>
+            </summary>
+            <div class="reasoning-text" data-testid="reasoning-content">
+              {m().reasoning}
+            </div>
+          </details>
+        </Show>
+        <div class="bubble">
+          <Show when={m().content || !props.streaming} fallback={<span class="typing" data-testid="waiting">…</span>}>
+            <Markdown text={m().content} live={props.streaming} />
+            <Show when={!m().content && !m().error}>
+              <span class="muted" data-testid="no-answer">
+                {m().reasoning ? '(no answer after the reasoning)' : '(no text)'}
+              </span>
+            </Show>
+          </Show>
+          <Show when={m().error}>
+            <div class="error-text" role="alert" data-testid="error-message">
+              {m().error}
+            </div>
+          </Show>
+        </div>
+        <div class="msg-foot">
+          <Show when={props.continues}>
+            <span class="tag" data-testid="continued" title="This step carries on the reply above after its token limit; its usage is its own">
+              continued
+            </span>
+          </Show>
+          <Show when={m().finish}>
+            <FinishBadge finish={m().finish!} stopSequence={m().stopSequence} />
+          </Show>
+          <Show when={m().stats && !(m().finish === 'error' && m().stats!.completion === 0)}>
+            <UsageStats stats={m().stats!} />
+          </Show>
+          <Show when={!props.streaming}>
+            <span class="msg-actions">
+              <Show when={m().content}>
+                <CopyButton text={() => m().content} testid="copy-message" />
+              </Show>
+              <Show
+                when={m().finish === 'error' || m().finish === 'cancelled'}
+                fallback={
+                  <Show when={props.last}>
+                    <button
+                      class="btn small ghost"
+                      data-testid="regenerate"
+                      disabled={props.busy || !!props.blocked}
+                      title={props.blocked ?? 'A new reply to the same message, in place of this one'}
+                      onClick={retryLast}
+                    >
+                      Regenerate
+                    </button>
+                  </Show>
+                }
+              >
+                <button class="btn small" data-testid="retry" disabled={!!props.blocked} title={props.blocked ?? ''} onClick={retryLast}>
+                  Retry
+                </button>
+              </Show>
+              <Show when={props.last && m().finish === 'length' && m().content}>
+                <button
+                  class="btn small"
+                  data-testid="continue"
+                  disabled={props.busy || !!props.blocked}
+                  title={props.blocked ?? 'Carry on the reply from where the token limit cut it'}
+                  onClick={() => void continueReply()}
+                >
+                  Continue
+                </button>
+              </Show>
+            </span>
+          </Show>
+          <Show when={m().saved === 'failed'}>
+            <NotSaved />
+          </Show>
+        </div>
+      </div>
+    </Show>
+  );
+}
+
+function NotSaved() {
+  return (
+    <span
+      class="tag warn"
+      data-testid="not-saved"
+      title="The conversation store did not take this message yet; it is written again with the next one. Reloading the page now loses it."
+    >
+      not saved
+    </span>
+  );
+}
