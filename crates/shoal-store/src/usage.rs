@@ -153,37 +153,123 @@ fn one() -> u32 {
     1
 }
 
-/// One choice's end as the engine recorded it.
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct ChoiceRow {
-    /// The engine's finish reason (`stop`, `stop_sequence`, `timeout` …).
-    pub finish: String,
-    /// The stop sequence that matched, the error's message, or a timeout's
-    /// limit in seconds.
-    pub finish_detail: Option<String>,
-    pub prompt_tokens: u64,
-    pub cached_tokens: u64,
+/// A figure column of `usage_choices`: a count (stored as an integer) or
+/// a measure (a real).
+trait Figure: Copy {
+    fn to_sql(self) -> Result<SqlValue>;
+    fn from_sql(row: &rusqlite::Row, i: usize) -> rusqlite::Result<Self>;
+}
+
+impl Figure for u64 {
+    fn to_sql(self) -> Result<SqlValue> {
+        Ok(SqlValue::Integer(to_sql(self)?))
+    }
+    fn from_sql(row: &rusqlite::Row, i: usize) -> rusqlite::Result<Self> {
+        row.get::<_, i64>(i).map(|n| n.max(0) as u64)
+    }
+}
+
+impl Figure for f64 {
+    fn to_sql(self) -> Result<SqlValue> {
+        Ok(SqlValue::Real(self))
+    }
+    fn from_sql(row: &rusqlite::Row, i: usize) -> rusqlite::Result<Self> {
+        row.get(i)
+    }
+}
+
+/// Declares [`ChoiceRow`]'s figures once: the struct's fields, the columns
+/// its insert and select name, and their order all come from this list. A
+/// figure is named as the engine's `Usage` or `Timings` field it keeps, so
+/// the server converts a choice by name (a new figure is a line here, its
+/// column's migration, and the engine's field).
+macro_rules! choice_figures {
+    ($( $(#[$doc:meta])* $name:ident: $ty:ty, )*) => {
+        /// One choice's end as the engine recorded it.
+        #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+        pub struct ChoiceRow {
+            /// The engine's finish reason (`stop`, `stop_sequence`, `timeout` …).
+            pub finish: String,
+            /// The stop sequence that matched, the error's message, or a timeout's
+            /// limit in seconds.
+            pub finish_detail: Option<String>,
+            $( $(#[$doc])* #[serde(default)] pub $name: $ty, )*
+        }
+
+        impl ChoiceRow {
+            /// The figure columns, in the order of [`Self::figures`].
+            const FIGURES: &'static [&'static str] = &[$(stringify!($name)),*];
+
+            /// The figures as SQL values, in [`Self::FIGURES`] order.
+            fn figures(&self) -> Result<Vec<SqlValue>> {
+                Ok(vec![$( Figure::to_sql(self.$name)?, )*])
+            }
+
+            /// A choice from a row holding `finish`, `finish_detail` and the
+            /// figures from column `at` on.
+            fn read(row: &rusqlite::Row, at: usize) -> rusqlite::Result<Self> {
+                let mut i = at + 1;
+                let mut next = || {
+                    i += 1;
+                    i
+                };
+                Ok(ChoiceRow {
+                    finish: row.get(at)?,
+                    finish_detail: row.get(at + 1)?,
+                    $( $name: Figure::from_sql(row, next())?, )*
+                })
+            }
+        }
+    };
+}
+
+choice_figures! {
+    prompt_tokens: u64,
+    cached_tokens: u64,
     /// The part of `cached_tokens` read back from the disk tier.
-    #[serde(default)]
-    pub cached_disk_tokens: u64,
+    cached_disk_tokens: u64,
     /// Prompt tokens written at the request's cache breakpoints, and the
     /// part of them kept for an hour.
-    #[serde(default)]
-    pub cache_write_tokens: u64,
-    #[serde(default)]
-    pub cache_write_1h_tokens: u64,
-    pub completion_tokens: u64,
-    pub reasoning_tokens: u64,
-    pub queue_ms: f64,
-    pub ttft_ms: f64,
-    pub prefill_tokens_per_s: f64,
-    pub decode_tokens_per_s: f64,
-    pub total_ms: f64,
+    cache_write_tokens: u64,
+    cache_write_1h_tokens: u64,
+    completion_tokens: u64,
+    reasoning_tokens: u64,
+    queue_ms: f64,
+    ttft_ms: f64,
+    prefill_tokens_per_s: f64,
+    decode_tokens_per_s: f64,
+    total_ms: f64,
     /// Speculative decoding: draft tokens checked and those kept.
-    #[serde(default)]
-    pub draft_tokens: u64,
-    #[serde(default)]
-    pub draft_accepted: u64,
+    draft_tokens: u64,
+    draft_accepted: u64,
+}
+
+/// `INSERT INTO usage_choices` naming every figure column.
+fn insert_choice_sql() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| {
+        let n = ChoiceRow::FIGURES.len();
+        format!(
+            "INSERT INTO usage_choices (usage_seq, idx, finish, finish_detail, {}) VALUES ({})",
+            ChoiceRow::FIGURES.join(", "),
+            (1..=n + 4)
+                .map(|i| format!("?{i}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    })
+}
+
+/// The choices of a `seq` range, each after its `usage_seq`.
+fn select_choices_sql() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| {
+        format!(
+            "SELECT usage_seq, finish, finish_detail, {} FROM usage_choices \
+             WHERE usage_seq BETWEEN ?1 AND ?2 ORDER BY usage_seq, idx",
+            ChoiceRow::FIGURES.join(", ")
+        )
+    })
 }
 
 /// Which rows a query selects; every field narrows it.
@@ -266,35 +352,18 @@ impl UsageLog {
         )?;
         let seq = tx.last_insert_rowid();
         {
-            let mut choice = tx.prepare_cached(
-                "INSERT INTO usage_choices (usage_seq, idx, finish, finish_detail, prompt_tokens,
-                     cached_tokens, completion_tokens, reasoning_tokens, queue_ms, ttft_ms,
-                     prefill_tokens_per_s, decode_tokens_per_s, total_ms, draft_tokens,
-                     draft_accepted, cached_disk_tokens, cache_write_tokens, cache_write_1h_tokens)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                     ?17, ?18)",
-            )?;
+            let mut choice = tx.prepare_cached(insert_choice_sql())?;
             for (i, c) in r.choices.iter().enumerate() {
-                choice.execute(params![
-                    seq,
-                    to_sql(i as u64)?,
-                    c.finish,
-                    c.finish_detail,
-                    to_sql(c.prompt_tokens)?,
-                    to_sql(c.cached_tokens)?,
-                    to_sql(c.completion_tokens)?,
-                    to_sql(c.reasoning_tokens)?,
-                    c.queue_ms,
-                    c.ttft_ms,
-                    c.prefill_tokens_per_s,
-                    c.decode_tokens_per_s,
-                    c.total_ms,
-                    to_sql(c.draft_tokens)?,
-                    to_sql(c.draft_accepted)?,
-                    to_sql(c.cached_disk_tokens)?,
-                    to_sql(c.cache_write_tokens)?,
-                    to_sql(c.cache_write_1h_tokens)?,
-                ])?;
+                let mut values = vec![
+                    SqlValue::Integer(seq),
+                    SqlValue::Integer(to_sql(i as u64)?),
+                    SqlValue::Text(c.finish.clone()),
+                    c.finish_detail
+                        .clone()
+                        .map_or(SqlValue::Null, SqlValue::Text),
+                ];
+                values.extend(c.figures()?);
+                choice.execute(params_from_iter(values))?;
             }
             let mut word = tx.prepare_cached(
                 "INSERT OR IGNORE INTO usage_finishes (usage_seq, word) VALUES (?1, ?2)",
@@ -351,37 +420,10 @@ impl UsageLog {
         ) else {
             return Ok(rows);
         };
-        let mut stmt = self.conn.prepare_cached(
-            "SELECT usage_seq, finish, finish_detail, prompt_tokens, cached_tokens,
-                 completion_tokens, reasoning_tokens, queue_ms, ttft_ms, prefill_tokens_per_s,
-                 decode_tokens_per_s, total_ms, draft_tokens, draft_accepted, cached_disk_tokens,
-                 cache_write_tokens, cache_write_1h_tokens
-             FROM usage_choices WHERE usage_seq BETWEEN ?1 AND ?2 ORDER BY usage_seq, idx",
-        )?;
+        let mut stmt = self.conn.prepare_cached(select_choices_sql())?;
         let mut by_seq: std::collections::HashMap<i64, Vec<ChoiceRow>> = Default::default();
         let choices = stmt.query_map(params![lo, hi], |c| {
-            let count = |i: usize| c.get::<_, i64>(i).map(|n| n.max(0) as u64);
-            Ok((
-                c.get::<_, i64>(0)?,
-                ChoiceRow {
-                    finish: c.get(1)?,
-                    finish_detail: c.get(2)?,
-                    prompt_tokens: count(3)?,
-                    cached_tokens: count(4)?,
-                    completion_tokens: count(5)?,
-                    reasoning_tokens: count(6)?,
-                    queue_ms: c.get(7)?,
-                    ttft_ms: c.get(8)?,
-                    prefill_tokens_per_s: c.get(9)?,
-                    decode_tokens_per_s: c.get(10)?,
-                    total_ms: c.get(11)?,
-                    draft_tokens: count(12)?,
-                    draft_accepted: count(13)?,
-                    cached_disk_tokens: count(14)?,
-                    cache_write_tokens: count(15)?,
-                    cache_write_1h_tokens: count(16)?,
-                },
-            ))
+            Ok((c.get::<_, i64>(0)?, ChoiceRow::read(c, 1)?))
         })?;
         for c in choices {
             let (seq, choice) = c?;

@@ -237,56 +237,82 @@ impl LedgerEntry {
     }
 }
 
-/// One choice's engine record as the store keeps it.
+/// One choice's engine record as the store keeps it. The row's figures are
+/// named as the fields of `Usage` and `Timings`, so they are carried by name
+/// (a figure the row lacks fails `every_figure_survives_the_store`).
 fn choice_row(c: &Completion) -> ChoiceRow {
-    let n = |v: usize| v as u64;
-    ChoiceRow {
-        finish: c.finish.as_str().into(),
-        finish_detail: c.finish.detail(),
-        prompt_tokens: n(c.usage.prompt_tokens),
-        cached_tokens: n(c.usage.cached_tokens),
-        cached_disk_tokens: n(c.usage.cached_disk_tokens),
-        cache_write_tokens: n(c.usage.cache_write_tokens),
-        cache_write_1h_tokens: n(c.usage.cache_write_1h_tokens),
-        completion_tokens: n(c.usage.completion_tokens),
-        reasoning_tokens: n(c.usage.reasoning_tokens),
-        queue_ms: c.timings.queue_ms,
-        ttft_ms: c.timings.ttft_ms,
-        prefill_tokens_per_s: c.timings.prefill_tokens_per_s,
-        decode_tokens_per_s: c.timings.decode_tokens_per_s,
-        total_ms: c.timings.total_ms,
-        draft_tokens: n(c.timings.draft_tokens),
-        draft_accepted: n(c.timings.draft_accepted),
+    let mut fields = serde_json::Map::new();
+    for part in [json!(c.usage), json!(c.timings)] {
+        if let Value::Object(m) = part {
+            fields.extend(m);
+        }
     }
+    fields.insert("finish".into(), json!(c.finish.as_str()));
+    fields.insert("finish_detail".into(), json!(c.finish.detail()));
+    serde_json::from_value(Value::Object(fields)).unwrap_or_else(|e| {
+        tracing::error!(error = %e, "a choice's figures do not fit the ledger's row");
+        ChoiceRow {
+            finish: c.finish.as_str().into(),
+            finish_detail: c.finish.detail(),
+            ..ChoiceRow::default()
+        }
+    })
 }
 
 /// The engine record back from its row; `None` (and a warning) for a
-/// finish this program does not know (a newer node's).
+/// finish this program does not know (a newer node's) or figures that do
+/// not read back.
 fn completion(id: &str, c: ChoiceRow) -> Option<Completion> {
     let Some(finish) = FinishReason::from_parts(&c.finish, c.finish_detail.as_deref()) else {
         tracing::warn!(id, finish = %c.finish, "ledger row with an unknown finish skipped");
         return None;
     };
-    let n = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
-    Some(Completion {
-        finish,
-        usage: Usage {
-            prompt_tokens: n(c.prompt_tokens),
-            cached_tokens: n(c.cached_tokens),
-            cached_disk_tokens: n(c.cached_disk_tokens),
-            cache_write_tokens: n(c.cache_write_tokens),
-            cache_write_1h_tokens: n(c.cache_write_1h_tokens),
-            completion_tokens: n(c.completion_tokens),
-            reasoning_tokens: n(c.reasoning_tokens),
-        },
-        timings: Timings {
-            queue_ms: c.queue_ms,
-            ttft_ms: c.ttft_ms,
-            prefill_tokens_per_s: c.prefill_tokens_per_s,
-            decode_tokens_per_s: c.decode_tokens_per_s,
-            total_ms: c.total_ms,
-            draft_tokens: n(c.draft_tokens),
-            draft_accepted: n(c.draft_accepted),
-        },
-    })
+    let figures = json!(c);
+    let read = || -> serde_json::Result<(Usage, Timings)> {
+        Ok((
+            serde_json::from_value(figures.clone())?,
+            serde_json::from_value(figures.clone())?,
+        ))
+    };
+    match read() {
+        Ok((usage, timings)) => Some(Completion {
+            finish,
+            usage,
+            timings,
+        }),
+        Err(e) => {
+            tracing::warn!(id, error = %e, "ledger row whose figures do not read skipped");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod figure_tests {
+    use super::*;
+
+    /// `T` with every field set to a distinct non-zero number.
+    fn all_set<T: serde::Serialize + serde::de::DeserializeOwned + Default>(start: u64) -> T {
+        let Value::Object(fields) = json!(T::default()) else {
+            panic!("not a struct")
+        };
+        let set: serde_json::Map<String, Value> = fields
+            .keys()
+            .zip(start..)
+            .map(|(k, n)| (k.clone(), json!(n)))
+            .collect();
+        serde_json::from_value(Value::Object(set)).expect("numbers")
+    }
+
+    #[test]
+    fn every_figure_survives_the_store() {
+        let c = Completion {
+            finish: FinishReason::StopSequence("END".into()),
+            usage: all_set(1),
+            timings: all_set(100),
+        };
+        let row = choice_row(&c);
+        assert_eq!(row.finish, "stop_sequence");
+        assert_eq!(completion("x", row), Some(c));
+    }
 }
