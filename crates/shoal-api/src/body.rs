@@ -70,7 +70,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for OpenAiJson<T> {
         let body: Body = Bytes::from_request(req, s).await;
         parse(&body)
             .map(OpenAiJson)
-            .map_err(|e| e.in_dialect(ErrorShape::OpenAi))
+            .map_err(|e| e.in_dialect(ErrorShape::OPENAI))
     }
 }
 

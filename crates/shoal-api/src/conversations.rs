@@ -56,7 +56,7 @@ pub fn routes() -> Router<AppState> {
 type Reply = Result<Json<Value>, DialectError>;
 
 fn err(e: ApiError) -> DialectError {
-    e.in_dialect(ErrorShape::OpenAi)
+    e.in_dialect(ErrorShape::OPENAI)
 }
 
 /// Runs `f` on the store off the async runtime.

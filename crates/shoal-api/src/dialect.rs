@@ -287,7 +287,7 @@ impl Routed {
     /// The shape errors on this request take: its dialect's, else OpenAI's
     /// (Shoal's own routes).
     pub fn error_shape(self) -> ErrorShape {
-        self.dialect.map_or(ErrorShape::OpenAi, ErrorShape::from)
+        self.dialect.map_or(ErrorShape::OPENAI, ErrorShape::from)
     }
     /// The event name of an error frame in this request's stream.
     pub fn stream_error_event(self) -> Option<&'static str> {

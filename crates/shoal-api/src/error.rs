@@ -5,14 +5,62 @@ use serde_json::json;
 use shoal_engine::EngineError;
 
 /// The shape and statuses of an error body, as a dialect chooses it
-/// (`dialect::Words::error_shape`): OpenAI's for its dialects and Shoal's
-/// own routes, Anthropic's, or a plain `{"error": "message"}` (Ollama's).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ErrorShape {
-    OpenAi,
-    Anthropic,
+/// (`dialect::Words::error_shape`): data, so a dialect with a format of its
+/// own declares it in its module (Anthropic's is
+/// `dialects::anthropic::ERRORS`). OpenAI's, for its dialects and Shoal's
+/// own routes, and the plain `{"error": "message"}` (Ollama's) are here.
+#[derive(Clone, Copy)]
+pub struct ErrorShape {
+    /// Names the shape in logs and comparisons.
+    pub name: &'static str,
+    /// The error object in this shape's words, without usage.
+    pub object: fn(&ApiError) -> serde_json::Value,
+    /// The status an overloaded server answers with.
+    pub overloaded: StatusCode,
+}
+
+impl PartialEq for ErrorShape {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+}
+
+impl Eq for ErrorShape {}
+
+impl std::fmt::Debug for ErrorShape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ErrorShape({})", self.name)
+    }
+}
+
+impl ErrorShape {
+    /// OpenAI's: `{"error": {"message", "type", "param", "code"}}`; overload
+    /// is a 429.
+    pub const OPENAI: ErrorShape = ErrorShape {
+        name: "openai",
+        object: openai_object,
+        overloaded: StatusCode::TOO_MANY_REQUESTS,
+    };
     /// `{"error": "message"}`; overload is a 503.
-    Plain,
+    pub const PLAIN: ErrorShape = ErrorShape {
+        name: "plain",
+        object: |e| json!({"error": e.message}),
+        overloaded: StatusCode::SERVICE_UNAVAILABLE,
+    };
+}
+
+fn openai_object(e: &ApiError) -> serde_json::Value {
+    let kind = match e.kind {
+        ErrorKind::InvalidRequest | ErrorKind::NotFound | ErrorKind::TooLarge => {
+            "invalid_request_error"
+        }
+        ErrorKind::Overloaded | ErrorKind::RateLimited { .. } => "rate_limit_error",
+        ErrorKind::Unauthorized => "authentication_error",
+        ErrorKind::Forbidden => "permission_error",
+        ErrorKind::Timeout => "timeout_error",
+        ErrorKind::Unavailable | ErrorKind::Upstream | ErrorKind::Internal => "server_error",
+    };
+    json!({"error": {"message": e.message, "type": kind, "param": e.param, "code": e.code}})
 }
 
 /// What went wrong, independent of dialect.
@@ -111,23 +159,18 @@ impl ApiError {
     }
 
     pub fn status(&self, dialect: ErrorShape) -> StatusCode {
-        match (self.kind, dialect) {
-            (ErrorKind::InvalidRequest, _) => StatusCode::BAD_REQUEST,
-            (ErrorKind::NotFound, _) => StatusCode::NOT_FOUND,
-            (ErrorKind::TooLarge, _) => StatusCode::PAYLOAD_TOO_LARGE,
-            (ErrorKind::Overloaded, ErrorShape::OpenAi) => StatusCode::TOO_MANY_REQUESTS,
-            (ErrorKind::Overloaded, ErrorShape::Plain) => StatusCode::SERVICE_UNAVAILABLE,
-            // Anthropic's documented "overloaded" status.
-            (ErrorKind::Overloaded, ErrorShape::Anthropic) => {
-                StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
-            }
-            (ErrorKind::Unavailable, _) => StatusCode::SERVICE_UNAVAILABLE,
-            (ErrorKind::Upstream, _) => StatusCode::BAD_GATEWAY,
-            (ErrorKind::Unauthorized, _) => StatusCode::UNAUTHORIZED,
-            (ErrorKind::Forbidden, _) => StatusCode::FORBIDDEN,
-            (ErrorKind::Timeout, _) => StatusCode::GATEWAY_TIMEOUT,
-            (ErrorKind::RateLimited { .. }, _) => StatusCode::TOO_MANY_REQUESTS,
-            (ErrorKind::Internal, _) => StatusCode::INTERNAL_SERVER_ERROR,
+        match self.kind {
+            ErrorKind::InvalidRequest => StatusCode::BAD_REQUEST,
+            ErrorKind::NotFound => StatusCode::NOT_FOUND,
+            ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorKind::Overloaded => dialect.overloaded,
+            ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::Upstream => StatusCode::BAD_GATEWAY,
+            ErrorKind::Unauthorized => StatusCode::UNAUTHORIZED,
+            ErrorKind::Forbidden => StatusCode::FORBIDDEN,
+            ErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
+            ErrorKind::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -152,40 +195,7 @@ impl ApiError {
 
     /// The error object in the shape's words, without usage.
     fn error_object(&self, dialect: ErrorShape) -> serde_json::Value {
-        match dialect {
-            ErrorShape::OpenAi => {
-                let kind = match self.kind {
-                    ErrorKind::InvalidRequest | ErrorKind::NotFound | ErrorKind::TooLarge => {
-                        "invalid_request_error"
-                    }
-                    ErrorKind::Overloaded | ErrorKind::RateLimited { .. } => "rate_limit_error",
-                    ErrorKind::Unauthorized => "authentication_error",
-                    ErrorKind::Forbidden => "permission_error",
-                    ErrorKind::Timeout => "timeout_error",
-                    ErrorKind::Unavailable | ErrorKind::Upstream | ErrorKind::Internal => {
-                        "server_error"
-                    }
-                };
-                json!({"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}})
-            }
-            ErrorShape::Anthropic => {
-                let kind = match self.kind {
-                    ErrorKind::InvalidRequest => "invalid_request_error",
-                    ErrorKind::NotFound => "not_found_error",
-                    ErrorKind::TooLarge => "request_too_large",
-                    ErrorKind::Overloaded => "overloaded_error",
-                    ErrorKind::RateLimited { .. } => "rate_limit_error",
-                    ErrorKind::Unauthorized => "authentication_error",
-                    ErrorKind::Forbidden => "permission_error",
-                    ErrorKind::Timeout => "timeout_error",
-                    ErrorKind::Unavailable | ErrorKind::Upstream | ErrorKind::Internal => {
-                        "api_error"
-                    }
-                };
-                json!({"type": "error", "error": {"type": kind, "message": self.message}})
-            }
-            ErrorShape::Plain => json!({"error": self.message}),
-        }
+        (dialect.object)(self)
     }
 
     pub fn in_dialect(self, dialect: impl Into<ErrorShape>) -> DialectError {

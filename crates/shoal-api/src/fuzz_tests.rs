@@ -120,9 +120,10 @@ fn request() -> impl Strategy<Value = Value> {
 }
 
 fn client_error(e: &ApiError) -> bool {
-    e.status(ErrorShape::OpenAi).is_client_error()
-        && e.status(ErrorShape::Anthropic).is_client_error()
-        && e.status(ErrorShape::Plain).is_client_error()
+    e.status(ErrorShape::OPENAI).is_client_error()
+        && e.status(crate::dialects::anthropic::ERRORS)
+            .is_client_error()
+        && e.status(ErrorShape::PLAIN).is_client_error()
 }
 
 fn body(bytes: Vec<u8>) -> Body {

@@ -142,7 +142,7 @@ async fn hub_files(
 }
 
 fn openai(e: ApiError) -> DialectError {
-    e.in_dialect(ErrorShape::OpenAi)
+    e.in_dialect(ErrorShape::OPENAI)
 }
 
 async fn list(State(s): State<AppState>) -> Reply {
@@ -301,12 +301,12 @@ async fn pull(State(s): State<AppState>, OpenAiJson(req): OpenAiJson<PullRequest
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "pull failed");
                 let err = ApiError::from(e);
-                let mut body = err.body(ErrorShape::OpenAi);
+                let mut body = err.body(ErrorShape::OPENAI);
                 body["type"] = json!("error");
                 crate::sse::frame(Some("error"), &body.to_string())
             }
             Err(e) => {
-                let mut body = ApiError::internal(e.to_string()).body(ErrorShape::OpenAi);
+                let mut body = ApiError::internal(e.to_string()).body(ErrorShape::OPENAI);
                 body["type"] = json!("error");
                 crate::sse::frame(Some("error"), &body.to_string())
             }

@@ -192,7 +192,7 @@ async fn metrics(State(s): State<AppState>) -> axum::response::Response {
         )
             .into_response(),
         Err(e) => ApiError::internal(format!("metrics: {e}"))
-            .in_dialect(crate::error::ErrorShape::OpenAi)
+            .in_dialect(crate::error::ErrorShape::OPENAI)
             .into_response(),
     }
 }

@@ -219,7 +219,7 @@ pub async fn peer_usage(State(s): State<crate::AppState>, req: Request) -> Respo
             Ok(ask) => ask,
             Err(e) => {
                 return ApiError::invalid(e.to_string())
-                    .in_dialect(ErrorShape::OpenAi)
+                    .in_dialect(ErrorShape::OPENAI)
                     .into_response()
             }
         }
@@ -240,7 +240,7 @@ pub async fn peer_usage(State(s): State<crate::AppState>, req: Request) -> Respo
     };
     match rows {
         Ok(rows) => axum::Json(json!({ "data": rows })).into_response(),
-        Err(e) => e.in_dialect(ErrorShape::OpenAi).into_response(),
+        Err(e) => e.in_dialect(ErrorShape::OPENAI).into_response(),
     }
 }
 
@@ -256,7 +256,7 @@ pub async fn entry(
     match s.ledger.wait_for(&id, HANG_GUARD).await {
         Some(e) => axum::Json(e.to_json_priced(&s.prices)).into_response(),
         None => ApiError::not_found(format!("the usage ledger has no request '{id}'"))
-            .in_dialect(ErrorShape::OpenAi)
+            .in_dialect(ErrorShape::OPENAI)
             .into_response(),
     }
 }
@@ -341,7 +341,7 @@ pub async fn handle(
     };
     answer
         .await
-        .unwrap_or_else(|e| e.in_dialect(ErrorShape::OpenAi).into_response())
+        .unwrap_or_else(|e| e.in_dialect(ErrorShape::OPENAI).into_response())
 }
 
 /// Every online node's rows for `q`, merged newest first; a request that
@@ -417,6 +417,6 @@ pub async fn keys(State(s): State<crate::AppState>) -> Response {
         .collect();
     match listed {
         Ok(data) => axum::Json(json!({"object": "list", "data": data})).into_response(),
-        Err(e) => e.in_dialect(ErrorShape::OpenAi).into_response(),
+        Err(e) => e.in_dialect(ErrorShape::OPENAI).into_response(),
     }
 }

@@ -27,7 +27,7 @@ pub(crate) struct PlaceRequest {
 }
 
 pub(crate) fn bad(message: impl Into<String>) -> DialectError {
-    ApiError::invalid(message).in_dialect(ErrorShape::OpenAi)
+    ApiError::invalid(message).in_dialect(ErrorShape::OPENAI)
 }
 
 /// The instances this node placed.
@@ -114,13 +114,13 @@ pub(crate) async fn place(
     if req.sharding.is_some() && chosen.len() <= 1 {
         shards::splittable(&s, &req.model)
             .await
-            .map_err(|e| e.in_dialect(ErrorShape::OpenAi))?;
+            .map_err(|e| e.in_dialect(ErrorShape::OPENAI))?;
     }
     if chosen.len() > 1 {
         return shards::place(&s, &req.model, chosen, true)
             .await
             .map(|v| Json(v).into_response())
-            .map_err(|e| e.in_dialect(ErrorShape::OpenAi));
+            .map_err(|e| e.in_dialect(ErrorShape::OPENAI));
     }
     if chosen.is_empty() {
         return Err(bad("'nodes' is empty"));
@@ -128,18 +128,18 @@ pub(crate) async fn place(
     let node = chosen[0].clone();
     if !candidates.iter().any(|n| n.id == node) {
         return Err(
-            ApiError::not_found(format!("no online node '{node}'")).in_dialect(ErrorShape::OpenAi)
+            ApiError::not_found(format!("no online node '{node}'")).in_dialect(ErrorShape::OPENAI)
         );
     }
     if node == self_id {
         s.pool
             .engine(&req.model)
             .await
-            .map_err(|e| e.in_dialect(ErrorShape::OpenAi))?;
+            .map_err(|e| e.in_dialect(ErrorShape::OPENAI))?;
     } else {
         let cluster = s.cluster().ok_or_else(|| bad("not in a cluster"))?;
         let addr = cluster.address_of(&node).ok_or_else(|| {
-            ApiError::not_found(format!("no online node '{node}'")).in_dialect(ErrorShape::OpenAi)
+            ApiError::not_found(format!("no online node '{node}'")).in_dialect(ErrorShape::OPENAI)
         })?;
         let body = json!({"model": req.model});
         let resp = cluster
@@ -147,7 +147,7 @@ pub(crate) async fn place(
             .send()
             .await
             .map_err(|e| {
-                ApiError::unavailable(format!("node {node}: {e}")).in_dialect(ErrorShape::OpenAi)
+                ApiError::unavailable(format!("node {node}: {e}")).in_dialect(ErrorShape::OPENAI)
             })?;
         if !resp.status().is_success() {
             let status = resp.status();
@@ -226,7 +226,7 @@ pub(crate) async fn remove_instance(
             }
         }
     }
-    Err(ApiError::not_found(format!("no instance '{id}'")).in_dialect(ErrorShape::OpenAi))
+    Err(ApiError::not_found(format!("no instance '{id}'")).in_dialect(ErrorShape::OPENAI))
 }
 
 /// A peer removes an instance this node placed (signed).
@@ -235,7 +235,7 @@ pub(crate) async fn remove_for_peer(
     Peer(body): Peer<IdBody>,
 ) -> Result<Response, DialectError> {
     remove_placed_here(&s, &body.id).await.ok_or_else(|| {
-        ApiError::not_found(format!("no instance '{}'", body.id)).in_dialect(ErrorShape::OpenAi)
+        ApiError::not_found(format!("no instance '{}'", body.id)).in_dialect(ErrorShape::OPENAI)
     })
 }
 
@@ -278,5 +278,5 @@ pub(crate) async fn preview(
     shards::place(&s, &req.model, nodes, false)
         .await
         .map(|v| Json(v).into_response())
-        .map_err(|e| e.in_dialect(ErrorShape::OpenAi))
+        .map_err(|e| e.in_dialect(ErrorShape::OPENAI))
 }

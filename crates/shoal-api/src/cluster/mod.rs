@@ -83,7 +83,7 @@ async fn control_load(
         .pool
         .engine(&req.model)
         .await
-        .map_err(|e| e.in_dialect(ErrorShape::OpenAi))?;
+        .map_err(|e| e.in_dialect(ErrorShape::OPENAI))?;
     Ok(Json(
         json!({"model": engine.model.id, "memory_bytes": engine.model.resident_bytes(),
                     "backend": engine.model.info.backend}),
@@ -146,7 +146,7 @@ impl AppState {
         headers: &HeaderMap,
         body: &[u8],
     ) -> Result<(Arc<Cluster>, Signed), DialectError> {
-        let deny = |m: String| ApiError::unauthorized(m).in_dialect(ErrorShape::OpenAi);
+        let deny = |m: String| ApiError::unauthorized(m).in_dialect(ErrorShape::OPENAI);
         let cluster = self
             .cluster()
             .ok_or_else(|| deny("this node is not in a cluster (no cluster secret)".into()))?;

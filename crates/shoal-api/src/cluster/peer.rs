@@ -22,13 +22,13 @@ impl<T: serde::de::DeserializeOwned> FromRequest<AppState> for Peer<T> {
         let bytes = axum::body::to_bytes(body, s.access.max_body_bytes)
             .await
             .map_err(|_| {
-                crate::body::too_large(Some(s.access.max_body_bytes)).in_dialect(ErrorShape::OpenAi)
+                crate::body::too_large(Some(s.access.max_body_bytes)).in_dialect(ErrorShape::OPENAI)
             })?;
         s.verify_peer(&parts.method, &parts.uri, &parts.headers, &bytes)?;
         let json: &[u8] = if bytes.is_empty() { b"null" } else { &bytes };
         serde_json::from_slice(json)
             .map(Peer)
-            .map_err(|e| ApiError::invalid(e.to_string()).in_dialect(ErrorShape::OpenAi))
+            .map_err(|e| ApiError::invalid(e.to_string()).in_dialect(ErrorShape::OPENAI))
     }
 }
 

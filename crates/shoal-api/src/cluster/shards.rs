@@ -26,7 +26,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 fn openai(e: ApiError) -> DialectError {
-    e.in_dialect(ErrorShape::OpenAi)
+    e.in_dialect(ErrorShape::OPENAI)
 }
 
 /// Starts one rank. Rank 0 returns once its API listens, which is when

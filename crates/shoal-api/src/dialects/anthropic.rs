@@ -16,6 +16,33 @@ use crate::wire::messages::{stop_reason, usage_json};
 use crate::{AppState, Served};
 use shoal_engine::tools::ToolDef;
 
+/// Anthropic's error shape: `{"type": "error", "error": {"type", "message"}}`,
+/// and 529 for an overloaded server (Anthropic's documented status).
+pub const ERRORS: ErrorShape = ErrorShape {
+    name: "anthropic",
+    object: error_object,
+    overloaded: match axum::http::StatusCode::from_u16(529) {
+        Ok(s) => s,
+        Err(_) => axum::http::StatusCode::SERVICE_UNAVAILABLE,
+    },
+};
+
+fn error_object(e: &ApiError) -> Value {
+    use crate::error::ErrorKind;
+    let kind = match e.kind {
+        ErrorKind::InvalidRequest => "invalid_request_error",
+        ErrorKind::NotFound => "not_found_error",
+        ErrorKind::TooLarge => "request_too_large",
+        ErrorKind::Overloaded => "overloaded_error",
+        ErrorKind::RateLimited { .. } => "rate_limit_error",
+        ErrorKind::Unauthorized => "authentication_error",
+        ErrorKind::Forbidden => "permission_error",
+        ErrorKind::Timeout => "timeout_error",
+        ErrorKind::Unavailable | ErrorKind::Upstream | ErrorKind::Internal => "api_error",
+    };
+    json!({"type": "error", "error": {"type": kind, "message": e.message}})
+}
+
 #[derive(Debug, Deserialize)]
 // Some fields are accepted (and type-checked) for SDK compatibility without
 // changing anything here.
@@ -621,7 +648,7 @@ impl MessagesRenderer {
             }
             Event::Done(c) => {
                 if let Some(err) = crate::wire::failed(DIALECT, std::slice::from_ref(c), 1) {
-                    let err = err.body(ErrorShape::Anthropic);
+                    let err = err.body(ERRORS);
                     out.push(Self::ev("error", err));
                     return out;
                 }
@@ -729,7 +756,7 @@ pub async fn count_tokens(
         let prompt = state.chat_prompt(&messages, None, tools.as_ref())?;
         Ok::<_, ApiError>(Json(json!({"input_tokens": prompt.tokens.len()})).into_response())
     };
-    count.await.map_err(|e| e.in_dialect(ErrorShape::Anthropic))
+    count.await.map_err(|e| e.in_dialect(ERRORS))
 }
 
 /// Anthropic Messages's words for the engine's records.
@@ -739,7 +766,7 @@ pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dia
     path_prefixes: &["/v1/messages"],
     generation_paths: &["/v1/messages"],
     model_paths: &["/v1/messages", "/v1/messages/count_tokens"],
-    error_shape: ErrorShape::Anthropic,
+    error_shape: ERRORS,
     transport: crate::dialect::Transport {
         stream_error_event: Some("error"),
         key_headers: &["x-api-key"],

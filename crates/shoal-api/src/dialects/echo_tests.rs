@@ -28,7 +28,7 @@ pub const DIALECT: Dialect = Dialect(&Described {
     path_prefixes: &["/v1/echo"],
     generation_paths: &["/v1/echo"],
     model_paths: &["/v1/echo"],
-    error_shape: ErrorShape::Plain,
+    error_shape: ErrorShape::PLAIN,
     transport: crate::dialect::Transport::PLAIN,
     finish_words: |f| FinishWords::one(why(f)),
     usage_json: spent,

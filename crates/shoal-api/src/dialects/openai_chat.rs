@@ -481,7 +481,7 @@ pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dia
     path_prefixes: &["/v1/chat/completions"],
     generation_paths: &["/v1/chat/completions"],
     model_paths: &["/v1/chat/completions"],
-    error_shape: ErrorShape::OpenAi,
+    error_shape: ErrorShape::OPENAI,
     transport: crate::dialect::Transport::PLAIN,
     finish_words: |f| crate::dialect::FinishWords::one(crate::wire::chat::finish_reason(f)),
     usage_json: crate::wire::chat::usage_json,

@@ -102,7 +102,7 @@ pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dia
     path_prefixes: &["/v1/embeddings"],
     generation_paths: &["/v1/embeddings"],
     model_paths: &["/v1/embeddings"],
-    error_shape: ErrorShape::OpenAi,
+    error_shape: ErrorShape::OPENAI,
     transport: crate::dialect::Transport::PLAIN,
     // An embedding request has no finish of its own; a served one is `stop`.
     finish_words: |f| crate::dialect::FinishWords::one(crate::wire::chat::finish_reason(f)),

@@ -476,9 +476,9 @@ pub async fn pull(State(s): State<AppState>, body: Body) -> Reply {
             Ok(Ok(_)) => json!({"status": "success"}),
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "pull failed");
-                ApiError::from(e).body(ErrorShape::Plain)
+                ApiError::from(e).body(ErrorShape::PLAIN)
             }
-            Err(e) => ApiError::internal(e.to_string()).body(ErrorShape::Plain),
+            Err(e) => ApiError::internal(e.to_string()).body(ErrorShape::PLAIN),
         };
         if client {
             let _ = lines.send(line(last));

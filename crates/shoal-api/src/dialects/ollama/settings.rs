@@ -41,14 +41,14 @@ pub(crate) async fn put_setting(
                 "expected {{\"enabled\": true|false, \"port\": 1-65535}}: {}",
                 e.body_text()
             ))
-            .in_dialect(ErrorShape::OpenAi)
+            .in_dialect(ErrorShape::OPENAI)
             .into_response()
         }
     };
     let port = setting.port.unwrap_or(DEFAULT_PORT);
     if port == 0 {
         return ApiError::param("port", "port must be 1-65535")
-            .in_dialect(ErrorShape::OpenAi)
+            .in_dialect(ErrorShape::OPENAI)
             .into_response();
     }
     let wanted = setting.enabled.then_some(port);

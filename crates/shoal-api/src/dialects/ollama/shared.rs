@@ -37,7 +37,7 @@ impl crate::dialect::Words for Words {
         ]
     }
     fn error_shape(&self) -> ErrorShape {
-        ErrorShape::Plain
+        ErrorShape::PLAIN
     }
     fn finish_words(&self, f: &FinishReason) -> crate::dialect::FinishWords {
         crate::dialect::FinishWords::one(done_reason(f))
@@ -531,7 +531,7 @@ pub fn only(collected: &[crate::run::Collected]) -> Result<&crate::run::Collecte
 /// failed generation, the error line with its usage.
 pub fn closing(mut head: Value, c: &Completion, ready_after: Duration) -> Value {
     if let Some(e) = failure(c) {
-        return e.body(ErrorShape::Plain);
+        return e.body(ErrorShape::PLAIN);
     }
     if let Value::Object(o) = &mut head {
         o.insert("done".into(), Value::Bool(true));

@@ -162,7 +162,7 @@ pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dia
     path_prefixes: &["/v1/responses"],
     generation_paths: &["/v1/responses"],
     model_paths: &["/v1/responses"],
-    error_shape: ErrorShape::OpenAi,
+    error_shape: ErrorShape::OPENAI,
     transport: crate::dialect::Transport::PLAIN,
     // A finish is its `status`, or `status:reason` when incomplete.
     finish_words: |f| {

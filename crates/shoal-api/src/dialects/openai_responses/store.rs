@@ -70,6 +70,6 @@ pub async fn get_response(
         .map(|r| Json(r).into_response())
         .ok_or_else(|| {
             ApiError::not_found(format!("no stored response with id '{id}'"))
-                .in_dialect(ErrorShape::OpenAi)
+                .in_dialect(ErrorShape::OPENAI)
         })
 }
