@@ -1022,3 +1022,92 @@ async fn a_draft_model_is_counted_in_memory_and_its_drafts_in_the_ledger() {
     assert!(kept > 0 && kept <= n(&row["draft_tokens"]), "{t}");
     assert!(kept < n(&row["tokens"]["completion"]), "{t}");
 }
+
+/// Qwen2.5-Coder-0.5B writes a tool call as a bare JSON object in a
+/// ```` ```json ```` fence rather than inside `<tool_call>` markers (the raw
+/// completion of its rendered prompt shows it). Such a reply is a call, in
+/// the body and in the stream, with nothing of the fence left as text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_written_in_a_json_fence_is_a_tool_call_on_qwen() {
+    let Some(m) = models().into_iter().find(|m| m.id == "qwen2.5-coder") else {
+        panic!("no qwen model")
+    };
+    let options = EngineOptions {
+        backend: BackendChoice::Llama,
+        ..EngineOptions::default()
+    };
+    let engine = Engine::start(&m.path, m.id, options).expect("load");
+    let weather = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}]);
+    let user = "What's the weather in Paris?";
+    let mut extra = serde_json::Map::new();
+    extra.insert("tools".into(), weather.clone());
+    let prompt = engine
+        .model
+        .vocab
+        .render_chat(
+            &[shoal_engine::ChatMessage::new("user", user)],
+            true,
+            &extra,
+        )
+        .expect("render");
+    let base = common::serve(AppState::new(engine)).await;
+    let (s, t) = post(
+        &base,
+        "/v1/completions",
+        &json!({"model": m.id, "prompt": prompt, "max_tokens": 60, "temperature": 0}),
+    )
+    .await;
+    assert_eq!(s, 200, "{t}");
+    let v: Value = serde_json::from_str(&t).expect("json");
+    let raw = v["choices"][0]["text"].as_str().unwrap_or_default();
+    assert!(
+        raw.starts_with("```json\n{"),
+        "the model's own words: {raw:?}"
+    );
+
+    let chat = json!({"model": m.id, "messages": [{"role": "user", "content": user}],
+        "tools": weather, "max_tokens": 60, "temperature": 0});
+    let (s, t) = post(&base, "/v1/chat/completions", &chat).await;
+    assert_eq!(s, 200, "{t}");
+    let v: Value = serde_json::from_str(&t).expect("json");
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{t}");
+    assert!(
+        choice["message"]["content"]
+            .as_str()
+            .unwrap_or("")
+            .is_empty(),
+        "{t}"
+    );
+    let call = &choice["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "get_weather", "{t}");
+    let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap_or("")).expect("args");
+    assert_eq!(args["city"], "Paris", "{t}");
+
+    let mut streamed = chat.clone();
+    streamed["stream"] = json!(true);
+    let (s, t) = post(&base, "/v1/chat/completions", &streamed).await;
+    assert_eq!(s, 200, "{t}");
+    let (mut text, mut name, mut arguments, mut finish) =
+        (String::new(), String::new(), String::new(), Value::Null);
+    for ev in events(&t) {
+        let c = &ev["choices"][0];
+        text.push_str(c["delta"]["content"].as_str().unwrap_or(""));
+        if let Some(tc) = c["delta"]["tool_calls"].get(0) {
+            name.push_str(tc["function"]["name"].as_str().unwrap_or(""));
+            arguments.push_str(tc["function"]["arguments"].as_str().unwrap_or(""));
+        }
+        if !c["finish_reason"].is_null() {
+            finish = c["finish_reason"].clone();
+        }
+    }
+    assert_eq!((text.as_str(), name.as_str()), ("", "get_weather"), "{t}");
+    let args: Value = serde_json::from_str(&arguments).expect("streamed args");
+    assert_eq!(
+        (args["city"].as_str(), finish),
+        (Some("Paris"), json!("tool_calls"))
+    );
+}
