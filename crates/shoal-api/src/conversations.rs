@@ -433,17 +433,17 @@ mod tests {
                     let word = |w: &str| Some(if gone { "cancelled" } else { w }.to_string());
                     match d {
                         WireDialect::Chat | WireDialect::Completions => {
-                            wire.finish_reason = word(crate::wire::chat::finish_reason(f))
+                            wire.finish_reason = word(crate::dialects::openai_words::finish_reason(f))
                         }
                         WireDialect::Messages => {
-                            wire.stop_reason = word(crate::wire::messages::stop_reason(f))
+                            wire.stop_reason = word(crate::dialects::anthropic::stop_reason(f))
                         }
                         WireDialect::Ollama => {
                             wire.finish_reason =
                                 word(crate::dialects::ollama::shared::done_reason(f))
                         }
                         WireDialect::Responses => {
-                            let (status, incomplete, _) = crate::wire::responses::status(f);
+                            let (status, incomplete, _) = crate::dialects::openai_responses::words::status(f);
                             wire.status = word(status);
                             wire.incomplete_reason =
                                 incomplete["reason"].as_str().map(str::to_string);

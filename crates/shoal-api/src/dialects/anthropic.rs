@@ -12,9 +12,48 @@ use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::params::{check_max_tokens, check_range};
 use crate::run::{self, Generation};
 use crate::tools::{ToolChoice, ToolRequest};
-use crate::wire::messages::{stop_reason, usage_json};
 use crate::{AppState, Served};
 use shoal_engine::tools::ToolDef;
+
+// Anthropic Messages' words for the engine's records.
+
+/// The dialect's stop_reason for a finish.
+pub fn stop_reason(f: &FinishReason) -> &'static str {
+    match f {
+        FinishReason::Stop | FinishReason::Cancelled => "end_turn",
+        FinishReason::StopSequence(_) => "stop_sequence",
+        FinishReason::Length => "max_tokens",
+        // Anthropic's word for a reply that filled the context window.
+        FinishReason::ContextWindow => "model_context_window_exceeded",
+        FinishReason::ToolCalls => "tool_use",
+        FinishReason::ContentFilter => "refusal",
+        FinishReason::Error(_) | FinishReason::Timeout { .. } => "error",
+    }
+}
+
+/// Anthropic's `input_tokens`: the prompt less what was read from cache
+/// and what was written at the request's cache breakpoints, so that the
+/// three add up to the whole prompt as Anthropic's do.
+pub fn uncached(u: &Usage) -> usize {
+    u.prompt_tokens
+        .saturating_sub(u.cached_tokens)
+        .saturating_sub(u.cache_write_tokens)
+}
+
+/// The one usage builder: `input_tokens` + `cache_creation_input_tokens`
+/// + `cache_read_input_tokens` = the prompt; the writes split by TTL.
+pub fn usage_json(u: &Usage) -> Value {
+    json!({
+        "input_tokens": uncached(u),
+        "cache_creation_input_tokens": u.cache_write_tokens,
+        "cache_read_input_tokens": u.cached_tokens,
+        "cache_creation": {
+            "ephemeral_5m_input_tokens": u.cache_write_tokens - u.cache_write_1h_tokens.min(u.cache_write_tokens),
+            "ephemeral_1h_input_tokens": u.cache_write_1h_tokens,
+        },
+        "output_tokens": u.completion_tokens,
+    })
+}
 
 /// Anthropic's error shape: `{"type": "error", "error": {"type", "message"}}`,
 /// and 529 for an overloaded server (Anthropic's documented status).
@@ -772,8 +811,8 @@ pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dia
         key_headers: &["x-api-key"],
         request_headers: &["x-api-key", "anthropic-version", "anthropic-beta"],
     },
-    finish_words: |f| crate::dialect::FinishWords::one(crate::wire::messages::stop_reason(f)),
-    usage_json: crate::wire::messages::usage_json,
+    finish_words: |f| crate::dialect::FinishWords::one(stop_reason(f)),
+    usage_json: usage_json,
     provider_meta,
 });
 
@@ -787,7 +826,7 @@ fn provider_meta(
     let mut p = crate::wire::base_meta(finish, u);
     p.stop_reason = finish.map(|f| DIALECT.finish_words(f));
     p.token_usage_reasoning_tokens = None;
-    p.token_usage_input_tokens = Some(crate::wire::messages::uncached(u) as u64);
+    p.token_usage_input_tokens = Some(uncached(u) as u64);
     p.token_usage_cache_creation_tokens = Some(u.cache_write_tokens as u64);
     p
 }

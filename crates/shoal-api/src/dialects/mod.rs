@@ -25,6 +25,7 @@ pub mod openai_chat;
 pub mod openai_completions;
 pub mod openai_embeddings;
 pub mod openai_responses;
+pub mod openai_words;
 
 /// Every dialect the server speaks, in the order the UI lists them.
 pub const REGISTRY: &[Registered] = &[

@@ -10,7 +10,7 @@ use crate::error::{ApiError, ErrorShape};
 use crate::params::{check_max_tokens, check_range, check_stop, OpenAiSampling};
 use crate::run::{self, Generation};
 use crate::tools::{self, ToolRequest};
-use crate::wire::chat::{finish_reason, usage_json};
+use crate::dialects::openai_words::{finish_reason, usage_json};
 use crate::Served;
 use shoal_engine::Grammar;
 
@@ -483,8 +483,8 @@ pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dia
     model_paths: &["/v1/chat/completions"],
     error_shape: ErrorShape::OPENAI,
     transport: crate::dialect::Transport::PLAIN,
-    finish_words: |f| crate::dialect::FinishWords::one(crate::wire::chat::finish_reason(f)),
-    usage_json: crate::wire::chat::usage_json,
+    finish_words: |f| crate::dialect::FinishWords::one(crate::dialects::openai_words::finish_reason(f)),
+    usage_json: crate::dialects::openai_words::usage_json,
     provider_meta: |f, u| crate::wire::finish_reason_meta(DIALECT, f, u),
 });
 

@@ -11,6 +11,7 @@ use crate::Served;
 mod render;
 mod request;
 mod store;
+pub mod words;
 
 pub use render::{OutCall, ResponsesRenderer, Shape};
 use request::prepare;
@@ -166,10 +167,10 @@ pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dia
     transport: crate::dialect::Transport::PLAIN,
     // A finish is its `status`, or `status:reason` when incomplete.
     finish_words: |f| {
-        let (word, reason) = crate::wire::responses::outcome(f);
+        let (word, reason) = words::outcome(f);
         crate::dialect::FinishWords { word, reason }
     },
-    usage_json: crate::wire::responses::usage_json,
+    usage_json: words::usage_json,
     provider_meta,
 });
 
@@ -184,7 +185,7 @@ fn provider_meta(
             p.status = Some(crate::dialect::CANCELLED.into())
         }
         Some(f) => {
-            let (status, reason) = crate::wire::responses::outcome(f);
+            let (status, reason) = words::outcome(f);
             p.status = Some(status.into());
             p.incomplete_reason = reason.map(str::to_string);
         }

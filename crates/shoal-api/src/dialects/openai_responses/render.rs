@@ -4,7 +4,7 @@ use shoal_engine::{Completion, Event};
 
 use super::request::Namespaced;
 use crate::run;
-use crate::wire::responses::{status, usage_json};
+use super::words::{status, usage_json};
 
 /// A function call in the output.
 #[derive(Clone, Debug)]
