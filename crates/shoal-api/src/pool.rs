@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use shoal_engine::{Engine, EngineOptions};
+use shoal_engine::{Capabilities, Engine, EngineOptions};
 use shoal_models::{HubOptions, Library, LocalModel, ModelCard, ModelsError};
 
 use crate::error::{ApiError, ErrorKind};
@@ -67,6 +67,9 @@ pub struct ModelPool {
     /// memory checks never race.
     loading: tokio::sync::Mutex<()>,
     gpu: bool,
+    /// What each model not in memory can do, read from its files once per
+    /// version of them (its path and modification time).
+    capabilities: Mutex<BTreeMap<(PathBuf, Option<std::time::SystemTime>), Capabilities>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -108,7 +111,21 @@ impl ModelPool {
             loaded: Mutex::new(BTreeMap::new()),
             loading: tokio::sync::Mutex::new(()),
             gpu: cfg!(target_os = "macos"),
+            capabilities: Mutex::new(BTreeMap::new()),
         })
+    }
+
+    /// What `path`'s template and vocabulary can do, whether or not it is
+    /// loaded (the same rule a load applies), remembered per file version.
+    pub fn capabilities_at(&self, path: &std::path::Path) -> Capabilities {
+        let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+        let key = (path.to_path_buf(), modified);
+        if let Some(c) = lock(&self.capabilities).get(&key) {
+            return *c;
+        }
+        let caps = shoal_engine::loader::capabilities_at(path);
+        lock(&self.capabilities).insert(key, caps);
+        caps
     }
 
     /// Makes a model given by path known under `id` (and `aliases`).
@@ -585,7 +602,7 @@ impl ModelPool {
                 Some(s.engine.model.resident_bytes()),
                 s.engine.model.draft.clone(),
             ),
-            None => (None, None, None, None, None),
+            None => (None, Some(self.capabilities_at(&m.path)), None, None, None),
         };
         // The backend it runs on, or would run on, or why none can.
         let route = shoal_engine::backends::route(&m.path, self.opts.engine.backend);
@@ -649,7 +666,8 @@ impl ModelPool {
                     // best case beats a plain step.
                     "timed_at_load": d.timed_at_load,
                 })),
-                // What its chat template can do (known once it is loaded).
+                // What its chat template can do (read from its files when
+                // it is not in memory).
                 "capabilities": capabilities,
                 // What a request that leaves them out gets, and from where.
                 "sampling_defaults": shoal_engine::SamplingDefaults::read(&m.path),

@@ -706,3 +706,43 @@ async fn hub_search_lists_files_with_the_estimate_they_get_once_pulled() {
         );
     }
 }
+
+/// What a model can do is known before it loads, by the rule a load
+/// applies: `/v1/models` says the same of each model unloaded as loaded
+/// (the UI's Reasoning control reads it, loaded or not).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capabilities_are_the_same_before_and_after_a_model_loads() {
+    let hub = hub();
+    let home = temp("capabilities");
+    let pool = ModelPool::new(options(&hub, &home));
+    let mut models = vec![(DEFAULT, gguf()), ("thinker", common::think_gguf())];
+    // A model directory runs on MLX only.
+    if common::test_backend() != shoal_engine::BackendChoice::Llama {
+        if let Ok(dir) = std::env::var("SHOAL_TEST_HF_DIR") {
+            models.push(("hf-dir", PathBuf::from(dir)));
+        }
+    }
+    for (id, path) in &models {
+        pool.add_named(id, path.clone(), vec![]);
+    }
+    let base = serve(pool).await;
+    let cold = get_json(&base, "/v1/models").await;
+    for (id, _) in &models {
+        let before = &entry(&cold, id)["shoal"];
+        assert_eq!(before["loaded"], false, "{id}");
+        assert!(before["capabilities"]["chat"].is_boolean(), "{id}: {before}");
+        let (status, v) = post_json(&base, &format!("/v1/models/{id}/load"), json!({})).await;
+        assert_eq!(status, 200, "{id}: {v}");
+        let warm = until_loaded(&base, id, true).await;
+        assert_eq!(
+            entry(&warm, id)["shoal"]["capabilities"],
+            before["capabilities"],
+            "{id}"
+        );
+        let (status, v) = post_json(&base, &format!("/v1/models/{id}/unload"), json!({})).await;
+        assert_eq!(status, 200, "{id}: {v}");
+    }
+    // The thinking build has `</think>` in its vocabulary; the plain one has not.
+    assert_eq!(entry(&cold, "thinker")["shoal"]["capabilities"]["reasoning"], true);
+    assert_eq!(entry(&cold, DEFAULT)["shoal"]["capabilities"]["reasoning"], false);
+}

@@ -195,6 +195,48 @@ fn byte_level_bytes(piece: &str) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// A model's chat template as its files hold it (a GGUF's metadata, or a
+/// directory's `chat_template.jinja` / `tokenizer_config.json`), read
+/// without loading the model.
+pub fn template_source(path: &Path) -> Option<String> {
+    if path.is_dir() {
+        let tok_cfg = match path.join("tokenizer_config.json") {
+            p if p.is_file() => hf::read_json(&p).ok()?,
+            _ => Value::Object(Default::default()),
+        };
+        return hf::chat_template(path, &tok_cfg).ok().flatten();
+    }
+    let h = shoal_gguf::Header::read(path).ok()?;
+    h.string("tokenizer.chat_template").map(str::to_string)
+}
+
+/// What a model's template and vocabulary can do, read from its files
+/// without loading it, by the rule a loaded model's [`Vocabulary`] applies:
+/// what `/v1/models` and `/api/show` say of a model not in memory.
+pub fn capabilities_at(path: &Path) -> Capabilities {
+    let mut caps = template_source(path)
+        .and_then(|t| ChatTemplate::new(&t, None, None).ok())
+        .map_or(Capabilities::NONE, |t| t.capabilities());
+    caps.reasoning = caps.chat && (caps.reasoning || has_think_token_at(path));
+    caps
+}
+
+/// Whether `</think>` is one token of the model's vocabulary (see
+/// `Vocabulary::has_think_token`), from its files.
+fn has_think_token_at(path: &Path) -> bool {
+    const THINK_END: &str = "</think>";
+    if !path.is_dir() {
+        return shoal_gguf::Header::read(path).is_ok_and(|h| h.markers.contains(THINK_END));
+    }
+    let Ok(tok) = hf::read_json(&path.join("tokenizer.json")) else {
+        return false;
+    };
+    let added = tok["added_tokens"]
+        .as_array()
+        .is_some_and(|a| a.iter().any(|t| t["content"] == THINK_END));
+    added || tok["model"]["vocab"].get(THINK_END).is_some()
+}
+
 /// A model as loaded from disk, before the engine takes the weights.
 pub struct Loaded {
     pub model: Box<dyn LanguageModel>,

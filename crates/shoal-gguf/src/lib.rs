@@ -73,7 +73,18 @@ pub struct Header {
     pub data_offset: u64,
     /// The file's length in bytes.
     pub file_len: u64,
+    /// Tokens of the vocabulary (`tokenizer.ggml.tokens`) written as
+    /// markers, `<…>` of at most [`MARKER_BYTES`] bytes (control tokens such
+    /// as `</think>` or `<tool_call>`), so what a model can do is known
+    /// without loading it. At most [`MARKERS`] are kept.
+    pub markers: std::collections::BTreeSet<String>,
 }
+
+/// The longest token kept in [`Header::markers`].
+pub const MARKER_BYTES: usize = 64;
+/// The most tokens kept in [`Header::markers`] (a hostile file cannot make
+/// the reader hold more).
+pub const MARKERS: usize = 4096;
 
 impl Header {
     /// Reads the header of the GGUF file at `path`.
@@ -117,10 +128,15 @@ impl Header {
             )));
         }
         let mut metadata = BTreeMap::new();
+        let mut markers = std::collections::BTreeSet::new();
         for _ in 0..n_kv {
             let key = r.string()?;
             let ty = r.u32()?;
-            let value = r.value(ty, 0)?;
+            let value = if key == "tokenizer.ggml.tokens" && ty == 9 {
+                r.tokens(&mut markers)?
+            } else {
+                r.value(ty, 0)?
+            };
             metadata.insert(key, value);
         }
         let metadata_end = r.pos;
@@ -159,6 +175,7 @@ impl Header {
             alignment,
             data_offset,
             file_len,
+            markers,
         })
     }
 
@@ -318,6 +335,26 @@ impl<R: Read> Reader<'_, R> {
         self.r.read_exact(&mut s).map_err(|_| self.cut_short())?;
         self.pos += len;
         Ok(String::from_utf8_lossy(&s).into_owned())
+    }
+
+    /// The vocabulary's array: read like any array, keeping the markers.
+    fn tokens(&mut self, markers: &mut std::collections::BTreeSet<String>) -> Result<Value> {
+        let elem_type = self.u32()?;
+        let len = self.u64()?;
+        for _ in 0..len {
+            match self.value(elem_type, 1)? {
+                Value::Str(s)
+                    if s.len() <= MARKER_BYTES
+                        && s.starts_with('<')
+                        && s.ends_with('>')
+                        && markers.len() < MARKERS =>
+                {
+                    markers.insert(s);
+                }
+                _ => {}
+            }
+        }
+        Ok(Value::Array { elem_type, len })
     }
 
     /// Reads one value of GGUF type `ty`; array elements are read and dropped.

@@ -160,29 +160,6 @@ fn find(pool: &crate::pool::ModelPool, name: &str) -> Result<LocalModel, ApiErro
         .ok_or_else(|| not_found(name))
 }
 
-/// The chat template a model's files carry.
-fn template_source(path: &Path) -> Option<String> {
-    if !path.is_dir() {
-        let h = shoal_gguf::Header::read(path).ok()?;
-        return h.string("tokenizer.chat_template").map(str::to_string);
-    }
-    if let Ok(t) = std::fs::read_to_string(path.join("chat_template.jinja")) {
-        return Some(t);
-    }
-    let cfg: Value =
-        serde_json::from_str(&std::fs::read_to_string(path.join("tokenizer_config.json")).ok()?)
-            .ok()?;
-    match cfg.get("chat_template")? {
-        Value::String(s) => Some(s.clone()),
-        Value::Array(list) => list
-            .iter()
-            .find(|t| t["name"] == "default")
-            .or(list.first())
-            .and_then(|t| t["template"].as_str())
-            .map(str::to_string),
-        _ => None,
-    }
-}
 
 /// `model_info`: a GGUF header's metadata (arrays left out, as Ollama
 /// leaves them out unless verbose), or a model directory's `config.json`
@@ -272,16 +249,11 @@ pub async fn show(State(s): State<AppState>, body: Body) -> Reply {
         let vocab = engine.as_ref().map(|e| &*e.model.vocab);
         let template = match vocab {
             Some(v) => v.template.as_ref().map(|t| t.source().to_string()),
-            None => template_source(&m.path),
+            None => shoal_engine::loader::template_source(&m.path),
         };
         let caps = match vocab {
             Some(v) => v.capabilities(),
-            None => template
-                .as_deref()
-                .and_then(|t| shoal_engine::template::ChatTemplate::new(t, None, None).ok())
-                .map_or(shoal_engine::template::Capabilities::NONE, |t| {
-                    t.capabilities()
-                }),
+            None => pool.capabilities_at(&m.path),
         };
         // Every model answers completions; tools work on every chat model
         // (templates without them are taught the call syntax).
