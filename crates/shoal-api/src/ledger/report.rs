@@ -105,7 +105,8 @@ pub fn grouped(entries: &[LedgerEntry], by: GroupBy, prices: &Prices) -> Vec<Val
         .collect()
 }
 
-/// The entries as CSV, one row each with the engine's reason and usage.
+/// The entries as CSV, one row each with the engine's reason, usage and
+/// the first choice's timings (as the log in the UI shows them).
 pub fn csv(entries: &[LedgerEntry]) -> String {
     let mut w = csv::Writer::from_writer(Vec::new());
     let header = [
@@ -122,13 +123,20 @@ pub fn csv(entries: &[LedgerEntry]) -> String {
         "cached_tokens",
         "completion_tokens",
         "reasoning_tokens",
+        "total_tokens",
         "client",
         "node",
+        "queue_ms",
+        "ttft_ms",
+        "prefill_tokens_per_s",
+        "decode_tokens_per_s",
+        "total_ms",
     ];
     // Writing to memory cannot fail.
     let _ = w.write_record(header);
     for e in entries {
         let u = e.usage();
+        let t = e.timings();
         let _ = w.write_record([
             e.id.clone(),
             e.created.to_string(),
@@ -143,8 +151,14 @@ pub fn csv(entries: &[LedgerEntry]) -> String {
             u.cached_tokens.to_string(),
             u.completion_tokens.to_string(),
             u.reasoning_tokens.to_string(),
+            u.total_tokens().to_string(),
             e.facts.client.clone().unwrap_or_default(),
             e.facts.node.clone().unwrap_or_default(),
+            t.queue_ms.to_string(),
+            t.ttft_ms.to_string(),
+            t.prefill_tokens_per_s.to_string(),
+            t.decode_tokens_per_s.to_string(),
+            t.total_ms.to_string(),
         ]);
     }
     let bytes = w.into_inner().unwrap_or_default();
