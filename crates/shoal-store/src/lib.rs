@@ -105,6 +105,8 @@ pub struct StoredMessage {
     pub role: String,
     pub target: Option<String>,
     pub model: Option<String>,
+    /// When it was written, in milliseconds since the epoch.
+    pub created_ms: i64,
     pub pieces: Vec<Piece>,
 }
 
@@ -337,7 +339,8 @@ impl Store {
         let row = self
             .conn
             .query_row(
-                "SELECT id, conversation_id, seq, role, target, model FROM messages WHERE id = ?1",
+                "SELECT id, conversation_id, seq, role, target, model, created_ms FROM messages
+                 WHERE id = ?1",
                 params![id],
                 |r| {
                     Ok(StoredMessage {
@@ -347,6 +350,7 @@ impl Store {
                         role: r.get(3)?,
                         target: r.get(4)?,
                         model: r.get(5)?,
+                        created_ms: r.get(6)?,
                         pieces: Vec::new(),
                     })
                 },
