@@ -61,6 +61,15 @@ test('code blocks are highlighted, and a message or a code block is copied as wr
   assert.equal((await api(`/v1/conversations/${id}/messages`, { role: 'user', content: 'show code' })).status, 200);
   const reply = await api(`/v1/conversations/${id}/messages`, { role: 'assistant', content, metadata: { client_finish: 'stop' } });
   assert.equal(reply.status, 200, reply.text);
+  for (const width of [420, 1280]) {
+    await usePage(await openPage(browser, { path: `/chat/${id}`, width }), `chat-copy-block-${width}`, async (page) => {
+      const md = lastReply(page).getByTestId('assistant-content');
+      await md.locator('pre code').waitFor();
+      // The code block's Copy button covers none of the code.
+      const [button, pre] = [await md.getByTestId('copy-code').boundingBox(), await md.locator('pre').boundingBox()];
+      assert.ok(button.y + button.height <= pre.y + 0.5, `the button (${JSON.stringify(button)}) is over the code (${JSON.stringify(pre)})`);
+    });
+  }
   await usePage(await openPage(browser, { path: `/chat/${id}` }), 'chat-copy-highlight', async (page) => {
     const md = lastReply(page).getByTestId('assistant-content');
     await md.locator('pre code').waitFor();
@@ -90,9 +99,13 @@ test('an edited message is sent again in place of the old one and what followed 
     await waitFinish(page);
     const before = (await responseIds(page))[0];
     await page.getByTestId('message-user').getByTestId('edit-message').click();
+    await page.getByTestId('edit-input').fill('The capital');
+    // As in the composer: Shift+Enter adds a line, Enter sends.
+    await page.getByTestId('edit-input').press('Shift+Enter');
+    assert.equal(await page.getByTestId('edit-input').inputValue(), 'The capital\n');
     await page.getByTestId('edit-input').fill(FRANCE);
     const req = page.waitForRequest((r) => r.url().endsWith('/v1/chat/completions') && r.method() === 'POST');
-    await page.getByTestId('edit-send').click();
+    await page.getByTestId('edit-input').press('Enter');
     const body = JSON.parse((await req).postData());
     assert.deepEqual(body.messages, [{ role: 'user', content: FRANCE }], 'the old exchange is not sent');
     assert.equal(await waitFinish(page), 'stop');

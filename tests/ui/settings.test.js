@@ -172,10 +172,13 @@ test('a sampling value out of range is refused before sending, and the Send butt
         assert.equal(await page.getByTestId(f.id).getAttribute('aria-invalid'), 'true');
         assert.equal(await sendButton.isDisabled(), true, `${f.wire} ${value}: not sent`);
         assert.equal(await sendButton.getAttribute('title'), await error.innerText());
+        // The reason is on screen beside Send too (a touch screen shows no title).
+        assert.equal(await page.getByTestId('send-reason').innerText(), await error.innerText());
         await page.getByTestId('composer-input').press('Enter');
         await page.getByTestId(f.id).fill(String(f.ok));
         assert.equal(await error.count(), 0, `${f.wire} ${f.ok} is taken`);
         assert.equal(await sendButton.isDisabled(), false);
+        assert.equal(await page.getByTestId('send-reason').count(), 0);
         await page.getByTestId(f.id).fill('');
       }
     }
@@ -229,7 +232,7 @@ test('with Settings and Models both open at 1280×800 the conversation keeps its
     await screenshot(page, 'settings-models-1280');
     // Every setting and the model actions are reachable in the column.
     await onScreen(page, 'setting-seed', viewport);
-    await onScreen(page, 'setting-ollama-port', viewport);
+    await onScreen(page, 'server-settings-link', viewport);
     await onScreen(page, 'model-unload', viewport);
     await onScreen(page, 'pull-button', viewport);
   });
@@ -241,6 +244,9 @@ test('at 420×800 the settings and each model\'s state and Unload button are on 
     await newChat(page);
     await setSampling(page, { temperature: '' });
     assert.ok(await page.evaluate(() => document.documentElement.scrollWidth <= window.innerWidth), 'no sideways scrolling');
+    // The model picker keeps a row of its own, wide enough to read the model's name.
+    const picker = await page.getByTestId('model-picker').boundingBox();
+    assert.ok(picker.width >= 300, `the model picker is ${picker.width}px wide at 420`);
     for (const f of FIELDS) {
       await onScreen(page, f.id, viewport);
       await onScreen(page, `${f.id}-default`, viewport);
@@ -266,6 +272,13 @@ test('at 420×800 the settings and each model\'s state and Unload button are on 
     await onScreen(page, 'model-load', viewport);
     await row.getByTestId('model-load').click();
     await row.locator('[data-testid=model-state]', { hasText: /^loaded$/ }).waitFor();
+  });
+  // The server's own settings have a page: the Ollama switch and the prompt cache on screen at once.
+  await withPage('server-420', { ...viewport, path: '/server' }, async (page) => {
+    await page.getByTestId('setting-ollama-port').waitFor();
+    await onScreen(page, 'setting-ollama-port', viewport);
+    await onScreen(page, 'prompt-cache-clear', viewport);
+    assert.ok(await page.evaluate(() => document.documentElement.scrollWidth <= window.innerWidth), 'no sideways scrolling');
   });
 });
 
@@ -299,8 +312,7 @@ test('a prefix kept on disk outlives a restart: the reply says how much came fro
     const warm = await chatOnce(second);
     assert.ok(warm.value > 256, `cached ${warm.value}`);
     assert.match(warm.text, new RegExp(`^cached ${warm.value} \\(${warm.value} from disk\\)$`));
-    await usePage(await openPage(browser, { base: second.url }), 'prompt-cache-settings', async (page) => {
-      await newChat(page);
+    await usePage(await openPage(browser, { base: second.url, path: '/server' }), 'prompt-cache-settings', async (page) => {
       const size = page.getByTestId('prompt-cache-size');
       await page.waitForFunction(() => /on disk in \d+ entr/.test(document.querySelector('[data-testid=prompt-cache-size]')?.textContent ?? ''));
       assert.match(await size.innerText(), /on disk in 1 entry \(of 10\.0 GiB\)/);

@@ -122,9 +122,37 @@ test('a reply streams token by token and its final usage equals the API usage', 
   });
 });
 
+test('a reply\'s quiet stats line: tokens, speed and time in one row, every figure a click away', async () => {
+  for (const width of [1280, 420]) {
+    await withPage(`stats-line-${width}`, { width }, async (page) => {
+      await newChat(page, { maxTokens: '8' });
+      await send(page, FRANCE);
+      await waitFinish(page);
+      const reply = lastReply(page);
+      const s = await shownStats(reply);
+      const rate = s.tps >= 100 ? s.tps.toFixed(0) : s.tps.toFixed(1);
+      const cached = s.cached ? ` · ${s.cached.toLocaleString('en-US')} cached` : '';
+      const line = reply.getByTestId('usage-summary');
+      assert.equal(await line.innerText(), `${s.completion} tok · ${rate} tok/s · ${(s.ttft / 1000).toFixed(2)} s${cached}`);
+      // One row, all of it readable.
+      assert.ok(await line.evaluate((el) => el.scrollWidth <= el.clientWidth), 'the line is cut');
+      // The breakdown is one click away; a zero figure (no reasoning here) stays out of sight.
+      const detail = reply.getByTestId('usage-detail');
+      assert.equal(await detail.isVisible(), false);
+      await line.click();
+      assert.equal(await detail.isVisible(), true);
+      assert.equal(await reply.getByTestId('usage-prompt').isVisible(), true);
+      assert.equal(await reply.getByTestId('usage-total').isVisible(), true);
+      assert.equal(await reply.getByTestId('usage-reasoning').isVisible(), false);
+      await screenshot(page, `stats-line-${width}-open`);
+      await line.click();
+      assert.equal(await detail.isVisible(), false);
+    });
+  }
+});
+
 test('a new chat caps replies at 1024 tokens and shows the model\'s own sampling default', async () => {
-  // A first-time user: the store has no chats yet (the suite's server has other tests' chats,
-  // and a new chat starts from the previous chat's settings).
+  // A first-time user: the store has no chats yet (the suite's server has other tests' chats).
   const setup = (page) =>
     page.route('**/v1/conversations', (r) =>
       r.request().method() === 'GET' ? r.fulfill({ json: { object: 'list', data: [] } }) : r.continue(),
@@ -309,6 +337,24 @@ test('keyboard: Enter sends, Shift+Enter adds a line, Esc stops', async () => {
     });
     await page.keyboard.press('Escape');
     assert.equal(await waitFinish(page, 30_000), 'cancelled');
+    // The message and the reply say when they were written, on hover.
+    for (const m of [page.getByTestId('message-user').first(), lastReply(page)]) {
+      const at = Number(await m.getAttribute('data-created'));
+      assert.ok(at > Date.now() - 600_000 && at <= Date.now(), `written at ${at}`);
+      assert.equal(await m.getAttribute('title'), await page.evaluate((t) => {
+        const d = new Date(t);
+        return `${d.toLocaleDateString([], { month: 'short', day: 'numeric' })}, ${d.toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', second: '2-digit' })}`;
+      }, at));
+    }
+    // Shift+Esc goes to the message box from anywhere; Ctrl+Shift+O starts a new chat there.
+    await page.getByTestId('settings-toggle').focus();
+    await page.keyboard.press('Shift+Escape');
+    assert.equal(await page.evaluate(() => document.activeElement?.dataset.testid), 'composer-input');
+    const before = await page.locator('[data-testid=conversation-item].active').getAttribute('data-id');
+    await page.keyboard.press('Control+Shift+O');
+    await page.getByTestId('empty-chat').waitFor();
+    assert.notEqual(await page.locator('[data-testid=conversation-item].active').getAttribute('data-id'), before);
+    assert.equal(await page.evaluate(() => document.activeElement?.dataset.testid), 'composer-input');
   });
 });
 
@@ -366,6 +412,15 @@ test('a model that cannot reason: the control is off and says why, and the reply
     assert.equal(await reply.getByTestId('reasoning-block').count(), 0);
     const shown = await shownStats(reply);
     assert.equal(shown.reasoning, 0);
+  });
+  // Unloaded (as after its idle time), it still cannot reason, and the control still says so.
+  const unloaded = await api(`/v1/models/${encodeURIComponent(model)}/unload`, {});
+  assert.equal(unloaded.status, 200, unloaded.text);
+  assert.equal((await api(`/v1/models/${encodeURIComponent(model)}`)).json.shoal.loaded, false);
+  await withPage('reasoning-unavailable-unloaded', {}, async (page) => {
+    await newChat(page, { maxTokens: '24' });
+    assert.equal(await page.getByTestId('setting-reasoning').isDisabled(), true);
+    assert.match(await page.getByTestId('reasoning-unavailable').innerText(), /cannot reason/);
   });
 });
 
@@ -535,6 +590,44 @@ test('the usage dashboard: its filters, sums and export match /v1/usage', async 
   });
 });
 
+test('a filter change shows its own rows at once, and a load started before it never overwrites them', async () => {
+  const msg = await api('/v1/messages', { model, messages: [{ role: 'user', content: FRANCE }], temperature: 0, max_tokens: 2 });
+  assert.equal(msg.status, 200, msg.text);
+  // Loads without a dialect filter are held until released, as a slow poll would be
+  // (the key sums, which no filter narrows, pass).
+  const held = [];
+  let hold = false;
+  const setup = (page) =>
+    page.route('**/v1/usage**', (r) => {
+      const url = r.request().url();
+      if (hold && !url.includes('dialect=') && !url.includes('/v1/usage/keys')) held.push(r);
+      else void r.continue();
+    });
+  await withPage('usage-filter-fresh', { path: '/usage', setup }, async (page) => {
+    await page.getByTestId('usage-updated').filter({ hasText: 'updated' }).waitFor();
+    hold = true;
+    await page.getByTestId('usage-refresh').click();
+    const deadline = Date.now() + 30_000;
+    while (held.length === 0) {
+      assert.ok(Date.now() < deadline, 'the refresh never asked for the ledger');
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    await page.getByTestId('usage-filter-dialect').selectOption('anthropic.messages');
+    const want = (await api('/v1/usage?dialect=anthropic.messages&limit=100')).json.data.map((e) => e.id);
+    // The filtered rows come while the older load is still held.
+    await page.waitForFunction((n) => document.querySelectorAll('[data-testid=usage-row]').length === n, want.length);
+    const shown = () => page.getByTestId('usage-row').evaluateAll((rows) => rows.map((r) => r.dataset.id));
+    assert.deepEqual(await shown(), want);
+    // Released, the older load's answers arrive and are dropped.
+    hold = false;
+    const answered = held.map((r) => page.waitForResponse((res) => res.request() === r.request()));
+    for (const r of held) await r.continue();
+    await Promise.all(answered);
+    await page.evaluate(() => new Promise((r) => requestAnimationFrame(() => r())));
+    assert.deepEqual(await shown(), want);
+  });
+});
+
 test('an Ollama request is in the usage dashboard under its own dialect, with its counts', async () => {
   const r = await api('/api/chat', { model, messages: [{ role: 'user', content: FRANCE }], stream: false, options: { temperature: 0, num_predict: 4 } });
   assert.equal(r.status, 200, r.text);
@@ -635,6 +728,14 @@ test('the usage view: a full request log, charts bucketed by the range, worded g
     );
     await page.waitForFunction((n) => document.querySelectorAll('[data-testid=usage-row]').length >= n, Math.min(requests, 100));
     await screenshot(page, 'usage-1280-top');
+    // Each row names its model and its day; its long id is the row's hover, not a column.
+    const newest = (await api('/v1/usage?limit=1')).json.data[0];
+    const row = page.locator(`[data-testid=usage-row][data-id="${newest.id}"]`);
+    assert.equal(await row.getByTestId('usage-row-model').innerText(), newest.model || 'no model');
+    assert.ok((await row.getAttribute('title')).startsWith(newest.id), await row.getAttribute('title'));
+    const day = await page.evaluate((t) => new Date(t * 1000).toLocaleDateString([], { month: 'short', day: 'numeric' }), newest.created);
+    assert.ok((await row.getByTestId('usage-row-time').innerText()).startsWith(day), `a date: ${day}`);
+    assert.equal(await page.locator('[data-testid=usage-table] thead th', { hasText: /^id$/ }).count(), 0);
 
     // The log, scrolled to, shows a window's worth of rows (not two in a squeezed box).
     const log = page.getByTestId('usage-log');
@@ -736,8 +837,12 @@ test('the settings switch serves Ollama\'s port, and says plainly when the port 
   });
   try {
     await withPage('ollama-switch', {}, async (page) => {
+      // The server's settings are a page of their own, linked from a chat's settings.
       await newChat(page);
-      if ((await page.getByTestId('settings-panel').count()) === 0) await page.getByTestId('settings-toggle').click();
+      await page.getByTestId('server-settings-link').getByRole('link').click();
+      await page.getByTestId('server-view').waitFor();
+      assert.equal(new URL(page.url()).pathname, '/server');
+      assert.equal(await page.getByTestId('settings-panel').count(), 0);
       const box = page.getByTestId('setting-ollama-port');
       const status = page.getByTestId('ollama-port-status');
       await status.waitFor();
@@ -900,8 +1005,14 @@ test('conversations and their settings persist across reloads and can be deleted
 
     // Deleting it removes it from the list, from the store, and so after a reload.
     const before = await page.getByTestId('conversation-item').count();
+    // Deleting asks first, in place: Keep leaves the chat, Delete removes it.
     await item.hover();
     await item.getByTestId('delete-conversation').click();
+    await item.getByTestId('delete-conversation-no').click();
+    assert.equal(await page.getByTestId('conversation-item').count(), before);
+    await item.getByTestId('delete-conversation').click();
+    assert.equal(await page.getByTestId('conversation-item').count(), before, 'not deleted before it is confirmed');
+    await item.getByTestId('delete-conversation-yes').click();
     assert.equal(await page.getByTestId('conversation-item').count(), before - 1);
     const deadline = Date.now() + 10_000;
     while (await storedConversation(id)) {
@@ -913,6 +1024,61 @@ test('conversations and their settings persist across reloads and can be deleted
     assert.equal(await page.locator(`[data-testid=conversation-item][data-server-id="${id}"]`).count(), 0);
     assert.equal(await page.getByTestId('conversation-item').count(), before - 1);
     assert.equal((await api(`/v1/conversations/${id}`, undefined, 'DELETE')).status, 404);
+  });
+});
+
+test('the chat list: search by title or message, chats grouped by when they were used, rename kept by the store', async () => {
+  const word = `zebra${Date.now()}`;
+  const conv = await api('/v1/conversations', {
+    title: 'A chat to find',
+    settings: { model: '', systemPrompt: '', temperature: 0, maxTokens: null, stop: [], reasoning: false },
+  });
+  assert.equal(conv.status, 200, conv.text);
+  const id = conv.json.id;
+  assert.equal((await api(`/v1/conversations/${id}/messages`, { role: 'user', content: `about the ${word} crossing` })).status, 200);
+  await withPage('chat-list', {}, async (page) => {
+    const item = page.locator(`[data-testid=conversation-item][data-server-id="${id}"]`);
+    await item.waitFor();
+    const groupOf = (loc) => loc.evaluate((el) => el.closest('[data-testid=chat-group]').dataset.group);
+    assert.equal(await groupOf(item), 'Today');
+    // A word of a message finds the chat; words nothing holds say so.
+    await page.getByTestId('chat-search').fill(word.toUpperCase());
+    await page.waitForFunction(() => document.querySelectorAll('[data-testid=conversation-item]').length === 1);
+    assert.equal(await item.count(), 1);
+    await page.getByTestId('chat-search').fill(`${word} nowhere`);
+    await page.getByTestId('chat-search-empty').waitFor();
+    await page.getByTestId('chat-search').fill('');
+    // Rename: Esc leaves it, Enter keeps the new name, in the list and the store.
+    await item.hover();
+    await item.getByTestId('rename-conversation').click();
+    await page.getByTestId('rename-input').fill('Not this');
+    await page.getByTestId('rename-input').press('Escape');
+    assert.equal(await item.locator('.conv-title').innerText(), 'A chat to find');
+    await item.locator('.conv-title').dblclick();
+    await page.getByTestId('rename-input').fill('  Zebra   notes ');
+    await page.getByTestId('rename-input').press('Enter');
+    assert.equal(await item.locator('.conv-title').innerText(), 'Zebra notes');
+    const deadline = Date.now() + 10_000;
+    while ((await storedConversation(id)).title !== 'Zebra notes') {
+      assert.ok(Date.now() < deadline, 'the store never got the new title');
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  });
+  // A chat last used three days ago (as the store would list it) is under "Previous 7 days".
+  const setup = (page) =>
+    page.route('**/v1/conversations', async (r) => {
+      if (r.request().method() !== 'GET') return r.continue();
+      const res = await r.fetch();
+      const json = await res.json();
+      for (const c of json.data) if (c.id === id) c.updated_ms = Date.now() - 3 * 86_400_000;
+      await r.fulfill({ response: res, json });
+    });
+  await withPage('chat-list-groups', { setup }, async (page) => {
+    const item = page.locator(`[data-testid=conversation-item][data-server-id="${id}"]`);
+    await item.waitFor();
+    assert.equal(await item.evaluate((el) => el.closest('[data-testid=chat-group]').dataset.group), 'Previous 7 days');
+    const groups = await page.getByTestId('chat-group').evaluateAll((gs) => gs.map((g) => g.dataset.group));
+    assert.deepEqual(groups, ['Today', 'Yesterday', 'Previous 7 days', 'Previous 30 days', 'Older'].filter((g) => groups.includes(g)), 'newest first');
   });
 });
 
@@ -960,6 +1126,33 @@ test('a chat has an address: it can be linked, and a reload shows the same chat'
   await withPage('chat-url-link', { path: `/chat/${id}` }, async (page) => {
     await page.locator(`[data-testid=conversation-item][data-server-id="${id}"].active`).waitFor();
     assert.equal(new URL(page.url()).pathname, `/chat/${id}`);
+  });
+  // A link to a chat the store does not have says so; it opens no other chat and keeps the address.
+  const gone = id + 1_000_000;
+  await withPage('chat-url-missing', { path: `/chat/${gone}` }, async (page) => {
+    await page.locator('[data-testid=conversation-list][data-loaded=true]').waitFor();
+    await page.getByTestId('chat-not-found').waitFor();
+    assert.equal(await page.locator('[data-testid=conversation-item].active').count(), 0);
+    assert.equal(new URL(page.url()).pathname, `/chat/${gone}`);
+    await page.getByTestId('chat-not-found-new').click();
+    await page.getByTestId('empty-chat').waitFor();
+    assert.equal(await page.getByTestId('chat-not-found').count(), 0);
+  });
+});
+
+test('a new chat keeps the model but not the last chat\'s own settings', async () => {
+  await withPage('new-chat-settings', {}, async (page) => {
+    await newChat(page, { maxTokens: '7', stop: 'END', system: 'Answer in French.', temperature: '0.5' });
+    await send(page, 'Hi');
+    await waitFinish(page);
+    const model = await page.getByTestId('model-picker').inputValue();
+    await page.getByTestId('new-chat').click();
+    if ((await page.getByTestId('settings-panel').count()) === 0) await page.getByTestId('settings-toggle').click();
+    assert.equal(await page.getByTestId('setting-max-tokens').inputValue(), '1024');
+    assert.equal(await page.getByTestId('setting-stop').inputValue(), '');
+    assert.equal(await page.getByTestId('setting-system').inputValue(), '');
+    assert.equal(await page.getByTestId('setting-temperature').inputValue(), '');
+    assert.equal(await page.getByTestId('model-picker').inputValue(), model);
   });
 });
 
@@ -1025,6 +1218,12 @@ test('a reply keeps its usage figures and finish badge across a reload', async (
     assert.equal(await page.getByTestId('user-content').innerText(), FRANCE);
     const after = await shownStats(again);
     assert.deepEqual(after, before, 'the same figures as before the reload');
+    // Each message's time is the store's.
+    const stored = (await storedConversation(id)).messages;
+    assert.deepEqual(
+      await page.locator('[data-testid=message-user], [data-testid=message-assistant]').evaluateAll((ms) => ms.map((m) => Number(m.dataset.created))),
+      [...stored].sort((a, b) => a.seq - b.seq).map((m) => m.created_ms),
+    );
     await screenshot(page, 'reload-restored');
 
     // The settings came back too, and the chat goes on from there.
@@ -1651,6 +1850,39 @@ test('deleting the pulled model asks first, then removes it from the picker, the
     assert.equal(await page.getByTestId('model-picker').inputValue(), model);
     assert.equal(await page.getByTestId('model-action-error').count(), 0);
   });
+});
+
+test('a hub the server cannot reach is said plainly, with HF_ENDPOINT named, and Retry searches again', async () => {
+  // The server's answer when its hub is unreachable (its status and words, as `/v1/hub/search` sends
+  // them with no network), for the first search only; Retry then reaches the suite's hub.
+  const unreachable = {
+    error: {
+      message: 'hub: cannot reach the hub: error sending request for url (http://127.0.0.1:9/api/models?search=smollm2&limit=20&full=true&sort=downloads)',
+      type: 'server_error',
+      param: null,
+      code: null,
+    },
+  };
+  for (const width of [1280, 420]) {
+    let failed = 0;
+    const setup = (page) =>
+      page.route('**/v1/hub/search**', (r) => (failed++ === 0 ? r.fulfill({ status: 502, json: unreachable }) : r.continue()));
+    await withPage(`models-hub-offline-${width}`, { width, setup }, async (page) => {
+      await openModels(page);
+      await page.getByTestId('hub-search').fill('smollm2');
+      await page.getByTestId('hub-search-button').click();
+      const error = page.getByTestId('hub-error');
+      await error.waitFor();
+      assert.equal(await error.getAttribute('data-offline'), 'true');
+      assert.match(await error.innerText(), /cannot be reached from this server.*HF_ENDPOINT/s);
+      assert.match(await page.getByTestId('hub-error-detail').innerText(), /cannot reach the hub/);
+      // The long URL wraps inside the box.
+      assert.ok(await error.evaluate((el) => el.scrollWidth <= el.clientWidth), 'the error box scrolls sideways');
+      await page.getByTestId('hub-retry').click();
+      await page.locator(`[data-testid=hub-result][data-id="${HUB_REPO}"]`).waitFor();
+      assert.equal(await error.count(), 0);
+    });
+  }
 });
 
 test('finding a model on the hub: search by name, its files with quantization, size and fit, then download', async () => {

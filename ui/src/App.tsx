@@ -2,21 +2,24 @@ import { createSignal, ErrorBoundary, For, Match, onCleanup, onMount, Switch } f
 import { ForgetKeyButton, KeyPrompt } from './components/KeyPrompt';
 import { ChatView } from './views/Chat';
 import { ClusterView } from './views/Cluster';
+import { ServerView } from './views/Server';
 import { UsageView } from './views/Usage';
 import { ErrorBanner } from './components/ErrorBanner';
 import { applyTheme, nextTheme, savedTheme, type Theme } from './theme';
 
-type Route = 'chat' | 'usage' | 'cluster';
+type Route = 'chat' | 'usage' | 'cluster' | 'server';
 
 const ROUTES: { id: Route; label: string; path: string }[] = [
   { id: 'chat', label: 'Chat', path: '/' },
   { id: 'usage', label: 'Usage', path: '/usage' },
   { id: 'cluster', label: 'Cluster', path: '/cluster' },
+  { id: 'server', label: 'Server', path: '/server' },
 ];
 
 function routeOf(path: string): Route {
   if (path.startsWith('/usage')) return 'usage';
   if (path.startsWith('/cluster')) return 'cluster';
+  if (path.startsWith('/server')) return 'server';
   return 'chat';
 }
 
@@ -96,6 +99,9 @@ export function App() {
             </Match>
             <Match when={route() === 'cluster'}>
               <ClusterView />
+            </Match>
+            <Match when={route() === 'server'}>
+              <ServerView />
             </Match>
           </Switch>
         </ErrorBoundary>

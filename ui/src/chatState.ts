@@ -36,6 +36,8 @@ interface ChatState {
   storeError: string | null;
   conversations: Conversation[];
   currentId: string | null;
+  /** The store id the address named that no stored chat has (deleted, or never there). */
+  missing: number | null;
   /** The reply being streamed, if any (one at a time). */
   streaming: { conversationId: string; messageId: string } | null;
 }
@@ -49,6 +51,7 @@ const [state, setState] = createStore<ChatState>({
   storeError: null,
   conversations: [],
   currentId: null,
+  missing: null,
   streaming: null,
 });
 
@@ -236,8 +239,11 @@ export async function loadConversations(): Promise<void> {
       // A link to a chat (`/chat/ID`, the store's id) opens that chat.
       const linked = chatIdInPath(location.pathname);
       const target = linked == null ? undefined : merged.find((c) => c.serverId === linked);
-      if (target) setState('currentId', target.id);
-      else if (!state.currentId || !find(state.currentId)) setState('currentId', merged[0]?.id ?? null);
+      if (target) setState({ currentId: target.id, missing: null });
+      else if (linked != null && !state.currentId) {
+        // A link to a chat that is gone says so; it never opens another chat in its place.
+        setState('missing', linked);
+      } else if (!state.currentId || !find(state.currentId)) setState('currentId', merged[0]?.id ?? null);
     });
   } catch (e) {
     setState({ loadError: `Cannot load your conversations: ${(e as Error).message}`, loaded: true });
@@ -268,6 +274,15 @@ export function effectiveModel(c: Conversation | undefined): string {
 }
 
 /**
+ * A new chat's settings: the model of the chat the user was in (the model is
+ * a choice that carries on), everything else the defaults. A chat's own
+ * system prompt, caps, stop sequences and sampling stay with that chat.
+ */
+function freshSettings(prev: Conversation | undefined): ChatSettings {
+  return { ...DEFAULT_SETTINGS, stop: [...DEFAULT_SETTINGS.stop], model: prev?.settings.model || defaultModelId() };
+}
+
+/**
  * Starts a chat at once; the store creates it in the background. An empty
  * chat already in the list (nothing sent yet) is reused and brought to the
  * top instead, so "+ New chat" never piles up empty ones.
@@ -277,12 +292,9 @@ export function newChat(): Conversation {
   const empty = state.conversations.find((c) => c.messages.length === 0 && c.title === NEW_TITLE);
   if (empty) {
     batch(() => {
-      // It starts from the chat left, as a new one would.
+      // It starts as a new one would: the model of the chat left, the rest its defaults.
       if (prev && prev.id !== empty.id) {
-        setState('conversations', (x) => x.id === empty.id, 'settings', {
-          ...prev.settings,
-          stop: [...prev.settings.stop],
-        });
+        setState('conversations', (x) => x.id === empty.id, 'settings', freshSettings(prev));
       }
       setState('conversations', (list) => [list.find((c) => c.id === empty.id)!, ...list.filter((c) => c.id !== empty.id)]);
       setState('currentId', empty.id);
@@ -290,10 +302,7 @@ export function newChat(): Conversation {
     if (prev && prev.id !== empty.id) saveSettings(empty.id);
     return current()!;
   }
-  // A new chat starts from the previous chat's settings (model, prompt, sampling).
-  const settings: ChatSettings = prev
-    ? { ...prev.settings, stop: [...prev.settings.stop] }
-    : { ...DEFAULT_SETTINGS, model: defaultModelId() };
+  const settings = freshSettings(prev);
   const now = Date.now();
   const c: Conversation = {
     id: newKey('new'),
@@ -306,14 +315,22 @@ export function newChat(): Conversation {
   };
   batch(() => {
     setState('conversations', (list) => [c, ...list]);
-    setState('currentId', c.id);
+    setState({ currentId: c.id, missing: null });
   });
   void enqueue(c.id, async (s) => void (await ensureCreated(c.id, s)));
   return c;
 }
 
 export function selectChat(id: string): void {
-  setState('currentId', id);
+  setState({ currentId: id, missing: null });
+}
+
+/** Renames a chat (an empty name leaves it as it was); the store keeps the new title. */
+export function renameChat(id: string, title: string): void {
+  const t = title.trim().replace(/\s+/g, ' ').slice(0, TITLE_CHARS);
+  if (!t || find(id)?.title === t) return;
+  setState('conversations', (x) => x.id === id, 'title', t);
+  saveTitle(id);
 }
 
 export function removeChat(id: string): void {
@@ -361,6 +378,7 @@ function emptyReply(model: string): Message {
     content: '',
     reasoning: '',
     model,
+    created: Date.now(),
     stats: {
       prompt: null,
       cached: null,
@@ -383,7 +401,7 @@ export async function sendMessage(text: string): Promise<void> {
   const modelChanged = model !== conv.settings.model;
   if (modelChanged) setState('conversations', (x) => x.id === convId, 'settings', 'model', model);
   const first = conv.messages.length === 0;
-  const user: Message = { id: newKey('m'), saved: 'pending', role: 'user', content: text };
+  const user: Message = { id: newKey('m'), saved: 'pending', role: 'user', content: text, created: Date.now() };
   const reply = emptyReply(model);
   batch(() => {
     setState(

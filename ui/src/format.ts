@@ -39,6 +39,12 @@ export function fmtTime(epochSeconds: number): string {
   return d.toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', second: '2-digit' });
 }
 
+/** A moment with its day, e.g. "Dec 6, 14:05:09": a log spans days. */
+export function fmtDateTime(epochSeconds: number): string {
+  const d = new Date(epochSeconds * 1000);
+  return `${d.toLocaleDateString([], { month: 'short', day: 'numeric' })}, ${fmtTime(epochSeconds)}`;
+}
+
 /** How the engine behind a model is called in the UI. */
 export function backendName(b: string): string {
   return b === 'llama' ? 'llama.cpp' : b === 'mlx' ? 'MLX' : b;

@@ -62,6 +62,8 @@ export interface Message {
   stopSequence?: string;
   error?: string;
   stats?: ReplyStats;
+  /** When it was written (ms since the epoch): the store's time, or this page's for a new one. */
+  created?: number;
 }
 
 export interface Conversation {
@@ -114,6 +116,7 @@ interface StoredMessage {
   role: 'user' | 'assistant' | string;
   target: string | null;
   model: string | null;
+  created_ms?: number;
   pieces: StoredPiece[];
 }
 
@@ -238,6 +241,7 @@ function toMessage(m: StoredMessage): Message {
     saved: 'saved',
     role: m.role === 'assistant' ? 'assistant' : 'user',
     content: piece.text ?? '',
+    created: m.created_ms,
   };
   if (base.role === 'user') return base;
   const error = str(meta.error) ?? (piece.kind === 'error' ? str(piece.text) : null);

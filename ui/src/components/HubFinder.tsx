@@ -1,5 +1,5 @@
 import { createSignal, For, Show } from 'solid-js';
-import { hubFiles, hubSearch, type HubFiles, type HubRepo } from '../api';
+import { ApiError, hubFiles, hubSearch, type HubFiles, type HubRepo } from '../api';
 import { fmtBytes, fmtInt } from '../format';
 import { startPull } from '../models';
 
@@ -14,15 +14,15 @@ export function HubFinder() {
   const [results, setResults] = createSignal<HubRepo[] | null>(null);
   const [repo, setRepo] = createSignal<HubFiles | null>(null);
   const [busy, setBusy] = createSignal<string | null>(null);
-  const [error, setError] = createSignal<string | null>(null);
+  const [error, setError] = createSignal<HubProblem | null>(null);
 
-  const run = async <T,>(what: string, f: () => Promise<T>): Promise<T | null> => {
+  const run = async <T,>(what: string, f: () => Promise<T>, again: () => void): Promise<T | null> => {
     setBusy(what);
     setError(null);
     try {
       return await f();
     } catch (e) {
-      setError(`Could not ${what}: ${(e as Error).message}`);
+      setError(hubProblem(what, e as Error, again));
       return null;
     } finally {
       setBusy(null);
@@ -33,11 +33,11 @@ export function HubFinder() {
     const q = query().trim();
     if (!q) return;
     setRepo(null);
-    const found = await run(`search the hub for "${q}"`, () => hubSearch(q));
+    const found = await run(`search the hub for "${q}"`, () => hubSearch(q), () => void search(e));
     if (found) setResults(found);
   };
   const open = async (id: string) => {
-    const files = await run(`list ${id}`, () => hubFiles(id));
+    const files = await run(`list ${id}`, () => hubFiles(id), () => void open(id));
     if (files) setRepo(files);
   };
 
@@ -66,9 +66,19 @@ export function HubFinder() {
         </p>
       </Show>
       <Show when={error()}>
-        <p class="error-text small" role="alert" data-testid="hub-error">
-          {error()}
-        </p>
+        {(p) => (
+          <div class="error-text small hub-error" role="alert" data-testid="hub-error" data-offline={p().offline ? 'true' : 'false'}>
+            <p>{p().text}</p>
+            <Show when={p().detail}>
+              <p class="muted hub-error-detail" data-testid="hub-error-detail">
+                {p().detail}
+              </p>
+            </Show>
+            <button class="btn small" data-testid="hub-retry" onClick={p().again}>
+              Retry
+            </button>
+          </div>
+        )}
       </Show>
       <Show when={results() && !repo()}>
         <Show
@@ -187,4 +197,29 @@ export function HubFinder() {
       </Show>
     </div>
   );
+}
+
+/** A failed hub request in words a person can act on, and how to try again. */
+interface HubProblem {
+  text: string;
+  /** The server's own words, when the text above stands in for them. */
+  detail: string | null;
+  /** The server could not reach the hub at all (no network, or a wrong HF_ENDPOINT). */
+  offline: boolean;
+  again: () => void;
+}
+
+function hubProblem(what: string, e: Error, again: () => void): HubProblem {
+  const unreachable = e instanceof ApiError && e.status === 502 && /cannot reach the hub/i.test(e.message);
+  if (unreachable) {
+    return {
+      text:
+        'The model hub cannot be reached from this server: it may have no network, or HF_ENDPOINT may point somewhere ' +
+        'else. Models already on this server still work.',
+      detail: e.message,
+      offline: true,
+      again,
+    };
+  }
+  return { text: `Could not ${what}: ${e.message}`, detail: null, offline: false, again };
 }

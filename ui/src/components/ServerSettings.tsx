@@ -26,8 +26,8 @@ export function ServerSettings() {
     }
   };
   return (
-    <fieldset class="field span2 server-settings" data-testid="server-settings">
-      <legend>Server (every chat and client)</legend>
+    <fieldset class="card server-settings" data-testid="server-settings">
+      <legend>Ollama's port and the prompt cache</legend>
       <Show when={setting()} fallback={<span class="muted">{setting.error ? `Unavailable: ${setting.error.message}` : 'Loading…'}</span>}>
         {(s) => (
           <>

@@ -1,16 +1,37 @@
-import { Show } from 'solid-js';
+import { createSignal, Show } from 'solid-js';
 import { fmtInt, fmtMs, fmtRate, fmtShare } from '../format';
 import type { ReplyStats } from '../store';
 
 /**
- * Token counts and speed of one reply. While streaming, completion is the
- * number of deltas seen so far (approximate); once the server's usage arrives
- * every figure is exactly what the API reported.
+ * The quiet line under a reply: tokens, speed, time to the first token and
+ * what the cache served, with no figure that is zero or does not apply.
+ */
+export function summary(s: ReplyStats): string {
+  const parts = [`${fmtInt(s.completion)} tok`];
+  if (s.tokPerS != null && s.tokPerS > 0) parts.push(`${fmtRate(s.tokPerS)} tok/s`);
+  if (s.ttftMs != null && Number.isFinite(s.ttftMs)) parts.push(`${(s.ttftMs / 1000).toFixed(2)} s`);
+  if (s.cached) parts.push(`${fmtInt(s.cached)} cached`);
+  return parts.join(' · ');
+}
+
+/**
+ * Token counts and speed of one reply: a quiet line, and every figure one
+ * click away. While streaming, completion is the number of deltas seen so
+ * far (approximate); once the server's usage arrives every figure is
+ * exactly what the API reported.
  */
 export function UsageStats(props: { stats: ReplyStats }) {
   const s = () => props.stats;
-  const item = (id: string, label: string, value: number | null, text: string, hint: string) => (
-    <span class="stat" data-testid={`usage-${id}`} data-value={value ?? ''} title={hint}>
+  const [open, setOpen] = createSignal(false);
+  /** A figure of the breakdown; one that is zero (or unknown) where zero is the rule is left out of sight. */
+  const item = (id: string, label: string, value: number | null, text: string, hint: string, quietWhenZero = false) => (
+    <span
+      class="stat"
+      classList={{ quiet: quietWhenZero && !value }}
+      data-testid={`usage-${id}`}
+      data-value={value ?? ''}
+      title={hint}
+    >
       <span class="muted">{label}</span> <b>{text}</b>
     </span>
   );
@@ -20,7 +41,18 @@ export function UsageStats(props: { stats: ReplyStats }) {
       data-testid="reply-usage"
       data-live={s().live ? 'true' : 'false'}
       data-source={s().source}
+      data-open={open() ? 'true' : 'false'}
     >
+      <button
+        type="button"
+        class="stats-summary"
+        data-testid="usage-summary"
+        aria-expanded={open()}
+        title={open() ? 'Hide the breakdown' : 'Every figure: prompt, cached, completion, reasoning, total, speed'}
+        onClick={() => setOpen(!open())}
+      >
+        {summary(s())}
+      </button>
       <Show when={s().live}>
         <span class="tag live" data-testid="usage-live" title="Counted from the stream so far: one per text delta. Replaced by the server's exact usage when the reply ends.">
           live ≈
@@ -31,6 +63,7 @@ export function UsageStats(props: { stats: ReplyStats }) {
           as recorded
         </span>
       </Show>
+      <div class="stats-detail" data-testid="usage-detail" hidden={!open()}>
       {item('prompt', 'prompt', s().prompt, fmtInt(s().prompt), 'Prompt tokens')}
       {item(
         'cached',
@@ -38,6 +71,7 @@ export function UsageStats(props: { stats: ReplyStats }) {
         s().cached,
         s().cachedDisk ? `${fmtInt(s().cached)} (${fmtInt(s().cachedDisk)} from disk)` : fmtInt(s().cached),
         'Prompt tokens served from the prefix cache (in memory, or read back from its files on disk)',
+        true,
       )}
       {item(
         'cache-hit',
@@ -45,6 +79,7 @@ export function UsageStats(props: { stats: ReplyStats }) {
         s().prompt ? (s().cached ?? 0) / s().prompt! : null,
         fmtShare(s().cached, s().prompt),
         'Cached ÷ prompt tokens: the share of the prompt the prefix cache served',
+        true,
       )}
       {item(
         'completion',
@@ -53,7 +88,7 @@ export function UsageStats(props: { stats: ReplyStats }) {
         fmtInt(s().completion),
         s().live ? 'Live count of deltas received (approximate)' : 'Completion tokens (includes reasoning)',
       )}
-      {item('reasoning', 'reasoning', s().reasoning, fmtInt(s().reasoning), 'Reasoning tokens (part of completion)')}
+      {item('reasoning', 'reasoning', s().reasoning, fmtInt(s().reasoning), 'Reasoning tokens (part of completion)', true)}
       {item('total', 'total', s().total, fmtInt(s().total), 'Prompt + completion tokens')}
       {item(
         'ttft',
@@ -80,6 +115,7 @@ export function UsageStats(props: { stats: ReplyStats }) {
           )
         }
       </Show>
+      </div>
     </div>
   );
 }

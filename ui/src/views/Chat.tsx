@@ -10,8 +10,6 @@ import {
   loadConversations,
   loadModels,
   newChat,
-  removeChat,
-  selectChat,
   stopReply,
   updateSettings,
 } from '../chatState';
@@ -20,6 +18,7 @@ import { modelLabel, ModelsPanel } from '../components/ModelsPanel';
 import { chatJson, chatMarkdown, download, fileName, isContinuation } from '../share';
 import { fmtBytes } from '../format';
 import { chatModels, lib, modelById } from '../models';
+import { ChatList } from './chat/ChatList';
 import { Composer } from './chat/Composer';
 import { MessageView } from './chat/MessageView';
 import { SettingsPanel, settingsProblem } from './chat/SettingsPanel';
@@ -36,10 +35,19 @@ export function ChatView() {
     input.focus();
   });
 
+  // Esc stops a reply; Shift+Esc puts the cursor in the message box; Ctrl+Shift+O (⌘⇧O) starts a
+  // new chat, as in other chat apps.
   const onKey = (e: KeyboardEvent) => {
-    if (e.key === 'Escape' && chat.streaming) {
+    if (e.key === 'Escape' && e.shiftKey) {
+      e.preventDefault();
+      input.focus();
+    } else if (e.key === 'Escape' && chat.streaming) {
       e.preventDefault();
       stopReply();
+    } else if ((e.ctrlKey || e.metaKey) && e.shiftKey && e.key.toLowerCase() === 'o') {
+      e.preventDefault();
+      newChat();
+      input.focus();
     }
   };
   document.addEventListener('keydown', onKey);
@@ -82,39 +90,7 @@ export function ChatView() {
         >
           + New chat
         </button>
-        <ul class="conv-list">
-          <For each={chat.conversations}>
-            {(c) => (
-              <li
-                class="conv"
-                classList={{ active: c.id === chat.currentId }}
-                data-testid="conversation-item"
-                data-id={c.id}
-                data-server-id={c.serverId ?? ''}
-              >
-                <button
-                  class="conv-title"
-                  title={c.title}
-                  onClick={() => {
-                    selectChat(c.id);
-                    setSidebarOpen(false);
-                  }}
-                >
-                  {c.title}
-                </button>
-                <button
-                  class="icon-btn small"
-                  title="Delete this chat"
-                  aria-label="Delete this chat"
-                  data-testid="delete-conversation"
-                  onClick={() => removeChat(c.id)}
-                >
-                  ×
-                </button>
-              </li>
-            )}
-          </For>
-        </ul>
+        <ChatList onChosen={() => setSidebarOpen(false)} />
       </aside>
       <div class="sidebar-scrim" onClick={() => setSidebarOpen(false)} />
 
@@ -256,10 +232,32 @@ export function ChatView() {
               <Show
                 when={(current()?.messages.length ?? 0) > 0}
                 fallback={
-                  <div class="empty" data-testid="empty-chat">
-                    <p>Ask the model something.</p>
-                    <p class="muted">Enter sends · Shift+Enter adds a line · Esc stops a reply</p>
-                  </div>
+                  <Show
+                    when={chat.missing == null || current()}
+                    fallback={
+                      <div class="empty" data-testid="chat-not-found" role="status">
+                        <p>This chat was not found: it may have been deleted.</p>
+                        <button
+                          class="btn primary"
+                          data-testid="chat-not-found-new"
+                          onClick={() => {
+                            newChat();
+                            input.focus();
+                          }}
+                        >
+                          Start a new chat
+                        </button>
+                      </div>
+                    }
+                  >
+                    <div class="empty" data-testid="empty-chat">
+                      <p>Ask the model something.</p>
+                      <p class="muted" data-testid="keyboard-hint">
+                        Enter sends · Shift+Enter adds a line · Esc stops a reply · Shift+Esc goes to the message box ·
+                        Ctrl+Shift+O starts a new chat
+                      </p>
+                    </div>
+                  </Show>
                 }
               >
                 <For each={current()?.messages}>

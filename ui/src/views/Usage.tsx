@@ -12,7 +12,7 @@ import {
   type UsageFilters,
   type UsageGroup,
 } from '../api';
-import { fmtAgo, fmtCost, fmtInt, fmtMs, fmtRate, fmtShare, fmtTime } from '../format';
+import { fmtAgo, fmtCost, fmtDateTime, fmtInt, fmtMs, fmtRate, fmtShare } from '../format';
 import { usePoll } from '../poll';
 
 const LIMIT = 100;
@@ -320,7 +320,7 @@ export function UsageView() {
           <thead>
             <tr>
               <th>time</th>
-              <th>id</th>
+              <th>model</th>
               <th>dialect</th>
               <th>client</th>
               <th>status</th>
@@ -347,10 +347,17 @@ export function UsageView() {
             </Show>
             <For each={rows()}>
               {(r) => (
-                <tr data-testid="usage-row" data-id={r.e.id} title={r.e.error ?? undefined}>
-                  <td>{fmtTime(r.e.created)}</td>
-                  <td class="mono ellipsis" title={r.e.id}>
-                    {r.e.id}
+                // The request's id (long, for support and `shoal usage`) is the row's hover, not a column.
+                <tr
+                  data-testid="usage-row"
+                  data-id={r.e.id}
+                  title={r.e.error ? `${r.e.id}: ${r.e.error}` : r.e.id}
+                >
+                  <td class="nowrap" data-testid="usage-row-time">
+                    {fmtDateTime(r.e.created)}
+                  </td>
+                  <td class="ellipsis" data-testid="usage-row-model" classList={{ muted: !r.e.model }}>
+                    {r.e.model || 'no model'}
                   </td>
                   <td>
                     {r.e.dialect}

@@ -59,6 +59,12 @@ export function Composer(props: {
           Stop
         </button>
       </Show>
+      {/* Why Send is off, in words a touch screen shows too (a title never appears there). */}
+      <Show when={!chat.streaming && props.problem}>
+        <p class="send-reason" data-testid="send-reason" role="status">
+          {props.problem}
+        </p>
+      </Show>
     </form>
   );
 }

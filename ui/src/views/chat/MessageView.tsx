@@ -6,6 +6,7 @@ import { continueReply, editMessage, retryLast } from '../../chatState';
 import { FinishBadge } from '../../components/FinishBadge';
 import { UsageStats } from '../../components/UsageStats';
 import { renderMarkdown } from '../../markdown';
+import { fmtDateTime } from '../../format';
 import { copyText } from '../../share';
 import type { Message } from '../../store';
 
@@ -78,7 +79,7 @@ export function MessageView(props: {
     <Show
       when={m().role === 'assistant'}
       fallback={
-        <div class="msg user" data-testid="message-user" data-saved={m().saved}>
+        <div class="msg user" data-testid="message-user" data-saved={m().saved} title={when(m().created)} data-created={m().created ?? ''}>
           <Show
             when={editing() != null}
             fallback={
@@ -117,7 +118,14 @@ export function MessageView(props: {
                 rows={3}
                 value={editing() ?? ''}
                 onInput={(e) => setEditing(e.currentTarget.value)}
-                onKeyDown={(e) => e.key === 'Escape' && setEditing(null)}
+                onKeyDown={(e) => {
+                  // As in the composer: Enter sends, Shift+Enter adds a line.
+                  if (e.key === 'Escape') setEditing(null);
+                  else if (e.key === 'Enter' && !e.shiftKey && !e.isComposing) {
+                    e.preventDefault();
+                    e.currentTarget.form?.requestSubmit();
+                  }
+                }}
               />
               <div class="msg-actions">
                 <button class="btn small" type="button" data-testid="edit-cancel" onClick={() => setEditing(null)}>
@@ -145,6 +153,8 @@ export function MessageView(props: {
         class="msg assistant"
         classList={{ continued: props.continues }}
         data-testid="message-assistant"
+        title={when(m().created)}
+        data-created={m().created ?? ''}
         data-continues={props.continues ? 'true' : 'false'}
         data-streaming={props.streaming ? 'true' : 'false'}
         data-response-id={m().responseId ?? ''}
@@ -248,4 +258,9 @@ function NotSaved() {
       not saved
     </span>
   );
+}
+
+/** A message's time as its hover shows it ("Dec 6, 14:05:09"); nothing for a message with none. */
+function when(ms: number | undefined): string | undefined {
+  return ms ? fmtDateTime(ms / 1000) : undefined;
 }

@@ -4,7 +4,6 @@
 // reads so the chat view can refuse to send until they are fixed.
 import { createSignal, For, onCleanup, Show, untrack } from 'solid-js';
 import { updateSettings } from '../../chatState';
-import { ServerSettings } from '../../components/ServerSettings';
 import { canReason } from '../../models';
 import { SAMPLING, samplingProblem, type SamplingField } from '../../chat';
 import type { ModelInfo } from '../../api';
@@ -136,7 +135,10 @@ export function SettingsPanel(props: { conv: Conversation; model: ModelInfo | un
           </span>
         </Show>
       </label>
-      <ServerSettings />
+      <p class="muted small span2" data-testid="server-settings-link">
+        Settings of the server itself (Ollama's port, the prompt cache) are on the{' '}
+        <a href="/server">Server</a> page.
+      </p>
     </div>
   );
 }
