@@ -154,6 +154,50 @@ test(
   },
 );
 
+test('presets: a chat\'s settings kept by name, applied, the start of new chats, and a reset to the model\'s defaults', async () => {
+  await withPage('presets', {}, async (page) => {
+    await newChat(page, { maxTokens: '12', system: 'Answer in one word.', stop: 'END', temperature: '0.3' });
+    const fields = async () => ({
+      system: await page.getByTestId('setting-system').inputValue(),
+      max: await page.getByTestId('setting-max-tokens').inputValue(),
+      temperature: await page.getByTestId('setting-temperature').inputValue(),
+      stop: await page.getByTestId('setting-stop').inputValue(),
+    });
+    const terse = { system: 'Answer in one word.', max: '12', temperature: '0.3', stop: 'END' };
+    const defaults = { system: '', max: '1024', temperature: '', stop: '' };
+    await page.getByTestId('preset-save-as').click();
+    await page.getByTestId('preset-name').fill('Terse');
+    await page.getByTestId('preset-save').click();
+    // Reset empties every field (the model's defaults apply); the preset brings them back.
+    await page.getByTestId('reset-settings').click();
+    assert.deepEqual(await fields(), defaults);
+    await page.getByTestId('preset-pick').selectOption('Terse');
+    assert.deepEqual(await fields(), terse);
+    const body = await send(page, FRANCE);
+    assert.equal(body.max_tokens, 12);
+    assert.equal(body.temperature, 0.3);
+    assert.deepEqual(body.stop, ['END']);
+    assert.deepEqual(body.messages[0], { role: 'system', content: 'Answer in one word.' });
+    // New chats start from the default preset, in this browser, after a reload too.
+    await page.getByTestId('preset-default').selectOption('Terse');
+    await page.getByTestId('new-chat').click();
+    assert.deepEqual(await fields(), terse);
+    await page.reload();
+    await page.locator('[data-testid=conversation-list][data-loaded=true]').waitFor();
+    await page.getByTestId('new-chat').click();
+    if ((await page.getByTestId('settings-panel').count()) === 0) await page.getByTestId('settings-toggle').click();
+    assert.equal(await page.getByTestId('preset-default').inputValue(), 'Terse');
+    assert.deepEqual(await fields(), terse);
+    // Back to the model's defaults for new chats.
+    await page.getByTestId('preset-default').selectOption('');
+    await page.getByTestId('composer-input').fill('x');
+    await page.getByTestId('send-button').click();
+    await waitFinish(page);
+    await page.getByTestId('new-chat').click();
+    assert.deepEqual(await fields(), defaults);
+  });
+});
+
 test('a sampling value out of range is refused before sending, and the Send button says why', async () => {
   await withPage('settings-refused', {}, async (page) => {
     await newChat(page, { maxTokens: '4' });

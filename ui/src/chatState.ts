@@ -8,6 +8,7 @@
 // reply). A write that fails is shown and tried again with the next one.
 import { batch } from 'solid-js';
 import { createStore, produce } from 'solid-js/store';
+import { defaultPresetSettings } from './presets';
 import { buildRequest, streamChat, type StreamResult } from './chat';
 import {
   addAssistantMessage,
@@ -275,11 +276,13 @@ export function effectiveModel(c: Conversation | undefined): string {
 
 /**
  * A new chat's settings: the model of the chat the user was in (the model is
- * a choice that carries on), everything else the defaults. A chat's own
- * system prompt, caps, stop sequences and sampling stay with that chat.
+ * a choice that carries on), everything else the default preset's, or the
+ * defaults. A chat's own system prompt, caps, stop sequences and sampling
+ * stay with that chat.
  */
 function freshSettings(prev: Conversation | undefined): ChatSettings {
-  return { ...DEFAULT_SETTINGS, stop: [...DEFAULT_SETTINGS.stop], model: prev?.settings.model || defaultModelId() };
+  const base = defaultPresetSettings() ?? { ...DEFAULT_SETTINGS, stop: [...DEFAULT_SETTINGS.stop] };
+  return { ...base, model: prev?.settings.model || defaultModelId() };
 }
 
 /**

@@ -7,7 +7,8 @@ import { updateSettings } from '../../chatState';
 import { canReason } from '../../models';
 import { SAMPLING, samplingProblem, type SamplingField } from '../../chat';
 import type { ModelInfo } from '../../api';
-import type { Conversation } from '../../store';
+import { DEFAULT_SETTINGS, type Conversation } from '../../store';
+import { deletePreset, presetNamed, presetPart, presets, savePreset, setDefaultPreset } from '../../presets';
 
 /** Settings fields whose text is not a number, by field (the chat's settings hold null for them meanwhile). */
 const [unreadable, setUnreadable] = createSignal<Record<string, string>>({});
@@ -47,8 +48,124 @@ function numberOrNull(v: string): number | null {
   return Number.isFinite(n) ? n : null;
 }
 
-/** Per-chat settings; inputs start from the chat's saved values and write back as you type. */
+/**
+ * Per-chat settings, under the presets bar. The form is drawn afresh when a
+ * preset or the model's defaults replace what it holds (its inputs start
+ * from the chat's values and write back as you type).
+ */
 export function SettingsPanel(props: { conv: Conversation; model: ModelInfo | undefined }) {
+  const [drawn, setDrawn] = createSignal(0);
+  return (
+    <div class="settings" data-testid="settings-panel">
+      <b class="span2">Settings of this chat</b>
+      <PresetBar conv={props.conv} replaced={() => setDrawn(drawn() + 1)} />
+      {/* One item per drawing: a new number draws the form anew. */}
+      <For each={[drawn()]}>{() => <SettingsForm conv={props.conv} model={props.model} />}</For>
+    </div>
+  );
+}
+
+/**
+ * Presets: apply one, keep this chat's settings as one, choose the one new
+ * chats start from, or go back to the model's own defaults.
+ */
+function PresetBar(props: { conv: Conversation; replaced: () => void }) {
+  const [naming, setNaming] = createSignal(false);
+  const [name, setName] = createSignal('');
+  const apply = (settings: Partial<Conversation['settings']>) => {
+    updateSettings({ ...settings, stop: [...(settings.stop ?? [])] });
+    props.replaced();
+  };
+  return (
+    <div class="presets span2" data-testid="presets">
+      <select
+        data-testid="preset-pick"
+        aria-label="Apply a preset"
+        value=""
+        onChange={(e) => {
+          const p = presetNamed(e.currentTarget.value);
+          e.currentTarget.value = '';
+          if (p) apply(p.settings);
+        }}
+      >
+        <option value="">Apply a preset…</option>
+        <For each={presets.presets}>{(p) => <option value={p.name}>{p.name}</option>}</For>
+      </select>
+      <Show
+        when={naming()}
+        fallback={
+          <button type="button" class="btn small" data-testid="preset-save-as" onClick={() => setNaming(true)}>
+            Save as preset
+          </button>
+        }
+      >
+        <form
+          class="preset-name"
+          onSubmit={(e) => {
+            e.preventDefault();
+            savePreset(name(), props.conv.settings);
+            setName('');
+            setNaming(false);
+          }}
+        >
+          <input
+            data-testid="preset-name"
+            placeholder="Preset name"
+            value={name()}
+            ref={(el) => queueMicrotask(() => el.focus())}
+            onInput={(e) => setName(e.currentTarget.value)}
+            onKeyDown={(e) => e.key === 'Escape' && setNaming(false)}
+          />
+          <button type="submit" class="btn small primary" data-testid="preset-save" disabled={!name().trim()}>
+            Save
+          </button>
+        </form>
+      </Show>
+      <label class="preset-default">
+        <span class="muted small">New chats start from</span>
+        <select
+          data-testid="preset-default"
+          value={presets.defaultName ?? ''}
+          onChange={(e) => setDefaultPreset(e.currentTarget.value || null)}
+        >
+          <option value="">the model's defaults</option>
+          <For each={presets.presets}>
+            {(p) => (
+              <option value={p.name} selected={p.name === presets.defaultName}>
+                {p.name}
+              </option>
+            )}
+          </For>
+        </select>
+      </label>
+      <Show when={presets.defaultName}>
+        {(n) => (
+          <button
+            type="button"
+            class="btn small"
+            data-testid="preset-delete"
+            title={`Forget the preset "${n()}"`}
+            onClick={() => deletePreset(n())}
+          >
+            Delete “{n()}”
+          </button>
+        )}
+      </Show>
+      <button
+        type="button"
+        class="btn small"
+        data-testid="reset-settings"
+        title="Empty every field, so the model's own defaults apply (the chat keeps its model)"
+        onClick={() => apply(presetPart({ ...DEFAULT_SETTINGS, model: '' }))}
+      >
+        Reset to model defaults
+      </button>
+    </div>
+  );
+}
+
+/** The form itself. */
+function SettingsForm(props: { conv: Conversation; model: ModelInfo | undefined }) {
   const s = untrack(() => props.conv.settings);
   const context = () => props.model?.shoal?.context_length ?? null;
   // Text that is not a number leaves the setting empty; it is refused until fixed or the panel closes.
@@ -65,8 +182,7 @@ export function SettingsPanel(props: { conv: Conversation; model: ModelInfo | un
   const field = (key: SamplingField['key']) => SAMPLING.find((f) => f.key === key)!;
   const sampling = (f: SamplingField) => <SamplingInput field={f} conv={props.conv} model={props.model} onNumber={onNumber} />;
   return (
-    <div class="settings" data-testid="settings-panel">
-      <b class="span2">Settings of this chat</b>
+    <>
       <label class="field span2">
         <span>System prompt</span>
         <textarea
@@ -139,7 +255,7 @@ export function SettingsPanel(props: { conv: Conversation; model: ModelInfo | un
         Settings of the server itself (Ollama's port, the prompt cache) are on the{' '}
         <a href="/server">Server</a> page.
       </p>
-    </div>
+    </>
   );
 }
 
