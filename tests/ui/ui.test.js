@@ -628,6 +628,43 @@ test('a filter change shows its own rows at once, and a load started before it n
   });
 });
 
+test('the usage view\'s bars per hour, day or week, and a table per dialect, finish, node, model or client', async () => {
+  const r = await api('/v1/chat/completions', { model, messages: [{ role: 'user', content: FRANCE }], temperature: 0, max_tokens: 2 });
+  assert.equal(r.status, 200, r.text);
+  await withPage('usage-buckets-groups', { path: '/usage' }, async (page) => {
+    await page.getByTestId('usage-updated').filter({ hasText: 'updated' }).waitFor();
+    // Per week: the bars are the server's weeks, each keyed by its Monday.
+    await page.getByTestId('usage-bucket').selectOption('week');
+    await page.locator('[data-testid=usage-chart][data-unit=week]').waitFor();
+    const weeks = (await api('/v1/usage?group_by=week')).json.data;
+    assert.ok(weeks.length >= 1);
+    for (const w of weeks) {
+      assert.equal(new Date(`${w.key}T00:00:00Z`).getUTCDay(), 1, `${w.key} is a Monday`);
+      const bar = page.locator(`[data-testid=chart-bar][data-key="${w.key}"]`);
+      assert.equal(Number(await bar.getAttribute('data-total')), w.total_tokens);
+    }
+    await page.getByTestId('usage-bucket').selectOption('hour');
+    await page.locator('[data-testid=usage-chart][data-unit=hour]').waitFor();
+    // A table by the group chosen: its rows are the server's sums for it.
+    for (const by of ['finish', 'dialect']) {
+      await page.getByTestId('usage-group-by').selectOption(by);
+      const want = (await api(`/v1/usage?group_by=${by}`)).json.data;
+      const table = page.getByTestId('usage-by-chosen');
+      await page.waitForFunction(
+        ([keys]) => {
+          const shown = [...document.querySelectorAll('[data-testid=usage-by-chosen] [data-testid=group-row]')].map((r) => r.dataset.key);
+          return shown.length === keys.length && keys.every((k) => shown.includes(k));
+        },
+        [want.map((g) => g.key)],
+      );
+      for (const g of want) {
+        const row = table.locator(`[data-testid=group-row][data-key="${g.key}"]`);
+        assert.equal(await row.getByTestId('group-requests').innerText(), g.requests.toLocaleString('en-US'), `${by} ${g.key}`);
+      }
+    }
+  });
+});
+
 test('an Ollama request is in the usage dashboard under its own dialect, with its counts', async () => {
   const r = await api('/api/chat', { model, messages: [{ role: 'user', content: FRANCE }], stream: false, options: { temperature: 0, num_predict: 4 } });
   assert.equal(r.status, 200, r.text);

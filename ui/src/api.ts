@@ -344,7 +344,7 @@ export const usagePage = (f: UsageFilters, limit: number, cursor?: number) =>
     `/v1/usage?${usageQuery(f, { limit: String(limit), cursor: cursor == null ? '' : String(cursor) })}`,
   );
 
-type GroupBy = 'day' | 'hour' | 'model' | 'client' | 'dialect' | 'node' | 'served_by' | 'finish';
+export type GroupBy = 'day' | 'hour' | 'week' | 'model' | 'client' | 'dialect' | 'node' | 'served_by' | 'finish';
 
 export const usageSums = (f: UsageFilters, by: GroupBy) =>
   getJson<UsageSums>(`/v1/usage?${usageQuery(f, { group_by: by })}`).then((r) => ({ ...r, data: r.data ?? [] }));

@@ -6,6 +6,7 @@ import {
   usagePage,
   dialects,
   usageSums,
+  type GroupBy,
   type KeyUse,
   type LedgerEntry,
   type UsageCost,
@@ -67,17 +68,24 @@ function normalize(e: LedgerEntry): Row {
   return { e, prompt, cached, completion, reasoning, total };
 }
 
-type Unit = 'hour' | 'day';
+type Unit = 'hour' | 'day' | 'week';
 
-/** The server's bucket key (`YYYY-MM-DD`, `YYYY-MM-DDTHH`, UTC) of Unix seconds, and back. */
-const keyOf = (secs: number, unit: Unit) => new Date(secs * 1000).toISOString().slice(0, unit === 'hour' ? 13 : 10);
+/** The Monday (UTC) a week starts on, in Unix seconds; 1970-01-01 was a Thursday. */
+const mondayOf = (secs: number) => {
+  const day = Math.floor(secs / DAY);
+  return Math.max(0, day - ((day + 3) % 7)) * DAY;
+};
+/** The server's bucket key (`YYYY-MM-DD`, `YYYY-MM-DDTHH`, a week's Monday; UTC) of Unix seconds, and back. */
+const keyOf = (secs: number, unit: Unit) =>
+  new Date((unit === 'week' ? mondayOf(secs) : secs) * 1000).toISOString().slice(0, unit === 'hour' ? 13 : 10);
 const startOf = (key: string) => Date.parse(key.length > 10 ? `${key}:00:00Z` : `${key}T00:00:00Z`) / 1000;
 
 /** Every bucket from `from` to `now`, the empty ones as zero sums, so the chart shows the whole range. */
 function fill(sums: UsageGroup[], unit: Unit, from: number, now: number): UsageGroup[] {
-  const step = unit === 'hour' ? HOUR : DAY;
+  const step = unit === 'hour' ? HOUR : unit === 'day' ? DAY : 7 * DAY;
   const byKey = new Map(sums.map((g) => [g.key, g]));
-  for (let t = from - (from % step); t <= now; t += step) {
+  const first = unit === 'week' ? mondayOf(from) : from - (from % step);
+  for (let t = first; t <= now; t += step) {
     const key = keyOf(t, unit);
     if (!byKey.has(key)) byKey.set(key, { ...sum([]), key });
   }
@@ -107,6 +115,8 @@ interface Loaded {
   unit: Unit;
   models: UsageGroup[];
   clients: UsageGroup[];
+  /** The sums by the group the reader chose. */
+  chosen: UsageGroup[];
   keys: KeyUse[];
   /** What the filter's traffic would have cost at the server's prices; absent when it has none. */
   cost?: UsageCost;
@@ -114,8 +124,26 @@ interface Loaded {
   unpriced: string[];
 }
 
+/** What the chart's bars may stand for; `auto` picks hours for ranges up to two days, else days. */
+const BUCKETS: [string, string][] = [
+  ['auto', 'auto'],
+  ['hour', 'per hour'],
+  ['day', 'per day'],
+  ['week', 'per week'],
+];
+/** The groups a third table can sum by, beside the fixed per-model and per-client ones. */
+const GROUP_BYS: [GroupBy, string][] = [
+  ['dialect', 'dialect'],
+  ['finish', 'finish'],
+  ['node', 'node'],
+  ['model', 'model'],
+  ['client', 'client'],
+];
+
 export function UsageView() {
   const [filters, setFilters] = createSignal<UsageFilters>({});
+  const [bucket, setBucket] = createSignal<string>('auto');
+  const [groupBy, setGroupBy] = createSignal<GroupBy>('dialect');
   const [older, setOlder] = createSignal<Row[]>([]);
   const [olderCursor, setOlderCursor] = createSignal<number | null>(null);
   const [exporting, setExporting] = createSignal(false);
@@ -127,17 +155,20 @@ export function UsageView() {
     const f = filters();
     const now = Math.floor(Date.now() / 1000);
     const spanStart = f.since ? SPAN_START[f.since]?.(now) : undefined;
-    let unit: Unit = spanStart != null && now - spanStart <= HOURLY_UP_TO ? 'hour' : 'day';
-    const [page, first, models, clients, keys] = await Promise.all([
+    const asked = bucket();
+    const by = groupBy();
+    let unit: Unit = asked !== 'auto' ? (asked as Unit) : spanStart != null && now - spanStart <= HOURLY_UP_TO ? 'hour' : 'day';
+    const [page, first, models, clients, chosen, keys] = await Promise.all([
       usagePage(f, LIMIT),
       usageSums(f, unit),
       usageGroups(f, 'model'),
       usageGroups(f, 'client'),
+      usageGroups(f, by),
       usageKeys().catch(() => [] as KeyUse[]),
     ]);
     let sums = first;
     // All time runs from the first request: if that is under two days ago, chart it per hour.
-    if (spanStart == null && sums.data.length && now - startOf(sums.data[0].key) <= HOURLY_UP_TO) {
+    if (asked === 'auto' && spanStart == null && sums.data.length && now - startOf(sums.data[0].key) <= HOURLY_UP_TO) {
       unit = 'hour';
       sums = await usageSums(f, unit);
     }
@@ -149,6 +180,7 @@ export function UsageView() {
       unit,
       models,
       clients,
+      chosen,
       keys,
       cost: sums.cost,
       unpriced: sums.unpriced_models ?? [],
@@ -273,6 +305,19 @@ export function UsageView() {
         </Show>
       </div>
       <div class="card">
+        <label class="chart-bucket">
+          <span class="muted small">bars</span>
+          <select
+            data-testid="usage-bucket"
+            value={bucket()}
+            onChange={(e) => {
+              setBucket(e.currentTarget.value);
+              void poll.refresh();
+            }}
+          >
+            <For each={BUCKETS}>{([v, label]) => <option value={v}>{label}</option>}</For>
+          </select>
+        </label>
         <Show when={poll.data()}>
           {(d) => (
             <Show
@@ -309,6 +354,30 @@ export function UsageView() {
           all="all clients"
           unnamed="no API key"
           empty={`${none()} — each API key's requests and tokens appear here.`}
+        />
+      </div>
+      <div class="group-pick">
+        <label>
+          <span class="muted small">Per</span>
+          <select
+            data-testid="usage-group-by"
+            value={groupBy()}
+            onChange={(e) => {
+              setGroupBy(e.currentTarget.value as GroupBy);
+              void poll.refresh();
+            }}
+          >
+            <For each={GROUP_BYS}>{([v, label]) => <option value={v}>{label}</option>}</For>
+          </select>
+        </label>
+        <GroupTable
+          title={`Per ${groupBy()}`}
+          testid="usage-by-chosen"
+          groups={poll.data()?.chosen ?? []}
+          loaded={loaded()}
+          all={`all ${groupBy()}s`}
+          unnamed="none recorded"
+          empty={`${none()} — each ${groupBy()}'s requests and tokens appear here.`}
         />
       </div>
       <Show when={(poll.data()?.keys ?? []).length > 0}>
@@ -585,7 +654,7 @@ function BucketChart(props: { buckets: UsageGroup[]; unit: Unit }) {
     });
     return { maxTok, bars, base: y(0), mid: y(maxTok / 2) };
   });
-  const what = () => (props.unit === 'hour' ? 'hour' : 'day');
+  const what = () => props.unit;
   return (
     <figure class="chart" data-testid="usage-chart" data-unit={props.unit} ref={fig}>
       <svg viewBox={`0 0 ${W()} ${H}`} width={W()} height={H} role="img" aria-label={`Tokens per UTC ${what()}`}>

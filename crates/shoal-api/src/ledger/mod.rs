@@ -181,4 +181,18 @@ mod tests {
         // 2026-12-02 00:00:00 UTC.
         assert_eq!(utc_key(1_796_169_600, false), "2026-12-02");
     }
+
+    #[test]
+    fn a_week_is_keyed_by_its_monday() {
+        use super::week_key;
+        // 1970-01-01 was a Thursday; its partial week is keyed by the epoch.
+        assert_eq!(week_key(0), "1970-01-01");
+        // Wednesday 2026-12-02 and Sunday 2026-12-06 are in the week of Monday 2026-11-30;
+        // Monday 2026-12-07 starts the next.
+        assert_eq!(week_key(1_796_169_600), "2026-11-30");
+        assert_eq!(week_key(1_796_169_600 + 4 * 86_400 + 86_399), "2026-11-30");
+        assert_eq!(week_key(1_796_169_600 + 5 * 86_400), "2026-12-07");
+        // 2024-02-29 (a Thursday) is in the week of Monday 2024-02-26.
+        assert_eq!(week_key(1_709_210_096), "2024-02-26");
+    }
 }

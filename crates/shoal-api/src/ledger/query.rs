@@ -28,6 +28,8 @@ impl QueryError {
 pub enum GroupBy {
     Day,
     Hour,
+    /// The UTC week, keyed by the Monday it starts on.
+    Week,
     Model,
     Dialect,
     Finish,
@@ -106,6 +108,7 @@ impl UsageQuery {
                         &[
                             ("day", GroupBy::Day),
                             ("hour", GroupBy::Hour),
+                            ("week", GroupBy::Week),
                             ("model", GroupBy::Model),
                             ("client", GroupBy::Client),
                             ("dialect", GroupBy::Dialect),

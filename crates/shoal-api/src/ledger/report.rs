@@ -63,6 +63,16 @@ pub(crate) fn utc_key(secs: u64, hour: bool) -> String {
     shoal_engine::template::strftime_utc(format, i64::try_from(secs).unwrap_or(i64::MAX))
 }
 
+/// The UTC week of `secs`, as the date of the Monday it starts on.
+pub(crate) fn week_key(secs: u64) -> String {
+    const DAY: u64 = 86_400;
+    let days = secs / DAY;
+    // 1970-01-01 was a Thursday, three days after a Monday (that first
+    // partial week is keyed by the epoch itself).
+    let monday = days.saturating_sub((days + 3) % 7);
+    utc_key(monday * DAY, false)
+}
+
 /// Sums per group: requests and each kind of token, as every dialect counts
 /// them (each prompt once per request), and with prices set, what the
 /// group's priced requests would have cost.
@@ -72,6 +82,7 @@ pub fn grouped(entries: &[LedgerEntry], by: GroupBy, prices: &Prices) -> Vec<Val
         let key = match by {
             GroupBy::Day => utc_key(e.created, false),
             GroupBy::Hour => utc_key(e.created, true),
+            GroupBy::Week => week_key(e.created),
             GroupBy::Model => e.model.clone(),
             GroupBy::Dialect => e.dialect.ledger_name().to_string(),
             GroupBy::Finish => e.finish_name().to_string(),
