@@ -39,7 +39,7 @@ pub struct Args {
     /// The node that received the request.
     #[arg(long)]
     pub node: Option<String>,
-    /// Sum per day, hour, model, client, dialect, node or finish.
+    /// Sum per hour, day, week, model, client, dialect, node or finish.
     #[arg(long, value_name = "BY")]
     pub group_by: Option<String>,
     /// Most requests listed (default 50).
