@@ -18,7 +18,7 @@ use shoal_store::{Metadata, Piece, PieceKind, Store};
 
 use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::ledger::LedgerEntry;
-use crate::AppState;
+use crate::state::AppState;
 
 /// Metadata keys written by the server besides the reserved ones; a client
 /// cannot set them either.

@@ -11,7 +11,7 @@ use shoal_models::{ModelsError, PullEvent, PullSpec};
 use crate::body::OpenAiJson;
 use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::pool::held_bytes;
-use crate::AppState;
+use crate::state::AppState;
 
 pub fn routes() -> Router<AppState> {
     Router::new()

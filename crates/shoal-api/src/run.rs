@@ -12,7 +12,8 @@ use crate::error::ApiError;
 pub use crate::ids::{new_id, now_secs};
 use crate::ledger::{LedgerEntry, Tracked};
 pub use crate::sse::Framing;
-use crate::{wire, Served};
+use crate::state::Served;
+use crate::wire;
 
 /// What to generate, after a dialect has parsed and validated its request.
 #[derive(Clone, Debug)]
@@ -296,7 +297,7 @@ pub trait Adapter: Sized + Send + 'static {
 
 /// Serves one generation request in dialect `A`.
 pub async fn serve<A: Adapter>(
-    axum::extract::State(state): axum::extract::State<crate::AppState>,
+    axum::extract::State(state): axum::extract::State<crate::state::AppState>,
     tracked: Option<axum::Extension<crate::ledger::Tracked>>,
     body: crate::body::Body,
 ) -> Result<axum::response::Response, crate::error::DialectError> {
@@ -307,7 +308,7 @@ pub async fn serve<A: Adapter>(
 /// Serves a parsed generation request in dialect `A` (for a dialect whose
 /// handler looks at the request first, as Ollama's does for load requests).
 pub async fn serve_request<A: Adapter>(
-    state: &crate::AppState,
+    state: &crate::state::AppState,
     tracked: Option<crate::ledger::Tracked>,
     req: A::Request,
 ) -> Result<axum::response::Response, crate::error::DialectError> {

@@ -5,7 +5,7 @@ use shoal_engine::tools::{ToolDef, ToolSyntax};
 use shoal_engine::ChatMessage;
 
 use crate::error::ApiError;
-use crate::Served;
+use crate::state::Served;
 
 pub use shoal_engine::prompt::ToolChoice;
 

@@ -29,7 +29,7 @@ impl From<crate::ledger::QueryError> for ApiError {
 /// A request another node forwarded here carries that node's facts (who
 /// received it, the key's name, the origin), taken only when its cluster
 /// signature checks out.
-pub async fn track(State(s): State<crate::AppState>, req: Request, next: Next) -> Response {
+pub async fn track(State(s): State<crate::state::AppState>, req: Request, next: Next) -> Response {
     let Some(dialect) = crate::dialect::Routed::of(req.extensions()).generation else {
         return next.run(req).await;
     };
@@ -49,7 +49,7 @@ pub async fn track(State(s): State<crate::AppState>, req: Request, next: Next) -
 
 /// The request's facts as the handler gets them: the path, the client's
 /// agent and origin, and which node received and which runs it.
-fn tracked(s: &crate::AppState, req: &Request, forwarded: Option<Facts>) -> Tracked {
+fn tracked(s: &crate::state::AppState, req: &Request, forwarded: Option<Facts>) -> Tracked {
     let own = s.node.identity().id.clone();
     let endpoint = req.uri().path().to_string();
     let header = |name: axum::http::HeaderName| {
@@ -88,7 +88,7 @@ fn tracked(s: &crate::AppState, req: &Request, forwarded: Option<Facts>) -> Trac
 
 /// A request the handler recorded: an error status it ended with goes on
 /// its row, and the response names the row.
-fn mark_recorded(s: &crate::AppState, id: &str, mut response: Response) -> Response {
+fn mark_recorded(s: &crate::state::AppState, id: &str, mut response: Response) -> Response {
     let status = response.status().as_u16();
     if status != 200 {
         s.ledger.set_status(id, status);
@@ -102,7 +102,7 @@ fn mark_recorded(s: &crate::AppState, id: &str, mut response: Response) -> Respo
 /// A request refused before it generated: recorded as an error row with the
 /// refusal's words, and the response names the row.
 async fn record_refusal(
-    s: &crate::AppState,
+    s: &crate::state::AppState,
     dialect: crate::dialect::Dialect,
     tracked: &Tracked,
     response: Response,
@@ -153,7 +153,7 @@ async fn record_refusal(
 /// The receiving node's facts on a request forwarded here, if its
 /// signature checks out (the body is read for that and put back).
 async fn forwarded_facts(
-    s: &crate::AppState,
+    s: &crate::state::AppState,
     req: Request,
 ) -> Result<(Request, Option<Facts>), Response> {
     if !req.headers().contains_key(crate::cluster::FORWARDED_HEADER) || s.cluster().is_none() {
@@ -201,7 +201,7 @@ pub struct PeerUsage {
 /// `POST /v1/cluster/usage`: this node's rows for a peer (signed), or, on a
 /// node in no cluster and open without a key (a pipeline's local stage),
 /// for its parent node.
-pub async fn peer_usage(State(s): State<crate::AppState>, req: Request) -> Response {
+pub async fn peer_usage(State(s): State<crate::state::AppState>, req: Request) -> Response {
     let ask: PeerUsage = if s.cluster().is_some() || s.access.requires_key() {
         match <crate::cluster::Peer<PeerUsage> as axum::extract::FromRequest<_>>::from_request(
             req, &s,
@@ -249,7 +249,7 @@ pub async fn peer_usage(State(s): State<crate::AppState>, req: Request) -> Respo
 /// recorded once the engine has stopped it); an id the ledger neither holds
 /// nor expects is a 404 at once.
 pub async fn entry(
-    State(s): State<crate::AppState>,
+    State(s): State<crate::state::AppState>,
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Response {
     const HANG_GUARD: std::time::Duration = std::time::Duration::from_secs(120);
@@ -269,7 +269,7 @@ pub async fn entry(
 /// entries and sums carry a `cost` (a group answer also its total) and the
 /// answer names the `unpriced_models` whose rows add nothing to it.
 pub async fn handle(
-    State(s): State<crate::AppState>,
+    State(s): State<crate::state::AppState>,
     Query(pairs): Query<Vec<(String, String)>>,
 ) -> Response {
     let answer = async {
@@ -348,7 +348,7 @@ pub async fn handle(
 /// two nodes hold (received by one, run by the other) counts once. Returns
 /// the page and the nodes that could not be asked.
 async fn cluster_page(
-    s: &crate::AppState,
+    s: &crate::state::AppState,
     q: &UsageQuery,
     pairs: &[(String, String)],
 ) -> Result<(Page, Vec<String>), ApiError> {
@@ -399,7 +399,7 @@ async fn cluster_page(
 }
 
 /// `/v1/usage/keys`: each API key's use against its limits (names only).
-pub async fn keys(State(s): State<crate::AppState>) -> Response {
+pub async fn keys(State(s): State<crate::state::AppState>) -> Response {
     let listed: Result<Vec<Value>, ApiError> = s
         .access
         .keys()

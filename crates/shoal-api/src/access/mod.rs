@@ -10,7 +10,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use crate::error::{ApiError, ErrorKind};
-use crate::AppState;
+use crate::state::AppState;
 
 pub use rules::{Access, Key, Limits, APP_ORIGINS};
 

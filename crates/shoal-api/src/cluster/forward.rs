@@ -9,7 +9,7 @@ use axum::http::Method;
 use axum::response::{IntoResponse, Response};
 
 use crate::error::{ApiError, ErrorShape};
-use crate::AppState;
+use crate::state::AppState;
 
 use super::peer::peer_rows;
 use super::placement::{NotSent, Upstream, FORWARDED_HEADER};

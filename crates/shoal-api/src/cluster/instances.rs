@@ -9,7 +9,7 @@ use serde_json::json;
 
 use crate::body::OpenAiJson;
 use crate::error::{ApiError, DialectError, ErrorShape};
-use crate::AppState;
+use crate::state::AppState;
 
 use super::peer::Peer;
 use super::placement::{Instance, INSTANCES_PATH, INSTANCE_REMOVE_PATH, LOAD_PATH, UNLOAD_PATH};

@@ -33,7 +33,7 @@ use serde_json::json;
 use shoal_cluster::{Cluster, ModelLoad, NodeStatus, Requests, Signed, StatusReply};
 
 use crate::error::{ApiError, DialectError, ErrorShape};
-use crate::AppState;
+use crate::state::AppState;
 
 pub fn routes() -> Router<AppState> {
     Router::new()

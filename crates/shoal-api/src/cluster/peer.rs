@@ -5,7 +5,7 @@ use shoal_cluster::Cluster;
 
 use super::placement::PEER_USAGE_PATH;
 use crate::error::{ApiError, DialectError, ErrorShape};
-use crate::AppState;
+use crate::state::AppState;
 
 /// A control request from a peer: its signature checked (the sender
 /// becomes a peer), its JSON body parsed. Every control route takes one.

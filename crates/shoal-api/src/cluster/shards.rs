@@ -19,7 +19,7 @@ use tokio::io::AsyncBufReadExt;
 use super::peer::Peer;
 use super::placement::{Instance, ShardProc, Upstream, PREPARE_PATH, START_PATH, STOP_PATH};
 use crate::error::{ApiError, DialectError, ErrorShape};
-use crate::AppState;
+use crate::state::AppState;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())

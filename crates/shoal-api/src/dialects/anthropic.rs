@@ -12,7 +12,7 @@ use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::params::{check_max_tokens, check_range};
 use crate::run::{self, Generation};
 use crate::tools::{ToolChoice, ToolRequest};
-use crate::{AppState, Served};
+use crate::state::{AppState, Served};
 use shoal_engine::tools::ToolDef;
 
 // Anthropic Messages' words for the engine's records.
@@ -834,7 +834,7 @@ fn provider_meta(
 /// The dialect as the server registers it: its words and its routes.
 pub const REGISTERED: Registered = Registered::new(DIALECT, routes);
 
-fn routes() -> axum::Router<crate::AppState> {
+fn routes() -> axum::Router<crate::state::AppState> {
     use axum::routing::post;
     axum::Router::new()
         .route("/v1/messages", post(run::serve::<Messages>))

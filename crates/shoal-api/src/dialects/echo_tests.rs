@@ -19,7 +19,7 @@ use crate::dialect::{Described, Dialect, FinishWords};
 use crate::dialects::registration::Registered;
 use crate::error::{ApiError, ErrorShape};
 use crate::run::{self, Collected, Generation, Step};
-use crate::{AppState, Served};
+use crate::state::{AppState, Served};
 
 /// The echo dialect's words for the engine's records.
 pub const DIALECT: Dialect = Dialect(&Described {
@@ -153,7 +153,7 @@ async fn serve(state: AppState) -> String {
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    tokio::spawn(crate::serve_until(listener, state, std::future::pending()));
+    tokio::spawn(crate::server::serve_until(listener, state, std::future::pending()));
     format!("http://{addr}")
 }
 

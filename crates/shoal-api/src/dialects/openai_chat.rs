@@ -11,7 +11,7 @@ use crate::params::{check_max_tokens, check_range, check_stop, OpenAiSampling};
 use crate::run::{self, Generation};
 use crate::tools::{self, ToolRequest};
 use crate::dialects::openai_words::{finish_reason, usage_json};
-use crate::Served;
+use crate::state::Served;
 use shoal_engine::Grammar;
 
 #[derive(Debug, Deserialize)]
@@ -491,7 +491,7 @@ pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dia
 /// The dialect as the server registers it: its words and its routes.
 pub const REGISTERED: Registered = Registered::new(DIALECT, routes);
 
-fn routes() -> axum::Router<crate::AppState> {
+fn routes() -> axum::Router<crate::state::AppState> {
     use axum::routing::post;
     axum::Router::new().route("/v1/chat/completions", post(run::serve::<Chat>))
 }

@@ -10,7 +10,7 @@ use crate::error::{ApiError, ErrorShape};
 use crate::params::{check_max_tokens, check_range, check_stop, OpenAiSampling};
 use crate::run::{self, Generation};
 use crate::dialects::openai_words::{finish_reason, usage_json};
-use crate::Served;
+use crate::state::Served;
 
 #[derive(Debug, Deserialize)]
 // Some fields are accepted (and type-checked) for SDK compatibility without
@@ -352,7 +352,7 @@ pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dia
 /// The dialect as the server registers it: its words and its routes.
 pub const REGISTERED: Registered = Registered::new(DIALECT, routes);
 
-fn routes() -> axum::Router<crate::AppState> {
+fn routes() -> axum::Router<crate::state::AppState> {
     use axum::routing::post;
     axum::Router::new().route("/v1/completions", post(run::serve::<Completions>))
 }

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use crate::dialects::registration::Registered;
 use crate::embeddings::{base64_vector, embed, EmbedRequest, Input};
 use crate::error::{ApiError, DialectError, ErrorShape};
-use crate::AppState;
+use crate::state::AppState;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

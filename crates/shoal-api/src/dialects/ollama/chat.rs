@@ -15,7 +15,7 @@ use crate::body::Body;
 use crate::error::{ApiError, DialectError};
 use crate::run::{self, Collected, Generation, Step};
 use crate::tools::{self, ToolChoice, ToolRequest};
-use crate::{AppState, Served};
+use crate::state::{AppState, Served};
 
 #[derive(Debug, Deserialize)]
 pub struct ChatRequest {

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use super::shared::{apply_keep_alive, load_request, model_id, ollama_error, KeepAlive, DIALECT};
 use crate::embeddings::{embed, EmbedRequest, Input};
 use crate::error::{ApiError, DialectError};
-use crate::AppState;
+use crate::state::AppState;
 
 #[derive(Deserialize)]
 struct EmbedBody {

@@ -16,7 +16,7 @@ use super::shared::{
 use crate::body::Body;
 use crate::error::{ApiError, DialectError};
 use crate::run::{self, Collected, Generation, Step};
-use crate::{AppState, Served};
+use crate::state::{AppState, Served};
 
 #[derive(Debug, Deserialize)]
 pub struct GenerateRequest {

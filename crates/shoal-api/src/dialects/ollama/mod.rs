@@ -10,7 +10,7 @@ use axum::routing::{delete, get, post};
 use axum::Router;
 
 use crate::dialects::registration::Registered;
-use crate::AppState;
+use crate::state::AppState;
 pub use shared::{DIALECT, OLLAMA_VERSION, ROOT_TEXT};
 
 pub(crate) mod chat;

@@ -16,7 +16,7 @@ use super::shared::{
 };
 use crate::body::Body;
 use crate::error::{ApiError, DialectError, ErrorShape};
-use crate::AppState;
+use crate::state::AppState;
 
 type Reply = Result<Response, DialectError>;
 

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::port::{DEFAULT_PORT, SETTING};
 use crate::error::{ApiError, ErrorShape};
-use crate::AppState;
+use crate::state::AppState;
 
 /// `GET /v1/settings/ollama-port`.
 pub(crate) async fn get_setting(State(s): State<AppState>) -> Json<Value> {

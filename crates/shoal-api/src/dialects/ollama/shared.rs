@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use shoal_engine::{Completion, FinishReason, SamplingParams, Usage};
 
 use crate::error::{ApiError, ErrorShape};
-use crate::AppState;
+use crate::state::AppState;
 
 /// The Ollama version `/api/version` reports: the API this module follows
 /// (clients gate features on it; Codex's `--oss` mode wants 0.13.4 or
@@ -427,7 +427,7 @@ pub fn wanted_thinking(
 }
 
 /// Whether the served model can think (a thinking switch or harmony's channels).
-pub fn can_think(served: &crate::Served) -> bool {
+pub fn can_think(served: &crate::state::Served) -> bool {
     served.engine.model.vocab.capabilities().reasoning
 }
 
@@ -466,7 +466,7 @@ pub fn final_fields(c: &Completion, ready_after: Duration) -> serde_json::Map<St
 
 /// The engine job for a prompt under a request's options (one choice).
 pub fn job(
-    served: &crate::Served,
+    served: &crate::state::Served,
     p: shoal_engine::prompt::ChatPrompt,
     options: &Options,
     format: Option<shoal_engine::Grammar>,

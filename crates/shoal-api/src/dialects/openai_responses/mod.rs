@@ -6,7 +6,7 @@ use shoal_engine::{ChatMessage, Completion, Event};
 
 use crate::error::{ApiError, ErrorShape};
 use crate::run::{self, Generation};
-use crate::Served;
+use crate::state::Served;
 
 mod render;
 mod request;
@@ -198,7 +198,7 @@ fn provider_meta(
 pub const REGISTERED: crate::dialects::registration::Registered =
     crate::dialects::registration::Registered::new(DIALECT, routes).keeping(store::keep);
 
-fn routes() -> axum::Router<crate::AppState> {
+fn routes() -> axum::Router<crate::state::AppState> {
     use axum::routing::{get, post};
     axum::Router::new()
         .route("/v1/responses", post(run::serve::<Responses>))

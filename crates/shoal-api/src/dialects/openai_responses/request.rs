@@ -10,7 +10,7 @@ use crate::error::ApiError;
 use crate::params::{check_max_tokens, check_range};
 use crate::run::{self, Generation};
 use crate::tools::{self, ToolRequest};
-use crate::Served;
+use crate::state::Served;
 
 #[derive(Debug, Deserialize)]
 // Some fields are accepted (and type-checked) for SDK compatibility without

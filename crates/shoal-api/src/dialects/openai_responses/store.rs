@@ -10,7 +10,7 @@ use serde_json::Value;
 use shoal_engine::ChatMessage;
 
 use crate::error::{ApiError, DialectError, ErrorShape};
-use crate::AppState;
+use crate::state::AppState;
 
 /// How many earlier responses the store keeps.
 const KEPT: usize = 256;
