@@ -12,9 +12,8 @@ use axum::response::{IntoResponse, Response};
 use crate::error::{ApiError, ErrorKind};
 use crate::state::AppState;
 
-pub use rules::{Access, Key, Limits, APP_ORIGINS};
+pub use crate::state::access::{Access, Key, Limits, APP_ORIGINS};
 
-pub(crate) mod rules;
 
 /// Routes open without a key: liveness, the web UI's files, and the cluster
 /// control routes (signed with the cluster secret instead).

@@ -10,7 +10,7 @@
 pub mod forward;
 pub mod instances;
 mod peer;
-pub mod placement;
+pub use crate::state::placement;
 pub mod shards;
 
 pub use forward::forward;

@@ -6,8 +6,11 @@ use std::sync::Arc;
 use shoal_cluster::LocalNode;
 use shoal_engine::Engine;
 
-use crate::access::rules::{Access, Limits};
-use crate::cluster::placement::{Instance, Shards};
+pub mod access;
+pub mod placement;
+
+use access::{Access, Limits};
+use placement::{Instance, Shards};
 use crate::dialects::ollama::port::OllamaPort;
 use crate::error::ApiError;
 use crate::ledger::Ledger;
