@@ -433,7 +433,8 @@ mod tests {
                     let word = |w: &str| Some(if gone { "cancelled" } else { w }.to_string());
                     match d {
                         WireDialect::Chat | WireDialect::Completions => {
-                            wire.finish_reason = word(crate::dialects::openai_words::finish_reason(f))
+                            wire.finish_reason =
+                                word(crate::dialects::openai_words::finish_reason(f))
                         }
                         WireDialect::Messages => {
                             wire.stop_reason = word(crate::dialects::anthropic::stop_reason(f))
@@ -443,7 +444,8 @@ mod tests {
                                 word(crate::dialects::ollama::shared::done_reason(f))
                         }
                         WireDialect::Responses => {
-                            let (status, incomplete, _) = crate::dialects::openai_responses::words::status(f);
+                            let (status, incomplete, _) =
+                                crate::dialects::openai_responses::words::status(f);
                             wire.status = word(status);
                             wire.incomplete_reason =
                                 incomplete["reason"].as_str().map(str::to_string);

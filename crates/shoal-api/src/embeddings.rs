@@ -12,8 +12,8 @@ use crate::dialect::Dialect;
 use crate::error::ApiError;
 use crate::ledger::{LedgerEntry, Tracked};
 use crate::run::{new_id, now_secs};
-use crate::state::Served;
 use crate::state::AppState;
+use crate::state::Served;
 
 /// Most inputs one request may carry (OpenAI's own limit); more get a 400.
 pub const MAX_INPUTS: usize = 2048;

@@ -113,7 +113,10 @@ fn chat_error_mid_stream_sends_error_then_done() {
     assert!(out
         .iter()
         .all(|d| d == "[DONE]" || parse(d)["choices"] != serde_json::json!([])));
-    assert_eq!(err["usage"], crate::dialects::openai_words::usage_json(&usage()));
+    assert_eq!(
+        err["usage"],
+        crate::dialects::openai_words::usage_json(&usage())
+    );
 }
 
 /// A failed choice's error waits for the other choices and carries the
@@ -184,11 +187,17 @@ fn a_timeout_mid_stream_is_the_dialects_timeout_error() {
         .as_str()
         .is_some_and(|m| m.contains("time limit of 3 s")));
     // Each error carries the dialect's own usage object beside it.
-    assert_eq!(err["usage"], crate::dialects::openai_words::usage_json(&usage()));
+    assert_eq!(
+        err["usage"],
+        crate::dialects::openai_words::usage_json(&usage())
+    );
     let out = completions(1, None, t());
     let err = parse(&out[out.len() - 2]);
     assert_eq!(err["error"]["code"], "request_timeout", "{err}");
-    assert_eq!(err["usage"], crate::dialects::openai_words::usage_json(&usage()));
+    assert_eq!(
+        err["usage"],
+        crate::dialects::openai_words::usage_json(&usage())
+    );
     let f = anthropic_frames(t());
     let (name, data) = f.last().expect("frames");
     assert_eq!(
@@ -196,7 +205,10 @@ fn a_timeout_mid_stream_is_the_dialects_timeout_error() {
         ("error", &serde_json::json!("timeout_error"))
     );
     assert_eq!(data["type"], "error");
-    assert_eq!(data["usage"], crate::dialects::anthropic::usage_json(&usage()));
+    assert_eq!(
+        data["usage"],
+        crate::dialects::anthropic::usage_json(&usage())
+    );
     assert_eq!(data["usage"]["input_tokens"], 30, "input excludes cached");
     let f = responses_frames(t());
     let (name, data) = f.last().expect("frames");

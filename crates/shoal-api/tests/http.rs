@@ -1579,11 +1579,21 @@ async fn usage_filters_groups_and_exports_the_ledger() {
         rows[1].contains(",anthropic.messages,") && rows[1].contains(m["id"].as_str().expect("id"))
     );
     // Its total and timings are the JSON row's, as the UI's log shows them.
-    let row: std::collections::HashMap<&str, &str> = rows[0].split(',').zip(rows[1].split(',')).collect();
+    let row: std::collections::HashMap<&str, &str> =
+        rows[0].split(',').zip(rows[1].split(',')).collect();
     let listed = list("/v1/usage?dialect=anthropic.messages").await;
     let e = &listed["data"][0];
-    assert_eq!(row["total_tokens"], e["tokens"]["total"].to_string(), "{text}");
-    for k in ["ttft_ms", "decode_tokens_per_s", "queue_ms", "prefill_tokens_per_s"] {
+    assert_eq!(
+        row["total_tokens"],
+        e["tokens"]["total"].to_string(),
+        "{text}"
+    );
+    for k in [
+        "ttft_ms",
+        "decode_tokens_per_s",
+        "queue_ms",
+        "prefill_tokens_per_s",
+    ] {
         let csv: f64 = row[k].parse().expect("a number");
         assert_eq!(Some(csv), e[k].as_f64(), "{k}: {text}");
     }

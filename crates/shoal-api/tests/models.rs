@@ -730,7 +730,10 @@ async fn capabilities_are_the_same_before_and_after_a_model_loads() {
     for (id, _) in &models {
         let before = &entry(&cold, id)["shoal"];
         assert_eq!(before["loaded"], false, "{id}");
-        assert!(before["capabilities"]["chat"].is_boolean(), "{id}: {before}");
+        assert!(
+            before["capabilities"]["chat"].is_boolean(),
+            "{id}: {before}"
+        );
         let (status, v) = post_json(&base, &format!("/v1/models/{id}/load"), json!({})).await;
         assert_eq!(status, 200, "{id}: {v}");
         let warm = until_loaded(&base, id, true).await;
@@ -743,6 +746,12 @@ async fn capabilities_are_the_same_before_and_after_a_model_loads() {
         assert_eq!(status, 200, "{id}: {v}");
     }
     // The thinking build has `</think>` in its vocabulary; the plain one has not.
-    assert_eq!(entry(&cold, "thinker")["shoal"]["capabilities"]["reasoning"], true);
-    assert_eq!(entry(&cold, DEFAULT)["shoal"]["capabilities"]["reasoning"], false);
+    assert_eq!(
+        entry(&cold, "thinker")["shoal"]["capabilities"]["reasoning"],
+        true
+    );
+    assert_eq!(
+        entry(&cold, DEFAULT)["shoal"]["capabilities"]["reasoning"],
+        false
+    );
 }

@@ -14,7 +14,6 @@ use crate::state::AppState;
 
 pub use crate::state::access::{Access, Key, Limits, APP_ORIGINS};
 
-
 /// Routes open without a key: liveness, the web UI's files, and the cluster
 /// control routes (signed with the cluster secret instead).
 fn open_route(path: &str, routed: crate::dialect::Routed) -> bool {

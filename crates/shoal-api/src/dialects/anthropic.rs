@@ -11,8 +11,8 @@ use crate::dialects::registration::Registered;
 use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::params::{check_max_tokens, check_range};
 use crate::run::{self, Generation};
-use crate::tools::{ToolChoice, ToolRequest};
 use crate::state::{AppState, Served};
+use crate::tools::{ToolChoice, ToolRequest};
 use shoal_engine::tools::ToolDef;
 
 // Anthropic Messages' words for the engine's records.
@@ -812,7 +812,7 @@ pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dia
         request_headers: &["x-api-key", "anthropic-version", "anthropic-beta"],
     },
     finish_words: |f| crate::dialect::FinishWords::one(stop_reason(f)),
-    usage_json: usage_json,
+    usage_json,
     provider_meta,
 });
 

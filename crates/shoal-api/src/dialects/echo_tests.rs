@@ -153,7 +153,11 @@ async fn serve(state: AppState) -> String {
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    tokio::spawn(crate::server::serve_until(listener, state, std::future::pending()));
+    tokio::spawn(crate::server::serve_until(
+        listener,
+        state,
+        std::future::pending(),
+    ));
     format!("http://{addr}")
 }
 

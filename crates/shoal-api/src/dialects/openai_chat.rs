@@ -5,13 +5,13 @@ use shoal_engine::{ChatMessage, Completion, Event, FinishReason, TokenLogprob, U
 
 use super::common::{effort_budget, function_tools, Content, FunctionDef, StreamOptions};
 use crate::body::OneOrMany;
+use crate::dialects::openai_words::{finish_reason, usage_json};
 use crate::dialects::registration::Registered;
 use crate::error::{ApiError, ErrorShape};
 use crate::params::{check_max_tokens, check_range, check_stop, OpenAiSampling};
 use crate::run::{self, Generation};
-use crate::tools::{self, ToolRequest};
-use crate::dialects::openai_words::{finish_reason, usage_json};
 use crate::state::Served;
+use crate::tools::{self, ToolRequest};
 use shoal_engine::Grammar;
 
 #[derive(Debug, Deserialize)]
@@ -483,7 +483,9 @@ pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dia
     model_paths: &["/v1/chat/completions"],
     error_shape: ErrorShape::OPENAI,
     transport: crate::dialect::Transport::PLAIN,
-    finish_words: |f| crate::dialect::FinishWords::one(crate::dialects::openai_words::finish_reason(f)),
+    finish_words: |f| {
+        crate::dialect::FinishWords::one(crate::dialects::openai_words::finish_reason(f))
+    },
     usage_json: crate::dialects::openai_words::usage_json,
     provider_meta: |f, u| crate::wire::finish_reason_meta(DIALECT, f, u),
 });

@@ -5,11 +5,11 @@ use shoal_engine::{Completion, Event, TokenLogprob};
 
 use super::common::StreamOptions;
 use crate::body::OneOrMany;
+use crate::dialects::openai_words::{finish_reason, usage_json};
 use crate::dialects::registration::Registered;
 use crate::error::{ApiError, ErrorShape};
 use crate::params::{check_max_tokens, check_range, check_stop, OpenAiSampling};
 use crate::run::{self, Generation};
-use crate::dialects::openai_words::{finish_reason, usage_json};
 use crate::state::Served;
 
 #[derive(Debug, Deserialize)]
@@ -344,7 +344,9 @@ pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dia
     model_paths: &["/v1/completions"],
     error_shape: ErrorShape::OPENAI,
     transport: crate::dialect::Transport::PLAIN,
-    finish_words: |f| crate::dialect::FinishWords::one(crate::dialects::openai_words::finish_reason(f)),
+    finish_words: |f| {
+        crate::dialect::FinishWords::one(crate::dialects::openai_words::finish_reason(f))
+    },
     usage_json: crate::dialects::openai_words::usage_json,
     provider_meta: |f, u| crate::wire::finish_reason_meta(DIALECT, f, u),
 });

@@ -105,7 +105,9 @@ pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dia
     error_shape: ErrorShape::OPENAI,
     transport: crate::dialect::Transport::PLAIN,
     // An embedding request has no finish of its own; a served one is `stop`.
-    finish_words: |f| crate::dialect::FinishWords::one(crate::dialects::openai_words::finish_reason(f)),
+    finish_words: |f| {
+        crate::dialect::FinishWords::one(crate::dialects::openai_words::finish_reason(f))
+    },
     usage_json,
     provider_meta,
 });

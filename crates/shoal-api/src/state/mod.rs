@@ -9,12 +9,12 @@ use shoal_engine::Engine;
 pub mod access;
 pub mod placement;
 
-use access::{Access, Limits};
-use placement::{Instance, Shards};
 use crate::dialects::ollama::port::OllamaPort;
 use crate::error::ApiError;
 use crate::ledger::Ledger;
 use crate::{ledger, metrics, pool};
+use access::{Access, Limits};
+use placement::{Instance, Shards};
 
 /// The conversation store, shared by the handlers that read and write it.
 pub type SharedStore = Arc<std::sync::Mutex<shoal_store::Store>>;

@@ -45,11 +45,11 @@ pub struct Instance {
 
 /// A running `shoal shard` process of an instance.
 pub struct ShardProc {
-    pub(super) child: tokio::process::Child,
+    pub(crate) child: tokio::process::Child,
     /// Rank 0: the address of its API.
     pub addr: Option<String>,
     /// Read through this pipe; closing it ends the shard.
-    pub(super) _stdin: Option<tokio::process::ChildStdin>,
+    pub(crate) _stdin: Option<tokio::process::ChildStdin>,
 }
 
 impl ShardProc {

@@ -14,8 +14,8 @@ use super::shared::{
 use crate::body::Body;
 use crate::error::{ApiError, DialectError};
 use crate::run::{self, Collected, Generation, Step};
-use crate::tools::{self, ToolChoice, ToolRequest};
 use crate::state::{AppState, Served};
+use crate::tools::{self, ToolChoice, ToolRequest};
 
 #[derive(Debug, Deserialize)]
 pub struct ChatRequest {

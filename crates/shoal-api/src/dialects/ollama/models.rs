@@ -160,7 +160,6 @@ fn find(pool: &crate::pool::ModelPool, name: &str) -> Result<LocalModel, ApiErro
         .ok_or_else(|| not_found(name))
 }
 
-
 /// `model_info`: a GGUF header's metadata (arrays left out, as Ollama
 /// leaves them out unless verbose), or a model directory's `config.json`
 /// under the GGUF key names. Its `{arch}.context_length` is the `window`

@@ -3,8 +3,8 @@ use serde_json::{json, Value};
 use shoal_engine::{Completion, Event};
 
 use super::request::Namespaced;
-use crate::run;
 use super::words::{status, usage_json};
+use crate::run;
 
 /// A function call in the output.
 #[derive(Clone, Debug)]

@@ -9,8 +9,8 @@ use crate::dialects::common::Content;
 use crate::error::ApiError;
 use crate::params::{check_max_tokens, check_range};
 use crate::run::{self, Generation};
-use crate::tools::{self, ToolRequest};
 use crate::state::Served;
+use crate::tools::{self, ToolRequest};
 
 #[derive(Debug, Deserialize)]
 // Some fields are accepted (and type-checked) for SDK compatibility without
