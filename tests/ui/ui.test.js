@@ -841,6 +841,7 @@ test('the usage view: a full request log, charts bucketed by the range, worded g
     assert.deepEqual(await page.getByTestId('group-empty').allInnerTexts(), [
       "No requests match these filters — each model's requests and tokens appear here.",
       "No requests match these filters — each API key's requests and tokens appear here.",
+      "No requests match these filters — each dialect's requests and tokens appear here.",
     ]);
     assert.equal(await page.getByTestId('usage-empty').innerText(), 'No requests match these filters — requests to any API appear here with their tokens.');
     assert.equal(await page.getByTestId('usage-row').count(), 0);
@@ -1028,7 +1029,7 @@ test('conversations and their settings persist across reloads and can be deleted
     await page.reload();
     const item = page.getByTestId('conversation-item').first();
     await item.waitFor();
-    assert.equal(await item.innerText().then((t) => t.replace('×', '').trim()), 'Hello there');
+    assert.equal(await item.innerText().then((t) => t.replace('×', '').replace('✎', '').trim()), 'Hello there');
     assert.equal(await page.getByTestId('message-user').count(), 1);
     assert.equal(await page.getByTestId('message-assistant').getByTestId('finish-badge').getAttribute('data-finish'), 'length');
     await page.getByTestId('settings-toggle').click();

@@ -75,9 +75,11 @@ export function ChatList(props: {
 function ChatItem(props: { conv: Conversation; onChosen: () => void }) {
   const [renaming, setRenaming] = createSignal(false);
   const c = () => props.conv;
+  // Esc ends renaming, and the input's blur as it goes must not keep what Esc dropped.
   const done = (input: HTMLInputElement, keep: boolean) => {
-    if (keep) renameChat(c().id, input.value);
+    if (!renaming()) return;
     setRenaming(false);
+    if (keep) renameChat(c().id, input.value);
   };
   return (
     <li
