@@ -122,11 +122,11 @@ mod tests {
             (e.param, e.message)
         };
         assert_eq!(
-            refused("group_by", "week"),
+            refused("group_by", "month"),
             (
                 "group_by".to_string(),
-                "'group_by' must be day, hour, model, client, dialect, node, served_by or \
-                 finish, got \"week\""
+                "'group_by' must be day, hour, week, model, client, dialect, node, served_by or \
+                 finish, got \"month\""
                     .to_string()
             )
         );
