@@ -1621,7 +1621,7 @@ async fn usage_filters_groups_and_exports_the_ledger() {
     // Bad parameters: the OpenAI error shape, naming the parameter.
     for (path, param) in [
         ("/v1/usage?cursor=-1", "cursor"),
-        ("/v1/usage?group_by=week", "group_by"),
+        ("/v1/usage?group_by=month", "group_by"),
         ("/v1/usage?limit=many", "limit"),
         ("/v1/usage?dialect=gemini", "dialect"),
         ("/v1/usage?colour=blue", "colour"),
