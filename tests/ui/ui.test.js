@@ -597,21 +597,22 @@ test('a filter change shows its own rows at once, and a load started before it n
   // (the key sums, which no filter narrows, pass).
   const held = [];
   let hold = false;
+  let firstHeld;
+  const someHeld = new Promise((r) => (firstHeld = r));
   const setup = (page) =>
     page.route('**/v1/usage**', (r) => {
       const url = r.request().url();
-      if (hold && !url.includes('dialect=') && !url.includes('/v1/usage/keys')) held.push(r);
-      else void r.continue();
+      if (hold && !url.includes('dialect=') && !url.includes('/v1/usage/keys')) {
+        held.push(r);
+        firstHeld();
+      } else void r.continue();
     });
   await withPage('usage-filter-fresh', { path: '/usage', setup }, async (page) => {
     await page.getByTestId('usage-updated').filter({ hasText: 'updated' }).waitFor();
     hold = true;
     await page.getByTestId('usage-refresh').click();
-    const deadline = Date.now() + 30_000;
-    while (held.length === 0) {
-      assert.ok(Date.now() < deadline, 'the refresh never asked for the ledger');
-      await new Promise((r) => setTimeout(r, 20));
-    }
+    // The event itself: the refresh's first request to the ledger is held.
+    await someHeld;
     await page.getByTestId('usage-filter-dialect').selectOption('anthropic.messages');
     const want = (await api('/v1/usage?dialect=anthropic.messages&limit=100')).json.data.map((e) => e.id);
     // The filtered rows come while the older load is still held.
@@ -1094,13 +1095,12 @@ test('the chat list: search by title or message, chats grouped by when they were
     assert.equal(await item.locator('.conv-title').innerText(), 'A chat to find');
     await item.locator('.conv-title').dblclick();
     await page.getByTestId('rename-input').fill('  Zebra   notes ');
+    const written = page.waitForResponse((r) => r.url().endsWith(`/v1/conversations/${id}`) && r.request().method() === 'PATCH');
     await page.getByTestId('rename-input').press('Enter');
     assert.equal(await item.locator('.conv-title').innerText(), 'Zebra notes');
-    const deadline = Date.now() + 10_000;
-    while ((await storedConversation(id)).title !== 'Zebra notes') {
-      assert.ok(Date.now() < deadline, 'the store never got the new title');
-      await new Promise((r) => setTimeout(r, 100));
-    }
+    // Once the store has answered the rename, it holds the new title.
+    assert.equal((await written).status(), 200);
+    assert.equal((await storedConversation(id)).title, 'Zebra notes');
   });
   // A chat last used three days ago (as the store would list it) is under "Previous 7 days".
   const setup = (page) =>
