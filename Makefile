@@ -193,7 +193,7 @@ ui/dist/index.html: $(UI_SRC)
 ## The web UI's browser tests (Debian chromium via playwright-core) against the built binary.
 test-ui: setup ui
 	$(CARGO) build --release -p shoal
-	$(CARGO) build --release -p shoal-models --features fixture --bin shoal-hub-fixture
+	$(CARGO) build --release -p shoal-hub-fixture
 	@bash tests/run-ui.sh
 
 lint: mlx

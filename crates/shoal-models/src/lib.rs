@@ -5,8 +5,6 @@
 pub mod card;
 pub mod error;
 pub mod find;
-#[cfg(feature = "fixture")]
-pub mod fixture;
 pub mod hub;
 pub mod library;
 

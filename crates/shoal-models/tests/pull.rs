@@ -2,7 +2,7 @@
 //! cut, checksum mismatch, missing files, tokens, progress, listing, removal.
 use std::path::PathBuf;
 
-use shoal_models::fixture::{gguf_bytes, safetensors_bytes, FixtureFile, FixtureRepo, HubFixture};
+use shoal_hub_fixture::{gguf_bytes, safetensors_bytes, FixtureFile, FixtureRepo, HubFixture};
 use shoal_models::{pull, HubOptions, Library, ModelsError, PullEvent, PullSpec, Source};
 
 const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";

@@ -609,7 +609,7 @@ fn json_logs_carry_the_request_span_and_prompts_only_when_asked() {
 /// serves the default model's file.
 #[test]
 fn pull_list_and_remove_models_from_a_fixture_hub() {
-    use shoal_models::fixture::{FixtureFile, FixtureRepo, HubFixture};
+    use shoal_hub_fixture::{FixtureFile, FixtureRepo, HubFixture};
     let dir = temp_dir("pull");
     let bytes = std::fs::read(gguf()).expect("model");
     let size = bytes.len() as u64;
@@ -629,7 +629,7 @@ fn pull_list_and_remove_models_from_a_fixture_hub() {
             commit: "3333333333333333333333333333333333333333".into(),
             files: vec![FixtureFile::new(
                 "gated-Q4_0.gguf",
-                shoal_models::fixture::gguf_bytes(
+                shoal_hub_fixture::gguf_bytes(
                     "llama",
                     2,
                     2048,

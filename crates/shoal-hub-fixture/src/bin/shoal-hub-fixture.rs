@@ -3,7 +3,7 @@
 //! `shoal-hub-fixture ORG/NAME=DIR...` prints its endpoint and runs until killed.
 //! Weights (`.gguf`, `.safetensors`) are listed as LFS files with a sha256.
 use sha2::Digest;
-use shoal_models::fixture::{FixtureFile, FixtureRepo, HubFixture};
+use shoal_hub_fixture::{FixtureFile, FixtureRepo, HubFixture};
 
 fn main() {
     let mut repos = Vec::new();
