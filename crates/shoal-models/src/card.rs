@@ -180,7 +180,7 @@ impl ModelCard {
 mod tests {
     use super::*;
 
-    use crate::fixture::{gguf_bytes, safetensors_bytes};
+    use shoal_hub_fixture::{gguf_bytes, safetensors_bytes};
 
     fn tiny_gguf() -> Vec<u8> {
         gguf_bytes(
