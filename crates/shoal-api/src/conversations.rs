@@ -49,7 +49,11 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/conversations/{id}/messages", post(add_message))
         .route(
             "/v1/conversations/{id}/messages/{message_id}",
-            delete(truncate),
+            delete(truncate).patch(edit_message),
+        )
+        .route(
+            "/v1/conversations/{id}/messages/{message_id}/pieces",
+            post(add_piece),
         )
 }
 
@@ -222,9 +226,10 @@ async fn add_message(
     body: axum::body::Bytes,
 ) -> Reply {
     let id = parse_id(&id)?;
-    let m: NewMessage = serde_json::from_slice(&body)
+    let mut m: NewMessage = serde_json::from_slice(&body)
         .map_err(|e| err(ApiError::invalid(format!("bad body: {e}"))))?;
-    let (piece, target, model) = match m.role.as_str() {
+    let role = std::mem::take(&mut m.role);
+    let (piece, target, model) = match role.as_str() {
         "user" => {
             if m.response_id.is_some() || m.reasoning.is_some() || m.error.is_some() {
                 return Err(err(ApiError::invalid(
@@ -236,55 +241,11 @@ async fn add_message(
                 text: m.content,
                 tool_calls: Vec::new(),
                 metadata: client_keys(&m.metadata),
+                ..Piece::default()
             };
             (piece, None, None)
         }
-        "assistant" => {
-            let entry = match &m.response_id {
-                Some(rid) => s.ledger.wait_for(rid, LEDGER_HANG_GUARD).await,
-                None => None,
-            };
-            let mut metadata = match &entry {
-                Some(e) => merge(&client_keys(&m.metadata), &provider_meta(e)),
-                None => client_keys(&m.metadata),
-            };
-            if let Some(e) = &entry {
-                metadata.insert("response_id".into(), json!(e.id));
-                if let Some(f) = e.finish() {
-                    metadata.insert("engine_finish_reason".into(), json!(f.as_str()));
-                }
-                let t = e.timings();
-                metadata.insert("ttft_ms".into(), json!(t.ttft_ms));
-                metadata.insert("decode_tokens_per_s".into(), json!(t.decode_tokens_per_s));
-                if t.draft_tokens > 0 {
-                    metadata.insert("draft_tokens".into(), json!(t.draft_tokens));
-                    metadata.insert("draft_accepted".into(), json!(t.draft_accepted));
-                }
-                // Of the cached prompt tokens, those read back from disk.
-                let disk = e.usage().cached_disk_tokens;
-                if disk > 0 {
-                    metadata.insert("cached_disk_tokens".into(), json!(disk));
-                }
-            }
-            if let Some(r) = m.reasoning.filter(|r| !r.is_empty()) {
-                metadata.insert("reasoning_content".into(), json!(r));
-            }
-            let kind = if let Some(e) = m.error.filter(|e| !e.is_empty()) {
-                metadata.insert("error".into(), json!(e));
-                PieceKind::Error
-            } else {
-                PieceKind::Text
-            };
-            let piece = Piece {
-                kind,
-                text: m.content,
-                tool_calls: Vec::new(),
-                metadata,
-            };
-            let target = entry.as_ref().map(|e| e.dialect.ledger_name().to_string());
-            let model = entry.map(|e| e.model);
-            (piece, target, model)
-        }
+        "assistant" => assistant_piece(&s, m).await,
         other => {
             return Err(err(ApiError::param(
                 "role",
@@ -292,13 +253,156 @@ async fn add_message(
             )))
         }
     };
-    let role = m.role;
     let v = with_store(&s, move |st| {
         require(st, id)?;
         let mid = st
             .add_message(id, &role, target.as_deref(), model.as_deref(), &[piece])
             .map_err(store_err)?;
         let stored = st.message(mid).map_err(store_err)?;
+        serde_json::to_value(stored).map_err(|e| ApiError::internal(e.to_string()))
+    })
+    .await?;
+    Ok(Json(v))
+}
+
+/// A reply's piece as this server recorded it: the ledger's usage and finish
+/// for its response id, the client's own keys beside them; with the dialect it
+/// was served in and the model, for the message row.
+async fn assistant_piece(s: &AppState, m: NewMessage) -> (Piece, Option<String>, Option<String>) {
+    let entry = match &m.response_id {
+        Some(rid) => s.ledger.wait_for(rid, LEDGER_HANG_GUARD).await,
+        None => None,
+    };
+    let mut metadata = match &entry {
+        Some(e) => merge(&client_keys(&m.metadata), &provider_meta(e)),
+        None => client_keys(&m.metadata),
+    };
+    if let Some(e) = &entry {
+        metadata.insert("response_id".into(), json!(e.id));
+        if let Some(f) = e.finish() {
+            metadata.insert("engine_finish_reason".into(), json!(f.as_str()));
+        }
+        let t = e.timings();
+        metadata.insert("ttft_ms".into(), json!(t.ttft_ms));
+        metadata.insert("decode_tokens_per_s".into(), json!(t.decode_tokens_per_s));
+        if t.draft_tokens > 0 {
+            metadata.insert("draft_tokens".into(), json!(t.draft_tokens));
+            metadata.insert("draft_accepted".into(), json!(t.draft_accepted));
+        }
+        // Of the cached prompt tokens, those read back from disk.
+        let disk = e.usage().cached_disk_tokens;
+        if disk > 0 {
+            metadata.insert("cached_disk_tokens".into(), json!(disk));
+        }
+    }
+    if let Some(r) = m.reasoning.filter(|r| !r.is_empty()) {
+        metadata.insert("reasoning_content".into(), json!(r));
+    }
+    let kind = if let Some(e) = m.error.filter(|e| !e.is_empty()) {
+        metadata.insert("error".into(), json!(e));
+        PieceKind::Error
+    } else {
+        PieceKind::Text
+    };
+    let piece = Piece {
+        kind,
+        text: m.content,
+        tool_calls: Vec::new(),
+        metadata,
+        ..Piece::default()
+    };
+    let target = entry.as_ref().map(|e| e.dialect.ledger_name().to_string());
+    let model = entry.map(|e| e.model);
+    (piece, target, model)
+}
+
+/// The next step of a continued reply, or the first step of a new version of a
+/// regenerated one: `POST …/messages/{message_id}/pieces` with a reply's body
+/// (content, reasoning, response id, error, metadata) and its `version` and `step`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewPiece {
+    content: String,
+    reasoning: Option<String>,
+    response_id: Option<String>,
+    error: Option<String>,
+    #[serde(default)]
+    metadata: Metadata,
+    version: u32,
+    step: u32,
+}
+
+async fn add_piece(
+    State(s): State<AppState>,
+    Path((id, message_id)): Path<(String, String)>,
+    body: axum::body::Bytes,
+) -> Reply {
+    let (id, message_id) = (parse_id(&id)?, parse_id(&message_id)?);
+    let p: NewPiece = serde_json::from_slice(&body)
+        .map_err(|e| err(ApiError::invalid(format!("bad body: {e}"))))?;
+    // The message must be a reply of this conversation before the ledger is asked.
+    with_store(&s, move |st| {
+        require(st, id)?;
+        match st.message(message_id).map_err(store_err)? {
+            Some(m) if m.conversation_id == id && m.role == "assistant" => Ok(()),
+            _ => Err(ApiError::not_found(format!(
+                "no reply {message_id} in conversation {id}"
+            ))),
+        }
+    })
+    .await?;
+    let m = NewMessage {
+        role: "assistant".into(),
+        content: p.content,
+        reasoning: p.reasoning,
+        response_id: p.response_id,
+        error: p.error,
+        metadata: p.metadata,
+    };
+    let (mut piece, _, _) = assistant_piece(&s, m).await;
+    piece.version = p.version;
+    piece.step = p.step;
+    let v = with_store(&s, move |st| {
+        if !st.add_piece(id, message_id, &piece).map_err(store_err)? {
+            return Err(ApiError::not_found(format!(
+                "no reply {message_id} in conversation {id}"
+            )));
+        }
+        let stored = st.message(message_id).map_err(store_err)?;
+        serde_json::to_value(stored).map_err(|e| ApiError::internal(e.to_string()))
+    })
+    .await?;
+    Ok(Json(v))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TextEdit {
+    content: String,
+}
+
+/// `PATCH …/messages/{message_id}` `{"content": …}`: a user message edited
+/// before it is sent again; the reply after it keeps what each of its versions
+/// answered.
+async fn edit_message(
+    State(s): State<AppState>,
+    Path((id, message_id)): Path<(String, String)>,
+    body: axum::body::Bytes,
+) -> Reply {
+    let (id, message_id) = (parse_id(&id)?, parse_id(&message_id)?);
+    let e: TextEdit = serde_json::from_slice(&body)
+        .map_err(|e| err(ApiError::invalid(format!("bad body: {e}"))))?;
+    let v = with_store(&s, move |st| {
+        require(st, id)?;
+        if !st
+            .edit_text(id, message_id, &e.content)
+            .map_err(store_err)?
+        {
+            return Err(ApiError::not_found(format!(
+                "no user message {message_id} in conversation {id}"
+            )));
+        }
+        let stored = st.message(message_id).map_err(store_err)?;
         serde_json::to_value(stored).map_err(|e| ApiError::internal(e.to_string()))
     })
     .await?;

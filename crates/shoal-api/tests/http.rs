@@ -1184,6 +1184,168 @@ async fn conversations_store_replies_with_the_ledger_metadata_not_the_clients() 
     assert_eq!(list["data"], json!([]));
 }
 
+/// One chat completion, not streamed: its id, text and usage.
+async fn complete(base: &str, messages: Value, max_tokens: u32) -> (String, String, Value) {
+    let (st, body, _) = post(
+        base,
+        "/v1/chat/completions",
+        &json!({"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0})
+            .to_string(),
+    )
+    .await;
+    assert_eq!(st, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("json");
+    let id = v["id"].as_str().expect("id").to_string();
+    let text = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    (id, text, v["usage"].clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_keeps_its_continued_steps_and_regenerated_versions_each_with_its_usage() {
+    use reqwest::Method;
+    let base = server_with_store("versions").await;
+    let (_, conv) = send(Method::POST, format!("{base}/v1/conversations"), None).await;
+    let cid = conv["id"].as_i64().expect("id");
+    let question = "What is the capital of France?";
+    let (_, user) = send(
+        Method::POST,
+        format!("{base}/v1/conversations/{cid}/messages"),
+        Some(json!({"role": "user", "content": question})),
+    )
+    .await;
+    let uid = user["id"].as_i64().expect("id");
+
+    // Step 0: cut by its token limit; step 1 carries it on from the text so far.
+    let (r0, t0, u0) = complete(&base, json!([{"role": "user", "content": question}]), 3).await;
+    let (_, reply) = send(
+        Method::POST,
+        format!("{base}/v1/conversations/{cid}/messages"),
+        Some(json!({"role": "assistant", "content": t0, "response_id": r0})),
+    )
+    .await;
+    let rid = reply["id"].as_i64().expect("id");
+    let (r1, t1, u1) = complete(
+        &base,
+        json!([{"role": "user", "content": question}, {"role": "assistant", "content": t0}]),
+        4,
+    )
+    .await;
+    let pieces = format!("{base}/v1/conversations/{cid}/messages/{rid}/pieces");
+    let (st, stepped) = send(
+        Method::POST,
+        pieces.clone(),
+        Some(
+            json!({"content": t1, "response_id": r1, "version": 0, "step": 1,
+                    "metadata": {"token_usage_completion_tokens": 999}}),
+        ),
+    )
+    .await;
+    assert_eq!(st, 200, "{stepped}");
+    // A regenerated version with usage of its own.
+    let (r2, t2, u2) = complete(&base, json!([{"role": "user", "content": question}]), 5).await;
+    let (st, _) = send(
+        Method::POST,
+        pieces.clone(),
+        Some(json!({"content": t2, "response_id": r2, "version": 1, "step": 0})),
+    )
+    .await;
+    assert_eq!(st, 200);
+
+    // The question edited: the versions so far keep the words they answered.
+    let (st, edited) = send(
+        Method::PATCH,
+        format!("{base}/v1/conversations/{cid}/messages/{uid}"),
+        Some(json!({"content": "What is the capital of Italy?"})),
+    )
+    .await;
+    assert_eq!(st, 200, "{edited}");
+    assert_eq!(edited["pieces"][0]["text"], "What is the capital of Italy?");
+
+    let (_, c) = send(Method::GET, format!("{base}/v1/conversations/{cid}"), None).await;
+    let got = &c["messages"][1]["pieces"];
+    let want = [
+        (&t0, &r0, &u0, 0, 0),
+        (&t1, &r1, &u1, 0, 1),
+        (&t2, &r2, &u2, 1, 0),
+    ];
+    assert_eq!(got.as_array().map(Vec::len), Some(3), "{got}");
+    for (i, (text, rid, usage, version, step)) in want.into_iter().enumerate() {
+        let p = &got[i];
+        let m = &p["metadata"];
+        assert_eq!(p["text"], json!(text), "{p}");
+        assert_eq!(p["version"].as_u64().unwrap_or(0), version, "{p}");
+        assert_eq!(p["step"].as_u64().unwrap_or(0), step, "{p}");
+        assert_eq!(m["response_id"], json!(rid), "{p}");
+        // Each step's and version's usage is its own request's, as the ledger has it.
+        assert_eq!(
+            m["token_usage_completion_tokens"], usage["completion_tokens"],
+            "{p}"
+        );
+        assert_eq!(
+            m["token_usage_prompt_tokens"], usage["prompt_tokens"],
+            "{p}"
+        );
+        assert_eq!(m["answered"], question, "{p}");
+    }
+    assert_eq!(got[0]["metadata"]["finish_reason"], "length");
+
+    // Bad input: a clear 400 or 404 in the OpenAI shape, nothing written.
+    let other = format!("{base}/v1/conversations/{cid}/messages");
+    for (method, url, body, want) in [
+        (
+            Method::POST,
+            pieces.clone(),
+            json!({"content": "x", "version": 0}),
+            400,
+        ),
+        (
+            Method::POST,
+            pieces.clone(),
+            json!({"content": "x", "version": -1, "step": 0}),
+            400,
+        ),
+        (
+            Method::POST,
+            pieces.clone(),
+            json!({"content": "x", "version": 0, "step": 0, "role": "user"}),
+            400,
+        ),
+        (
+            Method::POST,
+            format!("{other}/{uid}/pieces"),
+            json!({"content": "x", "version": 0, "step": 1}),
+            404,
+        ),
+        (
+            Method::POST,
+            format!("{other}/999/pieces"),
+            json!({"content": "x", "version": 0, "step": 1}),
+            404,
+        ),
+        (
+            Method::PATCH,
+            format!("{other}/{rid}"),
+            json!({"content": "x"}),
+            404,
+        ),
+        (
+            Method::PATCH,
+            format!("{other}/{uid}"),
+            json!({"text": "x"}),
+            400,
+        ),
+    ] {
+        let (st, err) = send(method.clone(), url.clone(), Some(body)).await;
+        assert_eq!(st, want, "{method} {url}: {err}");
+        assert!(err["error"]["message"].is_string(), "{method} {url}: {err}");
+    }
+    let (_, after) = send(Method::GET, format!("{base}/v1/conversations/{cid}"), None).await;
+    assert_eq!(after["messages"][1]["pieces"], *got);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_reply_is_stored_as_cancelled_from_the_ledger() {
     use futures::StreamExt;

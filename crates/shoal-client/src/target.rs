@@ -156,6 +156,7 @@ impl Target {
                         .map(|(id, name, args)| json!({"id": id, "name": name, "arguments": args}))
                         .collect(),
                     metadata,
+                    ..Piece::default()
                 }
             })
             .collect();

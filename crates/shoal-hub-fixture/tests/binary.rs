@@ -20,14 +20,28 @@ impl Drop for Running {
 fn get(endpoint: &str, path: &str) -> (u16, Vec<u8>) {
     let host = endpoint.trim_start_matches("http://");
     let mut stream = TcpStream::connect(host).expect("connect to the fixture");
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").expect("send");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
     let mut reply = Vec::new();
     stream.read_to_end(&mut reply).expect("read the reply");
-    let split = reply.windows(4).position(|w| w == b"\r\n\r\n").expect("a header block");
+    let split = reply
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a header block");
     let head = String::from_utf8_lossy(&reply[..split]).into_owned();
-    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).expect("a status");
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status");
     let mut body = reply[split + 4..].to_vec();
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         body = unchunk(&body);
     }
     (status, body)
@@ -36,9 +50,15 @@ fn get(endpoint: &str, path: &str) -> (u16, Vec<u8>) {
 fn unchunk(mut raw: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     loop {
-        let line_end = raw.windows(2).position(|w| w == b"\r\n").expect("a chunk size line");
-        let size = usize::from_str_radix(std::str::from_utf8(&raw[..line_end]).expect("hex").trim(), 16)
-            .expect("a chunk size");
+        let line_end = raw
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .expect("a chunk size line");
+        let size = usize::from_str_radix(
+            std::str::from_utf8(&raw[..line_end]).expect("hex").trim(),
+            16,
+        )
+        .expect("a chunk size");
         if size == 0 {
             return out;
         }
@@ -65,7 +85,12 @@ fn serves_a_folder_as_a_repository() {
         .read_line(&mut first)
         .expect("its first line");
     let _running = Running(child);
-    let endpoint = first.trim().rsplit(' ').next().expect("the endpoint").to_string();
+    let endpoint = first
+        .trim()
+        .rsplit(' ')
+        .next()
+        .expect("the endpoint")
+        .to_string();
     assert!(endpoint.starts_with("http://127.0.0.1:"), "{first}");
 
     let (status, listing) = get(&endpoint, "/api/models/test/Tiny/revision/main?blobs=true");
@@ -76,7 +101,10 @@ fn serves_a_folder_as_a_repository() {
         .iter()
         .find(|s| s["rfilename"] == "tiny.gguf")
         .expect("the weights are listed");
-    assert_eq!(gguf["lfs"]["sha256"], hex::encode(sha2::Sha256::digest(&weights)));
+    assert_eq!(
+        gguf["lfs"]["sha256"],
+        hex::encode(sha2::Sha256::digest(&weights))
+    );
     assert_eq!(gguf["size"], weights.len());
     let config = siblings
         .iter()

@@ -18,15 +18,17 @@ pub use usage::{ChoiceRow, UsageFilter, UsageLog, UsageRow};
 pub type Metadata = Map<String, Value>;
 
 /// What a stored piece holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PieceKind {
+    #[default]
     Text,
     Error,
 }
 
-/// One response piece (one per choice).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// One response piece: one per choice, and for a reply that was regenerated or
+/// continued, one per version and step.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Piece {
     pub kind: PieceKind,
     pub text: String,
@@ -34,7 +36,24 @@ pub struct Piece {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<Value>,
     pub metadata: Metadata,
+    /// Which version of the reply this belongs to: a regenerated reply keeps its
+    /// earlier versions (0 first) beside the new one, each with its own usage.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub version: u32,
+    /// Which step of its version: a reply continued after its token limit is one
+    /// reply whose steps (0 first) each carry the usage of their own request.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub step: u32,
 }
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// The metadata key under which a reply's pieces keep the user's words they
+/// answered, once that message was edited (so an older version still says what
+/// it was an answer to).
+pub const ANSWERED_KEY: &str = "answered";
 
 /// What can go wrong in the store.
 #[derive(Debug, thiserror::Error)]
@@ -94,6 +113,9 @@ const MIGRATIONS: &[&str] = &[
     usage::DRAFT_MIGRATION,
     // 7: the part of each choice's cached tokens read from the disk tier.
     usage::DISK_CACHE_MIGRATION,
+    // 8: a reply's versions (regenerated) and steps (continued) as pieces of one message.
+    "ALTER TABLE pieces ADD COLUMN version INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE pieces ADD COLUMN step INTEGER NOT NULL DEFAULT 0;",
 ];
 
 /// A stored message with its pieces.
@@ -132,6 +154,31 @@ fn now_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
+}
+
+/// Writes one piece and its metadata at `idx` of `message_id`.
+fn insert_piece(tx: &rusqlite::Transaction, message_id: i64, idx: i64, p: &Piece) -> Result<()> {
+    let kind = match p.kind {
+        PieceKind::Text => "text",
+        PieceKind::Error => "error",
+    };
+    let calls = (!p.tool_calls.is_empty())
+        .then(|| serde_json::to_string(&p.tool_calls))
+        .transpose()
+        .map_err(|e| StoreError::Data(e.to_string()))?;
+    tx.execute(
+        "INSERT INTO pieces (message_id, idx, kind, content, tool_calls, version, step)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        params![message_id, idx, kind, p.text, calls, p.version, p.step],
+    )?;
+    let piece_id = tx.last_insert_rowid();
+    for (k, v) in &p.metadata {
+        tx.execute(
+            "INSERT INTO metadata (piece_id, key, value) VALUES (?1, ?2, ?3)",
+            params![piece_id, k, v.to_string()],
+        )?;
+    }
+    Ok(())
 }
 
 /// Opens (creating if needed) and migrates the database at `path`, in WAL
@@ -310,28 +357,100 @@ impl Store {
             params![conversation_id, now_ms()],
         )?;
         for (idx, p) in pieces.iter().enumerate() {
-            let kind = match p.kind {
-                PieceKind::Text => "text",
-                PieceKind::Error => "error",
-            };
-            let calls = (!p.tool_calls.is_empty())
-                .then(|| serde_json::to_string(&p.tool_calls))
-                .transpose()
-                .map_err(|e| StoreError::Data(e.to_string()))?;
-            tx.execute(
-                "INSERT INTO pieces (message_id, idx, kind, content, tool_calls) VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![message_id, idx as i64, kind, p.text, calls],
-            )?;
-            let piece_id = tx.last_insert_rowid();
-            for (k, v) in &p.metadata {
-                tx.execute(
-                    "INSERT INTO metadata (piece_id, key, value) VALUES (?1, ?2, ?3)",
-                    params![piece_id, k, v.to_string()],
-                )?;
-            }
+            insert_piece(&tx, message_id, idx as i64, p)?;
         }
         tx.commit()?;
         Ok(message_id)
+    }
+
+    /// Adds a piece to a stored message: the next step of a continued reply or
+    /// the first of a new version. False when the message is not in
+    /// `conversation_id`.
+    pub fn add_piece(
+        &mut self,
+        conversation_id: i64,
+        message_id: i64,
+        piece: &Piece,
+    ) -> Result<bool> {
+        let tx = self.conn.transaction()?;
+        let found: Option<i64> = tx
+            .query_row(
+                "SELECT id FROM messages WHERE id = ?1 AND conversation_id = ?2",
+                params![message_id, conversation_id],
+                |r| r.get(0),
+            )
+            .optional()?;
+        if found.is_none() {
+            return Ok(false);
+        }
+        let idx: i64 = tx.query_row(
+            "SELECT COALESCE(MAX(idx), -1) + 1 FROM pieces WHERE message_id = ?1",
+            params![message_id],
+            |r| r.get(0),
+        )?;
+        insert_piece(&tx, message_id, idx, piece)?;
+        tx.execute(
+            "UPDATE conversations SET updated_ms = ?2 WHERE id = ?1",
+            params![conversation_id, now_ms()],
+        )?;
+        tx.commit()?;
+        Ok(true)
+    }
+
+    /// Replaces a user message's text (an edit before it is sent again). The
+    /// reply that follows it keeps, on each of its pieces that does not say so
+    /// yet, the words it answered ([`ANSWERED_KEY`]), since its versions stay.
+    /// False when the message is not a user message of `conversation_id`.
+    pub fn edit_text(&mut self, conversation_id: i64, message_id: i64, text: &str) -> Result<bool> {
+        let tx = self.conn.transaction()?;
+        let found: Option<(i64, String)> = tx
+            .query_row(
+                "SELECT seq, role FROM messages WHERE id = ?1 AND conversation_id = ?2",
+                params![message_id, conversation_id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        let Some((seq, _)) = found.filter(|(_, role)| role == "user") else {
+            return Ok(false);
+        };
+        let old: Option<String> = tx
+            .query_row(
+                "SELECT content FROM pieces WHERE message_id = ?1 ORDER BY idx LIMIT 1",
+                params![message_id],
+                |r| r.get(0),
+            )
+            .optional()?;
+        match &old {
+            Some(_) => tx.execute(
+                "UPDATE pieces SET content = ?2 WHERE message_id = ?1
+                 AND idx = (SELECT MIN(idx) FROM pieces WHERE message_id = ?1)",
+                params![message_id, text],
+            )?,
+            None => tx.execute(
+                "INSERT INTO pieces (message_id, idx, kind, content) VALUES (?1, 0, 'text', ?2)",
+                params![message_id, text],
+            )?,
+        };
+        if let Some(old) = old.filter(|o| o != text) {
+            tx.execute(
+                "INSERT INTO metadata (piece_id, key, value)
+                 SELECT p.id, ?3, ?4 FROM pieces p JOIN messages m ON p.message_id = m.id
+                 WHERE m.conversation_id = ?1 AND m.seq = ?2 + 1 AND m.role = 'assistant'
+                 AND NOT EXISTS (SELECT 1 FROM metadata d WHERE d.piece_id = p.id AND d.key = ?3)",
+                params![
+                    conversation_id,
+                    seq,
+                    ANSWERED_KEY,
+                    Value::from(old).to_string()
+                ],
+            )?;
+        }
+        tx.execute(
+            "UPDATE conversations SET updated_ms = ?2 WHERE id = ?1",
+            params![conversation_id, now_ms()],
+        )?;
+        tx.commit()?;
+        Ok(true)
     }
 
     /// One message with its pieces and their metadata, as stored.
@@ -358,17 +477,26 @@ impl Store {
             .optional()?;
         let Some(mut m) = row else { return Ok(None) };
         let mut stmt = self.conn.prepare(
-            "SELECT id, kind, content, tool_calls FROM pieces WHERE message_id = ?1 ORDER BY idx",
+            "SELECT id, kind, content, tool_calls, version, step FROM pieces WHERE message_id = ?1
+             ORDER BY version, step, idx",
         )?;
-        let pieces: Vec<(i64, String, String, Option<String>)> = stmt
+        type Row = (i64, String, String, Option<String>, u32, u32);
+        let pieces: Vec<Row> = stmt
             .query_map(params![id], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                ))
             })?
             .collect::<std::result::Result<_, _>>()?;
         let mut meta_stmt = self
             .conn
             .prepare("SELECT key, value FROM metadata WHERE piece_id = ?1 ORDER BY rowid")?;
-        for (pid, kind, content, calls) in pieces {
+        for (pid, kind, content, calls, version, step) in pieces {
             let mut metadata = Metadata::new();
             let rows: Vec<(String, String)> = meta_stmt
                 .query_map(params![pid], |r| Ok((r.get(0)?, r.get(1)?)))?
@@ -391,6 +519,8 @@ impl Store {
                 text: content,
                 tool_calls,
                 metadata,
+                version,
+                step,
             });
         }
         Ok(Some(m))
@@ -495,12 +625,14 @@ mod tests {
                 text: "The capital".into(),
                 tool_calls: vec![json!({"id": "c1", "name": "f", "arguments": "{}"})],
                 metadata: meta.clone(),
+                ..Piece::default()
             },
             Piece {
                 kind: PieceKind::Error,
                 text: String::new(),
                 tool_calls: vec![],
                 metadata: Metadata::new(),
+                ..Piece::default()
             },
         ];
         let id = s
@@ -558,6 +690,7 @@ mod tests {
             text: t.into(),
             tool_calls: vec![],
             metadata: Metadata::new(),
+            ..Piece::default()
         };
         let m1 = s
             .add_message(c, "user", None, None, &[text("a")])
@@ -598,5 +731,83 @@ mod tests {
         );
         assert!(!s.delete_conversation(c).expect("again"));
         assert_eq!(s.conversations().expect("list").len(), 1);
+    }
+
+    #[test]
+    fn a_reply_keeps_its_versions_and_steps_and_what_each_answered() {
+        let path = temp_db("versions");
+        let mut s = Store::open(&path).expect("open");
+        let c = s.create_conversation("t").expect("conv");
+        let other = s.create_conversation("other").expect("conv");
+        let piece = |t: &str, version: u32, step: u32| Piece {
+            text: t.into(),
+            version,
+            step,
+            ..Piece::default()
+        };
+        let user = s
+            .add_message(c, "user", None, None, &[piece("Name a colour", 0, 0)])
+            .expect("user");
+        let reply = s
+            .add_message(c, "assistant", None, None, &[piece("Red and", 0, 0)])
+            .expect("reply");
+        assert!(s.add_piece(c, reply, &piece(" blue.", 0, 1)).expect("step"));
+        assert!(s
+            .add_piece(c, reply, &piece("Green.", 1, 0))
+            .expect("version"));
+        // Not in that conversation: refused, nothing written.
+        assert!(!s
+            .add_piece(other, reply, &piece("x", 2, 0))
+            .expect("refused"));
+        assert!(!s
+            .edit_text(c, reply, "not a user message")
+            .expect("refused"));
+
+        assert!(s.edit_text(c, user, "Name a fruit").expect("edit"));
+        // Editing again keeps the words the older versions answered.
+        assert!(s.edit_text(c, user, "Name a vegetable").expect("edit"));
+        assert!(s
+            .add_piece(c, reply, &piece("Leek.", 2, 0))
+            .expect("version"));
+
+        let m = s.message(reply).expect("read").expect("message");
+        let got: Vec<(&str, u32, u32, Option<&Value>)> = m
+            .pieces
+            .iter()
+            .map(|p| {
+                (
+                    p.text.as_str(),
+                    p.version,
+                    p.step,
+                    p.metadata.get(ANSWERED_KEY),
+                )
+            })
+            .collect();
+        let colour = json!("Name a colour");
+        assert_eq!(
+            got,
+            vec![
+                ("Red and", 0, 0, Some(&colour)),
+                (" blue.", 0, 1, Some(&colour)),
+                ("Green.", 1, 0, Some(&colour)),
+                ("Leek.", 2, 0, None),
+            ]
+        );
+        let u = s.message(user).expect("read").expect("message");
+        assert_eq!(u.pieces[0].text, "Name a vegetable");
+        // Serialized, a plain piece says nothing of versions; a later one does.
+        let v = serde_json::to_value(&m.pieces).expect("json");
+        assert!(
+            v[0].get("version").is_none() && v[0].get("step").is_none(),
+            "{v}"
+        );
+        assert_eq!(
+            (v[1]["step"].clone(), v[3]["version"].clone()),
+            (json!(1), json!(2))
+        );
+        drop(s);
+        // Reopened, all of it is still there, in order.
+        let s = Store::open(&path).expect("reopen");
+        assert_eq!(s.message(reply).expect("read").expect("message"), m);
     }
 }

@@ -21,6 +21,7 @@ fn piece(i: u64) -> Piece {
         text: format!("reply {i} ") + &"x".repeat(4096),
         tool_calls: vec![],
         metadata: m,
+        ..Piece::default()
     }
 }
 

@@ -276,6 +276,7 @@ pub fn run(a: Args) -> Result<()> {
                 text: text.clone(),
                 tool_calls: vec![],
                 metadata: shoal_client::metadata::merge(&metadata, &Default::default()),
+                ..Piece::default()
             };
             history.push(Message {
                 role: "user".into(),
