@@ -1,7 +1,8 @@
 // What every chat app has, on the real model: copy a message or a code block,
-// highlighted code, edit a sent message, regenerate a reply, continue a reply
-// cut by its token limit (each step with its own exact usage), and export a
-// chat as Markdown and as JSON with each reply's usage and finish reason.
+// highlighted code, edit a sent message and regenerate a reply (each keeping the
+// older versions, ‹ 1/2 ›), continue a reply cut by its token limit as one reply
+// (each step with its own exact usage), export a chat as Markdown and as JSON
+// with each reply's usage and finish reason, and titles the model writes.
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { after, before, test } from 'node:test';
@@ -92,12 +93,17 @@ test('code blocks are highlighted, and a message or a code block is copied as wr
   });
 });
 
-test('an edited message is sent again in place of the old one and what followed it', async () => {
+/** The shown version of a reply ("2/3"), or null when it has one. */
+const versionLabel = async (reply) =>
+  (await reply.getByTestId('version-label').count()) ? reply.getByTestId('version-label').innerText() : null;
+
+test('an edited message is sent again; its reply keeps the old answer as an earlier version', async () => {
   await usePage(await openPage(browser), 'chat-edit', async (page) => {
     await newChat(page);
     await send(page, 'Name a colour.');
     await waitFinish(page);
     const before = (await responseIds(page))[0];
+    const oldText = await lastReply(page).getByTestId('assistant-content').innerText();
     await page.getByTestId('message-user').getByTestId('edit-message').click();
     await page.getByTestId('edit-input').fill('The capital');
     // As in the composer: Shift+Enter adds a line, Enter sends.
@@ -110,20 +116,43 @@ test('an edited message is sent again in place of the old one and what followed 
     assert.deepEqual(body.messages, [{ role: 'user', content: FRANCE }], 'the old exchange is not sent');
     assert.equal(await waitFinish(page), 'stop');
     assert.deepEqual(await page.getByTestId('user-content').allInnerTexts(), [FRANCE]);
-    assert.match(await lastReply(page).getByTestId('assistant-content').innerText(), /Paris/);
-    const ids = await responseIds(page);
-    assert.equal(ids.length, 1);
-    assert.notEqual(ids[0], before);
-    // The store holds the edited exchange only.
-    const stored = await storedConversation(await currentServerId(page));
+    const reply = lastReply(page);
+    assert.match(await reply.getByTestId('assistant-content').innerText(), /Paris/);
+    assert.equal(await page.getByTestId('message-assistant').count(), 1, 'one reply, in two versions');
+    assert.equal(await versionLabel(reply), '2/2');
+    assert.equal(await reply.getByTestId('answered').count(), 0);
+    const [now] = await responseIds(page);
+    assert.notEqual(now, before);
+
+    // The first version is one click away, saying which words it answered.
+    await reply.getByTestId('version-prev').click();
+    assert.equal(await versionLabel(reply), '1/2');
+    assert.equal(await reply.getByTestId('assistant-content').innerText(), oldText);
+    assert.match(await reply.getByTestId('answered').innerText(), /Name a colour\./);
+    assert.deepEqual(await responseIds(page), [before]);
+    const shown = await shownStats(reply);
     assert.deepEqual(
-      stored.messages.map((m) => [m.role, textOf(m).includes('Paris') || textOf(m) === FRANCE]),
-      [['user', true], ['assistant', true]],
+      { prompt: shown.prompt, completion: shown.completion, total: shown.total },
+      (({ prompt, completion, total }) => ({ prompt, completion, total }))(usageFigures((await ledgerEntry(before)).usage)),
+    );
+    await reply.getByTestId('version-next').click();
+    assert.equal(await versionLabel(reply), '2/2');
+
+    // The store holds the edited question and both versions of its reply.
+    const stored = await storedConversation(await currentServerId(page));
+    assert.deepEqual(stored.messages.map((m) => m.role), ['user', 'assistant']);
+    assert.equal(textOf(stored.messages[0]), FRANCE);
+    const pieces = stored.messages[1].pieces;
+    assert.deepEqual(
+      pieces.map((p) => [p.version ?? 0, p.metadata.response_id, p.metadata.answered ?? null]),
+      [[0, before, 'Name a colour.'], [1, now, null]],
     );
   });
 });
 
-test('regenerate replaces the last reply with a new one to the same message', async () => {
+test('regenerate keeps the reply it replaces as an earlier version, each with its own usage', async () => {
+  let id;
+  let ids;
   await usePage(await openPage(browser), 'chat-regenerate', async (page) => {
     await newChat(page);
     await send(page, FRANCE);
@@ -141,20 +170,40 @@ test('regenerate replaces the last reply with a new one to the same message', as
       first,
     );
     assert.equal(await waitFinish(page), 'stop');
+    const reply = lastReply(page);
     // Greedy: the same words, from a new request with usage of its own.
-    assert.equal(await lastReply(page).getByTestId('assistant-content').innerText(), text);
+    assert.equal(await reply.getByTestId('assistant-content').innerText(), text);
+    assert.equal(await versionLabel(reply), '2/2');
     const [second] = await responseIds(page);
-    const entry = await ledgerEntry(second);
-    const shown = await shownStats(lastReply(page));
-    assert.deepEqual(
-      { prompt: shown.prompt, cached: shown.cached, completion: shown.completion, reasoning: shown.reasoning, total: shown.total },
-      usageFigures(entry.usage),
-    );
-    assert.equal((await storedConversation(await currentServerId(page))).messages.length, 2);
+    ids = [first, second];
+    for (const [i, rid] of ids.entries()) {
+      if (i === 0) await reply.getByTestId('version-prev').click();
+      else await reply.getByTestId('version-next').click();
+      assert.deepEqual(await responseIds(page), [rid]);
+      const shown = await shownStats(reply);
+      assert.deepEqual(
+        { prompt: shown.prompt, cached: shown.cached, completion: shown.completion, reasoning: shown.reasoning, total: shown.total },
+        usageFigures((await ledgerEntry(rid)).usage),
+      );
+    }
+    id = await currentServerId(page);
+    const stored = await storedConversation(id);
+    assert.equal(stored.messages.length, 2);
+    assert.deepEqual(stored.messages[1].pieces.map((p) => [p.version ?? 0, p.metadata.response_id]), [[0, first], [1, second]]);
+  });
+  // Reloaded, the newest version shows and the older one is still there.
+  await usePage(await openPage(browser, { width: 420, path: `/chat/${id}` }), 'chat-regenerate-420', async (page) => {
+    const reply = page.getByTestId('message-assistant');
+    await reply.getByTestId('version-label').waitFor();
+    assert.equal(await versionLabel(reply), '2/2');
+    assert.deepEqual(await responseIds(page), [ids[1]]);
+    await reply.getByTestId('version-prev').click();
+    assert.deepEqual(await responseIds(page), [ids[0]]);
+    await screenshot(page, 'chat-versions-420');
   });
 });
 
-test('continue carries on a reply cut by its limit, each step with its own usage, and the chat exports with them', async () => {
+test('continue carries on a reply cut by its limit as one reply, each step with its own usage, and the chat exports with them', async () => {
   // The reply of both limits together, in one request.
   const whole = await streamChat({
     model,
@@ -169,6 +218,7 @@ test('continue carries on a reply cut by its limit, each step with its own usage
     await newChat(page, { maxTokens: '8' });
     await send(page, COUNT);
     assert.equal(await waitFinish(page), 'length');
+    const firstText = await lastReply(page).getByTestId('assistant-content').innerText();
     const req = page.waitForRequest((r) => r.url().endsWith('/v1/chat/completions') && r.method() === 'POST');
     await lastReply(page).getByTestId('continue').click();
     const body = JSON.parse((await req).postData());
@@ -177,35 +227,42 @@ test('continue carries on a reply cut by its limit, each step with its own usage
       ['user', 'assistant'],
       'the reply so far goes back as the assistant turn it continues',
     );
-    await page.waitForFunction(() => document.querySelectorAll('[data-testid=message-assistant]').length === 2);
     assert.equal(await waitFinish(page), 'length');
-    const steps = page.getByTestId('message-assistant');
-    assert.deepEqual(
-      await steps.evaluateAll((rs) => rs.map((r) => r.dataset.continues)),
-      ['false', 'true'],
-    );
-    assert.equal(await steps.nth(0).getByTestId('continue').count(), 0, 'only the last step offers Continue');
-    assert.equal(await steps.nth(1).getByTestId('continued').count(), 1);
+    // One reply: the steps' text appended, Continue offered again, copy takes it whole.
+    assert.equal(await page.getByTestId('message-assistant').count(), 1);
+    const reply = lastReply(page);
+    await reply.getByTestId('continue').waitFor();
+    const steps = reply.getByTestId('reply-step');
+    assert.equal(await steps.count(), 2);
+    assert.match(await reply.getByTestId('reply-steps').locator('summary').innerText(), /2 steps · 16 tokens in all/);
     // Each step's figures are its own request's, as the ledger recorded them; the
     // second's prompt is the first's prompt and reply.
-    const ids = await responseIds(page);
-    const shown = [];
+    const ids = await steps.evaluateAll((li) => li.map((x) => x.dataset.responseId));
+    const figures = [];
     for (const [i, rid] of ids.entries()) {
-      const s = await shownStats(steps.nth(i));
-      shown.push(s);
-      assert.deepEqual(
-        { prompt: s.prompt, cached: s.cached, completion: s.completion, reasoning: s.reasoning, total: s.total },
-        usageFigures((await ledgerEntry(rid)).usage),
-      );
-      assert.equal(s.completion, 8);
+      const u = usageFigures((await ledgerEntry(rid)).usage);
+      figures.push(u);
+      const [prompt, completion, finish] = await steps
+        .nth(i)
+        .evaluate((x) => [Number(x.dataset.prompt), Number(x.dataset.completion), x.dataset.finish]);
+      assert.deepEqual([prompt, completion, finish], [u.prompt, u.completion, 'length']);
+      assert.equal(completion, 8);
     }
-    assert.equal(shown[1].prompt, shown[0].prompt + shown[0].completion);
-    // The two steps read as the one reply of 16 tokens.
+    assert.equal(figures[1].prompt, figures[0].prompt + figures[0].completion);
+    // The reply's own line is its last step's.
+    assert.deepEqual(await responseIds(page), [ids[1]]);
+    assert.equal((await shownStats(reply)).completion, 8);
     id = await currentServerId(page);
     const stored = await storedConversation(id);
-    const texts = stored.messages.filter((m) => m.role === 'assistant').map(textOf);
+    assert.equal(stored.messages.length, 2);
+    const pieces = stored.messages[1].pieces;
+    assert.deepEqual(pieces.map((p) => [p.step ?? 0, p.metadata.response_id]), [[0, ids[0]], [1, ids[1]]]);
+    const texts = pieces.map((p) => p.text);
     assert.equal(body.messages[1].content, texts[0]);
+    assert.equal(texts[0], firstText);
     assert.equal(texts.join(''), whole.content);
+    await reply.getByTestId('copy-message').click();
+    assert.equal(await clipboard(page), whole.content);
 
     // Export: JSON with each step's usage and finish, Markdown to read.
     await page.getByTestId('export-menu').locator('summary').click();
@@ -214,36 +271,140 @@ test('continue carries on a reply cut by its limit, each step with its own usage
     const doc = JSON.parse(readFileSync(await json.path(), 'utf8'));
     assert.equal(doc.id, id);
     assert.deepEqual(
-      doc.messages.map((m) => [m.role, m.finish_reason ?? null, m.continues_previous ?? null]),
-      [['user', null, null], ['assistant', 'length', false], ['assistant', 'length', true]],
+      doc.messages.map((m) => [m.role, m.finish_reason ?? null, m.steps?.length ?? null]),
+      [['user', null, null], ['assistant', 'length', 2]],
     );
-    for (const [i, m] of doc.messages.slice(1).entries()) {
-      assert.equal(m.response_id, ids[i]);
-      assert.equal(m.content, texts[i]);
-      const u = usageFigures((await ledgerEntry(ids[i])).usage);
+    const exported = doc.messages[1];
+    assert.equal(exported.content, whole.content);
+    for (const [i, st] of exported.steps.entries()) {
+      assert.equal(st.response_id, ids[i]);
+      assert.equal(st.content, texts[i]);
+      const u = figures[i];
       assert.deepEqual(
-        [m.usage.prompt_tokens, m.usage.cached_tokens, m.usage.completion_tokens, m.usage.reasoning_tokens, m.usage.total_tokens],
+        [st.usage.prompt_tokens, st.usage.cached_tokens, st.usage.completion_tokens, st.usage.reasoning_tokens, st.usage.total_tokens],
         [u.prompt, u.cached, u.completion, u.reasoning, u.total],
       );
     }
+    // The reply's usage is every token its two requests used.
+    assert.equal(exported.usage.completion_tokens, 16);
+    assert.equal(exported.usage.prompt_tokens, figures[0].prompt + figures[1].prompt);
     await page.getByTestId('export-menu').locator('summary').click();
     const [md] = await Promise.all([page.waitForEvent('download'), page.getByTestId('export-markdown').click()]);
     assert.match(md.suggestedFilename(), /\.md$/);
     const text = readFileSync(await md.path(), 'utf8');
     assert.ok(text.startsWith(`# ${COUNT}`), text);
-    assert.ok(text.includes('**Assistant** (continued)'), text);
-    assert.ok(texts.every((t) => text.includes(t)), text);
+    assert.ok(!text.includes('(continued)'), text);
+    assert.ok(text.includes(whole.content), 'the reply reads as one text');
     assert.equal(text.match(/finish: length/g)?.length, 2, text);
-    assert.ok(text.includes(`completion ${shown[1].completion} tokens`), text);
+    assert.ok(text.includes('step 2 of 2'), text);
+    assert.ok(text.includes(`completion ${figures[1].completion} tokens`), text);
   });
-  // The steps stay apart after a reload, in a narrow window too.
+  // One reply with its steps after a reload, in a narrow window too.
   await usePage(await openPage(browser, { width: 420, path: `/chat/${id}` }), 'chat-continue-420', async (page) => {
-    await page.waitForFunction(() => document.querySelectorAll('[data-testid=message-assistant]').length === 2);
-    assert.deepEqual(
-      await page.getByTestId('message-assistant').evaluateAll((rs) => rs.map((r) => r.dataset.continues)),
-      ['false', 'true'],
-    );
-    await page.getByTestId('message-assistant').nth(1).getByTestId('continue').waitFor();
+    const reply = page.getByTestId('message-assistant');
+    await reply.getByTestId('reply-steps').waitFor();
+    assert.equal(await reply.count(), 1);
+    assert.equal(await reply.getByTestId('reply-step').count(), 2);
+    await reply.getByTestId('continue').waitFor();
+    await reply.getByTestId('reply-steps').locator('summary').click();
     await screenshot(page, 'chat-actions-420');
   });
+});
+
+test('the model writes a chat’s title after its first reply, as a request of the ledger’s; a rename meanwhile wins', async () => {
+  let id;
+  let titleBy;
+  await usePage(await openPage(browser, { modelTitles: true }), 'chat-model-title', async (page) => {
+    await newChat(page);
+    const asked = page.waitForRequest(
+      (r) => r.url().endsWith('/v1/chat/completions') && r.method() === 'POST' && !JSON.parse(r.postData()).stream,
+    );
+    await send(page, FRANCE);
+    assert.equal(await waitFinish(page), 'stop');
+    // The ask follows the first exchange, so the reply's prefix is reused.
+    const body = JSON.parse((await asked).postData());
+    const reply = await lastReply(page).getByTestId('assistant-content').innerText();
+    assert.deepEqual(body.messages.slice(0, 1), [{ role: 'user', content: FRANCE }]);
+    assert.equal(body.messages[1].role, 'assistant');
+    assert.equal(body.messages[1].content.trim(), reply.trim());
+    assert.equal(body.messages[2].role, 'user');
+    assert.equal(body.temperature, 0);
+    const item = page.locator('[data-testid=conversation-item].active [data-testid=conversation-title]');
+    await page.waitForFunction(
+      () => document.querySelector('[data-testid=conversation-item].active [data-testid=conversation-title]')?.dataset.titledBy,
+    );
+    const rid = await item.getAttribute('data-titled-by');
+    const title = await item.innerText();
+    assert.ok(title.length > 0 && title.length <= 60, title);
+    assert.ok(!/^["'“]|[.]$/.test(title), `cleaned: ${title}`);
+    // Its cost is the ledger's, as any request's.
+    const entry = await ledgerEntry(rid);
+    assert.ok(entry.usage.completion_tokens > 0 && entry.usage.completion_tokens <= 16, JSON.stringify(entry.usage));
+    assert.match(await item.getAttribute('title'), new RegExp(`${entry.usage.total_tokens} tokens \\(${entry.usage.completion_tokens} written\\)`));
+    id = await currentServerId(page);
+    await page.waitForFunction(
+      async ([cid, t]) => {
+        const r = await fetch('/v1/conversations/' + cid);
+        const c = await r.json();
+        return c.title === t && c.settings?.titleBy?.responseId;
+      },
+      [id, title],
+    );
+    const stored = await storedConversation(id);
+    titleBy = stored.settings.titleBy;
+    assert.equal(titleBy.responseId, rid);
+    assert.equal(titleBy.completionTokens, entry.usage.completion_tokens);
+    assert.equal(titleBy.promptTokens, entry.usage.prompt_tokens);
+
+    // A rename while the model writes the title wins: the title request is held until then.
+    let release;
+    const held = new Promise((r) => (release = r));
+    await page.route('**/v1/chat/completions', async (route) => {
+      if (JSON.parse(route.request().postData()).stream) return route.continue();
+      await held;
+      return route.continue();
+    });
+    await newChat(page);
+    const second = page.waitForRequest(
+      (r) => r.url().endsWith('/v1/chat/completions') && r.method() === 'POST' && !JSON.parse(r.postData()).stream,
+    );
+    await send(page, 'Name a colour.');
+    await waitFinish(page);
+    await second;
+    const active = page.locator('[data-testid=conversation-item].active');
+    await active.getByTestId('rename-conversation').click();
+    await page.getByTestId('rename-input').fill('My colours');
+    await page.getByTestId('rename-input').press('Enter');
+    const answered = page.waitForResponse((r) => r.url().endsWith('/v1/chat/completions') && r.request().method() === 'POST');
+    release();
+    await answered;
+    const cid = await currentServerId(page);
+    await page.waitForFunction(async (c) => (await (await fetch('/v1/conversations/' + c)).json()).title === 'My colours', cid);
+    assert.equal(await active.getByTestId('conversation-title').innerText(), 'My colours');
+    assert.equal(await active.getByTestId('conversation-title').getAttribute('data-titled-by'), '');
+    assert.equal((await storedConversation(cid)).settings.titleBy, undefined);
+
+    // Off: no title request at all.
+    if ((await page.getByTestId('settings-panel').count()) === 0) await page.getByTestId('settings-toggle').click();
+    await page.getByTestId('setting-model-titles').uncheck();
+    let asks = 0;
+    page.on('request', (r) => {
+      if (r.url().endsWith('/v1/chat/completions') && r.method() === 'POST' && !JSON.parse(r.postData()).stream) asks++;
+    });
+    await newChat(page);
+    await send(page, 'Name a fruit.');
+    await waitFinish(page);
+    const third = await currentServerId(page);
+    assert.equal((await storedConversation(third)).title, 'Name a fruit.');
+    assert.equal(asks, 0);
+  });
+  // Reloaded, the model's title and its cost are still there.
+  await usePage(await openPage(browser, { path: `/chat/${id}` }), 'chat-model-title-reload', async (page) => {
+    const item = page.locator('[data-testid=conversation-item].active [data-testid=conversation-title]');
+    await page.waitForFunction(
+      (rid) => document.querySelector('[data-testid=conversation-item].active [data-testid=conversation-title]')?.dataset.titledBy === rid,
+      titleBy.responseId,
+    );
+    assert.match(await item.getAttribute('title'), /Title written by/);
+  }, { shot: false });
 });

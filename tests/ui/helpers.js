@@ -37,9 +37,17 @@ export function launch() {
  * first navigation (e.g. to route requests). Uncaught page errors are
  * collected in `errors`; a test ends by asserting there were none.
  */
-export async function openPage(browser, { width = 1280, height = 800, colorScheme = 'light', path = '/', setup, base = BASE } = {}) {
+export async function openPage(
+  browser,
+  { width = 1280, height = 800, colorScheme = 'light', path = '/', setup, base = BASE, modelTitles = false } = {},
+) {
   // Copy buttons write the clipboard; the tests read it back.
   const context = await browser.newContext({ viewport: { width, height }, colorScheme, permissions: ['clipboard-read', 'clipboard-write'] });
+  // Titles written by the model are one more request after each chat's first reply: on for
+  // the tests of them, off for the rest, whose chats keep their first message as title.
+  await context.addInitScript((v) => {
+    if (localStorage.getItem('shoal.modelTitles') == null) localStorage.setItem('shoal.modelTitles', v);
+  }, modelTitles ? 'on' : 'off');
   const page = await context.newPage();
   page.setDefaultTimeout(30_000);
   const errors = [];

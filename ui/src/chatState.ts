@@ -12,11 +12,13 @@ import { defaultPresetSettings } from './presets';
 import { buildRequest, streamChat, type StreamResult } from './chat';
 import {
   addAssistantMessage,
+  addReplyPart,
   addUserMessage,
   createConversation,
   DEFAULT_SETTINGS,
   deleteConversation,
   deleteMessagesFrom,
+  editUserMessage,
   listConversations,
   NEW_TITLE,
   updateConversation,
@@ -24,7 +26,11 @@ import {
   type ChatSettings,
   type Conversation,
   type Message,
+  type ReplyStep,
+  type StoredSettings,
 } from './store';
+import { askTitle, modelTitles } from './title';
+import { beginStep, beginVersion, partsOf, showsNewest, switchVersion } from './reply';
 import { chatModels, defaultModelId, loadModels, resolveModel } from './models';
 
 export { loadModels };
@@ -123,10 +129,15 @@ async function ensureCreated(convId: string, s: Sync): Promise<number | null> {
   if (s.serverId != null) return s.serverId;
   const c = snapshot(convId);
   if (!c) return null;
-  const made = await createConversation(c.title, c.settings);
+  const made = await createConversation(c.title, storedSettings(c));
   s.serverId = made.serverId;
   setState('conversations', (x) => x.id === convId, 'serverId', made.serverId);
   return s.serverId;
+}
+
+/** A chat's settings as the store keeps them, with who wrote its title. */
+function storedSettings(c: Conversation): StoredSettings {
+  return c.titleBy ? { ...c.settings, titleBy: c.titleBy } : c.settings;
 }
 
 function saveTitle(convId: string): void {
@@ -150,11 +161,11 @@ function saveSettings(convId: string): void {
     const id = await ensureCreated(convId, s);
     const c = snapshot(convId);
     if (id == null || !c || !had) return;
-    await updateConversation(id, { settings: c.settings });
+    await updateConversation(id, { settings: storedSettings(c) });
   });
 }
 
-function assistantRecord(m: Message): AssistantRecord {
+function stepRecord(m: ReplyStep, answered?: string): AssistantRecord {
   const st = m.stats;
   return {
     content: m.content,
@@ -167,36 +178,73 @@ function assistantRecord(m: Message): AssistantRecord {
       client_tok_per_s: st?.tokPerS ?? undefined,
       client_usage_source: st && !st.live && st.source !== 'live' ? st.source : undefined,
       client_live_completion: st?.live ? st.completion : undefined,
+      answered,
     },
   };
 }
 
-/** Takes what the store recorded for a message: its id, and for a reply the server's usage and finish. */
+/**
+ * Takes what the store recorded for a message: its id, and for a reply the
+ * server's usage and finish of each step it holds (the step just written among
+ * them); the reply is saved once the store holds all of its steps.
+ */
 function applyStored(m: Message, stored: Message): void {
   m.serverId = stored.serverId;
-  m.saved = 'saved';
-  if (m.role !== 'assistant') return;
-  if (stored.finish) m.finish = stored.finish;
-  if (stored.stopSequence) m.stopSequence = stored.stopSequence;
-  if (stored.stats && !stored.stats.live) m.stats = stored.stats;
-  if (!m.responseId && stored.responseId) m.responseId = stored.responseId;
-  if (!m.model && stored.model) m.model = stored.model;
+  if (m.role !== 'assistant') {
+    m.saved = 'saved';
+    return;
+  }
+  const shown = m.version ?? 0;
+  const last = m.steps?.length ?? 0;
+  const theirs = partsOf(stored);
+  for (const t of theirs) {
+    // The shown version's last step is the message itself.
+    const p: ReplyStep | Message | undefined =
+      t.version === shown
+        ? t.step === last
+          ? m
+          : m.steps?.[t.step]
+        : m.versions?.find((v) => v.version === t.version)?.steps[t.step];
+    if (!p) continue;
+    if (t.part.finish) p.finish = t.part.finish;
+    if (t.part.stopSequence) p.stopSequence = t.part.stopSequence;
+    if (t.part.stats && !t.part.stats.live) p.stats = t.part.stats;
+    if (!p.responseId && t.part.responseId) p.responseId = t.part.responseId;
+    if (!p.model && t.part.model) p.model = t.part.model;
+  }
+  m.storedParts = theirs.length;
+  m.saved = theirs.length >= partsOf(m).length ? 'saved' : 'pending';
 }
 
-/** Writes the conversation's unsaved messages in order, stopping at the reply still streaming. */
+/** Writes the conversation's unsaved messages and reply steps in order, stopping at the step still streaming. */
 function flush(convId: string): Promise<void> {
   return enqueue(convId, async (s) => {
     for (;;) {
       const c = find(convId);
       const m = c?.messages.find((x) => x.saved !== 'saved');
-      if (!m || state.streaming?.messageId === m.id) return;
+      if (!m) return;
+      const streamingHere = state.streaming?.messageId === m.id;
       const key = m.id;
       try {
         const id = await ensureCreated(convId, s);
         if (id == null) return;
         const plain = JSON.parse(JSON.stringify(m)) as Message;
-        const stored =
-          plain.role === 'user' ? await addUserMessage(id, plain.content) : await addAssistantMessage(id, assistantRecord(plain));
+        let stored: Message;
+        if (plain.role === 'user') {
+          stored = await addUserMessage(id, plain.content);
+        } else {
+          const parts = partsOf(plain);
+          // The step still streaming is written when it ends.
+          const ready = streamingHere ? parts.length - 1 : parts.length;
+          const done = plain.serverId != null ? (plain.storedParts ?? 0) : 0;
+          if (done >= ready) return;
+          const next = parts[done];
+          const record = stepRecord(next.part, next.answered);
+          stored =
+            plain.serverId == null
+              ? await addAssistantMessage(id, record)
+              : await addReplyPart(id, plain.serverId, { version: next.version, step: next.step }, record);
+        }
         if (stored.serverId != null) s.messageIds.set(key, stored.serverId);
         patchMessage(convId, key, (x) => applyStored(x, stored));
       } catch (e) {
@@ -382,17 +430,22 @@ function emptyReply(model: string): Message {
     reasoning: '',
     model,
     created: Date.now(),
-    stats: {
-      prompt: null,
-      cached: null,
-      completion: 0,
-      reasoning: null,
-      total: null,
-      live: true,
-      source: 'live',
-      ttftMs: null,
-      tokPerS: null,
-    },
+    stats: liveStats(),
+  };
+}
+
+/** A step's counts before its first token: live, nothing yet. */
+function liveStats(): Message['stats'] {
+  return {
+    prompt: null,
+    cached: null,
+    completion: 0,
+    reasoning: null,
+    total: null,
+    live: true,
+    source: 'live',
+    ttftMs: null,
+    tokPerS: null,
   };
 }
 
@@ -421,64 +474,144 @@ export async function sendMessage(text: string): Promise<void> {
   });
   if (modelChanged) saveSettings(convId);
   if (first) saveTitle(convId);
-  await streamReply(convId, reply);
+  await streamReply(convId, reply.id);
+  if (first) await writeTitle(convId, reply.id);
+}
+
+/**
+ * After a chat's first reply, its model writes the chat's title in place of the
+ * first message's words, unless the user renamed the chat meanwhile or turned
+ * model titles off. The request is one of the ledger's like any other; the chat
+ * keeps its id and cost beside the title.
+ */
+async function writeTitle(convId: string, replyId: string): Promise<void> {
+  if (!modelTitles()) return;
+  const c = find(convId);
+  const [user, reply] = c?.messages ?? [];
+  if (!c || !user || reply?.id !== replyId || !reply.content || (reply.finish !== 'stop' && reply.finish !== 'length')) return;
+  const auto = c.title;
+  const model = reply.model ?? effectiveModel(c);
+  const got = await askTitle(model, [
+    { role: 'user', content: user.content },
+    { role: 'assistant', content: reply.content },
+  ]);
+  const now = find(convId);
+  // Renamed (or gone) while the model wrote: the user's word stands.
+  if (!got || !now || now.title !== auto) return;
+  batch(() => {
+    setState('conversations', (x) => x.id === convId, 'title', got.title);
+    setState('conversations', (x) => x.id === convId, 'titleBy', got.info);
+  });
+  saveTitle(convId);
+  saveSettings(convId);
 }
 
 /**
  * Whether `c`'s last message is a reply cut by its token limit, which
- * Continue can carry on (a continuation is itself such a reply when it is cut
- * again).
+ * Continue can carry on (again after a step that was cut again), in its newest
+ * version.
  */
 export function canContinue(c: Conversation | undefined): boolean {
   const last = c?.messages[c.messages.length - 1];
-  return last?.role === 'assistant' && last.finish === 'length' && last.content !== '';
+  return last?.role === 'assistant' && last.finish === 'length' && last.content !== '' && showsNewest(last);
 }
 
 /**
  * Continues the last reply where its token limit cut it: the reply so far is
- * sent back as the start of the assistant's turn and the model's next words
- * stream into a new step of the same reply, with usage of its own.
+ * sent back as the start of the assistant's turn, and the model's next words
+ * are appended to the same reply as a new step with usage of its own.
  */
 export async function continueReply(): Promise<void> {
   const c = current();
   if (!c || state.streaming || !canContinue(c)) return;
   const convId = c.id;
-  const reply = emptyReply(effectiveModel(c));
+  const reply = c.messages[c.messages.length - 1];
+  const model = effectiveModel(c);
   batch(() => {
-    setState(
-      'conversations',
-      (x) => x.id === convId,
-      produce((x) => {
-        x.messages.push(reply);
-        x.updated = Date.now();
-      }),
-    );
+    patchMessage(convId, reply.id, (m) => {
+      beginStep(m);
+      m.model = model;
+      m.stats = liveStats();
+      m.saved = 'pending';
+    });
+    setState('conversations', (x) => x.id === convId, 'updated', Date.now());
     setState('streaming', { conversationId: convId, messageId: reply.id });
   });
-  await streamReply(convId, reply);
+  await streamReply(convId, reply.id);
 }
 
-/** Streams `reply`, the conversation's last message, from the messages before it. */
-async function streamReply(convId: string, reply: Message): Promise<void> {
+/**
+ * A new version of reply `idx` in place of the one shown, which is kept (with the
+ * user's words it answered, `answered`, when they are being edited); what followed
+ * the reply goes.
+ */
+async function newVersion(convId: string, idx: number, answered?: string): Promise<void> {
+  const c = find(convId);
+  const reply = c?.messages[idx];
+  if (!c || !reply || reply.role !== 'assistant' || state.streaming) return;
+  const model = effectiveModel(c);
+  const after = c.messages[idx + 1];
+  batch(() => {
+    if (after) setState('conversations', (x) => x.id === convId, 'messages', (ms) => ms.slice(0, idx + 1));
+    patchMessage(convId, reply.id, (m) => {
+      beginVersion(m, answered);
+      m.model = model;
+      m.stats = liveStats();
+      m.reasoning = '';
+      m.saved = 'pending';
+    });
+    setState('conversations', (x) => x.id === convId, 'updated', Date.now());
+    setState('streaming', { conversationId: convId, messageId: reply.id });
+  });
+  if (after) {
+    void enqueue(convId, async (s) => {
+      const mid = s.messageIds.get(after.id) ?? after.serverId;
+      if (s.serverId != null && mid != null) await deleteMessagesFrom(s.serverId, mid);
+    });
+  }
+  await streamReply(convId, reply.id);
+}
+
+/** A new version of the last reply to the same message; the one shown is kept beside it. */
+export function regenerate(): Promise<void> {
+  const c = current();
+  const idx = c ? c.messages.length - 1 : -1;
+  if (!c || c.messages[idx]?.role !== 'assistant') return Promise.resolve();
+  return newVersion(c.id, idx);
+}
+
+/** Shows another version of a reply (‹ 1/2 ›). */
+export function showVersion(msgId: string, version: number): void {
+  const c = current();
+  if (!c || state.streaming?.messageId === msgId) return;
+  patchMessage(c.id, msgId, (m) => switchVersion(m, version));
+}
+
+/** Streams the next step of reply `replyId`, the conversation's last message, from the messages before it. */
+async function streamReply(convId: string, replyId: string): Promise<void> {
   void flush(convId);
   const live = snapshot(convId)!;
-  const req = buildRequest(live.settings, live.messages.slice(0, -1));
+  const reply = live.messages[live.messages.length - 1];
+  const history = live.messages.slice(0, -1);
+  // A step after the first carries on from the reply so far, sent as the assistant's turn.
+  if (reply.content !== '') history.push({ ...reply, finish: 'length' });
+  const req = buildRequest(live.settings, history);
   controller = new AbortController();
   let result: StreamResult | null = null;
   try {
     result = await streamChat(req, controller.signal, {
       onText: (kind, piece) =>
-        patchMessage(convId, reply.id, (m) => {
+        patchMessage(convId, replyId, (m) => {
           if (kind === 'content') m.content += piece;
           else m.reasoning = (m.reasoning ?? '') + piece;
         }),
-      onStats: (stats) => patchMessage(convId, reply.id, (m) => void (m.stats = stats)),
-      onResponseId: (id) => patchMessage(convId, reply.id, (m) => void (m.responseId = id)),
+      onStats: (stats) => patchMessage(convId, replyId, (m) => void (m.stats = stats)),
+      onResponseId: (id) => patchMessage(convId, replyId, (m) => void (m.responseId = id)),
     });
   } finally {
     const r = result;
     batch(() => {
-      patchMessage(convId, reply.id, (m) => {
+      patchMessage(convId, replyId, (m) => {
         if (!r) {
           m.finish = 'error';
           m.error = 'the reply could not be read';
@@ -526,9 +659,32 @@ export function retryLast(): void {
   if (idx >= 0) resendFrom(idx, c.messages[idx].content);
 }
 
-/** Replaces a sent user message with `text` and sends it again; what followed it goes. */
+/**
+ * Replaces a sent user message with `text` and sends it again. The reply to it
+ * gets a new version (the old one is kept, remembering the words it answered);
+ * what followed that reply goes. A message with no reply that answered it (a
+ * failed or cancelled one) is simply sent again in its place.
+ */
 export function editMessage(msgId: string, text: string): void {
   const c = current();
   const idx = c?.messages.findIndex((m) => m.id === msgId) ?? -1;
-  if (c && idx >= 0 && c.messages[idx].role === 'user') resendFrom(idx, text);
+  if (!c || idx < 0 || c.messages[idx].role !== 'user' || state.streaming || text.trim() === '') return;
+  const reply = c.messages[idx + 1];
+  const answered = reply?.role === 'assistant' && reply.content !== '' && reply.finish !== 'error';
+  if (!answered) {
+    resendFrom(idx, text);
+    return;
+  }
+  const convId = c.id;
+  const user = c.messages[idx];
+  const old = user.content;
+  if (old !== text) {
+    setState('conversations', (x) => x.id === convId, 'messages', (m) => m.id === user.id, 'content', text);
+    // Written before the new version, so the store marks only the old ones with the old words.
+    void enqueue(convId, async (s) => {
+      const mid = s.messageIds.get(user.id) ?? user.serverId;
+      if (s.serverId != null && mid != null) await editUserMessage(s.serverId, mid, text);
+    });
+  }
+  void newVersion(convId, idx + 1, old !== text ? old : undefined);
 }

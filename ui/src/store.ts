@@ -6,6 +6,8 @@
 import { apiError, ApiError } from './api';
 import { apiFetch } from './auth';
 import { finishFromApi, type Finish } from './finish';
+import { applyVersion } from './reply';
+import { toTitleInfo, type TitleInfo } from './title';
 
 export interface ChatSettings {
   model: string;
@@ -64,6 +66,41 @@ export interface Message {
   stats?: ReplyStats;
   /** When it was written (ms since the epoch): the store's time, or this page's for a new one. */
   created?: number;
+  /**
+   * A reply continued after its token limit: its earlier steps, each with its own
+   * usage. `content` is then the whole reply's text and the fields above are its
+   * last step's (see `reply.ts`).
+   */
+  steps?: ReplyStep[];
+  /** Which version of the reply is shown (0 the first); Regenerate and Edit add one. */
+  version?: number;
+  /** The user's words this version answered, when that message was edited since. */
+  answered?: string;
+  /** The reply's other versions, each with its own steps and usage. */
+  versions?: ReplyVersion[];
+  /** How many of the reply's steps (of every version, in order) the store holds. */
+  storedParts?: number;
+}
+
+/** One request's part of a reply: its text and what the server reported for it. */
+export interface ReplyStep {
+  content: string;
+  reasoning?: string;
+  responseId?: string;
+  model?: string;
+  finish?: Finish;
+  stopSequence?: string;
+  error?: string;
+  stats?: ReplyStats;
+  created?: number;
+}
+
+/** A version of a reply other than the one shown. */
+export interface ReplyVersion {
+  version: number;
+  /** The user's words it answered, when that message was edited since. */
+  answered?: string;
+  steps: ReplyStep[];
 }
 
 export interface Conversation {
@@ -76,6 +113,8 @@ export interface Conversation {
   updated: number;
   settings: ChatSettings;
   messages: Message[];
+  /** The title was written by the model: that request's id and cost. */
+  titleBy?: TitleInfo;
 }
 
 /**
@@ -107,6 +146,9 @@ interface StoredPiece {
   kind: 'text' | 'error' | string;
   text: string;
   metadata?: Record<string, unknown> | null;
+  /** Absent: 0. */
+  version?: number;
+  step?: number;
 }
 
 interface StoredMessage {
@@ -143,6 +185,8 @@ export interface ClientMetadata {
   client_usage_source?: 'stream' | 'ledger';
   /** The live count of deltas, kept only when no usage was known. */
   client_live_completion?: number;
+  /** The user's words this version answered, when that message was edited since. */
+  answered?: string;
 }
 
 export interface AssistantRecord {
@@ -232,33 +276,57 @@ function storedStats(meta: Record<string, unknown>): ReplyStats | undefined {
   };
 }
 
-function toMessage(m: StoredMessage): Message {
-  const piece: StoredPiece = m.pieces?.[0] ?? { kind: 'text', text: '', metadata: {} };
+/** One stored piece of a reply as the step it is. */
+function toStep(piece: StoredPiece, model: string | null, created: number | undefined): ReplyStep {
   const meta = piece.metadata && typeof piece.metadata === 'object' ? piece.metadata : {};
+  const error = str(meta.error) ?? (piece.kind === 'error' ? str(piece.text) : null);
+  const finish = storedFinish(meta, piece.kind);
+  const step: ReplyStep = {
+    // An error piece whose text is the error itself carries no reply text.
+    content: error && piece.text === error ? '' : (piece.text ?? ''),
+    reasoning: str(meta.reasoning_content) ?? '',
+    responseId: str(meta.response_id) ?? undefined,
+    model: model ?? undefined,
+    finish,
+    stats: storedStats(meta),
+    created,
+  };
+  if (error) step.error = error;
+  const seq = str(meta.stop_sequence);
+  if (finish === 'stop_sequence' && seq) step.stopSequence = seq;
+  return step;
+}
+
+function toMessage(m: StoredMessage): Message {
+  const pieces = Array.isArray(m.pieces) ? m.pieces : [];
   const base: Message = {
     id: String(m.id),
     serverId: m.id,
     saved: 'saved',
     role: m.role === 'assistant' ? 'assistant' : 'user',
-    content: piece.text ?? '',
+    content: pieces[0]?.text ?? '',
     created: m.created_ms,
   };
   if (base.role === 'user') return base;
-  const error = str(meta.error) ?? (piece.kind === 'error' ? str(piece.text) : null);
-  const finish = storedFinish(meta, piece.kind);
-  const msg: Message = {
-    ...base,
-    // An error piece whose text is the error itself carries no reply text.
-    content: error && piece.text === error ? '' : base.content,
-    reasoning: str(meta.reasoning_content) ?? '',
-    responseId: str(meta.response_id) ?? undefined,
-    model: m.model ?? undefined,
-    finish,
-    stats: storedStats(meta),
-  };
-  if (error) msg.error = error;
-  const seq = str(meta.stop_sequence);
-  if (finish === 'stop_sequence' && seq) msg.stopSequence = seq;
+  // The pieces come in the store's order (version, step); each version a list of steps.
+  const versions = new Map<number, ReplyVersion>();
+  for (const p of pieces) {
+    const n = p.version ?? 0;
+    let v = versions.get(n);
+    if (!v) {
+      v = { version: n, steps: [] };
+      const answered = str(p.metadata?.answered);
+      if (answered) v.answered = answered;
+      versions.set(n, v);
+    }
+    v.steps.push(toStep(p, m.model, m.created_ms));
+  }
+  const all = [...versions.values()].sort((a, b) => a.version - b.version);
+  const msg: Message = { ...base, content: '', storedParts: pieces.length };
+  // The newest version is the one shown.
+  const newest = all.pop() ?? { version: 0, steps: [toStep({ kind: 'text', text: '' }, m.model, m.created_ms)] };
+  applyVersion(msg, newest);
+  if (all.length) msg.versions = all;
   return msg;
 }
 
@@ -272,6 +340,7 @@ function toConversation(c: StoredConversation): Conversation {
     updated: c.updated_ms,
     settings: toSettings(c.settings),
     messages: messages.map(toMessage),
+    titleBy: toTitleInfo(c.settings?.titleBy),
   };
 }
 
@@ -311,13 +380,16 @@ export async function listConversations(): Promise<Conversation[]> {
 }
 
 /** Creates a conversation; resolves with the store's copy (no messages). */
-export async function createConversation(title: string, settings: ChatSettings): Promise<Conversation> {
+/** What a chat keeps in the store's settings object: its settings, and who wrote its title. */
+export type StoredSettings = ChatSettings & { titleBy?: TitleInfo };
+
+export async function createConversation(title: string, settings: StoredSettings): Promise<Conversation> {
   return toConversation(await call<StoredConversation>('POST', '/v1/conversations', { title, settings }));
 }
 
 export async function updateConversation(
   serverId: number,
-  patch: { title?: string; settings?: ChatSettings },
+  patch: { title?: string; settings?: StoredSettings },
 ): Promise<Conversation> {
   return toConversation(await call<StoredConversation>('PATCH', `/v1/conversations/${serverId}`, patch));
 }
@@ -342,6 +414,25 @@ export async function addAssistantMessage(serverId: number, r: AssistantRecord):
   if (r.responseId) body.response_id = r.responseId;
   if (r.error) body.error = r.error;
   return toMessage(await call<StoredMessage>('POST', `/v1/conversations/${serverId}/messages`, body));
+}
+
+/** Stores a step or a version of a reply already stored; the server fills its usage as for a reply. */
+export async function addReplyPart(
+  serverId: number,
+  messageServerId: number,
+  place: { version: number; step: number },
+  r: AssistantRecord,
+): Promise<Message> {
+  const body: Record<string, unknown> = { content: r.content, metadata: r.metadata, version: place.version, step: place.step };
+  if (r.reasoning) body.reasoning = r.reasoning;
+  if (r.responseId) body.response_id = r.responseId;
+  if (r.error) body.error = r.error;
+  return toMessage(await call<StoredMessage>('POST', `/v1/conversations/${serverId}/messages/${messageServerId}/pieces`, body));
+}
+
+/** Replaces a user message's text (an edit); the reply after it keeps what its versions answered. */
+export async function editUserMessage(serverId: number, messageServerId: number, content: string): Promise<void> {
+  await call('PATCH', `/v1/conversations/${serverId}/messages/${messageServerId}`, { content });
 }
 
 /** Deletes a message and every later one in its conversation. */

@@ -95,7 +95,9 @@ function ChatItem(props: { conv: Conversation; onChosen: () => void }) {
           <>
             <button
               class="conv-title"
-              title={c().title}
+              title={titleHint(c())}
+              data-testid="conversation-title"
+              data-titled-by={c().titleBy?.responseId ?? ''}
               onClick={() => {
                 selectChat(c().id);
                 props.onChosen();
@@ -170,4 +172,11 @@ function DeleteChat(props: { id: string; title: string }) {
       </span>
     </Show>
   );
+}
+
+/** A chat's full title, and who wrote it when its model did (with what that cost). */
+function titleHint(c: Conversation): string {
+  const t = c.titleBy;
+  if (!t) return c.title;
+  return `${c.title}\nTitle written by ${t.model}: ${t.promptTokens + t.completionTokens} tokens (${t.completionTokens} written)`;
 }

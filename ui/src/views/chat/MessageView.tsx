@@ -1,12 +1,14 @@
 // One message of a chat as shown: its text (a reply rendered as Markdown), usage, finish and
 // actions (copy, edit and resend, regenerate, retry, Continue). Apart from Chat.tsx because it is
 // the per-message rendering, independent of the page around it (sidebar, toolbar, composer).
-import { createEffect, createSignal, Show } from 'solid-js';
-import { continueReply, editMessage, retryLast } from '../../chatState';
+import { createEffect, createSignal, For, Show } from 'solid-js';
+import { continueReply, editMessage, regenerate, retryLast, showVersion } from '../../chatState';
 import { FinishBadge } from '../../components/FinishBadge';
-import { UsageStats } from '../../components/UsageStats';
+import { summary, UsageStats } from '../../components/UsageStats';
+import { FINISH } from '../../finish';
 import { renderMarkdown } from '../../markdown';
-import { fmtDateTime } from '../../format';
+import { fmtDateTime, fmtInt } from '../../format';
+import { allVersions, stepsOf } from '../../reply';
 import { copyText } from '../../share';
 import type { Message } from '../../store';
 
@@ -94,7 +96,7 @@ export function MessageView(props: {
                     type="button"
                     data-testid="edit-message"
                     disabled={props.busy}
-                    title="Change this message and send it again; the replies after it are replaced"
+                    title="Change this message and send it again; the reply to it keeps its earlier versions, the messages after it go"
                     onClick={() => setEditing(m().content)}
                   >
                     Edit
@@ -174,6 +176,11 @@ export function MessageView(props: {
             </div>
           </details>
         </Show>
+        <Show when={m().answered}>
+          <div class="answered muted" data-testid="answered" title={m().answered}>
+            An answer to an earlier wording: “{m().answered}”
+          </div>
+        </Show>
         <div class="bubble">
           <Show when={m().content || !props.streaming} fallback={<span class="typing" data-testid="waiting">…</span>}>
             <Markdown text={m().content} live={props.streaming} />
@@ -190,6 +197,9 @@ export function MessageView(props: {
           </Show>
         </div>
         <div class="msg-foot">
+          <Show when={(m().versions?.length ?? 0) > 0}>
+            <Versions msg={m()} locked={props.streaming} />
+          </Show>
           <Show when={props.continues}>
             <span class="tag" data-testid="continued" title="This step carries on the reply above after its token limit; its usage is its own">
               continued
@@ -200,6 +210,9 @@ export function MessageView(props: {
           </Show>
           <Show when={m().stats && !(m().finish === 'error' && m().stats!.completion === 0)}>
             <UsageStats stats={m().stats!} />
+          </Show>
+          <Show when={(m().steps?.length ?? 0) > 0}>
+            <Steps msg={m()} />
           </Show>
           <Show when={!props.streaming}>
             <span class="msg-actions">
@@ -214,8 +227,8 @@ export function MessageView(props: {
                       class="btn small ghost"
                       data-testid="regenerate"
                       disabled={props.busy || !!props.blocked}
-                      title={props.blocked ?? 'A new reply to the same message, in place of this one'}
-                      onClick={retryLast}
+                      title={props.blocked ?? 'A new reply to the same message; this one is kept as an earlier version'}
+                      onClick={() => void regenerate()}
                     >
                       Regenerate
                     </button>
@@ -245,6 +258,79 @@ export function MessageView(props: {
         </div>
       </div>
     </Show>
+  );
+}
+
+/** ‹ 2/3 ›: which version of a reply is shown, and the way to the others. */
+function Versions(props: { msg: Message; locked: boolean }) {
+  const all = () => allVersions(props.msg).map((v) => v.version);
+  const at = () => all().indexOf(props.msg.version ?? 0);
+  const go = (d: number) => {
+    const n = all()[at() + d];
+    if (n != null) showVersion(props.msg.id, n);
+  };
+  return (
+    <span class="versions" data-testid="versions">
+      <button
+        class="btn small ghost"
+        type="button"
+        data-testid="version-prev"
+        aria-label="Earlier version"
+        disabled={props.locked || at() <= 0}
+        onClick={() => go(-1)}
+      >
+        ‹
+      </button>
+      <span data-testid="version-label">
+        {at() + 1}/{all().length}
+      </span>
+      <button
+        class="btn small ghost"
+        type="button"
+        data-testid="version-next"
+        aria-label="Later version"
+        disabled={props.locked || at() >= all().length - 1}
+        onClick={() => go(1)}
+      >
+        ›
+      </button>
+    </span>
+  );
+}
+
+/**
+ * A continued reply's steps, each with the finish and exact usage of its own
+ * request (plain text here: the reply's own badge and stats line are the last step's).
+ */
+function Steps(props: { msg: Message }) {
+  const steps = () => stepsOf(props.msg);
+  const tokens = () => steps().reduce((n, s) => n + (s.stats?.completion ?? 0), 0);
+  return (
+    <details class="steps" data-testid="reply-steps">
+      <summary>
+        {steps().length} steps · {fmtInt(tokens())} tokens in all
+      </summary>
+      <ol>
+        <For each={steps()}>
+          {(s) => (
+            <li
+              data-testid="reply-step"
+              data-response-id={s.responseId ?? ''}
+              data-finish={s.finish ?? ''}
+              data-prompt={s.stats?.prompt ?? ''}
+              data-completion={s.stats?.completion ?? ''}
+            >
+              {s.finish ? FINISH[s.finish].label : '…'}
+              <Show when={s.stats}>
+                {' · '}
+                {summary(s.stats!)}
+                <Show when={s.stats!.prompt != null}> · prompt {fmtInt(s.stats!.prompt!)}</Show>
+              </Show>
+            </li>
+          )}
+        </For>
+      </ol>
+    </details>
   );
 }
 

@@ -8,6 +8,7 @@ import { canReason } from '../../models';
 import { SAMPLING, samplingProblem, type SamplingField } from '../../chat';
 import type { ModelInfo } from '../../api';
 import { DEFAULT_SETTINGS, type Conversation } from '../../store';
+import { modelTitles, setModelTitles } from '../../title';
 import { deletePreset, presetNamed, presetPart, presets, savePreset, setDefaultPreset } from '../../presets';
 
 /** Settings fields whose text is not a number, by field (the chat's settings hold null for them meanwhile). */
@@ -250,6 +251,17 @@ function SettingsForm(props: { conv: Conversation; model: ModelInfo | undefined 
             This model cannot reason: it has no thinking section of its own, so it answers directly.
           </span>
         </Show>
+      </label>
+      <label class="field check span2">
+        <input
+          data-testid="setting-model-titles"
+          type="checkbox"
+          checked={modelTitles()}
+          onChange={(e) => setModelTitles(e.currentTarget.checked)}
+        />
+        <span title="After a chat's first reply, its model writes the chat's title: one short request, in the usage log like any other">
+          Titles written by the model (every chat, in this browser)
+        </span>
       </label>
       <p class="muted small span2" data-testid="server-settings-link">
         Settings of the server itself (Ollama's port, the prompt cache) are on the{' '}
