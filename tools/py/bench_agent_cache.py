@@ -23,14 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
-import tempfile
 import time
 import urllib.error
 import urllib.request
 
-from bench_server import Server, free_port, stop_all
+from bench_server import Server, free_port, scratch, shoal_cmd
 
 
 def filler_file(tag: str, lines: int) -> str:
@@ -136,25 +134,21 @@ def main() -> None:
     ap.add_argument("--lines", type=int, default=110, help="functions in the file read (~70 tokens each)")
     ap.add_argument("--pairs", type=int, default=3, help="interleaved pairs for the disk tier's cold cost")
     a = ap.parse_args()
-    data = tempfile.mkdtemp(prefix="shoal-bench-cache-")
-    # A model library of the bench's own, holding the model to switch to.
-    os.environ["HF_HOME"] = os.path.join(data, "hf")
-    if a.switch:
-        repo = os.path.join(data, "hf", "hub", "models--local--switch")
-        os.makedirs(os.path.join(repo, "snapshots", "0"), exist_ok=True)
-        os.makedirs(os.path.join(repo, "refs"), exist_ok=True)
-        with open(os.path.join(repo, "refs", "main"), "w") as f:
-            f.write("0")
-        os.symlink(os.path.realpath(a.switch), os.path.join(repo, "snapshots", "0", os.path.basename(a.switch)))
-    threads = ["--threads", str(a.threads)] if a.threads else []
+    with scratch("shoal-bench-cache-") as data:
+        # A model library of the bench's own, holding the model to switch to.
+        os.environ["HF_HOME"] = os.path.join(data, "hf")
+        if a.switch:
+            repo = os.path.join(data, "hf", "hub", "models--local--switch")
+            os.makedirs(os.path.join(repo, "snapshots", "0"), exist_ok=True)
+            os.makedirs(os.path.join(repo, "refs"), exist_ok=True)
+            with open(os.path.join(repo, "refs", "main"), "w") as f:
+                f.write("0")
+            os.symlink(os.path.realpath(a.switch), os.path.join(repo, "snapshots", "0", os.path.basename(a.switch)))
 
-    def shoal(db: str, *extra: str) -> Server:
-        port = free_port()
-        cmd = [a.shoal, "serve", "--backend", "llama", "--model", a.model, "--port", str(port),
-               "--db", db, "--idle-unload-secs", "0", *threads, *extra]
-        return Server(cmd, port)
+        def shoal(db: str, *extra: str) -> Server:
+            port = free_port()
+            return Server(shoal_cmd(a.shoal, a.model, port, db, a.threads, *extra), port)
 
-    try:
         db = os.path.join(data, "store.sqlite")
         s = shoal(db)
         m = s.model()
@@ -254,9 +248,6 @@ def main() -> None:
             print(f"  llama-server, same sequence: cold {lcold * 1e3:.0f} ms, same prompt again"
                   f" {100 * again / lcold:.1f}%, after a restart {100 * restart / lcold:.1f}% of its cold"
                   f" (its cold over Shoal's: {lcold / cold:.2f}x, one unpaired sample; above 1, Shoal is sooner)")
-    finally:
-        stop_all()
-        shutil.rmtree(data, ignore_errors=True)
 
 
 if __name__ == "__main__":

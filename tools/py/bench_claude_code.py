@@ -12,13 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 import time
 import urllib.request
 
-from bench_server import Server, free_port, stop_all
+from bench_server import Server, free_port, scratch, shoal_cmd
 
 TASK = "Reply with the single word: ready"
 
@@ -59,16 +57,13 @@ def main() -> None:
     ap.add_argument("--model", required=True, help="the agent's model (a GGUF)")
     ap.add_argument("--threads", type=int, default=0)
     a = ap.parse_args()
-    data = tempfile.mkdtemp(prefix="shoal-bench-claude-")
-    work, home = os.path.join(data, "work"), os.path.join(data, "home")
-    os.makedirs(work)
-    os.makedirs(home)
-    db = os.path.join(data, "store.sqlite")
-    threads = ["--threads", str(a.threads)] if a.threads else []
-    port = free_port()
-    cmd = [a.shoal, "serve", "--backend", "llama", "--model", a.model, "--port", str(port),
-           "--db", db, "--idle-unload-secs", "0", *threads]
-    try:
+    with scratch("shoal-bench-claude-") as data:
+        work, home = os.path.join(data, "work"), os.path.join(data, "home")
+        os.makedirs(work)
+        os.makedirs(home)
+        db = os.path.join(data, "store.sqlite")
+        port = free_port()
+        cmd = shoal_cmd(a.shoal, a.model, port, db, a.threads)
         s = Server(cmd, port)
         model = s.model()
         first_run = run_claude(a.claude, s.url, model, work, home)
@@ -91,9 +86,6 @@ def main() -> None:
             t = warm["tokens"]
             print(f"  second run's first request: {100 * t['cached'] / max(t['prompt'], 1):.1f}% of its prompt from the"
                   f" cache (target >= 90%), time to first token {100 * warm['ttft_ms'] / cold['ttft_ms']:.2f}% of cold")
-    finally:
-        stop_all()
-        shutil.rmtree(data, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 
 # Every server started, so that a bench failing part-way can stop them all.
 RUNNING: list["Server"] = []
@@ -61,3 +65,25 @@ class Server:
 def stop_all() -> None:
     for s in RUNNING:
         s.stop()
+
+
+@contextlib.contextmanager
+def scratch(prefix: str) -> Iterator[str]:
+    """A bench's own data directory; on the way out, however the bench ends,
+    every server it started is stopped and the directory removed."""
+    data = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield data
+    finally:
+        stop_all()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def shoal_cmd(shoal: str, model: str, port: int, db: str, threads: int, *extra: str) -> list[str]:
+    """`shoal serve` as the benches run it: the llama backend on one GGUF,
+    a store of its own, never unloading while idle."""
+    cmd = [shoal, "serve", "--backend", "llama", "--model", model, "--port", str(port),
+           "--db", db, "--idle-unload-secs", "0"]
+    if threads:
+        cmd += ["--threads", str(threads)]
+    return [*cmd, *extra]

@@ -20,7 +20,6 @@ Tensors are copied as stored (quantized or not); every other key is kept.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -36,7 +35,7 @@ def main() -> int:
     args = ap.parse_args()
     import gguf
 
-    from gguf_f32 import copy_field
+    from gguf_f32 import copy_field, finish, part_writer
 
     renames = {}
     for t in args.token:
@@ -47,9 +46,7 @@ def main() -> int:
     reader = gguf.GGUFReader(args.src)
     arch = reader.fields["general.architecture"].contents()
     pooling_key = f"{arch}.pooling_type"
-    tmp = args.out.with_suffix(".part")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    writer = gguf.GGUFWriter(tmp, arch)
+    writer, tmp = part_writer(gguf, args.out, arch)
     for name, field in reader.fields.items():
         if name.startswith("GGUF.") or name == "general.architecture":
             continue
@@ -73,11 +70,7 @@ def main() -> int:
         writer.add_uint32(pooling_key, POOLING[args.pooling])
     for t in reader.tensors:
         writer.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    os.replace(tmp, args.out)
+    finish(writer, tmp, args.out)
     print(f"gguf_edit: {args.out}", file=sys.stderr)
     return 0
 

@@ -42,6 +42,24 @@ def copy_field(writer, field, gguf, value=None) -> None:
         writer.add_key_value(field.name, value, vtype)
 
 
+def part_writer(gguf, out: Path, arch: str):
+    """A writer for `out`, writing first to a `.part` file beside it (see
+    `finish`), with the folder made; returns it and the part file's path."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".part")
+    return gguf.GGUFWriter(tmp, arch), tmp
+
+
+def finish(writer, tmp: Path, out: Path) -> None:
+    """Writes everything given to a `part_writer` and only then moves the
+    file to `out`, so a run cut short never leaves half a GGUF there."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(tmp, out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("src", type=Path)
@@ -56,9 +74,7 @@ def main() -> int:
 
     reader = gguf.GGUFReader(args.src)
     arch = reader.fields["general.architecture"].contents()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".part")
-    writer = gguf.GGUFWriter(tmp, arch)
+    writer, tmp = part_writer(gguf, args.out, arch)
     for name, field in reader.fields.items():
         if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type"):
             continue
@@ -73,11 +89,7 @@ def main() -> int:
             writer.add_tensor(t.name, gguf.quants.quantize(data, q8), raw_dtype=q8)
         else:
             writer.add_tensor(t.name, data)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    os.replace(tmp, args.out)
+    finish(writer, tmp, args.out)
     print(f"gguf_f32: {len(reader.tensors)} tensors ({args.type}) -> {args.out}", file=sys.stderr)
     return 0
 

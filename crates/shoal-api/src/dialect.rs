@@ -9,6 +9,7 @@ use shoal_client::ProviderMeta;
 use shoal_engine::{FinishReason, Usage};
 
 use crate::error::ErrorShape;
+use crate::sse::Framing;
 
 /// A dialect's own words for the engine's records, and where it lives.
 pub trait Words: Send + Sync + 'static {
@@ -27,6 +28,13 @@ pub trait Words: Send + Sync + 'static {
     }
     /// How its error bodies look.
     fn error_shape(&self) -> ErrorShape;
+    /// Prefix of the ids its replies get (`chatcmpl-`, `msg_` …): a fact of
+    /// the wire format, the same for every route of the dialect.
+    fn id_prefix(&self) -> &'static str;
+    /// How its streams are framed.
+    fn framing(&self) -> Framing {
+        Framing::Sse
+    }
     /// The event name of an error frame in its streams (Anthropic's SSE
     /// names it `error`); `None`: error frames are bare data.
     fn stream_error_event(&self) -> Option<&'static str> {
@@ -85,19 +93,22 @@ impl std::fmt::Display for FinishWords {
     }
 }
 
-/// What a dialect's SDKs do beyond the body: the event name of a stream's
-/// error frame, the headers they send a key in and their own request headers
-/// (see [`Words`]).
+/// What a dialect's SDKs do beyond the body: how a stream is framed, the
+/// event name of a stream's error frame, the headers they send a key in and
+/// their own request headers (see [`Words`]).
 #[derive(Clone, Copy, Debug)]
 pub struct Transport {
+    pub framing: Framing,
     pub stream_error_event: Option<&'static str>,
     pub key_headers: &'static [&'static str],
     pub request_headers: &'static [&'static str],
 }
 
 impl Transport {
-    /// Bearer keys, bare error frames, no headers of its own (OpenAI's and Ollama's way).
+    /// SSE streams, Bearer keys, bare error frames, no headers of its own
+    /// (OpenAI's way).
     pub const PLAIN: Transport = Transport {
+        framing: Framing::Sse,
         stream_error_event: None,
         key_headers: &[],
         request_headers: &[],
@@ -112,10 +123,14 @@ pub struct Described {
     pub generation_paths: &'static [&'static str],
     pub model_paths: &'static [&'static str],
     pub error_shape: ErrorShape,
+    pub id_prefix: &'static str,
     pub transport: Transport,
     pub finish_words: fn(&FinishReason) -> FinishWords,
     pub usage_json: fn(&Usage) -> Value,
-    pub provider_meta: fn(Option<&FinishReason>, &Usage) -> ProviderMeta,
+    /// What a recorder stores under its reserved keys beyond the usage
+    /// every dialect reports alike ([`crate::wire::base_meta`], made once
+    /// here): the dialect's finish words and any count it words its own way.
+    pub provider_meta: fn(&mut ProviderMeta, Option<&FinishReason>, &Usage),
 }
 
 impl Words for Described {
@@ -137,6 +152,12 @@ impl Words for Described {
     fn error_shape(&self) -> ErrorShape {
         self.error_shape
     }
+    fn id_prefix(&self) -> &'static str {
+        self.id_prefix
+    }
+    fn framing(&self) -> Framing {
+        self.transport.framing
+    }
     fn stream_error_event(&self) -> Option<&'static str> {
         self.transport.stream_error_event
     }
@@ -153,7 +174,9 @@ impl Words for Described {
         (self.usage_json)(u)
     }
     fn provider_meta(&self, finish: Option<&FinishReason>, u: &Usage) -> ProviderMeta {
-        (self.provider_meta)(finish, u)
+        let mut p = crate::wire::base_meta(finish, u);
+        (self.provider_meta)(&mut p, finish, u);
+        p
     }
 }
 
@@ -170,6 +193,13 @@ impl Dialect {
     }
     pub fn error_shape(self) -> ErrorShape {
         self.0.error_shape()
+    }
+    /// A new id for one of its replies.
+    pub fn new_id(self) -> String {
+        crate::ids::new_id(self.0.id_prefix())
+    }
+    pub fn framing(self) -> Framing {
+        self.0.framing()
     }
     /// One choice's finish in this dialect's words; `cancelled` for a
     /// choice whose client left, in every dialect.

@@ -258,6 +258,10 @@ macro_rules! wire_request {
 }
 pub(crate) use wire_request;
 
+/// What [`Adapter::prepare`] makes of a request: the engine job and the
+/// adapter that renders its reply (one name for the type every adapter returns).
+pub type Prepared<A> = Result<(Generation, A), ApiError>;
+
 /// A dialect's part in serving a generation request, as pure steps. The one
 /// path in [`serve`] owns the rest: body parsing, the model lookup, the
 /// engine start with its ledger entry, streaming or collecting, and the
@@ -267,19 +271,13 @@ pub trait Adapter: Sized + Send + 'static {
     type Request: WireRequest;
     /// The live stream's renderer.
     type Stream: StreamRender;
+    /// Its dialect, which also gives its replies' id prefix and its
+    /// streams' framing (every route of a dialect shares them).
     const DIALECT: Dialect;
-    /// Prefix of the response ids (`chatcmpl-`, `msg_`, …).
-    const ID_PREFIX: &'static str;
-    /// How its stream is framed.
-    const FRAMING: Framing = Framing::Sse;
 
     /// Wire request to engine job, validation included, plus what the
     /// rendering needs; `id` is the response's id.
-    fn prepare(
-        served: &Served,
-        req: Self::Request,
-        id: String,
-    ) -> Result<(Generation, Self), ApiError>;
+    fn prepare(served: &Served, req: Self::Request, id: String) -> Prepared<Self>;
     /// The whole response body from every collected choice.
     fn respond(
         self,
@@ -327,7 +325,7 @@ pub async fn serve_request<A: Adapter>(
             )
             .with_code("model_not_supported"));
         }
-        let id = new_id(A::ID_PREFIX);
+        let id = A::DIALECT.new_id();
         let (job, adapter) = A::prepare(&served, req, id.clone())?;
         let fmt = LedgerFormat {
             id,
@@ -340,7 +338,7 @@ pub async fn serve_request<A: Adapter>(
         let choices = start(&served, job, fmt)?;
         let mut response = if streaming {
             let render = adapter.stream(served);
-            stream(choices, render, A::FRAMING)
+            stream(choices, render, A::DIALECT.framing())
         } else {
             let collected = choices.collect().await?;
             let body = adapter.respond(&served, collected)?;

@@ -47,7 +47,7 @@ pub fn base_meta(finish: Option<&FinishReason>, u: &Usage) -> ProviderMeta {
 }
 
 /// The reserved metadata of a dialect that reports its finish as
-/// `finish_reason` in its own words (OpenAI's chat and completions, Ollama).
+/// `finish_reason` in its own words (Ollama, whose words are not [`crate::dialect::Described`]).
 pub fn finish_reason_meta(
     d: crate::dialect::Dialect,
     finish: Option<&FinishReason>,

@@ -47,14 +47,32 @@ impl Dialect {
         Dialect::ALL.into_iter().find(|d| d.name() == s)
     }
 
+    /// Its short name, the name a server's usage ledger, metrics and logs
+    /// give it, and its endpoint's path: the dialect's identity, in one
+    /// table here rather than once in every wire module.
+    fn names(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            Dialect::Chat => ("chat", "openai.chat", "/v1/chat/completions"),
+            Dialect::Completions => ("completions", "openai.completions", "/v1/completions"),
+            Dialect::Responses => ("responses", "openai.responses", "/v1/responses"),
+            Dialect::Messages => ("messages", "anthropic.messages", "/v1/messages"),
+            Dialect::Ollama => ("ollama", "ollama", "/api/chat"),
+        }
+    }
+
     /// Its short name (`chat`, `messages`, `ollama` …).
     pub fn name(self) -> &'static str {
-        self.wire().names().name
+        self.names().0
     }
 
     /// The name a server's usage ledger, metrics and logs give the dialect.
     pub fn ledger_name(self) -> &'static str {
-        self.wire().names().ledger_name
+        self.names().1
+    }
+
+    /// Its endpoint's path (`/v1/chat/completions`).
+    pub(crate) fn path(self) -> &'static str {
+        self.names().2
     }
 
     /// The dialect a server's ledger name stands for.
@@ -66,7 +84,7 @@ impl Dialect {
     /// is Anthropic's too); `None` for paths of no dialect.
     pub fn for_path(path: &str) -> Option<Self> {
         Dialect::ALL.into_iter().find(|d| {
-            let own = d.wire().names().path;
+            let own = d.path();
             path.strip_prefix(own)
                 .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
         })

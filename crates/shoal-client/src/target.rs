@@ -62,7 +62,7 @@ impl Target {
     pub fn url(&self) -> String {
         let base = self.cfg.base_url.trim_end_matches('/');
         let base = base.strip_suffix("/v1").unwrap_or(base);
-        format!("{base}{}", self.wire().names().path)
+        format!("{base}{}", self.cfg.dialect.path())
     }
 
     fn wire(&self) -> &'static dyn Wire {
@@ -215,7 +215,7 @@ impl Target {
     ) -> Vec<Choice> {
         let wire = self.wire();
         let mut events = Box::pin(sse::events(resp.bytes_stream(), wire.framing()));
-        let mut s = StreamState::default();
+        let mut s = StreamState::new(on_text);
         let mut failure: Option<String> = None;
         while let Some(ev) = events.next().await {
             let ev = match ev {
@@ -252,15 +252,11 @@ impl Target {
                 .clone()
                 .or_else(|| text(v.get("type")))
                 .unwrap_or_default();
-            if wire.on_event(&kind, &v, &mut s, on_text) {
+            if wire.on_event(&kind, &v, &mut s) {
                 break;
             }
         }
-        let StreamState {
-            mut choices,
-            shared,
-            final_response,
-        } = s;
+        let (mut choices, shared, final_response) = s.into_parts();
         if let Some(mut r) = final_response {
             // Text from the final object is authoritative; deltas are a fallback.
             if r.text.is_empty() {

@@ -601,25 +601,17 @@ fn token_logprob(vocab: &Vocabulary, token: u32, logprob: f32, top: &[(u32, f32)
 
 /// Counts a finished generation in the engine's statistics.
 pub(crate) fn record(stats: &crate::request::EngineStats, c: &Completion) {
+    // Plain counters, read on their own: no ordering between them is needed.
+    let add = |counter: &std::sync::atomic::AtomicU64, n: usize| {
+        counter.fetch_add(n as u64, Ordering::Relaxed);
+    };
     let u = c.usage;
-    stats
-        .cached_tokens
-        .fetch_add(u.cached_tokens as u64, Ordering::Relaxed);
-    stats
-        .cached_disk_tokens
-        .fetch_add(u.cached_disk_tokens as u64, Ordering::Relaxed);
-    stats
-        .prompt_tokens
-        .fetch_add(u.prompt_tokens as u64, Ordering::Relaxed);
-    stats
-        .completion_tokens
-        .fetch_add(u.completion_tokens as u64, Ordering::Relaxed);
-    stats
-        .draft_tokens
-        .fetch_add(c.timings.draft_tokens as u64, Ordering::Relaxed);
-    stats
-        .draft_accepted
-        .fetch_add(c.timings.draft_accepted as u64, Ordering::Relaxed);
+    add(&stats.cached_tokens, u.cached_tokens);
+    add(&stats.cached_disk_tokens, u.cached_disk_tokens);
+    add(&stats.prompt_tokens, u.prompt_tokens);
+    add(&stats.completion_tokens, u.completion_tokens);
+    add(&stats.draft_tokens, c.timings.draft_tokens);
+    add(&stats.draft_accepted, c.timings.draft_accepted);
     match c.finish {
         FinishReason::Cancelled => {
             tracing::info!(

@@ -3,7 +3,6 @@
 //! quantization and size, and a GGUF file's header read from its first bytes
 //! by ranged requests, so whoever asks can estimate the memory a file takes
 //! once loaded without fetching its weights.
-use hf_hub::{Repo, RepoType};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ModelsError, Result};
@@ -57,19 +56,13 @@ pub struct RepoFiles {
 /// The hub's models whose names contain `query`, most downloaded first, at most `limit`.
 pub async fn search(opts: &HubOptions, query: &str, limit: usize) -> Result<Vec<HubRepo>> {
     let url = format!("{}/api/models", opts.endpoint);
-    let mut req = reqwest::Client::new().get(&url).query(&[
+    let req = reqwest::Client::new().get(&url).query(&[
         ("search", query),
         ("sort", "downloads"),
         ("direction", "-1"),
         ("limit", &limit.to_string()),
     ]);
-    if let Some(t) = &opts.token {
-        req = req.bearer_auth(t);
-    }
-    let resp = req
-        .send()
-        .await
-        .map_err(|e| ModelsError::Hub(format!("cannot reach the hub: {e}")))?;
+    let resp = opts.send(req).await?;
     let status = resp.status();
     if !status.is_success() {
         return Err(ModelsError::Hub(format!(
@@ -84,13 +77,7 @@ pub async fn search(opts: &HubOptions, query: &str, limit: usize) -> Result<Vec<
 /// The model files of `spec`'s repository: each GGUF file at its top
 /// level, and the safetensors directory when it has a `config.json`.
 pub async fn files(opts: &HubOptions, spec: &PullSpec) -> Result<RepoFiles> {
-    let api = opts.api()?;
-    let repo = api.repo(Repo::with_revision(
-        spec.repo.clone(),
-        RepoType::Model,
-        spec.revision.clone(),
-    ));
-    let listing = list(&repo, spec).await?;
+    let listing = list(&opts.repo(spec)?, spec).await?;
     let top = |f: &&Sibling| !f.rfilename.contains('/');
     let mut files: Vec<HubFile> = listing
         .siblings
@@ -176,16 +163,10 @@ pub async fn gguf_header(
     let mut want: u64 = 4 << 20;
     loop {
         let n = want.min(file_len.max(1));
-        let mut req = client
+        let req = client
             .get(&url)
             .header(reqwest::header::RANGE, format!("bytes=0-{}", n - 1));
-        if let Some(t) = &opts.token {
-            req = req.bearer_auth(t);
-        }
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| ModelsError::Hub(format!("cannot reach the hub: {e}")))?;
+        let resp = opts.send(req).await?;
         let status = resp.status();
         if status == reqwest::StatusCode::UNAUTHORIZED || status == reqwest::StatusCode::FORBIDDEN {
             return Err(ModelsError::Unauthorized(spec.repo.clone()));

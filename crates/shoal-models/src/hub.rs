@@ -107,6 +107,28 @@ impl HubOptions {
             .build()
             .map_err(|e| ModelsError::Hub(e.to_string()))
     }
+
+    /// `spec`'s repository at its revision, as the hub client reaches it
+    /// (listing, downloading).
+    pub(crate) fn repo(&self, spec: &PullSpec) -> Result<ApiRepo> {
+        Ok(self.api()?.repo(Repo::with_revision(
+            spec.repo.clone(),
+            RepoType::Model,
+            spec.revision.clone(),
+        )))
+    }
+
+    /// Sends a request of the hub's own API (a search, a byte range) with
+    /// the token when there is one, so every such call authenticates and
+    /// words an unreachable hub alike.
+    pub(crate) async fn send(&self, mut req: reqwest::RequestBuilder) -> Result<reqwest::Response> {
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        req.send()
+            .await
+            .map_err(|e| ModelsError::Hub(format!("cannot reach the hub: {e}")))
+    }
 }
 
 /// What a pull reports while it runs. Byte counts only grow; the last event
@@ -341,12 +363,7 @@ pub async fn pull(
     opts: &HubOptions,
     events: tokio::sync::mpsc::UnboundedSender<PullEvent>,
 ) -> Result<LocalModel> {
-    let api = opts.api()?;
-    let repo = api.repo(Repo::with_revision(
-        spec.repo.clone(),
-        RepoType::Model,
-        spec.revision.clone(),
-    ));
+    let repo = opts.repo(spec)?;
     let listing = list(&repo, spec).await?;
     let chosen = choose(spec, &listing.siblings)?;
     let total: u64 = chosen.iter().map(Sibling::size).sum();

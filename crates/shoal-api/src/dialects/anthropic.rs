@@ -745,13 +745,8 @@ impl run::Adapter for Messages {
     type Request = MessagesRequest;
     type Stream = MessagesRenderer;
     const DIALECT: crate::dialect::Dialect = DIALECT;
-    const ID_PREFIX: &'static str = "msg_";
 
-    fn prepare(
-        served: &Served,
-        req: MessagesRequest,
-        id: String,
-    ) -> Result<(Generation, Self), ApiError> {
+    fn prepare(served: &Served, req: MessagesRequest, id: String) -> run::Prepared<Self> {
         let job = prepare(served, &req)?;
         Ok((
             job,
@@ -806,7 +801,9 @@ pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dia
     generation_paths: &["/v1/messages"],
     model_paths: &["/v1/messages", "/v1/messages/count_tokens"],
     error_shape: ERRORS,
+    id_prefix: "msg_",
     transport: crate::dialect::Transport {
+        framing: crate::sse::Framing::Sse,
         stream_error_event: Some("error"),
         key_headers: &["x-api-key"],
         request_headers: &["x-api-key", "anthropic-version", "anthropic-beta"],
@@ -818,17 +815,16 @@ pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dia
 
 /// What a recorder stores under its reserved keys for a reply.
 fn provider_meta(
+    p: &mut shoal_client::ProviderMeta,
     finish: Option<&shoal_engine::FinishReason>,
     u: &shoal_engine::Usage,
-) -> shoal_client::ProviderMeta {
+) {
     // Anthropic reports no reasoning tokens, and its `input_tokens`
     // leave out cache reads.
-    let mut p = crate::wire::base_meta(finish, u);
     p.stop_reason = finish.map(|f| DIALECT.finish_words(f));
     p.token_usage_reasoning_tokens = None;
     p.token_usage_input_tokens = Some(uncached(u) as u64);
     p.token_usage_cache_creation_tokens = Some(u.cache_write_tokens as u64);
-    p
 }
 
 /// The dialect as the server registers it: its words and its routes.

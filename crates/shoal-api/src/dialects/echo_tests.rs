@@ -29,10 +29,14 @@ pub const DIALECT: Dialect = Dialect(&Described {
     generation_paths: &["/v1/echo"],
     model_paths: &["/v1/echo"],
     error_shape: ErrorShape::PLAIN,
-    transport: crate::dialect::Transport::PLAIN,
+    id_prefix: "echo-",
+    transport: crate::dialect::Transport {
+        framing: run::Framing::Ndjson,
+        ..crate::dialect::Transport::PLAIN
+    },
     finish_words: |f| FinishWords::one(why(f)),
     usage_json: spent,
-    provider_meta: |_, _| shoal_client::ProviderMeta::default(),
+    provider_meta: |_, _, _| {},
 });
 
 pub const REGISTERED: Registered = Registered::new(DIALECT, routes);
@@ -73,14 +77,8 @@ impl run::Adapter for Echo {
     type Request = EchoRequest;
     type Stream = EchoStream;
     const DIALECT: Dialect = DIALECT;
-    const ID_PREFIX: &'static str = "echo-";
-    const FRAMING: run::Framing = run::Framing::Ndjson;
 
-    fn prepare(
-        served: &Served,
-        req: EchoRequest,
-        _id: String,
-    ) -> Result<(Generation, Self), ApiError> {
+    fn prepare(served: &Served, req: EchoRequest, _id: String) -> run::Prepared<Self> {
         let prompt = served.chat_prompt(&[ChatMessage::new("user", req.say)], None, None)?;
         let job = Generation {
             prompts: vec![prompt.tokens],

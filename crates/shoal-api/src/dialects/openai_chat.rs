@@ -403,13 +403,8 @@ impl run::Adapter for Chat {
     type Request = ChatRequest;
     type Stream = ChatStream;
     const DIALECT: crate::dialect::Dialect = DIALECT;
-    const ID_PREFIX: &'static str = "chatcmpl-";
 
-    fn prepare(
-        served: &Served,
-        mut req: ChatRequest,
-        id: String,
-    ) -> Result<(Generation, Self), ApiError> {
+    fn prepare(served: &Served, mut req: ChatRequest, id: String) -> run::Prepared<Self> {
         let job = prepare(served, &mut req)?;
         let chat = Chat {
             id,
@@ -482,12 +477,13 @@ pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dia
     generation_paths: &["/v1/chat/completions"],
     model_paths: &["/v1/chat/completions"],
     error_shape: ErrorShape::OPENAI,
+    id_prefix: "chatcmpl-",
     transport: crate::dialect::Transport::PLAIN,
     finish_words: |f| {
         crate::dialect::FinishWords::one(crate::dialects::openai_words::finish_reason(f))
     },
     usage_json: crate::dialects::openai_words::usage_json,
-    provider_meta: |f, u| crate::wire::finish_reason_meta(DIALECT, f, u),
+    provider_meta: |p, f, _| p.finish_reason = f.map(|f| DIALECT.finish_words(f)),
 });
 
 /// The dialect as the server registers it: its words and its routes.

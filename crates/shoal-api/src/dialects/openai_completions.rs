@@ -170,13 +170,8 @@ impl run::Adapter for Completions {
     type Request = CompletionRequest;
     type Stream = CompletionRenderer;
     const DIALECT: crate::dialect::Dialect = DIALECT;
-    const ID_PREFIX: &'static str = "cmpl-";
 
-    fn prepare(
-        served: &Served,
-        mut req: CompletionRequest,
-        id: String,
-    ) -> Result<(Generation, Self), ApiError> {
+    fn prepare(served: &Served, mut req: CompletionRequest, id: String) -> run::Prepared<Self> {
         let Prepared { job, texts } = prepare(served, &mut req)?;
         let per = job.n.max(1);
         let adapter = Completions {
@@ -343,12 +338,13 @@ pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dia
     generation_paths: &["/v1/completions"],
     model_paths: &["/v1/completions"],
     error_shape: ErrorShape::OPENAI,
+    id_prefix: "cmpl-",
     transport: crate::dialect::Transport::PLAIN,
     finish_words: |f| {
         crate::dialect::FinishWords::one(crate::dialects::openai_words::finish_reason(f))
     },
     usage_json: crate::dialects::openai_words::usage_json,
-    provider_meta: |f, u| crate::wire::finish_reason_meta(DIALECT, f, u),
+    provider_meta: |p, f, _| p.finish_reason = f.map(|f| DIALECT.finish_words(f)),
 });
 
 /// The dialect as the server registers it: its words and its routes.

@@ -89,13 +89,6 @@ fn usage_json(u: &shoal_engine::Usage) -> Value {
     json!({"prompt_tokens": u.prompt_tokens, "total_tokens": u.total_tokens()})
 }
 
-fn provider_meta(
-    finish: Option<&shoal_engine::FinishReason>,
-    u: &shoal_engine::Usage,
-) -> shoal_client::ProviderMeta {
-    crate::wire::base_meta(finish, u)
-}
-
 pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dialect::Described {
     ledger_name: "openai.embeddings",
     short_name: "embeddings",
@@ -103,13 +96,15 @@ pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dia
     generation_paths: &["/v1/embeddings"],
     model_paths: &["/v1/embeddings"],
     error_shape: ErrorShape::OPENAI,
+    id_prefix: "emb-",
     transport: crate::dialect::Transport::PLAIN,
     // An embedding request has no finish of its own; a served one is `stop`.
     finish_words: |f| {
         crate::dialect::FinishWords::one(crate::dialects::openai_words::finish_reason(f))
     },
     usage_json,
-    provider_meta,
+    // Its usage is all an embedding reply reports.
+    provider_meta: |_, _, _| {},
 });
 
 /// The dialect as the server registers it: its words and its routes.

@@ -3,15 +3,9 @@
 use serde_json::json;
 
 use super::openai::OpenAi;
-use super::Names;
 use crate::metadata::text;
 
 pub(crate) const COMPLETIONS: OpenAi = OpenAi {
-    names: Names {
-        name: "completions",
-        ledger_name: "openai.completions",
-        path: "/v1/completions",
-    },
     input: |req, b| {
         let prompt: Vec<&str> = req.messages.iter().map(|m| m.content.as_str()).collect();
         b.insert("prompt".into(), json!(prompt.join("\n")));

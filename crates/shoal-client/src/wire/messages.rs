@@ -2,20 +2,13 @@
 //! prompt apart, usage whose `input_tokens` leave out cache reads and writes.
 use serde_json::{json, Map, Value};
 
-use super::{items, messages, Choice, Names, StreamState, Wire};
+use super::{items, messages, Choice, StreamState, Wire};
 use crate::metadata::{count, text, ProviderMeta};
 use crate::request::Request;
 
 pub(crate) struct Messages;
 
 impl Wire for Messages {
-    fn names(&self) -> Names {
-        Names {
-            name: "messages",
-            ledger_name: "anthropic.messages",
-            path: "/v1/messages",
-        }
-    }
     fn body(&self, req: &Request, stream: bool, b: &mut Map<String, Value>) {
         let system: Vec<&str> = req
             .messages
@@ -100,13 +93,7 @@ impl Wire for Messages {
         }
         vec![ch]
     }
-    fn on_event(
-        &self,
-        kind: &str,
-        v: &Value,
-        s: &mut StreamState,
-        on_text: &mut dyn FnMut(usize, &str),
-    ) -> bool {
+    fn on_event(&self, kind: &str, v: &Value, s: &mut StreamState) -> bool {
         match kind {
             "message_start" => {
                 if let Some(u) = v.pointer("/message/usage") {
@@ -134,7 +121,7 @@ impl Wire for Messages {
                             .pointer("/delta/text")
                             .and_then(Value::as_str)
                             .unwrap_or("");
-                        s.text(0, t, on_text);
+                        s.text(0, t);
                     }
                     Some("input_json_delta") => {
                         if let Some(t) = s.first().tool_calls.get_mut(&i) {

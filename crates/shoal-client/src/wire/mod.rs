@@ -18,20 +18,9 @@ pub(crate) mod ollama;
 pub(crate) mod openai;
 pub(crate) mod responses;
 
-/// What a dialect is called and where it is served.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Names {
-    /// Its short name (`chat`).
-    pub name: &'static str,
-    /// The name servers' ledgers give it (`openai.chat`).
-    pub ledger_name: &'static str,
-    /// Its endpoint's path (`/v1/chat/completions`).
-    pub path: &'static str,
-}
-
-/// A dialect as the recorder speaks it.
+/// A dialect as the recorder speaks it (its names and path are the
+/// dialect's identity, kept on [`crate::dialect::Dialect`]).
 pub(crate) trait Wire: Sync {
-    fn names(&self) -> Names;
     /// Whether a request may ask for several choices (`n`).
     fn has_choices(&self) -> bool {
         false
@@ -63,13 +52,7 @@ pub(crate) trait Wire: Sync {
     fn parse_body(&self, v: &Value, shared: ProviderMeta) -> Vec<Choice>;
     /// One stream event (`kind`: the SSE event name, else the JSON `type`);
     /// true once the stream has said its last word.
-    fn on_event(
-        &self,
-        kind: &str,
-        v: &Value,
-        s: &mut StreamState,
-        on_text: &mut dyn FnMut(usize, &str),
-    ) -> bool;
+    fn on_event(&self, kind: &str, v: &Value, s: &mut StreamState) -> bool;
 }
 
 /// What a parse found before metadata is merged, per choice.
@@ -82,25 +65,54 @@ pub(crate) struct Choice {
     pub error: Option<String>,
 }
 
-/// What a stream has told so far.
-#[derive(Default)]
-pub(crate) struct StreamState {
+/// What a stream has told so far, and who hears its text as it comes (so
+/// that a dialect's event reader needs only the state, not a listener too).
+pub(crate) struct StreamState<'a> {
     pub choices: BTreeMap<usize, Choice>,
     /// Usage, shared by all choices.
     pub shared: ProviderMeta,
     /// A dialect that ends its stream with the whole response (Responses).
     pub final_response: Option<Choice>,
+    /// Told each piece of text with its choice's index.
+    on_text: &'a mut dyn FnMut(usize, &str),
 }
 
-impl StreamState {
+impl<'a> StreamState<'a> {
+    pub fn new(on_text: &'a mut dyn FnMut(usize, &str)) -> Self {
+        StreamState {
+            choices: BTreeMap::new(),
+            shared: ProviderMeta::default(),
+            final_response: None,
+            on_text,
+        }
+    }
+    /// What the stream told: its choices, their shared usage, and the final
+    /// response object where the dialect sends one.
+    pub fn into_parts(self) -> (BTreeMap<usize, Choice>, ProviderMeta, Option<Choice>) {
+        (self.choices, self.shared, self.final_response)
+    }
     /// The first (or only) choice.
     pub fn first(&mut self) -> &mut Choice {
         self.choices.entry(0).or_default()
     }
     /// Text of choice `index` arrived.
-    pub fn text(&mut self, index: usize, t: &str, on_text: &mut dyn FnMut(usize, &str)) {
+    pub fn text(&mut self, index: usize, t: &str) {
         self.choices.entry(index).or_default().text.push_str(t);
-        on_text(index, t);
+        (self.on_text)(index, t);
+    }
+}
+
+/// The request's limit, temperature and stops under the dialect's names
+/// for the limit and the stops, each only where the request sets it.
+pub(crate) fn limits(req: &Request, b: &mut Map<String, Value>, max_tokens: &str, stop: &str) {
+    if let Some(n) = req.max_tokens {
+        b.insert(max_tokens.into(), serde_json::json!(n));
+    }
+    if let Some(t) = req.temperature {
+        b.insert("temperature".into(), serde_json::json!(t));
+    }
+    if !req.stop.is_empty() {
+        b.insert(stop.into(), serde_json::json!(req.stop));
     }
 }
 

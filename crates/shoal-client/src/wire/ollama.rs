@@ -5,20 +5,13 @@
 //! `eval_thinking_count`).
 use serde_json::{json, Map, Value};
 
-use super::{items, messages, Choice, Framing, Names, StreamState, Wire};
+use super::{items, limits, messages, Choice, Framing, StreamState, Wire};
 use crate::metadata::{count, text, ProviderMeta};
 use crate::request::Request;
 
 pub(crate) struct Ollama;
 
 impl Wire for Ollama {
-    fn names(&self) -> Names {
-        Names {
-            name: "ollama",
-            ledger_name: "ollama",
-            path: "/api/chat",
-        }
-    }
     fn framing(&self) -> Framing {
         Framing::Ndjson
     }
@@ -27,15 +20,7 @@ impl Wire for Ollama {
         // Ollama streams unless told not to.
         b.insert("stream".into(), json!(stream));
         let mut options = Map::new();
-        if let Some(n) = req.max_tokens {
-            options.insert("num_predict".into(), json!(n));
-        }
-        if let Some(t) = req.temperature {
-            options.insert("temperature".into(), json!(t));
-        }
-        if !req.stop.is_empty() {
-            options.insert("stop".into(), json!(req.stop));
-        }
+        limits(req, &mut options, "num_predict", "stop");
         if !options.is_empty() {
             b.insert("options".into(), Value::Object(options));
         }
@@ -70,15 +55,9 @@ impl Wire for Ollama {
         ch.meta.finish_reason = text(v.get("done_reason"));
         vec![ch]
     }
-    fn on_event(
-        &self,
-        _kind: &str,
-        v: &Value,
-        s: &mut StreamState,
-        on_text: &mut dyn FnMut(usize, &str),
-    ) -> bool {
+    fn on_event(&self, _kind: &str, v: &Value, s: &mut StreamState) -> bool {
         if let Some(t) = v.pointer("/message/content").and_then(Value::as_str) {
-            s.text(0, t, on_text);
+            s.text(0, t);
         }
         read_calls(v, s.first());
         if v.get("done").and_then(Value::as_bool) != Some(true) {

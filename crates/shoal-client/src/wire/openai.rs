@@ -2,14 +2,13 @@
 //! `n` choices with their finish reasons, the stream's `[DONE]` close.
 use serde_json::{json, Map, Value};
 
-use super::{items, Choice, Names, StreamState, Wire};
+use super::{items, limits, Choice, StreamState, Wire};
 use crate::metadata::{count, text, ProviderMeta};
 use crate::request::Request;
 
 /// Chat Completions or legacy Completions: what differs between the two is
-/// data (their names, how the conversation goes in, where a choice's text is).
+/// data (how the conversation goes in, where a choice's text is).
 pub(crate) struct OpenAi {
-    pub names: Names,
     /// The conversation into the body (`messages`, or one `prompt`).
     pub input: fn(&Request, &mut Map<String, Value>),
     /// A whole choice's text.
@@ -19,9 +18,6 @@ pub(crate) struct OpenAi {
 }
 
 impl Wire for OpenAi {
-    fn names(&self) -> Names {
-        self.names
-    }
     fn has_choices(&self) -> bool {
         true
     }
@@ -38,14 +34,8 @@ impl Wire for OpenAi {
     fn parse_body(&self, v: &Value, shared: ProviderMeta) -> Vec<Choice> {
         parse_choices(v, shared, self.text)
     }
-    fn on_event(
-        &self,
-        _kind: &str,
-        v: &Value,
-        s: &mut StreamState,
-        on_text: &mut dyn FnMut(usize, &str),
-    ) -> bool {
-        on_chunk(v, s, self.delta, on_text)
+    fn on_event(&self, _kind: &str, v: &Value, s: &mut StreamState) -> bool {
+        on_chunk(v, s, self.delta)
     }
 }
 
@@ -77,17 +67,9 @@ fn read_chat_usage(u: &Value, m: &mut ProviderMeta) {
 /// The fields Chat and Completions share: limits, sampling, `n`, stops and
 /// the stream's usage.
 fn common_body(req: &Request, stream: bool, b: &mut Map<String, Value>) {
-    if let Some(n) = req.max_tokens {
-        b.insert("max_tokens".into(), json!(n));
-    }
-    if let Some(t) = req.temperature {
-        b.insert("temperature".into(), json!(t));
-    }
+    limits(req, b, "max_tokens", "stop");
     if let Some(n) = req.n {
         b.insert("n".into(), json!(n));
-    }
-    if !req.stop.is_empty() {
-        b.insert("stop".into(), json!(req.stop));
     }
     if stream {
         b.insert("stream".into(), json!(true));
@@ -137,19 +119,14 @@ fn parse_choices(
 
 /// One stream chunk: usage, each choice's text (at `delta`), tool-call
 /// deltas and finish. The stream ends with `[DONE]`, never here.
-fn on_chunk(
-    v: &Value,
-    s: &mut StreamState,
-    delta: fn(&Value) -> Option<&Value>,
-    on_text: &mut dyn FnMut(usize, &str),
-) -> bool {
+fn on_chunk(v: &Value, s: &mut StreamState, delta: fn(&Value) -> Option<&Value>) -> bool {
     if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
         read_chat_usage(u, &mut s.shared);
     }
     for c in items(v.get("choices")) {
         let index = count(c.get("index")).unwrap_or(0) as usize;
         if let Some(t) = delta(c).and_then(Value::as_str) {
-            s.text(index, t, on_text);
+            s.text(index, t);
         }
         let ch = s.choices.entry(index).or_default();
         for t in items(c.pointer("/delta/tool_calls")) {

@@ -2,31 +2,16 @@
 //! stream event carries the whole response object.
 use serde_json::{json, Map, Value};
 
-use super::{items, messages, openai, Choice, Names, StreamState, Wire};
+use super::{items, limits, messages, openai, Choice, StreamState, Wire};
 use crate::metadata::{text, ProviderMeta};
 use crate::request::Request;
 
 pub(crate) struct Responses;
 
 impl Wire for Responses {
-    fn names(&self) -> Names {
-        Names {
-            name: "responses",
-            ledger_name: "openai.responses",
-            path: "/v1/responses",
-        }
-    }
     fn body(&self, req: &Request, stream: bool, b: &mut Map<String, Value>) {
         b.insert("input".into(), json!(messages(req, false)));
-        if let Some(n) = req.max_tokens {
-            b.insert("max_output_tokens".into(), json!(n));
-        }
-        if let Some(t) = req.temperature {
-            b.insert("temperature".into(), json!(t));
-        }
-        if !req.stop.is_empty() {
-            b.insert("stop".into(), json!(req.stop));
-        }
+        limits(req, b, "max_output_tokens", "stop");
         if stream {
             b.insert("stream".into(), json!(true));
         }
@@ -50,17 +35,11 @@ impl Wire for Responses {
     fn parse_body(&self, v: &Value, shared: ProviderMeta) -> Vec<Choice> {
         vec![self.response_object(v, shared)]
     }
-    fn on_event(
-        &self,
-        kind: &str,
-        v: &Value,
-        s: &mut StreamState,
-        on_text: &mut dyn FnMut(usize, &str),
-    ) -> bool {
+    fn on_event(&self, kind: &str, v: &Value, s: &mut StreamState) -> bool {
         match kind {
             "response.output_text.delta" => {
                 let t = v.get("delta").and_then(Value::as_str).unwrap_or("");
-                s.text(0, t, on_text);
+                s.text(0, t);
                 false
             }
             "response.completed" | "response.incomplete" | "response.failed" => {

@@ -1,7 +1,7 @@
 // The chat list beside the conversation: search, chats grouped by when they were last used, and
 // each chat's rename and delete. Apart from Chat.tsx because it is a whole panel of its own, with
 // state (the search, the chat being renamed) nothing else reads.
-import { createMemo, createSignal, For, Show } from 'solid-js';
+import { createMemo, createSignal, For, type JSX, Show } from 'solid-js';
 import { chat, removeChat, renameChat, selectChat } from '../../chatState';
 import type { Conversation } from '../../store';
 
@@ -106,15 +106,9 @@ function ChatItem(props: { conv: Conversation; onChosen: () => void }) {
             >
               {c().title}
             </button>
-            <button
-              class="icon-btn small"
-              title="Rename this chat"
-              aria-label="Rename this chat"
-              data-testid="rename-conversation"
-              onClick={() => setRenaming(true)}
-            >
+            <ChatAction label="Rename this chat" testid="rename-conversation" onClick={() => setRenaming(true)}>
               ✎
-            </button>
+            </ChatAction>
             <DeleteChat id={c().id} title={c().title} />
           </>
         }
@@ -136,6 +130,22 @@ function ChatItem(props: { conv: Conversation; onChosen: () => void }) {
   );
 }
 
+/** A chat's small icon button: its one label is both the tooltip and what a screen reader says
+ * (the icon alone says nothing). */
+function ChatAction(props: { label: string; testid: string; onClick: () => void; children: JSX.Element }) {
+  return (
+    <button
+      class="icon-btn small"
+      title={props.label}
+      aria-label={props.label}
+      data-testid={props.testid}
+      onClick={() => props.onClick()}
+    >
+      {props.children}
+    </button>
+  );
+}
+
 /** A chat's delete button: asks first, in place, as deleting a model does (deleting is final). */
 function DeleteChat(props: { id: string; title: string }) {
   const [asking, setAsking] = createSignal(false);
@@ -143,15 +153,9 @@ function DeleteChat(props: { id: string; title: string }) {
     <Show
       when={asking()}
       fallback={
-        <button
-          class="icon-btn small"
-          title="Delete this chat"
-          aria-label="Delete this chat"
-          data-testid="delete-conversation"
-          onClick={() => setAsking(true)}
-        >
+        <ChatAction label="Delete this chat" testid="delete-conversation" onClick={() => setAsking(true)}>
           ×
-        </button>
+        </ChatAction>
       }
     >
       <span class="confirm" data-testid="delete-conversation-confirm">

@@ -9,11 +9,11 @@ use shoal_engine::{ChatMessage, Event};
 
 use super::shared::{
     can_think, format_grammar, model_id, no_images, now, wanted_thinking, KeepAlive, Options,
-    DIALECT,
+    Reply, DIALECT,
 };
 use crate::body::Body;
 use crate::error::{ApiError, DialectError};
-use crate::run::{self, Collected, Generation, Step};
+use crate::run::{self, Collected, Step};
 use crate::state::{AppState, Served};
 use crate::tools::{self, ToolChoice, ToolRequest};
 
@@ -152,26 +152,14 @@ fn tool_request(req: &ChatRequest) -> Result<Option<ToolRequest>, ApiError> {
 }
 
 /// `/api/chat` as an [`run::Adapter`].
-pub struct OllamaChat {
-    /// The name as the client gave it, echoed back.
-    model: String,
-    ready_after: Duration,
-    /// Whether the client asked for logprobs.
-    logprobs: bool,
-}
+pub struct OllamaChat(Reply);
 
 impl run::Adapter for OllamaChat {
     type Request = ChatRequest;
     type Stream = ChatStream;
     const DIALECT: crate::dialect::Dialect = DIALECT;
-    const ID_PREFIX: &'static str = "ollama-";
-    const FRAMING: run::Framing = run::Framing::Ndjson;
 
-    fn prepare(
-        served: &Served,
-        mut req: ChatRequest,
-        _id: String,
-    ) -> Result<(Generation, Self), ApiError> {
+    fn prepare(served: &Served, mut req: ChatRequest, _id: String) -> run::Prepared<Self> {
         let options = req.options.take().unwrap_or_default();
         let tools = tool_request(&req)?;
         let format = format_grammar(req.format.as_ref())?;
@@ -180,14 +168,7 @@ impl run::Adapter for OllamaChat {
         let p = served.chat_prompt(&messages, want, tools.as_ref())?;
         let mut job = super::shared::job(served, p, &options, format)?;
         job.sampling.top_logprobs = super::shared::wanted_logprobs(req.logprobs, req.top_logprobs)?;
-        Ok((
-            job,
-            OllamaChat {
-                model: req.model,
-                ready_after: served.ready_after,
-                logprobs: req.logprobs.unwrap_or(false),
-            },
-        ))
+        Ok((job, OllamaChat(Reply::new(served, req.model, req.logprobs))))
     }
 
     fn respond(self, _: &Served, collected: Vec<Collected>) -> Result<Value, ApiError> {
@@ -203,23 +184,20 @@ impl run::Adapter for OllamaChat {
                     .map(|t| (t.name.as_str(), t.arguments.as_str())),
             );
         }
-        let mut head = json!({"model": self.model, "created_at": now(), "message": message});
-        if self.logprobs {
-            head["logprobs"] = super::shared::logprobs_json(&c.logprobs);
-        }
-        Ok(super::shared::closing(
-            head,
-            c.completion(),
-            self.ready_after,
-        ))
+        Ok(self.0.close(json!({"message": message}), c))
     }
 
     fn stream(self, _: Served) -> ChatStream {
+        let Reply {
+            model,
+            ready_after,
+            logprobs,
+        } = self.0;
         ChatStream {
-            model: self.model,
-            ready_after: self.ready_after,
+            model,
+            ready_after,
             calls: Vec::new(),
-            logprobs: self.logprobs,
+            logprobs,
         }
     }
 }

@@ -1,6 +1,5 @@
 //! `POST /api/generate`: a prompt through the chat template, or `raw`, or
 //! fill-in-the-middle with `suffix` where the model has the tokens for it.
-use std::time::Duration;
 
 use axum::extract::State;
 use axum::response::Response;
@@ -11,11 +10,11 @@ use shoal_engine::{ChatMessage, Event};
 
 use super::shared::{
     can_think, format_grammar, model_id, no_images, now, wanted_thinking, KeepAlive, Options,
-    DIALECT,
+    Reply, DIALECT,
 };
 use crate::body::Body;
 use crate::error::{ApiError, DialectError};
-use crate::run::{self, Collected, Generation, Step};
+use crate::run::{self, Collected, Step};
 use crate::state::{AppState, Served};
 
 #[derive(Debug, Deserialize)]
@@ -126,25 +125,14 @@ fn prompt(
 }
 
 /// `/api/generate` as an [`run::Adapter`].
-pub struct OllamaGenerate {
-    model: String,
-    ready_after: Duration,
-    /// Whether the client asked for logprobs.
-    logprobs: bool,
-}
+pub struct OllamaGenerate(Reply);
 
 impl run::Adapter for OllamaGenerate {
     type Request = GenerateRequest;
     type Stream = GenerateStream;
     const DIALECT: crate::dialect::Dialect = DIALECT;
-    const ID_PREFIX: &'static str = "ollama-";
-    const FRAMING: run::Framing = run::Framing::Ndjson;
 
-    fn prepare(
-        served: &Served,
-        mut req: GenerateRequest,
-        _id: String,
-    ) -> Result<(Generation, Self), ApiError> {
+    fn prepare(served: &Served, mut req: GenerateRequest, _id: String) -> run::Prepared<Self> {
         if req.images.as_ref().is_some_and(|v| !v.is_empty()) {
             return Err(no_images("images"));
         }
@@ -170,59 +158,40 @@ impl run::Adapter for OllamaGenerate {
         job.sampling.top_logprobs = super::shared::wanted_logprobs(req.logprobs, req.top_logprobs)?;
         Ok((
             job,
-            OllamaGenerate {
-                model: req.model,
-                ready_after: served.ready_after,
-                logprobs: req.logprobs.unwrap_or(false),
-            },
+            OllamaGenerate(Reply::new(served, req.model, req.logprobs)),
         ))
     }
 
     fn respond(self, _: &Served, collected: Vec<Collected>) -> Result<Value, ApiError> {
         let c = super::shared::only(&collected)?;
-        let mut head = json!({"model": self.model, "created_at": now(), "response": c.text});
+        let mut body = json!({"response": c.text});
         if !c.reasoning.is_empty() {
-            head["thinking"] = json!(c.reasoning);
+            body["thinking"] = json!(c.reasoning);
         }
-        if self.logprobs {
-            head["logprobs"] = super::shared::logprobs_json(&c.logprobs);
-        }
-        Ok(super::shared::closing(
-            head,
-            c.completion(),
-            self.ready_after,
-        ))
+        Ok(self.0.close(body, c))
     }
 
     fn stream(self, _: Served) -> GenerateStream {
-        GenerateStream {
-            model: self.model,
-            ready_after: self.ready_after,
-            logprobs: self.logprobs,
-        }
+        GenerateStream(self.0)
     }
 }
 
 /// The live `/api/generate` stream.
-pub struct GenerateStream {
-    model: String,
-    ready_after: Duration,
-    logprobs: bool,
-}
+pub struct GenerateStream(Reply);
 
 impl run::StreamRender for GenerateStream {
     fn frames(&mut self, _: usize, ev: &Event) -> Step {
         let mut step = Step::default();
         let line = |extra: Value| {
             let mut v =
-                json!({"model": self.model, "created_at": now(), "response": "", "done": false});
+                json!({"model": self.0.model, "created_at": now(), "response": "", "done": false});
             if let (Value::Object(o), Value::Object(e)) = (&mut v, extra) {
                 o.extend(e);
             }
             (None, v.to_string())
         };
         match ev {
-            Event::Delta { text, logprobs } if self.logprobs && !logprobs.is_empty() => {
+            Event::Delta { text, logprobs } if self.0.logprobs && !logprobs.is_empty() => {
                 let lps = super::shared::logprobs_json(logprobs);
                 step.frames
                     .push(line(json!({"response": text, "logprobs": lps})));
@@ -232,8 +201,8 @@ impl run::StreamRender for GenerateStream {
             }
             Event::Reasoning { text } => step.frames.push(line(json!({"thinking": text}))),
             Event::Done(c) => {
-                let head = json!({"model": self.model, "created_at": now(), "response": ""});
-                let last = super::shared::closing(head, c, self.ready_after);
+                let head = json!({"model": self.0.model, "created_at": now(), "response": ""});
+                let last = super::shared::closing(head, c, self.0.ready_after);
                 step.frames.push((None, last.to_string()));
                 step.last = true;
             }

@@ -39,6 +39,12 @@ impl crate::dialect::Words for Words {
     fn error_shape(&self) -> ErrorShape {
         ErrorShape::PLAIN
     }
+    fn id_prefix(&self) -> &'static str {
+        "ollama-"
+    }
+    fn framing(&self) -> crate::sse::Framing {
+        crate::sse::Framing::Ndjson
+    }
     fn finish_words(&self, f: &FinishReason) -> crate::dialect::FinishWords {
         crate::dialect::FinishWords::one(done_reason(f))
     }
@@ -523,6 +529,40 @@ pub fn only(collected: &[crate::run::Collected]) -> Result<&crate::run::Collecte
     match failure(c.completion()) {
         Some(e) => Err(e),
         None => Ok(c),
+    }
+}
+
+/// What every Ollama reply of a generation carries, the same for
+/// `/api/chat` and `/api/generate`: the model name as the client gave it
+/// (echoed back), how long the model took to be ready, and whether the
+/// client asked for logprobs.
+pub struct Reply {
+    pub model: String,
+    pub ready_after: Duration,
+    pub logprobs: bool,
+}
+
+impl Reply {
+    pub fn new(served: &crate::state::Served, model: String, logprobs: Option<bool>) -> Self {
+        Reply {
+            model,
+            ready_after: served.ready_after,
+            logprobs: logprobs.unwrap_or(false),
+        }
+    }
+
+    /// The whole (non-streamed) reply: the model and time, `body` (the
+    /// message or response), the logprobs when asked for, and the
+    /// [`closing`] fields.
+    pub fn close(&self, body: Value, c: &crate::run::Collected) -> Value {
+        let mut head = json!({"model": self.model, "created_at": now()});
+        if let (Value::Object(h), Value::Object(b)) = (&mut head, body) {
+            h.extend(b);
+        }
+        if self.logprobs {
+            head["logprobs"] = logprobs_json(&c.logprobs);
+        }
+        closing(head, c.completion(), self.ready_after)
     }
 }
 

@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 use shoal_engine::{ChatMessage, Completion, Event};
 
 use crate::error::{ApiError, ErrorShape};
-use crate::run::{self, Generation};
+use crate::run;
 use crate::state::Served;
 
 mod render;
@@ -37,13 +37,8 @@ impl run::Adapter for Responses {
     type Request = ResponsesRequest;
     type Stream = ResponsesStream;
     const DIALECT: crate::dialect::Dialect = DIALECT;
-    const ID_PREFIX: &'static str = "resp_";
 
-    fn prepare(
-        served: &Served,
-        mut req: ResponsesRequest,
-        id: String,
-    ) -> Result<(Generation, Self), ApiError> {
+    fn prepare(served: &Served, mut req: ResponsesRequest, id: String) -> run::Prepared<Self> {
         let request::Prepared {
             job,
             msgs,
@@ -164,6 +159,7 @@ pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dia
     generation_paths: &["/v1/responses"],
     model_paths: &["/v1/responses"],
     error_shape: ErrorShape::OPENAI,
+    id_prefix: "resp_",
     transport: crate::dialect::Transport::PLAIN,
     // A finish is its `status`, or `status:reason` when incomplete.
     finish_words: |f| {
@@ -176,10 +172,10 @@ pub const DIALECT: crate::dialect::Dialect = crate::dialect::Dialect(&crate::dia
 
 /// What a recorder stores under its reserved keys for a reply.
 fn provider_meta(
+    p: &mut shoal_client::ProviderMeta,
     finish: Option<&shoal_engine::FinishReason>,
-    u: &shoal_engine::Usage,
-) -> shoal_client::ProviderMeta {
-    let mut p = crate::wire::base_meta(finish, u);
+    _: &shoal_engine::Usage,
+) {
     match finish {
         Some(shoal_engine::FinishReason::Cancelled) => {
             p.status = Some(crate::dialect::CANCELLED.into())
@@ -191,7 +187,6 @@ fn provider_meta(
         }
         None => {}
     }
-    p
 }
 
 /// The dialect as the server registers it: its words and its routes.
