@@ -199,6 +199,7 @@ test-ui: setup ui
 lint: mlx
 	$(CARGO) fmt --all -- --check
 	@python3 tools/py/import_circles.py $(ROOT)
+	@python3 tools/py/same_features.py $(ROOT)
 	@bash tools/timed.sh "clippy (builds the workspace)" $(CARGO) clippy --release --workspace --exclude shoal-desktop --all-targets -- -D warnings
 
 ## The desktop app (src-tauri, Tauri 2): lint, .deb bundle, and a smoke test that drives
