@@ -849,21 +849,31 @@ test('the usage view: a full request log, charts bucketed by the range, worded g
   });
 });
 
-test('the usage view in a narrow window: the request log is reachable and shows its rows', async () => {
+test('the usage view in a narrow window: the request log is reachable, one card per request', async () => {
   await usageTraffic();
   await withPage('usage-420-log', { path: '/usage', width: 420, height: 800 }, async (page) => {
     await page.getByTestId('usage-row').nth(7).waitFor({ state: 'attached' });
     await screenshot(page, 'usage-420-top');
     const log = page.getByTestId('usage-log');
     await log.scrollIntoViewIfNeeded();
+    // Cards are taller than rows: a window shows fewer, never a squeezed two.
     const seen = await rowsInSight(log);
-    assert.ok(seen >= 8, `${seen} rows in sight at 420×800`);
-    // Its columns scroll sideways within it, not the page.
-    const sideways = await log.evaluate((box) => {
-      box.scrollLeft = box.scrollWidth;
-      return box.scrollLeft > 0 && document.documentElement.scrollWidth <= window.innerWidth;
+    assert.ok(seen >= 6, `${seen} rows in sight at 420×800`);
+    // One card per request, every figure labelled in sight: nothing scrolls sideways.
+    const cards = await log.evaluate((box) => {
+      const row = box.querySelector('[data-testid=usage-row]');
+      const prompt = row.querySelector('[data-testid=usage-row-prompt]');
+      const rowBox = row.getBoundingClientRect();
+      const cells = [...row.querySelectorAll('td')].map((td) => td.getBoundingClientRect());
+      return {
+        over: box.scrollWidth - box.clientWidth,
+        page: document.documentElement.scrollWidth - window.innerWidth,
+        head: getComputedStyle(box.querySelector('thead')).display,
+        label: getComputedStyle(prompt, '::before').content,
+        inside: cells.every((c) => c.left >= rowBox.left - 1 && c.right <= rowBox.right + 1),
+      };
     });
-    assert.ok(sideways);
+    assert.deepEqual(cards, { over: 0, page: 0, head: 'none', label: '"prompt "', inside: true });
   });
 });
 

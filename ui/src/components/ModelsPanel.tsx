@@ -93,7 +93,7 @@ export function ModelsPanel(props: { selected: string; onUse: (id: string) => vo
 
       {/* A narrow panel (a side column, a phone) shows each model as a card: see .models-panel in styles.css. */}
       <div class="table-wrap">
-        <table class="table models-table" data-testid="models-table">
+        <table class="table models-table card-rows" data-testid="models-table">
           <thead>
             <tr>
               <th>Model</th>
@@ -166,7 +166,7 @@ function ModelRow(props: { model: ModelInfo; selected: boolean; onUse: () => voi
       data-selected={props.selected ? 'true' : 'false'}
       classList={{ selected: props.selected }}
     >
-      <td class="model-name">
+      <td class="model-name row-head">
         <div class="mono ellipsis wide" data-testid="model-id" title={s().path ?? m().id}>
           {m().id}
         </div>

@@ -385,7 +385,7 @@ export function UsageView() {
       </Show>
       {/* Its own scroll box, at most a window tall, its header kept in sight while its rows scroll. */}
       <div class="table-wrap card usage-log" data-testid="usage-log">
-        <table class="table" data-testid="usage-table">
+        <table class="table card-rows usage-table" data-testid="usage-table">
           <thead>
             <tr>
               <th>time</th>
@@ -425,30 +425,30 @@ export function UsageView() {
                   <td class="nowrap" data-testid="usage-row-time">
                     {fmtDateTime(r.e.created)}
                   </td>
-                  <td class="ellipsis" data-testid="usage-row-model" classList={{ muted: !r.e.model }}>
+                  <td class="ellipsis row-head" data-testid="usage-row-model" classList={{ muted: !r.e.model }}>
                     {r.e.model || 'no model'}
                   </td>
-                  <td>
+                  <td data-label="dialect">
                     {r.e.dialect}
                     {r.e.stream ? ' · stream' : ''}
                   </td>
-                  <td data-testid="usage-row-client" classList={{ muted: !r.e.client }}>
+                  <td data-label="client" data-testid="usage-row-client" classList={{ muted: !r.e.client }}>
                     {r.e.client || 'no API key'}
                   </td>
-                  <td data-testid="usage-row-status">{r.e.status ?? ''}</td>
-                  <td data-testid="usage-row-finish">{r.e.finish_reasons.length ? r.e.finish_reasons.join(', ') : (r.e.engine_finish_reasons ?? []).join(', ') || 'error'}</td>
-                  <td class="num" data-testid="usage-row-prompt">{fmtInt(r.prompt)}</td>
-                  <td class="num">{fmtInt(r.cached)}</td>
-                  <td class="num" data-testid="usage-row-completion">{fmtInt(r.completion)}</td>
-                  <td class="num">{fmtInt(r.reasoning)}</td>
-                  <td class="num" data-testid="usage-row-total">{fmtInt(r.total)}</td>
+                  <td data-label="status" data-testid="usage-row-status">{r.e.status ?? ''}</td>
+                  <td data-label="finish" data-testid="usage-row-finish">{r.e.finish_reasons.length ? r.e.finish_reasons.join(', ') : (r.e.engine_finish_reasons ?? []).join(', ') || 'error'}</td>
+                  <td class="num" data-label="prompt" data-testid="usage-row-prompt">{fmtInt(r.prompt)}</td>
+                  <td class="num" data-label="cached">{fmtInt(r.cached)}</td>
+                  <td class="num" data-label="completion" data-testid="usage-row-completion">{fmtInt(r.completion)}</td>
+                  <td class="num" data-label="reasoning">{fmtInt(r.reasoning)}</td>
+                  <td class="num" data-label="total" data-testid="usage-row-total">{fmtInt(r.total)}</td>
                   <Show when={cost()}>
-                    <td class="num" data-testid="usage-row-cost" data-value={r.e.cost?.total ?? ''}>
+                    <td class="num" data-label="cost" data-testid="usage-row-cost" data-value={r.e.cost?.total ?? ''}>
                       {r.e.cost ? fmtCost(r.e.cost.total) : '–'}
                     </td>
                   </Show>
-                  <td class="num">{fmtMs(r.e.ttft_ms)}</td>
-                  <td class="num">{fmtRate(r.e.decode_tokens_per_s)}</td>
+                  <td class="num" data-label="TTFT">{fmtMs(r.e.ttft_ms)}</td>
+                  <td class="num" data-label="tok/s">{fmtRate(r.e.decode_tokens_per_s)}</td>
                 </tr>
               )}
             </For>
