@@ -1986,3 +1986,32 @@ test('finding a model on the hub: search by name, its files with quantization, s
   // Leave the library as the suite found it.
   assert.equal((await api(`/v1/models/${pulled.id}`, undefined, 'DELETE')).status, 200);
 });
+
+test('every view at 1280 and 420 px: nothing wider than the window, a screenshot of each', async () => {
+  const views = [
+    { name: 'chat', path: '/', ready: 'chat-view' },
+    { name: 'chat-settings', path: '/', ready: 'chat-view', open: ['settings-toggle', 'settings-panel'] },
+    { name: 'chat-models', path: '/', ready: 'chat-view', open: ['models-toggle', 'models-panel'] },
+    { name: 'usage', path: '/usage', ready: 'usage-view' },
+    { name: 'cluster', path: '/cluster', ready: 'cluster-view' },
+    { name: 'server', path: '/server', ready: 'server-settings' },
+  ];
+  for (const width of [1280, 420]) {
+    for (const v of views) {
+      await withPage(`view-${v.name}-${width}`, { path: v.path, width, height: 800 }, async (page) => {
+        await page.getByTestId(v.ready).waitFor();
+        // The chat's model picker has its models (the screenshot shows them, not "loading…").
+        if (v.name.startsWith('chat')) {
+          await page.waitForFunction(() => document.querySelector('[data-testid=model-picker]')?.value);
+        }
+        if (v.open) {
+          const [toggle, panel] = v.open;
+          if ((await page.getByTestId(panel).count()) === 0) await page.getByTestId(toggle).click();
+          await page.getByTestId(panel).waitFor();
+        }
+        const over = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+        assert.equal(over, 0, `${v.name} at ${width} px is ${over} px wider than the window`);
+      });
+    }
+  }
+});
