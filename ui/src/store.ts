@@ -47,30 +47,18 @@ export interface ReplyStats {
 /** Where a message stands in the store: being written, written, or the write failed. */
 export type SaveState = 'pending' | 'saved' | 'failed';
 
-export interface Message {
+/**
+ * A message of a chat. A reply's fields from `ReplyStep` are its shown version's last
+ * step's, but `content`, which is the whole version's text (see `reply.ts`).
+ */
+export interface Message extends ReplyStep {
   /** The UI's key; the server's id as a string for messages loaded from the store. */
   id: string;
   /** The store's id, once written. */
   serverId?: number;
   saved: SaveState;
   role: 'user' | 'assistant';
-  content: string;
-  reasoning?: string;
-  /** Assistant replies only. */
-  responseId?: string;
-  model?: string;
-  finish?: Finish;
-  /** The stop sequence that ended the reply (finish `stop_sequence`), when known. */
-  stopSequence?: string;
-  error?: string;
-  stats?: ReplyStats;
-  /** When it was written (ms since the epoch): the store's time, or this page's for a new one. */
-  created?: number;
-  /**
-   * A reply continued after its token limit: its earlier steps, each with its own
-   * usage. `content` is then the whole reply's text and the fields above are its
-   * last step's (see `reply.ts`).
-   */
+  /** A reply continued after its token limit: its earlier steps, each with its own usage. */
   steps?: ReplyStep[];
   /** Which version of the reply is shown (0 the first); Regenerate and Edit add one. */
   version?: number;
@@ -82,16 +70,19 @@ export interface Message {
   storedParts?: number;
 }
 
-/** One request's part of a reply: its text and what the server reported for it. */
+/** One request's part of a reply (a user message has only its text and time). */
 export interface ReplyStep {
   content: string;
   reasoning?: string;
+  /** Assistant replies only. */
   responseId?: string;
   model?: string;
   finish?: Finish;
+  /** The stop sequence that ended the reply (finish `stop_sequence`), when known. */
   stopSequence?: string;
   error?: string;
   stats?: ReplyStats;
+  /** When it was written (ms since the epoch): the store's time, or this page's for a new one. */
   created?: number;
 }
 

@@ -137,12 +137,52 @@ struct Edit {
     settings: Option<Map<String, Value>>,
 }
 
+/// Parses a JSON body into `T`, with a 400 naming the problem.
+fn body_of<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, DialectError> {
+    serde_json::from_slice(body).map_err(|e| err(ApiError::invalid(format!("bad body: {e}"))))
+}
+
+/// A message's place in a route (`…/conversations/{id}/messages/{message_id}…`),
+/// both ids parsed, a 400 in our shape when one is not an id.
+struct MessageAt {
+    id: i64,
+    message_id: i64,
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for MessageAt {
+    type Rejection = DialectError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let Path((id, message_id)) = Path::<(String, String)>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| err(ApiError::invalid(e.body_text())))?;
+        Ok(MessageAt {
+            id: parse_id(&id)?,
+            message_id: parse_id(&message_id)?,
+        })
+    }
+}
+
+/// One stored message as the API returns it.
+fn message_json(st: &Store, message_id: i64) -> Result<Value, ApiError> {
+    let stored = st.message(message_id).map_err(store_err)?;
+    serde_json::to_value(stored).map_err(|e| ApiError::internal(e.to_string()))
+}
+
+/// A 404 for a message that is not (or not of that role) in conversation `id`.
+fn no_message(what: &str, message_id: i64, id: i64) -> ApiError {
+    ApiError::not_found(format!("no {what} {message_id} in conversation {id}"))
+}
+
 /// Parses an optional JSON body into `T`, with a 400 naming the problem.
 fn parse<T: for<'de> Deserialize<'de> + Default>(body: &[u8]) -> Result<T, DialectError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
-    serde_json::from_slice(body).map_err(|e| err(ApiError::invalid(format!("bad body: {e}"))))
+    body_of(body)
 }
 
 async fn create(State(s): State<AppState>, body: axum::body::Bytes) -> Reply {
@@ -189,18 +229,13 @@ async fn remove(State(s): State<AppState>, Path(id): Path<String>) -> Reply {
     Ok(Json(json!({"id": id, "deleted": true})))
 }
 
-async fn truncate(
-    State(s): State<AppState>,
-    Path((id, message_id)): Path<(String, String)>,
-) -> Reply {
-    let (id, message_id) = (parse_id(&id)?, parse_id(&message_id)?);
+async fn truncate(State(s): State<AppState>, at: MessageAt) -> Reply {
+    let MessageAt { id, message_id } = at;
     let n = with_store(&s, move |st| {
         require(st, id)?;
         let n = st.truncate_from(id, message_id).map_err(store_err)?;
         if n == 0 {
-            return Err(ApiError::not_found(format!(
-                "no message {message_id} in conversation {id}"
-            )));
+            return Err(no_message("message", message_id, id));
         }
         Ok(n)
     })
@@ -226,8 +261,7 @@ async fn add_message(
     body: axum::body::Bytes,
 ) -> Reply {
     let id = parse_id(&id)?;
-    let mut m: NewMessage = serde_json::from_slice(&body)
-        .map_err(|e| err(ApiError::invalid(format!("bad body: {e}"))))?;
+    let mut m: NewMessage = body_of(&body)?;
     let role = std::mem::take(&mut m.role);
     let (piece, target, model) = match role.as_str() {
         "user" => {
@@ -258,8 +292,7 @@ async fn add_message(
         let mid = st
             .add_message(id, &role, target.as_deref(), model.as_deref(), &[piece])
             .map_err(store_err)?;
-        let stored = st.message(mid).map_err(store_err)?;
-        serde_json::to_value(stored).map_err(|e| ApiError::internal(e.to_string()))
+        message_json(st, mid)
     })
     .await?;
     Ok(Json(v))
@@ -332,22 +365,15 @@ struct NewPiece {
     step: u32,
 }
 
-async fn add_piece(
-    State(s): State<AppState>,
-    Path((id, message_id)): Path<(String, String)>,
-    body: axum::body::Bytes,
-) -> Reply {
-    let (id, message_id) = (parse_id(&id)?, parse_id(&message_id)?);
-    let p: NewPiece = serde_json::from_slice(&body)
-        .map_err(|e| err(ApiError::invalid(format!("bad body: {e}"))))?;
+async fn add_piece(State(s): State<AppState>, at: MessageAt, body: axum::body::Bytes) -> Reply {
+    let MessageAt { id, message_id } = at;
+    let p: NewPiece = body_of(&body)?;
     // The message must be a reply of this conversation before the ledger is asked.
     with_store(&s, move |st| {
         require(st, id)?;
         match st.message(message_id).map_err(store_err)? {
             Some(m) if m.conversation_id == id && m.role == "assistant" => Ok(()),
-            _ => Err(ApiError::not_found(format!(
-                "no reply {message_id} in conversation {id}"
-            ))),
+            _ => Err(no_message("reply", message_id, id)),
         }
     })
     .await?;
@@ -364,12 +390,9 @@ async fn add_piece(
     piece.step = p.step;
     let v = with_store(&s, move |st| {
         if !st.add_piece(id, message_id, &piece).map_err(store_err)? {
-            return Err(ApiError::not_found(format!(
-                "no reply {message_id} in conversation {id}"
-            )));
+            return Err(no_message("reply", message_id, id));
         }
-        let stored = st.message(message_id).map_err(store_err)?;
-        serde_json::to_value(stored).map_err(|e| ApiError::internal(e.to_string()))
+        message_json(st, message_id)
     })
     .await?;
     Ok(Json(v))
@@ -384,26 +407,18 @@ struct TextEdit {
 /// `PATCH …/messages/{message_id}` `{"content": …}`: a user message edited
 /// before it is sent again; the reply after it keeps what each of its versions
 /// answered.
-async fn edit_message(
-    State(s): State<AppState>,
-    Path((id, message_id)): Path<(String, String)>,
-    body: axum::body::Bytes,
-) -> Reply {
-    let (id, message_id) = (parse_id(&id)?, parse_id(&message_id)?);
-    let e: TextEdit = serde_json::from_slice(&body)
-        .map_err(|e| err(ApiError::invalid(format!("bad body: {e}"))))?;
+async fn edit_message(State(s): State<AppState>, at: MessageAt, body: axum::body::Bytes) -> Reply {
+    let MessageAt { id, message_id } = at;
+    let e: TextEdit = body_of(&body)?;
     let v = with_store(&s, move |st| {
         require(st, id)?;
         if !st
             .edit_text(id, message_id, &e.content)
             .map_err(store_err)?
         {
-            return Err(ApiError::not_found(format!(
-                "no user message {message_id} in conversation {id}"
-            )));
+            return Err(no_message("user message", message_id, id));
         }
-        let stored = st.message(message_id).map_err(store_err)?;
-        serde_json::to_value(stored).map_err(|e| ApiError::internal(e.to_string()))
+        message_json(st, message_id)
     })
     .await?;
     Ok(Json(v))

@@ -156,6 +156,30 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
+/// A message's place and role, if it is in `conversation_id`.
+fn message_in(
+    tx: &rusqlite::Transaction,
+    conversation_id: i64,
+    message_id: i64,
+) -> Result<Option<(i64, String)>> {
+    Ok(tx
+        .query_row(
+            "SELECT seq, role FROM messages WHERE id = ?1 AND conversation_id = ?2",
+            params![message_id, conversation_id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?)
+}
+
+/// Marks a conversation changed now (the chat list's order).
+fn touch(tx: &rusqlite::Transaction, conversation_id: i64) -> Result<()> {
+    tx.execute(
+        "UPDATE conversations SET updated_ms = ?2 WHERE id = ?1",
+        params![conversation_id, now_ms()],
+    )?;
+    Ok(())
+}
+
 /// Writes one piece and its metadata at `idx` of `message_id`.
 fn insert_piece(tx: &rusqlite::Transaction, message_id: i64, idx: i64, p: &Piece) -> Result<()> {
     let kind = match p.kind {
@@ -311,22 +335,14 @@ impl Store {
     /// `conversation_id`.
     pub fn truncate_from(&mut self, conversation_id: i64, message_id: i64) -> Result<usize> {
         let tx = self.conn.transaction()?;
-        let seq: Option<i64> = tx
-            .query_row(
-                "SELECT seq FROM messages WHERE id = ?1 AND conversation_id = ?2",
-                params![message_id, conversation_id],
-                |r| r.get(0),
-            )
-            .optional()?;
-        let Some(seq) = seq else { return Ok(0) };
+        let Some((seq, _)) = message_in(&tx, conversation_id, message_id)? else {
+            return Ok(0);
+        };
         let n = tx.execute(
             "DELETE FROM messages WHERE conversation_id = ?1 AND seq >= ?2",
             params![conversation_id, seq],
         )?;
-        tx.execute(
-            "UPDATE conversations SET updated_ms = ?2 WHERE id = ?1",
-            params![conversation_id, now_ms()],
-        )?;
+        touch(&tx, conversation_id)?;
         tx.commit()?;
         Ok(n)
     }
@@ -352,10 +368,7 @@ impl Store {
             params![conversation_id, seq, role, target, model, now_ms()],
         )?;
         let message_id = tx.last_insert_rowid();
-        tx.execute(
-            "UPDATE conversations SET updated_ms = ?2 WHERE id = ?1",
-            params![conversation_id, now_ms()],
-        )?;
+        touch(&tx, conversation_id)?;
         for (idx, p) in pieces.iter().enumerate() {
             insert_piece(&tx, message_id, idx as i64, p)?;
         }
@@ -373,14 +386,7 @@ impl Store {
         piece: &Piece,
     ) -> Result<bool> {
         let tx = self.conn.transaction()?;
-        let found: Option<i64> = tx
-            .query_row(
-                "SELECT id FROM messages WHERE id = ?1 AND conversation_id = ?2",
-                params![message_id, conversation_id],
-                |r| r.get(0),
-            )
-            .optional()?;
-        if found.is_none() {
+        if message_in(&tx, conversation_id, message_id)?.is_none() {
             return Ok(false);
         }
         let idx: i64 = tx.query_row(
@@ -389,10 +395,7 @@ impl Store {
             |r| r.get(0),
         )?;
         insert_piece(&tx, message_id, idx, piece)?;
-        tx.execute(
-            "UPDATE conversations SET updated_ms = ?2 WHERE id = ?1",
-            params![conversation_id, now_ms()],
-        )?;
+        touch(&tx, conversation_id)?;
         tx.commit()?;
         Ok(true)
     }
@@ -403,13 +406,7 @@ impl Store {
     /// False when the message is not a user message of `conversation_id`.
     pub fn edit_text(&mut self, conversation_id: i64, message_id: i64, text: &str) -> Result<bool> {
         let tx = self.conn.transaction()?;
-        let found: Option<(i64, String)> = tx
-            .query_row(
-                "SELECT seq, role FROM messages WHERE id = ?1 AND conversation_id = ?2",
-                params![message_id, conversation_id],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()?;
+        let found = message_in(&tx, conversation_id, message_id)?;
         let Some((seq, _)) = found.filter(|(_, role)| role == "user") else {
             return Ok(false);
         };
@@ -445,10 +442,7 @@ impl Store {
                 ],
             )?;
         }
-        tx.execute(
-            "UPDATE conversations SET updated_ms = ?2 WHERE id = ?1",
-            params![conversation_id, now_ms()],
-        )?;
+        touch(&tx, conversation_id)?;
         tx.commit()?;
         Ok(true)
     }

@@ -269,31 +269,25 @@ function Versions(props: { msg: Message; locked: boolean }) {
     const n = all()[at() + d];
     if (n != null) showVersion(props.msg.id, n);
   };
+  const arrow = (d: -1 | 1) => (
+    <button
+      class="btn small ghost"
+      type="button"
+      data-testid={d < 0 ? 'version-prev' : 'version-next'}
+      aria-label={d < 0 ? 'Earlier version' : 'Later version'}
+      disabled={props.locked || all()[at() + d] == null}
+      onClick={() => go(d)}
+    >
+      {d < 0 ? '‹' : '›'}
+    </button>
+  );
   return (
     <span class="versions" data-testid="versions">
-      <button
-        class="btn small ghost"
-        type="button"
-        data-testid="version-prev"
-        aria-label="Earlier version"
-        disabled={props.locked || at() <= 0}
-        onClick={() => go(-1)}
-      >
-        ‹
-      </button>
+      {arrow(-1)}
       <span data-testid="version-label">
         {at() + 1}/{all().length}
       </span>
-      <button
-        class="btn small ghost"
-        type="button"
-        data-testid="version-next"
-        aria-label="Later version"
-        disabled={props.locked || at() >= all().length - 1}
-        onClick={() => go(1)}
-      >
-        ›
-      </button>
+      {arrow(1)}
     </span>
   );
 }
