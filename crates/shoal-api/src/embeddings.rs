@@ -11,7 +11,7 @@ use shoal_engine::{
 use crate::dialect::Dialect;
 use crate::error::ApiError;
 use crate::ledger::{LedgerEntry, Tracked};
-use crate::run::{new_id, now_secs};
+use crate::run::now_secs;
 use crate::state::AppState;
 use crate::state::Served;
 
@@ -134,7 +134,7 @@ pub async fn embed(
         .submit_embedding(tokens)
         .map_err(|e| engine_error(field, e))?;
     let row = Row {
-        id: new_id("emb-"),
+        id: dialect.new_id(),
         dialect,
         model: req.model.clone(),
         backend: served.engine.model.info.backend.to_string(),
