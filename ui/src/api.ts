@@ -247,6 +247,16 @@ export const clearCache = () =>
   request('DELETE', '/v1/cache').then((r) => r.json() as Promise<{ disk_entries_removed: number; ram_cleared_for: string[] }>);
 
 /** Loads a model into memory; 503 (`insufficient_memory`) when it does not fit. */
+/** A chat completion, not streamed (the title a model writes for its chat). */
+export interface ChatCompletion {
+  id?: string;
+  model?: string;
+  choices?: { message?: { content?: string | null } }[];
+  usage?: Usage;
+}
+export const completeChat = (body: Record<string, unknown>) =>
+  request('POST', '/v1/chat/completions', body).then((r) => r.json() as Promise<ChatCompletion>);
+
 export const loadModel = (id: string) => request('POST', `${modelPath(id)}/load`).then((r) => r.json() as Promise<ModelInfo>);
 
 export const unloadModel = (id: string) => request('POST', `${modelPath(id)}/unload`).then((r) => r.json() as Promise<ModelInfo>);

@@ -3,8 +3,7 @@
 // like any other request; the chat keeps what it cost beside the title. Off by
 // a switch kept in this browser, for people whose model is slow.
 import { createSignal } from 'solid-js';
-import { apiFetch } from './auth';
-import type { Usage } from './api';
+import { completeChat } from './api';
 
 /** What writing a chat's title cost, as the server reported it. */
 export interface TitleInfo {
@@ -59,18 +58,12 @@ export async function askTitle(
   exchange: { role: 'user' | 'assistant'; content: string }[],
 ): Promise<{ title: string; info: TitleInfo } | null> {
   try {
-    const res = await apiFetch('/v1/chat/completions', {
-      method: 'POST',
-      headers: { 'content-type': 'application/json', accept: 'application/json' },
-      body: JSON.stringify({
-        model,
-        messages: [...exchange, { role: 'user', content: ASK }],
-        max_tokens: MAX_TOKENS,
-        temperature: 0,
-      }),
+    const v = await completeChat({
+      model,
+      messages: [...exchange, { role: 'user', content: ASK }],
+      max_tokens: MAX_TOKENS,
+      temperature: 0,
     });
-    if (!res.ok) return null;
-    const v = (await res.json()) as { id?: string; model?: string; choices?: { message?: { content?: string } }[]; usage?: Usage };
     const title = cleanTitle(v.choices?.[0]?.message?.content ?? '');
     if (!title || typeof v.id !== 'string') return null;
     return {
