@@ -243,16 +243,21 @@ async fn truncate(State(s): State<AppState>, at: MessageAt) -> Reply {
     Ok(Json(json!({"deleted": n})))
 }
 
+/// A message's body. `POST …/messages` names its `role`; `POST …/messages/{message_id}/pieces`
+/// adds a step or version to a stored reply instead, so it names the `version` and `step`
+/// it adds and no role (a reply's steps are the reply's).
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct NewMessage {
-    role: String,
+    role: Option<String>,
     content: String,
     reasoning: Option<String>,
     response_id: Option<String>,
     error: Option<String>,
     #[serde(default)]
     metadata: Metadata,
+    version: Option<u32>,
+    step: Option<u32>,
 }
 
 async fn add_message(
@@ -262,7 +267,12 @@ async fn add_message(
 ) -> Reply {
     let id = parse_id(&id)?;
     let mut m: NewMessage = body_of(&body)?;
-    let role = std::mem::take(&mut m.role);
+    if m.version.is_some() || m.step.is_some() {
+        return Err(err(ApiError::invalid(
+            "a new message has no version or step: those add to a stored reply, at …/messages/{message_id}/pieces",
+        )));
+    }
+    let role = m.role.take().unwrap_or_default();
     let (piece, target, model) = match role.as_str() {
         "user" => {
             if m.response_id.is_some() || m.reasoning.is_some() || m.error.is_some() {
@@ -350,44 +360,28 @@ async fn assistant_piece(s: &AppState, m: NewMessage) -> (Piece, Option<String>,
 }
 
 /// The next step of a continued reply, or the first step of a new version of a
-/// regenerated one: `POST …/messages/{message_id}/pieces` with a reply's body
-/// (content, reasoning, response id, error, metadata) and its `version` and `step`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NewPiece {
-    content: String,
-    reasoning: Option<String>,
-    response_id: Option<String>,
-    error: Option<String>,
-    #[serde(default)]
-    metadata: Metadata,
-    version: u32,
-    step: u32,
-}
-
+/// regenerated one: `POST …/messages/{message_id}/pieces` with a reply's body and
+/// the `version` and `step` it adds.
 async fn add_piece(State(s): State<AppState>, at: MessageAt, body: axum::body::Bytes) -> Reply {
     let MessageAt { id, message_id } = at;
-    let p: NewPiece = body_of(&body)?;
+    let m: NewMessage = body_of(&body)?;
+    let (Some(version), Some(step), None) = (m.version, m.step, &m.role) else {
+        return Err(err(ApiError::invalid(
+            "a reply's step names its version and step, and no role (it is the reply's)",
+        )));
+    };
     // The message must be a reply of this conversation before the ledger is asked.
     with_store(&s, move |st| {
         require(st, id)?;
-        match st.message(message_id).map_err(store_err)? {
-            Some(m) if m.conversation_id == id && m.role == "assistant" => Ok(()),
+        match st.role_of(id, message_id).map_err(store_err)?.as_deref() {
+            Some("assistant") => Ok(()),
             _ => Err(no_message("reply", message_id, id)),
         }
     })
     .await?;
-    let m = NewMessage {
-        role: "assistant".into(),
-        content: p.content,
-        reasoning: p.reasoning,
-        response_id: p.response_id,
-        error: p.error,
-        metadata: p.metadata,
-    };
     let (mut piece, _, _) = assistant_piece(&s, m).await;
-    piece.version = p.version;
-    piece.step = p.step;
+    piece.version = version;
+    piece.step = step;
     let v = with_store(&s, move |st| {
         if !st.add_piece(id, message_id, &piece).map_err(store_err)? {
             return Err(no_message("reply", message_id, id));

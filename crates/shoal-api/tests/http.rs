@@ -1315,6 +1315,12 @@ async fn a_reply_keeps_its_continued_steps_and_regenerated_versions_each_with_it
         ),
         (
             Method::POST,
+            other.clone(),
+            json!({"role": "assistant", "content": "x", "version": 1, "step": 0}),
+            400,
+        ),
+        (
+            Method::POST,
             format!("{other}/{uid}/pieces"),
             json!({"content": "x", "version": 0, "step": 1}),
             404,
@@ -1344,6 +1350,7 @@ async fn a_reply_keeps_its_continued_steps_and_regenerated_versions_each_with_it
     }
     let (_, after) = send(Method::GET, format!("{base}/v1/conversations/{cid}"), None).await;
     assert_eq!(after["messages"][1]["pieces"], *got);
+    assert_eq!(after["messages"].as_array().map(Vec::len), Some(2));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

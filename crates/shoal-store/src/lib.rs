@@ -158,7 +158,7 @@ fn now_ms() -> i64 {
 
 /// A message's place and role, if it is in `conversation_id`.
 fn message_in(
-    tx: &rusqlite::Transaction,
+    tx: &Connection,
     conversation_id: i64,
     message_id: i64,
 ) -> Result<Option<(i64, String)>> {
@@ -376,8 +376,13 @@ impl Store {
         Ok(message_id)
     }
 
-    /// Adds a piece to a stored message: the next step of a continued reply or
-    /// the first of a new version. False when the message is not in
+    /// A message's role, if it is in `conversation_id`.
+    pub fn role_of(&self, conversation_id: i64, message_id: i64) -> Result<Option<String>> {
+        Ok(message_in(&self.conn, conversation_id, message_id)?.map(|(_, role)| role))
+    }
+
+    /// Adds a piece to a stored reply: the next step of a continued reply or
+    /// the first of a new version. False when the message is not a reply in
     /// `conversation_id`.
     pub fn add_piece(
         &mut self,
@@ -386,7 +391,8 @@ impl Store {
         piece: &Piece,
     ) -> Result<bool> {
         let tx = self.conn.transaction()?;
-        if message_in(&tx, conversation_id, message_id)?.is_none() {
+        let found = message_in(&tx, conversation_id, message_id)?;
+        if found.is_none_or(|(_, role)| role != "assistant") {
             return Ok(false);
         }
         let idx: i64 = tx.query_row(
@@ -749,10 +755,16 @@ mod tests {
         assert!(s
             .add_piece(c, reply, &piece("Green.", 1, 0))
             .expect("version"));
-        // Not in that conversation: refused, nothing written.
+        // Not in that conversation, or not a reply: refused, nothing written.
         assert!(!s
             .add_piece(other, reply, &piece("x", 2, 0))
             .expect("refused"));
+        assert!(!s.add_piece(c, user, &piece("x", 0, 1)).expect("refused"));
+        assert_eq!(
+            s.role_of(c, reply).expect("role").as_deref(),
+            Some("assistant")
+        );
+        assert_eq!(s.role_of(other, reply).expect("role"), None);
         assert!(!s
             .edit_text(c, reply, "not a user message")
             .expect("refused"));
