@@ -3,7 +3,7 @@
 // (the older ones stay, each with its steps and usage, and the user's words it answered
 // when those were edited since). A message shows one version: its text is the whole
 // version's, the fields beside it are its last step's, its earlier steps are in `steps`.
-import type { Message, ReplyStep, ReplyVersion } from './store';
+import type { Message, ReplyStep, ReplyVersion } from './message';
 
 /** The fields of a message that are its last step's. */
 const STEP_KEYS = ['reasoning', 'responseId', 'model', 'finish', 'stopSequence', 'error', 'stats', 'created'] as const;
