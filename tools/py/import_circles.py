@@ -26,6 +26,9 @@ from pathlib import Path
 # largest circle today. Lower the number as the circle shrinks; remove the entry at 2.
 ALLOWED: dict[str, int] = {}
 LIMIT = 2
+# Crates that keep no circle at all, not even of two files (ARCHITECTURE.md's invariant
+# for the server: state and dialect identity below the handlers).
+NO_CIRCLES = {"crates/shoal-api"}
 
 USE = re.compile(r"\buse\s+([^;]+);", re.S)
 PATH = re.compile(r"\b(crate|super|self)((?:::\w+)+)")
@@ -236,7 +239,7 @@ def main() -> int:
         if not src.is_dir():
             continue
         name = str(crate.relative_to(root))
-        allowed = ALLOWED.get(name, LIMIT)
+        allowed = 0 if name in NO_CIRCLES else ALLOWED.get(name, LIMIT)
         found = circles(crate_graph(src))
         largest = max((len(c) for c in found), default=0)
         for c in found:
@@ -249,7 +252,7 @@ def main() -> int:
                   f"{max(largest, LIMIT)} in tools/py/import_circles.py")
             failed = True
     print(f"import circles: {'over the limit' if failed else 'none over the limit'} "
-          f"(at most {LIMIT} files; allowed for now: {ALLOWED})")
+          f"(at most {LIMIT} files; none in {sorted(NO_CIRCLES)}; allowed for now: {ALLOWED})")
     return 1 if failed else 0
 
 

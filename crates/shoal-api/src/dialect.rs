@@ -128,7 +128,7 @@ pub struct Described {
     pub finish_words: fn(&FinishReason) -> FinishWords,
     pub usage_json: fn(&Usage) -> Value,
     /// What a recorder stores under its reserved keys beyond the usage
-    /// every dialect reports alike ([`crate::wire::base_meta`], made once
+    /// every dialect reports alike ([`base_meta`], made once
     /// here): the dialect's finish words and any count it words its own way.
     pub provider_meta: fn(&mut ProviderMeta, Option<&FinishReason>, &Usage),
 }
@@ -174,7 +174,7 @@ impl Words for Described {
         (self.usage_json)(u)
     }
     fn provider_meta(&self, finish: Option<&FinishReason>, u: &Usage) -> ProviderMeta {
-        let mut p = crate::wire::base_meta(finish, u);
+        let mut p = base_meta(finish, u);
         (self.provider_meta)(&mut p, finish, u);
         p
     }
@@ -322,5 +322,23 @@ impl Routed {
     /// The event name of an error frame in this request's stream.
     pub fn stream_error_event(self) -> Option<&'static str> {
         self.dialect.and_then(|d| d.0.stream_error_event())
+    }
+}
+
+/// The reserved metadata every dialect fills alike: the token counts (each
+/// dialect then adds its finish words and drops what it does not report).
+pub fn base_meta(finish: Option<&FinishReason>, u: &Usage) -> ProviderMeta {
+    let n = |v: usize| Some(v as u64);
+    ProviderMeta {
+        token_usage_prompt_tokens: n(u.prompt_tokens),
+        token_usage_completion_tokens: n(u.completion_tokens),
+        token_usage_total_tokens: n(u.total_tokens()),
+        token_usage_cached_tokens: n(u.cached_tokens),
+        token_usage_reasoning_tokens: n(u.reasoning_tokens),
+        stop_sequence: match finish {
+            Some(FinishReason::StopSequence(s)) => Some(s.clone()),
+            _ => None,
+        },
+        ..ProviderMeta::default()
     }
 }

@@ -28,24 +28,6 @@ pub fn provider_meta(d: Dialect, finish: Option<&FinishReason>, u: &Usage) -> Pr
     d.provider_meta(finish, u)
 }
 
-/// The reserved metadata every dialect fills alike: the token counts (each
-/// dialect then adds its finish words and drops what it does not report).
-pub fn base_meta(finish: Option<&FinishReason>, u: &Usage) -> ProviderMeta {
-    let n = |v: usize| Some(v as u64);
-    ProviderMeta {
-        token_usage_prompt_tokens: n(u.prompt_tokens),
-        token_usage_completion_tokens: n(u.completion_tokens),
-        token_usage_total_tokens: n(u.total_tokens()),
-        token_usage_cached_tokens: n(u.cached_tokens),
-        token_usage_reasoning_tokens: n(u.reasoning_tokens),
-        stop_sequence: match finish {
-            Some(FinishReason::StopSequence(s)) => Some(s.clone()),
-            _ => None,
-        },
-        ..ProviderMeta::default()
-    }
-}
-
 /// The reserved metadata of a dialect that reports its finish as
 /// `finish_reason` in its own words (Ollama, whose words are not [`crate::dialect::Described`]).
 pub fn finish_reason_meta(
@@ -53,7 +35,7 @@ pub fn finish_reason_meta(
     finish: Option<&FinishReason>,
     u: &Usage,
 ) -> ProviderMeta {
-    let mut p = base_meta(finish, u);
+    let mut p = crate::dialect::base_meta(finish, u);
     p.finish_reason = finish.map(|f| d.finish_words(f));
     p
 }
