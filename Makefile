@@ -24,7 +24,7 @@ CARGO      := cargo
 SHOAL      := $(ROOT)/target/release/shoal
 APT_PKGS   := libopenblas-dev chromium iproute2
 
-.PHONY: run test test-clock test-ui ui setup deps-apt mlx models pyenv build lint bench load fuzz clean-cache desktop deps-desktop
+.PHONY: run test test-clock test-ui ui setup mcp-servers deps-apt mlx models pyenv build lint bench load fuzz clean-cache desktop deps-desktop
 
 ## Serve the API (OpenAI + Anthropic dialects) on the default model at 127.0.0.1:8421.
 run: build
@@ -90,7 +90,7 @@ test test-ui: export HF_HOME := $(ROOT)/target/hf-home-test
 test test-ui: export HF_ENDPOINT := http://127.0.0.1:9
 test test-ui: export HF_TOKEN :=
 
-setup: deps-apt mlx models
+setup: deps-apt mlx models mcp-servers
 	@echo "time: setup done $$(date -u +%T)"
 
 deps-apt:
@@ -188,6 +188,14 @@ ui: ui/dist/index.html
 
 ui/dist/index.html: $(UI_SRC)
 	cd ui && npm ci --no-audit --no-fund && npm run build
+	@touch $@
+
+## The MCP servers the suites use as a chat's tools (tests/mcp: the reference
+## server from npm, and fragile.mjs for crashes and hangs).
+mcp-servers: tests/mcp/node_modules/.package-lock.json
+
+tests/mcp/node_modules/.package-lock.json: tests/mcp/package.json tests/mcp/package-lock.json
+	cd tests/mcp && npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
 
 ## The web UI's browser tests (Debian chromium via playwright-core) against the built binary.

@@ -7,7 +7,7 @@
 # which serves the default model's
 # GGUF (SHOAL_MODEL, passed through if set) as the hub repo test/SmolLM2-GGUF on
 # loopback, so the suite's downloads never touch the internet.
-# Starts `shoal serve --port 0 --prefix-cache-mb 0 --db <temp dir>/ui.db --embedding-model <minilm> --alias
+# Starts `shoal serve --port 0 --prefix-cache-mb 0 --db <temp dir>/ui.db --mcp-file <temp dir>/mcp.json --embedding-model <minilm> --alias
 # ui-test-alias` with HF_ENDPOINT at the fixture and HF_HOME in the temp dir (a
 # fresh conversation store and model library, never the user's; removed
 # afterwards). Beside it a second server that requires an API key (`--api-key
@@ -62,6 +62,9 @@ cleanup() {
 trap cleanup EXIT
 
 (cd "$ROOT/tests/ui" && npm ci --no-audit --no-fund --loglevel=error) || fail "npm ci failed in tests/ui"
+# The MCP servers the chat's tool tests configure (make setup installs them too).
+[[ -f "$ROOT/tests/mcp/node_modules/.package-lock.json" ]] ||
+  (cd "$ROOT/tests/mcp" && npm ci --no-audit --no-fund --loglevel=error) || fail "npm ci failed in tests/mcp"
 
 rm -f "$UI_ARTIFACTS"/*.png
 mkdir -p "$UI_ARTIFACTS"
@@ -100,11 +103,11 @@ SHOAL_UI_KEY="ui-key-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
 mkdir -p "$LOGDIR/keyed-hf-home"
 start=$SECONDS
 HF_ENDPOINT="$HUB_URL" HF_HOME="$LOGDIR/hf-home" HF_TOKEN="" \
-  "$SHOAL_BIN" serve --port 0 --prefix-cache-mb 0 --db "$LOGDIR/ui.db" --alias ui-test-alias \
+  "$SHOAL_BIN" serve --port 0 --prefix-cache-mb 0 --db "$LOGDIR/ui.db" --alias ui-test-alias --mcp-file "$LOGDIR/mcp.json" \
   --embedding-model "$EMBED_GGUF" >"$LOGDIR/server.out" 2>"$LOGDIR/server.err" &
 SERVER_PID=$!
 HF_ENDPOINT="$HUB_URL" HF_HOME="$LOGDIR/keyed-hf-home" HF_TOKEN="" \
-  "$SHOAL_BIN" serve --port 0 --prefix-cache-mb 0 --db "$LOGDIR/keyed.db" --api-key "$SHOAL_UI_KEY" >"$LOGDIR/keyed.out" 2>"$LOGDIR/keyed.err" &
+  "$SHOAL_BIN" serve --port 0 --prefix-cache-mb 0 --db "$LOGDIR/keyed.db" --mcp-file "$LOGDIR/keyed-mcp.json" --api-key "$SHOAL_UI_KEY" >"$LOGDIR/keyed.out" 2>"$LOGDIR/keyed.err" &
 KEYED_PID=$!
 wait_listening "$SERVER_PID" "$LOGDIR/server.out" "$LOGDIR/server.err"
 echo "run-ui: $LINE"
@@ -124,7 +127,7 @@ keyed_status="$(curl -s -o /dev/null -w '%{http_code}' "$KEYED_URL/v1/models")"
 suite_start=$SECONDS
 # SHOAL_BIN lets a test start (and kill) servers of its own.
 (cd "$ROOT/tests/ui" && SHOAL_URL="$URL" HUB_URL="$HUB_URL" SHOAL_UI_KEYED_URL="$KEYED_URL" SHOAL_UI_KEY="$SHOAL_UI_KEY" \
-  SHOAL_BIN="$SHOAL_BIN" SHOAL_UI_TMP="$LOGDIR" node --test --test-reporter=spec \
+  SHOAL_BIN="$SHOAL_BIN" SHOAL_UI_TMP="$LOGDIR" SHOAL_UI_MCP_DIR="$ROOT/tests/mcp" node --test --test-reporter=spec \
   ${UI_TEST_PATTERN:+--test-name-pattern="$UI_TEST_PATTERN"} ${UI_TESTS:-}) 2>&1 | tee "$LOGDIR/ui.log"
 rc=${PIPESTATUS[0]}
 secs=$((SECONDS - suite_start))

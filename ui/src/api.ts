@@ -419,3 +419,50 @@ export const hubSearch = (q: string) =>
   getJson<{ data: HubRepo[] }>(`/v1/hub/search?q=${encodeURIComponent(q)}`).then((r) => r.data ?? []);
 
 export const hubFiles = (repo: string) => getJson<HubFiles>(`/v1/hub/files?repo=${encodeURIComponent(repo)}`);
+
+/** An MCP server of the server's `mcp.json`, as `/v1/mcp/servers` lists it. */
+export interface McpServer {
+  name: string;
+  transport: 'stdio' | 'http';
+  state: 'ready' | 'failed' | 'disabled';
+  error?: string;
+  tools: number;
+}
+
+export interface McpServers {
+  data: McpServer[];
+  /** Where the file is kept (null: in memory only). */
+  path: string | null;
+  timeout_secs: number;
+  max_result_chars: number;
+}
+
+/** A tool one of them offers, with the function tool a chat request carries. */
+export interface McpTool {
+  server: string;
+  name: string;
+  /** What the model calls it: `server__name`. */
+  function: string;
+  title?: string;
+  description: string;
+  read_only: boolean;
+  tool: { type: 'function'; function: { name: string; description: string; parameters: unknown } };
+}
+
+/** What a tool call gave. */
+export interface McpOutcome {
+  content: string;
+  is_error: boolean;
+  truncated: boolean;
+  chars: number;
+  took_ms: number;
+}
+
+export const mcpServers = () => getJson<McpServers>('/v1/mcp/servers');
+export const mcpTools = () => getJson<{ data: McpTool[] }>('/v1/mcp/tools').then((r) => r.data ?? []);
+export const mcpConfig = () => getJson<Record<string, unknown>>('/v1/mcp/config');
+export const setMcpConfig = (file: unknown) =>
+  request('PUT', '/v1/mcp/config', file).then((r) => r.json() as Promise<Record<string, unknown>>);
+/** Runs a tool the model called: by its function name, with the arguments the model wrote. */
+export const callMcpTool = (fn: string, args: string, signal?: AbortSignal) =>
+  request('POST', '/v1/mcp/call', { function: fn, arguments: args }, signal).then((r) => r.json() as Promise<McpOutcome>);

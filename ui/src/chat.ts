@@ -5,11 +5,26 @@ import { apiFetch } from './auth';
 import { finishFromApi, type Finish } from './finish';
 import { canReason } from './models';
 import { readSse } from './sse';
-import { draftStats, type ChatSettings, type Message, type ReplyStats } from './store';
+import { stepsOf } from './reply';
+import { draftStats, type ChatSettings, type Message, type ReplyStats, type ToolUse } from './store';
+
+/** A tool call as a chat request carries it back in the assistant's turn. */
+export interface WireToolCall {
+  id: string;
+  type: 'function';
+  function: { name: string; arguments: string };
+}
+
+export type WireMessage =
+  | { role: 'system' | 'user'; content: string }
+  | { role: 'assistant'; content: string | null; tool_calls?: WireToolCall[] }
+  | { role: 'tool'; tool_call_id: string; content: string };
 
 export interface ChatRequest {
   model: string;
-  messages: { role: 'system' | 'user' | 'assistant'; content: string }[];
+  messages: WireMessage[];
+  tools?: unknown[];
+  tool_choice?: 'auto' | 'required';
   stream: true;
   stream_options: { include_usage: true };
   temperature?: number;
@@ -80,15 +95,54 @@ export function samplingProblem(f: SamplingField, v: number | null): string | nu
   return null;
 }
 
-export function buildRequest(settings: ChatSettings, history: Message[]): ChatRequest {
-  const messages: ChatRequest['messages'] = [];
+/** What the model reads back for a tool call, whatever became of it. */
+export function toolReply(t: ToolUse): string {
+  switch (t.state) {
+    case 'done':
+      return t.result ?? '';
+    case 'denied':
+      return 'The user did not allow this tool call.';
+    case 'failed':
+      return `The tool could not run: ${t.result ?? 'unknown error'}`;
+    default:
+      return 'The tool was not run: the reply was stopped first.';
+  }
+}
+
+/** Whether a reply holds a step that called tools. */
+export const usedTools = (m: Message) => stepsOf(m).some((s) => s.tools?.length);
+
+/**
+ * A reply as the turns a chat request carries: its steps' text as one assistant
+ * turn, broken where a step called tools by that call and each tool's answer.
+ */
+function replyTurns(m: Message, out: WireMessage[]): void {
+  for (const step of stepsOf(m)) {
+    const prev = out[out.length - 1];
+    if (step.tools?.length) {
+      const calls = step.tools.map((t) => ({ id: t.id, type: 'function' as const, function: { name: t.name, arguments: t.arguments } }));
+      if (prev?.role === 'assistant' && !prev.tool_calls) {
+        prev.content = (prev.content ?? '') + step.content;
+        prev.tool_calls = calls;
+      } else {
+        out.push({ role: 'assistant', content: step.content || null, tool_calls: calls });
+      }
+      for (const t of step.tools) out.push({ role: 'tool', tool_call_id: t.id, content: toolReply(t) });
+    } else if (step.content !== '') {
+      // A reply continued after its token limit is one turn: its steps joined.
+      if (prev?.role === 'assistant' && !prev.tool_calls) prev.content = (prev.content ?? '') + step.content;
+      else out.push({ role: 'assistant', content: step.content });
+    }
+  }
+}
+
+export function buildRequest(settings: ChatSettings, history: Message[], tools?: unknown[]): ChatRequest {
+  const messages: WireMessage[] = [];
   if (settings.systemPrompt.trim()) messages.push({ role: 'system', content: settings.systemPrompt });
   for (const m of history) {
     // Failed replies carry no model text; they are not part of the conversation.
-    if (m.role === 'assistant' && (m.finish === 'error' || m.content === '')) continue;
-    const prev = messages[messages.length - 1];
-    // A reply continued after its token limit is one turn: its steps joined.
-    if (m.role === 'assistant' && prev?.role === 'assistant') prev.content += m.content;
+    if (m.role === 'assistant' && (m.finish === 'error' || (m.content === '' && !usedTools(m)))) continue;
+    if (m.role === 'assistant') replyTurns(m, messages);
     else messages.push({ role: m.role, content: m.content });
   }
   const req: ChatRequest = {
@@ -106,6 +160,10 @@ export function buildRequest(settings: ChatSettings, history: Message[]): ChatRe
   if (stop.length) req.stop = stop;
   // Never asked of a model the server says cannot reason.
   if (settings.reasoning && canReason(settings.model) !== false) req.reasoning_effort = 'low';
+  if (tools?.length) {
+    req.tools = tools;
+    req.tool_choice = settings.toolChoice;
+  }
   return req;
 }
 
@@ -122,6 +180,8 @@ export interface StreamResult {
   error?: string;
   responseId?: string;
   stats: ReplyStats;
+  /** The tools the model called, in order. */
+  toolCalls?: WireToolCall[];
 }
 
 function usageStats(u: Usage, ttftMs: number | null, spanMs: number | null, source: ReplyStats['source']): ReplyStats {
@@ -160,6 +220,7 @@ export async function streamChat(req: ChatRequest, signal: AbortSignal, h: Strea
   let finishReason: string | null = null;
   let usage: Usage | null = null;
   let sawDone = false;
+  const calls: WireToolCall[] = [];
 
   const ttft = () => (first == null ? null : first - t0);
   const span = () => (first == null || last == null ? null : last - first);
@@ -234,6 +295,20 @@ export async function streamChat(req: ChatRequest, signal: AbortSignal, h: Strea
             h.onText(kind, piece);
           }
         }
+        // A tool call arrives in pieces: its id and name first, then its arguments' text.
+        for (const tc of Array.isArray(d.tool_calls) ? d.tool_calls : []) {
+          const i = typeof tc.index === 'number' ? tc.index : calls.length;
+          calls[i] ??= { id: '', type: 'function', function: { name: '', arguments: '' } };
+          if (typeof tc.id === 'string') calls[i].id = tc.id;
+          if (typeof tc.function?.name === 'string') calls[i].function.name += tc.function.name;
+          if (typeof tc.function?.arguments === 'string') {
+            calls[i].function.arguments += tc.function.arguments;
+            const now = performance.now();
+            if (first == null) first = now;
+            last = now;
+            deltas += 1;
+          }
+        }
         if (choice.finish_reason) finishReason = choice.finish_reason;
       }
       h.onStats(usage ? usageStats(usage, ttft(), span(), 'stream') : liveStats());
@@ -261,7 +336,8 @@ export async function streamChat(req: ChatRequest, signal: AbortSignal, h: Strea
       stopSequence = entry.stop_sequences?.[0] ?? undefined;
     }
   }
-  return { finish, stopSequence, responseId, stats };
+  const toolCalls = calls.filter((c) => c && c.function.name);
+  return { finish, stopSequence, responseId, stats, ...(toolCalls.length ? { toolCalls } : {}) };
 
   // The server records what a cancelled request used in its ledger; show
   // those exact numbers rather than the live count when they arrive.

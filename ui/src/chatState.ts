@@ -9,7 +9,8 @@
 import { batch } from 'solid-js';
 import { createStore, produce } from 'solid-js/store';
 import { defaultPresetSettings } from './presets';
-import { buildRequest, streamChat, type StreamResult } from './chat';
+import { buildRequest, streamChat, usedTools, type StreamResult } from './chat';
+import { ApiError, callMcpTool, mcpTools, type McpTool } from './api';
 import {
   addAssistantMessage,
   addReplyPart,
@@ -28,9 +29,10 @@ import {
   type Message,
   type ReplyStep,
   type StoredSettings,
+  type ToolUse,
 } from './store';
 import { askTitle, modelTitles } from './title';
-import { beginStep, beginVersion, partsOf, showsNewest, switchVersion } from './reply';
+import { beginStep, beginVersion, partsOf, showsNewest, stepsOf, switchVersion } from './reply';
 import { chatModels, defaultModelId, loadModels, resolveModel } from './models';
 
 export { loadModels };
@@ -179,6 +181,7 @@ function stepRecord(m: ReplyStep, answered?: string): AssistantRecord {
       client_usage_source: st && !st.live && st.source !== 'live' ? st.source : undefined,
       client_live_completion: st?.live ? st.completion : undefined,
       answered,
+      tool_uses: m.tools?.length ? m.tools : undefined,
     },
   };
 }
@@ -234,8 +237,10 @@ function flush(convId: string): Promise<void> {
           stored = await addUserMessage(id, plain.content);
         } else {
           const parts = partsOf(plain);
-          // The step still streaming is written when it ends.
-          const ready = streamingHere ? parts.length - 1 : parts.length;
+          // The step still streaming is written when it ends; a step whose tool
+          // calls wait for the user or run, once they are answered.
+          let ready = streamingHere ? parts.length - 1 : parts.length;
+          if (ready > 0 && unresolved(parts[ready - 1].part)) ready -= 1;
           const done = plain.serverId != null ? (plain.storedParts ?? 0) : 0;
           if (done >= ready) return;
           const next = parts[done];
@@ -474,7 +479,7 @@ export async function sendMessage(text: string): Promise<void> {
   });
   if (modelChanged) saveSettings(convId);
   if (first) saveTitle(convId);
-  await streamReply(convId, reply.id);
+  await replyWithTools(convId, reply.id);
   if (first) await writeTitle(convId, reply.id);
 }
 
@@ -537,7 +542,7 @@ export async function continueReply(): Promise<void> {
     setState('conversations', (x) => x.id === convId, 'updated', Date.now());
     setState('streaming', { conversationId: convId, messageId: reply.id });
   });
-  await streamReply(convId, reply.id);
+  await replyWithTools(convId, reply.id);
 }
 
 /**
@@ -569,7 +574,7 @@ async function newVersion(convId: string, idx: number, answered?: string): Promi
       if (s.serverId != null && mid != null) await deleteMessagesFrom(s.serverId, mid);
     });
   }
-  await streamReply(convId, reply.id);
+  await replyWithTools(convId, reply.id);
 }
 
 /** A new version of the last reply to the same message; the one shown is kept beside it. */
@@ -593,10 +598,12 @@ async function streamReply(convId: string, replyId: string): Promise<void> {
   const live = snapshot(convId)!;
   const reply = live.messages[live.messages.length - 1];
   const history = live.messages.slice(0, -1);
-  // A step after the first carries on from the reply so far, sent as the assistant's turn.
-  if (reply.content !== '') history.push({ ...reply, finish: 'length' });
-  const req = buildRequest(live.settings, history);
+  // A step after the first carries on from the reply so far, sent as the assistant's turn
+  // (and, after a step that called tools, as those calls and their answers).
+  if (reply.content !== '' || usedTools(reply)) history.push({ ...reply, finish: 'length' });
   controller = new AbortController();
+  const tools = live.settings.tools ? await offeredTools() : [];
+  const req = buildRequest(live.settings, history, tools.map((t) => t.tool));
   let result: StreamResult | null = null;
   try {
     result = await streamChat(req, controller.signal, {
@@ -622,6 +629,18 @@ async function streamReply(convId: string, replyId: string): Promise<void> {
         if (r.stopSequence) m.stopSequence = r.stopSequence;
         if (r.error) m.error = r.error;
         if (r.responseId) m.responseId = r.responseId;
+        if (r.toolCalls?.length && r.finish === 'tool_calls') {
+          m.tools = r.toolCalls.map((c, i): ToolUse => {
+            const known = tools.find((t) => t.function === c.function.name);
+            return {
+              id: c.id || `call_${i}`,
+              name: c.function.name,
+              arguments: c.function.arguments,
+              state: 'asking',
+              ...(known?.read_only ? { readOnly: true } : {}),
+            };
+          });
+        }
       });
       controller = null;
       setState('streaming', null);
@@ -630,6 +649,156 @@ async function streamReply(convId: string, replyId: string): Promise<void> {
     void flush(convId);
     // A model that was not in memory loaded for this reply.
     void loadModels();
+  }
+}
+
+// ---- Tools (MCP) ----------------------------------------------------------------
+
+/** The tools offered by the last request, by function name (their read-only hints). */
+let lastTools: McpTool[] = [];
+
+/** The enabled MCP servers' tools; none (and the reply goes on without) when they cannot be listed. */
+async function offeredTools(): Promise<McpTool[]> {
+  try {
+    lastTools = await mcpTools();
+  } catch {
+    lastTools = [];
+  }
+  return lastTools;
+}
+
+const ALWAYS_KEY = 'shoal.mcp.always';
+
+/** Tools the user allowed for good ("Always"), kept in this browser. */
+function alwaysAllowed(): Set<string> {
+  try {
+    const v = JSON.parse(localStorage.getItem(ALWAYS_KEY) ?? '[]');
+    return new Set(Array.isArray(v) ? v.filter((x): x is string => typeof x === 'string') : []);
+  } catch {
+    return new Set();
+  }
+}
+
+/** Forgets every "Always" answer. */
+export function forgetAllowedTools(): void {
+  localStorage.removeItem(ALWAYS_KEY);
+}
+
+/** The user's answers awaited, by call id. */
+const waiting = new Map<string, (allowed: boolean) => void>();
+
+/** The user's answer to a tool call waiting in the shown chat. */
+export function answerTool(callId: string, answer: 'once' | 'always' | 'deny'): void {
+  const resolve = waiting.get(callId);
+  if (!resolve) return;
+  if (answer === 'always') {
+    const c = current();
+    const use = c?.messages.flatMap((m) => m.tools ?? []).find((t) => t.id === callId);
+    if (use) localStorage.setItem(ALWAYS_KEY, JSON.stringify([...alwaysAllowed(), use.name]));
+  }
+  waiting.delete(callId);
+  resolve(answer !== 'deny');
+}
+
+const unresolved = (p: ReplyStep) => p.tools?.some((t) => t.state === 'asking' || t.state === 'running') ?? false;
+
+function patchTool(convId: string, replyId: string, callId: string, fn: (t: ToolUse) => void): void {
+  patchMessage(convId, replyId, (m) => {
+    const t = m.tools?.find((x) => x.id === callId);
+    if (t) fn(t);
+  });
+}
+
+/**
+ * Streams a reply, then, while its last step called tools: asks the user about
+ * each call (unless allowed already), runs the allowed ones, and streams the next
+ * step with their answers, until the model answers without a call, the chat's
+ * step limit is reached, or Stop. Each step is a request of its own (its own
+ * usage, its own ledger row); the tools' time is kept apart from the model's.
+ */
+async function replyWithTools(convId: string, replyId: string): Promise<void> {
+  await streamReply(convId, replyId);
+  for (;;) {
+    const c = find(convId);
+    const m = c?.messages.find((x) => x.id === replyId);
+    if (!c || !m || m.finish !== 'tool_calls' || !m.tools?.length) return;
+    const limit = Math.max(1, c.settings.toolSteps);
+    // The last turn the limit allows: its calls would go back to no one.
+    if (stepsOf(m).length >= limit) {
+      batch(() => {
+        patchMessage(convId, replyId, (x) => {
+          for (const t of x.tools ?? []) t.state = 'skipped';
+          x.toolLimit = limit;
+        });
+        setState('streaming', null);
+      });
+      void flush(convId);
+      return;
+    }
+    const ctl = new AbortController();
+    controller = ctl;
+    setState('streaming', { conversationId: convId, messageId: replyId });
+    for (const t of m.tools) {
+      if (ctl.signal.aborted) break;
+      const auto = (c.settings.autoReadOnly && t.readOnly === true) || alwaysAllowed().has(t.name);
+      let allowed = auto;
+      if (!auto) {
+        allowed = await new Promise<boolean>((resolve) => {
+          waiting.set(t.id, resolve);
+          ctl.signal.addEventListener('abort', () => {
+            waiting.delete(t.id);
+            resolve(false);
+          });
+        });
+        if (ctl.signal.aborted) break;
+      }
+      if (!allowed) {
+        patchTool(convId, replyId, t.id, (x) => void (x.state = 'denied'));
+        continue;
+      }
+      patchTool(convId, replyId, t.id, (x) => {
+        x.state = 'running';
+        if (auto) x.auto = true;
+      });
+      const t0 = performance.now();
+      try {
+        const out = await callMcpTool(t.name, t.arguments, ctl.signal);
+        patchTool(convId, replyId, t.id, (x) => {
+          x.state = 'done';
+          x.result = out.content;
+          x.isError = out.is_error;
+          x.truncated = out.truncated;
+          x.tookMs = out.took_ms;
+        });
+      } catch (e) {
+        patchTool(convId, replyId, t.id, (x) => {
+          x.state = ctl.signal.aborted ? 'skipped' : 'failed';
+          // The server's words, without the HTTP status the page's errors lead with.
+          x.result = e instanceof ApiError ? e.message.replace(/^\d+: /, '') : (e as Error).message;
+          x.tookMs = Math.round(performance.now() - t0);
+        });
+      }
+    }
+    const stop = ctl.signal.aborted;
+    batch(() => {
+      patchMessage(convId, replyId, (x) => {
+        for (const t of x.tools ?? []) if (t.state === 'asking' || t.state === 'running') t.state = 'skipped';
+        if (!stop) {
+          beginStep(x);
+          x.model = effectiveModel(c);
+          x.stats = liveStats();
+          x.saved = 'pending';
+        }
+      });
+      controller = null;
+      if (stop) setState('streaming', null);
+      setState('conversations', (x) => x.id === convId, 'updated', Date.now());
+    });
+    if (stop) {
+      void flush(convId);
+      return;
+    }
+    await streamReply(convId, replyId);
   }
 }
 

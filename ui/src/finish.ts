@@ -28,7 +28,7 @@ export const FINISH: Record<Finish, { label: string; tone: 'ok' | 'warn' | 'bad'
   tool_calls: {
     label: 'tool calls',
     tone: 'info',
-    help: 'The model asked to call a tool. This chat has no tools to run, so rephrase the request.',
+    help: 'The model asked to call a tool. With tools on in the chat settings, each call waits for your Allow under the reply and the model carries on with its result; without them nothing runs, so rephrase the request.',
   },
   content_filter: {
     label: 'content filter',

@@ -46,6 +46,8 @@ export interface Message extends ReplyStep {
   versions?: ReplyVersion[];
   /** How many of the reply's steps (of every version, in order) the store holds. */
   storedParts?: number;
+  /** The tool loop stopped here at the chat's step limit (this many model turns). */
+  toolLimit?: number;
 }
 
 /** One request's part of a reply (a user message has only its text and time). */
@@ -62,6 +64,34 @@ export interface ReplyStep {
   stats?: ReplyStats;
   /** When it was written (ms since the epoch): the store's time, or this page's for a new one. */
   created?: number;
+  /** The tools this step's model turn called (MCP), each with the user's answer and its result. */
+  tools?: ToolUse[];
+}
+
+/**
+ * A tool call the model made in a step, and what became of it: waiting for the
+ * user (`asking`), running, answered (`done`), refused by the user (`denied`), or
+ * failed (a server that hung or died; the model reads the error). `skipped`: the
+ * loop ended first (Stop, or the step limit).
+ */
+export interface ToolUse {
+  /** The model's call id, which the tool's message answers. */
+  id: string;
+  /** The function name the model called (`server__tool`). */
+  name: string;
+  /** The arguments as the model wrote them (JSON text). */
+  arguments: string;
+  state: 'asking' | 'running' | 'done' | 'denied' | 'failed' | 'skipped';
+  /** The server marks it read-only (a hint). */
+  readOnly?: boolean;
+  /** Allowed without asking (read-only, or always allowed for this tool). */
+  auto?: boolean;
+  /** What the model reads back: the result, or why there is none. */
+  result?: string;
+  isError?: boolean;
+  truncated?: boolean;
+  /** The tool's own time, apart from the model's. */
+  tookMs?: number;
 }
 
 /** A version of a reply other than the one shown. */

@@ -6,7 +6,7 @@
 import { apiError, ApiError } from './api';
 import { apiFetch } from './auth';
 import { finishFromApi, type Finish } from './finish';
-import type { Message, ReplyStats, ReplyStep, ReplyVersion } from './message';
+import type { Message, ReplyStats, ReplyStep, ReplyVersion, ToolUse } from './message';
 import { applyVersion } from './reply';
 import { toTitleInfo, type TitleInfo } from './title';
 
@@ -25,9 +25,17 @@ export interface ChatSettings {
   seed: number | null;
   stop: string[];
   reasoning: boolean;
+  /** Offer the model the tools of the server's MCP servers. */
+  tools: boolean;
+  /** `required`: the model must call a tool in each step (a small model's way to use them). */
+  toolChoice: 'auto' | 'required';
+  /** Run tools their server marks read-only without asking. */
+  autoReadOnly: boolean;
+  /** The most model turns one reply's tool loop may take. */
+  toolSteps: number;
 }
 
-export type { Message, ReplyStats, ReplyStep, ReplyVersion, SaveState } from './message';
+export type { Message, ReplyStats, ReplyStep, ReplyVersion, SaveState, ToolUse } from './message';
 
 export interface Conversation {
   /** The UI's key; the server's id as a string for conversations loaded from the store. */
@@ -62,6 +70,10 @@ export const DEFAULT_SETTINGS: ChatSettings = {
   seed: null,
   stop: [],
   reasoning: false,
+  tools: false,
+  toolChoice: 'auto',
+  autoReadOnly: false,
+  toolSteps: 5,
 };
 
 export const NEW_TITLE = 'New chat';
@@ -113,6 +125,8 @@ export interface ClientMetadata {
   client_live_completion?: number;
   /** The user's words this version answered, when that message was edited since. */
   answered?: string;
+  /** The step's tool calls and their results (MCP). */
+  tool_uses?: ToolUse[];
 }
 
 export interface AssistantRecord {
@@ -142,6 +156,10 @@ function toSettings(raw: unknown): ChatSettings {
     seed: num(s.seed),
     stop: Array.isArray(s.stop) ? s.stop.filter((x): x is string => typeof x === 'string') : [],
     reasoning: s.reasoning === true,
+    tools: s.tools === true,
+    toolChoice: s.toolChoice === 'required' ? 'required' : 'auto',
+    autoReadOnly: s.autoReadOnly === true,
+    toolSteps: num(s.toolSteps) ?? DEFAULT_SETTINGS.toolSteps,
   };
 }
 
@@ -202,6 +220,19 @@ function storedStats(meta: Record<string, unknown>): ReplyStats | undefined {
   };
 }
 
+const TOOL_STATES = ['asking', 'running', 'done', 'denied', 'failed', 'skipped'];
+
+/** A step's tool calls as the UI wrote them into its metadata (`tool_uses`). */
+function toolUses(raw: unknown): ToolUse[] {
+  if (!Array.isArray(raw)) return [];
+  return raw.flatMap((t): ToolUse[] => {
+    if (!t || typeof t !== 'object' || typeof t.id !== 'string' || typeof t.name !== 'string') return [];
+    // A call still waiting when the page went away never ran.
+    const state = TOOL_STATES.includes(t.state) && t.state !== 'asking' && t.state !== 'running' ? t.state : 'skipped';
+    return [{ ...t, arguments: typeof t.arguments === 'string' ? t.arguments : '', state }];
+  });
+}
+
 /** One stored piece of a reply as the step it is. */
 function toStep(piece: StoredPiece, model: string | null, created: number | undefined): ReplyStep {
   const meta = piece.metadata && typeof piece.metadata === 'object' ? piece.metadata : {};
@@ -218,6 +249,8 @@ function toStep(piece: StoredPiece, model: string | null, created: number | unde
     created,
   };
   if (error) step.error = error;
+  const tools = toolUses(meta.tool_uses);
+  if (tools.length) step.tools = tools;
   const seq = str(meta.stop_sequence);
   if (finish === 'stop_sequence' && seq) step.stopSequence = seq;
   return step;

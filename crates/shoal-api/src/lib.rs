@@ -14,6 +14,7 @@ mod error;
 mod fuzz_tests;
 mod ids;
 pub mod ledger;
+mod mcp;
 mod metrics;
 mod models;
 mod params;

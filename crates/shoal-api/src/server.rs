@@ -67,6 +67,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/dialects", get(dialects::list))
         .merge(dialects::routes())
         .merge(conversations::routes())
+        .merge(crate::mcp::routes())
         .merge(models::routes())
         .merge(cluster::routes())
         .fallback(fallback)
@@ -231,6 +232,7 @@ impl AppState {
             log_prompts: false,
             prices: Arc::default(),
             ollama: Arc::default(),
+            mcp: Arc::new(shoal_mcp::McpHub::empty()),
         }
     }
 

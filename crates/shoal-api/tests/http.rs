@@ -2439,3 +2439,146 @@ async fn a_reply_runs_until_the_window_is_full_and_says_so() {
         let _ = std::fs::remove_dir_all(dir);
     }
 }
+
+/// The reference MCP server from npm (installed in `tests/mcp` by `make setup`).
+fn mcp_everything() -> String {
+    let p = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    assert!(p.exists(), "{} is missing: run `make setup`", p.display());
+    p.display().to_string()
+}
+
+async fn put_json(base: &str, path: &str, body: &Value) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .put(format!("{base}{path}"))
+        .json(body)
+        .send()
+        .await
+        .expect("send");
+    let s = r.status().as_u16();
+    (s, r.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_tools_reach_the_model_and_a_call_feeds_the_next_turn() {
+    let base = server(engine()).await;
+    let file =
+        json!({"mcpServers": {"every": {"command": "node", "args": [mcp_everything(), "stdio"]}}});
+    let (s, v) = put_json(&base, "/v1/mcp/config", &file).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["mcpServers"]["every"]["command"], "node");
+
+    let (s, t) = get_text(&base, "/v1/mcp/servers").await;
+    assert_eq!(s, 200, "{t}");
+    let servers: Value = serde_json::from_str(&t).expect("json");
+    assert_eq!(servers["data"][0]["name"], "every", "{servers}");
+    assert_eq!(servers["data"][0]["state"], "ready", "{servers}");
+
+    let (_, t) = get_text(&base, "/v1/mcp/tools").await;
+    let tools: Value = serde_json::from_str(&t).expect("json");
+    let echo = tools["data"]
+        .as_array()
+        .and_then(|d| d.iter().find(|t| t["name"] == "echo"))
+        .cloned()
+        .unwrap_or_else(|| panic!("{tools}"));
+    assert_eq!(echo["read_only"], true);
+    assert_eq!(echo["tool"]["function"]["name"], "every__echo");
+
+    // The model, made to call the tool, writes arguments the tool accepts.
+    let ask = json!({"role": "user", "content": "Echo the word hello."});
+    let turn = |messages: Value| {
+        json!({"model": MODEL, "messages": messages, "tools": [echo["tool"]],
+               "tool_choice": {"type": "function", "function": {"name": "every__echo"}},
+               "temperature": 0, "max_tokens": 48})
+    };
+    let (s, t, _) = post(
+        &base,
+        "/v1/chat/completions",
+        &turn(json!([ask])).to_string(),
+    )
+    .await;
+    assert_eq!(s, 200, "{t}");
+    let first: Value = serde_json::from_str(&t).expect("json");
+    assert_eq!(
+        first["choices"][0]["finish_reason"], "tool_calls",
+        "{first}"
+    );
+    let call = first["choices"][0]["message"]["tool_calls"][0].clone();
+    assert_eq!(call["function"]["name"], "every__echo");
+    let args: Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().expect("text")).expect("json");
+    let message = args["message"]
+        .as_str()
+        .expect("a message argument")
+        .to_string();
+
+    // The call, as a chat runs it: by the function name, with the model's text.
+    let body = json!({"function": "every__echo", "arguments": call["function"]["arguments"]});
+    let (s, t, _) = post(&base, "/v1/mcp/call", &body.to_string()).await;
+    assert_eq!(s, 200, "{t}");
+    let out: Value = serde_json::from_str(&t).expect("json");
+    assert_eq!(out["content"], format!("Echo: {message}"), "{out}");
+    assert_eq!(
+        (out["is_error"].as_bool(), out["truncated"].as_bool()),
+        (Some(false), Some(false))
+    );
+
+    // The result goes back as the tool's message; the next turn reads it.
+    let messages = json!([ask,
+        {"role": "assistant", "content": null, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": out["content"]}]);
+    let mut next = turn(messages);
+    next["tool_choice"] = json!("none");
+    let (s, t, _) = post(&base, "/v1/chat/completions", &next.to_string()).await;
+    assert_eq!(s, 200, "{t}");
+    let second: Value = serde_json::from_str(&t).expect("json");
+    // Against the same request with the question alone (tool_choice none
+    // leaves the tool list out of both), the call and its result add tokens.
+    let mut alone = turn(json!([ask]));
+    alone["tool_choice"] = json!("none");
+    let (_, t, _) = post(&base, "/v1/chat/completions", &alone.to_string()).await;
+    let base_prompt: Value = serde_json::from_str(&t).expect("json");
+    let p1 = base_prompt["usage"]["prompt_tokens"].as_u64().expect("p1");
+    let p2 = second["usage"]["prompt_tokens"].as_u64().expect("p2");
+    let added = format!("{}{}", call["function"]["arguments"], out["content"]);
+    assert!(
+        p2 > p1 + added.len() as u64 / 8,
+        "the call and its result are in the second prompt: {p1} vs {p2}"
+    );
+    assert_ne!(
+        second["choices"][0]["finish_reason"], "tool_calls",
+        "{second}"
+    );
+
+    // Bad input: OpenAI-shaped errors, and the configuration unchanged.
+    let (s, v) = put_json(&base, "/v1/mcp/config", &json!({"mcpServers": {"x": {}}})).await;
+    assert_eq!(s, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("'x'")),
+        "{v}"
+    );
+    let (_, t) = get_text(&base, "/v1/mcp/config").await;
+    assert!(t.contains("\"every\""), "{t}");
+    for (body, status) in [
+        (json!({"server": "nobody", "tool": "echo"}), 404),
+        (json!({"server": "every", "tool": "nope"}), 404),
+        (
+            json!({"function": "every__echo", "arguments": "{not json"}),
+            400,
+        ),
+        (json!({"function": "echo"}), 400),
+        (json!({"server": "every"}), 400),
+        (json!({"server": "every", "tool": "echo", "extra": 1}), 400),
+    ] {
+        let (s, t, _) = post(&base, "/v1/mcp/call", &body.to_string()).await;
+        assert_eq!(s, status, "{body}: {t}");
+        let v: Value = serde_json::from_str(&t).expect("json");
+        assert!(v["error"]["message"].is_string(), "{t}");
+    }
+    // Still serving, and the server still answers.
+    let body = json!({"server": "every", "tool": "echo", "arguments": {"message": "still"}});
+    let (s, t, _) = post(&base, "/v1/mcp/call", &body.to_string()).await;
+    assert_eq!((s, t.contains("Echo: still")), (200, true), "{t}");
+}

@@ -116,6 +116,7 @@ pub fn app_state(
         None => remembered.flatten(),
     };
     state.ollama = std::sync::Arc::new(shoal_api::dialects::ollama::port::OllamaPort::new(port));
+    state.mcp = std::sync::Arc::new(cfg.mcp_hub(config::default_mcp_path()));
     Ok(state)
 }
 

@@ -56,6 +56,8 @@ pub struct AppState {
     /// The state each dialect keeps for itself, by type (added by its
     /// registration: see [`Self::dialect_state`]).
     pub dialects: Arc<axum::http::Extensions>,
+    /// The MCP servers of `mcp.json`, behind `/v1/mcp`.
+    pub mcp: Arc<shoal_mcp::McpHub>,
 }
 
 /// One request's view of the server: the shared state and the engine of

@@ -419,6 +419,24 @@ settings! {
         retention_rows: u64 = 0,
             env Env::Var("SHOAL_USAGE_RETENTION_ROWS"), flag Flag::Value("usage-retention-rows", "N");
     }
+    /// Tools from MCP servers for the chat and `/v1/mcp`.
+    [mcp] McpSettings {
+        /// The MCP servers, in the mcp.json layout Cursor and Claude Desktop
+        /// use (default: mcp.json in the platform's shoal config folder,
+        /// beside the default config.toml).
+        file: Option<PathBuf> = None, env Env::Var("SHOAL_MCP_FILE"), flag Flag::Value("mcp-file", "PATH");
+        /// Seconds an MCP tool call may take; past it the server is stopped
+        /// (it starts again on next use) and the call is an error.
+        timeout_secs: u64 = 60, env Env::Var("SHOAL_MCP_TIMEOUT_SECS"), flag Flag::Value("mcp-timeout-secs", "SECS");
+        /// Seconds an MCP server may take to start and list its tools (npx
+        /// may fetch its package first).
+        start_timeout_secs: u64 = 120,
+            env Env::Var("SHOAL_MCP_START_TIMEOUT_SECS"), flag Flag::Value("mcp-start-timeout-secs", "SECS");
+        /// Characters of a tool's result the model reads; the rest is cut
+        /// and the cut said.
+        max_result_chars: usize = 16000,
+            env Env::Var("SHOAL_MCP_MAX_RESULT_CHARS"), flag Flag::Value("mcp-max-result-chars", "N");
+    }
     /// Off unless phrases or patterns are given.
     [content_filter] ContentFilter {
         /// Replies containing this phrase are cut before it and end with finish

@@ -131,6 +131,18 @@ impl Config {
             .join("kv-cache"))
     }
 
+    /// The MCP servers of `[mcp] file` (else `fallback`, the default
+    /// mcp.json), read now; a missing or broken file is no servers (the
+    /// broken one's error shows on the Server page and in `/v1/mcp/servers`).
+    pub fn mcp_hub(&self, fallback: Option<PathBuf>) -> shoal_mcp::McpHub {
+        let limits = shoal_mcp::Limits {
+            timeout: std::time::Duration::from_secs(self.mcp.timeout_secs.max(1)),
+            start_timeout: std::time::Duration::from_secs(self.mcp.start_timeout_secs.max(1)),
+            max_result_chars: self.mcp.max_result_chars.max(1),
+        };
+        shoal_mcp::McpHub::open(self.mcp.file.clone().or(fallback), limits)
+    }
+
     /// The prefix cache's disk tier as configured, opened once per folder in
     /// a process (one writer thread, one view of its files); `None` when it
     /// is off. A folder that cannot be made is logged and the tier left off:

@@ -31,6 +31,11 @@ pub fn default_path() -> Option<PathBuf> {
     directories::BaseDirs::new().map(|d| d.config_dir().join("shoal").join("config.toml"))
 }
 
+/// The default `mcp.json`: beside the default config file.
+pub fn default_mcp_path() -> Option<PathBuf> {
+    default_path().and_then(|p| p.parent().map(|d| d.join("mcp.json")))
+}
+
 /// Resolves the settings from the real environment and default location.
 pub fn resolve(flags: &Flags) -> Result<Resolved> {
     resolve_with(flags, &|name| std::env::var(name).ok(), default_path())

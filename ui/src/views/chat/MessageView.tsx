@@ -2,7 +2,7 @@
 // actions (copy, edit and resend, regenerate, retry, Continue). Apart from Chat.tsx because it is
 // the per-message rendering, independent of the page around it (sidebar, toolbar, composer).
 import { createEffect, createSignal, For, Show } from 'solid-js';
-import { continueReply, editMessage, regenerate, retryLast, showVersion } from '../../chatState';
+import { answerTool, continueReply, editMessage, regenerate, retryLast, showVersion } from '../../chatState';
 import { FinishBadge } from '../../components/FinishBadge';
 import { summary, UsageStats } from '../../components/UsageStats';
 import { FINISH } from '../../finish';
@@ -10,7 +10,7 @@ import { renderMarkdown } from '../../markdown';
 import { fmtDateTime, fmtInt } from '../../format';
 import { allVersions, stepsOf } from '../../reply';
 import { copyText } from '../../share';
-import type { Message } from '../../store';
+import type { Message, ToolUse } from '../../store';
 
 /** A button that copies `text()` and says so for a moment. */
 function CopyButton(props: { text: () => string; testid: string; label?: string }) {
@@ -184,11 +184,19 @@ export function MessageView(props: {
         <div class="bubble">
           <Show when={m().content || !props.streaming} fallback={<span class="typing" data-testid="waiting">…</span>}>
             <Markdown text={m().content} live={props.streaming} />
-            <Show when={!m().content && !m().error}>
+            <Show when={!m().content && !m().error && !stepsOf(m()).some((st) => st.tools?.length)}>
               <span class="muted" data-testid="no-answer">
                 {m().reasoning ? '(no answer after the reasoning)' : '(no text)'}
               </span>
             </Show>
+          </Show>
+          <Show when={stepsOf(m()).some((st) => st.tools?.length)}>
+            <ToolUses msg={m()} />
+          </Show>
+          <Show when={m().toolLimit}>
+            <div class="tool-limit muted" data-testid="tool-limit">
+              Stopped at this chat's limit of {m().toolLimit} model turns: the last turn's calls were not run.
+            </div>
           </Show>
           <Show when={m().error}>
             <div class="error-text" role="alert" data-testid="error-message">
@@ -299,10 +307,18 @@ function Versions(props: { msg: Message; locked: boolean }) {
 function Steps(props: { msg: Message }) {
   const steps = () => stepsOf(props.msg);
   const tokens = () => steps().reduce((n, s) => n + (s.stats?.completion ?? 0), 0);
+  const toolMs = () => steps().reduce((n, s) => n + (s.tools ?? []).reduce((k, t) => k + (t.tookMs ?? 0), 0), 0);
+  const toolCount = () => steps().reduce((n, s) => n + (s.tools ?? []).filter((t) => t.tookMs != null).length, 0);
   return (
     <details class="steps" data-testid="reply-steps">
       <summary>
         {steps().length} steps · {fmtInt(tokens())} tokens in all
+        <Show when={toolCount() > 0}>
+          <span data-testid="tool-time">
+            {' · '}
+            {toolCount()} tool {toolCount() === 1 ? 'call' : 'calls'}, {(toolMs() / 1000).toFixed(2)} s in tools
+          </span>
+        </Show>
       </summary>
       <ol>
         <For each={steps()}>
@@ -325,6 +341,69 @@ function Steps(props: { msg: Message }) {
         </For>
       </ol>
     </details>
+  );
+}
+
+const TOOL_STATE: Record<ToolUse['state'], string> = {
+  asking: 'waiting for you',
+  running: 'running…',
+  done: 'done',
+  denied: 'denied',
+  failed: 'failed',
+  skipped: 'not run',
+};
+
+/**
+ * The tools a reply's steps called: each call's name and arguments, Allow /
+ * Always / Deny while it waits, then its result (folded) and its own time.
+ */
+function ToolUses(props: { msg: Message }) {
+  const uses = () => stepsOf(props.msg).flatMap((s) => s.tools ?? []);
+  return (
+    <div class="tool-uses" data-testid="tool-uses">
+      <For each={uses()}>
+        {(t) => (
+          <div class="tool-use" data-testid="tool-use" data-tool={t.name} data-state={t.state}>
+            <div class="tool-head">
+              <span class="tool-name">{t.name}</span>
+              <span class="tag" data-testid="tool-state">
+                {TOOL_STATE[t.state]}
+                {t.auto ? ' (allowed ahead)' : ''}
+              </span>
+              <Show when={t.readOnly}>
+                <span class="tag" title="Its server says it changes nothing (a hint, not a guarantee)">read-only</span>
+              </Show>
+              <Show when={t.tookMs != null}>
+                <span class="muted" data-testid="tool-took">{(t.tookMs! / 1000).toFixed(2)} s</span>
+              </Show>
+            </div>
+            <pre class="tool-args" data-testid="tool-args">{t.arguments || '{}'}</pre>
+            <Show when={t.state === 'asking'}>
+              <div class="tool-ask" role="group" aria-label={`Run ${t.name}?`}>
+                <button class="btn small" data-testid="tool-allow" onClick={() => answerTool(t.id, 'once')}>
+                  Allow once
+                </button>
+                <button class="btn small ghost" data-testid="tool-always" onClick={() => answerTool(t.id, 'always')}>
+                  Always allow {t.name}
+                </button>
+                <button class="btn small ghost" data-testid="tool-deny" onClick={() => answerTool(t.id, 'deny')}>
+                  Deny
+                </button>
+              </div>
+            </Show>
+            <Show when={t.result != null}>
+              <details class="tool-result" data-testid="tool-result">
+                <summary>
+                  {t.state === 'failed' ? 'Error' : t.isError ? 'Result (the tool reports an error)' : 'Result'}
+                  <Show when={t.truncated}> · cut to the server's limit</Show>
+                </summary>
+                <pre data-testid="tool-result-text">{t.result}</pre>
+              </details>
+            </Show>
+          </div>
+        )}
+      </For>
+    </div>
   );
 }
 

@@ -252,6 +252,56 @@ function SettingsForm(props: { conv: Conversation; model: ModelInfo | undefined 
           </span>
         </Show>
       </label>
+      <fieldset class="field span2 tool-settings" data-testid="tool-settings">
+        <legend title="Tools of the MCP servers in the server's mcp.json (the Server page lists them)">Tools (MCP)</legend>
+        <label class="check">
+          <input
+            data-testid="setting-tools"
+            type="checkbox"
+            checked={s.tools}
+            onChange={(e) => updateSettings({ tools: e.currentTarget.checked })}
+          />
+          <span>Offer the model the MCP servers' tools; each call waits for your Allow</span>
+        </label>
+        <label class="check">
+          <input
+            data-testid="setting-auto-read-only"
+            type="checkbox"
+            checked={s.autoReadOnly}
+            disabled={!s.tools}
+            onChange={(e) => updateSettings({ autoReadOnly: e.currentTarget.checked })}
+          />
+          <span title="readOnlyHint: the server's word, not a guarantee">Run tools their server marks read-only without asking</span>
+        </label>
+        <label class="check">
+          <input
+            data-testid="setting-tool-required"
+            type="checkbox"
+            checked={s.toolChoice === 'required'}
+            disabled={!s.tools}
+            onChange={(e) => updateSettings({ toolChoice: e.currentTarget.checked ? 'required' : 'auto' })}
+          />
+          <span title='tool_choice: "required": a small model that never calls tools by itself can still use them'>
+            The model must call a tool in each turn
+          </span>
+        </label>
+        <label class="inline">
+          <span>Most model turns per reply</span>
+          <input
+            data-testid="setting-tool-steps"
+            type="number"
+            min="1"
+            max="50"
+            step="1"
+            disabled={!s.tools}
+            value={untrack(() => s.toolSteps)}
+            onInput={(e) => {
+              const v = Number(e.currentTarget.value);
+              if (Number.isInteger(v) && v >= 1 && v <= 50) updateSettings({ toolSteps: v });
+            }}
+          />
+        </label>
+      </fieldset>
       <label class="field check span2">
         <input
           data-testid="setting-model-titles"
