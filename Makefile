@@ -79,8 +79,8 @@ BACKEND_FREE_TESTS := config_ log_format json_logs_carry exposure_needs_a_key \
 LLAMA_SDK_PY := $(addprefix tests/sdk/,test_openai_chat.py test_anthropic_messages.py \
 	test_ollama.py test_prompt_cache.py test_prefix_cache.py test_reasoning.py \
 	test_structured_output.py test_concurrency.py)
-LLAMA_UI_FILES := ui.test.js chat-actions.test.js settings.test.js
-LLAMA_UI_PATTERN := streams token by token|max tokens 3|stop sequence ends|Stop during|reasoning arrives|cannot reason|edited message|regenerate keeps|continue carries|a seed set|prefix kept on disk
+LLAMA_UI_FILES := ui.test.js chat-actions.test.js settings.test.js mcp.test.js
+LLAMA_UI_PATTERN := streams token by token|max tokens 3|stop sequence ends|Stop during|reasoning arrives|cannot reason|edited message|regenerate keeps|continue carries|a seed set|prefix kept on disk|waits for Allow
 
 # Test runs keep to an empty model library of their own and never reach a hub.
 # The UI suite runs on both backends (set here to MLX, then to llama.cpp above); the
@@ -216,7 +216,7 @@ DESKTOP_PKGS := xvfb xauth dbus-x11 libwebkit2gtk-4.1-dev libayatana-appindicato
 TAURI_DRIVER_VERSION := 2.1.0
 TAURI_DRIVER := $(CACHE)/tauri-driver-$(TAURI_DRIVER_VERSION)/bin/tauri-driver
 
-desktop: mlx $(MODEL_GGUF) ui deps-desktop $(TAURI_DRIVER) src-tauri/node_modules/.package-lock.json
+desktop: mlx $(MODEL_GGUF) ui mcp-servers deps-desktop $(TAURI_DRIVER) src-tauri/node_modules/.package-lock.json
 	@bash src-tauri/desktop.sh $(TAURI_DRIVER) $(CACHE)/desktop
 
 deps-desktop:

@@ -120,6 +120,9 @@ smoke() {
   # The app's conversation store for this run, not the user's.
   export SHOAL_DB="$dir/conversations.sqlite"
   rm -f "$SHOAL_DB" "$SHOAL_DB-wal" "$SHOAL_DB-shm"
+  # Its MCP servers' file too (the smoke test writes it through the app).
+  export SHOAL_MCP_FILE="$dir/mcp.json"
+  rm -f "$SHOAL_MCP_FILE"
   SHOAL_BACKEND=$backend xvfb-run -a dbus-run-session -- \
     node src-tauri/smoke/smoke.mjs target/release/shoal-desktop "$driver" "$dir" \
     > >(tee "$dir/smoke.log" | grep -E '^(ok|FAIL|     |desktop:)') 2> "$dir/smoke-stderr.log"
@@ -129,7 +132,7 @@ for backend in mlx llama; do
   sleep 1
 done
 echo "[desktop] package: $deb ($(du -h "$deb" | cut -f1))"
-echo "[desktop] screenshots: $out/{mlx,llama}/chat.png; logs: $out/{mlx,llama}/smoke.log, smoke-stderr.log"
+echo "[desktop] screenshots: $out/{mlx,llama}/{chat,mcp}.png; logs: $out/{mlx,llama}/smoke.log, smoke-stderr.log"
 echo "[desktop] step times:"
 printf '  %s\n' "${steps[@]}"
 for backend in mlx llama; do

@@ -369,10 +369,8 @@ try {
   // Types the question, sends it and waits for the reply's finish badge (the
   // wait guards against a hang); resolves with the finish, its label and the
   // reply's text.
-  const ask = async () => {
-    await wdCall('POST', `/session/${session}/element/${input}/value`, {
-      text: 'What is the capital of France? Answer in one sentence.',
-    });
+  const ask = async (text = 'What is the capital of France? Answer in one sentence.') => {
+    await wdCall('POST', `/session/${session}/element/${input}/value`, { text });
     const send = await waitFor('the send button to be enabled', async () => {
       const b = await find(session, 'send-button');
       return (await wdCall('GET', `/session/${session}/element/${b}/enabled`)) ? b : null;
@@ -417,6 +415,10 @@ try {
   const shot = await wdCall('GET', `/session/${session}/screenshot`);
   writeFileSync(join(outDir, 'chat.png'), Buffer.from(shot, 'base64'));
   pass('screenshot', join(outDir, 'chat.png'));
+
+  // A tool from an MCP server, approved in the window: the reference server from
+  // npm (tests/mcp) offering only `echo`, the small model made to call it.
+  await mcpChat(session, url, ask);
 
   // ---- tray over D-Bus ----
   const pid = pidOfApp();
@@ -590,3 +592,57 @@ try {
 console.log(`smoke test took ${((Date.now() - t0) / 1000).toFixed(1)} s`);
 console.log(`desktop: ${checks.length} passed, ${failed} failed`);
 process.exit(failed ? 1 : 0);
+
+/**
+ * One chat with an MCP tool: the app's mcp.json (desktop.sh points SHOAL_MCP_FILE
+ * at the run's folder) gets the reference server, a new chat turns tools on with
+ * one model turn to call in, the call is allowed in the window, and its result
+ * comes back folded under it.
+ */
+async function mcpChat(session, url, ask) {
+  const server = resolve(here, '../../tests/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js');
+  if (!check('the reference MCP server is installed (make setup)', existsSync(server), server)) return;
+  const put = await fetch(`${url}v1/mcp/config`, {
+    method: 'PUT',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ mcpServers: { every: { command: 'node', args: [server, 'stdio'], enabledTools: ['echo'] } } }),
+  });
+  if (!check('mcp.json saved through the app', put.ok, `${put.status} ${await put.text()}`)) return;
+  const click = async (testid) => {
+    const el = await waitFor(testid, () => find(session, testid), 30_000);
+    await wdCall('POST', `/session/${session}/element/${el}/click`, {});
+  };
+  await click('new-chat');
+  if (!(await find(session, 'settings-panel').catch(() => null))) await click('settings-toggle');
+  const set = async (testid, text) => {
+    const el = await waitFor(testid, () => find(session, testid), 10_000);
+    await wdCall('POST', `/session/${session}/element/${el}/clear`, {});
+    await wdCall('POST', `/session/${session}/element/${el}/value`, { text });
+  };
+  await set('setting-temperature', '0');
+  await click('setting-tools');
+  await click('setting-tool-required');
+  await set('setting-tool-steps', '2');
+  // The first turn ends (its badge: tool calls) with the call waiting for the user.
+  await ask('Echo the word hello.');
+  const allow = await waitFor('the tool call to ask for approval', () => find(session, 'tool-allow'), 120_000, 500);
+  await wdCall('POST', `/session/${session}/element/${allow}/click`, {});
+  const use = await waitFor(
+    'the tool to run',
+    async () => {
+      const el = (await findAll(session, 'tool-use'))[0];
+      const state = el && (await wdCall('GET', `/session/${session}/element/${el}/attribute/data-state`));
+      return state === 'done' || state === 'failed' ? el : null;
+    },
+    120_000,
+    500,
+  );
+  const state = await wdCall('GET', `/session/${session}/element/${use}/attribute/data-state`);
+  const result = (await findAll(session, 'tool-result-text'))[0];
+  const text = result ? await wdCall('GET', `/session/${session}/element/${result}/property/textContent`) : '';
+  check('an MCP tool approved in the chat ran and its result came back', state === 'done' && /^Echo: /.test(text), `${state}: ${text}`);
+  await waitFor('the tool loop to end', async () => ((await find(session, 'stop-button').catch(() => null)) ? null : true), 300_000, 500);
+  const shot = await wdCall('GET', `/session/${session}/screenshot`);
+  writeFileSync(join(outDir, 'mcp.png'), Buffer.from(shot, 'base64'));
+  pass('screenshot', join(outDir, 'mcp.png'));
+}

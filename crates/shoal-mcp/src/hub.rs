@@ -122,6 +122,10 @@ struct Live {
     stderr: Arc<SyncMutex<VecDeque<String>>>,
 }
 
+/// One server's connection, behind its own lock: `None` until started, and
+/// again after a failure.
+type Slot = Arc<Mutex<Option<Arc<Live>>>>;
+
 /// The servers of one `mcp.json`.
 pub struct McpHub {
     /// Where the servers are kept (`None`: in memory only, for tests and
@@ -131,7 +135,7 @@ pub struct McpHub {
     file: SyncMutex<McpFile>,
     file_error: SyncMutex<Option<String>>,
     /// One lock per server name, so one slow server never holds up another.
-    conns: SyncMutex<BTreeMap<String, Arc<Mutex<Option<Arc<Live>>>>>>,
+    conns: SyncMutex<BTreeMap<String, Slot>>,
 }
 
 const STDERR_LINES: usize = 20;
@@ -332,7 +336,7 @@ impl McpHub {
         }
     }
 
-    fn slot(&self, name: &str) -> Arc<Mutex<Option<Arc<Live>>>> {
+    fn slot(&self, name: &str) -> Slot {
         lock(&self.conns)
             .entry(name.to_string())
             .or_default()
