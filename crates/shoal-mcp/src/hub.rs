@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use rmcp::model::{CallToolRequestParams, ClientConfig};
 use rmcp::service::RunningService;
-use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{RoleClient, ServiceExt};
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -120,6 +120,9 @@ struct Live {
     tools: Vec<ToolInfo>,
     /// The child's last stderr lines, to explain a death.
     stderr: Arc<SyncMutex<VecDeque<String>>>,
+    /// A stdio server's process, killed (with its process group) when the
+    /// connection goes.
+    _process: Option<crate::spawn::ServerProcess>,
 }
 
 /// One server's connection, behind its own lock: `None` until started, and
@@ -393,42 +396,27 @@ impl McpHub {
 async fn start(name: &str, spec: &ServerSpec) -> Result<Live, String> {
     let info = ClientConfig::default();
     let stderr = Arc::new(SyncMutex::new(VecDeque::new()));
+    let mut process = None;
     let service = match spec.transport() {
         Transport::Stdio => {
-            let program = spec.command.as_deref().unwrap_or_default();
-            let mut cmd = tokio::process::Command::new(program);
-            cmd.args(&spec.args).env_clear();
-            // Only what the entry gives, plus what finding and running a
-            // program needs.
-            for keep in ["PATH", "HOME"] {
-                if let Some(v) = std::env::var_os(keep) {
-                    cmd.env(keep, v);
-                }
-            }
-            cmd.envs(&spec.env);
-            if let Some(dir) = &spec.cwd {
-                cmd.current_dir(dir);
-            }
-            let (transport, err) = TokioChildProcess::builder(cmd)
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .map_err(|e| format!("cannot start '{program}': {e}"))?;
-            if let Some(err) = err {
-                let keep = stderr.clone();
-                let server = name.to_string();
-                tokio::spawn(async move {
-                    let mut lines = tokio::io::BufReader::new(err).lines();
-                    while let Ok(Some(line)) = lines.next_line().await {
-                        tracing::debug!(server, "{line}");
-                        let mut k = lock(&keep);
-                        if k.len() == STDERR_LINES {
-                            k.pop_front();
-                        }
-                        k.push_back(line);
+            let (proc, pipes) = crate::spawn::spawn(spec)?;
+            process = Some(proc);
+            let keep = stderr.clone();
+            let server = name.to_string();
+            tokio::spawn(async move {
+                let mut lines = tokio::io::BufReader::new(pipes.stderr).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    tracing::debug!(server, "{line}");
+                    let mut k = lock(&keep);
+                    if k.len() == STDERR_LINES {
+                        k.pop_front();
                     }
-                });
-            }
-            info.serve(transport).await.map_err(|e| e.to_string())?
+                    k.push_back(line);
+                }
+            });
+            info.serve((pipes.stdout, pipes.stdin))
+                .await
+                .map_err(|e| e.to_string())?
         }
         Transport::Http => {
             use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -469,6 +457,7 @@ async fn start(name: &str, spec: &ServerSpec) -> Result<Live, String> {
         service,
         tools,
         stderr,
+        _process: process,
     })
 }
 

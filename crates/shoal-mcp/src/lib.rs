@@ -5,6 +5,7 @@
 //! read-only hint) is the caller's, never this crate's.
 pub mod config;
 pub mod hub;
+mod spawn;
 
 pub use config::{ConfigError, McpFile, ServerSpec, Transport};
 pub use hub::{CallOutcome, Limits, McpError, McpHub, ServerStatus, ToolInfo};
