@@ -314,7 +314,13 @@ fn several_streams_draft_from_the_draft_model_at_once_each_as_alone() {
     let (on, off) = model_engines();
     let reqs = [
         request(on, COPY, 50),
-        request(on, "What is the capital of Italy?", 30),
+        // A clear answer: on some CPUs' kernels the model's greedy reply to
+        // "the capital of Italy" parts from its draft copy's at once.
+        request(
+            on,
+            "What is the capital of France? Answer in one sentence.",
+            30,
+        ),
         request(on, "List three colours.", 30),
     ];
     for (i, t) in streams_as_alone(on, off, &reqs).iter().enumerate() {

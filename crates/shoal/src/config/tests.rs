@@ -42,6 +42,7 @@ fn every_setting_has_a_default_but_the_optional_ones() {
         "embedding.path",
         "embedding.id",
         "cache.disk_dir",
+        "mcp.file",
     ];
     for s in SETTINGS {
         let present = s.value_in(&table).is_some();
