@@ -187,7 +187,9 @@ fn two_engines_on_one_folder_write_and_read_each_others_entries() {
     let (a, b) = (disk(dir.path(), 1 << 30), disk(dir.path(), 1 << 30));
     let (ea, eb) = (engine(&a), engine(&b));
     let pa = long_prompt(&ea, QUESTION);
-    let pb = long_prompt(&eb, "What is the capital of Italy? Answer in one sentence.");
+    // A second question with a clear answer: Italy's is a near tie on some
+    // CPUs, where a restored prefix and a cold one can part.
+    let pb = long_prompt(&eb, "Count from 1 to 20, separated by commas.");
     let (ta, tb) = std::thread::scope(|s| {
         let ha = s.spawn(|| greedy(&ea, pa.clone()).0);
         let hb = s.spawn(|| greedy(&eb, pb.clone()).0);
