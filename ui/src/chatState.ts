@@ -654,17 +654,13 @@ async function streamReply(convId: string, replyId: string): Promise<void> {
 
 // ---- Tools (MCP) ----------------------------------------------------------------
 
-/** The tools offered by the last request, by function name (their read-only hints). */
-let lastTools: McpTool[] = [];
-
 /** The enabled MCP servers' tools; none (and the reply goes on without) when they cannot be listed. */
 async function offeredTools(): Promise<McpTool[]> {
   try {
-    lastTools = await mcpTools();
+    return await mcpTools();
   } catch {
-    lastTools = [];
+    return [];
   }
-  return lastTools;
 }
 
 const ALWAYS_KEY = 'shoal.mcp.always';
