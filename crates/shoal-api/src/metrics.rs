@@ -69,6 +69,7 @@ pub struct Metrics {
     decode_rate: Family<DialectLabels, Histogram, fn() -> Histogram>,
     drafts: Family<DraftLabels, Counter>,
     embedded: Family<DialectLabels, Counter>,
+    images: Family<DialectLabels, Counter>,
     queued: Gauge,
     in_flight: Gauge,
     model_loaded: Family<ModelLabels, Gauge>,
@@ -137,6 +138,12 @@ impl Metrics {
             "Inputs embedded, by API dialect (their tokens count as prompt tokens)",
             Family::<DialectLabels, Counter>::default(),
         );
+        let images = register(
+            &mut r,
+            "image_inputs",
+            "Images in generation prompts, by API dialect (their positions count as prompt tokens of kind image too)",
+            Family::<DialectLabels, Counter>::default(),
+        );
         let queued = register(
             &mut r,
             "queue_depth",
@@ -188,6 +195,7 @@ impl Metrics {
             decode_rate,
             drafts,
             embedded,
+            images,
             queued,
             in_flight,
             model_loaded,
@@ -240,6 +248,14 @@ impl Metrics {
         add("cache_write", work.cache_write_tokens);
         add("completion", work.completion_tokens);
         add("reasoning", work.reasoning_tokens);
+        add("image", work.image_tokens);
+        if work.images > 0 {
+            self.images
+                .get_or_create(&DialectLabels {
+                    dialect: dialect.to_string(),
+                })
+                .inc_by(work.images as u64);
+        }
         let checked: usize = completions.iter().map(|c| c.timings.draft_tokens).sum();
         let kept: usize = completions.iter().map(|c| c.timings.draft_accepted).sum();
         if checked > 0 {

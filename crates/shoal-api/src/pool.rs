@@ -123,7 +123,11 @@ impl ModelPool {
         if let Some(c) = lock(&self.capabilities).get(&key) {
             return *c;
         }
-        let caps = shoal_engine::loader::capabilities_at(path);
+        let mut caps = shoal_engine::loader::capabilities_at(path);
+        // A GGUF on llama.cpp with a projector to load reads images.
+        caps.vision = shoal_engine::backends::route(path, self.opts.engine.backend)
+            .is_ok_and(|r| r.backend == shoal_engine::BackendKind::Llama)
+            && self.opts.engine.llama.projector.for_model(path).is_some();
         lock(&self.capabilities).insert(key, caps);
         caps
     }

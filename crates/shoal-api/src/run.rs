@@ -31,6 +31,8 @@ pub struct Generation {
     pub tools: Option<shoal_engine::tools::ToolSyntax>,
     /// Prefixes the client marked for caching (Anthropic's `cache_control`).
     pub cache_breakpoints: Vec<shoal_engine::CacheBreakpoint>,
+    /// Where the (one) prompt's images sit in it.
+    pub images: Vec<shoal_engine::vision::ImageSpan>,
 }
 
 /// The facts of a request its ledger entry keeps beside the engine's records.
@@ -460,6 +462,7 @@ fn submit(
             tools: job.tools,
             cache_salt,
             cache_breakpoints: job.cache_breakpoints.clone(),
+            images: job.images.clone(),
         };
         let flag = req.cancel.clone();
         match state.engine.submit(req) {

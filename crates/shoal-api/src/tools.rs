@@ -165,7 +165,37 @@ impl Served {
         messages: &[ChatMessage],
         want: Option<Option<usize>>,
         tools: Option<&ToolRequest>,
+        images: &crate::images::Images,
     ) -> Result<shoal_engine::prompt::ChatPrompt, ApiError> {
+        self.check_counts(messages, tools)?;
+        let images = self.prepare_images(images)?;
+        self.chat_prompt_prepared(messages, want, tools, &images)
+    }
+
+    /// [`Served::chat_prompt`] with its images already made ready.
+    pub fn chat_prompt_prepared(
+        &self,
+        messages: &[ChatMessage],
+        want: Option<Option<usize>>,
+        tools: Option<&ToolRequest>,
+        images: &[std::sync::Arc<shoal_engine::vision::PreparedImage>],
+    ) -> Result<shoal_engine::prompt::ChatPrompt, ApiError> {
+        self.check_counts(messages, tools)?;
+        Ok(shoal_engine::prompt::chat_prompt_with_images(
+            &self.engine.model.vocab,
+            messages,
+            want,
+            offer(tools),
+            images,
+        )?)
+    }
+
+    /// The server's limits on a request's messages and tools.
+    fn check_counts(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&ToolRequest>,
+    ) -> Result<(), ApiError> {
         let limits = &self.access;
         if messages.len() > limits.max_messages {
             return Err(ApiError::param(
@@ -187,12 +217,7 @@ impl Served {
                 ),
             ));
         }
-        Ok(shoal_engine::prompt::chat_prompt(
-            &self.engine.model.vocab,
-            messages,
-            want,
-            offer(tools),
-        )?)
+        Ok(())
     }
 
     /// The tokens of `messages` as whole turns, without the generation
@@ -202,12 +227,14 @@ impl Served {
         messages: &[ChatMessage],
         want: Option<Option<usize>>,
         tools: Option<&ToolRequest>,
+        images: &[std::sync::Arc<shoal_engine::vision::PreparedImage>],
     ) -> Result<Vec<u32>, ApiError> {
-        Ok(shoal_engine::prompt::turns_prompt(
+        Ok(shoal_engine::prompt::turns_prompt_with_images(
             &self.engine.model.vocab,
             messages,
             want.is_some(),
             offer(tools),
+            images,
         )?)
     }
 }

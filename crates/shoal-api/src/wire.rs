@@ -52,6 +52,8 @@ pub fn combined_usage(completions: &[Completion], per_prompt: usize) -> Usage {
             u.cached_disk_tokens += first.usage.cached_disk_tokens;
             u.cache_write_tokens += first.usage.cache_write_tokens;
             u.cache_write_1h_tokens += first.usage.cache_write_1h_tokens;
+            u.image_tokens += first.usage.image_tokens;
+            u.images += first.usage.images;
         }
         for c in group {
             u.completion_tokens += c.usage.completion_tokens;

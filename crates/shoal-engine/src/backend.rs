@@ -201,6 +201,21 @@ pub trait LanguageModel: Send {
     /// logits (length `vocab_size`, float32) for the position after the last token.
     fn forward(&self, tokens: &[u32], cache: &mut dyn KvCache) -> Result<Vec<f32>>;
 
+    /// Runs one image (made ready by this model's
+    /// [`crate::vision::ImageReader`]) after whatever `cache` holds: it
+    /// takes `image.tokens` positions. No logits: a prompt never ends with
+    /// an image ([`crate::vision::encode_with_images`]). Only a vision
+    /// model reads images.
+    fn forward_image(
+        &self,
+        _image: &crate::vision::PreparedImage,
+        _cache: &mut dyn KvCache,
+    ) -> Result<()> {
+        Err(EngineError::Unsupported(
+            "this model cannot read images".into(),
+        ))
+    }
+
     /// An empty set of sequences to decode together.
     fn new_batch(&self) -> Result<Box<dyn DecodeBatch>>;
 

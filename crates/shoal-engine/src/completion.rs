@@ -105,6 +105,12 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Completion tokens spent inside a reasoning section.
     pub reasoning_tokens: usize,
+    /// Prompt positions taken by images (part of `prompt_tokens`).
+    #[serde(default)]
+    pub image_tokens: usize,
+    /// Images in the prompt.
+    #[serde(default)]
+    pub images: usize,
 }
 
 impl Usage {
@@ -124,6 +130,8 @@ impl std::ops::AddAssign for Usage {
         self.cache_write_1h_tokens += o.cache_write_1h_tokens;
         self.completion_tokens += o.completion_tokens;
         self.reasoning_tokens += o.reasoning_tokens;
+        self.image_tokens += o.image_tokens;
+        self.images += o.images;
     }
 }
 

@@ -43,6 +43,10 @@ pub enum EngineError {
     /// The engine thread is gone or its queue is full.
     #[error("engine unavailable: {0}")]
     Unavailable(String),
+    /// An image the request sent was refused (bad, too large, or the model
+    /// cannot read images).
+    #[error("{0}")]
+    Image(#[from] crate::vision::ImageError),
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
 }

@@ -33,6 +33,7 @@ pub mod stop;
 pub mod template;
 pub mod tokenizer;
 pub mod tools;
+pub mod vision;
 
 pub use backend::{BackendKind, EmbeddingInfo, Pooling};
 pub use backends::llama::{KvType, LlamaOptions};

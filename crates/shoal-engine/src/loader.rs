@@ -33,6 +33,8 @@ pub struct Vocabulary {
     pub eos: Vec<u32>,
     /// Whether the model expects BOS in front of a raw prompt.
     pub add_bos: bool,
+    /// Whether and how it reads images.
+    pub vision: crate::vision::Vision,
 }
 
 impl Vocabulary {
@@ -136,6 +138,7 @@ impl Vocabulary {
             .as_ref()
             .map_or(Capabilities::NONE, ChatTemplate::capabilities);
         caps.reasoning = caps.chat && (caps.reasoning || self.has_think_token());
+        caps.vision = self.vision.reads_images();
         caps
     }
 
@@ -266,7 +269,11 @@ impl LoadOptions {
     pub fn for_drafter(llama: &LlamaOptions, max_batch: usize) -> Self {
         LoadOptions {
             backend: BackendChoice::Llama,
-            llama: llama.clone().batch_invariant(false).for_batch(max_batch),
+            llama: llama
+                .clone()
+                .batch_invariant(false)
+                .projector(crate::backends::llama::Projector::Off)
+                .for_batch(max_batch),
         }
     }
 }
@@ -318,6 +325,7 @@ fn load_llama(path: &Path, header: &shoal_gguf::Header, opts: &LlamaOptions) -> 
                 bos,
                 eos: Vec::new(),
                 add_bos,
+                vision: Default::default(),
             }),
             path: path.to_path_buf(),
         });
@@ -336,6 +344,16 @@ fn load_llama(path: &Path, header: &shoal_gguf::Header, opts: &LlamaOptions) -> 
         None => None,
     };
     let add_bos = lv.add_bos();
+    let vision = match model.vision() {
+        Ok(v) => crate::vision::Vision {
+            reader: Some(v),
+            unavailable: None,
+        },
+        Err(why) => crate::vision::Vision {
+            reader: None,
+            unavailable: why,
+        },
+    };
     Ok(Loaded {
         model: Box::new(model),
         vocab: Arc::new(Vocabulary {
@@ -344,6 +362,7 @@ fn load_llama(path: &Path, header: &shoal_gguf::Header, opts: &LlamaOptions) -> 
             bos,
             eos,
             add_bos,
+            vision,
         }),
         path: path.to_path_buf(),
     })
@@ -445,6 +464,7 @@ fn load_gguf(
             bos: gv.bos,
             eos,
             add_bos: gv.add_bos,
+            vision: Default::default(),
         }),
     ))
 }
@@ -507,6 +527,7 @@ fn load_hf(
             bos,
             eos,
             add_bos,
+            vision: Default::default(),
         }),
     ))
 }

@@ -12,7 +12,9 @@ use crate::loader::Vocabulary;
 use crate::reasoning::ReasoningSpec;
 use crate::template::{ChatMessage, ToolSyntax};
 use crate::tools::{tool_instructions, ToolDef};
+use crate::vision::{encode_with_images, ImageSpan, PreparedImage, MARKER};
 use crate::Grammar;
+use std::sync::Arc;
 
 /// Whether and which tool the model must call.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,6 +45,8 @@ pub struct ChatPrompt {
     pub tools: Option<ToolSyntax>,
     /// A tool call is required: the grammar that forces it.
     pub grammar: Option<Grammar>,
+    /// Where each image sits in `tokens`.
+    pub images: Vec<ImageSpan>,
 }
 
 /// Renders and tokenizes `messages` for a reply. `reasoning` is `None` when
@@ -54,6 +58,18 @@ pub fn chat_prompt(
     messages: &[ChatMessage],
     reasoning: Option<Option<usize>>,
     tools: Option<ToolOffer<'_>>,
+) -> Result<ChatPrompt> {
+    chat_prompt_with_images(vocab, messages, reasoning, tools, &[])
+}
+
+/// [`chat_prompt`] for messages whose content holds [`MARKER`] once per
+/// image of `images`, in order (see [`crate::vision`]).
+pub fn chat_prompt_with_images(
+    vocab: &Vocabulary,
+    messages: &[ChatMessage],
+    reasoning: Option<Option<usize>>,
+    tools: Option<ToolOffer<'_>>,
+    images: &[Arc<PreparedImage>],
 ) -> Result<ChatPrompt> {
     let caps = vocab.capabilities();
     let mut messages = messages.to_vec();
@@ -101,11 +117,13 @@ pub fn chat_prompt(
     if let Some(p) = &prefill {
         text.push_str(p);
     }
+    let (tokens, images) = encode(vocab, &text, images)?;
     Ok(ChatPrompt {
-        tokens: vocab.encode(&text)?,
+        tokens,
         reasoning: spec,
         tools: syntax,
         grammar,
+        images,
     })
 }
 
@@ -181,8 +199,40 @@ pub fn turns_prompt(
     reasoning: bool,
     tools: Option<ToolOffer<'_>>,
 ) -> Result<Vec<u32>> {
+    turns_prompt_with_images(vocab, messages, reasoning, tools, &[])
+}
+
+/// [`turns_prompt`] for messages that hold images: those turns hold the
+/// first of `images` (as many as their markers).
+pub fn turns_prompt_with_images(
+    vocab: &Vocabulary,
+    messages: &[ChatMessage],
+    reasoning: bool,
+    tools: Option<ToolOffer<'_>>,
+    images: &[Arc<PreparedImage>],
+) -> Result<Vec<u32>> {
     let mut messages = messages.to_vec();
     let (extra, _, _) = offer_tools(vocab, &mut messages, reasoning, tools);
     let text = vocab.render_chat(&messages, false, &extra)?;
-    vocab.encode(&text)
+    let held = text.matches(MARKER).count().min(images.len());
+    Ok(encode(vocab, &text, &images[..held])?.0)
+}
+
+/// A rendered prompt's tokens, each image's marker replaced by its
+/// placeholders (also a raw prompt's, which the caller formatted).
+pub fn encode(
+    vocab: &Vocabulary,
+    text: &str,
+    images: &[Arc<PreparedImage>],
+) -> Result<(Vec<u32>, Vec<ImageSpan>)> {
+    if images.is_empty() && !text.contains(MARKER) {
+        return Ok((vocab.encode(text)?, Vec::new()));
+    }
+    encode_with_images(text, images, |piece, first| {
+        if first {
+            vocab.encode(piece)
+        } else {
+            vocab.encode_plain(piece)
+        }
+    })
 }

@@ -35,6 +35,9 @@ pub struct GenerateRequest {
     /// `cache_control`): kept ahead of unmarked entries for their TTL, and
     /// counted as written in the usage.
     pub cache_breakpoints: Vec<CacheBreakpoint>,
+    /// Where each image sits in `prompt` (a vision model's; see
+    /// [`crate::vision`]).
+    pub images: Vec<crate::vision::ImageSpan>,
 }
 
 /// One prefix a client marked for caching: its first `tokens` prompt
@@ -95,7 +98,13 @@ impl GenerateRequest {
             tools: None,
             cache_salt: 0,
             cache_breakpoints: Vec::new(),
+            images: Vec::new(),
         }
+    }
+
+    /// Prompt positions its images take (part of the prompt's tokens).
+    pub fn image_tokens(&self) -> usize {
+        self.images.iter().map(|s| s.len()).sum()
     }
 
     /// How long the prefix this request leaves stays ahead of unmarked ones:

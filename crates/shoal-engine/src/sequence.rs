@@ -123,12 +123,20 @@ impl Sequence {
         self
     }
 
-    pub fn new(mut job: Job, cache: Box<dyn KvCache>) -> Self {
+    pub fn new(mut job: Job, mut cache: Box<dyn KvCache>) -> Self {
         let constraint = job.constraint.take();
         let started = Instant::now();
+        // A reused prefix ends before an image it would cut: an image is
+        // encoded whole or not at all.
+        let whole = crate::vision::whole_images(&job.req.images, cache.len());
+        if whole < cache.len() {
+            cache.truncate(whole);
+        }
         let usage = Usage {
             prompt_tokens: job.req.prompt.len(),
             cached_tokens: cache.len(),
+            image_tokens: job.req.image_tokens(),
+            images: job.req.images.len(),
             ..Usage::default()
         };
         let timings = Timings {
@@ -241,7 +249,30 @@ impl Sequence {
         }
         let prompt = &self.job.req.prompt;
         let done = self.cache.len();
-        let end = (done + chunk).min(prompt.len());
+        let mut end = (done + chunk).min(prompt.len());
+        // An image in this chunk: the text before it first, then the image
+        // whole in a step of its own.
+        if let Some(span) = self
+            .job
+            .req
+            .images
+            .iter()
+            .find(|s| s.end() > done && s.start < end)
+        {
+            if span.start > done {
+                end = span.start;
+            } else if span.start == done {
+                return match model.forward_image(&span.image, self.cache.as_mut()) {
+                    Ok(()) => Ok(false),
+                    Err(EngineError::KvCacheFull) => Err(Stall::KvCacheFull),
+                    Err(e) => Err(Stall::Finish(FinishReason::Error(e.to_string()))),
+                };
+            } else {
+                return Err(Stall::Finish(FinishReason::Error(
+                    "the cached prefix ends inside an image".into(),
+                )));
+            }
+        }
         self.logits = match model.forward(&prompt[done..end], self.cache.as_mut()) {
             Ok(l) => l,
             Err(EngineError::KvCacheFull) => return Err(Stall::KvCacheFull),

@@ -92,6 +92,9 @@ pub struct Capabilities {
     /// server then opens the section). A model without any of these
     /// answers a request for reasoning as it would any other.
     pub reasoning: bool,
+    /// The model reads images (a GGUF with its projector; set by the
+    /// loader, never by the template).
+    pub vision: bool,
 }
 
 impl Capabilities {
@@ -104,6 +107,7 @@ impl Capabilities {
         harmony: false,
         system_role: false,
         reasoning: false,
+        vision: false,
     };
 }
 
@@ -181,6 +185,7 @@ impl ChatTemplate {
             // A vocabulary's `</think>` token is added by the loader's
             // `Vocabulary::capabilities`, which knows the vocabulary.
             reasoning: thinking || harmony,
+            vision: false,
         }
     }
 

@@ -422,6 +422,8 @@ fn model_info_says_llama_cpp_and_quantized_memory() {
                 system_role: true,
                 // No thinking switch and no `</think>` token: none reasons.
                 reasoning: false,
+                // No projector beside either.
+                vision: false,
             },
         };
         assert_eq!(c, want, "{name}");

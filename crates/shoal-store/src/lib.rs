@@ -116,6 +116,8 @@ const MIGRATIONS: &[&str] = &[
     // 8: a reply's versions (regenerated) and steps (continued) as pieces of one message.
     "ALTER TABLE pieces ADD COLUMN version INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE pieces ADD COLUMN step INTEGER NOT NULL DEFAULT 0;",
+    // 9: the images in each ledger choice's prompt.
+    usage::IMAGE_MIGRATION,
 ];
 
 /// A stored message with its pieces.

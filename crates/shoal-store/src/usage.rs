@@ -108,6 +108,11 @@ pub(crate) const DISK_CACHE_MIGRATION: &str =
     ALTER TABLE usage_choices ADD COLUMN cache_write_tokens INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE usage_choices ADD COLUMN cache_write_1h_tokens INTEGER NOT NULL DEFAULT 0;";
 
+/// Images in each choice's prompt: the positions they took and how many.
+pub(crate) const IMAGE_MIGRATION: &str =
+    "ALTER TABLE usage_choices ADD COLUMN image_tokens INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE usage_choices ADD COLUMN images INTEGER NOT NULL DEFAULT 0;";
+
 /// One request as stored (and as nodes pass it to each other).
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct UsageRow {
@@ -242,6 +247,9 @@ choice_figures! {
     /// Speculative decoding: draft tokens checked and those kept.
     draft_tokens: u64,
     draft_accepted: u64,
+    /// Of `prompt_tokens`, the positions images took, and the images.
+    image_tokens: u64,
+    images: u64,
 }
 
 /// `INSERT INTO usage_choices` naming every figure column.

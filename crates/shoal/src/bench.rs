@@ -31,6 +31,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
         tools: None,
         cache_salt: 0,
         cache_breakpoints: Vec::new(),
+        images: Vec::new(),
     }
 }
 

@@ -87,6 +87,7 @@ pub fn run(a: Args) -> Result<()> {
         tools: None,
         cache_salt: 0,
         cache_breakpoints: Vec::new(),
+        images: Vec::new(),
     })?;
     let mut out = String::new();
     let mut reasoning = String::new();

@@ -7,6 +7,7 @@ use serde_json::{json, Value};
 use shoal_engine::{ChatMessage, Event, FinishReason, SamplingParams, Usage};
 
 use crate::body::{parse, Body};
+use crate::images::{user_text, Images};
 use crate::dialects::registration::Registered;
 use crate::error::{ApiError, DialectError, ErrorShape};
 use crate::params::{check_max_tokens, check_range};
@@ -196,6 +197,8 @@ pub struct Block {
     pub content: Option<TextOrBlocks>,
     pub is_error: Option<bool>,
     pub cache_control: Option<CacheControl>,
+    /// `image`: `{"type": "base64", "media_type", "data"}` or `{"type": "url", "url"}`.
+    pub source: Option<Value>,
 }
 
 impl TextOrBlocks {
@@ -234,6 +237,7 @@ fn to_messages(
     state: &Served,
     system: Option<&TextOrBlocks>,
     msgs: &[InMessage],
+    images: &mut Images,
 ) -> Result<(Vec<ChatMessage>, Marks), ApiError> {
     if msgs.is_empty() {
         return Err(ApiError::invalid(
@@ -281,9 +285,10 @@ fn to_messages(
             let here = format!("{at}.{j}");
             match (b.kind.as_str(), role) {
                 ("text", _) => match &b.text {
-                    Some(t) => text.push_str(t),
+                    Some(t) => text.push_str(&user_text(t)),
                     None => return Err(ApiError::invalid(format!("{here}.text: Field required"))),
                 },
+                ("image", "user") => text.push_str(image_block(&here, b.source.as_ref(), images)?),
                 // Earlier thinking is not replayed to the model.
                 ("thinking" | "redacted_thinking", "assistant") => {}
                 ("tool_use", "assistant") => {
@@ -332,6 +337,31 @@ fn to_messages(
     Ok((out, marks))
 }
 
+/// An `image` block's source into `images`; returns its marker.
+fn image_block(
+    at: &str,
+    source: Option<&Value>,
+    images: &mut Images,
+) -> Result<&'static str, ApiError> {
+    let Some(src) = source else {
+        return Err(ApiError::invalid(format!("{at}.source: Field required")));
+    };
+    match src.get("type").and_then(Value::as_str) {
+        Some("base64") => match src.get("data").and_then(Value::as_str) {
+            Some(data) => images.push_base64(at, data),
+            None => Err(ApiError::invalid(format!("{at}.source.data: Field required"))),
+        },
+        Some("url") => match src.get("url").and_then(Value::as_str) {
+            Some(url) => images.push_url(at, url),
+            None => Err(ApiError::invalid(format!("{at}.source.url: Field required"))),
+        },
+        Some(other) => Err(ApiError::invalid(format!(
+            "{at}.source.type: '{other}' is not supported; use 'base64' (or a data: 'url')"
+        ))),
+        None => Err(ApiError::invalid(format!("{at}.source.type: Field required"))),
+    }
+}
+
 /// The breakpoints of a request on its rendered prompt `full`: each mark's
 /// prefix is the conversation rendered up to it, and it ends where that
 /// rendering and `full` part. At most [`MAX_BREAKPOINTS`] marked blocks.
@@ -343,6 +373,7 @@ fn breakpoints(
     want: Option<Option<usize>>,
     tools: Option<&ToolRequest>,
     full: &[u32],
+    images: &[std::sync::Arc<shoal_engine::vision::PreparedImage>],
 ) -> Result<Vec<shoal_engine::CacheBreakpoint>, ApiError> {
     let n = marks.len() + tool_marks.len();
     if n > MAX_BREAKPOINTS {
@@ -365,7 +396,7 @@ fn breakpoints(
             Mark::Through(k) => &messages[..=k.min(messages.len() - 1)],
         };
         // A template that cannot render the tools alone marks nothing.
-        let turns = match state.turns_prompt(part, want, tools) {
+        let turns = match state.turns_prompt(part, want, tools, images) {
             Ok(t) => t,
             Err(_) if part.is_empty() => Vec::new(),
             Err(e) => return Err(e),
@@ -508,8 +539,10 @@ fn prepare(state: &Served, req: &MessagesRequest) -> Result<Generation, ApiError
         .as_ref()
         .filter(|_| state.engine.model.vocab.capabilities().reasoning);
     let want = wanted_thinking(thinking, max_tokens)?;
-    let (messages, marks) = to_messages(state, req.system.as_ref(), &req.messages)?;
-    let p = state.chat_prompt(&messages, want, tools.as_ref())?;
+    let mut images = Images::default();
+    let (messages, marks) = to_messages(state, req.system.as_ref(), &req.messages, &mut images)?;
+    let prepared = state.prepare_images(&images)?;
+    let p = state.chat_prompt_prepared(&messages, want, tools.as_ref(), &prepared)?;
     let cache_breakpoints = breakpoints(
         state,
         &messages,
@@ -518,9 +551,11 @@ fn prepare(state: &Served, req: &MessagesRequest) -> Result<Generation, ApiError
         want,
         tools.as_ref(),
         &p.tokens,
+        &prepared,
     )?;
     Ok(Generation {
         cache_breakpoints,
+        images: p.images,
         reasoning: p.reasoning,
         grammar: p.grammar,
         tools: p.tools,
@@ -778,7 +813,9 @@ pub async fn count_tokens(
         let req: CountRequest = parse(&body)?;
         let state = state.serve(&req.model).await?;
         let tools = tool_request(req.tools.as_ref(), req.tool_choice.as_ref())?;
-        let (messages, marks) = to_messages(&state, req.system.as_ref(), &req.messages)?;
+        let mut images = Images::default();
+        let (messages, marks) =
+            to_messages(&state, req.system.as_ref(), &req.messages, &mut images)?;
         let tool_marks = tool_marks(req.tools.as_ref())?;
         if marks.len() + tool_marks.len() > MAX_BREAKPOINTS {
             return Err(ApiError::invalid(format!(
@@ -787,7 +824,8 @@ pub async fn count_tokens(
             )));
         }
         // Tools take prompt space: they are counted as the request would render them.
-        let prompt = state.chat_prompt(&messages, None, tools.as_ref())?;
+        // Images too: each counts the positions it takes in this model.
+        let prompt = state.chat_prompt(&messages, None, tools.as_ref(), &images)?;
         Ok::<_, ApiError>(Json(json!({"input_tokens": prompt.tokens.len()})).into_response())
     };
     count.await.map_err(|e| e.in_dialect(ERRORS))

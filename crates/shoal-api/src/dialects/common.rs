@@ -7,6 +7,7 @@ use serde_json::Value;
 use shoal_engine::tools::ToolDef;
 
 use crate::error::ApiError;
+use crate::images::{user_text, Images};
 
 /// A function tool's definition, as OpenAI's and Ollama's chat requests
 /// carry it (`{"type": "function", "function": {…}}`).
@@ -82,25 +83,72 @@ pub struct Part {
     #[serde(rename = "type")]
     pub kind: String,
     pub text: Option<String>,
+    /// An image: Chat's `{"url": …, "detail": …}`, or Responses'
+    /// `input_image` URL as a string.
+    pub image_url: Option<Value>,
+    /// Responses' `input_image` by uploaded file (not kept here).
+    pub file_id: Option<String>,
+}
+
+impl Part {
+    /// The URL of an image part (`image_url` or `input_image`).
+    fn image_url(&self, at: &str) -> Result<&str, ApiError> {
+        match &self.image_url {
+            Some(Value::String(u)) => Ok(u),
+            Some(Value::Object(o)) => o.get("url").and_then(Value::as_str).ok_or_else(|| {
+                ApiError::param(at, format!("{at}.image_url needs a 'url' string"))
+            }),
+            _ if self.file_id.is_some() => Err(ApiError::param(
+                at,
+                format!("{at}: images by 'file_id' are not supported here; send 'image_url' as a data: URL"),
+            )),
+            _ => Err(ApiError::param(at, format!("{at} has no 'image_url'"))),
+        }
+    }
 }
 
 impl Content {
     /// Joins text parts; other part types are refused rather than dropped.
     pub fn text(&self, at: &str) -> Result<String, ApiError> {
+        self.gather(at, None)
+    }
+
+    /// Joins text parts, with an image part's marker where it sits and the
+    /// image added to `images`.
+    pub fn text_and_images(&self, at: &str, images: &mut Images) -> Result<String, ApiError> {
+        self.gather(at, Some(images))
+    }
+
+    fn gather(&self, at: &str, mut images: Option<&mut Images>) -> Result<String, ApiError> {
         match self {
-            Content::Text(s) => Ok(s.clone()),
+            Content::Text(s) => Ok(user_text(s).into_owned()),
             Content::Parts(parts) => {
                 let mut out = String::new();
                 for (i, p) in parts.iter().enumerate() {
                     match (p.kind.as_str(), &p.text) {
-                        ("text" | "input_text" | "output_text", Some(t)) => out.push_str(t),
+                        ("text" | "input_text" | "output_text", Some(t)) => {
+                            out.push_str(&user_text(t))
+                        }
+                        ("image_url" | "input_image", _) if images.is_some() => {
+                            let here = format!("{at}[{i}]");
+                            let url = p.image_url(&here)?;
+                            if let Some(images) = images.as_deref_mut() {
+                                out.push_str(images.push_url(&here, url)?);
+                            }
+                        }
                         ("text" | "input_text" | "output_text", None) => {
                             return Err(ApiError::param(at, format!("{at}[{i}] has no 'text'")))
+                        }
+                        (other @ ("image_url" | "input_image"), _) => {
+                            return Err(ApiError::param(
+                                at,
+                                format!("{at}[{i}]: content type '{other}' is not allowed in this message; images go in user messages"),
+                            ))
                         }
                         (other, _) => {
                             return Err(ApiError::param(
                                 at,
-                                format!("{at}[{i}]: content type '{other}' is not supported by this model (text only)"),
+                                format!("{at}[{i}]: content type '{other}' is not supported"),
                             ))
                         }
                     }

@@ -11,6 +11,7 @@ use crate::error::{ApiError, ErrorShape};
 use crate::params::{check_max_tokens, check_range, check_stop, OpenAiSampling};
 use crate::run::{self, Generation};
 use crate::state::Served;
+use crate::images::Images;
 use crate::tools::{self, ToolRequest};
 use shoal_engine::Grammar;
 
@@ -253,7 +254,11 @@ impl run::StreamRender for ChatStream {
     }
 }
 
-fn to_messages(state: &Served, msgs: &[InMessage]) -> Result<Vec<ChatMessage>, ApiError> {
+fn to_messages(
+    state: &Served,
+    msgs: &[InMessage],
+    images: &mut Images,
+) -> Result<Vec<ChatMessage>, ApiError> {
     if msgs.is_empty() {
         return Err(ApiError::param(
             "messages",
@@ -273,7 +278,11 @@ fn to_messages(state: &Served, msgs: &[InMessage]) -> Result<Vec<ChatMessage>, A
             };
             match m.role.as_str() {
                 "developer" => Ok(ChatMessage::new("system", text(true)?)),
-                r @ ("system" | "user") => Ok(ChatMessage::new(r, text(true)?)),
+                "system" => Ok(ChatMessage::new("system", text(true)?)),
+                "user" => match &m.content {
+                    Some(c) => Ok(ChatMessage::new("user", c.text_and_images(&at, images)?)),
+                    None => Err(ApiError::param("messages", format!("messages[{i}] has no content"))),
+                },
                 "assistant" => {
                     let calls: Vec<(String, Value)> = m
                         .tool_calls
@@ -373,8 +382,9 @@ fn prepare(state: &Served, req: &mut ChatRequest) -> Result<Generation, ApiError
             "'top_logprobs' requires 'logprobs': true",
         ));
     }
-    let messages = to_messages(state, &req.messages)?;
-    let p = state.chat_prompt(&messages, wanted_reasoning(req)?, tools.as_ref())?;
+    let mut images = Images::default();
+    let messages = to_messages(state, &req.messages, &mut images)?;
+    let p = state.chat_prompt(&messages, wanted_reasoning(req)?, tools.as_ref(), &images)?;
     Ok(Generation {
         prompts: vec![p.tokens],
         max_tokens,
@@ -382,6 +392,7 @@ fn prepare(state: &Served, req: &mut ChatRequest) -> Result<Generation, ApiError
         stop: check_stop(req.stop.take())?,
         n: req.sampling.n(),
         cache_breakpoints: Vec::new(),
+        images: p.images,
         reasoning: p.reasoning,
         // A required call outranks the reply format.
         grammar: p.grammar.or(format),

@@ -144,6 +144,7 @@ fn prepare(state: &Served, req: &mut CompletionRequest) -> Result<Prepared, ApiE
             stop: check_stop(req.stop.take())?,
             n: req.sampling.n(),
             cache_breakpoints: Vec::new(),
+            images: Vec::new(),
             reasoning: None,
             grammar: None,
             tools: None,

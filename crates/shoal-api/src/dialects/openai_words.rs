@@ -22,10 +22,13 @@ pub fn usage_json(u: &Usage) -> Value {
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.total_tokens(),
         // `cached_disk_tokens` (of `cached_tokens`, those read back from
-        // the prefix cache's disk tier) is Shoal's own, beside OpenAI's.
+        // the prefix cache's disk tier) is Shoal's own, beside OpenAI's;
+        // `image_tokens` (of `prompt_tokens`, those images took) as vLLM
+        // reports it.
         "prompt_tokens_details": {
             "cached_tokens": u.cached_tokens,
             "cached_disk_tokens": u.cached_disk_tokens,
+            "image_tokens": u.image_tokens,
         },
         "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
     })

@@ -147,6 +147,9 @@ impl LedgerEntry {
                 "cache_write_1h": self.usage().cache_write_1h_tokens,
                 "completion": self.usage().completion_tokens,
                 "reasoning": self.usage().reasoning_tokens,
+                // Of `prompt`, the positions images took, and the images.
+                "image": self.usage().image_tokens,
+                "images": self.usage().images,
                 "total": self.usage().total_tokens(),
             },
             "queue_ms": t.queue_ms,

@@ -110,6 +110,8 @@ pub struct Access {
     /// With keys, whether a request may reuse prefixes that another key's
     /// requests cached (off: each key's prefixes are its own).
     pub share_cache_across_keys: bool,
+    /// What one request's images may be.
+    pub images: shoal_engine::vision::ImageLimits,
 }
 
 impl Default for Access {
@@ -119,9 +121,10 @@ impl Default for Access {
             origins: APP_ORIGINS.iter().map(|s| s.to_string()).collect(),
             max_messages: 2048,
             max_tools: 256,
-            max_body_bytes: 8 << 20,
+            max_body_bytes: 32 << 20,
             request_timeout: Some(std::time::Duration::from_secs(600)),
             share_cache_across_keys: false,
+            images: shoal_engine::vision::ImageLimits::default(),
         }
     }
 }

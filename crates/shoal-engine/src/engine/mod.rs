@@ -344,10 +344,33 @@ impl Engine {
             ));
         }
         let vocab = self.model.info.vocab_size;
-        if let Some(bad) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
-            return Err(EngineError::InvalidRequest(format!(
-                "token id {bad} is outside the vocabulary of {vocab}"
-            )));
+        if !req.images.is_empty() {
+            if let Some(e) = self.model.vocab.vision.refusal(&self.model.id) {
+                return Err(e.into());
+            }
+        }
+        // Every position is a vocabulary id, or part of an image where the
+        // request says one sits (in order, inside the prompt).
+        let mut spans = req.images.iter().peekable();
+        let mut after = 0;
+        for s in &req.images {
+            if s.start < after || s.end() > req.prompt.len() {
+                return Err(EngineError::InvalidRequest(
+                    "the prompt's images overlap or lie outside it".into(),
+                ));
+            }
+            after = s.end();
+        }
+        for (i, &t) in req.prompt.iter().enumerate() {
+            while spans.peek().is_some_and(|s| s.end() <= i) {
+                spans.next();
+            }
+            let in_image = spans.peek().is_some_and(|s| s.start <= i);
+            if !in_image && t as usize >= vocab {
+                return Err(EngineError::InvalidRequest(format!(
+                    "token id {t} is outside the vocabulary of {vocab}"
+                )));
+            }
         }
         if let Some((bad, _)) = req
             .sampling

@@ -112,6 +112,8 @@ pub(super) fn run(
                     finish: FinishReason::Cancelled,
                     usage: Usage {
                         prompt_tokens,
+                        image_tokens: job.req.image_tokens(),
+                        images: job.req.images.len(),
                         ..Usage::default()
                     },
                     timings: Timings {
@@ -130,11 +132,17 @@ pub(super) fn run(
                 let _turn = model.turn();
                 prefixes.lookup(model.as_ref(), &job.req.prompt, job.req.cache_salt, &stats)
             };
+            // Drafts come from text: a prompt holding images has none.
+            let drafts = if job.req.images.is_empty() {
+                draft
+            } else {
+                DraftOptions::off()
+            };
             match cache {
                 Ok((cache, from_disk)) => prefilling.push(
                     Sequence::new(job, cache)
                         .with_cache_facts(from_disk, prefixes.stores())
-                        .drafting(draft),
+                        .drafting(drafts),
                 ),
                 Err(e) => retire(
                     Sequence::new(job, Box::new(NoCache)),

@@ -313,6 +313,16 @@ settings! {
         /// Largest request body accepted, in MiB; a bigger one gets a 413.
         max_body_mb: usize = Access::default().max_body_bytes >> 20,
             env Env::Var("SHOAL_MAX_BODY_MB"), flag Flag::Value("max-body-mb", "MIB");
+        /// Largest image a request may send to a vision model, in MiB (as
+        /// decoded from its base64); a bigger one gets a 400.
+        max_image_mb: usize = Access::default().images.max_bytes >> 20,
+            env Env::Var("SHOAL_MAX_IMAGE_MB"), flag Flag::Value("max-image-mb", "MIB");
+        /// Most images one request may send.
+        max_images: usize = Access::default().images.max_images,
+            env Env::Var("SHOAL_MAX_IMAGES"), flag Flag::Value("max-images", "N");
+        /// Most pixels (width × height) of one image.
+        max_image_pixels: u64 = Access::default().images.max_pixels,
+            env Env::Var("SHOAL_MAX_IMAGE_PIXELS"), flag Flag::Value("max-image-pixels", "N");
         /// Longest a request may run, in seconds (0 = no limit); then it ends
         /// with a timeout error that still reports its usage.
         request_timeout_secs: u64 = Access::default().request_timeout.map_or(0, |d| d.as_secs()),
@@ -367,6 +377,10 @@ settings! {
         /// vocabulary keep prompt lookup.
         draft_model: Option<PathBuf> = None,
             env Env::Var("SHOAL_DRAFT_MODEL"), flag Flag::Value("draft-model", "PATH");
+        /// The vision projector (an mmproj .gguf) of the model, or off for
+        /// none; unset, a GGUF uses an mmproj*.gguf beside it if there is one.
+        mmproj: Option<String> = None,
+            env Env::Var("SHOAL_MMPROJ"), flag Flag::Value("mmproj", "PATH|off");
     }
     /// An embedding model served beside the chat model (/v1/embeddings,
     /// /api/embed); it loads on first use like a pulled model.

@@ -79,6 +79,11 @@ impl Config {
         a.request_timeout = (self.server.request_timeout_secs > 0)
             .then(|| std::time::Duration::from_secs(self.server.request_timeout_secs));
         a.share_cache_across_keys = self.cache.share_across_keys;
+        a.images = shoal_engine::vision::ImageLimits {
+            max_bytes: self.server.max_image_mb.max(1).saturating_mul(1 << 20),
+            max_images: self.server.max_images,
+            max_pixels: self.server.max_image_pixels.max(1),
+        };
         Ok(a)
     }
 
@@ -237,6 +242,20 @@ impl Config {
         .memory_budget(Some(self.memory_budget()?))
         .split(self.model.split_kv_cache)
         .batch_invariant(self.model.batch_invariant)
-        .kv_type(self.model.kv_cache_type))
+        .kv_type(self.model.kv_cache_type)
+        .projector(self.projector()))
+    }
+
+    /// Where the served model's vision projector comes from.
+    fn projector(&self) -> shoal_engine::backends::llama::Projector {
+        use shoal_engine::backends::llama::Projector;
+        match (self.model.mmproj.as_deref(), &self.model.path) {
+            (Some("off"), _) => Projector::Off,
+            (Some(file), Some(model)) if !file.is_empty() => Projector::Named {
+                model: model.clone(),
+                file: file.into(),
+            },
+            _ => Projector::Beside,
+        }
     }
 }

@@ -8,9 +8,10 @@ use serde_json::{json, Value};
 use shoal_engine::{ChatMessage, Event};
 
 use super::shared::{
-    can_think, format_grammar, model_id, no_images, now, wanted_thinking, KeepAlive, Options,
+    can_think, format_grammar, model_id, now, take_images, wanted_thinking, KeepAlive, Options,
     Reply, DIALECT,
 };
+use crate::images::{user_text, Images};
 use crate::body::Body;
 use crate::error::{ApiError, DialectError};
 use crate::run::{self, Collected, Step};
@@ -103,16 +104,28 @@ pub async fn handle(
     super::shared::generation::<OllamaChat>(&state, tracked, req, &name, keep).await
 }
 
-fn to_messages(served: &Served, msgs: &[InMessage]) -> Result<Vec<ChatMessage>, ApiError> {
+fn to_messages(
+    served: &Served,
+    msgs: &[InMessage],
+    images: &mut Images,
+) -> Result<Vec<ChatMessage>, ApiError> {
     msgs.iter()
         .enumerate()
         .map(|(i, m)| {
-            if m.images.as_ref().is_some_and(|v| !v.is_empty()) {
-                return Err(no_images(&format!("messages[{i}].images")));
+            let at = format!("messages[{i}].images");
+            if m.role != "user" && m.images.as_ref().is_some_and(|v| !v.is_empty()) {
+                return Err(ApiError::param(
+                    &at,
+                    format!("{at}: images go in user messages"),
+                ));
             }
-            let text = m.content.clone().unwrap_or_default();
+            let text = user_text(m.content.as_deref().unwrap_or_default()).into_owned();
             match m.role.as_str() {
-                r @ ("system" | "user") => Ok(ChatMessage::new(r, text)),
+                "system" => Ok(ChatMessage::new("system", text)),
+                "user" => {
+                    let markers = take_images(m.images.as_ref(), &at, images)?;
+                    Ok(ChatMessage::new("user", markers + &text))
+                }
                 "assistant" => {
                     let calls: Vec<(String, Value)> = m
                         .tool_calls
@@ -164,8 +177,9 @@ impl run::Adapter for OllamaChat {
         let tools = tool_request(&req)?;
         let format = format_grammar(req.format.as_ref())?;
         let want = wanted_thinking(req.think.as_ref(), can_think(served), &req.model)?;
-        let messages = to_messages(served, &req.messages)?;
-        let p = served.chat_prompt(&messages, want, tools.as_ref())?;
+        let mut images = Images::default();
+        let messages = to_messages(served, &req.messages, &mut images)?;
+        let p = served.chat_prompt(&messages, want, tools.as_ref(), &images)?;
         let mut job = super::shared::job(served, p, &options, format)?;
         job.sampling.top_logprobs = super::shared::wanted_logprobs(req.logprobs, req.top_logprobs)?;
         Ok((job, OllamaChat(Reply::new(served, req.model, req.logprobs))))

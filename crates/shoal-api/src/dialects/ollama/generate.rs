@@ -9,9 +9,10 @@ use shoal_engine::loader::Vocabulary;
 use shoal_engine::{ChatMessage, Event};
 
 use super::shared::{
-    can_think, format_grammar, model_id, no_images, now, wanted_thinking, KeepAlive, Options,
+    can_think, format_grammar, model_id, now, take_images, wanted_thinking, KeepAlive, Options,
     Reply, DIALECT,
 };
+use crate::images::{user_text, Images};
 use crate::body::Body;
 use crate::error::{ApiError, DialectError};
 use crate::run::{self, Collected, Step};
@@ -90,15 +91,28 @@ fn prompt(
     want: Option<Option<usize>>,
 ) -> Result<shoal_engine::prompt::ChatPrompt, ApiError> {
     let vocab = &served.engine.model.vocab;
+    let mut images = Images::default();
+    let markers = take_images(req.images.as_ref(), "images", &mut images)?;
+    let user = user_text(&req.prompt);
     let plain = |text: &str| -> Result<shoal_engine::prompt::ChatPrompt, ApiError> {
+        let prepared = served.prepare_images(&images)?;
+        let (tokens, spans) =
+            shoal_engine::prompt::encode(vocab, &format!("{markers}{text}"), &prepared)?;
         Ok(shoal_engine::prompt::ChatPrompt {
-            tokens: vocab.encode(text)?,
+            tokens,
             reasoning: None,
             tools: None,
             grammar: None,
+            images: spans,
         })
     };
     if let Some(suffix) = req.suffix.as_deref().filter(|s| !s.is_empty()) {
+        if !images.is_empty() {
+            return Err(ApiError::param(
+                "suffix",
+                "'suffix' (insert) cannot be combined with 'images'",
+            ));
+        }
         if req.raw {
             return Err(ApiError::param(
                 "suffix",
@@ -111,17 +125,17 @@ fn prompt(
                 format!("\"{}\" does not support insert ('suffix')", req.model),
             ));
         };
-        return plain(&format!("{pre}{}{suf}{suffix}{mid}", req.prompt));
+        return plain(&format!("{pre}{user}{suf}{}{mid}", user_text(suffix)));
     }
     if req.raw || !vocab.capabilities().chat {
-        return plain(&req.prompt);
+        return plain(&user);
     }
     let mut messages = Vec::new();
     if let Some(system) = req.system.as_deref().filter(|s| !s.is_empty()) {
         messages.push(ChatMessage::new("system", system));
     }
-    messages.push(ChatMessage::new("user", req.prompt.clone()));
-    served.chat_prompt(&messages, want, None)
+    messages.push(ChatMessage::new("user", format!("{markers}{user}")));
+    served.chat_prompt(&messages, want, None, &images)
 }
 
 /// `/api/generate` as an [`run::Adapter`].
@@ -133,9 +147,6 @@ impl run::Adapter for OllamaGenerate {
     const DIALECT: crate::dialect::Dialect = DIALECT;
 
     fn prepare(served: &Served, mut req: GenerateRequest, _id: String) -> run::Prepared<Self> {
-        if req.images.as_ref().is_some_and(|v| !v.is_empty()) {
-            return Err(no_images("images"));
-        }
         if req.template.as_deref().is_some_and(|t| !t.is_empty()) {
             return Err(ApiError::param(
                 "template",

@@ -263,6 +263,9 @@ pub async fn show(State(s): State<AppState>, body: Body) -> Reply {
         } else if caps.reasoning {
             capabilities.push("thinking");
         }
+        if caps.vision {
+            capabilities.push("vision");
+        }
         if can_insert(&m.path, vocab) {
             capabilities.push("insert");
         }

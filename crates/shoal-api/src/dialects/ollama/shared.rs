@@ -52,6 +52,8 @@ impl crate::dialect::Words for Words {
         json!({
             "prompt_eval_count": u.prompt_tokens,
             "prompt_eval_cached_count": u.cached_tokens,
+            // Of `prompt_eval_count`, the positions images took.
+            "prompt_eval_image_count": u.image_tokens,
             "eval_count": u.completion_tokens,
             "eval_thinking_count": u.reasoning_tokens,
         })
@@ -437,12 +439,22 @@ pub fn can_think(served: &crate::state::Served) -> bool {
     served.engine.model.vocab.capabilities().reasoning
 }
 
-/// The refusal for images: no model here reads them yet.
-pub fn no_images(at: &str) -> ApiError {
-    ApiError::param(
-        at,
-        format!("'{at}' is not supported: this server runs no vision models yet (text only)"),
-    )
+/// Ollama's `images` (base64 strings) into `images`; returns their
+/// markers, which go before the message's text (where Ollama puts them).
+pub fn take_images(
+    list: Option<&Vec<Value>>,
+    at: &str,
+    images: &mut crate::images::Images,
+) -> Result<String, ApiError> {
+    let mut markers = String::new();
+    for (i, v) in list.into_iter().flatten().enumerate() {
+        let here = format!("{at}[{i}]");
+        let Some(s) = v.as_str() else {
+            return Err(ApiError::param(&here, format!("{here} must be a base64 string")));
+        };
+        markers.push_str(images.push_base64(&here, s)?);
+    }
+    Ok(markers)
 }
 
 fn nanos(ms: f64) -> u64 {
@@ -485,6 +497,7 @@ pub fn job(
         stop: options.stops()?,
         n: 1,
         cache_breakpoints: Vec::new(),
+        images: p.images,
         reasoning: p.reasoning,
         // A required call's grammar outranks the reply format.
         grammar: p.grammar.or(format),

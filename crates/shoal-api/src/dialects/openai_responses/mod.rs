@@ -2,7 +2,7 @@
 //! the request (`request.rs`), the stored responses (`store.rs`), the
 //! response object and its stream (`render.rs`), and the adapter here.
 use serde_json::{json, Value};
-use shoal_engine::{ChatMessage, Completion, Event};
+use shoal_engine::{Completion, Event};
 
 use crate::error::{ApiError, ErrorShape};
 use crate::run;
@@ -28,7 +28,7 @@ pub use store::{get_response, ResponseStore};
 /// conversation to store with it.
 pub struct Responses {
     shape: Shape,
-    msgs: Vec<ChatMessage>,
+    msgs: store::Stored,
     /// Tool types left out of the offer (said in a response header).
     omitted: Vec<String>,
 }
@@ -125,7 +125,7 @@ pub struct ResponsesStream {
     text: String,
     reasoning: String,
     done: Option<Completion>,
-    keep: Option<(Served, Shape, Vec<ChatMessage>)>,
+    keep: Option<(Served, Shape, store::Stored)>,
 }
 
 impl run::StreamRender for ResponsesStream {
@@ -204,7 +204,7 @@ fn routes() -> axum::Router<crate::state::AppState> {
 fn remember(
     state: &Served,
     shape: &Shape,
-    mut msgs: Vec<ChatMessage>,
+    (mut msgs, images): store::Stored,
     text: &str,
     calls: &[OutCall],
     body: &Value,
@@ -219,5 +219,5 @@ fn remember(
         })
         .collect();
     msgs.push(state.assistant_with_calls(text, &calls));
-    store::of(state).put(shape.id.clone(), msgs, body.clone());
+    store::of(state).put(shape.id.clone(), (msgs, images), body.clone());
 }

@@ -6,6 +6,7 @@ use shoal_engine::tools::ToolDef;
 use shoal_engine::{ChatMessage, Grammar, SamplingParams};
 
 use crate::dialects::common::Content;
+use crate::images::{user_text, Images};
 use crate::error::ApiError;
 use crate::params::{check_max_tokens, check_range};
 use crate::run::{self, Generation};
@@ -65,16 +66,17 @@ pub(super) fn conversation(
     state: &Served,
     req: &mut ResponsesRequest,
     names: &Namespaced,
-) -> Result<Vec<ChatMessage>, ApiError> {
-    let mut msgs = match &req.previous_response_id {
+) -> Result<super::store::Stored, ApiError> {
+    let (mut msgs, sources) = match &req.previous_response_id {
         Some(prev) => super::store::of(state).conversation(prev).ok_or_else(|| {
             ApiError::param(
                 "previous_response_id",
                 format!("no stored response with id '{prev}'"),
             )
         })?,
-        None => Vec::new(),
+        None => (Vec::new(), Vec::new()),
     };
+    let mut images = Images { sources };
     // Instructions apply to this turn only, not to the stored history.
     msgs.retain(|m| m.role != "system");
     if let Some(i) = &req.instructions {
@@ -90,7 +92,7 @@ pub(super) fn conversation(
         None => return Err(ApiError::param("input", "'input' is required")),
         Some(Input::Text(t)) => msgs.push(ChatMessage {
             role: "user".into(),
-            content: t,
+            content: user_text(&t).into_owned(),
         }),
         Some(Input::Items(items)) => {
             if items.is_empty() {
@@ -156,13 +158,15 @@ pub(super) fn conversation(
                         ))
                     }
                 };
-                let content = it
-                    .content
-                    .as_ref()
-                    .ok_or_else(|| {
-                        ApiError::param("input", format!("input[{i}].content is required"))
-                    })?
-                    .text(&format!("input[{i}].content"))?;
+                let content = it.content.as_ref().ok_or_else(|| {
+                    ApiError::param("input", format!("input[{i}].content is required"))
+                })?;
+                let at = format!("input[{i}].content");
+                let content = if role == "user" {
+                    content.text_and_images(&at, &mut images)?
+                } else {
+                    content.text(&at)?
+                };
                 msgs.push(ChatMessage {
                     role: role.into(),
                     content,
@@ -170,7 +174,7 @@ pub(super) fn conversation(
             }
         }
     }
-    Ok(msgs)
+    Ok((msgs, images.sources))
 }
 
 /// A Responses request made ready: the engine job, the conversation to
@@ -178,7 +182,7 @@ pub(super) fn conversation(
 /// tools.
 pub(super) struct Prepared {
     pub job: Generation,
-    pub msgs: Vec<ChatMessage>,
+    pub msgs: super::store::Stored,
     pub names: Namespaced,
     pub omitted: Vec<String>,
 }
@@ -200,8 +204,9 @@ pub(super) fn prepare(state: &Served, req: &mut ResponsesRequest) -> Result<Prep
             ))
         }
     };
-    let msgs = conversation(state, req, &offer.names)?;
-    let p = state.chat_prompt(&msgs, want, tools.as_ref())?;
+    let (msgs, sources) = conversation(state, req, &offer.names)?;
+    let images = Images { sources };
+    let p = state.chat_prompt(&msgs, want, tools.as_ref(), &images)?;
     Ok(Prepared {
         job: Generation {
             prompts: vec![p.tokens],
@@ -217,11 +222,12 @@ pub(super) fn prepare(state: &Served, req: &mut ResponsesRequest) -> Result<Prep
             stop: Vec::new(),
             n: 1,
             cache_breakpoints: Vec::new(),
+            images: p.images,
             reasoning: p.reasoning,
             grammar: p.grammar.or(format),
             tools: p.tools,
         },
-        msgs,
+        msgs: (msgs, images.sources),
         names: offer.names,
         omitted: offer.omitted,
     })

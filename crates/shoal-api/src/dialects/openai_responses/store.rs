@@ -27,10 +27,14 @@ pub(super) fn of(state: &AppState) -> &ResponseStore {
         .expect("the Responses dialect's registration adds its store to every server")
 }
 
+/// A stored conversation: its messages and the images their markers stand
+/// for, as the client sent them (a later turn may run on another model).
+pub type Stored = (Vec<ChatMessage>, Vec<crate::images::ImageSource>);
+
 /// Conversations of earlier responses, for `previous_response_id`; bounded.
 pub struct ResponseStore {
     cap: usize,
-    items: Mutex<VecDeque<(String, Vec<ChatMessage>, Value)>>,
+    items: Mutex<VecDeque<(String, Stored, Value)>>,
 }
 
 impl ResponseStore {
@@ -40,14 +44,14 @@ impl ResponseStore {
             items: Mutex::new(VecDeque::new()),
         }
     }
-    pub(crate) fn put(&self, id: String, conversation: Vec<ChatMessage>, response: Value) {
+    pub(crate) fn put(&self, id: String, conversation: Stored, response: Value) {
         let mut q = self.items.lock().unwrap_or_else(|p| p.into_inner());
         if q.len() == self.cap {
             q.pop_front();
         }
         q.push_back((id, conversation, response));
     }
-    pub(crate) fn conversation(&self, id: &str) -> Option<Vec<ChatMessage>> {
+    pub(crate) fn conversation(&self, id: &str) -> Option<Stored> {
         let q = self.items.lock().unwrap_or_else(|p| p.into_inner());
         q.iter()
             .find(|(i, _, _)| i == id)

@@ -10,6 +10,7 @@ pub fn usage_json(u: &Usage) -> Value {
         "input_tokens_details": {
             "cached_tokens": u.cached_tokens,
             "cached_disk_tokens": u.cached_disk_tokens,
+            "image_tokens": u.image_tokens,
         },
         "output_tokens": u.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},

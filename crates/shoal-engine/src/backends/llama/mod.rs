@@ -29,6 +29,7 @@ use crate::error::{EngineError, Result};
 
 pub mod embed;
 mod init;
+pub mod vision;
 pub mod vocab;
 
 pub use init::runtime;
@@ -77,6 +78,35 @@ pub struct LlamaOptions {
     pub batch_invariant: bool,
     /// What the KV cache stores keys and values as.
     pub kv_type: KvType,
+    /// Where a vision model's projector comes from.
+    pub projector: Projector,
+}
+
+/// Where a GGUF's vision projector (`mmproj-*.gguf`) comes from.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Projector {
+    /// An `mmproj*.gguf` beside the model file, if there is one.
+    #[default]
+    Beside,
+    /// For the model at `model`, this file (`--mmproj`); other models
+    /// look beside themselves.
+    Named {
+        model: std::path::PathBuf,
+        file: std::path::PathBuf,
+    },
+    /// None: models read text only.
+    Off,
+}
+
+impl Projector {
+    /// The projector file for the model at `model`, if any.
+    pub fn for_model(&self, model: &Path) -> Option<std::path::PathBuf> {
+        match self {
+            Projector::Named { model: m, file } if m == model => Some(file.clone()),
+            Projector::Beside | Projector::Named { .. } => vision::projector_beside(model),
+            Projector::Off => None,
+        }
+    }
 }
 
 /// The element type of llama.cpp's KV cache: f16 (its default), or 8- and
@@ -279,7 +309,14 @@ impl LlamaOptions {
             split: false,
             batch_invariant: false,
             kv_type: KvType::F16,
+            projector: Projector::Beside,
         }
+    }
+
+    /// Where a model's vision projector comes from.
+    pub fn projector(mut self, projector: Projector) -> Self {
+        self.projector = projector;
+        self
     }
 
     /// Batch-invariant kernels: weights stay as the file has them (no
@@ -614,6 +651,10 @@ pub struct LlamaCppModel {
     ubatch: usize,
     /// See [`LanguageModel::kv_fingerprint`].
     kv_fingerprint: Vec<(&'static str, String)>,
+    /// The projector, for a vision model.
+    vision: Option<Arc<vision::LlamaVision>>,
+    /// Why a projector found for it did not load.
+    vision_error: Option<String>,
 }
 
 /// The weights of `path` (already checked by [`super::check_gguf`]) and a
@@ -669,7 +710,8 @@ fn model_info(
 impl LlamaCppModel {
     /// Loads `path` (already checked by [`super::check_gguf`]).
     pub fn load(path: &Path, header: &shoal_gguf::Header, opts: &LlamaOptions) -> Result<Self> {
-        let kv_fingerprint = opts.kv_fingerprint();
+        let mut kv_fingerprint = opts.kv_fingerprint();
+        let projector = opts.projector.for_model(path);
         let opts = &opts.for_model(header);
         let (model, ctx) = load_with_context(path, &opts.model_params(), opts.context_params())?;
         let n_ctx_train = model.n_ctx_train().max(1) as usize;
@@ -701,8 +743,29 @@ impl LlamaCppModel {
             kv_mb = (reserved * bytes_per_position) >> 20,
             "llama.cpp KV pool"
         );
+        // A projector named by a setting must load; one merely found beside
+        // the model may belong to another: the model then reads text only,
+        // and an image sent to it is refused with the reason.
+        let (vision, vision_error) = match &projector {
+            None => (None, None),
+            Some(p) => match vision::LlamaVision::load(p, model.clone(), opts.threads) {
+                Ok(v) => {
+                    let bytes = std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+                    kv_fingerprint.push(("projector", format!("{} {bytes}", p.display())));
+                    tracing::info!(projector = %p.display(), "vision projector loaded");
+                    (Some(Arc::new(v)), None)
+                }
+                Err(e) if !matches!(&opts.projector, Projector::Named { model: m, .. } if m == path) => {
+                    tracing::warn!(projector = %p.display(), error = %e, "projector not loaded; the model reads text only");
+                    (None, Some(e.to_string()))
+                }
+                Err(e) => return Err(e),
+            },
+        };
         Ok(LlamaCppModel {
             model,
+            vision,
+            vision_error,
             shared: Arc::new(Mutex::new(Shared {
                 ctx,
                 free: (0..usable).collect(),
@@ -722,6 +785,12 @@ impl LlamaCppModel {
 
     fn kv<'a>(&self, cache: &'a mut dyn KvCache) -> Result<&'a mut LlamaKv> {
         downcast(cache.as_any_mut(), "KV cache")
+    }
+
+    /// The projector, for a vision model; else why a projector found beside
+    /// it did not load, if one was.
+    pub fn vision(&self) -> std::result::Result<Arc<vision::LlamaVision>, Option<String>> {
+        self.vision.clone().ok_or_else(|| self.vision_error.clone())
     }
 }
 
@@ -806,6 +875,41 @@ impl LanguageModel for LlamaCppModel {
             logits = s.logits(piece.len() as i32 - 1, n_vocab);
         }
         Ok(logits)
+    }
+
+    fn forward_image(
+        &self,
+        image: &crate::vision::PreparedImage,
+        cache: &mut dyn KvCache,
+    ) -> Result<()> {
+        let Some(vision) = &self.vision else {
+            return Err(EngineError::Unsupported("this model cannot read images".into()));
+        };
+        let kv = self.kv(cache)?;
+        let mut s = lock(&self.shared);
+        let seq = kv.seq_id(&mut s)?;
+        let at = kv.len;
+        let out = s
+            .ctx
+            .with_dependent_mut(|_, ctx| vision.eval(image, ctx, at, seq, N_BATCH));
+        match out {
+            Ok(end) if end == at + image.tokens => {
+                kv.len = end;
+                Ok(())
+            }
+            other => {
+                // Leave the sequence as it was before this call.
+                s.remove(seq, at);
+                Err(match other {
+                    Ok(end) => EngineError::Backend(format!(
+                        "the image took {} positions, not its {} tokens",
+                        end.saturating_sub(at),
+                        image.tokens
+                    )),
+                    Err(e) => e,
+                })
+            }
+        }
     }
 
     fn new_batch(&self) -> Result<Box<dyn DecodeBatch>> {

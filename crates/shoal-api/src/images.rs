@@ -1,0 +1,131 @@
+//! Images a request carries, gathered by every dialect alike: each dialect
+//! reads its own wire form (OpenAI's `image_url` part, Responses'
+//! `input_image`, Anthropic's `image` block, Ollama's `images`) into
+//! [`Images`] and puts [`MARKER`] where the image sits in the message text;
+//! [`Served::prepare_images`] then decodes them under the server's limits
+//! and makes them ready for the model, or refuses them with a 400 that says
+//! why (not an image, too large, too many, a model that cannot see).
+use std::sync::Arc;
+
+use base64::Engine as _;
+use shoal_engine::vision::{self, ImageError, PreparedImage};
+
+use crate::error::ApiError;
+use crate::state::Served;
+
+pub use shoal_engine::vision::MARKER;
+
+/// One image as the client sent it.
+#[derive(Clone)]
+pub struct ImageSource {
+    /// Where it was in the request, for errors (`messages[0].content[1]`).
+    pub at: String,
+    pub bytes: Arc<[u8]>,
+}
+
+/// A request's images, in the order their markers sit in its messages.
+#[derive(Default)]
+pub struct Images {
+    pub sources: Vec<ImageSource>,
+}
+
+impl Images {
+    pub fn is_empty(&self) -> bool {
+        self.sources.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.sources.len()
+    }
+
+    /// An image given by URL: a `data:` URL is read; any other is refused,
+    /// since this server fetches nothing on a client's behalf. Returns the
+    /// marker to put in the text.
+    pub fn push_url(&mut self, at: &str, url: &str) -> Result<&'static str, ApiError> {
+        let Some(rest) = url.strip_prefix("data:") else {
+            let scheme = url.split(':').next().unwrap_or("");
+            return Err(ApiError::param(
+                at,
+                format!(
+                    "{at}: only data: URLs are read (data:image/png;base64,…); this server does not fetch '{scheme}:' URLs for a client — send the image's bytes instead"
+                ),
+            ));
+        };
+        let Some((meta, data)) = rest.split_once(',') else {
+            return Err(ApiError::param(at, format!("{at}: a data: URL needs a ',' before its data")));
+        };
+        if !meta.ends_with(";base64") {
+            return Err(ApiError::param(
+                at,
+                format!("{at}: an image's data: URL must be base64 (data:image/png;base64,…)"),
+            ));
+        }
+        self.push_base64(at, data)
+    }
+
+    /// An image given as base64 text (Anthropic's and Ollama's form).
+    pub fn push_base64(&mut self, at: &str, data: &str) -> Result<&'static str, ApiError> {
+        let clean: String = data.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(clean.as_bytes())
+            .map_err(|e| ApiError::param(at, format!("{at}: the image is not valid base64: {e}")))?;
+        self.sources.push(ImageSource {
+            at: at.to_string(),
+            bytes: bytes.into(),
+        });
+        Ok(MARKER)
+    }
+}
+
+/// Text a client wrote, with the image marker taken out of it, so only the
+/// server places images.
+pub fn user_text(text: &str) -> std::borrow::Cow<'_, str> {
+    vision::scrub(text)
+}
+
+impl From<ImageError> for ApiError {
+    fn from(e: ImageError) -> Self {
+        let param = match &e {
+            ImageError::TooLarge { at, .. }
+            | ImageError::TooManyPixels { at, .. }
+            | ImageError::NotAnImage { at }
+            | ImageError::Broken { at, .. }
+            | ImageError::Source { at, .. } => at.clone(),
+            ImageError::TooMany { .. } | ImageError::NoVision { .. } => "messages".into(),
+        };
+        ApiError::param(&param, e.to_string())
+    }
+}
+
+impl Served {
+    /// The request's images decoded under the server's limits and made
+    /// ready for its model.
+    pub fn prepare_images(&self, images: &Images) -> Result<Vec<Arc<PreparedImage>>, ApiError> {
+        if images.is_empty() {
+            return Ok(Vec::new());
+        }
+        let limits = self.access.images;
+        let vocab = &self.engine.model.vocab;
+        if let Some(e) = vocab.vision.refusal(&self.engine.model.id) {
+            // Said before any decoding: the model is the problem, not the picture.
+            return Err(e.into());
+        }
+        if images.len() > limits.max_images {
+            return Err(ImageError::TooMany {
+                n: images.len(),
+                max: limits.max_images,
+            }
+            .into());
+        }
+        images
+            .sources
+            .iter()
+            .map(|s| {
+                let decoded = vision::decode(&s.at, &s.bytes, &limits)?;
+                Ok(Arc::new(
+                    vocab.vision.prepare(&self.engine.model.id, &decoded)?,
+                ))
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Make a vision fixture: the default model beside a small projector file.
+
+Usage:
+    vision_fixture.py MODEL.gguf OUT_DIR
+
+OUT_DIR gets a hard link (or copy) of MODEL.gguf and, beside it,
+``mmproj-<stem>-f32.gguf``: a LLaVA-style projector (``clip.projector_type``
+``mlp``) as llama.cpp's multimodal library loads it. Its vision encoder is a
+two-layer ViT over a 64x64 image in 16x16 patches, so every image costs 16
+prompt tokens; the two-layer MLP maps the encoder's width to the text model's
+embedding width, read from MODEL.gguf.
+
+The weights are random (seeded, so the file is the same on every machine). No
+vision model small enough ships in a package this project can install, and a
+random projector exercises everything the server does with an image: decoding,
+preprocessing, the encoder, the image's place and length in the prompt, its
+prefix-cache key and usage. What the model then says about the picture is
+noise, but it is the same noise for the same picture, and another picture
+changes it.
+
+The file is written beside its final name and renamed into place.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+IMAGE = 64
+PATCH = 16
+WIDTH = 64
+HEADS = 4
+FF = 128
+LAYERS = 2
+
+
+def text_width(model: Path) -> int:
+    reader = gguf.GGUFReader(str(model))
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    field = reader.fields[f"{arch}.embedding_length"]
+    return int(field.parts[-1][0])
+
+
+def write_projector(path: Path, n_embd_text: int) -> None:
+    rng = np.random.default_rng(20261207)
+
+    def w(*shape: int, scale: float = 0.02) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    def zeros(*shape: int) -> np.ndarray:
+        return np.zeros(shape, dtype=np.float32)
+
+    def ones(*shape: int) -> np.ndarray:
+        return np.ones(shape, dtype=np.float32)
+
+    tmp = path.with_name(path.name + ".tmp")
+    out = gguf.GGUFWriter(str(tmp), "clip")
+    out.add_string("general.name", "shoal test projector")
+    out.add_string("general.description", "random-weight LLaVA-style projector for tests")
+    out.add_uint32("general.file_type", 0)
+    out.add_bool("clip.has_vision_encoder", True)
+    out.add_string("clip.projector_type", "mlp")
+    out.add_bool("clip.use_gelu", True)
+    out.add_uint32("clip.vision.image_size", IMAGE)
+    out.add_uint32("clip.vision.patch_size", PATCH)
+    out.add_uint32("clip.vision.embedding_length", WIDTH)
+    out.add_uint32("clip.vision.feed_forward_length", FF)
+    out.add_uint32("clip.vision.block_count", LAYERS)
+    out.add_uint32("clip.vision.projection_dim", n_embd_text)
+    out.add_uint32("clip.vision.attention.head_count", HEADS)
+    out.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    out.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    out.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+
+    patches = (IMAGE // PATCH) ** 2
+    # numpy shapes are the reverse of ggml's: a weight is [out, in].
+    out.add_tensor("v.patch_embd.weight", w(WIDTH, 3, PATCH, PATCH))
+    out.add_tensor("v.patch_embd.bias", zeros(WIDTH))
+    out.add_tensor("v.position_embd.weight", w(patches, WIDTH))
+    out.add_tensor("v.pre_ln.weight", ones(WIDTH))
+    out.add_tensor("v.pre_ln.bias", zeros(WIDTH))
+    for i in range(LAYERS):
+        p = f"v.blk.{i}"
+        for n in ("ln1", "ln2"):
+            out.add_tensor(f"{p}.{n}.weight", ones(WIDTH))
+            out.add_tensor(f"{p}.{n}.bias", zeros(WIDTH))
+        for n in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            out.add_tensor(f"{p}.{n}.weight", w(WIDTH, WIDTH))
+            out.add_tensor(f"{p}.{n}.bias", zeros(WIDTH))
+        out.add_tensor(f"{p}.ffn_up.weight", w(FF, WIDTH))
+        out.add_tensor(f"{p}.ffn_up.bias", zeros(FF))
+        out.add_tensor(f"{p}.ffn_down.weight", w(WIDTH, FF))
+        out.add_tensor(f"{p}.ffn_down.bias", zeros(WIDTH))
+    out.add_tensor("mm.0.weight", w(n_embd_text, WIDTH, scale=0.1))
+    out.add_tensor("mm.0.bias", zeros(n_embd_text))
+    out.add_tensor("mm.2.weight", w(n_embd_text, n_embd_text, scale=0.05))
+    out.add_tensor("mm.2.bias", zeros(n_embd_text))
+
+    out.write_header_to_file()
+    out.write_kv_data_to_file()
+    out.write_tensors_to_file()
+    out.close()
+    os.replace(tmp, path)
+
+
+def main() -> int:
+    if len(sys.argv) != 3:
+        print(__doc__, file=sys.stderr)
+        return 2
+    model = Path(sys.argv[1])
+    out_dir = Path(sys.argv[2])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    linked = out_dir / model.name
+    if not linked.exists():
+        try:
+            os.link(model, linked)
+        except OSError:
+            shutil.copyfile(model, linked)
+    write_projector(out_dir / f"mmproj-{model.stem}-f32.gguf", text_width(model))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
