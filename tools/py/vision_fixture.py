@@ -96,9 +96,9 @@ def write_projector(path: Path, n_embd_text: int) -> None:
         out.add_tensor(f"{p}.ffn_up.bias", zeros(FF))
         out.add_tensor(f"{p}.ffn_down.weight", w(WIDTH, FF))
         out.add_tensor(f"{p}.ffn_down.bias", zeros(WIDTH))
-    out.add_tensor("mm.0.weight", w(n_embd_text, WIDTH, scale=0.1))
+    out.add_tensor("mm.0.weight", w(n_embd_text, WIDTH, scale=0.5))
     out.add_tensor("mm.0.bias", zeros(n_embd_text))
-    out.add_tensor("mm.2.weight", w(n_embd_text, n_embd_text, scale=0.05))
+    out.add_tensor("mm.2.weight", w(n_embd_text, n_embd_text, scale=0.2))
     out.add_tensor("mm.2.bias", zeros(n_embd_text))
 
     out.write_header_to_file()

@@ -53,3 +53,12 @@ pub fn embed_gguf() -> PathBuf {
         "all-minilm-l6-v2-0.1.2/all-MiniLM-L6-v2-F16.gguf",
     )
 }
+
+/// The default model beside a random-weight projector
+/// (`tools/py/vision_fixture.py`): a vision model, 16 tokens an image.
+pub fn vision_gguf() -> PathBuf {
+    made_model(
+        "SHOAL_TEST_VISION_GGUF",
+        "smollm2-vision-v1/SmolLM2-135M-Instruct.Q4_1.gguf",
+    )
+}

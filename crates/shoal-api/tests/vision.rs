@@ -1,0 +1,434 @@
+//! Images end to end on a real vision model: the default GGUF on llama.cpp
+//! with a projector beside it (`tools/py/vision_fixture.py`: random
+//! weights, 16 tokens an image). Every dialect's image form, its image
+//! tokens in that dialect's usage, the ledger and `/metrics`; the prefix
+//! cache reusing an image by its content; images beside each other in one
+//! batch; every refusal in the dialect's own shape; a model that cannot see.
+mod common;
+
+use std::io::Cursor;
+use std::sync::{Arc, OnceLock};
+
+use base64::Engine as _;
+use serde_json::{json, Value};
+use shoal_api::AppState;
+use shoal_engine::{BackendChoice, Engine, EngineOptions};
+
+const MODEL: &str = "smollm2-vision";
+/// Positions one image takes with the fixture's projector (64 px in 16 px
+/// patches).
+const IMAGE_TOKENS: u64 = 16;
+
+fn engine() -> Engine {
+    static E: OnceLock<Engine> = OnceLock::new();
+    E.get_or_init(|| {
+        let opts = EngineOptions {
+            backend: BackendChoice::Llama,
+            ..EngineOptions::default()
+        };
+        Engine::start(&common::vision_gguf(), MODEL, opts).expect("load")
+    })
+    .clone()
+}
+
+fn state() -> AppState {
+    AppState::new(engine())
+}
+
+fn png(w: u32, h: u32, rgb: [u8; 3]) -> Vec<u8> {
+    let img = image::RgbImage::from_fn(w, h, |x, y| {
+        // A gradient, so the picture is not one flat colour.
+        image::Rgb([
+            rgb[0].wrapping_add((x * 3) as u8),
+            rgb[1].wrapping_add((y * 5) as u8),
+            rgb[2],
+        ])
+    });
+    let mut out = Cursor::new(Vec::new());
+    img.write_to(&mut out, image::ImageFormat::Png).expect("png");
+    out.into_inner()
+}
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+fn data_url(bytes: &[u8]) -> String {
+    format!("data:image/png;base64,{}", b64(bytes))
+}
+
+fn red() -> Vec<u8> {
+    png(40, 30, [200, 10, 10])
+}
+
+async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .expect("send");
+    let s = r.status().as_u16();
+    let t = r.text().await.expect("body");
+    (s, serde_json::from_str(&t).unwrap_or(Value::String(t)))
+}
+
+async fn get(base: &str, path: &str) -> (u16, String) {
+    let r = reqwest::get(format!("{base}{path}")).await.expect("send");
+    (r.status().as_u16(), r.text().await.expect("body"))
+}
+
+fn chat(image: &[u8], extra: Value) -> Value {
+    let mut body = json!({
+        "model": MODEL, "max_tokens": 8, "temperature": 0,
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "What is in this picture?"},
+            {"type": "image_url", "image_url": {"url": data_url(image), "detail": "auto"}},
+        ]}],
+    });
+    if let (Value::Object(b), Value::Object(e)) = (&mut body, extra) {
+        b.extend(e);
+    }
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_dialect_sends_images_and_counts_their_tokens() {
+    let base = common::serve(state()).await;
+    let (red, img) = (red(), b64(&red()));
+    let question = "What is in this picture?";
+
+    // OpenAI Chat Completions: image tokens are part of the prompt tokens.
+    let (s, v) = post(&base, "/v1/chat/completions", chat(&red, json!({}))).await;
+    assert_eq!(s, 200, "{v}");
+    let u = &v["usage"];
+    assert_eq!(u["prompt_tokens_details"]["image_tokens"], IMAGE_TOKENS, "{v}");
+    let prompt = u["prompt_tokens"].as_u64().expect("prompt tokens");
+    assert!(prompt > IMAGE_TOKENS, "{v}");
+    let chat_id = v["id"].as_str().expect("id").to_string();
+
+    // Streamed, the usage chunk says the same.
+    let r = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&chat(
+            &red,
+            json!({"stream": true, "stream_options": {"include_usage": true}}),
+        ))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status().as_u16(), 200);
+    let text = r.text().await.expect("stream");
+    let usage: Value = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .find(|c| c["usage"].is_object())
+        .map(|c| c["usage"].clone())
+        .unwrap_or_else(|| panic!("no usage chunk in {text}"));
+    assert_eq!(usage["prompt_tokens"], prompt, "{text}");
+    assert_eq!(usage["prompt_tokens_details"]["image_tokens"], IMAGE_TOKENS);
+
+    // Responses: `input_image` with its URL as a string.
+    let (s, v) = post(
+        &base,
+        "/v1/responses",
+        json!({"model": MODEL, "max_output_tokens": 16, "temperature": 0, "input": [
+            {"role": "user", "content": [
+                {"type": "input_text", "text": question},
+                {"type": "input_image", "image_url": data_url(&red)},
+            ]}]}),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["usage"]["input_tokens"], prompt, "{v}");
+    assert_eq!(v["usage"]["input_tokens_details"]["image_tokens"], IMAGE_TOKENS);
+    // A follow-up through previous_response_id still has its image.
+    let prev = v["id"].as_str().expect("id");
+    let (s, v2) = post(
+        &base,
+        "/v1/responses",
+        json!({"model": MODEL, "max_output_tokens": 16, "previous_response_id": prev,
+               "input": "And the colours?"}),
+    )
+    .await;
+    assert_eq!(s, 200, "{v2}");
+    assert_eq!(v2["usage"]["input_tokens_details"]["image_tokens"], IMAGE_TOKENS, "{v2}");
+
+    // Anthropic Messages: a base64 image block; count_tokens counts it, and
+    // the usage adds up to that count.
+    let blocks = json!([
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": img}},
+        {"type": "text", "text": question},
+    ]);
+    let (s, counted) = post(
+        &base,
+        "/v1/messages/count_tokens",
+        json!({"model": MODEL, "messages": [{"role": "user", "content": blocks}]}),
+    )
+    .await;
+    assert_eq!(s, 200, "{counted}");
+    let (s, text_only) = post(
+        &base,
+        "/v1/messages/count_tokens",
+        json!({"model": MODEL, "messages": [{"role": "user", "content": question}]}),
+    )
+    .await;
+    assert_eq!(s, 200, "{text_only}");
+    let with = counted["input_tokens"].as_u64().expect("count");
+    assert_eq!(with, text_only["input_tokens"].as_u64().expect("count") + IMAGE_TOKENS);
+    let (s, v) = post(
+        &base,
+        "/v1/messages",
+        json!({"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": blocks}]}),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let u = &v["usage"];
+    let whole = ["input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"]
+        .iter()
+        .map(|k| u[*k].as_u64().expect(k))
+        .sum::<u64>();
+    assert_eq!(whole, with, "{v}");
+
+    // Ollama: `images` on /api/chat messages and on /api/generate.
+    let (s, v) = post(
+        &base,
+        "/api/chat",
+        json!({"model": MODEL, "stream": false, "options": {"num_predict": 8, "temperature": 0},
+               "messages": [{"role": "user", "content": question, "images": [img]}]}),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["prompt_eval_image_count"], IMAGE_TOKENS, "{v}");
+    assert!(v["prompt_eval_count"].as_u64().expect("count") > IMAGE_TOKENS);
+    let (s, v) = post(
+        &base,
+        "/api/generate",
+        json!({"model": MODEL, "stream": false, "prompt": question, "images": [img],
+               "options": {"num_predict": 8, "temperature": 0}}),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["prompt_eval_image_count"], IMAGE_TOKENS, "{v}");
+
+    // The ledger keeps them as typed figures, and /metrics counts images.
+    let (s, entry) = get(&base, &format!("/v1/usage/{chat_id}")).await;
+    assert_eq!(s, 200, "{entry}");
+    let entry: Value = serde_json::from_str(&entry).expect("json");
+    assert_eq!(entry["tokens"]["image"], IMAGE_TOKENS, "{entry}");
+    assert_eq!(entry["tokens"]["images"], 1, "{entry}");
+    let (_, metrics) = get(&base, "/metrics").await;
+    let images = metrics
+        .lines()
+        .find(|l| l.starts_with("shoal_image_inputs_total{") && l.contains("openai.chat"))
+        .unwrap_or_else(|| panic!("no image_inputs_total for chat in {metrics}"));
+    let n: f64 = images.rsplit(' ').next().and_then(|n| n.parse().ok()).expect("a count");
+    assert!(n >= 2.0, "{images}");
+
+    // It says it can see, loaded or not.
+    let (_, models) = get(&base, "/v1/models").await;
+    let models: Value = serde_json::from_str(&models).expect("json");
+    let me = models["data"]
+        .as_array()
+        .and_then(|d| d.iter().find(|m| m["id"] == MODEL))
+        .unwrap_or_else(|| panic!("{models}"));
+    assert_eq!(me["shoal"]["capabilities"]["vision"], true, "{me}");
+    let (s, show) = post(&base, "/api/show", json!({"model": MODEL})).await;
+    assert_eq!(s, 200, "{show}");
+    assert!(
+        show["capabilities"]
+            .as_array()
+            .is_some_and(|c| c.contains(&json!("vision"))),
+        "{show}"
+    );
+}
+
+/// The first token's top alternatives and their logprobs: the model's view
+/// of the prompt, image included.
+fn first_top(v: &Value) -> Vec<(String, f64)> {
+    v["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no top_logprobs: {v}"))
+        .iter()
+        .map(|t| {
+            (
+                t["token"].as_str().unwrap_or_default().to_string(),
+                t["logprob"].as_f64().unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_image_is_reused_from_the_cache_and_another_is_seen_anew() {
+    let base = common::serve(state()).await;
+    // A question of its own, so no other test's prefix is in the cache.
+    let ask = |image: &[u8]| {
+        json!({
+            "model": MODEL, "max_tokens": 6, "temperature": 0,
+            "logprobs": true, "top_logprobs": 5,
+            "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "Describe the cache test picture:"},
+                {"type": "image_url", "image_url": {"url": data_url(image)}},
+                {"type": "text", "text": "Be brief."},
+            ]}],
+        })
+    };
+    let (red, blue) = (png(64, 64, [250, 120, 0]), png(20, 90, [0, 90, 250]));
+    let (s, cold) = post(&base, "/v1/chat/completions", ask(&red)).await;
+    assert_eq!(s, 200, "{cold}");
+    let prompt = cold["usage"]["prompt_tokens"].as_u64().expect("prompt");
+    let (s, warm) = post(&base, "/v1/chat/completions", ask(&red)).await;
+    assert_eq!(s, 200, "{warm}");
+    // The whole prompt but its last token came from the cache, the image
+    // included, and the answer is the cold one.
+    assert_eq!(warm["usage"]["prompt_tokens_details"]["cached_tokens"], prompt - 1);
+    assert_eq!(
+        warm["choices"][0]["message"]["content"],
+        cold["choices"][0]["message"]["content"]
+    );
+    assert_eq!(first_top(&warm), first_top(&cold));
+    // Another picture: the text before it is reused, the image is not.
+    let (s, other) = post(&base, "/v1/chat/completions", ask(&blue)).await;
+    assert_eq!(s, 200, "{other}");
+    let cached = other["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .expect("cached");
+    assert!(cached > 0 && cached < prompt - IMAGE_TOKENS, "{other}");
+    // And the model sees the difference.
+    assert_ne!(first_top(&other), first_top(&cold), "{other} / {cold}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn image_requests_run_side_by_side_as_they_run_alone() {
+    let base = common::serve(state()).await;
+    let pictures = [png(30, 30, [0, 200, 0]), png(60, 40, [90, 0, 90])];
+    let ask = |image: &[u8]| {
+        json!({
+            "model": MODEL, "max_tokens": 10, "temperature": 0,
+            "messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": data_url(image)}},
+                {"type": "text", "text": "Two at once: what is this?"},
+            ]}],
+        })
+    };
+    let mut alone = Vec::new();
+    for p in &pictures {
+        let (s, v) = post(&base, "/v1/chat/completions", ask(p)).await;
+        assert_eq!(s, 200, "{v}");
+        alone.push(v["choices"][0]["message"]["content"].clone());
+    }
+    // Cleared, so both prefill their images again, together.
+    let r = reqwest::Client::new()
+        .delete(format!("{base}/v1/cache"))
+        .send()
+        .await
+        .expect("clear");
+    assert!(r.status().is_success());
+    let (a, b) = tokio::join!(
+        post(&base, "/v1/chat/completions", ask(&pictures[0])),
+        post(&base, "/v1/chat/completions", ask(&pictures[1])),
+    );
+    for ((s, v), want) in [a, b].iter().zip(&alone) {
+        assert_eq!(*s, 200, "{v}");
+        assert_eq!(&v["choices"][0]["message"]["content"], want, "{v}");
+        assert_eq!(v["usage"]["prompt_tokens_details"]["image_tokens"], IMAGE_TOKENS);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_images_are_400s_in_each_dialect_and_the_server_keeps_serving() {
+    let mut state = state();
+    let mut access = shoal_api::access::Access::default();
+    access.images.max_images = 2;
+    access.images.max_pixels = 100 * 100;
+    state.access = Arc::new(access);
+    let base = common::serve(state).await;
+    let good = red();
+    let cut = &good[..good.len() / 2];
+    let with_url = |url: &str| chat(&[], json!({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": url}}]}]}));
+    let cases: Vec<(&str, Value, &str)> = vec![
+        ("not an image", with_url(&format!("data:image/png;base64,{}", b64(b"hello"))), "not a PNG, JPEG, WebP or GIF"),
+        ("cut short", with_url(&data_url(cut)), "could not be decoded"),
+        ("too many pixels", with_url(&data_url(&png(200, 100, [1, 2, 3]))), "200×100"),
+        ("not base64", with_url("data:image/png;base64,@@@"), "not valid base64"),
+        ("a web address", with_url("https://example.com/cat.png"), "does not fetch 'https:' URLs"),
+        ("too many", chat(&[], json!({"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": data_url(&good)}},
+            {"type": "image_url", "image_url": {"url": data_url(&good)}},
+            {"type": "image_url", "image_url": {"url": data_url(&good)}},
+            {"type": "text", "text": "hi"}]}]})), "3 images is more than"),
+        ("from the assistant", chat(&[], json!({"messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": data_url(&good)}}]},
+            {"role": "user", "content": "and?"}]})), "images go in user messages"),
+    ];
+    for (what, body, says) in cases {
+        let (s, v) = post(&base, "/v1/chat/completions", body).await;
+        assert_eq!(s, 400, "{what}: {v}");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{what}: {v}");
+        let msg = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.contains(says), "{what}: {msg}");
+    }
+    // Anthropic's shape.
+    let (s, v) = post(
+        &base,
+        "/v1/messages",
+        json!({"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(cut)}},
+            {"type": "text", "text": "hi"}]}]}),
+    )
+    .await;
+    assert_eq!(s, 400, "{v}");
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    // Ollama's plain shape.
+    let (s, v) = post(
+        &base,
+        "/api/chat",
+        json!({"model": MODEL, "stream": false, "messages": [
+            {"role": "user", "content": "hi", "images": [b64(b"not a picture")]}]}),
+    )
+    .await;
+    assert_eq!(s, 400, "{v}");
+    assert!(v["error"].as_str().is_some_and(|e| e.contains("not a PNG")), "{v}");
+    // Still serving.
+    let (s, v) = post(&base, "/v1/chat/completions", chat(&good, json!({}))).await;
+    assert_eq!(s, 200, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_without_a_projector_refuses_images_saying_so() {
+    let engine = Engine::start(&common::gguf(), "text-only", common::options()).expect("load");
+    let base = common::serve(AppState::new(engine)).await;
+    let body = json!({"model": "text-only", "max_tokens": 4, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": data_url(&red())}}]}]});
+    let (s, v) = post(&base, "/v1/chat/completions", body).await;
+    assert_eq!(s, 400, "{v}");
+    let msg = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("cannot read images"), "{msg}");
+    let (s, v) = post(
+        &base,
+        "/api/generate",
+        json!({"model": "text-only", "stream": false, "prompt": "hi", "images": [b64(&red())]}),
+    )
+    .await;
+    assert_eq!(s, 400, "{v}");
+    // Text still works, and the model does not claim sight.
+    let (s, v) = post(
+        &base,
+        "/v1/chat/completions",
+        json!({"model": "text-only", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let (_, models) = get(&base, "/v1/models").await;
+    let models: Value = serde_json::from_str(&models).expect("json");
+    let me = models["data"]
+        .as_array()
+        .and_then(|d| d.iter().find(|m| m["id"] == "text-only"))
+        .unwrap_or_else(|| panic!("{models}"));
+    assert_eq!(me["shoal"]["capabilities"]["vision"], false, "{me}");
+}
