@@ -52,7 +52,10 @@ impl Images {
             ));
         };
         let Some((meta, data)) = rest.split_once(',') else {
-            return Err(ApiError::param(at, format!("{at}: a data: URL needs a ',' before its data")));
+            return Err(ApiError::param(
+                at,
+                format!("{at}: a data: URL needs a ',' before its data"),
+            ));
         };
         if !meta.ends_with(";base64") {
             return Err(ApiError::param(
@@ -68,7 +71,9 @@ impl Images {
         let clean: String = data.chars().filter(|c| !c.is_ascii_whitespace()).collect();
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(clean.as_bytes())
-            .map_err(|e| ApiError::param(at, format!("{at}: the image is not valid base64: {e}")))?;
+            .map_err(|e| {
+                ApiError::param(at, format!("{at}: the image is not valid base64: {e}"))
+            })?;
         self.sources.push(ImageSource {
             at: at.to_string(),
             bytes: bytes.into(),

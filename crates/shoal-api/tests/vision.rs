@@ -45,7 +45,8 @@ fn png(w: u32, h: u32, rgb: [u8; 3]) -> Vec<u8> {
         ])
     });
     let mut out = Cursor::new(Vec::new());
-    img.write_to(&mut out, image::ImageFormat::Png).expect("png");
+    img.write_to(&mut out, image::ImageFormat::Png)
+        .expect("png");
     out.into_inner()
 }
 
@@ -102,7 +103,10 @@ async fn every_dialect_sends_images_and_counts_their_tokens() {
     let (s, v) = post(&base, "/v1/chat/completions", chat(&red, json!({}))).await;
     assert_eq!(s, 200, "{v}");
     let u = &v["usage"];
-    assert_eq!(u["prompt_tokens_details"]["image_tokens"], IMAGE_TOKENS, "{v}");
+    assert_eq!(
+        u["prompt_tokens_details"]["image_tokens"], IMAGE_TOKENS,
+        "{v}"
+    );
     let prompt = u["prompt_tokens"].as_u64().expect("prompt tokens");
     assert!(prompt > IMAGE_TOKENS, "{v}");
     let chat_id = v["id"].as_str().expect("id").to_string();
@@ -134,15 +138,18 @@ async fn every_dialect_sends_images_and_counts_their_tokens() {
         &base,
         "/v1/responses",
         json!({"model": MODEL, "max_output_tokens": 16, "temperature": 0, "input": [
-            {"role": "user", "content": [
-                {"type": "input_text", "text": question},
-                {"type": "input_image", "image_url": data_url(&red)},
-            ]}]}),
+        {"role": "user", "content": [
+            {"type": "input_text", "text": question},
+            {"type": "input_image", "image_url": data_url(&red)},
+        ]}]}),
     )
     .await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["usage"]["input_tokens"], prompt, "{v}");
-    assert_eq!(v["usage"]["input_tokens_details"]["image_tokens"], IMAGE_TOKENS);
+    assert_eq!(
+        v["usage"]["input_tokens_details"]["image_tokens"],
+        IMAGE_TOKENS
+    );
     // A follow-up through previous_response_id still has its image.
     let prev = v["id"].as_str().expect("id");
     let (s, v2) = post(
@@ -153,7 +160,10 @@ async fn every_dialect_sends_images_and_counts_their_tokens() {
     )
     .await;
     assert_eq!(s, 200, "{v2}");
-    assert_eq!(v2["usage"]["input_tokens_details"]["image_tokens"], IMAGE_TOKENS, "{v2}");
+    assert_eq!(
+        v2["usage"]["input_tokens_details"]["image_tokens"], IMAGE_TOKENS,
+        "{v2}"
+    );
 
     // Anthropic Messages: a base64 image block; count_tokens counts it, and
     // the usage adds up to that count.
@@ -176,7 +186,10 @@ async fn every_dialect_sends_images_and_counts_their_tokens() {
     .await;
     assert_eq!(s, 200, "{text_only}");
     let with = counted["input_tokens"].as_u64().expect("count");
-    assert_eq!(with, text_only["input_tokens"].as_u64().expect("count") + IMAGE_TOKENS);
+    assert_eq!(
+        with,
+        text_only["input_tokens"].as_u64().expect("count") + IMAGE_TOKENS
+    );
     let (s, v) = post(
         &base,
         "/v1/messages",
@@ -185,10 +198,14 @@ async fn every_dialect_sends_images_and_counts_their_tokens() {
     .await;
     assert_eq!(s, 200, "{v}");
     let u = &v["usage"];
-    let whole = ["input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"]
-        .iter()
-        .map(|k| u[*k].as_u64().expect(k))
-        .sum::<u64>();
+    let whole = [
+        "input_tokens",
+        "cache_read_input_tokens",
+        "cache_creation_input_tokens",
+    ]
+    .iter()
+    .map(|k| u[*k].as_u64().expect(k))
+    .sum::<u64>();
     assert_eq!(whole, with, "{v}");
 
     // Ollama: `images` on /api/chat messages and on /api/generate.
@@ -223,7 +240,11 @@ async fn every_dialect_sends_images_and_counts_their_tokens() {
         .lines()
         .find(|l| l.starts_with("shoal_image_inputs_total{") && l.contains("openai.chat"))
         .unwrap_or_else(|| panic!("no image_inputs_total for chat in {metrics}"));
-    let n: f64 = images.rsplit(' ').next().and_then(|n| n.parse().ok()).expect("a count");
+    let n: f64 = images
+        .rsplit(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect("a count");
     assert!(n >= 2.0, "{images}");
 
     // It says it can see, loaded or not.
@@ -283,7 +304,10 @@ async fn the_same_image_is_reused_from_the_cache_and_another_is_seen_anew() {
     assert_eq!(s, 200, "{warm}");
     // The whole prompt but its last token came from the cache, the image
     // included, and the answer is the cold one.
-    assert_eq!(warm["usage"]["prompt_tokens_details"]["cached_tokens"], prompt - 1);
+    assert_eq!(
+        warm["usage"]["prompt_tokens_details"]["cached_tokens"],
+        prompt - 1
+    );
     assert_eq!(
         warm["choices"][0]["message"]["content"],
         cold["choices"][0]["message"]["content"]
@@ -333,7 +357,10 @@ async fn image_requests_run_side_by_side_as_they_run_alone() {
     for ((s, v), want) in [a, b].iter().zip(&alone) {
         assert_eq!(*s, 200, "{v}");
         assert_eq!(&v["choices"][0]["message"]["content"], want, "{v}");
-        assert_eq!(v["usage"]["prompt_tokens_details"]["image_tokens"], IMAGE_TOKENS);
+        assert_eq!(
+            v["usage"]["prompt_tokens_details"]["image_tokens"],
+            IMAGE_TOKENS
+        );
     }
 }
 
@@ -347,23 +374,62 @@ async fn bad_images_are_400s_in_each_dialect_and_the_server_keeps_serving() {
     let base = common::serve(state).await;
     let good = red();
     let cut = &good[..good.len() / 2];
-    let with_url = |url: &str| chat(&[], json!({"messages": [{"role": "user", "content": [
-        {"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": url}}]}]}));
+    let with_url = |url: &str| {
+        chat(
+            &[],
+            json!({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": url}}]}]}),
+        )
+    };
     let cases: Vec<(&str, Value, &str)> = vec![
-        ("not an image", with_url(&format!("data:image/png;base64,{}", b64(b"hello"))), "not a PNG, JPEG, WebP or GIF"),
-        ("cut short", with_url(&data_url(cut)), "could not be decoded"),
-        ("too many pixels", with_url(&data_url(&png(200, 100, [1, 2, 3]))), "200×100"),
-        ("not base64", with_url("data:image/png;base64,@@@"), "not valid base64"),
-        ("a web address", with_url("https://example.com/cat.png"), "does not fetch 'https:' URLs"),
-        ("too many", chat(&[], json!({"messages": [{"role": "user", "content": [
+        (
+            "not an image",
+            with_url(&format!("data:image/png;base64,{}", b64(b"hello"))),
+            "not a PNG, JPEG, WebP or GIF",
+        ),
+        (
+            "cut short",
+            with_url(&data_url(cut)),
+            "could not be decoded",
+        ),
+        (
+            "too many pixels",
+            with_url(&data_url(&png(200, 100, [1, 2, 3]))),
+            "200×100",
+        ),
+        (
+            "not base64",
+            with_url("data:image/png;base64,@@@"),
+            "not valid base64",
+        ),
+        (
+            "a web address",
+            with_url("https://example.com/cat.png"),
+            "does not fetch 'https:' URLs",
+        ),
+        (
+            "too many",
+            chat(
+                &[],
+                json!({"messages": [{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": data_url(&good)}},
             {"type": "image_url", "image_url": {"url": data_url(&good)}},
             {"type": "image_url", "image_url": {"url": data_url(&good)}},
-            {"type": "text", "text": "hi"}]}]})), "3 images is more than"),
-        ("from the assistant", chat(&[], json!({"messages": [
+            {"type": "text", "text": "hi"}]}]}),
+            ),
+            "3 images is more than",
+        ),
+        (
+            "from the assistant",
+            chat(
+                &[],
+                json!({"messages": [
             {"role": "user", "content": "hi"},
             {"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": data_url(&good)}}]},
-            {"role": "user", "content": "and?"}]})), "images go in user messages"),
+            {"role": "user", "content": "and?"}]}),
+            ),
+            "images go in user messages",
+        ),
     ];
     for (what, body, says) in cases {
         let (s, v) = post(&base, "/v1/chat/completions", body).await;
@@ -393,7 +459,10 @@ async fn bad_images_are_400s_in_each_dialect_and_the_server_keeps_serving() {
     )
     .await;
     assert_eq!(s, 400, "{v}");
-    assert!(v["error"].as_str().is_some_and(|e| e.contains("not a PNG")), "{v}");
+    assert!(
+        v["error"].as_str().is_some_and(|e| e.contains("not a PNG")),
+        "{v}"
+    );
     // Still serving.
     let (s, v) = post(&base, "/v1/chat/completions", chat(&good, json!({}))).await;
     assert_eq!(s, 200, "{v}");

@@ -45,6 +45,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: Option<usize>, stop: Vec<String>) -> Gen
         tools: None,
         cache_salt: 0,
         cache_breakpoints: Vec::new(),
+        images: Vec::new(),
     }
 }
 
@@ -138,6 +139,7 @@ fn seeded_sampling_is_reproducible() {
         tools: None,
         cache_salt: 0,
         cache_breakpoints: Vec::new(),
+        images: Vec::new(),
     };
     let (a, _) = run(mk(7));
     let (b, _) = run(mk(7));
@@ -222,6 +224,7 @@ fn utf8_never_broken_in_deltas() {
             tools: None,
             cache_salt: 0,
             cache_breakpoints: Vec::new(),
+            images: Vec::new(),
         })
         .unwrap();
     let mut all = String::new();

@@ -7,9 +7,9 @@ use serde_json::{json, Value};
 use shoal_engine::{ChatMessage, Event, FinishReason, SamplingParams, Usage};
 
 use crate::body::{parse, Body};
-use crate::images::{user_text, Images};
 use crate::dialects::registration::Registered;
 use crate::error::{ApiError, DialectError, ErrorShape};
+use crate::images::{user_text, Images};
 use crate::params::{check_max_tokens, check_range};
 use crate::run::{self, Generation};
 use crate::state::{AppState, Served};
@@ -349,20 +349,27 @@ fn image_block(
     match src.get("type").and_then(Value::as_str) {
         Some("base64") => match src.get("data").and_then(Value::as_str) {
             Some(data) => images.push_base64(at, data),
-            None => Err(ApiError::invalid(format!("{at}.source.data: Field required"))),
+            None => Err(ApiError::invalid(format!(
+                "{at}.source.data: Field required"
+            ))),
         },
         Some("url") => match src.get("url").and_then(Value::as_str) {
             Some(url) => images.push_url(at, url),
-            None => Err(ApiError::invalid(format!("{at}.source.url: Field required"))),
+            None => Err(ApiError::invalid(format!(
+                "{at}.source.url: Field required"
+            ))),
         },
         Some(other) => Err(ApiError::invalid(format!(
             "{at}.source.type: '{other}' is not supported; use 'base64' (or a data: 'url')"
         ))),
-        None => Err(ApiError::invalid(format!("{at}.source.type: Field required"))),
+        None => Err(ApiError::invalid(format!(
+            "{at}.source.type: Field required"
+        ))),
     }
 }
 
-/// The breakpoints of a request on its rendered prompt `full`: each mark's
+/// The breakpoints of a request on its rendered prompt `full` (with its
+/// `images`, which the prefixes hold as the whole does): each mark's
 /// prefix is the conversation rendered up to it, and it ends where that
 /// rendering and `full` part. At most [`MAX_BREAKPOINTS`] marked blocks.
 fn breakpoints(
@@ -372,8 +379,10 @@ fn breakpoints(
     tool_marks: &[u64],
     want: Option<Option<usize>>,
     tools: Option<&ToolRequest>,
-    full: &[u32],
-    images: &[std::sync::Arc<shoal_engine::vision::PreparedImage>],
+    (full, images): (
+        &[u32],
+        &[std::sync::Arc<shoal_engine::vision::PreparedImage>],
+    ),
 ) -> Result<Vec<shoal_engine::CacheBreakpoint>, ApiError> {
     let n = marks.len() + tool_marks.len();
     if n > MAX_BREAKPOINTS {
@@ -550,8 +559,7 @@ fn prepare(state: &Served, req: &MessagesRequest) -> Result<Generation, ApiError
         &tool_marks(req.tools.as_ref())?,
         want,
         tools.as_ref(),
-        &p.tokens,
-        &prepared,
+        (&p.tokens, &prepared),
     )?;
     Ok(Generation {
         cache_breakpoints,

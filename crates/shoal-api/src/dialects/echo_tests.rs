@@ -79,7 +79,12 @@ impl run::Adapter for Echo {
     const DIALECT: Dialect = DIALECT;
 
     fn prepare(served: &Served, req: EchoRequest, _id: String) -> run::Prepared<Self> {
-        let prompt = served.chat_prompt(&[ChatMessage::new("user", req.say)], None, None, &Default::default())?;
+        let prompt = served.chat_prompt(
+            &[ChatMessage::new("user", req.say)],
+            None,
+            None,
+            &Default::default(),
+        )?;
         let job = Generation {
             prompts: vec![prompt.tokens],
             max_tokens: req.max_tokens,

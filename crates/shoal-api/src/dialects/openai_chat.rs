@@ -8,10 +8,10 @@ use crate::body::OneOrMany;
 use crate::dialects::openai_words::{finish_reason, usage_json};
 use crate::dialects::registration::Registered;
 use crate::error::{ApiError, ErrorShape};
+use crate::images::Images;
 use crate::params::{check_max_tokens, check_range, check_stop, OpenAiSampling};
 use crate::run::{self, Generation};
 use crate::state::Served;
-use crate::images::Images;
 use crate::tools::{self, ToolRequest};
 use shoal_engine::Grammar;
 

@@ -39,6 +39,7 @@ fn every_setting_has_a_default_but_the_optional_ones() {
         "model.path",
         "model.id",
         "model.draft_model",
+        "model.mmproj",
         "embedding.path",
         "embedding.id",
         "cache.disk_dir",

@@ -12,9 +12,9 @@ use super::shared::{
     can_think, format_grammar, model_id, now, take_images, wanted_thinking, KeepAlive, Options,
     Reply, DIALECT,
 };
-use crate::images::{user_text, Images};
 use crate::body::Body;
 use crate::error::{ApiError, DialectError};
+use crate::images::{user_text, Images};
 use crate::run::{self, Collected, Step};
 use crate::state::{AppState, Served};
 

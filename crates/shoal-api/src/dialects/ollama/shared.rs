@@ -450,7 +450,10 @@ pub fn take_images(
     for (i, v) in list.into_iter().flatten().enumerate() {
         let here = format!("{at}[{i}]");
         let Some(s) = v.as_str() else {
-            return Err(ApiError::param(&here, format!("{here} must be a base64 string")));
+            return Err(ApiError::param(
+                &here,
+                format!("{here} must be a base64 string"),
+            ));
         };
         markers.push_str(images.push_base64(&here, s)?);
     }

@@ -6,8 +6,8 @@ use shoal_engine::tools::ToolDef;
 use shoal_engine::{ChatMessage, Grammar, SamplingParams};
 
 use crate::dialects::common::Content;
-use crate::images::{user_text, Images};
 use crate::error::ApiError;
+use crate::images::{user_text, Images};
 use crate::params::{check_max_tokens, check_range};
 use crate::run::{self, Generation};
 use crate::state::Served;

@@ -755,7 +755,8 @@ impl LlamaCppModel {
                     tracing::info!(projector = %p.display(), "vision projector loaded");
                     (Some(Arc::new(v)), None)
                 }
-                Err(e) if !matches!(&opts.projector, Projector::Named { model: m, .. } if m == path) => {
+                Err(e) if !matches!(&opts.projector, Projector::Named { model: m, .. } if m == path) =>
+                {
                     tracing::warn!(projector = %p.display(), error = %e, "projector not loaded; the model reads text only");
                     (None, Some(e.to_string()))
                 }
@@ -883,7 +884,9 @@ impl LanguageModel for LlamaCppModel {
         cache: &mut dyn KvCache,
     ) -> Result<()> {
         let Some(vision) = &self.vision else {
-            return Err(EngineError::Unsupported("this model cannot read images".into()));
+            return Err(EngineError::Unsupported(
+                "this model cannot read images".into(),
+            ));
         };
         let kv = self.kv(cache)?;
         let mut s = lock(&self.shared);

@@ -12,8 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::mtmd::{
-    mtmd_default_marker, MtmdBitmap, MtmdContext, MtmdContextParams, MtmdInputChunks,
-    MtmdInputText,
+    mtmd_default_marker, MtmdBitmap, MtmdContext, MtmdContextParams, MtmdInputChunks, MtmdInputText,
 };
 
 use crate::error::{EngineError, Result};
@@ -28,13 +27,10 @@ pub fn projector_beside(model: &Path) -> Option<PathBuf> {
         .ok()?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| {
-                    let n = n.to_ascii_lowercase();
-                    n.starts_with("mmproj") && n.ends_with(".gguf")
-                })
-                && p.as_path() != model
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                let n = n.to_ascii_lowercase();
+                n.starts_with("mmproj") && n.ends_with(".gguf")
+            }) && p.as_path() != model
         })
         .collect();
     found.sort();
@@ -112,8 +108,8 @@ impl LlamaVision {
             .payload
             .downcast_ref::<Chunks>()
             .ok_or_else(|| EngineError::Backend("an image prepared by another model".into()))?;
-        let n_past = i32::try_from(at)
-            .map_err(|_| EngineError::Backend("position out of range".into()))?;
+        let n_past =
+            i32::try_from(at).map_err(|_| EngineError::Backend("position out of range".into()))?;
         let mut mtmd = self.lock();
         let end = chunks
             .0
@@ -143,10 +139,9 @@ impl ImageReader for LlamaVision {
             add_special: false,
             parse_special: true,
         };
-        let chunks = self
-            .lock()
-            .tokenize(text, &[&bitmap])
-            .map_err(|e| EngineError::InvalidRequest(format!("the image could not be prepared: {e}")))?;
+        let chunks = self.lock().tokenize(text, &[&bitmap]).map_err(|e| {
+            EngineError::InvalidRequest(format!("the image could not be prepared: {e}"))
+        })?;
         let tokens = chunks.total_tokens();
         let positions = usize::try_from(chunks.total_positions()).unwrap_or(0);
         if tokens == 0 || positions != tokens {
