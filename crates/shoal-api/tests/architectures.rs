@@ -115,6 +115,7 @@ async fn check(name: &str) {
                 messages: vec![Message {
                     role: "user".into(),
                     content: QUESTION.into(),
+                    images: Vec::new(),
                 }],
                 max_tokens: Some(MAX_TOKENS as u64),
                 temperature: Some(0.0),

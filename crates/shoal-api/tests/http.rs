@@ -1978,6 +1978,7 @@ async fn ledger_totals_equal_what_the_clients_were_sent() {
                     messages: vec![Message {
                         role: "user".into(),
                         content: question.into(),
+                        images: Vec::new(),
                     }],
                     max_tokens: Some(12),
                     temperature: Some(0.0),
@@ -2073,6 +2074,7 @@ async fn ledger_totals_of_timed_out_requests_equal_what_the_clients_were_sent() 
                 messages: vec![Message {
                     role: "user".into(),
                     content: content.into(),
+                    images: Vec::new(),
                 }],
                 max_tokens: Some(4000),
                 temperature: Some(0.0),

@@ -13,4 +13,5 @@ mod wire;
 
 pub use error::ClientError;
 pub use metadata::{is_reserved, Metadata, ProviderMeta, RESERVED_KEYS};
+pub use request::Image;
 pub use target::{Dialect, Message, Piece, PieceKind, Reply, Request, Target, TargetConfig};

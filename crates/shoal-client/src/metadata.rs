@@ -53,6 +53,9 @@ provider_meta! {
     token_usage_reasoning_tokens: u64,
     /// Anthropic `input_tokens` as sent (it excludes cached tokens).
     token_usage_input_tokens: u64,
+    /// Of the prompt tokens, those images took (OpenAI-style
+    /// `image_tokens`, Ollama's `prompt_eval_image_count`), where reported.
+    token_usage_image_tokens: u64,
     /// Cost from the configured price table, computed after usage capture.
     response_cost_usd: f64,
 }

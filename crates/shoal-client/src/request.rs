@@ -9,6 +9,24 @@ use crate::metadata::Metadata;
 pub struct Message {
     pub role: String,
     pub content: String,
+    /// Images sent with a user turn, after its text; each dialect writes
+    /// them its own way (legacy Completions cannot carry them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<Image>,
+}
+
+/// An image as sent: its media type and its bytes in base64.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Image {
+    pub media_type: String,
+    pub data: String,
+}
+
+impl Image {
+    /// As a `data:` URL (OpenAI's form).
+    pub fn data_url(&self) -> String {
+        format!("data:{};base64,{}", self.media_type, self.data)
+    }
 }
 
 /// What to send.

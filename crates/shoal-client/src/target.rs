@@ -94,6 +94,12 @@ impl Target {
         on_text: &mut dyn FnMut(usize, &str),
     ) -> Reply {
         let url = self.url();
+        if self.cfg.dialect == Dialect::Completions
+            && req.messages.iter().any(|m| !m.images.is_empty())
+        {
+            let msg = "legacy Completions cannot carry images; send them through Chat, Responses, Messages or Ollama's chat".to_string();
+            return self.finish(req, vec![error_choice(msg)], 0);
+        }
         let mut rb = self.http.post(&url).json(&self.body(req));
         if let Some(key) = &self.cfg.api_key {
             rb = self.wire().auth(rb, key);

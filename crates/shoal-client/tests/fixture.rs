@@ -238,6 +238,7 @@ async fn check(base: &str, store: &mut Store, conv: i64, c: Case) {
         messages: vec![Message {
             role: "user".into(),
             content: "hi".into(),
+            images: Vec::new(),
         }],
         max_tokens: Some(8),
         metadata: forged(),

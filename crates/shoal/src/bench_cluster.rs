@@ -25,6 +25,7 @@ async fn ask(target: &Target, prompt: &str, max_tokens: usize) -> Result<Run> {
         messages: vec![Message {
             role: "user".into(),
             content: prompt.into(),
+            images: Vec::new(),
         }],
         max_tokens: Some(max_tokens as u64),
         temperature: Some(0.0),

@@ -263,6 +263,7 @@ pub fn run(a: Args) -> Result<()> {
             history.push(Message {
                 role: "system".into(),
                 content: s.clone(),
+                images: Vec::new(),
             });
         }
         let title = a
@@ -281,6 +282,7 @@ pub fn run(a: Args) -> Result<()> {
             history.push(Message {
                 role: "user".into(),
                 content: text,
+                images: Vec::new(),
             });
             store.add_message(conv, "user", Some(dialect.name()), Some(&model), &[user])?;
             let req = Request {
@@ -367,6 +369,7 @@ pub fn run(a: Args) -> Result<()> {
                 history.push(Message {
                     role: "assistant".into(),
                     content: first.text.clone(),
+                    images: Vec::new(),
                 });
             }
         }

@@ -19,7 +19,10 @@ impl Wire for Messages {
         if !system.is_empty() {
             b.insert("system".into(), json!(system.join("\n")));
         }
-        b.insert("messages".into(), json!(messages(req, true)));
+        b.insert(
+            "messages".into(),
+            json!(messages(req, true, super::ImageForm::AnthropicBlocks)),
+        );
         b.insert("max_tokens".into(), json!(req.max_tokens.unwrap_or(1024)));
         if let Some(t) = req.temperature {
             b.insert("temperature".into(), json!(t));

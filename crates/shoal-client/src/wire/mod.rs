@@ -121,11 +121,63 @@ pub(crate) fn items(v: Option<&Value>) -> impl Iterator<Item = &Value> {
     v.and_then(Value::as_array).into_iter().flatten()
 }
 
-/// Messages as `{"role", "content"}` objects, system turns left out when asked.
-pub(crate) fn messages(req: &Request, skip_system: bool) -> Vec<Value> {
+/// How a dialect writes a turn's images.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ImageForm {
+    /// Chat: `image_url` parts after a `text` part.
+    ChatParts,
+    /// Responses: `input_image` parts after an `input_text` part.
+    ResponsesParts,
+    /// Anthropic: `image` blocks (base64 source) before a `text` block.
+    AnthropicBlocks,
+    /// Ollama: an `images` list of base64 strings beside the text.
+    OllamaList,
+}
+
+/// Messages as `{"role", "content"}` objects, system turns left out when
+/// asked; a turn with images gets them in the dialect's `form`.
+pub(crate) fn messages(req: &Request, skip_system: bool, form: ImageForm) -> Vec<Value> {
+    use serde_json::json;
     req.messages
         .iter()
         .filter(|m| !(skip_system && m.role == "system"))
-        .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
+        .map(|m| {
+            if m.images.is_empty() {
+                return json!({"role": m.role, "content": m.content});
+            }
+            let images = m.images.iter();
+            match form {
+                ImageForm::ChatParts => {
+                    let mut parts = vec![json!({"type": "text", "text": m.content})];
+                    parts.extend(
+                        images.map(
+                            |i| json!({"type": "image_url", "image_url": {"url": i.data_url()}}),
+                        ),
+                    );
+                    json!({"role": m.role, "content": parts})
+                }
+                ImageForm::ResponsesParts => {
+                    let mut parts = vec![json!({"type": "input_text", "text": m.content})];
+                    parts.extend(
+                        images.map(|i| json!({"type": "input_image", "image_url": i.data_url()})),
+                    );
+                    json!({"role": m.role, "content": parts})
+                }
+                ImageForm::AnthropicBlocks => {
+                    let mut blocks: Vec<Value> = images
+                        .map(|i| {
+                            json!({"type": "image", "source": {
+                                "type": "base64", "media_type": i.media_type, "data": i.data}})
+                        })
+                        .collect();
+                    blocks.push(json!({"type": "text", "text": m.content}));
+                    json!({"role": m.role, "content": blocks})
+                }
+                ImageForm::OllamaList => json!({
+                    "role": m.role, "content": m.content,
+                    "images": images.map(|i| i.data.clone()).collect::<Vec<_>>(),
+                }),
+            }
+        })
         .collect()
 }

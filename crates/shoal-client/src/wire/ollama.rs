@@ -2,7 +2,7 @@
 //! whose last (`done: true`) carries the finish (`done_reason`) and the
 //! counts (`prompt_eval_count`, `eval_count`, and the two Shoal adds that
 //! Ollama's own clients ignore: `prompt_eval_cached_count`,
-//! `eval_thinking_count`).
+//! `eval_thinking_count`, `prompt_eval_image_count`).
 use serde_json::{json, Map, Value};
 
 use super::{items, limits, messages, Choice, Framing, StreamState, Wire};
@@ -16,7 +16,10 @@ impl Wire for Ollama {
         Framing::Ndjson
     }
     fn body(&self, req: &Request, stream: bool, b: &mut Map<String, Value>) {
-        b.insert("messages".into(), json!(messages(req, false)));
+        b.insert(
+            "messages".into(),
+            json!(messages(req, false, super::ImageForm::OllamaList)),
+        );
         // Ollama streams unless told not to.
         b.insert("stream".into(), json!(stream));
         let mut options = Map::new();
@@ -33,6 +36,7 @@ impl Wire for Ollama {
         m.token_usage_total_tokens = prompt.zip(completion).map(|(p, c)| p + c);
         m.token_usage_cached_tokens = count(u.get("prompt_eval_cached_count"));
         m.token_usage_reasoning_tokens = count(u.get("eval_thinking_count"));
+        m.token_usage_image_tokens = count(u.get("prompt_eval_image_count"));
     }
     /// The counts sit at the top of the closing object; beside an error
     /// (a generation over the time limit), Shoal puts them under `usage`.

@@ -62,6 +62,7 @@ fn read_chat_usage(u: &Value, m: &mut ProviderMeta) {
             "/completion_tokens_details/reasoning_tokens",
         ],
     );
+    m.token_usage_image_tokens = count(u.pointer("/prompt_tokens_details/image_tokens"));
 }
 
 /// The fields Chat and Completions share: limits, sampling, `n`, stops and

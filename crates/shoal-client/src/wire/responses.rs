@@ -3,14 +3,17 @@
 use serde_json::{json, Map, Value};
 
 use super::{items, limits, messages, openai, Choice, StreamState, Wire};
-use crate::metadata::{text, ProviderMeta};
+use crate::metadata::{count, text, ProviderMeta};
 use crate::request::Request;
 
 pub(crate) struct Responses;
 
 impl Wire for Responses {
     fn body(&self, req: &Request, stream: bool, b: &mut Map<String, Value>) {
-        b.insert("input".into(), json!(messages(req, false)));
+        b.insert(
+            "input".into(),
+            json!(messages(req, false, super::ImageForm::ResponsesParts)),
+        );
         limits(req, b, "max_output_tokens", "stop");
         if stream {
             b.insert("stream".into(), json!(true));
@@ -28,6 +31,7 @@ impl Wire for Responses {
                 "/output_tokens_details/reasoning_tokens",
             ],
         );
+        m.token_usage_image_tokens = count(u.pointer("/input_tokens_details/image_tokens"));
     }
     fn mark_filtered(&self, m: &mut ProviderMeta) {
         m.incomplete_reason = Some("content_filter".into());
