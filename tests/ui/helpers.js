@@ -181,8 +181,8 @@ export async function currentServerId(page) {
 }
 
 /** One conversation as the server's store has it (GET /v1/conversations), or undefined. */
-export async function storedConversation(id) {
-  const { status, text, json } = await api('/v1/conversations');
+export async function storedConversation(id, base = BASE) {
+  const { status, text, json } = await api('/v1/conversations', undefined, 'GET', { base });
   if (status !== 200) throw new Error(`GET /v1/conversations: ${status} ${text}`);
   return json.data.find((c) => c.id === id);
 }

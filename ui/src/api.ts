@@ -8,7 +8,7 @@ export interface Usage {
   prompt_tokens: number;
   completion_tokens: number;
   total_tokens: number;
-  prompt_tokens_details?: { cached_tokens?: number; cached_disk_tokens?: number } | null;
+  prompt_tokens_details?: { cached_tokens?: number; cached_disk_tokens?: number; image_tokens?: number } | null;
   completion_tokens_details?: { reasoning_tokens?: number } | null;
 }
 
@@ -46,6 +46,8 @@ export interface ModelDetails {
     system_role: boolean;
     /** The model can reason (a thinking switch, harmony, or a `</think>` token). */
     reasoning?: boolean;
+    /** Reads images (a GGUF with its vision projector). */
+    vision?: boolean;
   } | null;
   /** What a request that leaves a sampling parameter out gets, and where it came from. */
   sampling_defaults?: Record<'temperature' | 'top_p' | 'top_k' | 'min_p' | 'repetition_penalty', {

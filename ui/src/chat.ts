@@ -15,8 +15,12 @@ export interface WireToolCall {
   function: { name: string; arguments: string };
 }
 
+/** A user turn's content with images: OpenAI's typed parts. */
+export type WirePart = { type: 'text'; text: string } | { type: 'image_url'; image_url: { url: string } };
+
 export type WireMessage =
-  | { role: 'system' | 'user'; content: string }
+  | { role: 'system'; content: string }
+  | { role: 'user'; content: string | WirePart[] }
   | { role: 'assistant'; content: string | null; tool_calls?: WireToolCall[] }
   | { role: 'tool'; tool_call_id: string; content: string };
 
@@ -136,6 +140,17 @@ function replyTurns(m: Message, out: WireMessage[]): void {
   }
 }
 
+/** A user message as a chat turn: its text, with its images as parts before it. */
+function userContent(m: Message): string | WirePart[] {
+  if (!m.images?.length) return m.content;
+  const parts: WirePart[] = m.images.map((i) => ({
+    type: 'image_url',
+    image_url: { url: `data:${i.mediaType};base64,${i.data}` },
+  }));
+  parts.push({ type: 'text', text: m.content });
+  return parts;
+}
+
 export function buildRequest(settings: ChatSettings, history: Message[], tools?: unknown[]): ChatRequest {
   const messages: WireMessage[] = [];
   if (settings.systemPrompt.trim()) messages.push({ role: 'system', content: settings.systemPrompt });
@@ -143,7 +158,7 @@ export function buildRequest(settings: ChatSettings, history: Message[], tools?:
     // Failed replies carry no model text; they are not part of the conversation.
     if (m.role === 'assistant' && (m.finish === 'error' || (m.content === '' && !usedTools(m)))) continue;
     if (m.role === 'assistant') replyTurns(m, messages);
-    else messages.push({ role: m.role, content: m.content });
+    else messages.push({ role: 'user', content: userContent(m) });
   }
   const req: ChatRequest = {
     model: settings.model,
@@ -190,6 +205,7 @@ function usageStats(u: Usage, ttftMs: number | null, spanMs: number | null, sour
     prompt: u.prompt_tokens ?? null,
     cached: u.prompt_tokens_details?.cached_tokens ?? 0,
     cachedDisk: u.prompt_tokens_details?.cached_disk_tokens ?? 0,
+    image: u.prompt_tokens_details?.image_tokens ?? 0,
     completion,
     reasoning: u.completion_tokens_details?.reasoning_tokens ?? 0,
     total: u.total_tokens ?? null,

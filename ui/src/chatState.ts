@@ -26,6 +26,7 @@ import {
   type AssistantRecord,
   type ChatSettings,
   type Conversation,
+  type ImageAttachment,
   type Message,
   type ReplyStep,
   type StoredSettings,
@@ -234,7 +235,7 @@ function flush(convId: string): Promise<void> {
         const plain = JSON.parse(JSON.stringify(m)) as Message;
         let stored: Message;
         if (plain.role === 'user') {
-          stored = await addUserMessage(id, plain.content);
+          stored = await addUserMessage(id, plain.content, plain.images);
         } else {
           const parts = partsOf(plain);
           // The step still streaming is written when it ends; a step whose tool
@@ -454,8 +455,8 @@ function liveStats(): Message['stats'] {
   };
 }
 
-export async function sendMessage(text: string): Promise<void> {
-  if (state.streaming || text.trim() === '') return;
+export async function sendMessage(text: string, images: ImageAttachment[] = []): Promise<void> {
+  if (state.streaming || (text.trim() === '' && images.length === 0)) return;
   const conv = current() ?? newChat();
   const convId = conv.id;
   const model = effectiveModel(conv);
@@ -463,6 +464,7 @@ export async function sendMessage(text: string): Promise<void> {
   if (modelChanged) setState('conversations', (x) => x.id === convId, 'settings', 'model', model);
   const first = conv.messages.length === 0;
   const user: Message = { id: newKey('m'), saved: 'pending', role: 'user', content: text, created: Date.now() };
+  if (images.length) user.images = images;
   const reply = emptyReply(model);
   batch(() => {
     setState(
@@ -470,7 +472,7 @@ export async function sendMessage(text: string): Promise<void> {
       (x) => x.id === convId,
       produce((c) => {
         // The sidebar cuts it to its width; its tooltip shows it whole.
-        if (first) c.title = text.trim().replace(/\s+/g, ' ').slice(0, TITLE_CHARS);
+        if (first) c.title = (text.trim() || 'Image').replace(/\s+/g, ' ').slice(0, TITLE_CHARS);
         c.messages.push(user, reply);
         c.updated = Date.now();
       }),

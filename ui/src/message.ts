@@ -20,6 +20,16 @@ export interface ReplyStats {
   tokPerS: number | null;
   /** Speculative decoding's draft tokens checked and kept, when the server drafted. */
   drafts?: { checked: number; kept: number } | null;
+  /** Of `prompt`, the tokens the prompt's images took (a vision model's). */
+  image?: number | null;
+}
+
+/** An image sent with a user message: its media type and bytes in base64. */
+export interface ImageAttachment {
+  mediaType: string;
+  data: string;
+  /** The file's name, when it had one (shown on hover). */
+  name?: string;
 }
 
 /** Where a message stands in the store: being written, written, or the write failed. */
@@ -66,6 +76,8 @@ export interface ReplyStep {
   created?: number;
   /** The tools this step's model turn called (MCP), each with the user's answer and its result. */
   tools?: ToolUse[];
+  /** A user message's images, in the order sent. */
+  images?: ImageAttachment[];
 }
 
 /**

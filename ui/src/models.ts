@@ -139,6 +139,12 @@ export function canReason(id: string): boolean | null {
   return caps ? caps.reasoning === true : null;
 }
 
+/** Whether the model reads images (a GGUF with its projector); null while unknown. */
+export function canSee(id: string): boolean | null {
+  const caps = modelById(resolveModel(id))?.shoal?.capabilities;
+  return caps ? caps.vision === true : null;
+}
+
 // ---- Downloads ------------------------------------------------------------------
 
 let pullSeq = 0;

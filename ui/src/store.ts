@@ -6,7 +6,7 @@
 import { apiError, ApiError } from './api';
 import { apiFetch } from './auth';
 import { finishFromApi, type Finish } from './finish';
-import type { Message, ReplyStats, ReplyStep, ReplyVersion, ToolUse } from './message';
+import type { ImageAttachment, Message, ReplyStats, ReplyStep, ReplyVersion, ToolUse } from './message';
 import { applyVersion } from './reply';
 import { toTitleInfo, type TitleInfo } from './title';
 
@@ -35,7 +35,7 @@ export interface ChatSettings {
   toolSteps: number;
 }
 
-export type { Message, ReplyStats, ReplyStep, ReplyVersion, SaveState, ToolUse } from './message';
+export type { ImageAttachment, Message, ReplyStats, ReplyStep, ReplyVersion, SaveState, ToolUse } from './message';
 
 export interface Conversation {
   /** The UI's key; the server's id as a string for conversations loaded from the store. */
@@ -195,6 +195,7 @@ function storedStats(meta: Record<string, unknown>): ReplyStats | undefined {
       // The API always reports these two (0 when none); absent here means not reported.
       cached: num(meta.token_usage_cached_tokens) ?? (prompt != null ? 0 : null),
       cachedDisk: num(meta.cached_disk_tokens) ?? 0,
+      image: num(meta.image_tokens) ?? 0,
       completion,
       reasoning: num(meta.token_usage_reasoning_tokens) ?? 0,
       total: num(meta.token_usage_total_tokens),
@@ -266,7 +267,11 @@ function toMessage(m: StoredMessage): Message {
     content: pieces[0]?.text ?? '',
     created: m.created_ms,
   };
-  if (base.role === 'user') return base;
+  if (base.role === 'user') {
+    const images = storedImages(pieces[0]?.metadata);
+    if (images.length) base.images = images;
+    return base;
+  }
   // The pieces come in the store's order (version, step); each version a list of steps.
   const versions = new Map<number, ReplyVersion>();
   for (const p of pieces) {
@@ -357,10 +362,23 @@ export async function deleteConversation(serverId: number): Promise<void> {
   await call('DELETE', `/v1/conversations/${serverId}`);
 }
 
-export async function addUserMessage(serverId: number, content: string): Promise<Message> {
-  return toMessage(
-    await call<StoredMessage>('POST', `/v1/conversations/${serverId}/messages`, { role: 'user', content }),
-  );
+export async function addUserMessage(serverId: number, content: string, images?: ImageAttachment[]): Promise<Message> {
+  const body: Record<string, unknown> = { role: 'user', content };
+  if (images?.length) body.metadata = { images: images.map((i) => ({ media_type: i.mediaType, data: i.data, name: i.name })) };
+  return toMessage(await call<StoredMessage>('POST', `/v1/conversations/${serverId}/messages`, body));
+}
+
+/** A user piece's images as the UI stored them (`images` in its metadata). */
+function storedImages(meta: Record<string, unknown> | null | undefined): ImageAttachment[] {
+  const list = meta && Array.isArray(meta.images) ? meta.images : [];
+  return list.flatMap((i: unknown) => {
+    const o = i && typeof i === 'object' ? (i as Record<string, unknown>) : {};
+    const mediaType = str(o.media_type);
+    const data = str(o.data);
+    if (!mediaType || !data) return [];
+    const name = str(o.name);
+    return [name ? { mediaType, data, name } : { mediaType, data }];
+  });
 }
 
 /**

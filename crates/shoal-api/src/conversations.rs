@@ -30,6 +30,7 @@ const SERVER_KEYS: &[&str] = &[
     "draft_tokens",
     "draft_accepted",
     "cached_disk_tokens",
+    "image_tokens",
     "reasoning_content",
     "error",
 ];
@@ -336,6 +337,11 @@ async fn assistant_piece(s: &AppState, m: NewMessage) -> (Piece, Option<String>,
         let disk = e.usage().cached_disk_tokens;
         if disk > 0 {
             metadata.insert("cached_disk_tokens".into(), json!(disk));
+        }
+        // Of the prompt tokens, those its images took.
+        let image = e.usage().image_tokens;
+        if image > 0 {
+            metadata.insert("image_tokens".into(), json!(image));
         }
     }
     if let Some(r) = m.reasoning.filter(|r| !r.is_empty()) {

@@ -184,6 +184,11 @@ function ModelRow(props: { model: ModelInfo; selected: boolean; onUse: () => voi
             embedding · {s().embedding?.dimensions ?? '?'} dims · {s().embedding?.pooling ?? '?'} pooling
           </span>
         </Show>
+        <Show when={s().capabilities?.vision}>
+          <span class="tag" data-testid="model-vision" title="Reads images: a GGUF with its vision projector (mmproj) beside it">
+            vision
+          </span>
+        </Show>
       </td>
       <td data-testid="model-quant" data-label="Quantization">{quantOf(m())}</td>
       <td data-testid="model-backend" data-label="Backend" data-backend={s().backend ?? ''} title={s().unavailable ?? ''}>

@@ -11,6 +11,7 @@ export function summary(s: ReplyStats): string {
   if (s.tokPerS != null && s.tokPerS > 0) parts.push(`${fmtRate(s.tokPerS)} tok/s`);
   if (s.ttftMs != null && Number.isFinite(s.ttftMs)) parts.push(`${(s.ttftMs / 1000).toFixed(2)} s`);
   if (s.cached) parts.push(`${fmtInt(s.cached)} cached`);
+  if (s.image) parts.push(`${fmtInt(s.image)} image tok`);
   return parts.join(' · ');
 }
 
@@ -89,6 +90,7 @@ export function UsageStats(props: { stats: ReplyStats }) {
         s().live ? 'Live count of deltas received (approximate)' : 'Completion tokens (includes reasoning)',
       )}
       {item('reasoning', 'reasoning', s().reasoning, fmtInt(s().reasoning), 'Reasoning tokens (part of completion)', true)}
+      {item('image', 'image', s().image ?? null, fmtInt(s().image ?? null), "Prompt tokens the prompt's images took (part of prompt)", true)}
       {item('total', 'total', s().total, fmtInt(s().total), 'Prompt + completion tokens')}
       {item(
         'ttft',

@@ -10,7 +10,47 @@ import { renderMarkdown } from '../../markdown';
 import { fmtDateTime, fmtInt } from '../../format';
 import { allVersions, stepsOf } from '../../reply';
 import { copyText } from '../../share';
-import type { Message, ToolUse } from '../../store';
+import type { ImageAttachment, Message, ToolUse } from '../../store';
+
+const imageSrc = (i: ImageAttachment) => `data:${i.mediaType};base64,${i.data}`;
+
+/** A user message's images as thumbnails; one clicked opens large until clicked again or Esc. */
+function MessageImages(props: { images: ImageAttachment[] }) {
+  const [open, setOpen] = createSignal<ImageAttachment | null>(null);
+  const close = (e: KeyboardEvent) => {
+    if (e.key === 'Escape') setOpen(null);
+  };
+  createEffect(() => {
+    if (open()) document.addEventListener('keydown', close);
+    else document.removeEventListener('keydown', close);
+  });
+  return (
+    <>
+      <div class="msg-images" data-testid="message-images">
+        <For each={props.images}>
+          {(img) => (
+            <button
+              type="button"
+              class="thumb"
+              data-testid="image-thumb"
+              title={img.name ? `${img.name} (click to enlarge)` : 'Click to enlarge'}
+              onClick={() => setOpen(img)}
+            >
+              <img src={imageSrc(img)} alt={img.name ?? 'image'} />
+            </button>
+          )}
+        </For>
+      </div>
+      <Show when={open()}>
+        {(img) => (
+          <div class="lightbox" data-testid="image-lightbox" role="dialog" aria-label="Image" onClick={() => setOpen(null)}>
+            <img src={imageSrc(img())} alt={img().name ?? 'image'} />
+          </div>
+        )}
+      </Show>
+    </>
+  );
+}
 
 /** A button that copies `text()` and says so for a moment. */
 function CopyButton(props: { text: () => string; testid: string; label?: string }) {
@@ -86,9 +126,14 @@ export function MessageView(props: {
             when={editing() != null}
             fallback={
               <>
-                <div class="bubble" data-testid="user-content">
-                  {m().content}
-                </div>
+                <Show when={m().images?.length}>
+                  <MessageImages images={m().images!} />
+                </Show>
+                <Show when={m().content}>
+                  <div class="bubble" data-testid="user-content">
+                    {m().content}
+                  </div>
+                </Show>
                 <div class="msg-actions">
                   <CopyButton text={() => m().content} testid="copy-message" />
                   <button
