@@ -567,3 +567,90 @@ async fn the_recorder_sends_images_in_every_dialect_and_keeps_their_tokens() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pulling_a_vision_gguf_brings_its_projector_and_the_model_sees() {
+    use shoal_hub_fixture::{FixtureFile, FixtureRepo, HubFixture};
+    use shoal_models::{HubOptions, Library};
+    let model = common::vision_gguf();
+    let dir = model.parent().expect("folder");
+    let projector = std::fs::read_dir(dir)
+        .expect("list")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("mmproj"))
+        })
+        .expect("the fixture's projector");
+    let hub = HubFixture::start(vec![FixtureRepo {
+        id: "test/SmolVision-GGUF".into(),
+        commit: "2222222222222222222222222222222222222222".into(),
+        files: vec![
+            FixtureFile::new(
+                "SmolVision-Q4_1.gguf",
+                std::fs::read(&model).expect("model"),
+                true,
+            ),
+            FixtureFile::new(
+                "mmproj-SmolVision-f16.gguf",
+                std::fs::read(&projector).expect("mmproj"),
+                true,
+            ),
+        ],
+        token: None,
+    }]);
+    let home = std::env::temp_dir().join(format!("shoal-vision-pull-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&home);
+    let pool = shoal_api::pool::ModelPool::new(shoal_api::pool::PoolOptions {
+        engine: EngineOptions {
+            backend: BackendChoice::Llama,
+            ..EngineOptions::default()
+        },
+        budget_bytes: None,
+        idle_unload: None,
+        hub: HubOptions {
+            endpoint: hub.endpoint.clone(),
+            token: None,
+            library: Library::at(home.join("hub")),
+            chunk_bytes: 10 << 20,
+            retries: 0,
+        },
+    });
+    let base = common::serve(AppState::with_pool(pool)).await;
+    // Ollama's pull of a hub GGUF.
+    let (s, v) = post(
+        &base,
+        "/api/pull",
+        json!({"model": "hf.co/test/SmolVision-GGUF:Q4_1", "stream": false}),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    // One model listed, not two: the projector is not a model of its own,
+    // and it says it can see before it is loaded.
+    let (_, models) = get(&base, "/v1/models").await;
+    let models: Value = serde_json::from_str(&models).expect("json");
+    let listed: Vec<&Value> = models["data"].as_array().expect("data").iter().collect();
+    assert_eq!(listed.len(), 1, "{models}");
+    assert!(
+        !listed[0]["id"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("mmproj"),
+        "{models}"
+    );
+    assert_eq!(
+        listed[0]["shoal"]["capabilities"]["vision"], true,
+        "{models}"
+    );
+    let id = listed[0]["id"].as_str().expect("id").to_string();
+    let mut body = chat(&red(), json!({}));
+    body["model"] = json!(id);
+    let (s, v) = post(&base, "/v1/chat/completions", body).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        v["usage"]["prompt_tokens_details"]["image_tokens"], IMAGE_TOKENS,
+        "{v}"
+    );
+    let _ = std::fs::remove_dir_all(&home);
+}

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Digest;
 
 use crate::error::{ModelsError, Result};
-use crate::library::{Library, LocalModel};
+use crate::library::{is_projector, Library, LocalModel};
 
 /// `org/name[@revision]` as typed by a user.
 #[derive(Debug, Clone, PartialEq)]
@@ -223,9 +223,50 @@ const GGUF_PREFERENCE: &[&str] = &["Q4_0", "Q4_1", "Q8_0", "F16", "BF16", "F32"]
 /// Picks what to download: one GGUF file, or a model directory's config,
 /// tokenizer, template and every safetensors shard.
 fn choose(spec: &PullSpec, files: &[Sibling]) -> Result<Vec<Sibling>> {
+    let mut chosen = choose_model(spec, files)?;
+    // A GGUF of a vision model comes with its projector, which the
+    // engine finds beside it.
+    if chosen.len() == 1
+        && chosen[0].rfilename.ends_with(".gguf")
+        && !is_projector(&chosen[0].rfilename)
+    {
+        chosen.extend(projector(files));
+    }
+    Ok(chosen)
+}
+
+/// The repository's vision projector (`mmproj-*.gguf`), if it has one:
+/// F16 first (what the repositories' own instructions use), then Q8_0,
+/// else the first by name.
+fn projector(files: &[Sibling]) -> Option<Sibling> {
+    let mut all: Vec<&Sibling> = files
+        .iter()
+        .filter(|f| {
+            f.rfilename.ends_with(".gguf")
+                && !f.rfilename.contains('/')
+                && is_projector(&f.rfilename)
+        })
+        .collect();
+    all.sort_by(|a, b| a.rfilename.cmp(&b.rfilename));
+    ["F16", "Q8_0"]
+        .iter()
+        .find_map(|q| {
+            all.iter()
+                .find(|f| f.rfilename.to_ascii_uppercase().contains(q))
+                .copied()
+        })
+        .or_else(|| all.first().copied())
+        .cloned()
+}
+
+fn choose_model(spec: &PullSpec, files: &[Sibling]) -> Result<Vec<Sibling>> {
     let ggufs: Vec<&Sibling> = files
         .iter()
-        .filter(|f| f.rfilename.ends_with(".gguf") && !f.rfilename.contains('/'))
+        .filter(|f| {
+            f.rfilename.ends_with(".gguf")
+                && !f.rfilename.contains('/')
+                && !is_projector(&f.rfilename)
+        })
         .collect();
     if let Some(want) = &spec.file {
         return files
@@ -425,7 +466,7 @@ pub async fn pull(
     }
     // Nothing left half-written: a listed main commit makes the library
     // show this snapshot.
-    let model_path = if chosen.len() == 1 && chosen[0].rfilename.ends_with(".gguf") {
+    let model_path = if chosen[0].rfilename.ends_with(".gguf") {
         snapshot.join(&chosen[0].rfilename)
     } else {
         snapshot.clone()
@@ -659,6 +700,33 @@ mod tests {
             choose(&with("Q4_K"), &files).unwrap_err(),
             ModelsError::ChooseFile { .. }
         ));
+    }
+
+    #[test]
+    fn a_vision_gguf_comes_with_its_projector_which_is_never_taken_for_the_model() {
+        let files: Vec<Sibling> = [
+            "mmproj-m-Q8_0.gguf",
+            "mmproj-m-f16.gguf",
+            "m-Q4_K_M.gguf",
+            "m-Q8_0.gguf",
+        ]
+        .into_iter()
+        .map(sib)
+        .collect();
+        assert_eq!(
+            names(choose(&spec(None), &files).unwrap()),
+            ["m-Q8_0.gguf", "mmproj-m-f16.gguf"]
+        );
+        assert_eq!(
+            names(choose(&spec(Some("m-Q4_K_M.gguf")), &files).unwrap()),
+            ["m-Q4_K_M.gguf", "mmproj-m-f16.gguf"]
+        );
+        // A text-only repository gets no projector.
+        let text: Vec<Sibling> = ["m-Q4_K_M.gguf"].into_iter().map(sib).collect();
+        assert_eq!(
+            names(choose(&spec(None), &text).unwrap()),
+            ["m-Q4_K_M.gguf"]
+        );
     }
 
     #[test]

@@ -172,6 +172,12 @@ fn latest_snapshot(repo_dir: &Path) -> Option<(String, PathBuf)> {
 
 /// The models a snapshot holds: each GGUF file, or the folder itself when it
 /// has a config and safetensors weights.
+/// Whether a file name is a vision model's projector (`mmproj-….gguf`), as
+/// GGUF repositories and llama.cpp name them.
+pub fn is_projector(name: &str) -> bool {
+    name.to_ascii_lowercase().starts_with("mmproj")
+}
+
 fn models_in(repo: &str, snapshot: &Path) -> Vec<(String, PathBuf)> {
     let Ok(entries) = std::fs::read_dir(snapshot) else {
         return Vec::new();
@@ -185,6 +191,8 @@ fn models_in(repo: &str, snapshot: &Path) -> Vec<(String, PathBuf)> {
     let mut out: Vec<(String, PathBuf)> = files
         .iter()
         .filter(|f| f.extension().is_some_and(|e| e == "gguf"))
+        // A vision projector rides beside its model; it is not one.
+        .filter(|f| !is_projector(&f.file_name().unwrap_or_default().to_string_lossy()))
         .filter_map(|f| {
             let name = f.file_name()?.to_string_lossy().into_owned();
             Some((format!("{repo}/{name}"), f.clone()))
