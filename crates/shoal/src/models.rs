@@ -244,6 +244,14 @@ pub fn list(a: ListArgs) -> Result<()> {
         .iter()
         .map(|r| r.as_ref().map(|(b, _)| b.clone()).map_err(Clone::clone))
         .collect();
+    // A GGUF on llama.cpp with a projector beside it (or named) reads images.
+    let vision: Vec<bool> = all
+        .iter()
+        .zip(&backends)
+        .map(|(m, b)| {
+            b.as_ref().is_ok_and(|b| b == "llama") && llama.projector.for_model(&m.path).is_some()
+        })
+        .collect();
     let windows: Vec<Option<u64>> = all
         .iter()
         .zip(&routes)
@@ -255,8 +263,15 @@ pub fn list(a: ListArgs) -> Result<()> {
     if a.json {
         let mut v = serde_json::to_value(&all)?;
         if let Some(items) = v.as_array_mut() {
-            for (((item, b), m), w) in items.iter_mut().zip(&backends).zip(&all).zip(&windows) {
+            for ((((item, b), m), w), sees) in items
+                .iter_mut()
+                .zip(&backends)
+                .zip(&all)
+                .zip(&windows)
+                .zip(&vision)
+            {
                 item["kind"] = kind(m).into();
+                item["vision"] = (*sees).into();
                 item["backend"] = b.as_ref().ok().cloned().into();
                 item["unavailable"] = b.as_ref().err().cloned().into();
                 // The window served, beside the trained one.
@@ -271,7 +286,8 @@ pub fn list(a: ListArgs) -> Result<()> {
         .iter()
         .zip(&backends)
         .zip(&windows)
-        .map(|((m, backend), window)| {
+        .zip(&vision)
+        .map(|(((m, backend), window), sees)| {
             let c = &m.card;
             let from = match &m.source {
                 Source::Hub { repo, commit } => {
@@ -281,7 +297,11 @@ pub fn list(a: ListArgs) -> Result<()> {
             };
             [
                 m.id.clone(),
-                kind(m).to_string(),
+                if *sees {
+                    format!("{}+vision", kind(m))
+                } else {
+                    kind(m).to_string()
+                },
                 c.architecture.clone().unwrap_or_else(|| "?".into()),
                 c.quantization.clone().unwrap_or_else(|| "?".into()),
                 format!("{:.0}M", c.parameters as f64 / 1e6),

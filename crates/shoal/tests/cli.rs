@@ -688,6 +688,32 @@ fn pull_list_and_remove_models_from_a_fixture_hub() {
         "{table}"
     );
 
+    // A GGUF with a projector beside it reads images on llama.cpp, and says
+    // so; not with the projector turned off, nor on MLX.
+    let vision = vision_gguf();
+    let vision_arg = vision.to_str().expect("utf8 path");
+    for (extra, sees) in [
+        (&["--backend", "llama"][..], true),
+        (&["--backend", "llama", "--mmproj", "off"][..], false),
+        (&["--backend", "mlx"][..], false),
+    ] {
+        let mut args = vec!["models", "--json", "--model", vision_arg];
+        args.extend_from_slice(extra);
+        let (ok, out, err) = cli(&args);
+        assert!(ok, "{err}");
+        let list: Vec<Value> = serde_json::from_str(&out).expect("JSON");
+        assert_eq!(list[0]["source"]["kind"], "path", "{out}");
+        assert_eq!(list[0]["vision"], sees, "{extra:?}: {out}");
+    }
+    let (ok, table, _) = cli(&["models", "--backend", "llama", "--model", vision_arg]);
+    assert!(
+        ok && table
+            .lines()
+            .nth(1)
+            .is_some_and(|l| l.contains("chat+vision")),
+        "{table}"
+    );
+
     // A configured embedding model is listed with its kind.
     let embed = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../.cache/models/all-minilm-l6-v2-0.1.2/all-MiniLM-L6-v2-F16.gguf");
