@@ -15,13 +15,18 @@ use crate::state::Served;
 
 pub use shoal_engine::vision::MARKER;
 
-/// One image as the client sent it.
+/// One image as the client sent it: its bytes, or the web address to
+/// fetch them from (only where `server.fetch_image_urls` allows).
 #[derive(Clone)]
 pub struct ImageSource {
     /// Where it was in the request, for errors (`messages[0].content[1]`).
     pub at: String,
     pub bytes: Arc<[u8]>,
+    pub url: Option<String>,
 }
+
+/// How long fetching one image may take.
+const FETCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A request's images, in the order their markers sit in its messages.
 #[derive(Default)]
@@ -38,17 +43,23 @@ impl Images {
         self.sources.len()
     }
 
-    /// An image given by URL: a `data:` URL is read; any other is refused,
-    /// since this server fetches nothing on a client's behalf. Returns the
+    /// An image given by URL: a `data:` URL is read; an http(s) one is
+    /// fetched when the model is run, if the server allows it. Returns the
     /// marker to put in the text.
     pub fn push_url(&mut self, at: &str, url: &str) -> Result<&'static str, ApiError> {
         let Some(rest) = url.strip_prefix("data:") else {
-            let scheme = url.split(':').next().unwrap_or("");
+            let scheme = url.split(':').next().unwrap_or("").to_ascii_lowercase();
+            if scheme == "http" || scheme == "https" {
+                self.sources.push(ImageSource {
+                    at: at.to_string(),
+                    bytes: Arc::from(Vec::new()),
+                    url: Some(url.to_string()),
+                });
+                return Ok(MARKER);
+            }
             return Err(ApiError::param(
                 at,
-                format!(
-                    "{at}: only data: URLs are read (data:image/png;base64,…); this server does not fetch '{scheme}:' URLs for a client — send the image's bytes instead"
-                ),
+                format!("{at}: an image URL must be data: (data:image/png;base64,…) or http(s):, not '{scheme}:'"),
             ));
         };
         let Some((meta, data)) = rest.split_once(',') else {
@@ -77,6 +88,7 @@ impl Images {
         self.sources.push(ImageSource {
             at: at.to_string(),
             bytes: bytes.into(),
+            url: None,
         });
         Ok(MARKER)
     }
@@ -126,11 +138,80 @@ impl Served {
             .sources
             .iter()
             .map(|s| {
-                let decoded = vision::decode(&s.at, &s.bytes, &limits)?;
+                let fetched;
+                let bytes: &[u8] = match &s.url {
+                    None => &s.bytes,
+                    Some(url) => {
+                        fetched = self.fetch_image(&s.at, url)?;
+                        &fetched
+                    }
+                };
+                let decoded = vision::decode(&s.at, bytes, &limits)?;
                 Ok(Arc::new(
                     vocab.vision.prepare(&self.engine.model.id, &decoded)?,
                 ))
             })
             .collect()
+    }
+
+    /// An image's bytes from its web address, if the server fetches for
+    /// clients (`server.fetch_image_urls`; off by default: a server that
+    /// fetches what a client names can be made to reach what the client
+    /// cannot). At most the image byte limit is read, within 30 s.
+    fn fetch_image(&self, at: &str, url: &str) -> Result<Vec<u8>, ApiError> {
+        if !self.access.fetch_image_urls {
+            return Err(ApiError::param(
+                at,
+                format!(
+                    "{at}: this server does not fetch image URLs for clients (server.fetch_image_urls is off); send the image as a data: URL or base64"
+                ),
+            ));
+        }
+        let max = self.access.images.max_bytes;
+        let fail = |why: String| {
+            ApiError::param(
+                at,
+                format!("{at}: could not fetch the image at {url}: {why}"),
+            )
+        };
+        // The request's handler is not async here: a thread of its own, with
+        // a runtime of its own, fetches.
+        let url_owned = url.to_string();
+        let got = std::thread::scope(|scope| {
+            scope
+                .spawn(move || -> Result<Vec<u8>, String> {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .map_err(|e| e.to_string())?;
+                    rt.block_on(async move {
+                        let client = reqwest::Client::builder()
+                            .timeout(FETCH_TIMEOUT)
+                            .build()
+                            .map_err(|e| e.to_string())?;
+                        let mut resp = client
+                            .get(&url_owned)
+                            .send()
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        if !resp.status().is_success() {
+                            return Err(format!("HTTP {}", resp.status().as_u16()));
+                        }
+                        let mut body = Vec::new();
+                        while let Some(chunk) = resp.chunk().await.map_err(|e| e.to_string())? {
+                            body.extend_from_slice(&chunk);
+                            if body.len() > max {
+                                return Err(format!(
+                                    "it is over {max} bytes (server.max_image_mb)"
+                                ));
+                            }
+                        }
+                        Ok(body)
+                    })
+                })
+                .join()
+                .unwrap_or_else(|_| Err("the fetch failed".into()))
+        });
+        got.map_err(fail)
     }
 }

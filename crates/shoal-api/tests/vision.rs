@@ -415,7 +415,12 @@ async fn bad_images_are_400s_in_each_dialect_and_the_server_keeps_serving() {
         (
             "a web address",
             with_url("https://example.com/cat.png"),
-            "does not fetch 'https:' URLs",
+            "does not fetch image URLs for clients",
+        ),
+        (
+            "another scheme",
+            with_url("ftp://example.com/cat.png"),
+            "must be data:",
         ),
         (
             "too many",
@@ -653,4 +658,60 @@ async fn pulling_a_vision_gguf_brings_its_projector_and_the_model_sees() {
         "{v}"
     );
     let _ = std::fs::remove_dir_all(&home);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_fetching_allowed_an_image_url_is_fetched_under_the_limits() {
+    use axum::routing::get as route;
+    let picture = red();
+    // Over the limit before it is even read as an image.
+    let big = vec![7u8; 200_000];
+    let app = axum::Router::new()
+        .route("/cat.png", route(move || async move { picture }))
+        .route("/big.png", route(move || async move { big }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let pictures = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let mut state = state();
+    let mut access = shoal_api::access::Access::default();
+    access.fetch_image_urls = true;
+    access.images.max_bytes = 100_000;
+    state.access = Arc::new(access);
+    let base = common::serve(state).await;
+    let with_url = |url: String| {
+        json!({"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "hi"}]}]})
+    };
+    let (s, v) = post(
+        &base,
+        "/v1/chat/completions",
+        with_url(format!("{pictures}/cat.png")),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        v["usage"]["prompt_tokens_details"]["image_tokens"], IMAGE_TOKENS,
+        "{v}"
+    );
+    for (path, says) in [
+        ("/missing.png", "HTTP 404"),
+        ("/big.png", "over 100000 bytes"),
+    ] {
+        let (s, v) = post(
+            &base,
+            "/v1/chat/completions",
+            with_url(format!("{pictures}{path}")),
+        )
+        .await;
+        assert_eq!(s, 400, "{v}");
+        let msg = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            msg.contains("could not fetch") && msg.contains(says),
+            "{msg}"
+        );
+    }
 }

@@ -112,6 +112,8 @@ pub struct Access {
     pub share_cache_across_keys: bool,
     /// What one request's images may be.
     pub images: shoal_engine::vision::ImageLimits,
+    /// Whether an image given by an http(s) address is fetched for the client.
+    pub fetch_image_urls: bool,
 }
 
 impl Default for Access {
@@ -125,6 +127,7 @@ impl Default for Access {
             request_timeout: Some(std::time::Duration::from_secs(600)),
             share_cache_across_keys: false,
             images: shoal_engine::vision::ImageLimits::default(),
+            fetch_image_urls: false,
         }
     }
 }

@@ -323,6 +323,11 @@ settings! {
         /// Most pixels (width × height) of one image.
         max_image_pixels: u64 = Access::default().images.max_pixels,
             env Env::Var("SHOAL_MAX_IMAGE_PIXELS"), flag Flag::Value("max-image-pixels", "N");
+        /// Fetch an image a request names by http(s) address (off: such a
+        /// request gets a 400 asking for the image's bytes; a server that
+        /// fetches for clients can be made to reach what they cannot).
+        fetch_image_urls: bool = false,
+            env Env::Var("SHOAL_FETCH_IMAGE_URLS"), flag Flag::On("fetch-image-urls");
         /// Longest a request may run, in seconds (0 = no limit); then it ends
         /// with a timeout error that still reports its usage.
         request_timeout_secs: u64 = Access::default().request_timeout.map_or(0, |d| d.as_secs()),

@@ -84,6 +84,7 @@ impl Config {
             max_images: self.server.max_images,
             max_pixels: self.server.max_image_pixels.max(1),
         };
+        a.fetch_image_urls = self.server.fetch_image_urls;
         Ok(a)
     }
 
