@@ -177,41 +177,51 @@ impl Served {
         // The request's handler is not async here: a thread of its own, with
         // a runtime of its own, fetches.
         let url_owned = url.to_string();
-        let got = std::thread::scope(|scope| {
-            scope
-                .spawn(move || -> Result<Vec<u8>, String> {
-                    let rt = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                        .map_err(|e| e.to_string())?;
-                    rt.block_on(async move {
-                        let client = reqwest::Client::builder()
-                            .timeout(FETCH_TIMEOUT)
+        let fetch = || {
+            std::thread::scope(|scope| {
+                scope
+                    .spawn(move || -> Result<Vec<u8>, String> {
+                        let rt = tokio::runtime::Builder::new_current_thread()
+                            .enable_all()
                             .build()
                             .map_err(|e| e.to_string())?;
-                        let mut resp = client
-                            .get(&url_owned)
-                            .send()
-                            .await
-                            .map_err(|e| e.to_string())?;
-                        if !resp.status().is_success() {
-                            return Err(format!("HTTP {}", resp.status().as_u16()));
-                        }
-                        let mut body = Vec::new();
-                        while let Some(chunk) = resp.chunk().await.map_err(|e| e.to_string())? {
-                            body.extend_from_slice(&chunk);
-                            if body.len() > max {
-                                return Err(format!(
-                                    "it is over {max} bytes (server.max_image_mb)"
-                                ));
+                        rt.block_on(async move {
+                            let client = reqwest::Client::builder()
+                                .timeout(FETCH_TIMEOUT)
+                                .build()
+                                .map_err(|e| e.to_string())?;
+                            let mut resp = client
+                                .get(&url_owned)
+                                .send()
+                                .await
+                                .map_err(|e| e.to_string())?;
+                            if !resp.status().is_success() {
+                                return Err(format!("HTTP {}", resp.status().as_u16()));
                             }
-                        }
-                        Ok(body)
+                            let mut body = Vec::new();
+                            while let Some(chunk) = resp.chunk().await.map_err(|e| e.to_string())? {
+                                body.extend_from_slice(&chunk);
+                                if body.len() > max {
+                                    return Err(format!(
+                                        "it is over {max} bytes (server.max_image_mb)"
+                                    ));
+                                }
+                            }
+                            Ok(body)
+                        })
                     })
-                })
-                .join()
-                .unwrap_or_else(|_| Err("the fetch failed".into()))
-        });
+                    .join()
+                    .unwrap_or_else(|_| Err("the fetch failed".into()))
+            })
+        };
+        // This worker waits: its queued tasks go to the others meanwhile
+        // (the fetched address may be served by this very process).
+        let got = match tokio::runtime::Handle::try_current() {
+            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(fetch)
+            }
+            _ => fetch(),
+        };
         got.map_err(fail)
     }
 }

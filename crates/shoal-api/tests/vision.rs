@@ -715,3 +715,79 @@ async fn with_fetching_allowed_an_image_url_is_fetched_under_the_limits() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_prefix_outlives_a_restart_on_the_disk_tier() {
+    use shoal_engine::disk_cache::{DiskCache, DiskCacheOptions, DEFAULT_MIN_TOKENS};
+    let dir = tempfile_dir("vision-disk");
+    let open = || {
+        DiskCache::open(DiskCacheOptions {
+            dir: dir.clone(),
+            budget_bytes: 1 << 30,
+            min_tokens: DEFAULT_MIN_TOKENS,
+            save_after_prefill: usize::MAX,
+        })
+        .expect("disk tier")
+    };
+    let start = |cache: &Arc<DiskCache>| {
+        let opts = EngineOptions {
+            backend: BackendChoice::Llama,
+            disk_cache: Some(cache.clone()),
+            ..EngineOptions::default()
+        };
+        Engine::start(&common::vision_gguf(), MODEL, opts).expect("load")
+    };
+    // Long enough for a file of its own (256+ tokens), the image in the middle.
+    let system = "You describe pictures for a catalogue of paintings. ".repeat(30);
+    let body = json!({
+        "model": MODEL, "max_tokens": 8, "temperature": 0,
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": data_url(&png(48, 48, [120, 60, 200]))}},
+                {"type": "text", "text": "Describe it for the catalogue."}]}],
+    });
+    let ask = |engine: Engine, body: Value| async move {
+        let base = common::serve(AppState::new(engine)).await;
+        post(&base, "/v1/chat/completions", body).await
+    };
+    let cache = open();
+    let (s, cold) = ask(start(&cache), body.clone()).await;
+    assert_eq!(s, 200, "{cold}");
+    // The reply's prefix is handed to the tier after its last event: wait
+    // for the file (a guard, not a clock the test depends on).
+    let guard = std::time::Instant::now();
+    while cache.summary().entries == 0 && guard.elapsed() < std::time::Duration::from_secs(120) {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(
+        cache.wait_idle(std::time::Duration::from_secs(120)),
+        "written"
+    );
+    assert_eq!(cache.summary().entries, 1, "the image's prefix is on disk");
+    drop(cache);
+    // Another engine (a restarted server's) with its tier on the same
+    // folder and nothing in RAM: the prefix, image and all, comes back from
+    // disk, and the reply is the cold one.
+    let cache = open();
+    let (s, warm) = ask(start(&cache), body).await;
+    assert_eq!(s, 200, "{warm}");
+    let prompt = cold["usage"]["prompt_tokens"].as_u64().expect("prompt");
+    assert!(prompt >= DEFAULT_MIN_TOKENS as u64, "{cold}");
+    let details = &warm["usage"]["prompt_tokens_details"];
+    assert_eq!(details["cached_tokens"], prompt - 1, "{warm}");
+    assert_eq!(details["cached_disk_tokens"], prompt - 1, "{warm}");
+    assert_eq!(details["image_tokens"], IMAGE_TOKENS);
+    assert_eq!(
+        warm["choices"][0]["message"]["content"],
+        cold["choices"][0]["message"]["content"]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn tempfile_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("shoal-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("tmp");
+    dir
+}
