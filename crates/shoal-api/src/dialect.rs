@@ -335,6 +335,7 @@ pub fn base_meta(finish: Option<&FinishReason>, u: &Usage) -> ProviderMeta {
         token_usage_total_tokens: n(u.total_tokens()),
         token_usage_cached_tokens: n(u.cached_tokens),
         token_usage_reasoning_tokens: n(u.reasoning_tokens),
+        token_usage_image_tokens: n(u.image_tokens),
         stop_sequence: match finish {
             Some(FinishReason::StopSequence(s)) => Some(s.clone()),
             _ => None,

@@ -367,6 +367,37 @@ mod tests {
     }
 
     #[test]
+    fn jpeg_webp_and_a_gifs_first_frame_decode_too() {
+        let limits = ImageLimits::default();
+        let img = image::RgbImage::from_pixel(6, 4, image::Rgb([200, 30, 30]));
+        for format in [image::ImageFormat::Jpeg, image::ImageFormat::WebP] {
+            let mut out = Cursor::new(Vec::new());
+            img.write_to(&mut out, format).unwrap();
+            let d = decode("img", out.get_ref(), &limits).unwrap();
+            assert_eq!((d.width, d.height), (6, 4), "{format:?}");
+            // Lossy or not, the picture is still red.
+            assert!(
+                d.rgb[0] > 150 && d.rgb[1] < 80,
+                "{format:?}: {:?}",
+                &d.rgb[..3]
+            );
+        }
+        // An animated GIF: its first frame (red), not the second (blue).
+        let mut gif = Vec::new();
+        {
+            let mut enc = image::codecs::gif::GifEncoder::new(&mut gif);
+            for rgb in [[255, 0, 0], [0, 0, 255]] {
+                let frame =
+                    image::RgbaImage::from_pixel(5, 5, image::Rgba([rgb[0], rgb[1], rgb[2], 255]));
+                enc.encode_frame(image::Frame::new(frame)).unwrap();
+            }
+        }
+        let d = decode("gif", &gif, &limits).unwrap();
+        assert_eq!((d.width, d.height), (5, 5));
+        assert!(d.rgb[0] > 200 && d.rgb[2] < 50, "{:?}", &d.rgb[..3]);
+    }
+
+    #[test]
     fn bad_images_are_refused_with_what_is_wrong() {
         let limits = ImageLimits {
             max_bytes: 1000,

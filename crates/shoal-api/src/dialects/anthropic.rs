@@ -865,10 +865,11 @@ fn provider_meta(
     finish: Option<&shoal_engine::FinishReason>,
     u: &shoal_engine::Usage,
 ) {
-    // Anthropic reports no reasoning tokens, and its `input_tokens`
-    // leave out cache reads.
+    // Anthropic reports no reasoning or image tokens, and its
+    // `input_tokens` leave out cache reads.
     p.stop_reason = finish.map(|f| DIALECT.finish_words(f));
     p.token_usage_reasoning_tokens = None;
+    p.token_usage_image_tokens = None;
     p.token_usage_input_tokens = Some(uncached(u) as u64);
     p.token_usage_cache_creation_tokens = Some(u.cache_write_tokens as u64);
 }
