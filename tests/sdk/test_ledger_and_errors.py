@@ -63,6 +63,8 @@ def test_health_and_models(server, oai, model, embed_model):
         "system_role": True,
         # No thinking switch and no `</think>` token: asked to reason, it answers.
         "reasoning": False,
+        # No projector beside it: it reads text only.
+        "vision": False,
     }
     with pytest.raises(openai.NotFoundError) as e:
         oai.models.retrieve("no-such/model")
