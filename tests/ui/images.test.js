@@ -47,29 +47,20 @@ async function pngIn(page, w, h, colour) {
   );
 }
 
-/** Pastes a PNG into the composer as a clipboard file would arrive. */
-async function paste(page, b64, name) {
-  await page.getByTestId('composer-input').evaluate(
-    (el, [b64, name]) => {
+/**
+ * Hands a PNG to `target` as the browser would: a clipboard `paste` on the text box, or a
+ * `drop` on the composer.
+ */
+async function deliver(target, kind, b64, name) {
+  await target.evaluate(
+    (el, [kind, b64, name]) => {
       const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
       const dt = new DataTransfer();
       dt.items.add(new File([bytes], name, { type: 'image/png' }));
-      el.dispatchEvent(new ClipboardEvent('paste', { clipboardData: dt, bubbles: true, cancelable: true }));
+      const init = { bubbles: true, cancelable: true };
+      el.dispatchEvent(kind === 'paste' ? new ClipboardEvent('paste', { ...init, clipboardData: dt }) : new DragEvent('drop', { ...init, dataTransfer: dt }));
     },
-    [b64, name],
-  );
-}
-
-/** Drops a PNG on the composer. */
-async function drop(page, b64, name) {
-  await page.locator('form.composer').evaluate(
-    (el, [b64, name]) => {
-      const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
-      const dt = new DataTransfer();
-      dt.items.add(new File([bytes], name, { type: 'image/png' }));
-      el.dispatchEvent(new DragEvent('drop', { dataTransfer: dt, bubbles: true, cancelable: true }));
-    },
-    [b64, name],
+    [kind, b64, name],
   );
 }
 
@@ -84,8 +75,8 @@ for (const width of [1280, 420]) {
       const blue = await pngIn(page, 50, 50, '#00c');
       // Picked from a file dialog.
       await page.getByTestId('image-input').setInputFiles({ name: 'red.png', mimeType: 'image/png', buffer: Buffer.from(red, 'base64') });
-      await paste(page, green, 'green.png');
-      await drop(page, blue, 'blue.png');
+      await deliver(page.getByTestId('composer-input'), 'paste', green, 'green.png');
+      await deliver(page.locator('form.composer'), 'drop', blue, 'blue.png');
       const thumbs = page.getByTestId('attached-images').locator('img');
       await thumbs.nth(2).waitFor();
       assert.equal(await thumbs.count(), 3);

@@ -33,22 +33,7 @@ fn state() -> AppState {
     state
 }
 
-async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
-    let r = reqwest::Client::new()
-        .post(format!("{base}{path}"))
-        .json(&body)
-        .send()
-        .await
-        .expect("send");
-    let s = r.status().as_u16();
-    let t = r.text().await.expect("body");
-    (s, serde_json::from_str(&t).unwrap_or(Value::String(t)))
-}
-
-async fn get(base: &str, path: &str) -> (u16, String) {
-    let r = reqwest::get(format!("{base}{path}")).await.expect("send");
-    (r.status().as_u16(), r.text().await.expect("body"))
-}
+use common::{get, post};
 
 fn vector(v: &Value) -> Vec<f32> {
     v.as_array()

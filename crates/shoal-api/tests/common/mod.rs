@@ -57,3 +57,26 @@ pub fn recorder_dialects() -> Vec<shoal_client::Dialect> {
         })
         .collect()
 }
+
+/// POSTs `body` as JSON; the status and the body (JSON, or the text as a
+/// JSON string when it is not JSON).
+pub async fn post(base: &str, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+    let r = reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .expect("send");
+    let s = r.status().as_u16();
+    let t = r.text().await.expect("body");
+    (
+        s,
+        serde_json::from_str(&t).unwrap_or(serde_json::Value::String(t)),
+    )
+}
+
+/// GETs `path`; the status and the body's text.
+pub async fn get(base: &str, path: &str) -> (u16, String) {
+    let r = reqwest::get(format!("{base}{path}")).await.expect("send");
+    (r.status().as_u16(), r.text().await.expect("body"))
+}
