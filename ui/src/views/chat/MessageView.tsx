@@ -1,7 +1,7 @@
 // One message of a chat as shown: its text (a reply rendered as Markdown), usage, finish and
 // actions (copy, edit and resend, regenerate, retry, Continue). Apart from Chat.tsx because it is
 // the per-message rendering, independent of the page around it (sidebar, toolbar, composer).
-import { createEffect, createSignal, For, Show } from 'solid-js';
+import { createEffect, createSignal, For, onCleanup, Show } from 'solid-js';
 import { answerTool, continueReply, editMessage, regenerate, retryLast, showVersion } from '../../chatState';
 import { FinishBadge } from '../../components/FinishBadge';
 import { summary, UsageStats } from '../../components/UsageStats';
@@ -24,6 +24,7 @@ function MessageImages(props: { images: ImageAttachment[] }) {
     if (open()) document.addEventListener('keydown', close);
     else document.removeEventListener('keydown', close);
   });
+  onCleanup(() => document.removeEventListener('keydown', close));
   return (
     <>
       <div class="msg-images" data-testid="message-images">
