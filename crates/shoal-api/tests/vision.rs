@@ -776,3 +776,48 @@ fn tempfile_dir(name: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).expect("tmp");
     dir
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_an_image_reply_is_cancelled_with_its_image_counted() {
+    use futures::StreamExt;
+    let engine = own_engine(false);
+    let base = common::serve(AppState::new(engine.clone())).await;
+    // No end token, so the reply runs until the client leaves.
+    let no_eos: serde_json::Map<String, Value> = engine
+        .model
+        .vocab
+        .eos
+        .iter()
+        .map(|id| (id.to_string(), json!(-100)))
+        .collect();
+    let body = chat(
+        &png(36, 36, [10, 200, 200]),
+        json!({"max_tokens": 400, "stream": true, "logit_bias": no_eos}),
+    );
+    let resp = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status().as_u16(), 200);
+    let id = resp.headers()[shoal_api::ledger::REQUEST_ID_HEADER]
+        .to_str()
+        .expect("id")
+        .to_string();
+    let mut stream = resp.bytes_stream();
+    let first = stream.next().await.expect("a chunk").expect("bytes");
+    assert!(!first.is_empty());
+    drop(stream);
+    // The ledger waits for the request to wind down, then says what it spent.
+    let (s, entry) = get(&base, &format!("/v1/usage/{id}")).await;
+    assert_eq!(s, 200, "{entry}");
+    let entry: Value = serde_json::from_str(&entry).expect("json");
+    assert_eq!(entry["finish_reasons"], json!(["cancelled"]), "{entry}");
+    assert_eq!(entry["tokens"]["image"], IMAGE_TOKENS, "{entry}");
+    let completion = entry["tokens"]["completion"].as_u64().expect("completion");
+    assert!(completion < 400, "{entry}");
+    // And the engine goes on serving images.
+    let (s, v) = post(&base, "/v1/chat/completions", chat(&red(), json!({}))).await;
+    assert_eq!(s, 200, "{v}");
+}
