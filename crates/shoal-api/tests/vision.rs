@@ -225,6 +225,19 @@ async fn every_dialect_sends_images_and_counts_their_tokens() {
     let entry: Value = serde_json::from_str(&entry).expect("json");
     assert_eq!(entry["tokens"]["image"], IMAGE_TOKENS, "{entry}");
     assert_eq!(entry["tokens"]["images"], 1, "{entry}");
+    // The ledger's CSV has the column too.
+    let (s, csv) = get(&base, "/v1/usage?format=csv&dialect=openai.chat").await;
+    assert_eq!(s, 200, "{csv}");
+    let mut rows = csv.lines().map(|l| l.split(',').collect::<Vec<_>>());
+    let head = rows.next().expect("header");
+    let col = head
+        .iter()
+        .position(|c| *c == "image_tokens")
+        .expect("an image_tokens column");
+    let row = rows
+        .find(|r| r.first() == Some(&chat_id.as_str()))
+        .unwrap_or_else(|| panic!("{chat_id} in {csv}"));
+    assert_eq!(row[col], IMAGE_TOKENS.to_string(), "{csv}");
     let (_, metrics) = get(&base, "/metrics").await;
     let images = metrics
         .lines()
