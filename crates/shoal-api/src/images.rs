@@ -106,8 +106,7 @@ impl From<ImageError> for ApiError {
             ImageError::TooLarge { at, .. }
             | ImageError::TooManyPixels { at, .. }
             | ImageError::NotAnImage { at }
-            | ImageError::Broken { at, .. }
-            | ImageError::Source { at, .. } => at.clone(),
+            | ImageError::Broken { at, .. } => at.clone(),
             ImageError::TooMany { .. } | ImageError::NoVision { .. } => "messages".into(),
         };
         ApiError::param(&param, e.to_string())

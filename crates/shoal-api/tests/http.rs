@@ -429,16 +429,7 @@ async fn queue_overflow_is_429_and_529_with_retry_after() {
 /// `logit_bias` banning the model's end-of-turn tokens, so a reply runs to its
 /// token limit whatever the batch it decodes in (batched and single-row
 /// logits differ in the last bits, and a greedy path can turn on them).
-fn no_eos(engine: &Engine) -> Value {
-    engine
-        .model
-        .vocab
-        .eos
-        .iter()
-        .map(|id| (id.to_string(), json!(-100)))
-        .collect::<serde_json::Map<_, _>>()
-        .into()
-}
+use common::no_eos;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logit_bias_bans_tokens_and_the_finish_says_so() {
@@ -494,21 +485,7 @@ async fn leave_after_first_chunk(base: &str) -> String {
     let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "Count to one hundred in words."}],
                       "max_tokens": 300, "temperature": 0, "stream": true,
                       "logit_bias": no_eos(&engine())});
-    let resp = reqwest::Client::new()
-        .post(format!("{base}/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .expect("send");
-    let id = resp.headers()[shoal_api::ledger::REQUEST_ID_HEADER]
-        .to_str()
-        .expect("id")
-        .to_string();
-    let mut stream = resp.bytes_stream();
-    use futures::StreamExt;
-    let first = stream.next().await.expect("a chunk").expect("bytes");
-    assert!(!first.is_empty());
-    id
+    common::leave_after_first_chunk(base, &body).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

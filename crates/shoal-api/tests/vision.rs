@@ -745,19 +745,18 @@ async fn an_image_prefix_outlives_a_restart_on_the_disk_tier() {
                 {"type": "image_url", "image_url": {"url": data_url(&png(48, 48, [120, 60, 200]))}},
                 {"type": "text", "text": "Describe it for the catalogue."}]}],
     });
-    let ask = |engine: Engine, body: Value| async move {
-        let base = common::serve(AppState::new(engine)).await;
-        post(&base, "/v1/chat/completions", body).await
-    };
     let cache = open();
-    let (s, cold) = ask(start(&cache), body.clone()).await;
+    let first = common::serve(AppState::new(start(&cache))).await;
+    let (s, cold) = post(&first, "/v1/chat/completions", body.clone()).await;
     assert_eq!(s, 200, "{cold}");
-    // The reply's prefix is handed to the tier after its last event: wait
-    // for the file (a guard, not a clock the test depends on).
-    let guard = std::time::Instant::now();
-    while cache.summary().entries == 0 && guard.elapsed() < std::time::Duration::from_secs(120) {
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    // The reply's prefix is handed to the tier on the engine thread after its
+    // last event, before the thread takes its next request: once a short one
+    // (too short for a file of its own) has an answer, the write is queued,
+    // and `wait_idle` waits for it to land.
+    let short =
+        json!({"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]});
+    let (s, v) = post(&first, "/v1/chat/completions", short).await;
+    assert_eq!(s, 200, "{v}");
     assert!(
         cache.wait_idle(std::time::Duration::from_secs(120)),
         "written"
@@ -768,7 +767,8 @@ async fn an_image_prefix_outlives_a_restart_on_the_disk_tier() {
     // folder and nothing in RAM: the prefix, image and all, comes back from
     // disk, and the reply is the cold one.
     let cache = open();
-    let (s, warm) = ask(start(&cache), body).await;
+    let second = common::serve(AppState::new(start(&cache))).await;
+    let (s, warm) = post(&second, "/v1/chat/completions", body).await;
     assert_eq!(s, 200, "{warm}");
     let prompt = cold["usage"]["prompt_tokens"].as_u64().expect("prompt");
     assert!(prompt >= DEFAULT_MIN_TOKENS as u64, "{cold}");
@@ -792,36 +792,14 @@ fn tempfile_dir(name: &str) -> std::path::PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_leaves_an_image_reply_is_cancelled_with_its_image_counted() {
-    use futures::StreamExt;
     let engine = own_engine(false);
     let base = common::serve(AppState::new(engine.clone())).await;
     // No end token, so the reply runs until the client leaves.
-    let no_eos: serde_json::Map<String, Value> = engine
-        .model
-        .vocab
-        .eos
-        .iter()
-        .map(|id| (id.to_string(), json!(-100)))
-        .collect();
     let body = chat(
         &png(36, 36, [10, 200, 200]),
-        json!({"max_tokens": 400, "stream": true, "logit_bias": no_eos}),
+        json!({"max_tokens": 400, "stream": true, "logit_bias": common::no_eos(&engine)}),
     );
-    let resp = reqwest::Client::new()
-        .post(format!("{base}/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(resp.status().as_u16(), 200);
-    let id = resp.headers()[shoal_api::ledger::REQUEST_ID_HEADER]
-        .to_str()
-        .expect("id")
-        .to_string();
-    let mut stream = resp.bytes_stream();
-    let first = stream.next().await.expect("a chunk").expect("bytes");
-    assert!(!first.is_empty());
-    drop(stream);
+    let id = common::leave_after_first_chunk(&base, &body).await;
     // The ledger waits for the request to wind down, then says what it spent.
     let (s, entry) = get(&base, &format!("/v1/usage/{id}")).await;
     assert_eq!(s, 200, "{entry}");

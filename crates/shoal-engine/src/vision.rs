@@ -76,8 +76,6 @@ pub enum ImageError {
     NotAnImage { at: String },
     #[error("{at}: the image could not be decoded: {why}")]
     Broken { at: String, why: String },
-    #[error("{at}: {why}")]
-    Source { at: String, why: String },
     #[error("model '{model}' cannot read images: {why}")]
     NoVision { model: String, why: String },
 }

@@ -80,3 +80,37 @@ pub async fn get(base: &str, path: &str) -> (u16, String) {
     let r = reqwest::get(format!("{base}{path}")).await.expect("send");
     (r.status().as_u16(), r.text().await.expect("body"))
 }
+
+/// A `logit_bias` that bans the model's end tokens, so a reply runs until
+/// its limit or until its client leaves.
+pub fn no_eos(engine: &shoal_engine::Engine) -> serde_json::Value {
+    engine
+        .model
+        .vocab
+        .eos
+        .iter()
+        .map(|id| (id.to_string(), serde_json::json!(-100)))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+/// Starts a streamed chat with `body`, reads its first chunk and hangs up;
+/// returns the request's ledger id.
+pub async fn leave_after_first_chunk(base: &str, body: &serde_json::Value) -> String {
+    use futures::StreamExt;
+    let resp = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(body)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status().as_u16(), 200);
+    let id = resp.headers()[shoal_api::ledger::REQUEST_ID_HEADER]
+        .to_str()
+        .expect("id")
+        .to_string();
+    let mut stream = resp.bytes_stream();
+    let first = stream.next().await.expect("a chunk").expect("bytes");
+    assert!(!first.is_empty());
+    id
+}
