@@ -7,7 +7,7 @@
 # which serves the default model's
 # GGUF (SHOAL_MODEL, passed through if set) as the hub repo test/SmolLM2-GGUF on
 # loopback, so the suite's downloads never touch the internet.
-# Starts `shoal serve --port 0 --prefix-cache-mb 0 --db <temp dir>/ui.db --mcp-file <temp dir>/mcp.json --embedding-model <minilm> --alias
+# Starts `shoal serve --port 0 --prefix-cache-mb 0 --db <temp dir>/ui.db --mcp-file <temp dir>/mcp.json --mcp-timeout-secs 20 --embedding-model <minilm> --alias
 # ui-test-alias` with HF_ENDPOINT at the fixture and HF_HOME in the temp dir (a
 # fresh conversation store and model library, never the user's; removed
 # afterwards). Beside it a second server that requires an API key (`--api-key
@@ -103,7 +103,7 @@ SHOAL_UI_KEY="ui-key-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
 mkdir -p "$LOGDIR/keyed-hf-home"
 start=$SECONDS
 HF_ENDPOINT="$HUB_URL" HF_HOME="$LOGDIR/hf-home" HF_TOKEN="" \
-  "$SHOAL_BIN" serve --port 0 --prefix-cache-mb 0 --db "$LOGDIR/ui.db" --alias ui-test-alias --mcp-file "$LOGDIR/mcp.json" \
+  "$SHOAL_BIN" serve --port 0 --prefix-cache-mb 0 --db "$LOGDIR/ui.db" --alias ui-test-alias --mcp-file "$LOGDIR/mcp.json" --mcp-timeout-secs 20 \
   --embedding-model "$EMBED_GGUF" >"$LOGDIR/server.out" 2>"$LOGDIR/server.err" &
 SERVER_PID=$!
 HF_ENDPOINT="$HUB_URL" HF_HOME="$LOGDIR/keyed-hf-home" HF_TOKEN="" \

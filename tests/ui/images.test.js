@@ -5,7 +5,7 @@
 // reload shows them, and a click enlarges one. On the suite's own server (a model without a
 // projector) the attach button is off, with the reason said.
 import assert from 'node:assert/strict';
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, test } from 'node:test';
@@ -116,6 +116,20 @@ for (const width of [1280, 420]) {
       assert.equal(images[0].data, red);
       await page.reload();
       await page.getByTestId('message-user').last().getByTestId('image-thumb').nth(1).waitFor();
+      // An exported chat carries them whole, and what they cost.
+      await page.getByTestId('export-menu').locator('summary').click();
+      const [json] = await Promise.all([page.waitForEvent('download'), page.getByTestId('export-json').click()]);
+      const doc = JSON.parse(readFileSync(await json.path(), 'utf8'));
+      assert.deepEqual(
+        doc.messages[0].images.map((i) => [i.media_type, i.name, i.data]),
+        [['image/png', 'red.png', red], ['image/png', 'blue.png', blue]],
+      );
+      assert.equal(doc.messages[1].usage.image_tokens, 2 * IMAGE_TOKENS);
+      await page.getByTestId('export-menu').locator('summary').click();
+      const [md] = await Promise.all([page.waitForEvent('download'), page.getByTestId('export-markdown').click()]);
+      const text = readFileSync(await md.path(), 'utf8');
+      assert.ok(text.includes(`![red.png](data:image/png;base64,${red})`), 'the Markdown shows the images inline');
+      assert.ok(text.includes(`cached, ${2 * IMAGE_TOKENS} image)`), text.slice(-400));
     });
   });
 }

@@ -2,10 +2,15 @@
 // from npm (tests/mcp): the Server page edits mcp.json and lists the servers; a call
 // waits for Allow, runs, and its result goes back to the model, whose next turn is a
 // step of the same reply with its own ledger row; Deny; read-only tools allowed
-// ahead; a server that dies mid-call; the step limit. The small model is made to
+// ahead; "Always allow" kept by the server; a server that dies mid-call and one that
+// hangs; Streamable HTTP; the filesystem server on a temporary folder; the step limit. The small model is made to
 // call a tool with the chat's "must call a tool" switch (tool_choice: required), and
 // each server's `enabledTools` offers one tool, so every run calls the same one.
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { mkdtempSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, test } from 'node:test';
 import { api, currentServerId, lastReply, launch, ledgerEntry, newChat, openPage, screenshot, send, storedConversation, usePage } from './helpers.js';
@@ -13,6 +18,9 @@ import { api, currentServerId, lastReply, launch, ledgerEntry, newChat, openPage
 const MCP_DIR = process.env.SHOAL_UI_MCP_DIR;
 const EVERYTHING = MCP_DIR && join(MCP_DIR, 'node_modules/@modelcontextprotocol/server-everything/dist/index.js');
 const FRAGILE = MCP_DIR && join(MCP_DIR, 'fragile.mjs');
+const FILESYSTEM = MCP_DIR && join(MCP_DIR, 'node_modules/@modelcontextprotocol/server-filesystem/dist/index.js');
+/** The suite's server stops a tool call after this long (run-ui.sh: --mcp-timeout-secs). */
+const CALL_TIMEOUT_SECS = 20;
 const ASK = 'Echo the word hello.';
 
 let browser;
@@ -130,6 +138,8 @@ test('a tool call waits for Allow, runs, and the model reads its result in the n
     const steps = reply.getByTestId('reply-step');
     assert.equal(await steps.count(), 2);
     let completion = 0;
+    const ids = [];
+    const turns = new Set();
     for (const i of [0, 1]) {
       const id = await steps.nth(i).getAttribute('data-response-id');
       assert.ok(id, `step ${i} has a response id`);
@@ -138,7 +148,15 @@ test('a tool call waits for Allow, runs, and the model reads its result in the n
       assert.deepEqual(entry.finish_reasons, ['tool_calls']);
       assert.equal(Number(await steps.nth(i).getAttribute('data-completion')), entry.usage.completion_tokens);
       completion += entry.usage.completion_tokens;
+      ids.push(id);
+      turns.add(entry.turn);
     }
+    // Both model turns are rows of one chat turn in the ledger, and only they are.
+    assert.equal(turns.size, 1, [...turns].join(' '));
+    const [turn] = turns;
+    assert.ok(turn, 'the rows name their chat turn');
+    const byTurn = await api(`/v1/usage?turn=${encodeURIComponent(turn)}`);
+    assert.deepEqual(byTurn.json.data.map((e) => e.id).sort(), [...ids].sort());
     const summary = await reply.getByTestId('reply-steps').locator('summary').innerText();
     assert.match(summary, new RegExp(`^2 steps · ${completion} tokens in all`));
     assert.match(await reply.getByTestId('tool-time').innerText(), /1 tool call, \d+\.\d\d s in tools/);
@@ -150,9 +168,18 @@ test('a tool call waits for Allow, runs, and the model reads its result in the n
     assert.equal(pieces.length, 2);
     assert.equal(pieces[0].metadata.tool_uses[0].state, 'done');
     assert.equal(pieces[0].metadata.tool_uses[0].result, `Echo: ${args.message}`);
-    // After a reload the calls show as they ended.
+    assert.deepEqual(pieces.map((p) => p.metadata.turn), [turn, turn]);
+    // After a reload the calls show as they ended, and the reply links to its rows.
     await page.reload();
     await page.locator('[data-testid=tool-use][data-state=done]').first().waitFor();
+    const again = lastReply(page);
+    await again.getByTestId('reply-steps').locator('summary').click();
+    await again.getByTestId('turn-ledger').click();
+    await page.getByTestId('usage-filter-turn').waitFor();
+    await page.waitForFunction(() => document.querySelector('[data-testid=usage-count]')?.textContent?.trim() === '2');
+    await screenshot(page, 'mcp-turn-ledger');
+    await page.getByTestId('usage-filter-turn-clear').click();
+    await page.getByTestId('usage-filter-turn').waitFor({ state: 'detached' });
   });
 });
 
@@ -212,4 +239,104 @@ test('a server that dies mid-call is an error in the chat, and the chat goes on'
     await lastReply(page).getByTestId('finish-badge').waitFor({ timeout: 120_000 });
     assert.equal(await lastReply(page).getByTestId('tool-use').count(), 0);
   });
+});
+
+test('Always allow is kept by the server: later calls run without asking, until the Server page forgets it', async () => {
+  // The filesystem server on a folder of its own, offering one tool that needs no arguments.
+  const dir = mkdtempSync(join(tmpdir(), 'shoal-ui-files-'));
+  await configure({ mcpServers: { files: { command: 'node', args: [FILESYSTEM, dir], enabledTools: ['list_allowed_directories'] } } });
+  await usePage(await openPage(browser), 'mcp-always', async (page) => {
+    await toolChat(page, { steps: 3 });
+    await send(page, 'Which folders may you read?');
+    const uses = lastReply(page).getByTestId('tool-use');
+    await page.locator('[data-testid=tool-use][data-state=asking]').waitFor({ timeout: 120_000 });
+    assert.equal(await uses.first().getAttribute('data-tool'), 'files__list_allowed_directories');
+    await uses.first().getByTestId('tool-always').click();
+    await loopEnded(page);
+    // The first call ran on the answer; the second was not asked about.
+    assert.equal(await uses.first().getAttribute('data-state'), 'done');
+    assert.ok((await uses.first().getByTestId('tool-result-text').textContent()).includes(dir), 'the tool read its folder');
+    assert.equal(await uses.nth(1).getAttribute('data-state'), 'done');
+    assert.match(await uses.nth(1).getByTestId('tool-state').innerText(), /allowed ahead/);
+    await lastReply(page).getByTestId('tool-limit').waitFor();
+  });
+  // The server keeps the answer, in the file, for every window.
+  const kept = await api('/v1/mcp/config');
+  assert.deepEqual(kept.json.mcpServers.files.alwaysAllow, ['list_allowed_directories']);
+  const tools = await api('/v1/mcp/tools');
+  assert.equal(tools.json.data.find((t) => t.name === 'list_allowed_directories').always_allow, true);
+  await usePage(await openPage(browser, { path: '/server', width: 420 }), 'mcp-forget-420', async (page) => {
+    await page.getByTestId('mcp-forget').click();
+    assert.match(await page.getByTestId('mcp-forgot').innerText(), /Forgot 1 “Always allow” answer/);
+    assert.ok(!(await page.getByTestId('mcp-config').inputValue()).includes('alwaysAllow'), 'the file shown lost the answer');
+    await screenshot(page, 'mcp-forgot-420');
+  });
+  assert.equal((await api('/v1/mcp/config')).json.mcpServers.files.alwaysAllow, undefined);
+});
+
+test('a call that hangs is an error in the chat after the timeout, and the model reads it', async () => {
+  const file = FILE();
+  file.mcpServers.every.disabled = true;
+  file.mcpServers.fragile = { command: 'node', args: [FRAGILE], enabledTools: ['hang'] };
+  await configure(file);
+  await usePage(await openPage(browser), 'mcp-hang', async (page) => {
+    const sent = chatRequests(page);
+    await toolChat(page, { steps: 2 });
+    await send(page, 'Wait for the tool.');
+    const use = lastReply(page).getByTestId('tool-use').first();
+    await page.locator('[data-testid=tool-use][data-state=asking]').waitFor({ timeout: 120_000 });
+    assert.equal(await use.getAttribute('data-tool'), 'fragile__hang');
+    await use.getByTestId('tool-allow').click();
+    await page.locator('[data-testid=tool-use][data-state=running]').waitFor();
+    await screenshot(page, 'mcp-hang-running');
+    await loopEnded(page);
+    assert.equal(await use.getAttribute('data-state'), 'failed');
+    const said = await use.getByTestId('tool-result-text').textContent();
+    assert.ok(said.includes(`did not answer within ${CALL_TIMEOUT_SECS} s`), said);
+    assert.match(sent[1].messages.at(-1).content, /^The tool could not run: .*did not answer/);
+    await screenshot(page, 'mcp-hang-failed');
+  });
+});
+
+/** A free port on loopback. */
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = srv.address();
+      srv.close(() => resolve(port));
+    });
+    srv.on('error', reject);
+  });
+}
+
+test('a Streamable HTTP server is called like a stdio one', async () => {
+  const port = await freePort();
+  const web = spawn('node', [EVERYTHING, 'streamableHttp'], { env: { ...process.env, PORT: String(port) }, stdio: ['ignore', 'ignore', 'pipe'] });
+  try {
+    await new Promise((resolve, reject) => {
+      let said = '';
+      web.stderr.on('data', (d) => {
+        said += d;
+        if (said.includes('listening on port')) resolve();
+      });
+      web.on('exit', (code) => reject(new Error(`the HTTP server exited (${code}): ${said}`)));
+    });
+    await configure({ mcpServers: { web: { url: `http://127.0.0.1:${port}/mcp`, enabledTools: ['echo'] } } });
+    await usePage(await openPage(browser, { width: 420 }), 'mcp-http-420', async (page) => {
+      await toolChat(page, { steps: 2 });
+      await send(page, ASK);
+      const use = lastReply(page).getByTestId('tool-use').first();
+      await page.locator('[data-testid=tool-use][data-state=asking]').waitFor({ timeout: 120_000 });
+      assert.equal(await use.getAttribute('data-tool'), 'web__echo');
+      const args = JSON.parse(await use.getByTestId('tool-args').innerText());
+      await use.getByTestId('tool-allow').click();
+      await loopEnded(page);
+      assert.equal(await use.getAttribute('data-state'), 'done');
+      assert.equal(await use.getByTestId('tool-result-text').textContent(), `Echo: ${args.message}`);
+      await screenshot(page, 'mcp-http-done-420');
+    });
+  } finally {
+    web.kill();
+  }
 });

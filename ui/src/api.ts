@@ -313,6 +313,8 @@ export interface UsageFilters {
   finish?: string;
   /** `cluster`: every online node's ledger merged. */
   scope?: string;
+  /** One chat turn's requests (`x-shoal-turn`): a tool loop's model turns, a continued reply's steps. */
+  turn?: string;
 }
 
 /** One `group_by` sum. */
@@ -448,6 +450,8 @@ export interface McpTool {
   title?: string;
   description: string;
   read_only: boolean;
+  /** The user allowed it for good: the server keeps the answer (`alwaysAllow` in mcp.json). */
+  always_allow?: boolean;
   tool: { type: 'function'; function: { name: string; description: string; parameters: unknown } };
 }
 
@@ -465,6 +469,12 @@ export const mcpTools = () => getJson<{ data: McpTool[] }>('/v1/mcp/tools').then
 export const mcpConfig = () => getJson<Record<string, unknown>>('/v1/mcp/config');
 export const setMcpConfig = (file: unknown) =>
   request('PUT', '/v1/mcp/config', file).then((r) => r.json() as Promise<Record<string, unknown>>);
+/** Keeps (or withdraws) the user's "Always allow" for a tool, on the server. */
+export const setMcpAlwaysAllow = (fn: string, allow: boolean) =>
+  request('PUT', '/v1/mcp/always_allow', { function: fn, allow }).then((r) => r.json() as Promise<unknown>);
+/** Forgets every "Always allow" answer; returns how many there were. */
+export const forgetMcpAlwaysAllow = () =>
+  request('DELETE', '/v1/mcp/always_allow').then((r) => r.json() as Promise<{ forgotten: number }>);
 /** Runs a tool the model called: by its function name, with the arguments the model wrote. */
 export const callMcpTool = (fn: string, args: string, signal?: AbortSignal) =>
   request('POST', '/v1/mcp/call', { function: fn, arguments: args }, signal).then((r) => r.json() as Promise<McpOutcome>);

@@ -225,8 +225,12 @@ function serverTimings(stats: ReplyStats, entry: LedgerEntry): void {
   stats.drafts = draftStats(entry.draft_tokens, entry.draft_accepted);
 }
 
-/** Runs one request to its end; never throws (errors become an "error" result). */
-export async function streamChat(req: ChatRequest, signal: AbortSignal, h: StreamHandlers): Promise<StreamResult> {
+/**
+ * Runs one request to its end; never throws (errors become an "error" result). `turn` names
+ * the chat turn it serves (`x-shoal-turn`): the ledger ties a reply's requests together by it
+ * (each model turn of a tool loop, each step of a continued reply).
+ */
+export async function streamChat(req: ChatRequest, signal: AbortSignal, h: StreamHandlers, turn?: string): Promise<StreamResult> {
   const t0 = performance.now();
   let first: number | null = null;
   let last: number | null = null;
@@ -265,7 +269,7 @@ export async function streamChat(req: ChatRequest, signal: AbortSignal, h: Strea
   try {
     res = await apiFetch('/v1/chat/completions', {
       method: 'POST',
-      headers: { 'content-type': 'application/json', accept: 'text/event-stream' },
+      headers: { 'content-type': 'application/json', accept: 'text/event-stream', ...(turn ? { 'x-shoal-turn': turn } : {}) },
       body: JSON.stringify(req),
       signal,
     });

@@ -10,7 +10,7 @@ import { batch } from 'solid-js';
 import { createStore, produce } from 'solid-js/store';
 import { defaultPresetSettings } from './presets';
 import { buildRequest, streamChat, usedTools, type StreamResult } from './chat';
-import { ApiError, callMcpTool, mcpTools, type McpTool } from './api';
+import { ApiError, callMcpTool, forgetMcpAlwaysAllow, mcpTools, setMcpAlwaysAllow, type McpTool } from './api';
 import {
   addAssistantMessage,
   addReplyPart,
@@ -183,6 +183,7 @@ function stepRecord(m: ReplyStep, answered?: string): AssistantRecord {
       client_live_completion: st?.live ? st.completion : undefined,
       answered,
       tool_uses: m.tools?.length ? m.tools : undefined,
+      turn: m.turn,
     },
   };
 }
@@ -594,6 +595,11 @@ export function showVersion(msgId: string, version: number): void {
   patchMessage(c.id, msgId, (m) => switchVersion(m, version));
 }
 
+/** The chat turn a reply's version is: every request of it (steps, tool-loop turns) says this one. */
+export function turnOf(convId: string, reply: Message): string {
+  return `chat-${convId}/${reply.id}/v${reply.version ?? 0}`;
+}
+
 /** Streams the next step of reply `replyId`, the conversation's last message, from the messages before it. */
 async function streamReply(convId: string, replyId: string): Promise<void> {
   void flush(convId);
@@ -606,6 +612,9 @@ async function streamReply(convId: string, replyId: string): Promise<void> {
   controller = new AbortController();
   const tools = live.settings.tools ? await offeredTools() : [];
   const req = buildRequest(live.settings, history, tools.map((t) => t.tool));
+  // Every step of this version serves one chat turn, the first step's.
+  const turn = stepsOf(reply).find((st) => st.turn)?.turn ?? turnOf(convId, reply);
+  patchMessage(convId, replyId, (m) => void (m.turn = turn));
   let result: StreamResult | null = null;
   try {
     result = await streamChat(req, controller.signal, {
@@ -616,7 +625,7 @@ async function streamReply(convId: string, replyId: string): Promise<void> {
         }),
       onStats: (stats) => patchMessage(convId, replyId, (m) => void (m.stats = stats)),
       onResponseId: (id) => patchMessage(convId, replyId, (m) => void (m.responseId = id)),
-    });
+    }, turn);
   } finally {
     const r = result;
     batch(() => {
@@ -659,27 +668,31 @@ async function streamReply(convId: string, replyId: string): Promise<void> {
 /** The enabled MCP servers' tools; none (and the reply goes on without) when they cannot be listed. */
 async function offeredTools(): Promise<McpTool[]> {
   try {
-    return await mcpTools();
+    const tools = await mcpTools();
+    // The server's answers, and those given here it has not written yet.
+    alwaysAllowed.clear();
+    for (const t of tools) if (t.always_allow) alwaysAllowed.add(t.function);
+    for (const f of answering) alwaysAllowed.add(f);
+    return tools;
   } catch {
     return [];
   }
 }
 
-const ALWAYS_KEY = 'shoal.mcp.always';
+/**
+ * Tools the user allowed for good ("Always"), by function name: the server keeps the
+ * answers (each server's `alwaysAllow` in mcp.json), read with the tools each step offers;
+ * an answer given here counts at once, before the server has written it.
+ */
+const alwaysAllowed = new Set<string>();
+/** "Always" answers given here that the server is still writing. */
+const answering = new Set<string>();
 
-/** Tools the user allowed for good ("Always"), kept in this browser. */
-function alwaysAllowed(): Set<string> {
-  try {
-    const v = JSON.parse(localStorage.getItem(ALWAYS_KEY) ?? '[]');
-    return new Set(Array.isArray(v) ? v.filter((x): x is string => typeof x === 'string') : []);
-  } catch {
-    return new Set();
-  }
-}
-
-/** Forgets every "Always" answer. */
-export function forgetAllowedTools(): void {
-  localStorage.removeItem(ALWAYS_KEY);
+/** Forgets every "Always" answer, on the server; returns how many there were. */
+export async function forgetAllowedTools(): Promise<number> {
+  alwaysAllowed.clear();
+  answering.clear();
+  return (await forgetMcpAlwaysAllow()).forgotten;
 }
 
 /** The user's answers awaited, by call id. */
@@ -692,7 +705,13 @@ export function answerTool(callId: string, answer: 'once' | 'always' | 'deny'): 
   if (answer === 'always') {
     const c = current();
     const use = c?.messages.flatMap((m) => m.tools ?? []).find((t) => t.id === callId);
-    if (use) localStorage.setItem(ALWAYS_KEY, JSON.stringify([...alwaysAllowed(), use.name]));
+    if (use) {
+      alwaysAllowed.add(use.name);
+      answering.add(use.name);
+      void setMcpAlwaysAllow(use.name, true)
+        .catch((e) => console.warn('the server did not keep the answer', e))
+        .finally(() => answering.delete(use.name));
+    }
   }
   waiting.delete(callId);
   resolve(answer !== 'deny');
@@ -738,7 +757,7 @@ async function replyWithTools(convId: string, replyId: string): Promise<void> {
     setState('streaming', { conversationId: convId, messageId: replyId });
     for (const t of m.tools) {
       if (ctl.signal.aborted) break;
-      const auto = (c.settings.autoReadOnly && t.readOnly === true) || alwaysAllowed().has(t.name);
+      const auto = (c.settings.autoReadOnly && t.readOnly === true) || alwaysAllowed.has(t.name);
       let allowed = auto;
       if (!auto) {
         allowed = await new Promise<boolean>((resolve) => {

@@ -76,6 +76,8 @@ export interface ReplyStep {
   created?: number;
   /** The tools this step's model turn called (MCP), each with the user's answer and its result. */
   tools?: ToolUse[];
+  /** The chat turn its request said it served (`x-shoal-turn`); a version's steps share one. */
+  turn?: string;
   /** A user message's images, in the order sent. */
   images?: ImageAttachment[];
 }

@@ -6,7 +6,7 @@
 import type { Message, ReplyStep, ReplyVersion } from './message';
 
 /** The fields of a message that are its last step's. */
-const STEP_KEYS = ['reasoning', 'responseId', 'model', 'finish', 'stopSequence', 'error', 'stats', 'created', 'tools'] as const;
+const STEP_KEYS = ['reasoning', 'responseId', 'model', 'finish', 'stopSequence', 'error', 'stats', 'created', 'tools', 'turn'] as const;
 type StepKey = (typeof STEP_KEYS)[number];
 
 function setKey<K extends StepKey>(to: Pick<Message, StepKey>, from: Pick<ReplyStep, StepKey>, k: K): void {

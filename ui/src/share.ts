@@ -3,7 +3,7 @@
 // step when a reply was continued and per version when it was regenerated,
 // never the live estimate) and copied text.
 import { allVersions, stepsOf } from './reply';
-import type { Conversation, Message, ReplyStats, ReplyStep, ReplyVersion } from './store';
+import type { Conversation, ImageAttachment, Message, ReplyStats, ReplyStep, ReplyVersion } from './store';
 
 /** A reply's usage in the OpenAI dialect's words, or null while it is only a live count. */
 function usageOf(st: ReplyStats | undefined) {
@@ -14,6 +14,7 @@ function usageOf(st: ReplyStats | undefined) {
     completion_tokens: st.completion,
     reasoning_tokens: st.reasoning,
     total_tokens: st.total,
+    ...(st.image ? { image_tokens: st.image } : {}),
     source: st.source,
     ...(st.drafts ? { draft_tokens: st.drafts.checked, draft_accepted: st.drafts.kept } : {}),
   };
@@ -30,12 +31,14 @@ function summedUsage(steps: readonly ReplyStep[]) {
   if (all.some((u) => u == null)) return null;
   const add = (k: 'prompt_tokens' | 'cached_tokens' | 'completion_tokens' | 'reasoning_tokens' | 'total_tokens') =>
     all.some((u) => u![k] == null) ? null : all.reduce((n, u) => n + (u![k] ?? 0), 0);
+  const image = all.reduce((n, u) => n + (u!.image_tokens ?? 0), 0);
   return {
     prompt_tokens: add('prompt_tokens'),
     cached_tokens: add('cached_tokens'),
     completion_tokens: add('completion_tokens'),
     reasoning_tokens: add('reasoning_tokens'),
     total_tokens: add('total_tokens'),
+    ...(image ? { image_tokens: image } : {}),
   };
 }
 
@@ -63,6 +66,17 @@ function versionJson(v: ReplyVersion) {
   };
 }
 
+/** An image sent with a message, whole: a chat file stands on its own. */
+function imageJson(i: ImageAttachment) {
+  return { media_type: i.mediaType, ...(i.name ? { name: i.name } : {}), data: i.data };
+}
+
+/** An image as Markdown: inline as a `data:` URL, so the file needs nothing beside it. */
+function imageMarkdown(i: ImageAttachment, k: number): string {
+  const alt = (i.name ?? `image ${k + 1}`).replace(/[[\]\\]/g, '');
+  return `![${alt}](data:${i.mediaType};base64,${i.data})`;
+}
+
 export function chatJson(c: Conversation): string {
   return JSON.stringify(
     {
@@ -71,7 +85,7 @@ export function chatJson(c: Conversation): string {
       created: new Date(c.created).toISOString(),
       settings: c.settings,
       messages: c.messages.map((m, i) => {
-        if (m.role === 'user') return { role: 'user', content: m.content };
+        if (m.role === 'user') return { role: 'user', content: m.content, ...(m.images?.length ? { images: m.images.map(imageJson) } : {}) };
         const steps = stepsOf(m);
         const others = allVersions(m).filter((v) => v.version !== (m.version ?? 0));
         return {
@@ -104,7 +118,8 @@ function replyLine(m: ReplyStep, label = ''): string {
   if (m.model) parts.unshift(`model: ${m.model}`);
   if (label) parts.unshift(label);
   if (u) {
-    parts.push(`prompt ${u.prompt_tokens ?? '?'} tokens (${u.cached_tokens ?? 0} cached)`);
+    const image = u.image_tokens ? `, ${u.image_tokens} image` : '';
+    parts.push(`prompt ${u.prompt_tokens ?? '?'} tokens (${u.cached_tokens ?? 0} cached${image})`);
     parts.push(`completion ${u.completion_tokens} tokens${u.reasoning_tokens ? ` (${u.reasoning_tokens} reasoning)` : ''}`);
   }
   return `_${parts.join(' · ')}_`;
@@ -127,6 +142,7 @@ export function chatMarkdown(c: Conversation): string {
   c.messages.forEach((m, i) => {
     if (m.role === 'user') {
       out.push('**User**', '', m.content, '');
+      m.images?.forEach((img, k) => out.push(imageMarkdown(img, k), ''));
       return;
     }
     const all = allVersions(m);

@@ -127,6 +127,8 @@ export interface ClientMetadata {
   answered?: string;
   /** The step's tool calls and their results (MCP). */
   tool_uses?: ToolUse[];
+  /** The chat turn the step's request served (`x-shoal-turn`, the ledger's `turn`). */
+  turn?: string;
 }
 
 export interface AssistantRecord {
@@ -254,6 +256,8 @@ function toStep(piece: StoredPiece, model: string | null, created: number | unde
   if (tools.length) step.tools = tools;
   const seq = str(meta.stop_sequence);
   if (finish === 'stop_sequence' && seq) step.stopSequence = seq;
+  const turn = str(meta.turn);
+  if (turn) step.turn = turn;
   return step;
 }
 

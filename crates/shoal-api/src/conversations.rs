@@ -14,9 +14,12 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use shoal_client::metadata::{is_reserved, merge};
 use shoal_client::ProviderMeta;
+use base64::Engine as _;
+use shoal_engine::vision::{self, ImageError};
 use shoal_store::{Metadata, Piece, PieceKind, Store};
 
-use crate::error::{ApiError, DialectError, ErrorShape};
+use crate::access::Access;
+use crate::error::{ApiError, DialectError, ErrorKind, ErrorShape};
 use crate::ledger::LedgerEntry;
 use crate::state::AppState;
 
@@ -298,8 +301,10 @@ async fn add_message(
             )))
         }
     };
+    let access = s.access.clone();
     let v = with_store(&s, move |st| {
         require(st, id)?;
+        check_images(st, id, &piece.metadata, &access)?;
         let mid = st
             .add_message(id, &role, target.as_deref(), model.as_deref(), &[piece])
             .map_err(store_err)?;
@@ -388,7 +393,9 @@ async fn add_piece(State(s): State<AppState>, at: MessageAt, body: axum::body::B
     let (mut piece, _, _) = assistant_piece(&s, m).await;
     piece.version = version;
     piece.step = step;
+    let access = s.access.clone();
     let v = with_store(&s, move |st| {
+        check_images(st, id, &piece.metadata, &access)?;
         if !st.add_piece(id, message_id, &piece).map_err(store_err)? {
             return Err(no_message("reply", message_id, id));
         }
@@ -422,6 +429,73 @@ async fn edit_message(State(s): State<AppState>, at: MessageAt, body: axum::body
     })
     .await?;
     Ok(Json(v))
+}
+
+/// The images a stored piece carries (`images` in its metadata, where the
+/// chat window keeps what it sent: `{media_type, data, name}` objects), held
+/// to what a request may send (each a real picture within the image limits,
+/// no more of them than one request takes) and to what one conversation may
+/// keep (`server.max_chat_images_mb`), so the store cannot be grown without
+/// bound through a chat.
+fn check_images(st: &Store, id: i64, meta: &Metadata, access: &Access) -> Result<(), ApiError> {
+    let Some(list) = meta.get("images") else {
+        return Ok(());
+    };
+    let shape = "metadata.images: a list of {\"media_type\": \"image/…\", \"data\": base64} objects";
+    let list = list
+        .as_array()
+        .ok_or_else(|| ApiError::param("metadata.images", shape))?;
+    let limits = access.images;
+    if list.len() > limits.max_images {
+        return Err(ImageError::TooMany {
+            n: list.len(),
+            max: limits.max_images,
+        }
+        .into());
+    }
+    let mut adding = 0;
+    for (i, image) in list.iter().enumerate() {
+        let at = format!("metadata.images[{i}]");
+        let media = image.get("media_type").and_then(Value::as_str);
+        let (Some(data), Some(true)) = (
+            image.get("data").and_then(Value::as_str),
+            media.map(|m| m.starts_with("image/")),
+        ) else {
+            return Err(ApiError::param(&at, format!("{at}: {shape}")));
+        };
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(data)
+            .map_err(|e| ApiError::param(&at, format!("{at}: not valid base64: {e}")))?;
+        vision::decode(&at, &bytes, &limits)?;
+        adding += bytes.len();
+    }
+    let held = st
+        .conversation(id)
+        .map_err(store_err)?
+        .map_or(0, |c| images_held(&c));
+    if held + adding > access.max_chat_image_bytes {
+        return Err(ApiError::new(
+            ErrorKind::TooLarge,
+            format!(
+                "this chat keeps {held} bytes of images already; {adding} more would pass its bound of {} (server.max_chat_images_mb)",
+                access.max_chat_image_bytes
+            ),
+        )
+        .with_param("metadata.images"));
+    }
+    Ok(())
+}
+
+/// Bytes of the images a conversation keeps, as decoded from their base64.
+fn images_held(c: &shoal_store::Conversation) -> usize {
+    c.messages
+        .iter()
+        .flat_map(|m| &m.pieces)
+        .filter_map(|p| p.metadata.get("images")?.as_array())
+        .flatten()
+        .filter_map(|i| i.get("data")?.as_str())
+        .map(|d| d.len() / 4 * 3)
+        .sum()
 }
 
 /// The client's own metadata: everything but reserved and server keys.

@@ -21,6 +21,10 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/mcp/tools", get(tools))
         .route("/v1/mcp/call", post(call))
         .route("/v1/mcp/config", get(config).put(set_config))
+        .route(
+            "/v1/mcp/always_allow",
+            axum::routing::put(always_allow).delete(forget_always_allow),
+        )
 }
 
 type Reply = Result<Json<Value>, DialectError>;
@@ -86,18 +90,61 @@ struct Call {
     arguments: Value,
 }
 
+/// Which tool a body names: `server` and `tool`, or the `function` name
+/// the model calls it by.
+fn named_tool(
+    server: Option<String>,
+    tool: Option<String>,
+    function: Option<String>,
+) -> Result<(String, String), DialectError> {
+    let bad = |m: &str| ApiError::invalid(m).in_dialect(ErrorShape::OPENAI);
+    match (server, tool, function) {
+        (Some(server), Some(tool), None) => Ok((server, tool)),
+        (None, None, Some(f)) => match f.split_once(shoal_mcp::hub::SEPARATOR) {
+            Some((server, tool)) => Ok((server.to_string(), tool.to_string())),
+            None => Err(bad("'function' is 'server__tool'")),
+        },
+        _ => Err(bad("give 'server' and 'tool', or 'function'")),
+    }
+}
+
+/// An answer kept for good: run this tool without asking (`allow`), or ask again.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Answer {
+    server: Option<String>,
+    tool: Option<String>,
+    function: Option<String>,
+    allow: bool,
+}
+
+/// `PUT /v1/mcp/always_allow`: the user's "Always allow" for one tool (or
+/// its withdrawal), kept in the server's `alwaysAllow` list in `mcp.json`,
+/// so every window of this server (and the file's other readers) sees it.
+async fn always_allow(State(s): State<AppState>, OpenAiJson(a): OpenAiJson<Answer>) -> Reply {
+    let (server, tool) = named_tool(a.server, a.tool, a.function)?;
+    if tool.is_empty() {
+        return Err(ApiError::param("tool", "'tool' is empty").in_dialect(ErrorShape::OPENAI));
+    }
+    s.mcp
+        .always_allow(&server, &tool, a.allow)
+        .await
+        .map_err(err)?;
+    tracing::info!(%server, %tool, allow = a.allow, "MCP tool answer kept");
+    Ok(Json(json!({"server": server, "tool": tool, "always_allow": a.allow})))
+}
+
+/// `DELETE /v1/mcp/always_allow`: every kept answer forgotten; each tool asks again.
+async fn forget_always_allow(State(s): State<AppState>) -> Reply {
+    let n = s.mcp.forget_always_allow().await.map_err(err)?;
+    Ok(Json(json!({"forgotten": n})))
+}
+
 /// `POST /v1/mcp/call`: runs the tool and answers with its text (cut to the
 /// limit), whether the tool reported an error, and how long it took.
 async fn call(State(s): State<AppState>, OpenAiJson(c): OpenAiJson<Call>) -> Reply {
     let bad = |m: &str| ApiError::invalid(m).in_dialect(ErrorShape::OPENAI);
-    let (server, tool) = match (c.server, c.tool, c.function) {
-        (Some(server), Some(tool), None) => (server, tool),
-        (None, None, Some(f)) => match f.split_once(shoal_mcp::hub::SEPARATOR) {
-            Some((server, tool)) => (server.to_string(), tool.to_string()),
-            None => return Err(bad("'function' is 'server__tool'")),
-        },
-        _ => return Err(bad("give 'server' and 'tool', or 'function'")),
-    };
+    let (server, tool) = named_tool(c.server, c.tool, c.function)?;
     let arguments = match c.arguments {
         // A model's tool call carries its arguments as JSON text.
         Value::String(text) if text.trim().is_empty() => Value::Null,

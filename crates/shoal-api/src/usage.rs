@@ -13,7 +13,9 @@ use crate::ledger::{
     csv, grouped, grouped_csv, total_cost, Facts, LedgerEntry, Page, Tracked, UsageQuery,
     REQUEST_ID_HEADER,
 };
-use crate::ledger::{CLIENT_HEADER, ORIGIN_HEADER, RECEIVED_BY_HEADER};
+use crate::ledger::{
+    CLIENT_HEADER, MAX_TURN_LEN, ORIGIN_HEADER, RECEIVED_BY_HEADER, TURN_HEADER,
+};
 
 /// A bad `/v1/usage` parameter is a 400 naming it.
 impl From<crate::ledger::QueryError> for ApiError {
@@ -59,12 +61,14 @@ fn tracked(s: &crate::state::AppState, req: &Request, forwarded: Option<Facts>) 
             .map(str::to_owned)
     };
     let user_agent = header(axum::http::header::USER_AGENT);
+    let turn = header(axum::http::HeaderName::from_static(TURN_HEADER)).map(turn_id);
     let mut tracked = Tracked {
         facts: match forwarded {
             Some(f) => Facts {
                 endpoint,
                 user_agent: f.user_agent.or(user_agent),
                 ran_on: Some(own),
+                turn: f.turn.or(turn),
                 ..f
             },
             None => Facts {
@@ -74,6 +78,7 @@ fn tracked(s: &crate::state::AppState, req: &Request, forwarded: Option<Facts>) 
                 origin: header(axum::http::header::ORIGIN),
                 node: Some(own),
                 ran_on: None,
+                turn,
             },
         },
         ..Tracked::default()
@@ -84,6 +89,19 @@ fn tracked(s: &crate::state::AppState, req: &Request, forwarded: Option<Facts>) 
         let _ = tracked.client.set(client);
     }
     tracked
+}
+
+/// A client's turn id as the ledger keeps it: at most [`MAX_TURN_LEN`]
+/// bytes, cut at a character boundary.
+fn turn_id(mut t: String) -> String {
+    if t.len() > MAX_TURN_LEN {
+        let mut end = MAX_TURN_LEN;
+        while !t.is_char_boundary(end) {
+            end -= 1;
+        }
+        t.truncate(end);
+    }
+    t
 }
 
 /// A request the handler recorded: an error status it ended with goes on
@@ -182,6 +200,7 @@ async fn forwarded_facts(
         origin: header(ORIGIN_HEADER),
         node: header(RECEIVED_BY_HEADER),
         ran_on: None,
+        turn: header(TURN_HEADER),
     });
     Ok((
         Request::from_parts(parts, axum::body::Body::from(bytes)),

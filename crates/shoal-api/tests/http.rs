@@ -1625,10 +1625,27 @@ async fn usage_filters_groups_and_exports_the_ledger() {
             .expect("completion");
         chat_ids.push(v["id"].as_str().expect("id").to_string());
     }
+    // This one says which chat turn it served: a long id is kept cut at
+    // 128 bytes, on a character boundary.
+    let turn = format!("chat-1/m2/v0/{}", "é".repeat(100));
     let msg = json!({"model": MODEL, "messages": france(), "max_tokens": 3, "temperature": 0});
-    let (status, body, _) = post(&base, "/v1/messages", &msg.to_string()).await;
-    assert_eq!(status, 200, "{body}");
-    let m: Value = serde_json::from_str(&body).expect("json");
+    let m: Value = reqwest::Client::new()
+        .post(format!("{base}/v1/messages"))
+        .header("x-shoal-turn", &turn)
+        .json(&msg)
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    let kept_turn = {
+        let mut end = 128;
+        while !turn.is_char_boundary(end) {
+            end -= 1;
+        }
+        &turn[..end]
+    };
     let sent_msg = (
         m["usage"]["input_tokens"].as_u64().expect("input")
             + m["usage"]["cache_read_input_tokens"].as_u64().unwrap_or(0),
@@ -1658,6 +1675,18 @@ async fn usage_filters_groups_and_exports_the_ledger() {
     let cut = list("/v1/usage?dialect=chat&finish=length").await;
     assert_eq!(cut["data"].as_array().map(Vec::len), Some(1), "{cut}");
     assert_eq!(cut["data"][0]["id"], chat_ids[0].as_str());
+    // A chat turn's requests are found by it.
+    let mut url = reqwest::Url::parse(&format!("{base}/v1/usage")).expect("url");
+    url.query_pairs_mut().append_pair("turn", kept_turn);
+    let by_turn: Value = reqwest::get(url)
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(by_turn["data"].as_array().map(Vec::len), Some(1), "{by_turn}");
+    assert_eq!(by_turn["data"][0]["id"], m["id"], "{by_turn}");
+    assert_eq!(by_turn["data"][0]["turn"], kept_turn, "{by_turn}");
     let none = list("/v1/usage?model=nope").await;
     assert_eq!(none["data"], json!([]));
     let future = list("/v1/usage?since=99999999999").await;
@@ -1729,6 +1758,7 @@ async fn usage_filters_groups_and_exports_the_ledger() {
         rows[0].split(',').zip(rows[1].split(',')).collect();
     let listed = list("/v1/usage?dialect=anthropic.messages").await;
     let e = &listed["data"][0];
+    assert_eq!(row["turn"], kept_turn, "{text}");
     assert_eq!(
         row["total_tokens"],
         e["tokens"]["total"].to_string(),
@@ -2556,6 +2586,44 @@ async fn mcp_tools_reach_the_model_and_a_call_feeds_the_next_turn() {
         let v: Value = serde_json::from_str(&t).expect("json");
         assert!(v["error"]["message"].is_string(), "{t}");
     }
+    // "Always allow" is kept by the server, in the file, for every window.
+    let (s, v) = put_json(
+        &base,
+        "/v1/mcp/always_allow",
+        &json!({"function": "every__echo", "allow": true}),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let (_, t) = get_text(&base, "/v1/mcp/tools").await;
+    let tools: Value = serde_json::from_str(&t).expect("json");
+    let allowed: Vec<&str> = tools["data"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .filter(|t| t["always_allow"] == true)
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert_eq!(allowed, ["echo"], "{tools}");
+    let (_, t) = get_text(&base, "/v1/mcp/config").await;
+    let config: Value = serde_json::from_str(&t).expect("json");
+    assert_eq!(config["mcpServers"]["every"]["alwaysAllow"], json!(["echo"]));
+    for (body, status) in [
+        (json!({"server": "nobody", "tool": "echo", "allow": true}), 404),
+        (json!({"function": "every__echo"}), 400),
+        (json!({"function": "echo", "allow": true}), 400),
+    ] {
+        let (s, v) = put_json(&base, "/v1/mcp/always_allow", &body).await;
+        assert_eq!(s, status, "{body}: {v}");
+    }
+    let forgotten: Value = reqwest::Client::new()
+        .delete(format!("{base}/v1/mcp/always_allow"))
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(forgotten["forgotten"], 1, "{forgotten}");
     // Still serving, and the server still answers.
     let body = json!({"server": "every", "tool": "echo", "arguments": {"message": "still"}});
     let (s, t, _) = post(&base, "/v1/mcp/call", &body.to_string()).await;

@@ -506,13 +506,144 @@ async fn a_model_without_a_projector_refuses_images_saying_so() {
     )
     .await;
     assert_eq!(s, 200, "{v}");
-    let (_, models) = get(&base, "/v1/models").await;
+    assert_eq!(sees(&base, "text-only").await, false);
+}
+
+/// The vision fixture's projector file, beside its model.
+fn fixture_projector() -> std::path::PathBuf {
+    let model = common::vision_gguf();
+    let dir = model.parent().expect("folder");
+    std::fs::read_dir(dir)
+        .expect("list")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("mmproj"))
+        })
+        .expect("the fixture's projector")
+}
+
+/// Whether `/v1/models` says the model `id` reads images.
+async fn sees(base: &str, id: &str) -> Value {
+    let (_, models) = get(base, "/v1/models").await;
     let models: Value = serde_json::from_str(&models).expect("json");
     let me = models["data"]
         .as_array()
-        .and_then(|d| d.iter().find(|m| m["id"] == "text-only"))
+        .and_then(|d| d.iter().find(|m| m["id"] == id))
         .unwrap_or_else(|| panic!("{models}"));
-    assert_eq!(me["shoal"]["capabilities"]["vision"], false, "{me}");
+    me["shoal"]["capabilities"]["vision"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_projector_named_for_a_model_is_the_one_it_loads() {
+    use shoal_engine::backends::llama::Projector;
+    // The text-only default model, in a folder with no projector, sees
+    // with the one a setting names for it by file name.
+    let text_only = common::gguf();
+    let name = text_only.file_name().expect("file name").to_string_lossy();
+    let mut opts = EngineOptions {
+        backend: BackendChoice::Llama,
+        ..EngineOptions::default()
+    };
+    opts.llama = opts
+        .llama
+        .projector(Projector::default().named(name, Some(fixture_projector())));
+    let engine = Engine::start(&text_only, "named", opts).expect("load");
+    let base = common::serve(AppState::new(engine)).await;
+    assert_eq!(sees(&base, "named").await, true);
+    let mut body = chat(&red(), json!({}));
+    body["model"] = json!("named");
+    let (s, v) = post(&base, "/v1/chat/completions", body).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        v["usage"]["prompt_tokens_details"]["image_tokens"], IMAGE_TOKENS,
+        "{v}"
+    );
+
+    // A vision model whose projector a setting turns off (by file stem)
+    // reads text only, though one lies beside it.
+    let vision = common::vision_gguf();
+    let stem = vision.file_stem().expect("stem").to_string_lossy();
+    let mut opts = EngineOptions {
+        backend: BackendChoice::Llama,
+        ..EngineOptions::default()
+    };
+    opts.llama = opts.llama.projector(Projector::default().named(stem, None));
+    let engine = Engine::start(&vision, "blind", opts).expect("load");
+    let base = common::serve(AppState::new(engine)).await;
+    assert_eq!(sees(&base, "blind").await, false);
+    let mut body = chat(&red(), json!({}));
+    body["model"] = json!("blind");
+    let (s, v) = post(&base, "/v1/chat/completions", body).await;
+    assert_eq!(s, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("cannot read images")),
+        "{v}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_chat_keeps_real_images_within_its_bound() {
+    let dir = tempfile_dir("chat-images");
+    let red = red();
+    let mut state = AppState::new(engine())
+        .with_store(&dir.join("store.sqlite"), Default::default())
+        .expect("store");
+    let mut access = shoal_api::access::Access::default();
+    access.images.max_images = 2;
+    // Room for two of the red picture, not three.
+    access.max_chat_image_bytes = 2 * red.len() + 8;
+    state.access = Arc::new(access);
+    let base = common::serve(state).await;
+    let (s, conv) = post(&base, "/v1/conversations", json!({})).await;
+    assert_eq!(s, 200, "{conv}");
+    let at = format!("/v1/conversations/{}/messages", conv["id"]);
+    let message = |images: Value| json!({"role": "user", "content": "Look", "metadata": {"images": images}});
+    let image = |data: String| json!({"media_type": "image/png", "data": data, "name": "red.png"});
+    let (s, v) = post(&base, &at, message(json!([image(b64(&red))]))).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["pieces"][0]["metadata"]["images"][0]["data"], b64(&red));
+
+    // Each refusal says what is wrong, where, and stores nothing.
+    for (images, status, says) in [
+        (json!("red.png"), 400, "metadata.images"),
+        (json!([image(b64(b"not a picture at all"))]), 400, "metadata.images[0]: not a PNG"),
+        (json!([image("%%%".into())]), 400, "not valid base64"),
+        (json!([{"data": b64(&red)}]), 400, "media_type"),
+        (json!([image(b64(&red)), image(b64(&red)), image(b64(&red))]), 400, "3 images"),
+    ] {
+        let (s, v) = post(&base, &at, message(images.clone())).await;
+        assert_eq!(s, status, "{images}: {v}");
+        let msg = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.contains(says), "{says}: {msg}");
+    }
+    let (s, v) = post(&base, &at, message(json!([image(b64(&red))]))).await;
+    assert_eq!(s, 200, "{v}");
+    // The chat is full: a third picture is a 413 naming the setting.
+    let (s, v) = post(&base, &at, message(json!([image(b64(&red))]))).await;
+    assert_eq!(s, 413, "{v}");
+    let msg = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("server.max_chat_images_mb"), "{msg}");
+    // What was kept is whole, and text still goes in.
+    let (s, v) = post(&base, &at, json!({"role": "user", "content": "No picture"})).await;
+    assert_eq!(s, 200, "{v}");
+    let (_, stored) = get(&base, &format!("/v1/conversations/{}", conv["id"])).await;
+    let stored: Value = serde_json::from_str(&stored).expect("json");
+    let kept: Vec<usize> = stored["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .map(|m| {
+            m["pieces"][0]["metadata"]["images"]
+                .as_array()
+                .map_or(0, Vec::len)
+        })
+        .collect();
+    assert_eq!(kept, [1, 1, 0], "{stored}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -576,16 +707,7 @@ async fn pulling_a_vision_gguf_brings_its_projector_and_the_model_sees() {
     use shoal_hub_fixture::{FixtureFile, FixtureRepo, HubFixture};
     use shoal_models::{HubOptions, Library};
     let model = common::vision_gguf();
-    let dir = model.parent().expect("folder");
-    let projector = std::fs::read_dir(dir)
-        .expect("list")
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("mmproj"))
-        })
-        .expect("the fixture's projector");
+    let projector = fixture_projector();
     let hub = HubFixture::start(vec![FixtureRepo {
         id: "test/SmolVision-GGUF".into(),
         commit: "2222222222222222222222222222222222222222".into(),

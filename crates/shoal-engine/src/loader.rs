@@ -272,7 +272,7 @@ impl LoadOptions {
             llama: llama
                 .clone()
                 .batch_invariant(false)
-                .projector(crate::backends::llama::Projector::Off)
+                .projector(crate::backends::llama::Projector::off())
                 .for_batch(max_batch),
         }
     }

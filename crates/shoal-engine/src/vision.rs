@@ -57,20 +57,20 @@ impl Default for ImageLimits {
 /// Why an image was refused; each is the client's to fix (a 400).
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum ImageError {
-    #[error("{at}: the image is {bytes} bytes; this server takes at most {max} (vision.max_image_bytes)")]
+    #[error("{at}: the image is {bytes} bytes; this server takes at most {max} (server.max_image_mb)")]
     TooLarge {
         at: String,
         bytes: usize,
         max: usize,
     },
-    #[error("{at}: the image is {width}×{height} pixels; this server takes at most {max} pixels (vision.max_image_pixels)")]
+    #[error("{at}: the image is {width}×{height} pixels; this server takes at most {max} pixels (server.max_image_pixels)")]
     TooManyPixels {
         at: String,
         width: u32,
         height: u32,
         max: u64,
     },
-    #[error("{n} images is more than this server takes in one request ({max}; vision.max_images)")]
+    #[error("{n} images is more than this server takes in one request ({max}; server.max_images)")]
     TooMany { n: usize, max: usize },
     #[error("{at}: not a PNG, JPEG, WebP or GIF image")]
     NotAnImage { at: String },

@@ -10,9 +10,11 @@
 //! }}
 //! ```
 //!
-//! Keys other tools add (`alwaysAllow`, `timeout`, …) are kept through a
-//! rewrite but not acted on; a server needs exactly one of `command` or
-//! `url`, and a name that can prefix a tool name the model sees.
+//! `alwaysAllow` (Cline's key) lists the server's tools the user allowed for
+//! good: the chat runs them without asking. Keys other tools add
+//! (`timeout`, …) are kept through a rewrite but not acted on; a server
+//! needs exactly one of `command` or `url`, and a name that can prefix a
+//! tool name the model sees.
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -54,6 +56,15 @@ pub struct ServerSpec {
         skip_serializing_if = "Option::is_none"
     )]
     pub enabled_tools: Option<Vec<String>>,
+    /// Tools the user allowed for good ("Always allow"): kept here, beside
+    /// the server, so every window and client of this server sees the
+    /// answer, not only the browser that gave it.
+    #[serde(
+        rename = "alwaysAllow",
+        default,
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub always_allow: Vec<String>,
     #[serde(flatten)]
     pub other: serde_json::Map<String, serde_json::Value>,
 }
@@ -67,6 +78,17 @@ pub enum Transport {
 }
 
 impl ServerSpec {
+    /// Whether `other` runs the same server: everything but the user's
+    /// answers (`alwaysAllow`) is the same, so a change of answers never
+    /// restarts it.
+    pub fn same_server(&self, other: &ServerSpec) -> bool {
+        let answers = |s: &ServerSpec| ServerSpec {
+            always_allow: Vec::new(),
+            ..s.clone()
+        };
+        answers(self) == answers(other)
+    }
+
     /// Stdio or HTTP; [`McpFile::check`] has made sure it is one of them.
     pub fn transport(&self) -> Transport {
         if self.url.is_some() {

@@ -64,6 +64,8 @@ pub struct ToolInfo {
     /// The server says the tool changes nothing (`readOnlyHint`): a hint a
     /// user may choose to trust for automatic approval, never a guarantee.
     pub read_only: bool,
+    /// The user allowed it for good (the server's `alwaysAllow`).
+    pub always_allow: bool,
 }
 
 /// A server as the list shows it.
@@ -139,6 +141,9 @@ pub struct McpHub {
     file_error: SyncMutex<Option<String>>,
     /// One lock per server name, so one slow server never holds up another.
     conns: SyncMutex<BTreeMap<String, Slot>>,
+    /// Edits of the file that read it first (the answers), one at a time,
+    /// so two answers given at once both stay.
+    edits: Mutex<()>,
 }
 
 const STDERR_LINES: usize = 20;
@@ -169,6 +174,7 @@ impl McpHub {
             file: SyncMutex::new(file),
             file_error: SyncMutex::new(None),
             conns: SyncMutex::new(BTreeMap::new()),
+            edits: Mutex::new(()),
         }
     }
 
@@ -209,7 +215,10 @@ impl McpHub {
             let mut conns = lock(&self.conns);
             let names: Vec<String> = conns
                 .keys()
-                .filter(|n| old.servers.get(*n) != new.servers.get(*n))
+                .filter(|n| match (old.servers.get(*n), new.servers.get(*n)) {
+                    (Some(a), Some(b)) => !a.same_server(b),
+                    _ => true,
+                })
                 .cloned()
                 .collect();
             names.iter().filter_map(|n| conns.remove(n)).collect()
@@ -220,6 +229,39 @@ impl McpHub {
             }
         }
         Ok(())
+    }
+
+    /// Puts `tool` of `server` on the server's `alwaysAllow` list (`allow`)
+    /// or takes it off, and saves the file; the server keeps running.
+    pub async fn always_allow(&self, server: &str, tool: &str, allow: bool) -> Result<(), McpError> {
+        let _one_edit = self.edits.lock().await;
+        let mut file = self.config();
+        let spec = file
+            .servers
+            .get_mut(server)
+            .ok_or_else(|| McpError::UnknownServer(server.to_string()))?;
+        spec.always_allow.retain(|t| t != tool);
+        if allow {
+            spec.always_allow.push(tool.to_string());
+            spec.always_allow.sort();
+        }
+        self.set_config(file).await
+    }
+
+    /// Empties every server's `alwaysAllow` list: each tool asks again.
+    /// Returns how many answers were forgotten.
+    pub async fn forget_always_allow(&self) -> Result<usize, McpError> {
+        let _one_edit = self.edits.lock().await;
+        let mut file = self.config();
+        let n = file
+            .servers
+            .values_mut()
+            .map(|s| std::mem::take(&mut s.always_allow).len())
+            .sum();
+        if n > 0 {
+            self.set_config(file).await?;
+        }
+        Ok(n)
     }
 
     /// Every configured server, started if it is not yet.
@@ -255,7 +297,10 @@ impl McpHub {
                 continue;
             }
             if let Ok(live) = self.connect(&name, &spec).await {
-                out.extend(live.tools.iter().cloned());
+                out.extend(live.tools.iter().map(|t| ToolInfo {
+                    always_allow: spec.always_allow.contains(&t.name),
+                    ..t.clone()
+                }));
             }
         }
         out
@@ -478,6 +523,7 @@ fn tool_info(server: &str, t: &Value) -> Option<ToolInfo> {
             .cloned()
             .unwrap_or_else(|| serde_json::json!({"type": "object"})),
         read_only: t["annotations"]["readOnlyHint"].as_bool().unwrap_or(false),
+        always_allow: false,
         name,
     })
 }

@@ -114,6 +114,66 @@ async fn stdio_tools_calls_env_and_cut_results() {
     hub.shutdown().await;
 }
 
+/// The reference filesystem server from npm, given `dir` as the one folder it may touch.
+fn filesystem_file(dir: &std::path::Path) -> McpFile {
+    let index = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/mcp/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js");
+    assert!(index.exists(), "{} is missing: `make setup` installs tests/mcp", index.display());
+    McpFile::parse(
+        &json!({"mcpServers": {"files": {"command": "node", "args": [index, dir]}}}).to_string(),
+        "test",
+    )
+    .expect("valid")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_filesystem_server_reads_and_writes_its_folder_only() {
+    let dir = tempfile::tempdir().expect("tmp");
+    std::fs::write(dir.path().join("notes.txt"), "shoal was here").expect("write");
+    let hub = McpHub::open(None, Limits::default());
+    hub.set_config(filesystem_file(dir.path())).await.expect("set");
+    let tools = hub.tools().await;
+    let hint = |name: &str| {
+        tools
+            .iter()
+            .find(|t| t.name == name)
+            .unwrap_or_else(|| panic!("no {name}: {tools:?}"))
+            .read_only
+    };
+    // Its own hints: reading changes nothing, writing does.
+    assert!(hint("read_text_file") && hint("list_allowed_directories"));
+    assert!(!hint("write_file"));
+    let inside = dir.path().join("notes.txt");
+    let out = hub
+        .call("files", "read_text_file", json!({"path": inside}))
+        .await
+        .expect("read");
+    assert!(!out.is_error, "{out:?}");
+    assert_eq!(out.content.trim(), "shoal was here");
+    let written = dir.path().join("new.txt");
+    let out = hub
+        .call(
+            "files",
+            "write_file",
+            json!({"path": written, "content": "from a tool"}),
+        )
+        .await
+        .expect("write");
+    assert!(!out.is_error, "{out:?}");
+    assert_eq!(
+        std::fs::read_to_string(&written).expect("the file is there"),
+        "from a tool"
+    );
+    // Outside its folder: the tool's own refusal, as a result the model reads.
+    let out = hub
+        .call("files", "read_text_file", json!({"path": "/etc/hostname"}))
+        .await
+        .expect("a refusal is a result");
+    assert!(out.is_error, "{out:?}");
+    assert!(out.content.contains("denied"), "{}", out.content);
+    hub.shutdown().await;
+}
+
 /// `fragile.mjs`: a server whose tools crash, hang, or count the calls
 /// its process answered.
 async fn fragile_hub(timeout: Duration) -> McpHub {
@@ -176,6 +236,69 @@ async fn a_hung_call_times_out_and_a_dead_server_starts_again() {
         "1",
         "a new process answers after the crash"
     );
+    hub.shutdown().await;
+}
+
+/// The tools the user allowed for good, by name.
+async fn allowed(hub: &McpHub) -> Vec<String> {
+    let mut v: Vec<String> = hub
+        .tools()
+        .await
+        .into_iter()
+        .filter(|t| t.always_allow)
+        .map(|t| t.name)
+        .collect();
+    v.sort();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn always_allow_answers_are_kept_in_the_file_without_a_restart() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("mcp.json");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/mcp/fragile.mjs");
+    std::fs::write(
+        &path,
+        json!({"mcpServers": {"fragile": {"command": "node", "args": [script]}}}).to_string(),
+    )
+    .expect("write");
+    let hub = McpHub::open(Some(path.clone()), Limits::default());
+    assert_eq!(calls(&hub).await, "1");
+    assert!(allowed(&hub).await.is_empty());
+    // Two answers given at once both stay.
+    let (a, b) = tokio::join!(
+        hub.always_allow("fragile", "calls", true),
+        hub.always_allow("fragile", "crash", true)
+    );
+    a.and(b).expect("allow");
+    assert_eq!(allowed(&hub).await, ["calls", "crash"]);
+    let saved: Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("json");
+    assert_eq!(
+        saved["mcpServers"]["fragile"]["alwaysAllow"],
+        json!(["calls", "crash"])
+    );
+    // The server was not restarted for it: the same process counts on.
+    assert_eq!(calls(&hub).await, "2");
+    hub.always_allow("fragile", "crash", false)
+        .await
+        .expect("take back");
+    assert_eq!(allowed(&hub).await, ["calls"]);
+    let e = hub
+        .always_allow("nope", "x", true)
+        .await
+        .expect_err("unknown server");
+    assert!(matches!(e, McpError::UnknownServer(_)), "{e}");
+    assert_eq!(hub.forget_always_allow().await.expect("forget"), 1);
+    assert!(allowed(&hub).await.is_empty());
+    // A hub opened on the file later reads the answers it holds.
+    hub.always_allow("fragile", "calls", true)
+        .await
+        .expect("allow");
+    let again = McpHub::open(Some(path), Limits::default());
+    assert_eq!(allowed(&again).await, ["calls"]);
+    assert_eq!(calls(&hub).await, "3");
+    again.shutdown().await;
     hub.shutdown().await;
 }
 

@@ -118,6 +118,8 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE pieces ADD COLUMN step INTEGER NOT NULL DEFAULT 0;",
     // 9: the images in each ledger choice's prompt.
     usage::IMAGE_MIGRATION,
+    // 10: the chat turn each ledger request served.
+    usage::TURN_MIGRATION,
 ];
 
 /// A stored message with its pieces.

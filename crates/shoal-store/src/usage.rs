@@ -95,6 +95,11 @@ pub(crate) const TYPED_MIGRATION: &str =
     ALTER TABLE usage DROP COLUMN finishes;
     ALTER TABLE usage DROP COLUMN record;";
 
+/// Migration 10: the chat turn a request served, so a tool loop's or a
+/// continued reply's requests are found together.
+pub(crate) const TURN_MIGRATION: &str = "ALTER TABLE usage ADD COLUMN turn TEXT;
+    CREATE INDEX usage_turn ON usage (turn) WHERE turn IS NOT NULL;";
+
 /// Migration: speculative decoding's draft counts on each choice.
 pub(crate) const DRAFT_MIGRATION: &str =
     "ALTER TABLE usage_choices ADD COLUMN draft_tokens INTEGER NOT NULL DEFAULT 0;
@@ -148,6 +153,11 @@ pub struct UsageRow {
     /// Why the request ended in an error response, in the words sent.
     #[serde(default)]
     pub error: Option<String>,
+    /// The chat turn the client said the request served (`x-shoal-turn`):
+    /// the model turns of one tool loop, or the steps of one continued
+    /// reply, share it.
+    #[serde(default)]
+    pub turn: Option<String>,
     /// Each choice that ended, in order (none for a request refused
     /// before generating).
     #[serde(default)]
@@ -294,6 +304,8 @@ pub struct UsageFilter {
     pub finish: Option<String>,
     pub client: Option<String>,
     pub node: Option<String>,
+    /// The chat turn (see [`UsageRow::turn`]).
+    pub turn: Option<String>,
     /// Only rows older than this cursor (`seq`).
     pub before: Option<i64>,
     /// At most this many rows, newest first.
@@ -308,7 +320,7 @@ pub struct UsageLog {
 const COLUMNS: &str = "seq, id, created_ms, dialect, endpoint, model, backend, stream, status, \
      (SELECT group_concat(word, ' ') FROM usage_finishes WHERE usage_seq = seq), client, \
      user_agent, origin, node, ran_on, prompt_tokens, cached_tokens, completion_tokens, \
-     reasoning_tokens, per_prompt, error";
+     reasoning_tokens, per_prompt, error, turn";
 
 impl UsageLog {
     /// Opens (creating and migrating if needed) the database at `path`.
@@ -333,9 +345,9 @@ impl UsageLog {
         tx.execute(
             "INSERT INTO usage (id, created_ms, dialect, endpoint, model, backend, stream, status,
                  client, user_agent, origin, node, ran_on, prompt_tokens, cached_tokens,
-                 completion_tokens, reasoning_tokens, per_prompt, error)
+                 completion_tokens, reasoning_tokens, per_prompt, error, turn)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-                 ?18, ?19)",
+                 ?18, ?19, ?20)",
             params![
                 r.id,
                 r.created_ms,
@@ -356,6 +368,7 @@ impl UsageLog {
                 to_sql(r.reasoning_tokens)?,
                 r.per_prompt,
                 r.error,
+                r.turn,
             ],
         )?;
         let seq = tx.last_insert_rowid();
@@ -466,6 +479,7 @@ impl UsageLog {
             ("endpoint", &f.endpoint),
             ("client", &f.client),
             ("node", &f.node),
+            ("turn", &f.turn),
         ] {
             if let Some(v) = v {
                 add(&format!("{column} = ?"), v.clone().into());
@@ -557,6 +571,7 @@ fn read_row(r: &rusqlite::Row) -> rusqlite::Result<UsageRow> {
         reasoning_tokens: count(18)?,
         per_prompt: r.get(19)?,
         error: r.get(20)?,
+        turn: r.get(21)?,
         choices: Vec::new(),
     })
 }
@@ -603,8 +618,11 @@ mod tests {
             ))
             .expect("insert");
         }
-        log.insert(&row("r5", 5000, "a", &["stop_sequence"]))
-            .expect("insert");
+        log.insert(&UsageRow {
+            turn: Some("chat-7:3".into()),
+            ..row("r5", 5000, "a", &["stop_sequence"])
+        })
+        .expect("insert");
         let ids = |f: &UsageFilter| -> Vec<String> {
             log.select(f)
                 .expect("select")
@@ -612,6 +630,14 @@ mod tests {
                 .map(|r| r.id)
                 .collect()
         };
+        // A chat turn's requests are found by it, and read back with it.
+        let turn = UsageFilter {
+            turn: Some("chat-7:3".into()),
+            ..Default::default()
+        };
+        assert_eq!(ids(&turn), ["r5"]);
+        let r5 = log.get("r5").expect("get").expect("r5");
+        assert_eq!(r5.turn.as_deref(), Some("chat-7:3"));
         let model_a = UsageFilter {
             model: Some("a".into()),
             ..Default::default()

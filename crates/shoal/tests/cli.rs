@@ -692,12 +692,26 @@ fn pull_list_and_remove_models_from_a_fixture_hub() {
     // so; not with the projector turned off, nor on MLX.
     let vision = vision_gguf();
     let vision_arg = vision.to_str().expect("utf8 path");
-    for (extra, sees) in [
-        (&["--backend", "llama"][..], true),
-        (&["--backend", "llama", "--mmproj", "off"][..], false),
-        (&["--backend", "mlx"][..], false),
+    // A projector named for a model under `[models] projectors` (here by
+    // flag) is the one it uses: the text-only default model then sees, and
+    // the vision model named `off` does not.
+    let projector = std::fs::read_dir(vision.parent().expect("folder"))
+        .expect("list")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("mmproj")))
+        .expect("the fixture's projector");
+    let file_name = |p: &Path| p.file_name().expect("name").to_string_lossy().into_owned();
+    let named = format!("{}={}", file_name(&model), projector.display());
+    let blind = format!("{}=off", file_name(&vision));
+    for (model, extra, sees) in [
+        (vision_arg, &["--backend", "llama"][..], true),
+        (vision_arg, &["--backend", "llama", "--mmproj", "off"][..], false),
+        (vision_arg, &["--backend", "mlx"][..], false),
+        (model_arg, &["--backend", "llama", "--projector", &named][..], true),
+        (vision_arg, &["--backend", "llama", "--projector", &blind][..], false),
     ] {
-        let mut args = vec!["models", "--json", "--model", vision_arg];
+        let mut args = vec!["models", "--json", "--model", model];
         args.extend_from_slice(extra);
         let (ok, out, err) = cli(&args);
         assert!(ok, "{err}");
@@ -705,6 +719,8 @@ fn pull_list_and_remove_models_from_a_fixture_hub() {
         assert_eq!(list[0]["source"]["kind"], "path", "{out}");
         assert_eq!(list[0]["vision"], sees, "{extra:?}: {out}");
     }
+    let (ok, _, err) = cli(&["models", "--model", model_arg, "--projector", "no-equals-sign"]);
+    assert!(!ok && err.contains("is not MODEL=PATH"), "{err}");
     let (ok, table, _) = cli(&["models", "--backend", "llama", "--model", vision_arg]);
     assert!(
         ok && table

@@ -1,5 +1,6 @@
 // The server's MCP servers (its mcp.json): each one's state and tool count, the
-// file itself to edit, and the "Always allow" answers this browser keeps.
+// file itself to edit, and the "Always allow" answers the server keeps (each server's
+// `alwaysAllow` in the file).
 import { createResource, createSignal, For, Show } from 'solid-js';
 import { mcpConfig, mcpServers, setMcpConfig } from '../api';
 import { forgetAllowedTools } from '../chatState';
@@ -10,6 +11,18 @@ export function McpSettings() {
   const [text, setText] = createSignal<string | null>(null);
   const [problem, setProblem] = createSignal<string | null>(null);
   const [saved, setSaved] = createSignal(false);
+  const [forgot, setForgot] = createSignal<number | null>(null);
+  const forget = async () => {
+    setProblem(null);
+    try {
+      setForgot(await forgetAllowedTools());
+      // The file shown loses its alwaysAllow lists too.
+      mutate(await mcpConfig());
+      setText(null);
+    } catch (e) {
+      setProblem((e as Error).message);
+    }
+  };
   const shown = () => text() ?? JSON.stringify(file() ?? { mcpServers: {} }, null, 2);
   const save = async () => {
     setProblem(null);
@@ -88,8 +101,8 @@ export function McpSettings() {
         <button
           class="btn small ghost"
           data-testid="mcp-forget"
-          title="Tools you allowed with “Always” ask again"
-          onClick={forgetAllowedTools}
+          title="Tools you allowed with “Always” ask again (the alwaysAllow lists in the file)"
+          onClick={() => void forget()}
         >
           Forget “Always allow” answers
         </button>
@@ -99,6 +112,11 @@ export function McpSettings() {
       </Show>
       <Show when={saved()}>
         <p class="muted" data-testid="mcp-saved">Saved.</p>
+      </Show>
+      <Show when={forgot() != null}>
+        <p class="muted" data-testid="mcp-forgot">
+          {forgot() === 0 ? 'No tool was always allowed.' : `Forgot ${forgot()} “Always allow” ${forgot() === 1 ? 'answer' : 'answers'}: those tools ask again.`}
+        </p>
       </Show>
     </fieldset>
   );

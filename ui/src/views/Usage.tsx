@@ -141,7 +141,9 @@ const GROUP_BYS: [GroupBy, string][] = [
 ];
 
 export function UsageView() {
-  const [filters, setFilters] = createSignal<UsageFilters>({});
+  // `/usage?turn=…` (a reply's "ledger rows" link) opens on that chat turn's requests.
+  const turn = new URLSearchParams(location.search).get('turn');
+  const [filters, setFilters] = createSignal<UsageFilters>(turn ? { turn } : {});
   const [bucket, setBucket] = createSignal<string>('auto');
   const [groupBy, setGroupBy] = createSignal<GroupBy>('dialect');
   const [older, setOlder] = createSignal<Row[]>([]);
@@ -272,6 +274,23 @@ export function UsageView() {
         {select('client', 'client (API key)', named(poll.data()?.clients, 'any client'))}
         {select('dialect', 'dialect', [['', 'any dialect'], ...dialectNames().map((d): [string, string] => [d, d])])}
         {select('finish', 'finish', [['', 'any finish'], ...FINISHES.map((d): [string, string] => [d, d])])}
+        <Show when={filters().turn}>
+          {(t) => (
+            <span class="filter turn-filter" data-testid="usage-filter-turn" title={t()}>
+              <span class="muted small">one chat turn</span>
+              <button
+                class="btn small"
+                data-testid="usage-filter-turn-clear"
+                onClick={() => {
+                  history.replaceState(null, '', '/usage');
+                  setFilter('turn', '');
+                }}
+              >
+                All requests ✕
+              </button>
+            </span>
+          )}
+        </Show>
       </div>
       <Show when={poll.error() || exportError()}>
         <div class="banner error" role="alert" data-testid="usage-error">

@@ -125,8 +125,12 @@ pub fn cors(access: &Access) -> tower_http::cors::CorsLayer {
         .allow_origin(allow)
         .allow_methods([Method::GET, Method::POST, Method::PATCH, Method::DELETE])
         .allow_headers(
-            [header::AUTHORIZATION, header::CONTENT_TYPE]
-                .into_iter()
+            [
+                header::AUTHORIZATION,
+                header::CONTENT_TYPE,
+                header::HeaderName::from_static(crate::ledger::TURN_HEADER),
+            ]
+            .into_iter()
                 .chain(
                     crate::dialects::registry()
                         .request_headers()

@@ -135,11 +135,12 @@ pub async fn proxy(
     // Who received the request, for the ledger of the node that runs it.
     if let (Some(t), Some(_)) = (&tracked, &signer) {
         let f = t.facts();
-        use crate::ledger::{CLIENT_HEADER, ORIGIN_HEADER, RECEIVED_BY_HEADER};
+        use crate::ledger::{CLIENT_HEADER, ORIGIN_HEADER, RECEIVED_BY_HEADER, TURN_HEADER};
         for (name, value) in [
             (RECEIVED_BY_HEADER, f.node),
             (CLIENT_HEADER, f.client),
             (ORIGIN_HEADER, f.origin),
+            (TURN_HEADER, f.turn),
             ("user-agent", f.user_agent),
         ] {
             if let Some(v) = value {

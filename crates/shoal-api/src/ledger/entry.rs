@@ -50,6 +50,9 @@ pub struct Facts {
     pub node: Option<String>,
     /// The node that ran it, when another node received it.
     pub ran_on: Option<String>,
+    /// The chat turn the client says the request served (`x-shoal-turn`):
+    /// a tool loop's model turns and a continued reply's steps share one.
+    pub turn: Option<String>,
 }
 
 /// Response header naming the ledger id a generation was recorded under, so
@@ -60,6 +63,11 @@ pub const REQUEST_ID_HEADER: &str = "x-shoal-request-id";
 pub const RECEIVED_BY_HEADER: &str = "x-shoal-received-by";
 pub const CLIENT_HEADER: &str = "x-shoal-client";
 pub const ORIGIN_HEADER: &str = "x-shoal-origin";
+/// Request header a client sets to tie its requests to one turn of its chat
+/// (any text up to [`MAX_TURN_LEN`] bytes; the ledger keeps and filters by it).
+pub const TURN_HEADER: &str = "x-shoal-turn";
+/// Longest turn id kept; a longer one is cut at a character boundary.
+pub const MAX_TURN_LEN: usize = 128;
 
 impl LedgerEntry {
     /// Usage over the choices, as every dialect reports it (each prompt once).
@@ -164,6 +172,7 @@ impl LedgerEntry {
             "origin": self.facts.origin,
             "node": self.facts.node,
             "ran_on": self.facts.ran_on,
+            "turn": self.facts.turn,
         })
     }
 
@@ -206,6 +215,7 @@ impl LedgerEntry {
             reasoning_tokens: u.reasoning_tokens as u64,
             per_prompt: u32::try_from(self.per_prompt).unwrap_or(u32::MAX),
             error: self.error.clone(),
+            turn: self.facts.turn.clone(),
             choices: self.completions.iter().map(choice_row).collect(),
         }
     }
@@ -232,6 +242,7 @@ impl LedgerEntry {
                 origin: r.origin,
                 node: r.node,
                 ran_on: r.ran_on,
+                turn: r.turn,
             },
             backend: r.backend,
             status: r.status,

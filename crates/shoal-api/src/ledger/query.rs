@@ -46,8 +46,8 @@ pub struct UsageQuery {
     /// seconds) in milliseconds, a dialect by its ledger name (`dialect`
     /// takes a short one too), `cursor` as `before`; `finish` is the
     /// engine's reason or the dialect's word, `client` the API key's name,
-    /// `node` the one that received the request. `limit` is a listing's
-    /// page size.
+    /// `node` the one that received the request, `turn` a chat turn
+    /// (`x-shoal-turn`). `limit` is a listing's page size.
     pub filter: UsageFilter,
     pub group_by: Option<GroupBy>,
     pub csv: bool,
@@ -98,6 +98,7 @@ impl UsageQuery {
                 "finish" => f.finish = Some(v.to_string()),
                 "client" => f.client = Some(v.to_string()),
                 "node" => f.node = Some(v.to_string()),
+                "turn" => f.turn = Some(v.to_string()),
                 "cursor" => f.before = Some(number(k, v)?.min(i64::MAX as u64) as i64),
                 "since" => f.since_ms = Some(ms(k, v)?),
                 "until" => f.until_ms = Some(ms(k, v)?),

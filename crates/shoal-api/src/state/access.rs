@@ -114,6 +114,8 @@ pub struct Access {
     pub images: shoal_engine::vision::ImageLimits,
     /// Whether an image given by an http(s) address is fetched for the client.
     pub fetch_image_urls: bool,
+    /// Bytes of images one stored conversation may keep.
+    pub max_chat_image_bytes: usize,
 }
 
 impl Default for Access {
@@ -128,6 +130,7 @@ impl Default for Access {
             share_cache_across_keys: false,
             images: shoal_engine::vision::ImageLimits::default(),
             fetch_image_urls: false,
+            max_chat_image_bytes: 64 << 20,
         }
     }
 }

@@ -328,6 +328,10 @@ settings! {
         /// fetches for clients can be made to reach what they cannot).
         fetch_image_urls: bool = false,
             env Env::Var("SHOAL_FETCH_IMAGE_URLS"), flag Flag::On("fetch-image-urls");
+        /// Images one stored chat may keep, in MiB (as decoded); a message
+        /// that would pass it is not stored (413).
+        max_chat_images_mb: usize = Access::default().max_chat_image_bytes >> 20,
+            env Env::Var("SHOAL_MAX_CHAT_IMAGES_MB"), flag Flag::Value("max-chat-images-mb", "MIB");
         /// Longest a request may run, in seconds (0 = no limit); then it ends
         /// with a timeout error that still reports its usage.
         request_timeout_secs: u64 = Access::default().request_timeout.map_or(0, |d| d.as_secs()),
@@ -428,6 +432,12 @@ settings! {
         /// Unload a model nobody has used for this many seconds (0 = never).
         idle_unload_secs: u64 = 1800,
             env Env::Var("SHOAL_IDLE_UNLOAD_SECS"), flag Flag::Value("idle-unload-secs", "SECS");
+        /// Vision projectors named per model, each MODEL=PATH: MODEL is the
+        /// model's id as `shoal models` lists it, its path or its file name;
+        /// PATH is its mmproj .gguf, or off for none (a model not named uses
+        /// an mmproj*.gguf beside it).
+        projectors: Vec<String> = Vec::new(),
+            env Env::Lines("SHOAL_PROJECTORS"), flag Flag::Value("projector", "MODEL=PATH|off");
     }
     /// How long the usage ledger keeps its records.
     [usage] UsageSettings {

@@ -85,6 +85,7 @@ impl Config {
             max_pixels: self.server.max_image_pixels.max(1),
         };
         a.fetch_image_urls = self.server.fetch_image_urls;
+        a.max_chat_image_bytes = self.server.max_chat_images_mb.saturating_mul(1 << 20);
         Ok(a)
     }
 
@@ -244,19 +245,40 @@ impl Config {
         .split(self.model.split_kv_cache)
         .batch_invariant(self.model.batch_invariant)
         .kv_type(self.model.kv_cache_type)
-        .projector(self.projector()))
+        .projector(self.projector()?))
     }
 
-    /// Where the served model's vision projector comes from.
-    fn projector(&self) -> shoal_engine::backends::llama::Projector {
+    /// Where each model's vision projector comes from: `--mmproj` for the
+    /// served model (`off`: none for any model), then `[models] projectors`,
+    /// then a projector beside the model file.
+    fn projector(&self) -> Result<shoal_engine::backends::llama::Projector> {
         use shoal_engine::backends::llama::Projector;
-        match (self.model.mmproj.as_deref(), &self.model.path) {
-            (Some("off"), _) => Projector::Off,
-            (Some(file), Some(model)) if !file.is_empty() => Projector::Named {
-                model: model.clone(),
-                file: file.into(),
-            },
-            _ => Projector::Beside,
+        let file = |f: &str| (f != "off").then(|| std::path::PathBuf::from(f));
+        let mut p = match (self.model.mmproj.as_deref(), &self.model.path) {
+            (Some("off"), _) => return Ok(Projector::off()),
+            (Some(f), Some(model)) if !f.is_empty() => {
+                Projector::default().named(model.to_string_lossy(), file(f))
+            }
+            _ => Projector::default(),
+        };
+        let mut library = None;
+        for entry in self.models.projectors.iter().filter(|e| !e.trim().is_empty()) {
+            let (model, f) = entry
+                .split_once('=')
+                .filter(|(m, f)| !m.trim().is_empty() && !f.trim().is_empty())
+                .with_context(|| {
+                    format!("models.projectors: {entry:?} is not MODEL=PATH (or MODEL=off)")
+                })?;
+            let (model, f) = (model.trim(), f.trim());
+            // A pulled model's id names its file in the hub cache; a path or
+            // a file name is matched as it is.
+            let lib = library.get_or_insert_with(shoal_models::Library::from_env);
+            let key = match lib.find(model) {
+                Some(m) => m.path.to_string_lossy().into_owned(),
+                None => model.to_string(),
+            };
+            p = p.named(key, file(f));
         }
+        Ok(p)
     }
 }

@@ -365,6 +365,12 @@ function Steps(props: { msg: Message }) {
             {toolCount()} tool {toolCount() === 1 ? 'call' : 'calls'}, {(toolMs() / 1000).toFixed(2)} s in tools
           </span>
         </Show>
+        <Show when={props.msg.turn}>
+          {' · '}
+          <a href={`/usage?turn=${encodeURIComponent(props.msg.turn!)}`} data-testid="turn-ledger" title="This reply's requests in the usage ledger">
+            ledger rows
+          </a>
+        </Show>
       </summary>
       <ol>
         <For each={steps()}>

@@ -82,29 +82,59 @@ pub struct LlamaOptions {
     pub projector: Projector,
 }
 
-/// Where a GGUF's vision projector (`mmproj-*.gguf`) comes from.
+/// Where a GGUF's vision projector (`mmproj-*.gguf`) comes from: a file
+/// named for the model by a setting (`--mmproj` for the served model,
+/// `[models] projectors` for any), else an `mmproj*.gguf` beside the model
+/// file, unless projectors are off altogether.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub enum Projector {
-    /// An `mmproj*.gguf` beside the model file, if there is one.
-    #[default]
-    Beside,
-    /// For the model at `model`, this file (`--mmproj`); other models
-    /// look beside themselves.
-    Named {
-        model: std::path::PathBuf,
-        file: std::path::PathBuf,
-    },
-    /// None: models read text only.
-    Off,
+pub struct Projector {
+    /// No projector for any model: every model reads text only.
+    pub off: bool,
+    /// Projectors named for models: the model (its path, file name or file
+    /// stem) and its projector file, or `None` for "this one reads text only".
+    pub named: Vec<(String, Option<std::path::PathBuf>)>,
 }
 
 impl Projector {
+    /// No model loads a projector.
+    pub fn off() -> Self {
+        Projector {
+            off: true,
+            named: Vec::new(),
+        }
+    }
+
+    /// Names `file` as the projector of `model` (a path, file name or file
+    /// stem; `None`: none for it). Earlier names win.
+    pub fn named(mut self, model: impl Into<String>, file: Option<std::path::PathBuf>) -> Self {
+        self.named.push((model.into(), file));
+        self
+    }
+
+    /// What a setting says of the model at `model`, if it names it.
+    fn setting_for(&self, model: &Path) -> Option<&Option<std::path::PathBuf>> {
+        let is = |key: &str| {
+            Path::new(key) == model
+                || model.file_name().is_some_and(|n| n == key)
+                || model.file_stem().is_some_and(|n| n == key)
+        };
+        self.named.iter().find(|(k, _)| is(k)).map(|(_, f)| f)
+    }
+
+    /// Whether a setting named the projector of the model at `model` (it
+    /// must then load; one merely found beside a model may be another's).
+    pub fn is_named(&self, model: &Path) -> bool {
+        !self.off && matches!(self.setting_for(model), Some(Some(_)))
+    }
+
     /// The projector file for the model at `model`, if any.
     pub fn for_model(&self, model: &Path) -> Option<std::path::PathBuf> {
-        match self {
-            Projector::Named { model: m, file } if m == model => Some(file.clone()),
-            Projector::Beside | Projector::Named { .. } => vision::projector_beside(model),
-            Projector::Off => None,
+        if self.off {
+            return None;
+        }
+        match self.setting_for(model) {
+            Some(named) => named.clone(),
+            None => vision::projector_beside(model),
         }
     }
 }
@@ -309,7 +339,7 @@ impl LlamaOptions {
             split: false,
             batch_invariant: false,
             kv_type: KvType::F16,
-            projector: Projector::Beside,
+            projector: Projector::default(),
         }
     }
 
@@ -755,8 +785,7 @@ impl LlamaCppModel {
                     tracing::info!(projector = %p.display(), "vision projector loaded");
                     (Some(Arc::new(v)), None)
                 }
-                Err(e) if !matches!(&opts.projector, Projector::Named { model: m, .. } if m == path) =>
-                {
+                Err(e) if !opts.projector.is_named(path) => {
                     tracing::warn!(projector = %p.display(), error = %e, "projector not loaded; the model reads text only");
                     (None, Some(e.to_string()))
                 }
