@@ -213,6 +213,38 @@ impl Server {
     }
 }
 
+impl Server {
+    /// The tray's line for the MCP servers (`None` before the model has
+    /// loaded): read without starting any of them.
+    pub fn mcp_line(&self) -> Option<String> {
+        let inner = self.inner();
+        let state = inner.state.as_ref()?;
+        Some(mcp_line(&state.mcp.summary()))
+    }
+}
+
+/// Words for the MCP servers at a glance: how many, and those running,
+/// failed and off; figures that are zero are left out.
+fn mcp_line(s: &shoal_mcp::Summary) -> String {
+    if s.file_error {
+        return "MCP: mcp.json has an error (see the Server page)".to_string();
+    }
+    if s.servers == 0 {
+        return "MCP: no servers".to_string();
+    }
+    let mut parts = vec![format!(
+        "{} {}",
+        s.servers,
+        if s.servers == 1 { "server" } else { "servers" }
+    )];
+    for (n, what) in [(s.running, "running"), (s.failed, "failed"), (s.disabled, "off")] {
+        if n > 0 {
+            parts.push(format!("{n} {what}"));
+        }
+    }
+    format!("MCP: {}", parts.join(" · "))
+}
+
 /// Words for the Ollama port's status (`/v1/settings/ollama-port`'s body).
 fn ollama_line(status: &serde_json::Value, serving: bool) -> String {
     let port = status["port"].as_u64().unwrap_or(0);
@@ -285,6 +317,30 @@ mod tests {
         assert_eq!(line.chars().count(), "Error: ".len() + 80);
         assert!(line.ends_with('…'));
         assert_eq!(Status::Failed("no model".into()).line(), "Error: no model");
+    }
+
+    #[test]
+    fn mcp_lines() {
+        use shoal_mcp::Summary;
+        assert_eq!(mcp_line(&Summary::default()), "MCP: no servers");
+        let some = Summary {
+            servers: 3,
+            disabled: 1,
+            running: 1,
+            failed: 1,
+            file_error: false,
+        };
+        assert_eq!(mcp_line(&some), "MCP: 3 servers · 1 running · 1 failed · 1 off");
+        let one = Summary {
+            servers: 1,
+            ..Summary::default()
+        };
+        assert_eq!(mcp_line(&one), "MCP: 1 server");
+        let broken = Summary {
+            file_error: true,
+            ..Summary::default()
+        };
+        assert!(mcp_line(&broken).contains("mcp.json has an error"));
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! The tray (menu bar) item: a status line and the Ollama port's, then
+//! The tray (menu bar) item: a status line, the Ollama port's and the MCP
+//! servers', then
 //! Open Chat, Start/Stop Server, Copy API URL and Quit.
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -14,6 +15,7 @@ use crate::Shell;
 const TRAY: &str = "shoal";
 const STATUS: &str = "status";
 const OLLAMA: &str = "ollama";
+const MCP: &str = "mcp";
 const OPEN: &str = "open";
 const TOGGLE: &str = "toggle";
 const COPY: &str = "copy";
@@ -23,6 +25,7 @@ const QUIT: &str = "quit";
 struct Items {
     status: MenuItem<Wry>,
     ollama: MenuItem<Wry>,
+    mcp: MenuItem<Wry>,
     toggle: MenuItem<Wry>,
     copy: MenuItem<Wry>,
     shown: Mutex<Option<Shown>>,
@@ -32,6 +35,7 @@ struct Items {
 struct Shown {
     line: String,
     ollama: String,
+    mcp: String,
     toggle: &'static str,
     can_toggle: bool,
     can_copy: bool,
@@ -40,6 +44,7 @@ struct Shown {
 pub fn build(app: &AppHandle) -> tauri::Result<()> {
     let status = MenuItem::with_id(app, STATUS, Status::Loading.line(), false, None::<&str>)?;
     let ollama = MenuItem::with_id(app, OLLAMA, "Ollama API: …", false, None::<&str>)?;
+    let mcp = MenuItem::with_id(app, MCP, "MCP: …", false, None::<&str>)?;
     let open = MenuItem::with_id(app, OPEN, "Open Chat", true, None::<&str>)?;
     let toggle = MenuItem::with_id(app, TOGGLE, "Stop Server", false, None::<&str>)?;
     let copy = MenuItem::with_id(app, COPY, "Copy API URL", false, None::<&str>)?;
@@ -49,6 +54,7 @@ pub fn build(app: &AppHandle) -> tauri::Result<()> {
         &[
             &status,
             &ollama,
+            &mcp,
             &PredefinedMenuItem::separator(app)?,
             &open,
             &toggle,
@@ -69,6 +75,7 @@ pub fn build(app: &AppHandle) -> tauri::Result<()> {
     app.manage(Items {
         status,
         ollama,
+        mcp,
         toggle,
         copy,
         shown: Mutex::new(None),
@@ -103,6 +110,10 @@ pub fn refresh(app: &AppHandle) {
             .server
             .ollama_line()
             .unwrap_or_else(|| "Ollama API: …".to_string()),
+        mcp: shell
+            .server
+            .mcp_line()
+            .unwrap_or_else(|| "MCP: …".to_string()),
         toggle,
         can_toggle,
         can_copy: shell.server.url().is_some(),
@@ -120,6 +131,9 @@ pub fn refresh(app: &AppHandle) {
     }
     if before.as_ref().map(|b| &b.ollama) != Some(&now.ollama) {
         let _ = items.ollama.set_text(&now.ollama);
+    }
+    if before.as_ref().map(|b| &b.mcp) != Some(&now.mcp) {
+        let _ = items.mcp.set_text(&now.mcp);
     }
     let _ = items.toggle.set_text(now.toggle);
     let _ = items.toggle.set_enabled(now.can_toggle);

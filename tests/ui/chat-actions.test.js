@@ -116,6 +116,9 @@ test('an edited message is sent again; its reply keeps the old answer as an earl
     assert.deepEqual(body.messages, [{ role: 'user', content: FRANCE }], 'the old exchange is not sent');
     assert.equal(await waitFinish(page), 'stop');
     assert.deepEqual(await page.getByTestId('user-content').allInnerTexts(), [FRANCE]);
+    // The title came from the first message's words, so it follows their edit.
+    const title = page.locator('[data-testid=conversation-item].active [data-testid=conversation-title]');
+    assert.ok(FRANCE.startsWith(await title.innerText()), await title.innerText());
     const reply = lastReply(page);
     assert.match(await reply.getByTestId('assistant-content').innerText(), /Paris/);
     assert.equal(await page.getByTestId('message-assistant').count(), 1, 'one reply, in two versions');
@@ -142,6 +145,8 @@ test('an edited message is sent again; its reply keeps the old answer as an earl
     const stored = await storedConversation(await currentServerId(page));
     assert.deepEqual(stored.messages.map((m) => m.role), ['user', 'assistant']);
     assert.equal(textOf(stored.messages[0]), FRANCE);
+    const cid = await currentServerId(page);
+    await page.waitForFunction(async ([c, t]) => (await (await fetch('/v1/conversations/' + c)).json()).title === t, [cid, FRANCE]);
     const pieces = stored.messages[1].pieces;
     assert.deepEqual(
       pieces.map((p) => [p.version ?? 0, p.metadata.response_id, p.metadata.answered ?? null]),

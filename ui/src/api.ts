@@ -148,11 +148,15 @@ export interface ClusterNode {
 
 /** An error the server (or the network) reported, with the server's own message. */
 export class ApiError extends Error {
+  /** The server's own words, without the HTTP status `message` leads with. */
+  readonly detail: string;
   constructor(
     message: string,
     readonly status: number | null,
+    detail?: string,
   ) {
     super(message);
+    this.detail = detail ?? message;
   }
 }
 
@@ -176,7 +180,7 @@ export async function apiError(res: Response): Promise<ApiError> {
     /* body unreadable */
   }
   const msg = errorMessage(text) || res.statusText || 'request failed';
-  return new ApiError(`${res.status}: ${msg}`, res.status);
+  return new ApiError(`${res.status}: ${msg}`, res.status, msg);
 }
 
 export async function getJson<T>(url: string, signal?: AbortSignal): Promise<T> {

@@ -456,6 +456,12 @@ function liveStats(): Message['stats'] {
   };
 }
 
+/** A new chat's title until its model writes one: its first message's words. */
+function firstWordsTitle(text: string): string {
+  // The sidebar cuts it to its width; its tooltip shows it whole.
+  return (text.trim() || 'Image').replace(/\s+/g, ' ').slice(0, TITLE_CHARS);
+}
+
 export async function sendMessage(text: string, images: ImageAttachment[] = []): Promise<void> {
   if (state.streaming || (text.trim() === '' && images.length === 0)) return;
   const conv = current() ?? newChat();
@@ -472,8 +478,7 @@ export async function sendMessage(text: string, images: ImageAttachment[] = []):
       'conversations',
       (x) => x.id === convId,
       produce((c) => {
-        // The sidebar cuts it to its width; its tooltip shows it whole.
-        if (first) c.title = (text.trim() || 'Image').replace(/\s+/g, ' ').slice(0, TITLE_CHARS);
+        if (first) c.title = firstWordsTitle(text);
         c.messages.push(user, reply);
         c.updated = Date.now();
       }),
@@ -791,7 +796,7 @@ async function replyWithTools(convId: string, replyId: string): Promise<void> {
         patchTool(convId, replyId, t.id, (x) => {
           x.state = ctl.signal.aborted ? 'skipped' : 'failed';
           // The server's words, without the HTTP status the page's errors lead with.
-          x.result = e instanceof ApiError ? e.message.replace(/^\d+: /, '') : (e as Error).message;
+          x.result = e instanceof ApiError ? e.detail : (e as Error).message;
           x.tookMs = Math.round(performance.now() - t0);
         });
       }
@@ -872,5 +877,16 @@ export function editMessage(msgId: string, text: string): void {
       if (s.serverId != null && mid != null) await editUserMessage(s.serverId, mid, text);
     });
   }
-  void newVersion(convId, idx + 1, old !== text ? old : undefined);
+  // A title the chat got from its first message (its words, or the model's title
+  // of them) follows that message's edit; one the user gave stays.
+  const retitle = idx === 0 && old !== text && (c.titleBy != null || c.title === firstWordsTitle(old));
+  if (retitle) {
+    batch(() => {
+      setState('conversations', (x) => x.id === convId, 'title', firstWordsTitle(text));
+      setState('conversations', (x) => x.id === convId, 'titleBy', undefined);
+    });
+    saveTitle(convId);
+    saveSettings(convId);
+  }
+  void newVersion(convId, idx + 1, old !== text ? old : undefined).then(() => (retitle ? writeTitle(convId, reply.id) : undefined));
 }

@@ -1111,3 +1111,128 @@ async fn a_call_written_in_a_json_fence_is_a_tool_call_on_qwen() {
         (Some("Paris"), json!("tool_calls"))
     );
 }
+
+/// A tool loop as the chat window runs it, on a model that calls tools of
+/// its own accord: Qwen2.5-Coder is offered the reference filesystem
+/// server's `read_text_file` (MCP, over `/v1/mcp`), calls it for the file
+/// the user names, and answers from what the tool read. Each model turn is
+/// a ledger row of the same chat turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qwen_reads_a_file_through_an_mcp_tool_and_answers_from_it() {
+    let Some(m) = models().into_iter().find(|m| m.id == "qwen2.5-coder") else {
+        panic!("no qwen model")
+    };
+    let dir = std::env::temp_dir().join(format!("shoal-qwen-mcp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let notes = dir.join("notes.txt");
+    std::fs::write(&notes, "The launch code is 4417.\n").expect("write");
+    let index = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/mcp/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js");
+    let engine = Engine::start(
+        &m.path,
+        m.id,
+        EngineOptions {
+            backend: BackendChoice::Llama,
+            ..EngineOptions::default()
+        },
+    )
+    .expect("load");
+    let mut state = AppState::new(engine);
+    let hub = shoal_mcp::McpHub::open(None, shoal_mcp::Limits::default());
+    hub.set_config(
+        shoal_mcp::McpFile::parse(
+            &json!({"mcpServers": {"files": {"command": "node", "args": [index, &dir],
+                "enabledTools": ["read_text_file"]}}})
+            .to_string(),
+            "test",
+        )
+        .expect("valid"),
+    )
+    .await
+    .expect("set");
+    state.mcp = std::sync::Arc::new(hub);
+    let base = common::serve(state).await;
+    let (_, t) = get(&base, "/v1/mcp/tools").await;
+    let listed: Value = serde_json::from_str(&t).expect("json");
+    let tools: Vec<Value> = listed["data"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .map(|t| t["tool"].clone())
+        .collect();
+    assert_eq!(tools.len(), 1, "{listed}");
+
+    let turn = "chat-qwen/m1/v0";
+    let client = reqwest::Client::new();
+    let step = |messages: Value| {
+        let client = client.clone();
+        let (base, tools) = (base.clone(), tools.clone());
+        async move {
+            let body = json!({"model": m.id, "messages": messages, "tools": tools,
+                "max_tokens": 80, "temperature": 0});
+            let r = client
+                .post(format!("{base}/v1/chat/completions"))
+                .header("x-shoal-turn", turn)
+                .json(&body)
+                .send()
+                .await
+                .expect("send");
+            assert_eq!(r.status(), 200);
+            r.json::<Value>().await.expect("json")
+        }
+    };
+    let ask = json!({"role": "user", "content": format!(
+        "Read the file {} and tell me the launch code it holds.", notes.display())});
+    let first = step(json!([ask])).await;
+    assert_eq!(first["choices"][0]["finish_reason"], "tool_calls", "{first}");
+    let call = first["choices"][0]["message"]["tool_calls"][0].clone();
+    assert_eq!(call["function"]["name"], "files__read_text_file", "{first}");
+    // The model's own arguments, run as the chat runs them.
+    let (s, t) = post(
+        &base,
+        "/v1/mcp/call",
+        &json!({"function": call["function"]["name"], "arguments": call["function"]["arguments"]}),
+    )
+    .await;
+    assert_eq!(s, 200, "{t}");
+    let out: Value = serde_json::from_str(&t).expect("json");
+    assert_eq!(out["is_error"], false, "the model named the file: {call} → {out}");
+    assert!(out["content"].as_str().is_some_and(|c| c.contains("4417")), "{out}");
+
+    let second = step(json!([ask,
+        {"role": "assistant", "content": null, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": out["content"]}]))
+    .await;
+    let answer = &second["choices"][0];
+    assert_eq!(answer["finish_reason"], "stop", "{second}");
+    assert!(
+        answer["message"]["content"]
+            .as_str()
+            .is_some_and(|c| c.contains("4417")),
+        "the answer comes from the file: {second}"
+    );
+    // Both model turns are rows of the one chat turn.
+    let mut url = reqwest::Url::parse(&format!("{base}/v1/usage")).expect("url");
+    url.query_pairs_mut().append_pair("turn", turn);
+    let rows: Value = reqwest::get(url)
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    let mut ids: Vec<&str> = rows["data"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .filter_map(|r| r["id"].as_str())
+        .collect();
+    ids.sort_unstable();
+    let mut want = [
+        first["id"].as_str().unwrap_or_default(),
+        second["id"].as_str().unwrap_or_default(),
+    ];
+    want.sort_unstable();
+    assert_eq!(ids, want, "{rows}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -68,6 +68,22 @@ pub struct ToolInfo {
     pub always_allow: bool,
 }
 
+/// The servers at a glance, as the tray shows them: read without starting
+/// any server.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Summary {
+    /// Servers in the file, off ones included.
+    pub servers: usize,
+    /// Turned off in the file (`disabled`).
+    pub disabled: usize,
+    /// Started and connected (or busy starting or calling).
+    pub running: usize,
+    /// Whose last start failed.
+    pub failed: usize,
+    /// The file read at start is broken and not in use.
+    pub file_error: bool,
+}
+
 /// A server as the list shows it.
 #[derive(Clone, Debug, Serialize)]
 pub struct ServerStatus {
@@ -144,6 +160,8 @@ pub struct McpHub {
     /// Edits of the file that read it first (the answers), one at a time,
     /// so two answers given at once both stay.
     edits: Mutex<()>,
+    /// Servers whose last start failed (for [`Self::summary`]).
+    failed: SyncMutex<std::collections::BTreeSet<String>>,
 }
 
 const STDERR_LINES: usize = 20;
@@ -175,6 +193,7 @@ impl McpHub {
             file_error: SyncMutex::new(None),
             conns: SyncMutex::new(BTreeMap::new()),
             edits: Mutex::new(()),
+            failed: SyncMutex::new(Default::default()),
         }
     }
 
@@ -225,7 +244,7 @@ impl McpHub {
         };
         for slot in stale {
             if let Some(live) = slot.lock().await.take() {
-                stop(live).await;
+                stop(live);
             }
         }
         Ok(())
@@ -262,6 +281,30 @@ impl McpHub {
             self.set_config(file).await?;
         }
         Ok(n)
+    }
+
+    /// The servers at a glance, without starting any.
+    pub fn summary(&self) -> Summary {
+        let file = self.config();
+        let failed = lock(&self.failed);
+        let conns = lock(&self.conns);
+        let enabled = || file.servers.iter().filter(|(_, s)| !s.disabled);
+        let running = enabled()
+            .filter(|(name, _)| {
+                conns.get(*name).is_some_and(|slot| match slot.try_lock() {
+                    Ok(live) => live.as_ref().is_some_and(|l| !l.service.is_closed()),
+                    // Busy: starting, or answering a call.
+                    Err(_) => !failed.contains(*name),
+                })
+            })
+            .count();
+        Summary {
+            servers: file.servers.len(),
+            disabled: file.servers.len() - enabled().count(),
+            running,
+            failed: enabled().filter(|(name, _)| failed.contains(*name)).count(),
+            file_error: self.file_error().is_some(),
+        }
     }
 
     /// Every configured server, started if it is not yet.
@@ -379,7 +422,7 @@ impl McpHub {
             .collect();
         for slot in slots {
             if let Some(live) = slot.lock().await.take() {
-                stop(live).await;
+                stop(live);
             }
         }
     }
@@ -412,12 +455,14 @@ impl McpHub {
         match made {
             Ok(live) => {
                 let live = Arc::new(live);
+                lock(&self.failed).remove(name);
                 tracing::info!(server = name, tools = live.tools.len(), "MCP server ready");
                 *conn = Some(live.clone());
                 Ok(live)
             }
             Err(why) => {
                 tracing::warn!(server = name, %why, "MCP server failed");
+                lock(&self.failed).insert(name.to_string());
                 *conn = None;
                 Err(McpError::Failed {
                     server: name.to_string(),
@@ -432,7 +477,7 @@ impl McpHub {
         let slot = self.slot(name);
         let old = slot.lock().await.take();
         if let Some(live) = old {
-            stop(live).await;
+            stop(live);
         }
     }
 }
@@ -592,7 +637,7 @@ fn explain(error: &str, live: &Live) -> String {
     }
 }
 
-async fn stop(live: Arc<Live>) {
+fn stop(live: Arc<Live>) {
     // Cancelling closes the transport; a stdio child is killed when the
     // last handle to it goes.
     live.service.cancellation_token().cancel();
@@ -645,6 +690,7 @@ mod tests {
         std::fs::write(&path, "{\"mcpServers\": {").expect("write");
         let hub = McpHub::open(Some(path.clone()), Limits::default());
         assert!(hub.servers().await.is_empty());
+        assert!(hub.summary().file_error);
         let why = hub.file_error().expect("the error is kept");
         assert!(why.contains("not a valid mcp.json"), "{why}");
         let good = McpFile::parse(
@@ -665,7 +711,21 @@ mod tests {
         )
         .expect("valid");
         let hub = McpHub::with_file(None, file, Limits::default());
+        // Nothing started yet: the summary starts nothing either.
+        let idle = Summary {
+            servers: 2,
+            disabled: 1,
+            ..Summary::default()
+        };
+        assert_eq!(hub.summary(), idle);
         let list = hub.servers().await;
+        assert_eq!(
+            hub.summary(),
+            Summary {
+                failed: 1,
+                ..idle.clone()
+            }
+        );
         assert_eq!(list.len(), 2);
         assert_eq!(list[0].state, "failed");
         assert!(

@@ -8,4 +8,4 @@ pub mod hub;
 mod spawn;
 
 pub use config::{ConfigError, McpFile, ServerSpec, Transport};
-pub use hub::{CallOutcome, Limits, McpError, McpHub, ServerStatus, ToolInfo};
+pub use hub::{CallOutcome, Limits, McpError, McpHub, ServerStatus, Summary, ToolInfo};

@@ -280,6 +280,7 @@ async fn always_allow_answers_are_kept_in_the_file_without_a_restart() {
     );
     // The server was not restarted for it: the same process counts on.
     assert_eq!(calls(&hub).await, "2");
+    assert_eq!(hub.summary().running, 1);
     hub.always_allow("fragile", "crash", false)
         .await
         .expect("take back");
