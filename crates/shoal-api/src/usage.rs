@@ -61,7 +61,12 @@ fn tracked(s: &crate::state::AppState, req: &Request, forwarded: Option<Facts>) 
             .map(str::to_owned)
     };
     let user_agent = header(axum::http::header::USER_AGENT);
-    let turn = header(axum::http::HeaderName::from_static(TURN_HEADER)).map(turn_id);
+    // Read as UTF-8, not only ASCII: a client may name its turn in any words.
+    let turn = req
+        .headers()
+        .get(TURN_HEADER)
+        .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
+        .map(|t| turn_id(t.to_string()));
     let mut tracked = Tracked {
         facts: match forwarded {
             Some(f) => Facts {
@@ -186,11 +191,12 @@ async fn forwarded_facts(
     let verified = s
         .verify_peer(&parts.method, &parts.uri, &parts.headers, &bytes)
         .is_ok();
+    // As UTF-8: the sending node passes a key's name or a turn id in any words.
     let header = |name: &str| {
         parts
             .headers
             .get(name)
-            .and_then(|v| v.to_str().ok())
+            .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
             .map(str::to_owned)
     };
     let facts = verified.then(|| Facts {

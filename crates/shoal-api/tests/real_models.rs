@@ -1204,8 +1204,9 @@ async fn qwen_reads_a_file_through_an_mcp_tool_and_answers_from_it() {
         {"role": "assistant", "content": null, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": call["id"], "content": out["content"]}]))
     .await;
+    // It answers from what the tool read (it may call again as well: the
+    // chat's step limit is what ends such a loop).
     let answer = &second["choices"][0];
-    assert_eq!(answer["finish_reason"], "stop", "{second}");
     assert!(
         answer["message"]["content"]
             .as_str()

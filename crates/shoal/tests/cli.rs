@@ -1086,7 +1086,15 @@ fn requests_are_forwarded_and_instances_survive_a_dead_node() {
     .to_string();
     let (status, direct) = post_json(&b, "/v1/chat/completions", &ask);
     assert_eq!(status, 200, "{direct}");
-    let (status, via_a) = post_json(&a, "/v1/chat/completions", &ask);
+    // It names its chat turn in words that are not ASCII: the node that runs
+    // it keeps them as the one that received it did.
+    let turn = "tour-é/1";
+    let (status, via_a) = post_json_with(
+        &a,
+        "/v1/chat/completions",
+        &ask,
+        &[("x-shoal-turn", turn.to_string())],
+    );
     assert_eq!(status, 200, "{via_a}");
     assert_eq!(via_a["model"], model);
     assert_eq!(
@@ -1124,10 +1132,10 @@ fn requests_are_forwarded_and_instances_survive_a_dead_node() {
         .and_then(|r| r.split('"').next())
         .expect("message id")
         .to_string();
-    for (id, received, ran) in [
-        (direct["id"].as_str().expect("id"), &b_id, None),
-        (via_a["id"].as_str().expect("id"), &a_id, Some(&b_id)),
-        (claude_id.as_str(), &a_id, Some(&b_id)),
+    for (id, received, ran, named) in [
+        (direct["id"].as_str().expect("id"), &b_id, None, None),
+        (via_a["id"].as_str().expect("id"), &a_id, Some(&b_id), Some(turn)),
+        (claude_id.as_str(), &a_id, Some(&b_id), None),
     ] {
         let holders: Vec<&str> = if ran.is_some() {
             vec![&a, &b]
@@ -1151,6 +1159,7 @@ fn requests_are_forwarded_and_instances_survive_a_dead_node() {
                 ran.map(String::as_str),
                 "{node}: {entry}"
             );
+            assert_eq!(entry["turn"].as_str(), named, "{node}: {entry}");
         }
     }
     let (_, a_only) = get_with(&a, "/v1/usage?limit=50", &[]);

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::Method;
+use axum::http::{HeaderValue, Method};
 use axum::response::{IntoResponse, Response};
 
 use crate::error::{ApiError, ErrorShape};
@@ -143,7 +143,9 @@ pub async fn proxy(
             (TURN_HEADER, f.turn),
             ("user-agent", f.user_agent),
         ] {
-            if let Some(v) = value {
+            // Bytes, not ASCII text: a key's name or a turn id may be any
+            // words (only control characters are left out).
+            if let Some(v) = value.and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok()) {
                 req = req.header(name, v);
             }
         }
