@@ -241,37 +241,51 @@ test('a server that dies mid-call is an error in the chat, and the chat goes on'
   });
 });
 
-test('Always allow is kept by the server: later calls run without asking, until the Server page forgets it', async () => {
-  // The filesystem server on a folder of its own, offering one tool that needs no arguments.
+test('the filesystem server on a temporary folder runs an allowed call', async () => {
+  // The reference filesystem server on a folder of its own, offering one tool that needs no arguments.
   const dir = mkdtempSync(join(tmpdir(), 'shoal-ui-files-'));
   await configure({ mcpServers: { files: { command: 'node', args: [FILESYSTEM, dir], enabledTools: ['list_allowed_directories'] } } });
+  await usePage(await openPage(browser), 'mcp-files', async (page) => {
+    await toolChat(page, { steps: 2 });
+    await send(page, 'Which folders may you read?');
+    const use = lastReply(page).getByTestId('tool-use').first();
+    await page.locator('[data-testid=tool-use][data-state=asking]').waitFor({ timeout: 120_000 });
+    assert.equal(await use.getAttribute('data-tool'), 'files__list_allowed_directories');
+    // The server's own hint is shown beside the call.
+    assert.match(await use.innerText(), /read-only/);
+    await use.getByTestId('tool-allow').click();
+    await loopEnded(page);
+    assert.equal(await use.getAttribute('data-state'), 'done');
+    assert.ok((await use.getByTestId('tool-result-text').textContent()).includes(dir), 'the tool read its folder');
+  });
+});
+
+test('Always allow is kept by the server: later calls run without asking, until the Server page forgets it', async () => {
+  await configure(FILE());
   await usePage(await openPage(browser), 'mcp-always', async (page) => {
     await toolChat(page, { steps: 3 });
-    await send(page, 'Which folders may you read?');
+    await send(page, ASK);
     const uses = lastReply(page).getByTestId('tool-use');
     await page.locator('[data-testid=tool-use][data-state=asking]').waitFor({ timeout: 120_000 });
-    assert.equal(await uses.first().getAttribute('data-tool'), 'files__list_allowed_directories');
     await uses.first().getByTestId('tool-always').click();
     await loopEnded(page);
-    // The first call ran on the answer; the second was not asked about.
+    // The first call ran on the answer; the next one was not asked about.
     assert.equal(await uses.first().getAttribute('data-state'), 'done');
-    assert.ok((await uses.first().getByTestId('tool-result-text').textContent()).includes(dir), 'the tool read its folder');
     assert.equal(await uses.nth(1).getAttribute('data-state'), 'done');
     assert.match(await uses.nth(1).getByTestId('tool-state').innerText(), /allowed ahead/);
-    await lastReply(page).getByTestId('tool-limit').waitFor();
   });
   // The server keeps the answer, in the file, for every window.
   const kept = await api('/v1/mcp/config');
-  assert.deepEqual(kept.json.mcpServers.files.alwaysAllow, ['list_allowed_directories']);
+  assert.deepEqual(kept.json.mcpServers.every.alwaysAllow, ['echo']);
   const tools = await api('/v1/mcp/tools');
-  assert.equal(tools.json.data.find((t) => t.name === 'list_allowed_directories').always_allow, true);
+  assert.equal(tools.json.data.find((t) => t.name === 'echo').always_allow, true);
   await usePage(await openPage(browser, { path: '/server', width: 420 }), 'mcp-forget-420', async (page) => {
     await page.getByTestId('mcp-forget').click();
     assert.match(await page.getByTestId('mcp-forgot').innerText(), /Forgot 1 “Always allow” answer/);
     assert.ok(!(await page.getByTestId('mcp-config').inputValue()).includes('alwaysAllow'), 'the file shown lost the answer');
     await screenshot(page, 'mcp-forgot-420');
   });
-  assert.equal((await api('/v1/mcp/config')).json.mcpServers.files.alwaysAllow, undefined);
+  assert.equal((await api('/v1/mcp/config')).json.mcpServers.every.alwaysAllow, undefined);
 });
 
 test('a call that hangs is an error in the chat after the timeout, and the model reads it', async () => {

@@ -15,10 +15,11 @@ export function McpSettings() {
   const forget = async () => {
     setProblem(null);
     try {
-      setForgot(await forgetAllowedTools());
-      // The file shown loses its alwaysAllow lists too.
+      const n = await forgetAllowedTools();
+      // The file shown loses its alwaysAllow lists too, before the note says so.
       mutate(await mcpConfig());
       setText(null);
+      setForgot(n);
     } catch (e) {
       setProblem((e as Error).message);
     }
