@@ -83,7 +83,7 @@ LLAMA_SDK_PY := $(addprefix tests/sdk/,test_openai_chat.py test_anthropic_messag
 	test_ollama.py test_prompt_cache.py test_prefix_cache.py test_reasoning.py \
 	test_structured_output.py test_concurrency.py)
 LLAMA_UI_FILES := ui.test.js chat-actions.test.js settings.test.js mcp.test.js
-LLAMA_UI_PATTERN := streams token by token|max tokens 3|stop sequence ends|Stop during|reasoning arrives|cannot reason|edited message|regenerate keeps|continue carries|a seed set|prefix kept on disk|waits for Allow
+LLAMA_UI_PATTERN := streams token by token|max tokens 3|stop sequence ends|Stop during|reasoning arrives|cannot reason|edited message|regenerate keeps|continue carries|a seed set|prefix kept on disk|waits for Allow|Always allow is kept
 
 # Test runs keep to an empty model library of their own and never reach a hub.
 # The UI suite runs on both backends (set here to MLX, then to llama.cpp above); the

@@ -11,6 +11,16 @@ MLX_DIR="${SHOAL_CACHE:-$ROOT/.cache}/models/smollm2-135m-mlx-f32"
 VENV="$(bash "$ROOT/tools/setup-pyenv.sh")"
 RUNS="${RUNS:-3}"
 
+# Waits (up to 2 minutes) until every server on these loopback ports answers /health.
+wait_healthy() {
+  for _ in $(seq 1 120); do
+    local up=1
+    for port in "$@"; do curl -sf "http://127.0.0.1:$port/health" >/dev/null || up=0; done
+    [ "$up" = 1 ] && return 0
+    sleep 1
+  done
+}
+
 # Token choice alone, per sequence per step, by vocabulary size (above the seam, both backends).
 cargo bench --quiet -p shoal-engine --bench sampler 2>/dev/null
 
@@ -193,10 +203,7 @@ for M in "$GGUF" "${REAL[@]}"; do
     SHOAL_LOG=warn "$SHOAL" serve --backend llama --threads "$THREADS" --kv-cache-tokens 8192 "${EXTRA[@]}" \
       --model "$M" --port 18932 >/dev/null 2>&1 &
     SS=$!
-    for _ in $(seq 1 120); do
-      curl -sf http://127.0.0.1:18931/health >/dev/null && curl -sf http://127.0.0.1:18932/health >/dev/null && break
-      sleep 1
-    done
+    wait_healthy 18931 18932
     "$VENV/bin/python" "$ROOT/tools/py/serve_load.py" --shoal http://127.0.0.1:18932 --llama http://127.0.0.1:18931 \
       --model "$M" --rounds "$RUNS" || echo "  (load failed)"
     kill "$LS" "$SS" 2>/dev/null || true
@@ -210,8 +217,26 @@ done
 EMBED_GGUF="$(bash "$ROOT/tools/fetch-embedding-model.sh")"
 "$LLAMA_SERVER" -m "$EMBED_GGUF" --embeddings -t "$THREADS" --host 127.0.0.1 --port 18933 >/dev/null 2>&1 &
 LS=$!
-for _ in $(seq 1 120); do curl -sf http://127.0.0.1:18933/health >/dev/null && break; sleep 1; done
+wait_healthy 18933
 SHOAL_LOG=warn "$SHOAL" bench --embeddings --model "$EMBED_GGUF" --threads "$THREADS" --runs "$((RUNS * 3))" \
   --against http://127.0.0.1:18933 || echo "  (embeddings bench failed)"
 kill "$LS" 2>/dev/null || true
 wait "$LS" 2>/dev/null || true
+
+# Vision: the vision fixture (the default model beside a random-weight LLaVA-style projector,
+# `make models`) through Shoal and llama-server --mmproj on the same files and threads: each
+# dialect's prompt tokens and greedy reply against llama-server's, then time to first token
+# with a new picture, without one, and a second question about the same picture (a cache hit),
+# in interleaved pairs (tools/py/vision_vs_llama.py).
+VISION_GGUF="${SHOAL_TEST_VISION_GGUF:-${SHOAL_CACHE:-$ROOT/.cache}/models/smollm2-vision-v1/SmolLM2-135M-Instruct.Q4_1.gguf}"
+PROJECTOR="$(find "$(dirname "$VISION_GGUF")" -maxdepth 1 -name 'mmproj*.gguf' | head -n 1)"
+"$LLAMA_SERVER" -m "$VISION_GGUF" --mmproj "$PROJECTOR" -t "$THREADS" -c 4096 --host 127.0.0.1 --port 18935 >/dev/null 2>&1 &
+LS=$!
+SHOAL_LOG=warn "$SHOAL" serve --backend llama --threads "$THREADS" --kv-cache-tokens 4096 --model "$VISION_GGUF" \
+  --model-id vision --port 18936 >/dev/null 2>&1 &
+SS=$!
+wait_healthy 18935 18936
+"$VENV/bin/python" "$ROOT/tools/py/vision_vs_llama.py" --shoal http://127.0.0.1:18936 --llama http://127.0.0.1:18935 \
+  --model vision --pairs "$((RUNS * 3))" || echo "  (vision bench failed)"
+kill "$LS" "$SS" 2>/dev/null || true
+wait "$LS" "$SS" 2>/dev/null || true

@@ -535,6 +535,20 @@ async fn sees(base: &str, id: &str) -> Value {
     me["shoal"]["capabilities"]["vision"].clone()
 }
 
+/// `model` on llama.cpp as `id`, its projector found as `projector` says.
+fn with_projector(
+    model: &std::path::Path,
+    id: &str,
+    projector: shoal_engine::backends::llama::Projector,
+) -> Engine {
+    let mut opts = EngineOptions {
+        backend: BackendChoice::Llama,
+        ..EngineOptions::default()
+    };
+    opts.llama = opts.llama.projector(projector);
+    Engine::start(model, id, opts).expect("load")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_projector_named_for_a_model_is_the_one_it_loads() {
     use shoal_engine::backends::llama::Projector;
@@ -542,14 +556,11 @@ async fn a_projector_named_for_a_model_is_the_one_it_loads() {
     // with the one a setting names for it by file name.
     let text_only = common::gguf();
     let name = text_only.file_name().expect("file name").to_string_lossy();
-    let mut opts = EngineOptions {
-        backend: BackendChoice::Llama,
-        ..EngineOptions::default()
-    };
-    opts.llama = opts
-        .llama
-        .projector(Projector::default().named(name, Some(fixture_projector())));
-    let engine = Engine::start(&text_only, "named", opts).expect("load");
+    let engine = with_projector(
+        &text_only,
+        "named",
+        Projector::default().named(name, Some(fixture_projector())),
+    );
     let base = common::serve(AppState::new(engine)).await;
     assert_eq!(sees(&base, "named").await, true);
     let mut body = chat(&red(), json!({}));
@@ -565,12 +576,7 @@ async fn a_projector_named_for_a_model_is_the_one_it_loads() {
     // reads text only, though one lies beside it.
     let vision = common::vision_gguf();
     let stem = vision.file_stem().expect("stem").to_string_lossy();
-    let mut opts = EngineOptions {
-        backend: BackendChoice::Llama,
-        ..EngineOptions::default()
-    };
-    opts.llama = opts.llama.projector(Projector::default().named(stem, None));
-    let engine = Engine::start(&vision, "blind", opts).expect("load");
+    let engine = with_projector(&vision, "blind", Projector::default().named(stem, None));
     let base = common::serve(AppState::new(engine)).await;
     assert_eq!(sees(&base, "blind").await, false);
     let mut body = chat(&red(), json!({}));
