@@ -13,6 +13,7 @@ Both servers are started by tools/bench.sh; this only sends requests and prints 
 import argparse
 import base64
 import json
+import random
 import statistics
 import struct
 import time
@@ -25,12 +26,14 @@ MAX_TOKENS = 16
 
 
 def png(width, height, seed):
-    """A PNG of a smooth gradient that differs with `seed` (no imaging library needed)."""
+    """A PNG of a gradient whose offsets come from `seed` (no imaging library needed)."""
+    rng = random.Random(seed)
+    a, b, c = (rng.randrange(256) for _ in range(3))
     rows = []
     for y in range(height):
         row = bytearray([0])
         for x in range(width):
-            row += bytes(((x * 7 + seed * 31) % 256, (y * 5 + seed * 17) % 256, (x * y + seed * 13) % 256))
+            row += bytes(((x * 7 + a) % 256, (y * 5 + b) % 256, (x * y + c) % 256))
         rows.append(bytes(row))
 
     def chunk(kind, data):
@@ -122,17 +125,19 @@ def main():
                   f" reply {'same' if same_text else 'DIFFERENT: ' + repr(text) + ' vs ' + repr(want[0])}")
     print(f"  every dialect agrees with llama-server: {'yes' if agree else 'NO'}")
 
-    # Each pair sends a picture neither server has seen, in alternating order.
+    # Each pair sends a picture neither server has seen (this run's own: Shoal's prefix cache
+    # outlives a restart on its disk tier), in alternating order.
+    run = random.SystemRandom().randrange(1 << 30)
     cold, text_only, again = {"shoal": [], "llama": []}, {"shoal": [], "llama": []}, {"shoal": [], "llama": []}
     servers = {"shoal": a.shoal, "llama": a.llama}
     for i in range(a.pairs):
         order = ["shoal", "llama"] if i % 2 == 0 else ["llama", "shoal"]
-        image = png(64, 64, 100 + i)
+        image = png(64, 64, run + i)
         for name in order:
             url = f"{servers[name]}/v1/chat/completions"
             cold[name].append(post(url, chat_body(a.model, QUESTION, image, True), True)[0])
             again[name].append(post(url, chat_body(a.model, FOLLOW_UP, image, True), True)[0])
-            text_only[name].append(post(url, chat_body(a.model, f"{QUESTION} ({i})", None, True), True)[0])
+            text_only[name].append(post(url, chat_body(a.model, f"({run + i}) {QUESTION}", None, True), True)[0])
     med = {k: {n: statistics.median(x for x in v[n] if x is not None) for n in v} for k, v in
            (("cold", cold), ("text", text_only), ("again", again))}
     print(f"time to first token, median of {a.pairs} interleaved pairs (llama-server ÷ Shoal: above 1 is Shoal faster):")
