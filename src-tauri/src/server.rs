@@ -237,7 +237,11 @@ fn mcp_line(s: &shoal_mcp::Summary) -> String {
         s.servers,
         if s.servers == 1 { "server" } else { "servers" }
     )];
-    for (n, what) in [(s.running, "running"), (s.failed, "failed"), (s.disabled, "off")] {
+    for (n, what) in [
+        (s.running, "running"),
+        (s.failed, "failed"),
+        (s.disabled, "off"),
+    ] {
         if n > 0 {
             parts.push(format!("{n} {what}"));
         }
@@ -330,7 +334,10 @@ mod tests {
             failed: 1,
             file_error: false,
         };
-        assert_eq!(mcp_line(&some), "MCP: 3 servers · 1 running · 1 failed · 1 off");
+        assert_eq!(
+            mcp_line(&some),
+            "MCP: 3 servers · 1 running · 1 failed · 1 off"
+        );
         let one = Summary {
             servers: 1,
             ..Summary::default()

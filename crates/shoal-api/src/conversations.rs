@@ -10,11 +10,11 @@ use std::time::Duration;
 use axum::extract::{Path, State};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
+use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use shoal_client::metadata::{is_reserved, merge};
 use shoal_client::ProviderMeta;
-use base64::Engine as _;
 use shoal_engine::vision::{self, ImageError};
 use shoal_store::{Metadata, Piece, PieceKind, Store};
 
@@ -441,7 +441,8 @@ fn check_images(st: &Store, id: i64, meta: &Metadata, access: &Access) -> Result
     let Some(list) = meta.get("images") else {
         return Ok(());
     };
-    let shape = "metadata.images: a list of {\"media_type\": \"image/…\", \"data\": base64} objects";
+    let shape =
+        "metadata.images: a list of {\"media_type\": \"image/…\", \"data\": base64} objects";
     let list = list
         .as_array()
         .ok_or_else(|| ApiError::param("metadata.images", shape))?;

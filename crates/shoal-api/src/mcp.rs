@@ -131,7 +131,9 @@ async fn always_allow(State(s): State<AppState>, OpenAiJson(a): OpenAiJson<Answe
         .await
         .map_err(err)?;
     tracing::info!(%server, %tool, allow = a.allow, "MCP tool answer kept");
-    Ok(Json(json!({"server": server, "tool": tool, "always_allow": a.allow})))
+    Ok(Json(
+        json!({"server": server, "tool": tool, "always_allow": a.allow}),
+    ))
 }
 
 /// `DELETE /v1/mcp/always_allow`: every kept answer forgotten; each tool asks again.

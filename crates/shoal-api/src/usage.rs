@@ -13,9 +13,7 @@ use crate::ledger::{
     csv, grouped, grouped_csv, total_cost, Facts, LedgerEntry, Page, Tracked, UsageQuery,
     REQUEST_ID_HEADER,
 };
-use crate::ledger::{
-    CLIENT_HEADER, MAX_TURN_LEN, ORIGIN_HEADER, RECEIVED_BY_HEADER, TURN_HEADER,
-};
+use crate::ledger::{CLIENT_HEADER, MAX_TURN_LEN, ORIGIN_HEADER, RECEIVED_BY_HEADER, TURN_HEADER};
 
 /// A bad `/v1/usage` parameter is a 400 naming it.
 impl From<crate::ledger::QueryError> for ApiError {

@@ -1684,7 +1684,11 @@ async fn usage_filters_groups_and_exports_the_ledger() {
         .json()
         .await
         .expect("json");
-    assert_eq!(by_turn["data"].as_array().map(Vec::len), Some(1), "{by_turn}");
+    assert_eq!(
+        by_turn["data"].as_array().map(Vec::len),
+        Some(1),
+        "{by_turn}"
+    );
     assert_eq!(by_turn["data"][0]["id"], m["id"], "{by_turn}");
     assert_eq!(by_turn["data"][0]["turn"], kept_turn, "{by_turn}");
     let none = list("/v1/usage?model=nope").await;
@@ -2606,9 +2610,15 @@ async fn mcp_tools_reach_the_model_and_a_call_feeds_the_next_turn() {
     assert_eq!(allowed, ["echo"], "{tools}");
     let (_, t) = get_text(&base, "/v1/mcp/config").await;
     let config: Value = serde_json::from_str(&t).expect("json");
-    assert_eq!(config["mcpServers"]["every"]["alwaysAllow"], json!(["echo"]));
+    assert_eq!(
+        config["mcpServers"]["every"]["alwaysAllow"],
+        json!(["echo"])
+    );
     for (body, status) in [
-        (json!({"server": "nobody", "tool": "echo", "allow": true}), 404),
+        (
+            json!({"server": "nobody", "tool": "echo", "allow": true}),
+            404,
+        ),
         (json!({"function": "every__echo"}), 400),
         (json!({"function": "echo", "allow": true}), 400),
     ] {

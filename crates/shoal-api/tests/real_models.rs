@@ -1185,7 +1185,10 @@ async fn qwen_reads_a_file_through_an_mcp_tool_and_answers_from_it() {
     let ask = json!({"role": "user", "content": format!(
         "Read the file {} and tell me the launch code it holds.", notes.display())});
     let first = step(json!([ask])).await;
-    assert_eq!(first["choices"][0]["finish_reason"], "tool_calls", "{first}");
+    assert_eq!(
+        first["choices"][0]["finish_reason"], "tool_calls",
+        "{first}"
+    );
     let call = first["choices"][0]["message"]["tool_calls"][0].clone();
     assert_eq!(call["function"]["name"], "files__read_text_file", "{first}");
     // The model's own arguments, run as the chat runs them.
@@ -1197,8 +1200,14 @@ async fn qwen_reads_a_file_through_an_mcp_tool_and_answers_from_it() {
     .await;
     assert_eq!(s, 200, "{t}");
     let out: Value = serde_json::from_str(&t).expect("json");
-    assert_eq!(out["is_error"], false, "the model named the file: {call} → {out}");
-    assert!(out["content"].as_str().is_some_and(|c| c.contains("4417")), "{out}");
+    assert_eq!(
+        out["is_error"], false,
+        "the model named the file: {call} → {out}"
+    );
+    assert!(
+        out["content"].as_str().is_some_and(|c| c.contains("4417")),
+        "{out}"
+    );
 
     let second = step(json!([ask,
         {"role": "assistant", "content": null, "tool_calls": [call]},

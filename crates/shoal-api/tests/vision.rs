@@ -607,7 +607,8 @@ async fn a_stored_chat_keeps_real_images_within_its_bound() {
     let (s, conv) = post(&base, "/v1/conversations", json!({})).await;
     assert_eq!(s, 200, "{conv}");
     let at = format!("/v1/conversations/{}/messages", conv["id"]);
-    let message = |images: Value| json!({"role": "user", "content": "Look", "metadata": {"images": images}});
+    let message =
+        |images: Value| json!({"role": "user", "content": "Look", "metadata": {"images": images}});
     let image = |data: String| json!({"media_type": "image/png", "data": data, "name": "red.png"});
     let (s, v) = post(&base, &at, message(json!([image(b64(&red))]))).await;
     assert_eq!(s, 200, "{v}");
@@ -616,10 +617,18 @@ async fn a_stored_chat_keeps_real_images_within_its_bound() {
     // Each refusal says what is wrong, where, and stores nothing.
     for (images, status, says) in [
         (json!("red.png"), 400, "metadata.images"),
-        (json!([image(b64(b"not a picture at all"))]), 400, "metadata.images[0]: not a PNG"),
+        (
+            json!([image(b64(b"not a picture at all"))]),
+            400,
+            "metadata.images[0]: not a PNG",
+        ),
         (json!([image("%%%".into())]), 400, "not valid base64"),
         (json!([{"data": b64(&red)}]), 400, "media_type"),
-        (json!([image(b64(&red)), image(b64(&red)), image(b64(&red))]), 400, "3 images"),
+        (
+            json!([image(b64(&red)), image(b64(&red)), image(b64(&red))]),
+            400,
+            "3 images",
+        ),
     ] {
         let (s, v) = post(&base, &at, message(images.clone())).await;
         assert_eq!(s, status, "{images}: {v}");

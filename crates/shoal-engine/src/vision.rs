@@ -57,7 +57,9 @@ impl Default for ImageLimits {
 /// Why an image was refused; each is the client's to fix (a 400).
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum ImageError {
-    #[error("{at}: the image is {bytes} bytes; this server takes at most {max} (server.max_image_mb)")]
+    #[error(
+        "{at}: the image is {bytes} bytes; this server takes at most {max} (server.max_image_mb)"
+    )]
     TooLarge {
         at: String,
         bytes: usize,

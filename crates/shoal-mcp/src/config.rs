@@ -59,11 +59,7 @@ pub struct ServerSpec {
     /// Tools the user allowed for good ("Always allow"): kept here, beside
     /// the server, so every window and client of this server sees the
     /// answer, not only the browser that gave it.
-    #[serde(
-        rename = "alwaysAllow",
-        default,
-        skip_serializing_if = "Vec::is_empty"
-    )]
+    #[serde(rename = "alwaysAllow", default, skip_serializing_if = "Vec::is_empty")]
     pub always_allow: Vec<String>,
     #[serde(flatten)]
     pub other: serde_json::Map<String, serde_json::Value>,

@@ -252,7 +252,12 @@ impl McpHub {
 
     /// Puts `tool` of `server` on the server's `alwaysAllow` list (`allow`)
     /// or takes it off, and saves the file; the server keeps running.
-    pub async fn always_allow(&self, server: &str, tool: &str, allow: bool) -> Result<(), McpError> {
+    pub async fn always_allow(
+        &self,
+        server: &str,
+        tool: &str,
+        allow: bool,
+    ) -> Result<(), McpError> {
         let _one_edit = self.edits.lock().await;
         let mut file = self.config();
         let spec = file

@@ -118,7 +118,11 @@ async fn stdio_tools_calls_env_and_cut_results() {
 fn filesystem_file(dir: &std::path::Path) -> McpFile {
     let index = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/mcp/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js");
-    assert!(index.exists(), "{} is missing: `make setup` installs tests/mcp", index.display());
+    assert!(
+        index.exists(),
+        "{} is missing: `make setup` installs tests/mcp",
+        index.display()
+    );
     McpFile::parse(
         &json!({"mcpServers": {"files": {"command": "node", "args": [index, dir]}}}).to_string(),
         "test",
@@ -131,7 +135,9 @@ async fn the_filesystem_server_reads_and_writes_its_folder_only() {
     let dir = tempfile::tempdir().expect("tmp");
     std::fs::write(dir.path().join("notes.txt"), "shoal was here").expect("write");
     let hub = McpHub::open(None, Limits::default());
-    hub.set_config(filesystem_file(dir.path())).await.expect("set");
+    hub.set_config(filesystem_file(dir.path()))
+        .await
+        .expect("set");
     let tools = hub.tools().await;
     let hint = |name: &str| {
         tools

@@ -699,17 +699,32 @@ fn pull_list_and_remove_models_from_a_fixture_hub() {
         .expect("list")
         .flatten()
         .map(|e| e.path())
-        .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("mmproj")))
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("mmproj"))
+        })
         .expect("the fixture's projector");
     let file_name = |p: &Path| p.file_name().expect("name").to_string_lossy().into_owned();
     let named = format!("{}={}", file_name(&model), projector.display());
     let blind = format!("{}=off", file_name(&vision));
     for (model, extra, sees) in [
         (vision_arg, &["--backend", "llama"][..], true),
-        (vision_arg, &["--backend", "llama", "--mmproj", "off"][..], false),
+        (
+            vision_arg,
+            &["--backend", "llama", "--mmproj", "off"][..],
+            false,
+        ),
         (vision_arg, &["--backend", "mlx"][..], false),
-        (model_arg, &["--backend", "llama", "--projector", &named][..], true),
-        (vision_arg, &["--backend", "llama", "--projector", &blind][..], false),
+        (
+            model_arg,
+            &["--backend", "llama", "--projector", &named][..],
+            true,
+        ),
+        (
+            vision_arg,
+            &["--backend", "llama", "--projector", &blind][..],
+            false,
+        ),
     ] {
         let mut args = vec!["models", "--json", "--model", model];
         args.extend_from_slice(extra);
@@ -719,7 +734,13 @@ fn pull_list_and_remove_models_from_a_fixture_hub() {
         assert_eq!(list[0]["source"]["kind"], "path", "{out}");
         assert_eq!(list[0]["vision"], sees, "{extra:?}: {out}");
     }
-    let (ok, _, err) = cli(&["models", "--model", model_arg, "--projector", "no-equals-sign"]);
+    let (ok, _, err) = cli(&[
+        "models",
+        "--model",
+        model_arg,
+        "--projector",
+        "no-equals-sign",
+    ]);
     assert!(!ok && err.contains("is not MODEL=PATH"), "{err}");
     let (ok, table, _) = cli(&["models", "--backend", "llama", "--model", vision_arg]);
     assert!(
@@ -1134,7 +1155,12 @@ fn requests_are_forwarded_and_instances_survive_a_dead_node() {
         .to_string();
     for (id, received, ran, named) in [
         (direct["id"].as_str().expect("id"), &b_id, None, None),
-        (via_a["id"].as_str().expect("id"), &a_id, Some(&b_id), Some(turn)),
+        (
+            via_a["id"].as_str().expect("id"),
+            &a_id,
+            Some(&b_id),
+            Some(turn),
+        ),
         (claude_id.as_str(), &a_id, Some(&b_id), None),
     ] {
         let holders: Vec<&str> = if ran.is_some() {

@@ -131,12 +131,12 @@ pub fn cors(access: &Access) -> tower_http::cors::CorsLayer {
                 header::HeaderName::from_static(crate::ledger::TURN_HEADER),
             ]
             .into_iter()
-                .chain(
-                    crate::dialects::registry()
-                        .request_headers()
-                        .into_iter()
-                        .map(header::HeaderName::from_static),
-                )
-                .collect::<Vec<_>>(),
+            .chain(
+                crate::dialects::registry()
+                    .request_headers()
+                    .into_iter()
+                    .map(header::HeaderName::from_static),
+            )
+            .collect::<Vec<_>>(),
         )
 }

@@ -262,7 +262,12 @@ impl Config {
             _ => Projector::default(),
         };
         let mut library = None;
-        for entry in self.models.projectors.iter().filter(|e| !e.trim().is_empty()) {
+        for entry in self
+            .models
+            .projectors
+            .iter()
+            .filter(|e| !e.trim().is_empty())
+        {
             let (model, f) = entry
                 .split_once('=')
                 .filter(|(m, f)| !m.trim().is_empty() && !f.trim().is_empty())
