@@ -39,6 +39,9 @@ pub struct Args {
     /// The node that received the request.
     #[arg(long)]
     pub node: Option<String>,
+    /// One chat turn's requests (the `x-shoal-turn` its client sent).
+    #[arg(long)]
+    pub turn: Option<String>,
     /// Sum per hour, day, week, model, client, dialect, node or finish.
     #[arg(long, value_name = "BY")]
     pub group_by: Option<String>,
@@ -86,6 +89,7 @@ pub fn run(a: Args) -> Result<()> {
         ("finish", &a.finish),
         ("client", &a.client),
         ("node", &a.node),
+        ("turn", &a.turn),
         ("group_by", &a.group_by),
     ] {
         if let Some(v) = v {

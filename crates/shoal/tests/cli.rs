@@ -1746,7 +1746,10 @@ fn the_usage_ledger_survives_kill_9_and_shoal_usage_reads_it() {
         &addr,
         "/v1/messages",
         &msg.to_string(),
-        &[("x-api-key", "sk-ci".to_string())],
+        &[
+            ("x-api-key", "sk-ci".to_string()),
+            ("x-shoal-turn", "chat-9/m1/v0".to_string()),
+        ],
     );
     assert_eq!(status, 200, "{m}");
     let u = &m["usage"];
@@ -1798,6 +1801,11 @@ fn the_usage_ledger_survives_kill_9_and_shoal_usage_reads_it() {
             "{client}: {groups}"
         );
     }
+    // The one request that named its chat turn, found by it.
+    let turn: Value =
+        serde_json::from_str(&usage(&["--turn", "chat-9/m1/v0", "--json"])).expect("json");
+    assert_eq!(turn["data"].as_array().map(Vec::len), Some(1), "{turn}");
+    assert_eq!(turn["data"][0]["id"], m["id"], "{turn}");
     let csv = usage(&["--csv", "--client", "ci"]);
     assert_eq!(
         csv.lines().count(),
