@@ -113,10 +113,18 @@ impl Projector {
 
     /// What a setting says of the model at `model`, if it names it.
     fn setting_for(&self, model: &Path) -> Option<&Option<std::path::PathBuf>> {
+        // The same file however the path is written (relative, through a
+        // link), else by its name.
+        let same_file = |key: &str| match (std::fs::canonicalize(key), std::fs::canonicalize(model))
+        {
+            (Ok(a), Ok(b)) => a == b,
+            _ => false,
+        };
         let is = |key: &str| {
             Path::new(key) == model
                 || model.file_name().is_some_and(|n| n == key)
                 || model.file_stem().is_some_and(|n| n == key)
+                || same_file(key)
         };
         self.named.iter().find(|(k, _)| is(k)).map(|(_, f)| f)
     }
@@ -1229,5 +1237,52 @@ impl Drop for LlamaKv {
             s.remove(seq, 0);
             s.free.insert(seq);
         }
+    }
+}
+
+#[cfg(test)]
+mod projector_tests {
+    use super::Projector;
+
+    #[test]
+    fn a_projector_is_named_by_path_name_or_stem_else_found_beside_the_model() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let model = dir.path().join("m.gguf");
+        let other = dir.path().join("other.gguf");
+        let beside = dir.path().join("mmproj-m-f16.gguf");
+        for f in [&model, &other, &beside] {
+            std::fs::write(f, b"x").expect("write");
+        }
+        let named = std::path::PathBuf::from("/elsewhere/mmproj.gguf");
+        // Nothing named: the one beside the model.
+        assert_eq!(Projector::default().for_model(&model), Some(beside.clone()));
+        // Named by file name, by stem, by path, and by a path written another way.
+        let dotted = dir.path().join(".").join("m.gguf");
+        for key in [
+            "m.gguf".to_string(),
+            "m".to_string(),
+            model.display().to_string(),
+            dotted.display().to_string(),
+        ] {
+            let p = Projector::default().named(key.clone(), Some(named.clone()));
+            assert_eq!(p.for_model(&model), Some(named.clone()), "{key}");
+            assert!(p.is_named(&model), "{key}");
+            // Another model keeps the one beside it.
+            assert_eq!(p.for_model(&other), Some(beside.clone()), "{key}");
+            assert!(!p.is_named(&other), "{key}");
+        }
+        // Off for one model, or for all.
+        let blind = Projector::default().named("m", None);
+        assert_eq!(blind.for_model(&model), None);
+        assert!(!blind.is_named(&model));
+        assert_eq!(blind.for_model(&other), Some(beside.clone()));
+        let off = Projector::off().named("m", Some(named));
+        assert_eq!(off.for_model(&model), None);
+        assert_eq!(off.for_model(&other), None);
+        // The earlier name wins.
+        let first = Projector::default()
+            .named("m", Some("/a.gguf".into()))
+            .named("m.gguf", Some("/b.gguf".into()));
+        assert_eq!(first.for_model(&model), Some("/a.gguf".into()));
     }
 }
