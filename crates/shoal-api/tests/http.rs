@@ -878,7 +878,9 @@ async fn cluster_nodes_lists_this_node_with_live_figures_and_the_ui_is_served() 
     assert!(n["models"][0]["memory_bytes"]
         .as_u64()
         .is_some_and(|b| b > 1 << 20));
-    assert_eq!(n["requests"]["queued"], 0);
+    // Live figures: other tests share this engine, so only their presence
+    // is certain here.
+    assert!(n["requests"]["queued"].is_u64(), "{n}");
 
     // `/` and UI routes are the web page (to a browser); unknown API paths
     // stay JSON 404s.
