@@ -509,21 +509,6 @@ async fn a_model_without_a_projector_refuses_images_saying_so() {
     assert_eq!(sees(&base, "text-only").await, false);
 }
 
-/// The vision fixture's projector file, beside its model.
-fn fixture_projector() -> std::path::PathBuf {
-    let model = common::vision_gguf();
-    let dir = model.parent().expect("folder");
-    std::fs::read_dir(dir)
-        .expect("list")
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("mmproj"))
-        })
-        .expect("the fixture's projector")
-}
-
 /// Whether `/v1/models` says the model `id` reads images.
 async fn sees(base: &str, id: &str) -> Value {
     let (_, models) = get(base, "/v1/models").await;
@@ -559,7 +544,7 @@ async fn a_projector_named_for_a_model_is_the_one_it_loads() {
     let engine = with_projector(
         &text_only,
         "named",
-        Projector::default().named(name, Some(fixture_projector())),
+        Projector::default().named(name, Some(common::vision_projector())),
     );
     let base = common::serve(AppState::new(engine)).await;
     assert_eq!(sees(&base, "named").await, true);
@@ -722,7 +707,7 @@ async fn pulling_a_vision_gguf_brings_its_projector_and_the_model_sees() {
     use shoal_hub_fixture::{FixtureFile, FixtureRepo, HubFixture};
     use shoal_models::{HubOptions, Library};
     let model = common::vision_gguf();
-    let projector = fixture_projector();
+    let projector = common::vision_projector();
     let hub = HubFixture::start(vec![FixtureRepo {
         id: "test/SmolVision-GGUF".into(),
         commit: "2222222222222222222222222222222222222222".into(),

@@ -605,19 +605,6 @@ fn json_logs_carry_the_request_span_and_prompts_only_when_asked() {
     }
 }
 
-/// The vision fixture's projector file, beside its model.
-fn fixture_projector() -> PathBuf {
-    std::fs::read_dir(vision_gguf().parent().expect("folder"))
-        .expect("list")
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("mmproj"))
-        })
-        .expect("the fixture's projector")
-}
-
 /// `shoal pull`, `shoal models` and `shoal rm` against a loopback hub that
 /// serves the default model's file.
 #[test]
@@ -692,7 +679,7 @@ fn pull_list_and_remove_models_from_a_fixture_hub() {
     assert_eq!(list[1]["source"]["repo"], "test/SmolLM2-GGUF");
     // A projector named for the pulled model by its id goes to that file
     // only: the configured model is the same file name elsewhere.
-    let named = format!("{id}={}", fixture_projector().display());
+    let named = format!("{id}={}", vision_projector().display());
     let (ok, out, err) = cli(&[
         "models",
         "--json",
@@ -733,7 +720,7 @@ fn pull_list_and_remove_models_from_a_fixture_hub() {
     // A projector named for a model under `[models] projectors` (here by
     // flag) is the one it uses: the text-only default model then sees, and
     // the vision model named `off` does not.
-    let projector = fixture_projector();
+    let projector = vision_projector();
     let file_name = |p: &Path| p.file_name().expect("name").to_string_lossy().into_owned();
     let named = format!("{}={}", file_name(&model), projector.display());
     let blind = format!("{}=off", file_name(&vision));

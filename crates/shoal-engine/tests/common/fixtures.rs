@@ -62,3 +62,17 @@ pub fn vision_gguf() -> PathBuf {
         "smollm2-vision-v1/SmolLM2-135M-Instruct.Q4_1.gguf",
     )
 }
+
+/// The vision fixture's projector (`mmproj-*.gguf`), beside its model.
+pub fn vision_projector() -> PathBuf {
+    let model = vision_gguf();
+    std::fs::read_dir(model.parent().expect("folder"))
+        .expect("list")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("mmproj"))
+        })
+        .expect("the fixture's projector")
+}
