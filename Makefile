@@ -51,7 +51,9 @@ test: test-clock setup ui lint
 	@SHOAL_BACKEND=llama SDK_NODE=skip SDK_PY_TESTS="$(LLAMA_SDK_PY)" \
 	  bash tools/timed.sh "sdk suites on llama.cpp (what the backend decides)" bash tests/run-sdk.sh
 	@bash tools/timed.sh "ui suite on mlx" bash tests/run-ui.sh
+	@# Its screenshots go to a folder of their own, so the MLX run's stay.
 	@SHOAL_BACKEND=llama UI_TESTS="$(LLAMA_UI_FILES)" UI_TEST_PATTERN="$(LLAMA_UI_PATTERN)" \
+	  UI_ARTIFACTS=$(ROOT)/target/ui-artifacts/llama \
 	  bash tools/timed.sh "ui suite on llama.cpp (replies only)" bash tests/run-ui.sh
 	@echo "== where make test's time went"; cat $(CACHE)/test-times
 	@echo "time: make test took $$(( $$(date +%s) - $$(cat $(CACHE)/test-started) )) s in all (setup included)"
