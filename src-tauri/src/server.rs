@@ -211,9 +211,7 @@ impl Server {
         let state = inner.state.as_ref()?;
         Some(ollama_line(&state.ollama.status(), inner.running.is_some()))
     }
-}
 
-impl Server {
     /// The tray's line for the MCP servers (`None` before the model has
     /// loaded): read without starting any of them.
     pub fn mcp_line(&self) -> Option<String> {

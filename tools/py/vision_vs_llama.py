@@ -46,12 +46,12 @@ def png(width, height, seed):
 
 
 def post(url, body, stream=False):
-    """POSTs JSON; returns (seconds to the first content, whole text, parsed body or last event)."""
+    """POSTs JSON; returns the seconds to the first content (streamed) and the body (not streamed)."""
     req = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"})
     t0 = time.perf_counter()
     with urllib.request.urlopen(req, timeout=600) as r:
         if not stream:
-            return time.perf_counter() - t0, None, json.loads(r.read())
+            return time.perf_counter() - t0, json.loads(r.read())
         first = None
         for line in r:
             line = line.decode().strip()
@@ -61,7 +61,7 @@ def post(url, body, stream=False):
             delta = (ev.get("choices") or [{}])[0].get("delta", {})
             if first is None and delta.get("content"):
                 first = time.perf_counter() - t0
-        return first, None, None
+        return first, None
 
 
 def chat_body(model, question, image, stream=False):
@@ -77,17 +77,17 @@ def shoal_dialects(base, model, image):
     """Shoal's greedy reply and prompt tokens to the picture and question, in each dialect."""
     b64 = base64.b64encode(image).decode()
     out = {}
-    _, _, v = post(f"{base}/v1/chat/completions", chat_body(model, QUESTION, image))
+    _, v = post(f"{base}/v1/chat/completions", chat_body(model, QUESTION, image))
     out["chat"] = (v["choices"][0]["message"]["content"], v["usage"]["prompt_tokens"],
                    v["usage"]["prompt_tokens_details"].get("image_tokens"))
-    _, _, v = post(f"{base}/v1/responses", {
+    _, v = post(f"{base}/v1/responses", {
         "model": model, "max_output_tokens": MAX_TOKENS, "temperature": 0,
         "input": [{"role": "user", "content": [
             {"type": "input_image", "image_url": "data:image/png;base64," + b64},
             {"type": "input_text", "text": QUESTION}]}]})
     text = "".join(c.get("text", "") for o in v["output"] for c in o.get("content", []))
     out["responses"] = (text, v["usage"]["input_tokens"], v["usage"]["input_tokens_details"].get("image_tokens"))
-    _, _, v = post(f"{base}/v1/messages", {
+    _, v = post(f"{base}/v1/messages", {
         "model": model, "max_tokens": MAX_TOKENS, "temperature": 0,
         "messages": [{"role": "user", "content": [
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}},
@@ -96,7 +96,7 @@ def shoal_dialects(base, model, image):
     text = "".join(c.get("text", "") for c in v["content"])
     out["anthropic"] = (text, u["input_tokens"] + u.get("cache_read_input_tokens", 0)
                         + u.get("cache_creation_input_tokens", 0), None)
-    _, _, v = post(f"{base}/api/chat", {
+    _, v = post(f"{base}/api/chat", {
         "model": model, "stream": False, "options": {"temperature": 0, "num_predict": MAX_TOKENS},
         "messages": [{"role": "user", "content": QUESTION, "images": [b64]}]})
     out["ollama"] = (v["message"]["content"], v["prompt_eval_count"], v.get("prompt_eval_image_count"))
@@ -115,7 +115,7 @@ def main():
     agree = True
     for seed in range(3):
         image = png(64 + 16 * seed, 64, seed)
-        _, _, ref = post(f"{a.llama}/v1/chat/completions", chat_body(a.model, QUESTION, image))
+        _, ref = post(f"{a.llama}/v1/chat/completions", chat_body(a.model, QUESTION, image))
         want = (ref["choices"][0]["message"]["content"], ref["usage"]["prompt_tokens"])
         for dialect, (text, prompt, image_tokens) in shoal_dialects(a.shoal, a.model, image).items():
             same_text, same_prompt = text == want[0], prompt == want[1]

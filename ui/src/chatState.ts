@@ -601,7 +601,7 @@ export function showVersion(msgId: string, version: number): void {
 }
 
 /** The chat turn a reply's version is: every request of it (steps, tool-loop turns) says this one. */
-export function turnOf(convId: string, reply: Message): string {
+function turnOf(convId: string, reply: Message): string {
   return `chat-${convId}/${reply.id}/v${reply.version ?? 0}`;
 }
 

@@ -3,6 +3,7 @@
 // step when a reply was continued and per version when it was regenerated,
 // never the live estimate) and copied text.
 import { allVersions, stepsOf } from './reply';
+import { imageRecord } from './store';
 import type { Conversation, ImageAttachment, Message, ReplyStats, ReplyStep, ReplyVersion } from './store';
 
 /** A reply's usage in the OpenAI dialect's words, or null while it is only a live count. */
@@ -66,11 +67,6 @@ function versionJson(v: ReplyVersion) {
   };
 }
 
-/** An image sent with a message, whole: a chat file stands on its own. */
-function imageJson(i: ImageAttachment) {
-  return { media_type: i.mediaType, ...(i.name ? { name: i.name } : {}), data: i.data };
-}
-
 /** An image as Markdown: inline as a `data:` URL, so the file needs nothing beside it. */
 function imageMarkdown(i: ImageAttachment, k: number): string {
   const alt = (i.name ?? `image ${k + 1}`).replace(/[[\]\\]/g, '');
@@ -85,7 +81,7 @@ export function chatJson(c: Conversation): string {
       created: new Date(c.created).toISOString(),
       settings: c.settings,
       messages: c.messages.map((m, i) => {
-        if (m.role === 'user') return { role: 'user', content: m.content, ...(m.images?.length ? { images: m.images.map(imageJson) } : {}) };
+        if (m.role === 'user') return { role: 'user', content: m.content, ...(m.images?.length ? { images: m.images.map(imageRecord) } : {}) };
         const steps = stepsOf(m);
         const others = allVersions(m).filter((v) => v.version !== (m.version ?? 0));
         return {

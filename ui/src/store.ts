@@ -347,10 +347,10 @@ export async function listConversations(): Promise<Conversation[]> {
   return (Array.isArray(r?.data) ? r.data : []).map(toConversation).sort((a, b) => b.updated - a.updated);
 }
 
-/** Creates a conversation; resolves with the store's copy (no messages). */
 /** What a chat keeps in the store's settings object: its settings, and who wrote its title. */
 export type StoredSettings = ChatSettings & { titleBy?: TitleInfo };
 
+/** Creates a conversation; resolves with the store's copy (no messages). */
 export async function createConversation(title: string, settings: StoredSettings): Promise<Conversation> {
   return toConversation(await call<StoredConversation>('POST', '/v1/conversations', { title, settings }));
 }
@@ -366,9 +366,14 @@ export async function deleteConversation(serverId: number): Promise<void> {
   await call('DELETE', `/v1/conversations/${serverId}`);
 }
 
+/** An image as the store keeps it on a user piece (`metadata.images`), and as an exported chat has it. */
+export function imageRecord(i: ImageAttachment): { media_type: string; data: string; name?: string } {
+  return { media_type: i.mediaType, data: i.data, ...(i.name ? { name: i.name } : {}) };
+}
+
 export async function addUserMessage(serverId: number, content: string, images?: ImageAttachment[]): Promise<Message> {
   const body: Record<string, unknown> = { role: 'user', content };
-  if (images?.length) body.metadata = { images: images.map((i) => ({ media_type: i.mediaType, data: i.data, name: i.name })) };
+  if (images?.length) body.metadata = { images: images.map(imageRecord) };
   return toMessage(await call<StoredMessage>('POST', `/v1/conversations/${serverId}/messages`, body));
 }
 

@@ -10,7 +10,6 @@ use std::time::Duration;
 use axum::extract::{Path, State};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
-use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use shoal_client::metadata::{is_reserved, merge};
@@ -464,9 +463,7 @@ fn check_images(st: &Store, id: i64, meta: &Metadata, access: &Access) -> Result
         ) else {
             return Err(ApiError::param(&at, format!("{at}: {shape}")));
         };
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(data)
-            .map_err(|e| ApiError::param(&at, format!("{at}: not valid base64: {e}")))?;
+        let bytes = crate::images::base64_bytes(&at, data)?;
         vision::decode(&at, &bytes, &limits)?;
         adding += bytes.len();
     }

@@ -79,12 +79,7 @@ impl Images {
 
     /// An image given as base64 text (Anthropic's and Ollama's form).
     pub fn push_base64(&mut self, at: &str, data: &str) -> Result<&'static str, ApiError> {
-        let clean: String = data.chars().filter(|c| !c.is_ascii_whitespace()).collect();
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(clean.as_bytes())
-            .map_err(|e| {
-                ApiError::param(at, format!("{at}: the image is not valid base64: {e}"))
-            })?;
+        let bytes = base64_bytes(at, data)?;
         self.sources.push(ImageSource {
             at: at.to_string(),
             bytes: bytes.into(),
@@ -92,6 +87,15 @@ impl Images {
         });
         Ok(MARKER)
     }
+}
+
+/// An image's bytes from its base64 text (line breaks and spaces allowed),
+/// or a 400 naming where it was.
+pub fn base64_bytes(at: &str, data: &str) -> Result<Vec<u8>, ApiError> {
+    let clean: String = data.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+    base64::engine::general_purpose::STANDARD
+        .decode(clean.as_bytes())
+        .map_err(|e| ApiError::param(at, format!("{at}: the image is not valid base64: {e}")))
 }
 
 /// Text a client wrote, with the image marker taken out of it, so only the

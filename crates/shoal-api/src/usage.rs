@@ -52,19 +52,9 @@ pub async fn track(State(s): State<crate::state::AppState>, req: Request, next: 
 fn tracked(s: &crate::state::AppState, req: &Request, forwarded: Option<Facts>) -> Tracked {
     let own = s.node.identity().id.clone();
     let endpoint = req.uri().path().to_string();
-    let header = |name: axum::http::HeaderName| {
-        req.headers()
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-    };
-    let user_agent = header(axum::http::header::USER_AGENT);
-    // Read as UTF-8, not only ASCII: a client may name its turn in any words.
-    let turn = req
-        .headers()
-        .get(TURN_HEADER)
-        .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
-        .map(|t| turn_id(t.to_string()));
+    let header = |name: &str| utf8_header(req.headers(), name);
+    let user_agent = header(axum::http::header::USER_AGENT.as_str());
+    let turn = header(TURN_HEADER).map(turn_id);
     let mut tracked = Tracked {
         facts: match forwarded {
             Some(f) => Facts {
@@ -78,7 +68,7 @@ fn tracked(s: &crate::state::AppState, req: &Request, forwarded: Option<Facts>) 
                 endpoint,
                 client: None,
                 user_agent,
-                origin: header(axum::http::header::ORIGIN),
+                origin: header(axum::http::header::ORIGIN.as_str()),
                 node: Some(own),
                 ran_on: None,
                 turn,
@@ -92,6 +82,15 @@ fn tracked(s: &crate::state::AppState, req: &Request, forwarded: Option<Facts>) 
         let _ = tracked.client.set(client);
     }
     tracked
+}
+
+/// A header's value as UTF-8 text, not only ASCII: a client names its turn,
+/// and a key its owner, in any words.
+fn utf8_header(headers: &axum::http::HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get(name)
+        .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
+        .map(str::to_owned)
 }
 
 /// A client's turn id as the ledger keeps it: at most [`MAX_TURN_LEN`]
@@ -189,14 +188,7 @@ async fn forwarded_facts(
     let verified = s
         .verify_peer(&parts.method, &parts.uri, &parts.headers, &bytes)
         .is_ok();
-    // As UTF-8: the sending node passes a key's name or a turn id in any words.
-    let header = |name: &str| {
-        parts
-            .headers
-            .get(name)
-            .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
-            .map(str::to_owned)
-    };
+    let header = |name: &str| utf8_header(&parts.headers, name);
     let facts = verified.then(|| Facts {
         endpoint: String::new(),
         client: header(CLIENT_HEADER),

@@ -1641,13 +1641,9 @@ async fn usage_filters_groups_and_exports_the_ledger() {
         .json()
         .await
         .expect("json");
-    let kept_turn = {
-        let mut end = 128;
-        while !turn.is_char_boundary(end) {
-            end -= 1;
-        }
-        &turn[..end]
-    };
+    // 13 bytes of ASCII and 57 two-byte letters: the 58th would pass 128.
+    let kept_turn = format!("chat-1/m2/v0/{}", "é".repeat(57));
+    let kept_turn = kept_turn.as_str();
     let sent_msg = (
         m["usage"]["input_tokens"].as_u64().expect("input")
             + m["usage"]["cache_read_input_tokens"].as_u64().unwrap_or(0),
@@ -1680,12 +1676,8 @@ async fn usage_filters_groups_and_exports_the_ledger() {
     // A chat turn's requests are found by it.
     let mut url = reqwest::Url::parse(&format!("{base}/v1/usage")).expect("url");
     url.query_pairs_mut().append_pair("turn", kept_turn);
-    let by_turn: Value = reqwest::get(url)
-        .await
-        .expect("send")
-        .json()
-        .await
-        .expect("json");
+    let (status, by_turn) = send(reqwest::Method::GET, url.to_string(), None).await;
+    assert_eq!(status, 200, "{by_turn}");
     assert_eq!(
         by_turn["data"].as_array().map(Vec::len),
         Some(1),
@@ -2627,14 +2619,12 @@ async fn mcp_tools_reach_the_model_and_a_call_feeds_the_next_turn() {
         let (s, v) = put_json(&base, "/v1/mcp/always_allow", &body).await;
         assert_eq!(s, status, "{body}: {v}");
     }
-    let forgotten: Value = reqwest::Client::new()
-        .delete(format!("{base}/v1/mcp/always_allow"))
-        .send()
-        .await
-        .expect("send")
-        .json()
-        .await
-        .expect("json");
+    let (_, forgotten) = send(
+        reqwest::Method::DELETE,
+        format!("{base}/v1/mcp/always_allow"),
+        None,
+    )
+    .await;
     assert_eq!(forgotten["forgotten"], 1, "{forgotten}");
     // Still serving, and the server still answers.
     let body = json!({"server": "every", "tool": "echo", "arguments": {"message": "still"}});

@@ -70,7 +70,7 @@ pub struct ToolInfo {
 
 /// The servers at a glance, as the tray shows them: read without starting
 /// any server.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Summary {
     /// Servers in the file, off ones included.
     pub servers: usize,
@@ -230,7 +230,7 @@ impl McpHub {
         }
         let old = std::mem::replace(&mut *lock(&self.file), new.clone());
         *lock(&self.file_error) = None;
-        let stale: Vec<_> = {
+        let (names, stale): (Vec<String>, Vec<_>) = {
             let mut conns = lock(&self.conns);
             let names: Vec<String> = conns
                 .keys()
@@ -240,8 +240,17 @@ impl McpHub {
                 })
                 .cloned()
                 .collect();
-            names.iter().filter_map(|n| conns.remove(n)).collect()
+            let stale = names.iter().filter_map(|n| conns.remove(n)).collect();
+            (names, stale)
         };
+        // A changed entry has not failed yet (the lock taken apart from
+        // `conns`, as `summary` takes them in the other order).
+        {
+            let mut failed = lock(&self.failed);
+            for n in &names {
+                failed.remove(n);
+            }
+        }
         for slot in stale {
             if let Some(live) = slot.lock().await.take() {
                 stop(live);
@@ -741,6 +750,13 @@ mod tests {
             "{list:?}"
         );
         assert_eq!(list[1].state, "disabled");
+        // A changed entry is no longer counted as failed.
+        let mut fixed = hub.config();
+        if let Some(gone) = fixed.servers.get_mut("gone") {
+            gone.command = Some("/nonexistent/other-server".into());
+        }
+        hub.set_config(fixed).await.expect("set");
+        assert_eq!(hub.summary(), idle);
         assert!(hub.tools().await.is_empty());
         let e = hub
             .call("off", "x", Value::Null)
