@@ -6,6 +6,7 @@ own routes, and API keys that keep their prefixes apart."""
 from __future__ import annotations
 
 import tempfile
+import urllib.request
 from pathlib import Path
 from typing import Iterator
 
@@ -60,6 +61,11 @@ def test_a_restarted_server_reads_the_prefix_from_disk() -> None:
         assert status == 200, cache
         assert cache["disk"]["hits"] == 1
         assert cache["entries"] and cache["entries"][0]["model"] == second.model
+        # Kept in blocks of 256 positions; /metrics counts them.
+        assert cache["disk"]["blocks"] == cache["entries"][0]["blocks"] >= 1, cache
+        with urllib.request.urlopen(second.url + "/metrics", timeout=60) as r:
+            metrics = r.read().decode()
+        assert f'shoal_prefix_cache{{tier="disk",stat="blocks"}} {cache["disk"]["blocks"]}' in metrics
         # /health says the same.
         status, _, health = http_json(second, "GET", "/health")
         assert health["prefix_cache"]["disk"]["entries"] >= 1

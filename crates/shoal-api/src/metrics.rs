@@ -183,7 +183,7 @@ impl Metrics {
         let cache_tiers = register(
             &mut r,
             "prefix_cache",
-            "The prefix cache's tiers since start, by tier (ram, disk) and stat: hits, misses, evictions, and on disk bytes_read, bytes_written, writes, bad_entries (torn or corrupted, removed), write_errors, bytes and entries held",
+            "The prefix cache's tiers since start, by tier (ram, disk) and stat: hits, misses, evictions, and on disk bytes_read, bytes_written, writes, bad_entries (torn or corrupted, removed), write_errors, bytes, entries and blocks held, blocks_written and blocks_shared (found on disk for a prefix another entry holds)",
             Family::<TierLabels, Gauge>::default(),
         );
         Metrics {
@@ -330,6 +330,9 @@ impl Metrics {
                 ("write_errors", d.write_errors),
                 ("bytes", d.bytes),
                 ("entries", d.entries as u64),
+                ("blocks", d.blocks as u64),
+                ("blocks_written", d.blocks_written),
+                ("blocks_shared", d.blocks_shared),
             ] {
                 tier("disk", stat, v);
             }

@@ -197,6 +197,12 @@ pub trait LanguageModel: Send {
             "this backend cannot read KV state from disk".into(),
         ))
     }
+    /// How its payloads ([`KvCache::save`]) are laid out by position, so the
+    /// disk tier keeps them in blocks that prompts sharing a prefix share;
+    /// `None` keeps every payload whole.
+    fn payload_layout(&self) -> Option<crate::disk_cache::LayoutFn> {
+        None
+    }
     /// Runs `tokens` after whatever `cache` already holds and returns the
     /// logits (length `vocab_size`, float32) for the position after the last token.
     fn forward(&self, tokens: &[u32], cache: &mut dyn KvCache) -> Result<Vec<f32>>;

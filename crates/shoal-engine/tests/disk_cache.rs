@@ -1,7 +1,8 @@
 //! The prefix cache's disk tier on the real default model, on the backend
 //! under test (`make test` runs this file on MLX and on llama.cpp): a prefix
-//! outlives its engine, a damaged entry costs a cold prefill and nothing
-//! else, a tiny budget keeps serving, and two engines share one folder.
+//! outlives its engine, kept in blocks that prompts sharing a prefix share, a
+//! damaged entry costs a cold prefill and nothing else, a tiny budget keeps
+//! serving, and two engines share one folder.
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -74,7 +75,12 @@ fn cold_run(cache: &Arc<DiskCache>) -> (Vec<u32>, String, Completion) {
     let (text, c) = greedy(&e, prompt.clone());
     assert_eq!(c.usage.cached_tokens, 0, "an empty cache");
     stop(e, cache);
-    assert_eq!(cache.summary().entries, 1, "the prefix was written");
+    let s = cache.summary();
+    assert_eq!(s.entries, 1, "the prefix was written");
+    // The backend's payload was read and cut into blocks, not kept whole.
+    let held = cache.entries()[0].tokens;
+    assert!(held >= prompt.len());
+    assert_eq!(s.blocks, held.div_ceil(256));
     (prompt, text, c)
 }
 
@@ -106,13 +112,13 @@ fn a_restarted_engine_restores_the_prefix_from_disk_and_replies_the_same() {
     stop(e, &cache);
 }
 
-/// Rewrites the one payload file under `dir` with `damage`.
+/// Rewrites every block file of the one entry under `dir` with `damage`.
 fn damage_payload(dir: &Path, damage: impl Fn(&mut Vec<u8>)) {
     let mut found = 0;
     for model in std::fs::read_dir(dir).expect("ls").flatten() {
         for f in std::fs::read_dir(model.path()).expect("ls").flatten() {
             let p = f.path();
-            if p.extension().and_then(|x| x.to_str()) == Some("kv") {
+            if p.extension().and_then(|x| x.to_str()) == Some("blk") {
                 let mut bytes = std::fs::read(&p).expect("read");
                 damage(&mut bytes);
                 std::fs::write(&p, bytes).expect("write");
@@ -120,7 +126,7 @@ fn damage_payload(dir: &Path, damage: impl Fn(&mut Vec<u8>)) {
             }
         }
     }
-    assert_eq!(found, 1, "one payload");
+    assert!(found >= 2, "the entry's blocks");
 }
 
 #[test]
@@ -151,7 +157,7 @@ fn a_corrupted_truncated_or_foreign_entry_is_removed_and_prefilled_cold() {
         assert_eq!(again, text, "{what}: the cold answer");
         assert_eq!(c.usage.cached_tokens, 0, "{what}: prefilled cold");
         let s = cache.summary();
-        assert_eq!(s.bad_entries, 2, "{what}: the payload and the garbage");
+        assert_eq!(s.bad_entries, 2, "{what}: the entry and the garbage");
         assert!(!model_dir.join("garbage.meta").exists());
         stop(e, &cache);
         // The cold run wrote a good entry again, which the next start uses.
@@ -198,8 +204,16 @@ fn two_engines_on_one_folder_write_and_read_each_others_entries() {
     stop(ea, &a);
     stop(eb, &b);
     // Each prompt extends the shared system prompt: both entries are kept,
-    // neither a prefix of the other.
+    // neither a prefix of the other, and the system prompt's first block is
+    // on disk once.
     assert_eq!(a.summary().entries, 2);
+    let entries = a.entries();
+    assert!(
+        entries.iter().all(|e| e.blocks == e.tokens.div_ceil(256)),
+        "{entries:?}"
+    );
+    let listed: usize = entries.iter().map(|e| e.blocks).sum();
+    assert!(a.summary().blocks < listed, "a shared block is kept once");
     // Each restored by an engine of its own (in one engine the second would
     // find most of its prefix, the shared system prompt, in RAM already).
     let c = disk(dir.path(), 1 << 30);

@@ -68,25 +68,29 @@ pub fn run(a: Args) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{:<40} {:>8} {:>8} {:>10} {:<16} source",
-        "model", "backend", "tokens", "bytes", "last used"
+        "{:<40} {:>8} {:>8} {:>10} {:>6} {:<16} source",
+        "model", "backend", "tokens", "bytes", "blocks", "last used"
     );
     for e in &entries {
         println!(
-            "{:<40} {:>8} {:>8} {:>10} {:<16} disk{}",
+            "{:<40} {:>8} {:>8} {:>10} {:>6} {:<16} disk{}",
             e.model,
             e.backend,
             e.tokens,
             size(e.bytes),
+            e.blocks,
             ago(e.last_used),
             if e.scoped { " (one key's)" } else { "" }
         );
     }
-    let total: u64 = entries.iter().map(|e| e.bytes).sum();
+    // An entry's bytes count the blocks it shares with others (a common
+    // system prompt), so the tier's total comes from its files, not a sum.
+    let tier = cache.summary();
     println!(
-        "{} entries, {} of {} in {}",
+        "{} entries, the tier holding {} in {} blocks of {} in {}",
         entries.len(),
-        size(total),
+        size(tier.bytes),
+        tier.blocks,
         size(cache.options().budget_bytes),
         cache.options().dir.display()
     );

@@ -2097,6 +2097,8 @@ fn shoal_cache_lists_and_clears_what_a_server_kept_on_disk() {
         "{tokens} tokens for a {prompt}-token prompt"
     );
     assert!(entries[0]["bytes"].as_u64().expect("bytes") > 1000 * tokens);
+    // Kept in blocks of 256 positions.
+    assert_eq!(entries[0]["blocks"].as_u64(), Some(tokens.div_ceil(256)));
     let table = cache(&[]);
     assert!(
         table.contains(&crate_model_id()) && table.contains("1 entries"),

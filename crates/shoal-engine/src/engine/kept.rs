@@ -46,11 +46,11 @@ impl Kept {
         let ram_tokens = ram.as_ref().map_or(0, |h| h.tokens);
         if let Some(disk) = &self.disk {
             if let Some(hit) = disk.lookup(prompt, salt, ram_tokens) {
-                if disk.verify(&hit) {
-                    match model.restore_cache(&hit.payload, hit.stored_tokens()) {
+                if let Some(read) = disk.open(&hit) {
+                    match model.restore_cache(&read.path, &read.tokens) {
                         Ok(mut cache) => {
                             cache.truncate(hit.tokens);
-                            disk.restored(&hit);
+                            disk.restored(&hit, &read);
                             debug!(tokens = hit.tokens, "prefix restored from disk");
                             return Ok((cache, hit.tokens));
                         }
@@ -154,8 +154,11 @@ pub(super) fn model_disk(
         ("layers", info.num_layers.to_string()),
     ];
     settings.extend(model.kv_fingerprint());
-    let made = Fingerprint::of(path, &settings)
-        .and_then(|fp| cache.for_model(fp, id, info.backend.as_str()));
+    let made = Fingerprint::of(path, &settings).and_then(|fp| {
+        cache
+            .for_model(fp, id, info.backend.as_str())
+            .map(|d| d.with_layout(model.payload_layout()))
+    });
     match made {
         Ok(d) => Some(d),
         Err(e) => {

@@ -29,6 +29,7 @@ use crate::error::{EngineError, Result};
 
 pub mod embed;
 mod init;
+mod state_file;
 pub mod vision;
 pub mod vocab;
 
@@ -855,6 +856,10 @@ impl LanguageModel for LlamaCppModel {
 
     fn persists_cache(&self) -> bool {
         true
+    }
+
+    fn payload_layout(&self) -> Option<crate::disk_cache::LayoutFn> {
+        Some(state_file::layout)
     }
 
     fn exact_prefix_unit(&self) -> Option<usize> {

@@ -8,6 +8,7 @@ use mlx_rs::ops::{self};
 use mlx_rs::{Array, Dtype};
 
 use crate::backend::KvCache;
+use crate::disk_cache::{Layout, Piece};
 use crate::error::{EngineError, Result};
 
 /// Preallocated per-layer key/value buffers, grown in steps so decode does not
@@ -137,6 +138,36 @@ impl MlxCache {
 
 /// The first bytes of a stored MLX cache, before its shape.
 const MLX_MAGIC: &[u8; 8] = b"SHOALMLX";
+
+/// The layout of a payload [`KvCache::save`] wrote: the magic and layer
+/// count, the length, the head count and size, then for each layer's keys
+/// and values one run per head of a row (`head_dim` f32) per position.
+pub(super) fn payload_layout(bytes: &[u8]) -> Option<Layout> {
+    let head = bytes.get(..24)?;
+    if &head[..8] != MLX_MAGIC {
+        return None;
+    }
+    let word =
+        |i: usize| u32::from_le_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]) as usize;
+    let (layers, len, nkv, hd) = (word(8), word(12), word(16), word(20));
+    if hd == 0 || layers.checked_mul(2 * nkv)? > 1 << 20 {
+        return None;
+    }
+    let mut pieces = vec![
+        Piece::Fixed(head[..12].to_vec()),
+        Piece::Count,
+        Piece::Fixed(head[16..].to_vec()),
+    ];
+    pieces.extend((0..layers * 2 * nkv).map(|_| Piece::Rows {
+        width: hd * 4,
+        cells: false,
+    }));
+    Some(Layout {
+        pieces,
+        rows: len,
+        order: None,
+    })
+}
 
 impl KvCache for MlxCache {
     fn len(&self) -> usize {

@@ -620,6 +620,10 @@ impl LanguageModel for Transformer {
         true
     }
 
+    fn payload_layout(&self) -> Option<crate::disk_cache::LayoutFn> {
+        Some(super::cache::payload_layout)
+    }
+
     fn restore_cache(&self, path: &std::path::Path, tokens: &[u32]) -> Result<Box<dyn KvCache>> {
         let shape = (self.layers.len(), self.cfg.num_kv_heads, self.cfg.head_dim);
         Ok(Box::new(MlxCache::restore(

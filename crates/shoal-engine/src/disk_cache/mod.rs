@@ -11,13 +11,21 @@
 //! cache salt), so an entry is addressed by its tokens alone.
 //!
 //! The payload is the backend's own serialization of the sequence (llama.cpp's
-//! sequence state file, MLX's arrays as f32); the meta holds the tokens, the
-//! payload's length and CRC-32, and a CRC of itself. An entry exists once its
-//! meta is renamed into place, after its payload: a reader either sees a
-//! whole entry or none. A torn, truncated, corrupted or older-format entry
-//! fails its checks, is removed and is treated as a miss, so the request
-//! prefills cold. Writers name their payloads apart, so two servers sharing a
-//! data directory never write the same file.
+//! sequence state file, MLX's arrays as f32). Where the backend can read its
+//! payload's [`Layout`], the payload is cut into blocks of [`BLOCK_TOKENS`]
+//! positions, each in a file `<link>.blk` named by its link of the hash
+//! chain: prompts that share a prefix (two agents' system prompt and tools)
+//! share its blocks on disk, and a hit reads only the blocks it needs, joined
+//! back into a payload for the backend. Otherwise the payload is kept whole.
+//! The meta holds the tokens, the layout's fixed parts (or the whole
+//! payload's length and CRC-32), and a CRC of itself; each block file holds
+//! its own CRC. An entry exists once its meta is renamed into place, after
+//! its blocks or payload: a reader either sees a whole entry or none. A torn,
+//! truncated, corrupted or older-format entry or block fails its checks, is
+//! removed and is treated as a miss, so the request prefills cold. Writers
+//! name their temporary files apart, so two servers sharing a data directory
+//! never write the same file; a block another server removed while an entry
+//! was being written is written again once that entry's meta is in place.
 //!
 //! Payloads are written on the engine thread (llama.cpp's state is reachable
 //! only through its context), after the reply's final event has gone out;
@@ -35,9 +43,12 @@ use sha2::{Digest, Sha256};
 
 use crate::prefix_cache::{common_prefix, reusable};
 
+pub mod layout;
+pub use layout::{Layout, LayoutFn, Piece};
+
 /// Bumped whenever the meta or a payload layout changes: older entries then
 /// fail their check and are removed.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Tokens per link of the key's hash chain.
 pub const BLOCK_TOKENS: usize = 256;
 /// Shortest prefix worth a file: below it a cold prefill takes about as long
@@ -53,6 +64,9 @@ const FULL_PAUSE: Duration = Duration::from_secs(600);
 /// Temporary files older than this are a dead writer's and are removed.
 const STALE_TMP: Duration = Duration::from_secs(3600);
 const META_MAGIC: &[u8; 8] = b"SHOALKVM";
+const BLOCK_MAGIC: &[u8; 8] = b"SHOALKVB";
+/// A block file's header: magic, format, positions, CRC-32 of the body.
+const BLOCK_HEADER: usize = 20;
 
 /// The disk tier's size unless told otherwise: 10 GiB, room for a few
 /// agents' 16k-token prefixes of an 8B model (about 2 GiB each in f16) on a
@@ -151,6 +165,10 @@ pub struct DiskStats {
     /// Entries found torn, corrupted or of another format (and removed).
     pub bad_entries: AtomicU64,
     pub write_errors: AtomicU64,
+    /// Blocks written, and blocks an entry found already on disk (a prefix
+    /// another entry holds) and did not write again.
+    pub blocks_written: AtomicU64,
+    pub blocks_shared: AtomicU64,
 }
 
 /// What `/health`, `/v1/cache` and `shoal cache` show of the tier.
@@ -160,6 +178,8 @@ pub struct DiskSummary {
     pub budget_bytes: u64,
     pub bytes: u64,
     pub entries: usize,
+    /// Block files on disk (each held by one entry or shared by several).
+    pub blocks: usize,
     pub writes_paused: bool,
     pub last_error: Option<String>,
     pub hits: u64,
@@ -171,6 +191,8 @@ pub struct DiskSummary {
     pub evictions: u64,
     pub bad_entries: u64,
     pub write_errors: u64,
+    pub blocks_written: u64,
+    pub blocks_shared: u64,
 }
 
 /// One stored prefix, as listed.
@@ -180,7 +202,10 @@ pub struct EntryInfo {
     pub backend: String,
     pub fingerprint: String,
     pub tokens: usize,
+    /// Its files' size, blocks it shares with other entries included.
     pub bytes: u64,
+    /// Its block files (0 for a payload kept whole).
+    pub blocks: usize,
     /// Unix seconds of its last write or hit.
     pub last_used: u64,
     pub created: u64,
@@ -203,11 +228,30 @@ pub struct Meta {
     pub keep_until: u64,
     pub model: String,
     pub backend: String,
+    /// The payload's layout ([`Layout::encode_pieces`]) when it is kept in
+    /// blocks; empty when it is kept whole in `payload`.
+    pub layout: Vec<u8>,
 }
 
 impl Meta {
+    fn blocked(&self) -> bool {
+        !self.layout.is_empty()
+    }
+
+    /// The file names of its blocks, in position order (none when whole).
+    fn block_names(&self) -> Vec<String> {
+        if !self.blocked() {
+            return Vec::new();
+        }
+        chain_links(&Fingerprint(self.fingerprint), self.salt, &self.tokens)
+            .iter()
+            .map(block_name)
+            .collect()
+    }
+
     /// Its place in the eviction order: unmarked (or expired) entries by
-    /// last use first, then marked ones by the end of their time.
+    /// last use (nanoseconds) first, then marked ones by the end of their
+    /// time (seconds).
     fn eviction_key(&self, used: u64, now: u64) -> (bool, u64) {
         if self.keep_until > now {
             (true, self.keep_until)
@@ -226,9 +270,14 @@ impl Meta {
         b.extend_from_slice(&self.payload_crc.to_le_bytes());
         b.extend_from_slice(&self.created.to_le_bytes());
         b.extend_from_slice(&self.keep_until.to_le_bytes());
-        for s in [&self.payload, &self.model, &self.backend] {
+        for s in [
+            self.payload.as_bytes(),
+            self.model.as_bytes(),
+            self.backend.as_bytes(),
+            &self.layout,
+        ] {
             b.extend_from_slice(&(s.len() as u32).to_le_bytes());
-            b.extend_from_slice(s.as_bytes());
+            b.extend_from_slice(s);
         }
         b.extend_from_slice(&(self.tokens.len() as u32).to_le_bytes());
         for t in &self.tokens {
@@ -267,6 +316,8 @@ impl Meta {
         let payload = r.string()?;
         let model = r.string()?;
         let backend = r.string()?;
+        let layout_len = r.u32()? as usize;
+        let layout = r.take(layout_len)?.to_vec();
         let n = r.u32()? as usize;
         let raw = r.take(n.checked_mul(4).ok_or("token count overflows")?)?;
         let tokens = raw
@@ -290,6 +341,7 @@ impl Meta {
             keep_until,
             model,
             backend,
+            layout,
         })
     }
 }
@@ -383,20 +435,69 @@ fn hex(b: &[u8]) -> String {
 /// The key of `tokens` under `fp` and `salt`: the last link of a hash chain
 /// over its 256-token blocks (a partial last block included).
 pub fn chain_key(fp: &Fingerprint, salt: u64, tokens: &[u32]) -> String {
-    let mut link: [u8; 32] = Sha256::new()
+    let seed = chain_seed(fp, salt);
+    hex(&chain_links(fp, salt, tokens).last().unwrap_or(&seed)[..16])
+}
+
+fn chain_seed(fp: &Fingerprint, salt: u64) -> [u8; 32] {
+    Sha256::new()
         .chain_update(fp.0)
         .chain_update(salt.to_le_bytes())
         .finalize()
-        .into();
-    for block in tokens.chunks(BLOCK_TOKENS) {
-        let mut h = Sha256::new();
-        h.update(link);
-        for t in block {
-            h.update(t.to_le_bytes());
-        }
-        link = h.finalize().into();
+        .into()
+}
+
+/// Each block's link of the hash chain: a block's link names its tokens and
+/// every token before it, so equal links mean equal KV state.
+fn chain_links(fp: &Fingerprint, salt: u64, tokens: &[u32]) -> Vec<[u8; 32]> {
+    let mut link = chain_seed(fp, salt);
+    tokens
+        .chunks(BLOCK_TOKENS)
+        .map(|block| {
+            let mut h = Sha256::new();
+            h.update(link);
+            for t in block {
+                h.update(t.to_le_bytes());
+            }
+            link = h.finalize().into();
+            link
+        })
+        .collect()
+}
+
+fn block_name(link: &[u8; 32]) -> String {
+    format!("{}.blk", hex(&link[..16]))
+}
+
+/// A block file's bytes: header, then `body` (the rows of `rows` positions).
+fn block_bytes(rows: usize, body: &[u8]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(BLOCK_HEADER + body.len());
+    b.extend_from_slice(BLOCK_MAGIC);
+    b.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    b.extend_from_slice(&(rows as u32).to_le_bytes());
+    b.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
+    b.extend_from_slice(body);
+    b
+}
+
+/// The body of a block file that holds `rows` positions of `row_bytes`
+/// each, or why it is not one.
+fn block_body(file: &[u8], rows: usize, row_bytes: usize) -> Result<&[u8], String> {
+    if file.len() < BLOCK_HEADER || &file[..8] != BLOCK_MAGIC {
+        return Err("not a cache block".into());
     }
-    hex(&link[..16])
+    let word = |at: usize| u32::from_le_bytes([file[at], file[at + 1], file[at + 2], file[at + 3]]);
+    if word(8) != FORMAT_VERSION {
+        return Err(format!("block of format {}", word(8)));
+    }
+    let body = &file[BLOCK_HEADER..];
+    if word(12) as usize != rows || body.len() != rows * row_bytes {
+        return Err("block of the wrong size".into());
+    }
+    if crc32fast::hash(body) != word(16) {
+        return Err("block does not match its checksum".into());
+    }
+    Ok(body)
 }
 
 fn now_secs() -> u64 {
@@ -437,6 +538,8 @@ struct WriteJob {
     tmp: PathBuf,
     payload: String,
     meta: Meta,
+    /// The backend's layout reader, to keep the payload in blocks.
+    layout: Option<LayoutFn>,
 }
 
 /// The parsed metas of one fingerprint folder, refreshed from its listing so
@@ -535,6 +638,7 @@ impl DiskCache {
             model: model.to_string(),
             backend: backend.to_string(),
             align: 1,
+            layout: None,
         })
     }
 
@@ -574,16 +678,17 @@ impl DiskCache {
         let mut out: Vec<EntryInfo> = all_metas(&self.opts.dir)
             .into_iter()
             .map(|(path, meta, used)| {
-                let payload = path.with_file_name(&meta.payload);
-                let bytes = std::fs::metadata(&payload).map_or(0, |m| m.len())
-                    + std::fs::metadata(&path).map_or(0, |m| m.len());
+                let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+                let blocks = meta.block_names();
+                let bytes = entry_files(&path, &meta).iter().map(|p| size(p)).sum();
                 EntryInfo {
                     model: meta.model.clone(),
                     backend: meta.backend.clone(),
                     fingerprint: hex(&meta.fingerprint[..16]),
                     tokens: meta.tokens.len(),
                     bytes,
-                    last_used: used,
+                    blocks: blocks.len(),
+                    last_used: used / 1_000_000_000,
                     created: meta.created,
                     scoped: meta.salt != 0,
                 }
@@ -597,12 +702,19 @@ impl DiskCache {
     /// under); how many went.
     pub fn clear(&self, model: Option<&str>) -> usize {
         let mut n = 0;
+        let mut folders = std::collections::HashSet::new();
         for (path, meta, _) in all_metas(&self.opts.dir) {
             if model.is_some_and(|m| m != meta.model) {
                 continue;
             }
             remove_entry(&path, &meta);
+            if let Some(d) = path.parent() {
+                folders.insert(d.to_path_buf());
+            }
             n += 1;
+        }
+        for d in folders {
+            sweep_blocks(&d, None, Duration::ZERO);
         }
         lock(&self.indexes).clear();
         n
@@ -611,7 +723,7 @@ impl DiskCache {
     /// The tier's figures; sizes from the folder's listing alone (no file
     /// is read), so `/health` and `/metrics` can ask often.
     pub fn summary(&self) -> DiskSummary {
-        let (mut bytes, mut entries) = (0u64, 0usize);
+        let (mut bytes, mut entries, mut blocks) = (0u64, 0usize, 0usize);
         for d in std::fs::read_dir(&self.opts.dir)
             .into_iter()
             .flatten()
@@ -621,6 +733,7 @@ impl DiskCache {
                 let p = f.path();
                 match p.extension().and_then(|x| x.to_str()) {
                     Some("meta") => entries += 1,
+                    Some("blk") => blocks += 1,
                     Some("kv") => {}
                     _ => continue,
                 }
@@ -635,6 +748,7 @@ impl DiskCache {
             budget_bytes: self.opts.budget_bytes,
             bytes,
             entries,
+            blocks,
             writes_paused: s.paused_until.is_some_and(|t| Instant::now() < t),
             last_error: s.last_error.clone(),
             hits: get(&st.hits),
@@ -646,6 +760,8 @@ impl DiskCache {
             evictions: get(&st.evictions),
             bad_entries: get(&st.bad_entries),
             write_errors: get(&st.write_errors),
+            blocks_written: get(&st.blocks_written),
+            blocks_shared: get(&st.blocks_shared),
         }
     }
 
@@ -717,12 +833,76 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Removes an entry's meta and its payload kept whole; its blocks stay for
+/// [`sweep_blocks`], since other entries may share them.
 fn remove_entry(meta_path: &Path, meta: &Meta) {
     let _ = std::fs::remove_file(meta_path);
-    let _ = std::fs::remove_file(meta_path.with_file_name(&meta.payload));
+    if !meta.payload.is_empty() {
+        let _ = std::fs::remove_file(meta_path.with_file_name(&meta.payload));
+    }
 }
 
-/// Every readable meta under `root` with its last use (the meta's mtime).
+/// The files an entry reads: its meta, and its payload or its blocks.
+fn entry_files(meta_path: &Path, meta: &Meta) -> Vec<PathBuf> {
+    let mut files = vec![meta_path.to_path_buf()];
+    if meta.blocked() {
+        files.extend(
+            meta.block_names()
+                .iter()
+                .map(|b| meta_path.with_file_name(b)),
+        );
+    } else {
+        files.push(meta_path.with_file_name(&meta.payload));
+    }
+    files
+}
+
+/// Every block file name the entries of `dir` hold.
+fn held_blocks(dir: &Path) -> std::collections::HashSet<String> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|f| f.path())
+        .filter(|p| p.extension().and_then(|x| x.to_str()) == Some("meta"))
+        .filter_map(|p| Meta::decode(&std::fs::read(p).ok()?).ok())
+        .flat_map(|m| m.block_names())
+        .collect()
+}
+
+/// Removes the blocks of `dir` that no entry holds: among `among` (the
+/// blocks of entries just removed), or any older than `age`. Returns the
+/// bytes freed.
+fn sweep_blocks(
+    dir: &Path,
+    among: Option<&std::collections::HashSet<String>>,
+    age: Duration,
+) -> u64 {
+    let held = held_blocks(dir);
+    let mut freed = 0;
+    for f in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = f.file_name().to_string_lossy().into_owned();
+        if !name.ends_with(".blk")
+            || held.contains(&name)
+            || among.is_some_and(|a| !a.contains(&name))
+        {
+            continue;
+        }
+        let Ok(m) = f.metadata() else { continue };
+        let old = m
+            .modified()
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|a| a >= age);
+        if (age.is_zero() || old) && std::fs::remove_file(f.path()).is_ok() {
+            freed += m.len();
+        }
+    }
+    freed
+}
+
+/// Every readable meta under `root` with its last use (the meta's mtime, in
+/// nanoseconds: entries written within one second still keep their order).
 fn all_metas(root: &Path) -> Vec<(PathBuf, Meta, u64)> {
     let mut out = Vec::new();
     let Ok(dirs) = std::fs::read_dir(root) else {
@@ -748,7 +928,7 @@ fn all_metas(root: &Path) -> Vec<(PathBuf, Meta, u64)> {
                 .and_then(|m| m.modified())
                 .ok()
                 .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                .map_or(0, |d| d.as_secs());
+                .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
             out.push((p, meta, used));
         }
     }
@@ -771,7 +951,11 @@ fn remove_stale_tmp(root: &Path) {
             .filter(|p| p.extension().and_then(|x| x.to_str()) == Some("meta"))
             .filter_map(|p| std::fs::read(p).ok())
             .filter_map(|b| Meta::decode(&b).ok())
-            .map(|m| m.payload)
+            .flat_map(|m| {
+                let mut names = m.block_names();
+                names.push(m.payload);
+                names
+            })
             .collect();
         for p in files {
             let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
@@ -780,7 +964,7 @@ fn remove_stale_tmp(root: &Path) {
                 .ok()
                 .and_then(|t| t.elapsed().ok())
                 .is_some_and(|age| age > STALE_TMP);
-            let orphan = name.ends_with(".kv") && !named.contains(name);
+            let orphan = (name.ends_with(".kv") || name.ends_with(".blk")) && !named.contains(name);
             if old && (name.contains(".tmp") || orphan) {
                 let _ = std::fs::remove_file(&p);
             }
@@ -805,8 +989,63 @@ fn file_crc(path: &Path) -> std::io::Result<(u64, u32)> {
     Ok((len, hasher.finalize()))
 }
 
-/// The writer thread's part: checksum the payload, rename it and its meta
-/// into place, drop entries it supersedes, keep the budget.
+/// The payload at `tmp` cut into blocks by the backend's `parse`: the
+/// encoded layout and the blocks; `None` when the payload is not of a shape
+/// the parser knows, or does not hold `rows` positions.
+fn cut(parse: LayoutFn, payload: &[u8], rows: usize) -> Option<(Vec<u8>, Vec<Vec<u8>>)> {
+    let layout = parse(payload)?;
+    if layout.rows != rows {
+        return None;
+    }
+    let blocks = layout.split(payload, BLOCK_TOKENS)?;
+    Some((layout.encode_pieces(), blocks))
+}
+
+/// Writes the blocks `names` lacks on disk (a block already there, written
+/// for another entry that shares the prefix, is kept and touched). Returns
+/// the bytes written; on an error the blocks this call wrote are removed.
+fn write_blocks(
+    dir: &Path,
+    names: &[String],
+    blocks: &[Vec<u8>],
+    rows: usize,
+    tag: &str,
+    stats: &DiskStats,
+) -> std::io::Result<u64> {
+    let mut written: Vec<PathBuf> = Vec::new();
+    let mut bytes = 0;
+    for (i, (name, body)) in names.iter().zip(blocks).enumerate() {
+        let path = dir.join(name);
+        let n = (rows - i * BLOCK_TOKENS).min(BLOCK_TOKENS);
+        let file = block_bytes(n, body);
+        if std::fs::metadata(&path).is_ok_and(|m| m.len() == file.len() as u64) {
+            if let Ok(f) = std::fs::File::options().write(true).open(&path) {
+                let _ = f.set_modified(SystemTime::now());
+            }
+            stats.blocks_shared.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        let tmp = dir.join(format!("{name}.tmp-{tag}"));
+        let put = private_file(&tmp)
+            .and_then(|mut f| f.write_all(&file))
+            .and_then(|()| std::fs::rename(&tmp, &path));
+        if let Err(e) = put {
+            let _ = std::fs::remove_file(&tmp);
+            for p in written {
+                let _ = std::fs::remove_file(p);
+            }
+            return Err(e);
+        }
+        written.push(path);
+        bytes += file.len() as u64;
+        stats.blocks_written.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(bytes)
+}
+
+/// The writer thread's part: checksum the payload (or cut it into blocks),
+/// put it and its meta in place, drop entries it supersedes, keep the
+/// budget.
 fn place(job: WriteJob, opts: &DiskCacheOptions, stats: &DiskStats) -> std::io::Result<()> {
     let WriteJob {
         dir,
@@ -814,20 +1053,48 @@ fn place(job: WriteJob, opts: &DiskCacheOptions, stats: &DiskStats) -> std::io::
         tmp,
         payload,
         mut meta,
+        layout,
     } = job;
-    let (len, crc) = file_crc(&tmp)?;
-    meta.payload_len = len;
-    meta.payload_crc = crc;
+    let blocks = match layout {
+        Some(parse) => {
+            let bytes = std::fs::read(&tmp)?;
+            cut(parse, &bytes, meta.tokens.len())
+                .map(|(pieces, blocks)| (bytes.len() as u64, pieces, blocks))
+        }
+        None => None,
+    };
+    let len = match &blocks {
+        Some((len, _, _)) => *len,
+        None => file_crc(&tmp)?.0,
+    };
     if len + 4096 > opts.budget_bytes {
         std::fs::remove_file(&tmp)?;
         return Ok(());
     }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
-    }
-    std::fs::rename(&tmp, dir.join(&payload))?;
+    let names = match blocks {
+        Some((len, pieces, blocks)) => {
+            std::fs::remove_file(&tmp)?;
+            meta.payload = String::new();
+            meta.payload_len = len;
+            meta.payload_crc = 0;
+            meta.layout = pieces;
+            let names = meta.block_names();
+            let written = write_blocks(&dir, &names, &blocks, meta.tokens.len(), &payload, stats)?;
+            Some((names, blocks, written))
+        }
+        None => {
+            let (len, crc) = file_crc(&tmp)?;
+            meta.payload_len = len;
+            meta.payload_crc = crc;
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
+            }
+            std::fs::rename(&tmp, dir.join(&meta.payload))?;
+            None
+        }
+    };
     let meta_path = dir.join(format!("{key}.meta"));
     // Entries whose tokens this one extends add nothing: they go once it is
     // in place, and a time a client marked one of them with carries over.
@@ -854,53 +1121,111 @@ fn place(job: WriteJob, opts: &DiskCacheOptions, stats: &DiskStats) -> std::io::
         m.write_all(&bytes)?;
     }
     // An entry this one replaces (the same key, from another writer) leaves
-    // its payload behind: remove it once the new meta is in place.
+    // its whole payload behind: remove it once the new meta is in place.
     let replaced = std::fs::read(&meta_path)
         .ok()
         .and_then(|b| Meta::decode(&b).ok())
         .map(|m| m.payload)
-        .filter(|p| *p != payload);
+        .filter(|p| !p.is_empty() && *p != meta.payload);
     std::fs::rename(&meta_tmp, &meta_path)?;
     if let Some(old) = replaced {
         let _ = std::fs::remove_file(dir.join(old));
     }
+    let mut written = len;
+    if let Some((names, blocks, block_bytes)) = names {
+        // A block found on disk may have been swept by another server (or a
+        // clear) before this meta held it: write it again now that it does.
+        let gone: Vec<usize> = (0..names.len())
+            .filter(|&i| !dir.join(&names[i]).exists())
+            .collect();
+        let mut again = 0;
+        for i in gone {
+            again += write_blocks(
+                &dir,
+                &names[i..=i],
+                &blocks[i..=i],
+                (meta.tokens.len() - i * BLOCK_TOKENS).min(BLOCK_TOKENS),
+                &payload,
+                stats,
+            )
+            .unwrap_or(0);
+        }
+        written = block_bytes + again;
+    }
     stats.writes.fetch_add(1, Ordering::Relaxed);
     stats
         .bytes_written
-        .fetch_add(len + bytes.len() as u64, Ordering::Relaxed);
+        .fetch_add(written + bytes.len() as u64, Ordering::Relaxed);
+    let mut dropped = std::collections::HashSet::new();
     for (p, m) in superseded {
         remove_entry(&p, &m);
+        dropped.extend(m.block_names());
+    }
+    if !dropped.is_empty() {
+        sweep_blocks(&dir, Some(&dropped), Duration::ZERO);
     }
     enforce_budget(&opts.dir, opts.budget_bytes, stats);
     Ok(())
 }
 
-/// Removes least recently used entries (every model's) until the tier fits.
+/// Removes least recently used entries (every model's) until the tier fits;
+/// a block goes with the last entry that holds it.
 fn enforce_budget(root: &Path, budget: u64, stats: &DiskStats) {
-    let mut entries: Vec<(u64, u64, PathBuf, Meta)> = all_metas(root)
-        .into_iter()
-        .map(|(p, m, used)| {
-            let bytes = std::fs::metadata(p.with_file_name(&m.payload)).map_or(0, |x| x.len())
-                + std::fs::metadata(&p).map_or(0, |x| x.len());
-            (used, bytes, p, m)
-        })
-        .collect();
-    let mut total: u64 = entries.iter().map(|e| e.1).sum();
+    let mut sizes: HashMap<PathBuf, u64> = HashMap::new();
+    for d in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        for f in std::fs::read_dir(d.path()).into_iter().flatten().flatten() {
+            let p = f.path();
+            if matches!(
+                p.extension().and_then(|x| x.to_str()),
+                Some("meta" | "kv" | "blk")
+            ) {
+                sizes.insert(p, f.metadata().map_or(0, |m| m.len()));
+            }
+        }
+    }
+    let mut total: u64 = sizes.values().sum();
+    if total <= budget {
+        return;
+    }
+    let mut entries = all_metas(root);
+    let mut holders: HashMap<PathBuf, usize> = HashMap::new();
+    for (p, m, _) in &entries {
+        for b in m.block_names() {
+            *holders.entry(p.with_file_name(b)).or_default() += 1;
+        }
+    }
     let now = now_secs();
-    entries.sort_by_key(|e| e.3.eviction_key(e.0, now));
-    for (_, bytes, p, m) in entries {
+    entries.sort_by_key(|e| e.1.eviction_key(e.2, now));
+    for (p, m, _) in entries {
         if total <= budget {
             break;
         }
         remove_entry(&p, &m);
-        total = total.saturating_sub(bytes);
+        let mut freed = sizes.get(&p).copied().unwrap_or(0);
+        if !m.blocked() {
+            freed += sizes
+                .get(&p.with_file_name(&m.payload))
+                .copied()
+                .unwrap_or(0);
+        }
+        for b in m.block_names() {
+            let path = p.with_file_name(b);
+            if let Some(n) = holders.get_mut(&path) {
+                *n = n.saturating_sub(1);
+                if *n == 0 && std::fs::remove_file(&path).is_ok() {
+                    freed += sizes.get(&path).copied().unwrap_or(0);
+                }
+            }
+        }
+        total = total.saturating_sub(freed);
         stats.evictions.fetch_add(1, Ordering::Relaxed);
     }
 }
 
-/// A disk hit: the payload to restore and how many leading prompt tokens it
+/// A disk hit: the entry to restore and how many leading prompt tokens it
 /// holds.
 pub struct DiskHit {
+    /// The payload kept whole (the entry's folder for one kept in blocks).
     pub payload: PathBuf,
     /// Tokens the entry holds (the payload's whole length).
     pub stored: usize,
@@ -910,11 +1235,16 @@ pub struct DiskHit {
     meta: Arc<Meta>,
 }
 
-impl DiskHit {
-    /// The tokens the stored state holds (what the backend checks it against).
-    pub fn stored_tokens(&self) -> &[u32] {
-        &self.meta.tokens
-    }
+/// A hit made ready for the backend: a payload file of the backend's own
+/// format holding `tokens` (at least the hit's; a hit read from blocks
+/// holds its last block whole).
+pub struct Restorable {
+    pub path: PathBuf,
+    pub tokens: Vec<u32>,
+    /// Bytes read from the tier for it.
+    bytes: u64,
+    /// The payload joined from blocks, removed when this is dropped.
+    _joined: Option<tempfile::TempPath>,
 }
 
 impl std::fmt::Debug for DiskCache {
@@ -935,12 +1265,21 @@ pub struct ModelDisk {
     backend: String,
     /// A hit is a multiple of this many tokens (see [`reusable`]).
     align: usize,
+    /// The backend's reader of its payload's layout, to keep it in blocks.
+    layout: Option<LayoutFn>,
 }
 
 impl ModelDisk {
     /// Hits cut to a multiple of `unit` tokens (see [`reusable`]).
     pub fn aligned(mut self, unit: usize) -> Self {
         self.align = unit.max(1);
+        self
+    }
+
+    /// Payloads kept in blocks, cut by the backend's layout reader (those it
+    /// does not read are kept whole).
+    pub fn with_layout(mut self, layout: Option<LayoutFn>) -> Self {
+        self.layout = layout;
         self
     }
 
@@ -980,9 +1319,82 @@ impl ModelDisk {
         }
     }
 
-    /// Checks a hit's payload against its meta (length and CRC); a bad one is
-    /// removed and counted, and the caller prefills cold.
-    pub fn verify(&self, hit: &DiskHit) -> bool {
+    /// A hit's payload, checked against its meta (length and CRC) or joined
+    /// from the blocks it needs, each checked against its own CRC. A bad
+    /// entry (or block) is removed and counted, and the caller prefills
+    /// cold.
+    pub fn open(&self, hit: &DiskHit) -> Option<Restorable> {
+        if !hit.meta.blocked() {
+            return self.verify(hit).then(|| Restorable {
+                path: hit.payload.clone(),
+                tokens: hit.meta.tokens.clone(),
+                bytes: hit.meta.payload_len,
+                _joined: None,
+            });
+        }
+        match self.join(hit) {
+            Ok(r) => Some(r),
+            Err((why, block)) => {
+                if let Some(b) = block {
+                    tracing::warn!(file = %b.display(), why, "removing a bad disk cache block");
+                    let _ = std::fs::remove_file(b);
+                }
+                if hit.meta_path.exists() {
+                    self.bad(hit, &why);
+                } else {
+                    // Evicted by another server between listing and reading.
+                    self.cache.forget(&self.dir, &hit.meta_path);
+                }
+                self.cache.stats.misses.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// The blocks a hit needs joined into one payload file, or why not (and
+    /// the block at fault, if one is).
+    fn join(&self, hit: &DiskHit) -> std::result::Result<Restorable, (String, Option<PathBuf>)> {
+        let layout = Layout::decode_pieces(&hit.meta.layout).map_err(|e| (e, None))?;
+        let row_bytes = layout.row_bytes();
+        let names = hit.meta.block_names();
+        let stored = hit.meta.tokens.len();
+        let need = hit.tokens.div_ceil(BLOCK_TOKENS).min(names.len());
+        let mut files = Vec::with_capacity(need);
+        for name in &names[..need] {
+            let path = self.dir.join(name);
+            match std::fs::read(&path) {
+                Ok(b) => files.push((path, b)),
+                Err(e) => return Err((format!("block {name}: {e}"), None)),
+            }
+        }
+        let mut parts = Vec::with_capacity(need);
+        for (i, (path, file)) in files.iter().enumerate() {
+            let rows = (stored - i * BLOCK_TOKENS).min(BLOCK_TOKENS);
+            let body =
+                block_body(file, rows, row_bytes).map_err(|why| (why, Some(path.clone())))?;
+            parts.push((rows, body));
+        }
+        let held: usize = parts.iter().map(|p| p.0).sum();
+        let joined = layout
+            .join(&parts)
+            .ok_or_else(|| ("blocks do not fit the entry's layout".to_string(), None))?;
+        let io = |e: std::io::Error| (format!("joining blocks: {e}"), None);
+        let mut tmp = tempfile::Builder::new()
+            .prefix(".join-")
+            .suffix(".tmp")
+            .tempfile_in(&self.dir)
+            .map_err(io)?;
+        tmp.write_all(&joined).map_err(io)?;
+        Ok(Restorable {
+            path: tmp.path().to_path_buf(),
+            tokens: hit.meta.tokens[..held].to_vec(),
+            bytes: files.iter().map(|f| f.1.len() as u64).sum(),
+            _joined: Some(tmp.into_temp_path()),
+        })
+    }
+
+    /// Checks a hit's whole payload against its meta (length and CRC).
+    fn verify(&self, hit: &DiskHit) -> bool {
         let ok = std::fs::metadata(&hit.payload).and_then(|m| {
             if m.len() != hit.meta.payload_len {
                 return Ok(false);
@@ -1010,12 +1422,11 @@ impl ModelDisk {
     }
 
     /// Records a hit restored: counters, and the entry's last use.
-    pub fn restored(&self, hit: &DiskHit) {
+    pub fn restored(&self, hit: &DiskHit, read: &Restorable) {
         let s = &self.cache.stats;
         s.hits.fetch_add(1, Ordering::Relaxed);
         s.hit_tokens.fetch_add(hit.tokens as u64, Ordering::Relaxed);
-        s.bytes_read
-            .fetch_add(hit.meta.payload_len, Ordering::Relaxed);
+        s.bytes_read.fetch_add(read.bytes, Ordering::Relaxed);
         if let Ok(f) = std::fs::File::options().write(true).open(&hit.meta_path) {
             let _ = f.set_modified(SystemTime::now());
         }
@@ -1028,10 +1439,15 @@ impl ModelDisk {
     }
 
     fn bad(&self, hit: &DiskHit, why: &str) {
-        tracing::warn!(file = %hit.payload.display(), why, "removing a bad disk cache entry");
+        tracing::warn!(file = %hit.meta_path.display(), why, "removing a bad disk cache entry");
         self.cache.stats.bad_entries.fetch_add(1, Ordering::Relaxed);
         remove_entry(&hit.meta_path, &hit.meta);
         self.cache.forget(&self.dir, &hit.meta_path);
+        let blocks: std::collections::HashSet<String> =
+            hit.meta.block_names().into_iter().collect();
+        if !blocks.is_empty() {
+            sweep_blocks(&self.dir, Some(&blocks), Duration::ZERO);
+        }
     }
 
     /// Whether `tokens` under `salt` should be written: long enough, not
@@ -1086,6 +1502,7 @@ impl ModelDisk {
             keep_until: keep_secs.map_or(0, |k| now_secs() + k),
             model: self.model.clone(),
             backend: self.backend.clone(),
+            layout: Vec::new(),
         };
         let job = WriteJob {
             dir: self.dir.clone(),
@@ -1093,6 +1510,7 @@ impl ModelDisk {
             payload: meta.payload.clone(),
             tmp: tmp.clone(),
             meta,
+            layout: self.layout,
         };
         let (n, _) = &*self.cache.pending;
         *lock(n) += 1;
@@ -1140,6 +1558,7 @@ mod tests {
             keep_until: 0,
             model: "m".into(),
             backend: "llama".into(),
+            layout: Vec::new(),
         }
     }
 
@@ -1239,6 +1658,169 @@ mod tests {
         assert_eq!(cache.clear(Some("other")), 0);
         assert!(cache.clear(None) >= 1);
         assert_eq!(cache.summary().entries, 0);
+    }
+
+    /// A payload of a made-up backend: a tag, the count, then two runs of
+    /// rows: each position's token, and its token times three as u64.
+    fn fake_payload(tokens: &[u32]) -> Vec<u8> {
+        let mut b = b"FAKE".to_vec();
+        b.extend_from_slice(&(tokens.len() as u32).to_le_bytes());
+        for t in tokens {
+            b.extend_from_slice(&t.to_le_bytes());
+        }
+        for t in tokens {
+            b.extend_from_slice(&(u64::from(*t) * 3).to_le_bytes());
+        }
+        b
+    }
+
+    fn fake_layout(b: &[u8]) -> Option<Layout> {
+        if b.get(..4)? != b"FAKE" {
+            return None;
+        }
+        let n = u32::from_le_bytes(b.get(4..8)?.try_into().ok()?) as usize;
+        Some(Layout {
+            pieces: vec![
+                Piece::Fixed(b"FAKE".to_vec()),
+                Piece::Count,
+                Piece::Rows {
+                    width: 4,
+                    cells: false,
+                },
+                Piece::Rows {
+                    width: 8,
+                    cells: false,
+                },
+            ],
+            rows: n,
+            order: None,
+        })
+    }
+
+    fn read_hit(disk: &ModelDisk, prompt: &[u32]) -> Option<(usize, Vec<u32>, Vec<u8>)> {
+        let hit = disk.lookup(prompt, 0, 0)?;
+        let read = disk.open(&hit)?;
+        let bytes = std::fs::read(&read.path).expect("joined");
+        disk.restored(&hit, &read);
+        Some((hit.tokens, read.tokens.clone(), bytes))
+    }
+
+    #[test]
+    fn prompts_sharing_a_prefix_share_its_blocks_and_read_only_what_they_need() {
+        let root = tempfile::tempdir().expect("tmp");
+        let cache = open(root.path(), 1 << 30, 4);
+        let disk = cache
+            .for_model(Fingerprint([4; 32]), "m", "fake")
+            .expect("model")
+            .with_layout(Some(fake_layout));
+        // Two agents: the same 600-token system prompt, then their own words.
+        let shared: Vec<u32> = (0..600).collect();
+        let a: Vec<u32> = shared.iter().copied().chain(5000..5300).collect();
+        let b: Vec<u32> = shared.iter().copied().chain(7000..7200).collect();
+        write_entry(&disk, &a, 0, &fake_payload(&a));
+        let s = cache.summary();
+        assert_eq!(
+            (s.entries, s.blocks, s.blocks_written, s.blocks_shared),
+            (1, 4, 4, 0)
+        );
+        assert!(
+            !root
+                .path()
+                .join("kv")
+                .read_dir()
+                .expect("ls")
+                .flatten()
+                .any(|d| d
+                    .path()
+                    .read_dir()
+                    .expect("ls")
+                    .flatten()
+                    .any(|f| f.path().extension().is_some_and(|x| x == "kv"))),
+            "no whole payload is kept"
+        );
+        write_entry(&disk, &b, 0, &fake_payload(&b));
+        let s = cache.summary();
+        // Blocks 0 and 1 (512 tokens) are a's; b's third block differs.
+        assert_eq!(
+            (s.entries, s.blocks, s.blocks_written, s.blocks_shared),
+            (2, 6, 6, 2)
+        );
+        // A hit reads the blocks it needs, joined into the backend's format.
+        let mut q: Vec<u32> = b.clone();
+        q.push(1);
+        let (n, held, bytes) = read_hit(&disk, &q).expect("b hit");
+        assert_eq!((n, held.len()), (800, 800));
+        assert_eq!(bytes, fake_payload(&b));
+        let q: Vec<u32> = shared[..300].iter().copied().chain([9, 9]).collect();
+        let before = cache.summary().bytes_read;
+        let (n, held, bytes) = read_hit(&disk, &q).expect("shared hit");
+        assert_eq!((n, held.len()), (300, 512), "two blocks read");
+        assert_eq!(bytes, fake_payload(&a[..512]));
+        assert_eq!(cache.summary().bytes_read - before, 2 * (20 + 256 * 12));
+        // A listing counts each entry's blocks, shared ones too.
+        assert!(cache.entries().iter().all(|e| e.blocks == 4));
+        // Clearing one entry keeps the blocks the other holds.
+        let a_meta = disk
+            .cache
+            .metas(&disk.dir)
+            .into_iter()
+            .find(|(_, m)| m.tokens == a)
+            .expect("a");
+        remove_entry(&a_meta.0, &a_meta.1);
+        let a_blocks: std::collections::HashSet<String> =
+            a_meta.1.block_names().into_iter().collect();
+        sweep_blocks(&disk.dir, Some(&a_blocks), Duration::ZERO);
+        assert_eq!(cache.summary().blocks, 4);
+        let (_, _, bytes) = read_hit(&disk, &q).expect("shared hit");
+        assert_eq!(bytes, fake_payload(&a[..512]));
+        // A damaged block is caught: the entry goes, with the bad block.
+        let bad = disk.dir.join(&a_meta.1.block_names()[1]);
+        let mut file = std::fs::read(&bad).expect("block");
+        file[40] ^= 1;
+        std::fs::write(&bad, file).expect("write");
+        let hit = disk.lookup(&q, 0, 0).expect("hit");
+        assert!(disk.open(&hit).is_none());
+        assert!(!bad.exists());
+        let s = cache.summary();
+        assert_eq!((s.entries, s.blocks, s.bad_entries), (0, 0, 1));
+        // A payload the layout does not read is kept whole.
+        let odd: Vec<u32> = (0..300).collect();
+        let mut payload = fake_payload(&odd);
+        payload.push(0);
+        write_entry(&disk, &odd, 0, &payload);
+        let s = cache.summary();
+        assert_eq!((s.entries, s.blocks), (1, 0));
+        let (_, _, bytes) = read_hit(&disk, &[odd.clone(), vec![1]].concat()).expect("whole hit");
+        assert_eq!(bytes, payload);
+        assert_eq!(cache.clear(None), 1);
+    }
+
+    #[test]
+    fn the_budget_frees_a_block_only_with_the_last_entry_holding_it() {
+        let root = tempfile::tempdir().expect("tmp");
+        // Room for about six blocks of 256 positions (12 bytes each).
+        let cache = open(root.path(), 6 * (256 * 12 + 20) + 4096, 4);
+        let disk = cache
+            .for_model(Fingerprint([5; 32]), "m", "fake")
+            .expect("model")
+            .with_layout(Some(fake_layout));
+        let shared: Vec<u32> = (0..512).collect();
+        let mk =
+            |tail: u32| -> Vec<u32> { shared.iter().copied().chain(tail..tail + 256).collect() };
+        write_entry(&disk, &mk(10_000), 0, &fake_payload(&mk(10_000)));
+        write_entry(&disk, &mk(20_000), 0, &fake_payload(&mk(20_000)));
+        // Four blocks: the shared two, and a tail each.
+        assert_eq!(cache.summary().blocks, 4);
+        write_entry(&disk, &mk(30_000), 0, &fake_payload(&mk(30_000)));
+        write_entry(&disk, &mk(40_000), 0, &fake_payload(&mk(40_000)));
+        // Six blocks would not fit beside the metas: the oldest entry went
+        // with its own tail, the shared blocks stayed.
+        let s = cache.summary();
+        assert!(s.evictions >= 1);
+        assert!(s.bytes <= 6 * (256 * 12 + 20) + 4096, "{} bytes", s.bytes);
+        assert_eq!(s.blocks, 2 + s.entries);
+        let (n, _, _) = read_hit(&disk, &mk(40_000)).expect("newest kept");
+        assert_eq!(n, 767);
     }
 
     #[test]
