@@ -58,7 +58,19 @@ impl Layout {
     /// shorter), each the rows of its positions in piece order; `None` if
     /// `payload` does not match the layout to the byte.
     pub fn split(&self, payload: &[u8], block: usize) -> Option<Vec<Vec<u8>>> {
+        let cut = self.cutter(payload)?;
         let block = block.max(1);
+        Some(
+            (0..self.rows)
+                .step_by(block)
+                .map(|first| cut.block(first, (first + block).min(self.rows)))
+                .collect(),
+        )
+    }
+
+    /// `payload` checked against the layout to the byte, ready to give its
+    /// blocks one at a time (so a large payload is never copied whole).
+    pub fn cutter<'a>(&'a self, payload: &'a [u8]) -> Option<Cutter<'a>> {
         let rows = self.rows;
         if let Some(order) = &self.order {
             if order.len() != rows || order.iter().any(|&r| r as usize >= rows) {
@@ -89,33 +101,11 @@ impl Layout {
                 }
             }
         }
-        if at != payload.len() {
-            return None;
-        }
-        let row_bytes = self.row_bytes();
-        let mut blocks = Vec::with_capacity(rows.div_ceil(block));
-        for first in (0..rows).step_by(block) {
-            let end = (first + block).min(rows);
-            // The block's positions as runs of consecutive stored rows: one
-            // run when cells are in order, a few where a pool reused cells.
-            let runs = match &self.order {
-                Some(order) => runs(&order[first..end]),
-                None => vec![(first as u32, end - first)],
-            };
-            let mut body = Vec::with_capacity((end - first) * row_bytes);
-            for &(start, width, cells) in &starts {
-                if cells {
-                    for &(row, n) in &runs {
-                        let from = start + row as usize * width;
-                        body.extend_from_slice(&payload[from..from + n * width]);
-                    }
-                } else {
-                    body.extend_from_slice(&payload[start + first * width..start + end * width]);
-                }
-            }
-            blocks.push(body);
-        }
-        Some(blocks)
+        (at == payload.len()).then_some(Cutter {
+            layout: self,
+            payload,
+            starts,
+        })
     }
 
     /// The payload holding the positions of `blocks` in turn (each block's
@@ -228,6 +218,44 @@ impl Layout {
             rows: 0,
             order: None,
         })
+    }
+}
+
+/// A payload checked against its [`Layout`], giving its blocks.
+pub struct Cutter<'a> {
+    layout: &'a Layout,
+    payload: &'a [u8],
+    /// Each piece of rows: where it starts, its width, whether in cell order.
+    starts: Vec<(usize, usize, bool)>,
+}
+
+impl Cutter<'_> {
+    /// Bytes of one position's rows.
+    pub fn row_bytes(&self) -> usize {
+        self.layout.row_bytes()
+    }
+
+    /// The block of positions `first..end`: for every piece of rows in
+    /// turn, the rows of those positions.
+    pub fn block(&self, first: usize, end: usize) -> Vec<u8> {
+        // The positions as runs of consecutive stored rows: one run when
+        // cells are in order, a few where a pool reused cells.
+        let runs = match &self.layout.order {
+            Some(order) => runs(&order[first..end]),
+            None => vec![(first as u32, end - first)],
+        };
+        let mut body = Vec::with_capacity((end - first) * self.layout.row_bytes());
+        for &(start, width, cells) in &self.starts {
+            if cells {
+                for &(row, n) in &runs {
+                    let from = start + row as usize * width;
+                    body.extend_from_slice(&self.payload[from..from + n * width]);
+                }
+            } else {
+                body.extend_from_slice(&self.payload[start + first * width..start + end * width]);
+            }
+        }
+        body
     }
 }
 

@@ -989,42 +989,43 @@ fn file_crc(path: &Path) -> std::io::Result<(u64, u32)> {
     Ok((len, hasher.finalize()))
 }
 
-/// The payload at `tmp` cut into blocks by the backend's `parse`: the
-/// encoded layout and the blocks; `None` when the payload is not of a shape
-/// the parser knows, or does not hold `rows` positions.
-fn cut(parse: LayoutFn, payload: &[u8], rows: usize) -> Option<(Vec<u8>, Vec<Vec<u8>>)> {
+/// The layout the backend's `parse` reads in `payload`, if it holds `rows`
+/// positions and matches to the byte; `None` keeps the payload whole.
+fn layout_of(parse: LayoutFn, payload: &[u8], rows: usize) -> Option<Layout> {
     let layout = parse(payload)?;
-    if layout.rows != rows {
-        return None;
-    }
-    let blocks = layout.split(payload, BLOCK_TOKENS)?;
-    Some((layout.encode_pieces(), blocks))
+    (layout.rows == rows && layout.cutter(payload).is_some()).then_some(layout)
 }
 
-/// Writes the blocks `names` lacks on disk (a block already there, written
-/// for another entry that shares the prefix, is kept and touched). Returns
-/// the bytes written; on an error the blocks this call wrote are removed.
+/// Writes those of the blocks `which` (indexes into `names`) that are not
+/// on disk yet (a block already there, written for another entry that
+/// shares the prefix, is kept and touched), each cut from the payload only
+/// when written, so a large payload is never copied whole. Returns the
+/// bytes written; on an error the blocks this call wrote are removed.
 fn write_blocks(
     dir: &Path,
     names: &[String],
-    blocks: &[Vec<u8>],
+    which: impl Iterator<Item = usize>,
+    cut: &layout::Cutter<'_>,
     rows: usize,
     tag: &str,
     stats: &DiskStats,
 ) -> std::io::Result<u64> {
     let mut written: Vec<PathBuf> = Vec::new();
     let mut bytes = 0;
-    for (i, (name, body)) in names.iter().zip(blocks).enumerate() {
+    for i in which {
+        let Some(name) = names.get(i) else { continue };
         let path = dir.join(name);
-        let n = (rows - i * BLOCK_TOKENS).min(BLOCK_TOKENS);
-        let file = block_bytes(n, body);
-        if std::fs::metadata(&path).is_ok_and(|m| m.len() == file.len() as u64) {
+        let first = i * BLOCK_TOKENS;
+        let n = rows.saturating_sub(first).min(BLOCK_TOKENS);
+        let size = (BLOCK_HEADER + n * cut.row_bytes()) as u64;
+        if std::fs::metadata(&path).is_ok_and(|m| m.len() == size) {
             if let Ok(f) = std::fs::File::options().write(true).open(&path) {
                 let _ = f.set_modified(SystemTime::now());
             }
             stats.blocks_shared.fetch_add(1, Ordering::Relaxed);
             continue;
         }
+        let file = block_bytes(n, &cut.block(first, first + n));
         let tmp = dir.join(format!("{name}.tmp-{tag}"));
         let put = private_file(&tmp)
             .and_then(|mut f| f.write_all(&file))
@@ -1037,7 +1038,7 @@ fn write_blocks(
             return Err(e);
         }
         written.push(path);
-        bytes += file.len() as u64;
+        bytes += size;
         stats.blocks_written.fetch_add(1, Ordering::Relaxed);
     }
     Ok(bytes)
@@ -1055,34 +1056,36 @@ fn place(job: WriteJob, opts: &DiskCacheOptions, stats: &DiskStats) -> std::io::
         mut meta,
         layout,
     } = job;
-    let blocks = match layout {
+    // The payload stays in memory while its blocks are cut from it.
+    let blocked = match layout {
         Some(parse) => {
             let bytes = std::fs::read(&tmp)?;
-            cut(parse, &bytes, meta.tokens.len())
-                .map(|(pieces, blocks)| (bytes.len() as u64, pieces, blocks))
+            layout_of(parse, &bytes, meta.tokens.len()).map(|l| (bytes, l))
         }
         None => None,
     };
-    let len = match &blocks {
-        Some((len, _, _)) => *len,
+    let cut = blocked.as_ref().and_then(|(bytes, l)| l.cutter(bytes));
+    let len = match &blocked {
+        Some((bytes, _)) => bytes.len() as u64,
         None => file_crc(&tmp)?.0,
     };
     if len + 4096 > opts.budget_bytes {
         std::fs::remove_file(&tmp)?;
         return Ok(());
     }
-    let names = match blocks {
-        Some((len, pieces, blocks)) => {
+    let rows = meta.tokens.len();
+    let names = match (&blocked, &cut) {
+        (Some((_, l)), Some(cut)) => {
             std::fs::remove_file(&tmp)?;
             meta.payload = String::new();
             meta.payload_len = len;
             meta.payload_crc = 0;
-            meta.layout = pieces;
+            meta.layout = l.encode_pieces();
             let names = meta.block_names();
-            let written = write_blocks(&dir, &names, &blocks, meta.tokens.len(), &payload, stats)?;
-            Some((names, blocks, written))
+            let written = write_blocks(&dir, &names, 0..names.len(), cut, rows, &payload, stats)?;
+            Some((names, written))
         }
-        None => {
+        _ => {
             let (len, crc) = file_crc(&tmp)?;
             meta.payload_len = len;
             meta.payload_crc = crc;
@@ -1132,24 +1135,11 @@ fn place(job: WriteJob, opts: &DiskCacheOptions, stats: &DiskStats) -> std::io::
         let _ = std::fs::remove_file(dir.join(old));
     }
     let mut written = len;
-    if let Some((names, blocks, block_bytes)) = names {
+    if let (Some((names, block_bytes)), Some(cut)) = (names, &cut) {
         // A block found on disk may have been swept by another server (or a
         // clear) before this meta held it: write it again now that it does.
-        let gone: Vec<usize> = (0..names.len())
-            .filter(|&i| !dir.join(&names[i]).exists())
-            .collect();
-        let mut again = 0;
-        for i in gone {
-            again += write_blocks(
-                &dir,
-                &names[i..=i],
-                &blocks[i..=i],
-                (meta.tokens.len() - i * BLOCK_TOKENS).min(BLOCK_TOKENS),
-                &payload,
-                stats,
-            )
-            .unwrap_or(0);
-        }
+        let gone = (0..names.len()).filter(|&i| !dir.join(&names[i]).exists());
+        let again = write_blocks(&dir, &names, gone, cut, rows, &payload, stats).unwrap_or(0);
         written = block_bytes + again;
     }
     stats.writes.fetch_add(1, Ordering::Relaxed);
