@@ -188,11 +188,12 @@ pub trait LanguageModel: Send {
     fn persists_cache(&self) -> bool {
         false
     }
-    /// A cache holding the state [`KvCache::save`] wrote to `path` for
-    /// `tokens`. Anything that does not match this model (another shape,
+    /// A cache holding the state [`KvCache::save`] wrote for `tokens`, from
+    /// that file's bytes (read back whole, or joined from the disk tier's
+    /// blocks). Anything that does not match this model (another shape,
     /// another token list) is an error, never a wrong cache.
-    fn restore_cache(&self, path: &std::path::Path, tokens: &[u32]) -> Result<Box<dyn KvCache>> {
-        let _ = (path, tokens);
+    fn restore_cache(&self, payload: &[u8], tokens: &[u32]) -> Result<Box<dyn KvCache>> {
+        let _ = (payload, tokens);
         Err(EngineError::Unsupported(
             "this backend cannot read KV state from disk".into(),
         ))

@@ -1225,16 +1225,14 @@ pub struct DiskHit {
     meta: Arc<Meta>,
 }
 
-/// A hit made ready for the backend: a payload file of the backend's own
-/// format holding `tokens` (at least the hit's; a hit read from blocks
-/// holds its last block whole).
+/// A hit made ready for the backend: the bytes of a payload of the
+/// backend's own format holding `tokens` (at least the hit's; a hit read
+/// from blocks holds its last block whole).
 pub struct Restorable {
-    pub path: PathBuf,
+    pub payload: Vec<u8>,
     pub tokens: Vec<u32>,
     /// Bytes read from the tier for it.
     bytes: u64,
-    /// The payload joined from blocks, removed when this is dropped.
-    _joined: Option<tempfile::TempPath>,
 }
 
 impl std::fmt::Debug for DiskCache {
@@ -1315,11 +1313,11 @@ impl ModelDisk {
     /// cold.
     pub fn open(&self, hit: &DiskHit) -> Option<Restorable> {
         if !hit.meta.blocked() {
-            return self.verify(hit).then(|| Restorable {
-                path: hit.payload.clone(),
+            let payload = self.verify(hit)?;
+            return Some(Restorable {
+                bytes: payload.len() as u64,
+                payload,
                 tokens: hit.meta.tokens.clone(),
-                bytes: hit.meta.payload_len,
-                _joined: None,
             });
         }
         match self.join(hit) {
@@ -1365,38 +1363,29 @@ impl ModelDisk {
             parts.push((rows, body));
         }
         let held: usize = parts.iter().map(|p| p.0).sum();
-        let joined = layout
+        let payload = layout
             .join(&parts)
             .ok_or_else(|| ("blocks do not fit the entry's layout".to_string(), None))?;
-        let io = |e: std::io::Error| (format!("joining blocks: {e}"), None);
-        let mut tmp = tempfile::Builder::new()
-            .prefix(".join-")
-            .suffix(".tmp")
-            .tempfile_in(&self.dir)
-            .map_err(io)?;
-        tmp.write_all(&joined).map_err(io)?;
         Ok(Restorable {
-            path: tmp.path().to_path_buf(),
+            payload,
             tokens: hit.meta.tokens[..held].to_vec(),
             bytes: files.iter().map(|f| f.1.len() as u64).sum(),
-            _joined: Some(tmp.into_temp_path()),
         })
     }
 
-    /// Checks a hit's whole payload against its meta (length and CRC).
-    fn verify(&self, hit: &DiskHit) -> bool {
-        let ok = std::fs::metadata(&hit.payload).and_then(|m| {
-            if m.len() != hit.meta.payload_len {
-                return Ok(false);
+    /// A hit's whole payload, read and checked against its meta (length and
+    /// CRC).
+    fn verify(&self, hit: &DiskHit) -> Option<Vec<u8>> {
+        match std::fs::read(&hit.payload) {
+            Ok(bytes)
+                if bytes.len() as u64 == hit.meta.payload_len
+                    && crc32fast::hash(&bytes) == hit.meta.payload_crc =>
+            {
+                Some(bytes)
             }
-            file_crc(&hit.payload)
-                .map(|(len, crc)| len == hit.meta.payload_len && crc == hit.meta.payload_crc)
-        });
-        match ok {
-            Ok(true) => true,
-            Ok(false) => {
+            Ok(_) => {
                 self.bad(hit, "payload does not match its checksum");
-                false
+                None
             }
             Err(e) => {
                 // Evicted by another server between listing and reading.
@@ -1406,7 +1395,7 @@ impl ModelDisk {
                     self.cache.forget(&self.dir, &hit.meta_path);
                 }
                 self.cache.stats.misses.fetch_add(1, Ordering::Relaxed);
-                false
+                None
             }
         }
     }
@@ -1618,7 +1607,7 @@ mod tests {
         let prompt: Vec<u32> = (0..1000).collect();
         let hit = disk.lookup(&prompt, 0, 0).expect("hit");
         assert_eq!((hit.tokens, hit.stored), (300, 300));
-        assert!(disk.verify(&hit));
+        assert!(disk.verify(&hit).is_some());
         assert!(disk.lookup(&prompt, 5, 0).is_none(), "another salt");
         assert!(
             disk.lookup(&prompt, 0, 200).is_none(),
@@ -1634,7 +1623,7 @@ mod tests {
         let mut bytes = std::fs::read(&hit.payload).expect("read");
         bytes[100] ^= 1;
         std::fs::write(&hit.payload, bytes).expect("write");
-        assert!(!disk.verify(&hit));
+        assert!(disk.verify(&hit).is_none());
         assert!(disk.lookup(&prompt, 0, 0).is_none());
         assert_eq!(cache.summary().bad_entries, 1);
         // The budget evicts the least recently used.
@@ -1690,9 +1679,8 @@ mod tests {
     fn read_hit(disk: &ModelDisk, prompt: &[u32]) -> Option<(usize, Vec<u32>, Vec<u8>)> {
         let hit = disk.lookup(prompt, 0, 0)?;
         let read = disk.open(&hit)?;
-        let bytes = std::fs::read(&read.path).expect("joined");
         disk.restored(&hit, &read);
-        Some((hit.tokens, read.tokens.clone(), bytes))
+        Some((hit.tokens, read.tokens.clone(), read.payload))
     }
 
     #[test]

@@ -47,7 +47,7 @@ impl Kept {
         if let Some(disk) = &self.disk {
             if let Some(hit) = disk.lookup(prompt, salt, ram_tokens) {
                 if let Some(read) = disk.open(&hit) {
-                    match model.restore_cache(&read.path, &read.tokens) {
+                    match model.restore_cache(&read.payload, &read.tokens) {
                         Ok(mut cache) => {
                             cache.truncate(hit.tokens);
                             disk.restored(&hit, &read);

@@ -866,32 +866,31 @@ impl LanguageModel for LlamaCppModel {
         self.pad.map(|_| self.ubatch)
     }
 
-    fn restore_cache(&self, path: &Path, tokens: &[u32]) -> Result<Box<dyn KvCache>> {
+    fn restore_cache(&self, payload: &[u8], tokens: &[u32]) -> Result<Box<dyn KvCache>> {
+        let state = state_file::sequence_state(payload, tokens).map_err(EngineError::Backend)?;
         let mut s = lock(&self.shared);
         let seq = s.take_id().ok_or(EngineError::KvCacheFull)?;
-        let loaded = s
-            .ctx
-            .with_dependent_mut(|_, ctx| ctx.state_seq_load_file(path, seq, tokens.len()));
-        let same = |read: &[LlamaToken]| {
-            read.len() == tokens.len() && read.iter().zip(tokens).all(|(a, &b)| a.0 as u32 == b)
-        };
-        match loaded {
-            Ok((read, _)) if same(&read) => Ok(Box::new(LlamaKv {
-                seq: Some(seq),
-                parked: None,
-                len: tokens.len(),
-                bytes_per_position: self.bytes_per_position,
-                shared: self.shared.clone(),
-            })),
-            other => {
-                s.remove(seq, 0);
-                s.free.insert(seq);
-                Err(EngineError::Backend(match other {
-                    Ok(_) => "the stored state holds other tokens".into(),
-                    Err(e) => format!("llama.cpp could not restore the stored state: {e}"),
-                }))
-            }
+        // SAFETY: `state` is the state part of a file llama.cpp wrote for
+        // this model's fingerprint (its checksums held), behind the header
+        // llama.cpp's own reader expects; that reader checks every size it
+        // reads against the buffer.
+        let restored = s.ctx.with_dependent_mut(|_, ctx| unsafe {
+            ctx.state_seq_set_data_ext(&state, seq, LlamaStateSeqFlags::empty())
+        });
+        if !restored {
+            s.remove(seq, 0);
+            s.free.insert(seq);
+            // The shape was checked above; what fails here is room in the
+            // pool for the cells, which is no fault of the entry.
+            return Err(EngineError::KvCacheFull);
         }
+        Ok(Box::new(LlamaKv {
+            seq: Some(seq),
+            parked: None,
+            len: tokens.len(),
+            bytes_per_position: self.bytes_per_position,
+            shared: self.shared.clone(),
+        }))
     }
 
     fn forward(&self, tokens: &[u32], cache: &mut dyn KvCache) -> Result<Vec<f32>> {

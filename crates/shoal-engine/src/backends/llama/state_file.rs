@@ -45,6 +45,38 @@ impl<'a> Cursor<'a> {
     }
 }
 
+/// What `llama_state_seq_get_data` puts before a sequence's state, and so
+/// what its setter reads first (the source sequence id follows).
+const IO_MAGIC: u32 = 0xaf14_3cd8;
+
+/// The in-memory form of the sequence state in a state file's bytes, for
+/// `llama_state_seq_set_data`, if the file holds exactly `tokens`: no temporary
+/// file is written to restore a payload joined from blocks.
+pub fn sequence_state(file: &[u8], tokens: &[u32]) -> Result<Vec<u8>, String> {
+    let mut c = Cursor { bytes: file, at: 0 };
+    if c.u32() != Some(MAGIC) || c.u32() != Some(VERSION) {
+        return Err("not a llama.cpp sequence state of this version".into());
+    }
+    let n = c.u32().ok_or("truncated state")? as usize;
+    if n != tokens.len() {
+        return Err(format!(
+            "the stored state holds {n} tokens, not {}",
+            tokens.len()
+        ));
+    }
+    for &t in tokens {
+        if c.u32() != Some(t) {
+            return Err("the stored state holds other tokens".into());
+        }
+    }
+    let body = &file[c.at..];
+    let mut out = Vec::with_capacity(8 + body.len());
+    out.extend_from_slice(&IO_MAGIC.to_le_bytes());
+    out.extend_from_slice(&0i32.to_le_bytes());
+    out.extend_from_slice(body);
+    Ok(out)
+}
+
 /// The layout of a sequence state file, or `None` if it is not exactly one
 /// of the shape described above.
 pub fn layout(bytes: &[u8]) -> Option<Layout> {
@@ -229,6 +261,22 @@ mod tests {
                 "v_trans {v_trans}"
             );
         }
+    }
+
+    #[test]
+    fn a_state_file_becomes_the_setter_s_state_only_for_its_own_tokens() {
+        let rows: Vec<u32> = (0..20).collect();
+        let f = file(20, &rows, false);
+        let tokens: Vec<u32> = (1000..1020).collect();
+        let state = sequence_state(&f, &tokens).expect("its tokens");
+        assert_eq!(&state[..4], &IO_MAGIC.to_le_bytes());
+        // The state part follows the header and the 20 tokens.
+        assert_eq!(&state[8..], &f[12 + 80..]);
+        assert!(sequence_state(&f, &tokens[..19]).is_err(), "fewer tokens");
+        let mut other = tokens.clone();
+        other[7] = 5;
+        assert!(sequence_state(&f, &other).is_err(), "another token");
+        assert!(sequence_state(&f[..50], &tokens).is_err(), "cut short");
     }
 
     #[test]

@@ -81,17 +81,16 @@ impl MlxCache {
         self.layers.iter().flat_map(|(k, v)| [k, v])
     }
 
-    /// A cache of `len` positions read from a file [`KvCache::save`] wrote,
+    /// A cache of `len` positions from the bytes of a file [`KvCache::save`] wrote,
     /// for a model of `(layers, kv_heads, head_dim)` computing in `dtype`.
     /// Values are stored as f32, which every compute dtype round-trips
     /// through exactly.
     pub(super) fn restore(
-        path: &Path,
+        bytes: &[u8],
         len: usize,
         (layers, nkv, hd): (usize, usize, usize),
         dtype: Dtype,
     ) -> Result<MlxCache> {
-        let bytes = std::fs::read(path)?;
         let bad = |why: &str| EngineError::Backend(format!("stored MLX cache: {why}"));
         let head: [u32; 4] = [layers as u32, len as u32, nkv as u32, hd as u32];
         let mut want = MLX_MAGIC.to_vec();

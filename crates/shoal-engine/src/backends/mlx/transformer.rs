@@ -624,10 +624,10 @@ impl LanguageModel for Transformer {
         Some(super::cache::payload_layout)
     }
 
-    fn restore_cache(&self, path: &std::path::Path, tokens: &[u32]) -> Result<Box<dyn KvCache>> {
+    fn restore_cache(&self, payload: &[u8], tokens: &[u32]) -> Result<Box<dyn KvCache>> {
         let shape = (self.layers.len(), self.cfg.num_kv_heads, self.cfg.head_dim);
         Ok(Box::new(MlxCache::restore(
-            path,
+            payload,
             tokens.len(),
             shape,
             self.dtype,
