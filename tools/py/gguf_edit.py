@@ -3,6 +3,7 @@
 models that ship here:
 
     python tools/py/gguf_edit.py IN.gguf OUT.gguf [--pooling mean|cls|last] [--token ID=TEXT ...]
+        [--arch NAME [--rope-sections A,B,C,D]]
 
 * ``--pooling`` sets ``{arch}.pooling_type``, as decoder embedding models
   (Qwen3-Embedding, gte-Qwen) are marked: the engine's tests run the decoder
@@ -13,6 +14,12 @@ models that ship here:
   ``</think>`` token of a model trained to reason, so the server's reasoning
   section (opened, cut at a budget, counted) runs on real weights. The weights never learned the section: such
   a file tests the mechanics, not the model.
+
+* ``--arch qwen2vl --rope-sections 8,12,12,0`` names another architecture of
+  the same tensors (its ``{arch}.*`` keys renamed with it): Qwen2.5's weights
+  as a Qwen2-VL text model, whose positions are M-RoPE's sections (time,
+  height, width) of the rotary dimensions. A text token's sections share one
+  position, so text reads as it did; an image's take its 2-D grid.
 
 Tensors are copied as stored (quantized or not); every other key is kept.
 """
@@ -32,6 +39,8 @@ def main() -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--pooling", choices=sorted(POOLING))
     ap.add_argument("--token", action="append", default=[], metavar="ID=TEXT")
+    ap.add_argument("--arch", help="the architecture to name (its keys renamed with it)")
+    ap.add_argument("--rope-sections", help="{arch}.rope.dimension_sections, four numbers")
     args = ap.parse_args()
     import gguf
 
@@ -45,12 +54,14 @@ def main() -> int:
         renames[int(i)] = text
     reader = gguf.GGUFReader(args.src)
     arch = reader.fields["general.architecture"].contents()
-    pooling_key = f"{arch}.pooling_type"
-    writer, tmp = part_writer(gguf, args.out, arch)
+    new_arch = args.arch or arch
+    pooling_key = f"{new_arch}.pooling_type"
+    writer, tmp = part_writer(gguf, args.out, new_arch)
     for name, field in reader.fields.items():
         if name.startswith("GGUF.") or name == "general.architecture":
             continue
-        if name == pooling_key and args.pooling:
+        key = new_arch + name[len(arch):] if name.startswith(f"{arch}.") else name
+        if key == pooling_key and args.pooling:
             continue
         value = None
         if name == "tokenizer.ggml.tokens" and renames:
@@ -65,7 +76,14 @@ def main() -> int:
             value = list(field.contents())
             for i in renames:
                 value[i] = int(gguf.TokenType.USER_DEFINED)
-        copy_field(writer, field, gguf, value)
+        if args.rope_sections and key == f"{new_arch}.rope.dimension_sections":
+            continue
+        copy_field(writer, field, gguf, value, key)
+    if args.rope_sections:
+        sections = [int(x) for x in args.rope_sections.split(",")]
+        if len(sections) != 4:
+            sys.exit("--rope-sections: four numbers")
+        writer.add_array(f"{new_arch}.rope.dimension_sections", sections)
     if args.pooling:
         writer.add_uint32(pooling_key, POOLING[args.pooling])
     for t in reader.tensors:

@@ -30,16 +30,18 @@ from pathlib import Path
 import numpy as np
 
 
-def copy_field(writer, field, gguf, value=None) -> None:
+def copy_field(writer, field, gguf, value=None, name=None) -> None:
     """Writes one metadata field of a reader into a writer, keeping its types
-    (with `value` instead of the field's own when given)."""
+    (with `value` instead of the field's own, and `name` instead of its key,
+    when given)."""
     vtype = field.types[0]
     if value is None:
         value = field.contents()
+    key = name or field.name
     if vtype == gguf.GGUFValueType.ARRAY:
-        writer.add_key_value(field.name, value, vtype, sub_type=field.types[-1])
+        writer.add_key_value(key, value, vtype, sub_type=field.types[-1])
     else:
-        writer.add_key_value(field.name, value, vtype)
+        writer.add_key_value(key, value, vtype)
 
 
 def part_writer(gguf, out: Path, arch: str):

@@ -2,7 +2,7 @@
 """Make a vision fixture: the default model beside a small projector file.
 
 Usage:
-    vision_fixture.py MODEL.gguf OUT_DIR
+    vision_fixture.py MODEL.gguf OUT_DIR [--qwen2vl]
 
 OUT_DIR gets a hard link (or copy) of MODEL.gguf and, beside it,
 ``mmproj-<stem>-f32.gguf``: a LLaVA-style projector (``clip.projector_type``
@@ -10,6 +10,12 @@ OUT_DIR gets a hard link (or copy) of MODEL.gguf and, beside it,
 two-layer ViT over a 64x64 image in 16x16 patches, so every image costs 16
 prompt tokens; the two-layer MLP maps the encoder's width to the text model's
 embedding width, read from MODEL.gguf.
+
+With ``--qwen2vl`` the projector is instead Qwen2-VL's patch merger
+(``qwen2vl_merger``): a ViT over 14x14 patches with M-RoPE in its attention,
+whose 2x2 neighbouring patches are merged into one token. MODEL.gguf must then
+be a ``qwen2vl`` text model (``gguf_edit.py --arch qwen2vl``), whose prompt
+positions an image lays out in 2-D: it takes fewer positions than tokens.
 
 The weights are random (seeded, so the file is the same on every machine). No
 vision model small enough ships in a package this project can install, and a
@@ -108,12 +114,77 @@ def write_projector(path: Path, n_embd_text: int) -> None:
     os.replace(tmp, path)
 
 
+QWEN_PATCH = 14
+
+
+def write_qwen2vl_projector(path: Path, n_embd_text: int) -> None:
+    rng = np.random.default_rng(20261208)
+
+    def w(*shape: int, scale: float = 0.02) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    def zeros(*shape: int) -> np.ndarray:
+        return np.zeros(shape, dtype=np.float32)
+
+    def ones(*shape: int) -> np.ndarray:
+        return np.ones(shape, dtype=np.float32)
+
+    tmp = path.with_name(path.name + ".tmp")
+    out = gguf.GGUFWriter(str(tmp), "clip")
+    out.add_string("general.name", "shoal test projector (Qwen2-VL merger)")
+    out.add_string("general.description", "random-weight Qwen2-VL-style projector for tests")
+    out.add_uint32("general.file_type", 0)
+    out.add_bool("clip.has_vision_encoder", True)
+    out.add_string("clip.projector_type", "qwen2vl_merger")
+    out.add_bool("clip.use_gelu", True)
+    out.add_uint32("clip.vision.image_size", 56)
+    out.add_uint32("clip.vision.patch_size", QWEN_PATCH)
+    out.add_uint32("clip.vision.embedding_length", WIDTH)
+    out.add_uint32("clip.vision.feed_forward_length", FF)
+    out.add_uint32("clip.vision.block_count", LAYERS)
+    out.add_uint32("clip.vision.projection_dim", n_embd_text)
+    out.add_uint32("clip.vision.attention.head_count", HEADS)
+    out.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    out.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    out.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+
+    # Two patch convolutions (a video's two frames; a still image uses both
+    # on the same frame), no bias, no position table: positions are M-RoPE's.
+    out.add_tensor("v.patch_embd.weight", w(WIDTH, 3, QWEN_PATCH, QWEN_PATCH))
+    out.add_tensor("v.patch_embd.weight.1", w(WIDTH, 3, QWEN_PATCH, QWEN_PATCH))
+    for i in range(LAYERS):
+        p = f"v.blk.{i}"
+        for n in ("ln1", "ln2"):
+            out.add_tensor(f"{p}.{n}.weight", ones(WIDTH))
+            out.add_tensor(f"{p}.{n}.bias", zeros(WIDTH))
+        for n in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            out.add_tensor(f"{p}.{n}.weight", w(WIDTH, WIDTH))
+            out.add_tensor(f"{p}.{n}.bias", zeros(WIDTH))
+        out.add_tensor(f"{p}.ffn_up.weight", w(FF, WIDTH))
+        out.add_tensor(f"{p}.ffn_up.bias", zeros(FF))
+        out.add_tensor(f"{p}.ffn_down.weight", w(WIDTH, FF))
+        out.add_tensor(f"{p}.ffn_down.bias", zeros(WIDTH))
+    # The merger: four neighbouring patches side by side, then a two-layer MLP.
+    out.add_tensor("mm.0.weight", w(WIDTH * 4, WIDTH * 4, scale=0.2))
+    out.add_tensor("mm.0.bias", zeros(WIDTH * 4))
+    out.add_tensor("mm.2.weight", w(n_embd_text, WIDTH * 4, scale=0.5))
+    out.add_tensor("mm.2.bias", zeros(n_embd_text))
+
+    out.write_header_to_file()
+    out.write_kv_data_to_file()
+    out.write_tensors_to_file()
+    out.close()
+    os.replace(tmp, path)
+
+
 def main() -> int:
-    if len(sys.argv) != 3:
+    args = [a for a in sys.argv[1:] if a != "--qwen2vl"]
+    qwen2vl = len(args) != len(sys.argv) - 1
+    if len(args) != 2:
         print(__doc__, file=sys.stderr)
         return 2
-    model = Path(sys.argv[1])
-    out_dir = Path(sys.argv[2])
+    model = Path(args[0])
+    out_dir = Path(args[1])
     out_dir.mkdir(parents=True, exist_ok=True)
     linked = out_dir / model.name
     if not linked.exists():
@@ -121,7 +192,8 @@ def main() -> int:
             os.link(model, linked)
         except OSError:
             shutil.copyfile(model, linked)
-    write_projector(out_dir / f"mmproj-{model.stem}-f32.gguf", text_width(model))
+    write = write_qwen2vl_projector if qwen2vl else write_projector
+    write(out_dir / f"mmproj-{model.stem}-f32.gguf", text_width(model))
     return 0
 
 
