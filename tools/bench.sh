@@ -240,3 +240,20 @@ wait_healthy 18935 18936
   --model vision --pairs "$((RUNS * 3))" || echo "  (vision bench failed)"
 kill "$LS" "$SS" 2>/dev/null || true
 wait "$LS" "$SS" 2>/dev/null || true
+
+# The same agreement on an M-RoPE vision model (Qwen2.5-Coder's weights as a Qwen2-VL text
+# model beside a Qwen2-VL patch merger, `make models`), whose images take fewer positions
+# than tokens: prompt tokens and greedy replies in every dialect against llama-server's.
+MROPE_GGUF="${SHOAL_TEST_MROPE_GGUF:-${SHOAL_CACHE:-$ROOT/.cache}/models/qwen2vl-mrope-v1/qwen2vl-coder-0.5b-q4_k_m.gguf}"
+PROJECTOR="$(find "$(dirname "$MROPE_GGUF")" -maxdepth 1 -name 'mmproj*.gguf' | head -n 1)"
+"$LLAMA_SERVER" -m "$MROPE_GGUF" --mmproj "$PROJECTOR" -t "$THREADS" -c 4096 --host 127.0.0.1 --port 18935 >/dev/null 2>&1 &
+LS=$!
+SHOAL_LOG=warn "$SHOAL" serve --backend llama --threads "$THREADS" --kv-cache-tokens 4096 --model "$MROPE_GGUF" \
+  --model-id vision --port 18936 >/dev/null 2>&1 &
+SS=$!
+wait_healthy 18935 18936
+echo "M-RoPE (Qwen2-VL layout):"
+"$VENV/bin/python" "$ROOT/tools/py/vision_vs_llama.py" --shoal http://127.0.0.1:18936 --llama http://127.0.0.1:18935 \
+  --model vision --pairs 0 || echo "  (M-RoPE vision agreement failed)"
+kill "$LS" "$SS" 2>/dev/null || true
+wait "$LS" "$SS" 2>/dev/null || true

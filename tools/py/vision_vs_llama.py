@@ -108,7 +108,7 @@ def main():
     ap.add_argument("--shoal", required=True, help="Shoal's base URL")
     ap.add_argument("--llama", required=True, help="llama-server's base URL")
     ap.add_argument("--model", required=True, help="the model's id on Shoal")
-    ap.add_argument("--pairs", type=int, default=9)
+    ap.add_argument("--pairs", type=int, default=9, help="timed pairs; 0 checks agreement only")
     a = ap.parse_args()
 
     print("agreement with llama-server (greedy, the picture before the question):")
@@ -124,6 +124,8 @@ def main():
                   f" image tokens {image_tokens if image_tokens is not None else '-'},"
                   f" reply {'same' if same_text else 'DIFFERENT: ' + repr(text) + ' vs ' + repr(want[0])}")
     print(f"  every dialect agrees with llama-server: {'yes' if agree else 'NO'}")
+    if a.pairs == 0:
+        return
 
     # Each pair sends a picture neither server has seen (this run's own: Shoal's prefix cache
     # outlives a restart on its disk tier), in alternating order.

@@ -332,6 +332,70 @@ async fn the_same_image_is_reused_from_the_cache_and_another_is_seen_anew() {
     assert!(moved, "{a:?} / {b:?}");
 }
 
+/// An M-RoPE vision model (Qwen2.5-Coder's weights as a Qwen2-VL text model
+/// beside a random-weight Qwen2-VL patch merger, `make models`): an image
+/// takes fewer positions than tokens, and the text after it goes on from its
+/// last position, whether computed cold or after a prefix reused from the
+/// cache with the image in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_m_rope_model_reads_the_text_after_an_image_cold_and_from_the_cache() {
+    const QWEN: &str = "qwen2vl";
+    let opts = EngineOptions {
+        backend: BackendChoice::Llama,
+        ..EngineOptions::default()
+    };
+    let e = Engine::start(&common::mrope_gguf(), QWEN, opts).expect("load");
+    let base = common::serve(AppState::new(e)).await;
+    let ask = |image: &[u8], question: &str| {
+        json!({
+            "model": QWEN, "max_tokens": 8, "temperature": 0,
+            "logprobs": true, "top_logprobs": 5,
+            "messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": data_url(image)}},
+                {"type": "text", "text": question},
+            ]}],
+        })
+    };
+    let text = |v: &Value| {
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let pic = png(64, 64, [30, 160, 90]);
+    let france = "What is the capital of France? Answer in one word.";
+    let (s, cold) = post(&base, "/v1/chat/completions", ask(&pic, france)).await;
+    assert_eq!(s, 200, "{cold}");
+    // The words after the image are read as the text model reads them.
+    assert!(text(&cold).contains("Paris"), "{cold}");
+    let u = &cold["usage"];
+    let prompt = u["prompt_tokens"].as_u64().expect("prompt");
+    let image = u["prompt_tokens_details"]["image_tokens"]
+        .as_u64()
+        .expect("image tokens");
+    // Qwen-VL's least: 8 merged patches.
+    assert!(image >= 8 && image < prompt, "{cold}");
+    // Again: all of it but the last token from the cache, the same odds.
+    let (s, warm) = post(&base, "/v1/chat/completions", ask(&pic, france)).await;
+    assert_eq!(s, 200, "{warm}");
+    assert_eq!(
+        warm["usage"]["prompt_tokens_details"]["cached_tokens"],
+        prompt - 1
+    );
+    assert_eq!(text(&warm), text(&cold));
+    assert_eq!(first_top(&warm), first_top(&cold));
+    // Another question about the same image: the prefix through the image is
+    // reused, and the new words go on from the image's last position.
+    let sum = "What is 2 + 3? Answer with a number.";
+    let (s, second) = post(&base, "/v1/chat/completions", ask(&pic, sum)).await;
+    assert_eq!(s, 200, "{second}");
+    let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .expect("cached");
+    assert!(cached > image, "{second}");
+    assert!(text(&second).contains('5'), "{second}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn image_requests_run_side_by_side_as_they_run_alone() {
     let base = common::serve(AppState::new(own_engine(true))).await;

@@ -89,6 +89,13 @@ pub trait KvCache: Any + Send {
     /// no longer runs: a backend whose running sequences share a bounded
     /// pool moves it out of that pool here, so kept prefixes neither take
     /// room from nor slow down the sequences that run.
+    /// Whether [`KvCache::save`] can write what it holds. A llama.cpp cache
+    /// holding an image laid out in 2-D positions (M-RoPE) cannot: its
+    /// token-to-position map is not in the state file, so the disk tier
+    /// keeps such prefixes in RAM only.
+    fn persistable(&self) -> bool {
+        true
+    }
     fn park(&mut self) {}
     /// Writes the positions it holds, whose tokens are `tokens`, to `path` in
     /// the backend's own format, for the disk tier of the prefix cache

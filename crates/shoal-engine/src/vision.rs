@@ -166,8 +166,13 @@ pub struct PreparedImage {
     /// Hex of the content hash: the id the backend and the cache know it by.
     pub id: String,
     pub digest: [u8; 32],
-    /// Positions it takes in the prompt (the image tokens of the usage).
+    /// Tokens it takes in the prompt (its KV cells, and the image tokens of
+    /// the usage).
     pub tokens: usize,
+    /// Positions it takes in the model's sequence: its tokens, or fewer
+    /// where the model lays an image out in 2-D (M-RoPE: the Qwen2-VL
+    /// family), as llama.cpp's multimodal library reports.
+    pub positions: usize,
     /// The backend's prepared image (llama.cpp's input chunks).
     pub payload: Box<dyn Any + Send + Sync>,
 }
@@ -350,6 +355,7 @@ mod tests {
             id: digest_id(&digest),
             digest,
             tokens,
+            positions: tokens,
             payload: Box::new(()),
         })
     }

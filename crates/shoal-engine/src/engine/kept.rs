@@ -75,9 +75,11 @@ impl Kept {
     /// Whether the disk tier wants `cache` (holding `context`'s first tokens).
     pub(super) fn disk_wants(&self, context: &[u32], cache: &dyn KvCache, salt: u64) -> bool {
         let held = &context[..cache.len().min(context.len())];
-        self.disk
-            .as_ref()
-            .is_some_and(|d| d.wants(held, salt, cache.nbytes()))
+        cache.persistable()
+            && self
+                .disk
+                .as_ref()
+                .is_some_and(|d| d.wants(held, salt, cache.nbytes()))
     }
 
     /// Writes `cache` to the disk tier (the payload here, the rest on the

@@ -63,6 +63,15 @@ pub fn vision_gguf() -> PathBuf {
     )
 }
 
+/// Qwen2.5-Coder's weights as a Qwen2-VL text model beside a random-weight
+/// Qwen2-VL patch-merger projector: a vision model with M-RoPE positions.
+pub fn mrope_gguf() -> PathBuf {
+    made_model(
+        "SHOAL_TEST_MROPE_GGUF",
+        "qwen2vl-mrope-v1/qwen2vl-coder-0.5b-q4_k_m.gguf",
+    )
+}
+
 /// The vision fixture's projector (`mmproj-*.gguf`), beside its model.
 pub fn vision_projector() -> PathBuf {
     let model = vision_gguf();

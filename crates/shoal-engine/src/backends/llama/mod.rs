@@ -845,6 +845,7 @@ impl LanguageModel for LlamaCppModel {
             seq: None,
             parked: None,
             len: 0,
+            shifts: Vec::new(),
             bytes_per_position: self.bytes_per_position,
             shared: self.shared.clone(),
         }))
@@ -888,6 +889,7 @@ impl LanguageModel for LlamaCppModel {
             seq: Some(seq),
             parked: None,
             len: tokens.len(),
+            shifts: Vec::new(),
             bytes_per_position: self.bytes_per_position,
             shared: self.shared.clone(),
         }))
@@ -902,7 +904,7 @@ impl LanguageModel for LlamaCppModel {
         for piece in tokens.chunks(N_BATCH) {
             let mut batch = LlamaBatch::new(piece.len() + 1, 1);
             for (i, &t) in piece.iter().enumerate() {
-                let pos = i32::try_from(kv.len + i)
+                let pos = i32::try_from(kv.next_pos() + i)
                     .map_err(|_| EngineError::Backend("position out of range".into()))?;
                 batch
                     .add(LlamaToken(t as i32), pos, &[seq], i + 1 == piece.len())
@@ -910,7 +912,7 @@ impl LanguageModel for LlamaCppModel {
             }
             if let Err(e) = s.decode_padded(&mut batch, self.pad) {
                 // Leave the sequence as it was before this call.
-                s.remove(seq, kv.len);
+                s.remove(seq, kv.next_pos());
                 return Err(e);
             }
             kv.len += piece.len();
@@ -932,13 +934,16 @@ impl LanguageModel for LlamaCppModel {
         let kv = self.kv(cache)?;
         let mut s = lock(&self.shared);
         let seq = kv.seq_id(&mut s)?;
-        let at = kv.len;
+        let at = kv.next_pos();
         let out = s
             .ctx
             .with_dependent_mut(|_, ctx| vision.eval(image, ctx, at, seq, N_BATCH));
         match out {
-            Ok(end) if end == at + image.tokens => {
-                kv.len = end;
+            Ok(end) if end == at + image.positions => {
+                kv.len += image.tokens;
+                if image.positions != image.tokens {
+                    kv.shifts.push((kv.len, end));
+                }
                 Ok(())
             }
             other => {
@@ -946,9 +951,9 @@ impl LanguageModel for LlamaCppModel {
                 s.remove(seq, at);
                 Err(match other {
                     Ok(end) => EngineError::Backend(format!(
-                        "the image took {} positions, not its {} tokens",
+                        "the image took {} positions, not the {} it was prepared for",
                         end.saturating_sub(at),
-                        image.tokens
+                        image.positions
                     )),
                     Err(e) => e,
                 })
@@ -968,7 +973,7 @@ impl LanguageModel for LlamaCppModel {
         for (row, (cache, &t)) in rows.rows.iter_mut().zip(tokens).enumerate() {
             let kv = self.kv(cache.as_mut())?;
             let seq = kv.seq_id(&mut s)?;
-            rows_by_seq.push((seq, kv.len, t, row));
+            rows_by_seq.push((seq, kv.next_pos(), t, row));
         }
         // In sequence-id order: with split KV, llama.cpp runs consecutive ids
         // as one micro-batch, so any other order would read the weights again.
@@ -1016,7 +1021,7 @@ impl LanguageModel for LlamaCppModel {
         let mut order = Vec::with_capacity(spans.len());
         for (row, cache) in rows.rows.iter_mut().enumerate() {
             let kv = self.kv(cache.as_mut())?;
-            order.push((kv.seq_id(&mut s)?, kv.len, row));
+            order.push((kv.seq_id(&mut s)?, kv.next_pos(), row));
         }
         // In sequence-id order, as in `forward_batch`.
         order.sort_unstable_by_key(|r| r.0);
@@ -1052,9 +1057,9 @@ impl LanguageModel for LlamaCppModel {
                         let n = spans[row].len();
                         let kv = self.kv(rows.rows[row].as_mut())?;
                         kv.len -= n;
-                        let (seq, len) = (kv.seq, kv.len);
+                        let (seq, from) = (kv.seq, kv.next_pos());
                         if let Some(seq) = seq {
-                            s.remove(seq, len);
+                            s.remove(seq, from);
                         }
                     }
                 }
@@ -1086,12 +1091,31 @@ struct LlamaKv {
     seq: Option<i32>,
     /// The state to restore into a sequence id when it next runs.
     parked: Option<Arc<SeqState>>,
+    /// Tokens it holds (its cells).
     len: usize,
+    /// Where an image laid out in 2-D (M-RoPE: the Qwen2-VL family) took
+    /// fewer positions than tokens: the token count and the position after
+    /// it. Text after such an image goes on from that position.
+    shifts: Vec<(usize, usize)>,
     bytes_per_position: usize,
     shared: SharedRef,
 }
 
 impl LlamaKv {
+    /// The position of the token at index `at` (the first `at` tokens held
+    /// before it): the index itself unless an M-RoPE image came before.
+    fn pos_of(&self, at: usize) -> usize {
+        match self.shifts.iter().rev().find(|&&(t, _)| t <= at) {
+            Some(&(t, p)) => p + (at - t),
+            None => at,
+        }
+    }
+
+    /// The position its next token takes.
+    fn next_pos(&self) -> usize {
+        self.pos_of(self.len)
+    }
+
     /// Its sequence id, taking one now if it has none yet (and restoring a
     /// parked state into it). Out of ids or cells is the same stall.
     fn seq_id(&mut self, s: &mut Shared) -> Result<i32> {
@@ -1110,7 +1134,7 @@ impl LlamaKv {
                 return Err(EngineError::KvCacheFull);
             }
             // The snapshot may hold more than this copy was cut back to.
-            if !s.remove(seq, self.len) {
+            if !s.remove(seq, self.next_pos()) {
                 s.remove(seq, 0);
                 self.len = 0;
             }
@@ -1145,15 +1169,17 @@ impl KvCache for LlamaKv {
         }
         if let Some(seq) = self.seq {
             let mut s = lock(&self.shared);
-            if !s.remove(seq, len) {
+            if !s.remove(seq, self.pos_of(len)) {
                 // The cache could not cut this sequence back: start it over.
                 s.remove(seq, 0);
                 self.len = 0;
+                self.shifts.clear();
                 return;
             }
         }
         // A parked state is cut back when it is restored.
         self.len = len;
+        self.shifts.retain(|&(t, _)| t <= len);
     }
 
     fn nbytes(&self) -> usize {
@@ -1169,16 +1195,31 @@ impl KvCache for LlamaKv {
 
     fn clone_box(&self) -> Box<dyn KvCache> {
         let parked = self.snapshot();
+        let held = parked.is_some();
         Box::new(LlamaKv {
             seq: None,
-            len: if parked.is_some() { self.len } else { 0 },
+            len: if held { self.len } else { 0 },
+            shifts: if held {
+                self.shifts.clone()
+            } else {
+                Vec::new()
+            },
             parked,
             bytes_per_position: self.bytes_per_position,
             shared: self.shared.clone(),
         })
     }
 
+    fn persistable(&self) -> bool {
+        self.shifts.is_empty()
+    }
+
     fn save(&mut self, path: &Path, tokens: &[u32]) -> Result<()> {
+        if !self.shifts.is_empty() {
+            return Err(EngineError::Unsupported(
+                "a cache holding an image laid out in 2-D positions is not written to disk".into(),
+            ));
+        }
         if tokens.len() != self.len || self.len == 0 {
             return Err(EngineError::Backend(format!(
                 "{} tokens for a cache of {} positions",
@@ -1196,7 +1237,7 @@ impl KvCache for LlamaKv {
                 let set = s
                     .ctx
                     .with_dependent_mut(|_, ctx| ctx.state_seq_set(state, seq));
-                if set.is_err() || !s.remove(seq, self.len) {
+                if set.is_err() || !s.remove(seq, self.next_pos()) {
                     s.remove(seq, 0);
                     s.free.insert(seq);
                     return Err(EngineError::KvCacheFull);

@@ -75,14 +75,6 @@ impl LlamaVision {
                 "{where_} has no vision encoder (audio projectors are not supported)"
             )));
         }
-        // Shoal keeps a prompt's positions equal to its tokens; models that
-        // lay an image out in 2-D positions (M-RoPE: Qwen2-VL and its kind)
-        // break that.
-        if ctx.decode_use_mrope() {
-            return Err(EngineError::Unsupported(format!(
-                "{where_}: vision models with M-RoPE positions (the Qwen2-VL family) are not supported yet"
-            )));
-        }
         Ok(LlamaVision {
             ctx: Mutex::new(ctx),
             _model: model,
@@ -142,9 +134,12 @@ impl ImageReader for LlamaVision {
         let chunks = self.lock().tokenize(text, &[&bitmap]).map_err(|e| {
             EngineError::InvalidRequest(format!("the image could not be prepared: {e}"))
         })?;
+        // Models with M-RoPE positions (Qwen2-VL and its kind) lay an image
+        // out in 2-D: it takes fewer positions than tokens, and the text
+        // after it goes on from its last position (`LlamaKv::shifts`).
         let tokens = chunks.total_tokens();
         let positions = usize::try_from(chunks.total_positions()).unwrap_or(0);
-        if tokens == 0 || positions != tokens {
+        if tokens == 0 || positions == 0 || positions > tokens {
             return Err(EngineError::Backend(format!(
                 "the projector laid an image out in {tokens} tokens over {positions} positions"
             )));
@@ -153,6 +148,7 @@ impl ImageReader for LlamaVision {
             id,
             digest: image.digest,
             tokens,
+            positions,
             payload: Box::new(Chunks(chunks)),
         })
     }
