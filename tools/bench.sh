@@ -228,32 +228,28 @@ wait "$LS" 2>/dev/null || true
 # dialect's prompt tokens and greedy reply against llama-server's, then time to first token
 # with a new picture, without one, and a second question about the same picture (a cache hit),
 # in interleaved pairs (tools/py/vision_vs_llama.py).
-VISION_GGUF="${SHOAL_TEST_VISION_GGUF:-${SHOAL_CACHE:-$ROOT/.cache}/models/smollm2-vision-v1/SmolLM2-135M-Instruct.Q4_1.gguf}"
-PROJECTOR="$(find "$(dirname "$VISION_GGUF")" -maxdepth 1 -name 'mmproj*.gguf' | head -n 1)"
-"$LLAMA_SERVER" -m "$VISION_GGUF" --mmproj "$PROJECTOR" -t "$THREADS" -c 4096 --host 127.0.0.1 --port 18935 >/dev/null 2>&1 &
-LS=$!
-SHOAL_LOG=warn "$SHOAL" serve --backend llama --threads "$THREADS" --kv-cache-tokens 4096 --model "$VISION_GGUF" \
-  --model-id vision --port 18936 >/dev/null 2>&1 &
-SS=$!
-wait_healthy 18935 18936
-"$VENV/bin/python" "$ROOT/tools/py/vision_vs_llama.py" --shoal http://127.0.0.1:18936 --llama http://127.0.0.1:18935 \
-  --model vision --pairs "$((RUNS * 3))" || echo "  (vision bench failed)"
-kill "$LS" "$SS" 2>/dev/null || true
-wait "$LS" "$SS" 2>/dev/null || true
+#
+# vision_pair GGUF PAIRS: llama-server --mmproj and Shoal on GGUF and the projector beside it,
+# then tools/py/vision_vs_llama.py with PAIRS timed pairs (0: agreement only).
+vision_pair() {
+  local projector
+  projector="$(find "$(dirname "$1")" -maxdepth 1 -name 'mmproj*.gguf' | head -n 1)"
+  "$LLAMA_SERVER" -m "$1" --mmproj "$projector" -t "$THREADS" -c 4096 --host 127.0.0.1 --port 18935 >/dev/null 2>&1 &
+  local theirs=$!
+  SHOAL_LOG=warn "$SHOAL" serve --backend llama --threads "$THREADS" --kv-cache-tokens 4096 --model "$1" \
+    --model-id vision --port 18936 >/dev/null 2>&1 &
+  local ours=$!
+  wait_healthy 18935 18936
+  "$VENV/bin/python" "$ROOT/tools/py/vision_vs_llama.py" --shoal http://127.0.0.1:18936 --llama http://127.0.0.1:18935 \
+    --model vision --pairs "$2" || echo "  (vision bench failed)"
+  kill "$theirs" "$ours" 2>/dev/null || true
+  wait "$theirs" "$ours" 2>/dev/null || true
+}
+vision_pair "${SHOAL_TEST_VISION_GGUF:-${SHOAL_CACHE:-$ROOT/.cache}/models/smollm2-vision-v1/SmolLM2-135M-Instruct.Q4_1.gguf}" \
+  "$((RUNS * 3))"
 
 # The same agreement on an M-RoPE vision model (Qwen2.5-Coder's weights as a Qwen2-VL text
 # model beside a Qwen2-VL patch merger, `make models`), whose images take fewer positions
 # than tokens: prompt tokens and greedy replies in every dialect against llama-server's.
-MROPE_GGUF="${SHOAL_TEST_MROPE_GGUF:-${SHOAL_CACHE:-$ROOT/.cache}/models/qwen2vl-mrope-v1/qwen2vl-coder-0.5b-q4_k_m.gguf}"
-PROJECTOR="$(find "$(dirname "$MROPE_GGUF")" -maxdepth 1 -name 'mmproj*.gguf' | head -n 1)"
-"$LLAMA_SERVER" -m "$MROPE_GGUF" --mmproj "$PROJECTOR" -t "$THREADS" -c 4096 --host 127.0.0.1 --port 18935 >/dev/null 2>&1 &
-LS=$!
-SHOAL_LOG=warn "$SHOAL" serve --backend llama --threads "$THREADS" --kv-cache-tokens 4096 --model "$MROPE_GGUF" \
-  --model-id vision --port 18936 >/dev/null 2>&1 &
-SS=$!
-wait_healthy 18935 18936
 echo "M-RoPE (Qwen2-VL layout):"
-"$VENV/bin/python" "$ROOT/tools/py/vision_vs_llama.py" --shoal http://127.0.0.1:18936 --llama http://127.0.0.1:18935 \
-  --model vision --pairs 0 || echo "  (M-RoPE vision agreement failed)"
-kill "$LS" "$SS" 2>/dev/null || true
-wait "$LS" "$SS" 2>/dev/null || true
+vision_pair "${SHOAL_TEST_MROPE_GGUF:-${SHOAL_CACHE:-$ROOT/.cache}/models/qwen2vl-mrope-v1/qwen2vl-coder-0.5b-q4_k_m.gguf}" 0

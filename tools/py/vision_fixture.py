@@ -52,28 +52,35 @@ def text_width(model: Path) -> int:
     return int(field.parts[-1][0])
 
 
-def write_projector(path: Path, n_embd_text: int) -> None:
-    rng = np.random.default_rng(20261207)
+class Weights:
+    """Seeded random tensors, drawn in the order they are asked for."""
 
-    def w(*shape: int, scale: float = 0.02) -> np.ndarray:
-        return (rng.standard_normal(shape) * scale).astype(np.float32)
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
 
+    def w(self, *shape: int, scale: float = 0.02) -> np.ndarray:
+        return (self.rng.standard_normal(shape) * scale).astype(np.float32)
+
+    @staticmethod
     def zeros(*shape: int) -> np.ndarray:
         return np.zeros(shape, dtype=np.float32)
 
+    @staticmethod
     def ones(*shape: int) -> np.ndarray:
         return np.ones(shape, dtype=np.float32)
 
-    tmp = path.with_name(path.name + ".tmp")
+
+def start(tmp: Path, name: str, style: str, projector_type: str, image: int, patch: int, n_embd_text: int):
+    """A projector file's writer with the encoder's shape written."""
     out = gguf.GGUFWriter(str(tmp), "clip")
-    out.add_string("general.name", "shoal test projector")
-    out.add_string("general.description", "random-weight LLaVA-style projector for tests")
+    out.add_string("general.name", name)
+    out.add_string("general.description", f"random-weight {style} projector for tests")
     out.add_uint32("general.file_type", 0)
     out.add_bool("clip.has_vision_encoder", True)
-    out.add_string("clip.projector_type", "mlp")
+    out.add_string("clip.projector_type", projector_type)
     out.add_bool("clip.use_gelu", True)
-    out.add_uint32("clip.vision.image_size", IMAGE)
-    out.add_uint32("clip.vision.patch_size", PATCH)
+    out.add_uint32("clip.vision.image_size", image)
+    out.add_uint32("clip.vision.patch_size", patch)
     out.add_uint32("clip.vision.embedding_length", WIDTH)
     out.add_uint32("clip.vision.feed_forward_length", FF)
     out.add_uint32("clip.vision.block_count", LAYERS)
@@ -82,99 +89,71 @@ def write_projector(path: Path, n_embd_text: int) -> None:
     out.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
     out.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
     out.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    return out
 
-    patches = (IMAGE // PATCH) ** 2
-    # numpy shapes are the reverse of ggml's: a weight is [out, in].
-    out.add_tensor("v.patch_embd.weight", w(WIDTH, 3, PATCH, PATCH))
-    out.add_tensor("v.patch_embd.bias", zeros(WIDTH))
-    out.add_tensor("v.position_embd.weight", w(patches, WIDTH))
-    out.add_tensor("v.pre_ln.weight", ones(WIDTH))
-    out.add_tensor("v.pre_ln.bias", zeros(WIDTH))
+
+def add_blocks(out, r: Weights) -> None:
+    """The encoder's transformer blocks (numpy shapes are the reverse of ggml's: a weight is
+    [out, in])."""
     for i in range(LAYERS):
         p = f"v.blk.{i}"
         for n in ("ln1", "ln2"):
-            out.add_tensor(f"{p}.{n}.weight", ones(WIDTH))
-            out.add_tensor(f"{p}.{n}.bias", zeros(WIDTH))
+            out.add_tensor(f"{p}.{n}.weight", r.ones(WIDTH))
+            out.add_tensor(f"{p}.{n}.bias", r.zeros(WIDTH))
         for n in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            out.add_tensor(f"{p}.{n}.weight", w(WIDTH, WIDTH))
-            out.add_tensor(f"{p}.{n}.bias", zeros(WIDTH))
-        out.add_tensor(f"{p}.ffn_up.weight", w(FF, WIDTH))
-        out.add_tensor(f"{p}.ffn_up.bias", zeros(FF))
-        out.add_tensor(f"{p}.ffn_down.weight", w(WIDTH, FF))
-        out.add_tensor(f"{p}.ffn_down.bias", zeros(WIDTH))
-    out.add_tensor("mm.0.weight", w(n_embd_text, WIDTH, scale=0.5))
-    out.add_tensor("mm.0.bias", zeros(n_embd_text))
-    out.add_tensor("mm.2.weight", w(n_embd_text, n_embd_text, scale=0.2))
-    out.add_tensor("mm.2.bias", zeros(n_embd_text))
+            out.add_tensor(f"{p}.{n}.weight", r.w(WIDTH, WIDTH))
+            out.add_tensor(f"{p}.{n}.bias", r.zeros(WIDTH))
+        out.add_tensor(f"{p}.ffn_up.weight", r.w(FF, WIDTH))
+        out.add_tensor(f"{p}.ffn_up.bias", r.zeros(FF))
+        out.add_tensor(f"{p}.ffn_down.weight", r.w(WIDTH, FF))
+        out.add_tensor(f"{p}.ffn_down.bias", r.zeros(WIDTH))
 
+
+def finish(out, tmp: Path, path: Path) -> None:
     out.write_header_to_file()
     out.write_kv_data_to_file()
     out.write_tensors_to_file()
     out.close()
     os.replace(tmp, path)
+
+
+def write_projector(path: Path, n_embd_text: int) -> None:
+    r = Weights(20261207)
+    tmp = path.with_name(path.name + ".tmp")
+    out = start(tmp, "shoal test projector", "LLaVA-style", "mlp", IMAGE, PATCH, n_embd_text)
+    patches = (IMAGE // PATCH) ** 2
+    out.add_tensor("v.patch_embd.weight", r.w(WIDTH, 3, PATCH, PATCH))
+    out.add_tensor("v.patch_embd.bias", r.zeros(WIDTH))
+    out.add_tensor("v.position_embd.weight", r.w(patches, WIDTH))
+    out.add_tensor("v.pre_ln.weight", r.ones(WIDTH))
+    out.add_tensor("v.pre_ln.bias", r.zeros(WIDTH))
+    add_blocks(out, r)
+    out.add_tensor("mm.0.weight", r.w(n_embd_text, WIDTH, scale=0.5))
+    out.add_tensor("mm.0.bias", r.zeros(n_embd_text))
+    out.add_tensor("mm.2.weight", r.w(n_embd_text, n_embd_text, scale=0.2))
+    out.add_tensor("mm.2.bias", r.zeros(n_embd_text))
+    finish(out, tmp, path)
 
 
 QWEN_PATCH = 14
 
 
 def write_qwen2vl_projector(path: Path, n_embd_text: int) -> None:
-    rng = np.random.default_rng(20261208)
-
-    def w(*shape: int, scale: float = 0.02) -> np.ndarray:
-        return (rng.standard_normal(shape) * scale).astype(np.float32)
-
-    def zeros(*shape: int) -> np.ndarray:
-        return np.zeros(shape, dtype=np.float32)
-
-    def ones(*shape: int) -> np.ndarray:
-        return np.ones(shape, dtype=np.float32)
-
+    r = Weights(20261208)
     tmp = path.with_name(path.name + ".tmp")
-    out = gguf.GGUFWriter(str(tmp), "clip")
-    out.add_string("general.name", "shoal test projector (Qwen2-VL merger)")
-    out.add_string("general.description", "random-weight Qwen2-VL-style projector for tests")
-    out.add_uint32("general.file_type", 0)
-    out.add_bool("clip.has_vision_encoder", True)
-    out.add_string("clip.projector_type", "qwen2vl_merger")
-    out.add_bool("clip.use_gelu", True)
-    out.add_uint32("clip.vision.image_size", 56)
-    out.add_uint32("clip.vision.patch_size", QWEN_PATCH)
-    out.add_uint32("clip.vision.embedding_length", WIDTH)
-    out.add_uint32("clip.vision.feed_forward_length", FF)
-    out.add_uint32("clip.vision.block_count", LAYERS)
-    out.add_uint32("clip.vision.projection_dim", n_embd_text)
-    out.add_uint32("clip.vision.attention.head_count", HEADS)
-    out.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
-    out.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
-    out.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
-
+    out = start(tmp, "shoal test projector (Qwen2-VL merger)", "Qwen2-VL-style", "qwen2vl_merger", 56,
+                QWEN_PATCH, n_embd_text)
     # Two patch convolutions (a video's two frames; a still image uses both
     # on the same frame), no bias, no position table: positions are M-RoPE's.
-    out.add_tensor("v.patch_embd.weight", w(WIDTH, 3, QWEN_PATCH, QWEN_PATCH))
-    out.add_tensor("v.patch_embd.weight.1", w(WIDTH, 3, QWEN_PATCH, QWEN_PATCH))
-    for i in range(LAYERS):
-        p = f"v.blk.{i}"
-        for n in ("ln1", "ln2"):
-            out.add_tensor(f"{p}.{n}.weight", ones(WIDTH))
-            out.add_tensor(f"{p}.{n}.bias", zeros(WIDTH))
-        for n in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            out.add_tensor(f"{p}.{n}.weight", w(WIDTH, WIDTH))
-            out.add_tensor(f"{p}.{n}.bias", zeros(WIDTH))
-        out.add_tensor(f"{p}.ffn_up.weight", w(FF, WIDTH))
-        out.add_tensor(f"{p}.ffn_up.bias", zeros(FF))
-        out.add_tensor(f"{p}.ffn_down.weight", w(WIDTH, FF))
-        out.add_tensor(f"{p}.ffn_down.bias", zeros(WIDTH))
+    out.add_tensor("v.patch_embd.weight", r.w(WIDTH, 3, QWEN_PATCH, QWEN_PATCH))
+    out.add_tensor("v.patch_embd.weight.1", r.w(WIDTH, 3, QWEN_PATCH, QWEN_PATCH))
+    add_blocks(out, r)
     # The merger: four neighbouring patches side by side, then a two-layer MLP.
-    out.add_tensor("mm.0.weight", w(WIDTH * 4, WIDTH * 4, scale=0.2))
-    out.add_tensor("mm.0.bias", zeros(WIDTH * 4))
-    out.add_tensor("mm.2.weight", w(n_embd_text, WIDTH * 4, scale=0.5))
-    out.add_tensor("mm.2.bias", zeros(n_embd_text))
-
-    out.write_header_to_file()
-    out.write_kv_data_to_file()
-    out.write_tensors_to_file()
-    out.close()
-    os.replace(tmp, path)
+    out.add_tensor("mm.0.weight", r.w(WIDTH * 4, WIDTH * 4, scale=0.2))
+    out.add_tensor("mm.0.bias", r.zeros(WIDTH * 4))
+    out.add_tensor("mm.2.weight", r.w(n_embd_text, WIDTH * 4, scale=0.5))
+    out.add_tensor("mm.2.bias", r.zeros(n_embd_text))
+    finish(out, tmp, path)
 
 
 def main() -> int:

@@ -77,6 +77,21 @@ pub fn sequence_state(file: &[u8], tokens: &[u32]) -> Result<Vec<u8>, String> {
     Ok(out)
 }
 
+/// The header read since `at` as a fixed piece, then `n` rows of `width`
+/// bytes in cell order.
+fn cell_rows(
+    c: &mut Cursor<'_>,
+    pieces: &mut Vec<Piece>,
+    at: usize,
+    width: usize,
+    n: usize,
+) -> Option<()> {
+    pieces.push(c.fixed(at));
+    c.take(width.checked_mul(n)?)?;
+    pieces.push(Piece::Rows { width, cells: true });
+    Some(())
+}
+
 /// The layout of a sequence state file, or `None` if it is not exactly one
 /// of the shape described above.
 pub fn layout(bytes: &[u8]) -> Option<Layout> {
@@ -132,28 +147,21 @@ pub fn layout(bytes: &[u8]) -> Option<Layout> {
         c.u32()?; // rotated key dims
         c.u32()?; // rotated value dims
         pieces.push(c.fixed(at));
+        // Each layer's keys: type and row size, then a row per cell.
         for _ in 0..layers {
             let at = c.at;
-            c.u32()?; // key type
+            c.u32()?;
             let row = usize::try_from(c.u64()?).ok()?;
-            pieces.push(c.fixed(at));
-            c.take(row.checked_mul(n)?)?;
-            pieces.push(Piece::Rows {
-                width: row,
-                cells: true,
-            });
+            cell_rows(&mut c, &mut pieces, at, row, n)?;
         }
+        // Each layer's values: as rows per cell, or transposed, one run of
+        // an element per cell for each element of the value vector.
         for _ in 0..layers {
             let at = c.at;
-            c.u32()?; // value type
+            c.u32()?;
             if v_trans == 0 {
                 let row = usize::try_from(c.u64()?).ok()?;
-                pieces.push(c.fixed(at));
-                c.take(row.checked_mul(n)?)?;
-                pieces.push(Piece::Rows {
-                    width: row,
-                    cells: true,
-                });
+                cell_rows(&mut c, &mut pieces, at, row, n)?;
             } else {
                 let element = c.u32()? as usize;
                 let elements = c.u32()? as usize;
