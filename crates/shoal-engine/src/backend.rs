@@ -89,6 +89,7 @@ pub trait KvCache: Any + Send {
     /// no longer runs: a backend whose running sequences share a bounded
     /// pool moves it out of that pool here, so kept prefixes neither take
     /// room from nor slow down the sequences that run.
+    fn park(&mut self) {}
     /// Whether [`KvCache::save`] can write what it holds. A llama.cpp cache
     /// holding an image laid out in 2-D positions (M-RoPE) cannot: its
     /// token-to-position map is not in the state file, so the disk tier
@@ -96,7 +97,6 @@ pub trait KvCache: Any + Send {
     fn persistable(&self) -> bool {
         true
     }
-    fn park(&mut self) {}
     /// Writes the positions it holds, whose tokens are `tokens`, to `path` in
     /// the backend's own format, for the disk tier of the prefix cache
     /// ([`LanguageModel::restore_cache`] reads it back). A backend that
@@ -208,7 +208,7 @@ pub trait LanguageModel: Send {
     /// How its payloads ([`KvCache::save`]) are laid out by position, so the
     /// disk tier keeps them in blocks that prompts sharing a prefix share;
     /// `None` keeps every payload whole.
-    fn payload_layout(&self) -> Option<crate::disk_cache::LayoutFn> {
+    fn payload_layout(&self) -> Option<crate::disk_cache::layout::LayoutFn> {
         None
     }
     /// Runs `tokens` after whatever `cache` already holds and returns the

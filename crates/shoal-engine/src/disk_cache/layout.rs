@@ -14,6 +14,58 @@
 //! accounted for), so a changed upstream format falls back to whole-payload
 //! entries instead of being cut wrongly.
 
+/// A little-endian reader over bytes: the tier's metas and blocks, a
+/// layout's pieces, and the backends' layout readers. Reading past the end
+/// is an error ("truncated"), never a panic.
+pub(crate) struct Reader<'a> {
+    bytes: &'a [u8],
+    /// How many bytes have been read.
+    pub(crate) at: usize,
+}
+
+impl<'a> Reader<'a> {
+    pub(crate) fn new(bytes: &'a [u8]) -> Self {
+        Reader { bytes, at: 0 }
+    }
+
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        let b = self
+            .at
+            .checked_add(n)
+            .and_then(|end| self.bytes.get(self.at..end))
+            .ok_or("truncated")?;
+        self.at += n;
+        Ok(b)
+    }
+
+    pub(crate) fn u32(&mut self) -> Result<u32, String> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    pub(crate) fn u64(&mut self) -> Result<u64, String> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(a))
+    }
+
+    /// A length-prefixed UTF-8 string.
+    pub(crate) fn string(&mut self) -> Result<String, String> {
+        let n = self.u32()? as usize;
+        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| "bad text".to_string())
+    }
+
+    /// The bytes read since offset `from`.
+    pub(crate) fn since(&self, from: usize) -> &'a [u8] {
+        &self.bytes[from.min(self.at)..self.at]
+    }
+
+    /// The bytes not read yet.
+    pub(crate) fn rest(&self) -> &'a [u8] {
+        &self.bytes[self.at..]
+    }
+}
+
 /// One part of a payload, in file order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Piece {
@@ -56,7 +108,9 @@ impl Layout {
 
     /// Cuts `payload` into blocks of `block` positions (the last may be
     /// shorter), each the rows of its positions in piece order; `None` if
-    /// `payload` does not match the layout to the byte.
+    /// `payload` does not match the layout to the byte. (The tier cuts one
+    /// block at a time through [`Layout::cutter`]; tests compare whole cuts.)
+    #[cfg(test)]
     pub fn split(&self, payload: &[u8], block: usize) -> Option<Vec<Vec<u8>>> {
         let cut = self.cutter(payload)?;
         let block = block.max(1);
@@ -179,29 +233,19 @@ impl Layout {
 
     /// Pieces written by [`Layout::encode_pieces`], as a layout of blocks in
     /// position order (`rows` 0, set by whoever joins).
-    pub fn decode_pieces(mut b: &[u8]) -> Result<Layout, String> {
-        fn u32_at(b: &mut &[u8]) -> Result<u32, String> {
-            let (head, rest) = b.split_first_chunk::<4>().ok_or("truncated layout")?;
-            *b = rest;
-            Ok(u32::from_le_bytes(*head))
-        }
+    pub fn decode_pieces(b: &[u8]) -> Result<Layout, String> {
+        let mut r = Reader::new(b);
         let mut pieces = Vec::new();
-        while let Some((&tag, rest)) = b.split_first() {
-            b = rest;
-            match tag {
+        while !r.rest().is_empty() {
+            match r.take(1)?[0] {
                 0 => {
-                    let n = u32_at(&mut b)? as usize;
-                    if b.len() < n {
-                        return Err("truncated layout".into());
-                    }
-                    let (bytes, rest) = b.split_at(n);
-                    pieces.push(Piece::Fixed(bytes.to_vec()));
-                    b = rest;
+                    let n = r.u32()? as usize;
+                    pieces.push(Piece::Fixed(r.take(n)?.to_vec()));
                 }
                 1 => pieces.push(Piece::Count),
                 2 => {
-                    let width = u32_at(&mut b)? as usize;
-                    let run = u32_at(&mut b)? as usize;
+                    let width = r.u32()? as usize;
+                    let run = r.u32()? as usize;
                     if width == 0 || run == 0 || run > 1 << 24 {
                         return Err("bad rows in layout".into());
                     }

@@ -44,6 +44,7 @@ use sha2::{Digest, Sha256};
 use crate::prefix_cache::{common_prefix, reusable};
 
 pub mod layout;
+use layout::Reader;
 pub use layout::{Layout, LayoutFn, Piece};
 
 /// Bumped whenever the meta or a payload layout changes: older entries then
@@ -296,7 +297,7 @@ impl Meta {
         if crc32fast::hash(body) != u32::from_le_bytes(*crc) {
             return Err("checksum mismatch".into());
         }
-        let mut r = Reader(body);
+        let mut r = Reader::new(body);
         if r.take(8)? != META_MAGIC {
             return Err("not a cache entry".into());
         }
@@ -324,7 +325,7 @@ impl Meta {
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
-        if !r.0.is_empty() {
+        if !r.rest().is_empty() {
             return Err("trailing bytes".into());
         }
         if payload.contains(['/', '\\']) || payload.starts_with('.') {
@@ -343,32 +344,6 @@ impl Meta {
             backend,
             layout,
         })
-    }
-}
-
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
-        if self.0.len() < n {
-            return Err("truncated".into());
-        }
-        let (a, b) = self.0.split_at(n);
-        self.0 = b;
-        Ok(a)
-    }
-    fn u32(&mut self) -> Result<u32, String> {
-        let b = self.take(4)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    }
-    fn u64(&mut self) -> Result<u64, String> {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(self.take(8)?);
-        Ok(u64::from_le_bytes(a))
-    }
-    fn string(&mut self) -> Result<String, String> {
-        let n = self.u32()? as usize;
-        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| "bad text".to_string())
     }
 }
 
@@ -483,18 +458,20 @@ fn block_bytes(rows: usize, body: &[u8]) -> Vec<u8> {
 /// The body of a block file that holds `rows` positions of `row_bytes`
 /// each, or why it is not one.
 fn block_body(file: &[u8], rows: usize, row_bytes: usize) -> Result<&[u8], String> {
-    if file.len() < BLOCK_HEADER || &file[..8] != BLOCK_MAGIC {
+    let mut r = Reader::new(file);
+    if r.take(8)? != BLOCK_MAGIC {
         return Err("not a cache block".into());
     }
-    let word = |at: usize| u32::from_le_bytes([file[at], file[at + 1], file[at + 2], file[at + 3]]);
-    if word(8) != FORMAT_VERSION {
-        return Err(format!("block of format {}", word(8)));
+    let version = r.u32()?;
+    if version != FORMAT_VERSION {
+        return Err(format!("block of format {version}"));
     }
-    let body = &file[BLOCK_HEADER..];
-    if word(12) as usize != rows || body.len() != rows * row_bytes {
+    let (held, crc) = (r.u32()? as usize, r.u32()?);
+    let body = r.rest();
+    if held != rows || body.len() != rows * row_bytes {
         return Err("block of the wrong size".into());
     }
-    if crc32fast::hash(body) != word(16) {
+    if crc32fast::hash(body) != crc {
         return Err("block does not match its checksum".into());
     }
     Ok(body)
@@ -679,15 +656,16 @@ impl DiskCache {
             .into_iter()
             .map(|(path, meta, used)| {
                 let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
-                let blocks = meta.block_names();
-                let bytes = entry_files(&path, &meta).iter().map(|p| size(p)).sum();
+                let files = entry_files(&path, &meta);
+                let bytes = files.iter().map(|p| size(p)).sum();
                 EntryInfo {
                     model: meta.model.clone(),
                     backend: meta.backend.clone(),
                     fingerprint: hex(&meta.fingerprint[..16]),
                     tokens: meta.tokens.len(),
                     bytes,
-                    blocks: blocks.len(),
+                    // The meta, then its payload or its blocks.
+                    blocks: if meta.blocked() { files.len() - 1 } else { 0 },
                     last_used: used / 1_000_000_000,
                     created: meta.created,
                     scoped: meta.salt != 0,
@@ -714,7 +692,7 @@ impl DiskCache {
             n += 1;
         }
         for d in folders {
-            sweep_blocks(&d, None, Duration::ZERO);
+            sweep_blocks(&d, None);
         }
         lock(&self.indexes).clear();
         n
@@ -871,34 +849,18 @@ fn held_blocks(dir: &Path) -> std::collections::HashSet<String> {
 }
 
 /// Removes the blocks of `dir` that no entry holds: among `among` (the
-/// blocks of entries just removed), or any older than `age`. Returns the
-/// bytes freed.
-fn sweep_blocks(
-    dir: &Path,
-    among: Option<&std::collections::HashSet<String>>,
-    age: Duration,
-) -> u64 {
+/// blocks of entries just removed), or all of them.
+fn sweep_blocks(dir: &Path, among: Option<&std::collections::HashSet<String>>) {
     let held = held_blocks(dir);
-    let mut freed = 0;
     for f in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let name = f.file_name().to_string_lossy().into_owned();
-        if !name.ends_with(".blk")
-            || held.contains(&name)
-            || among.is_some_and(|a| !a.contains(&name))
+        if name.ends_with(".blk")
+            && !held.contains(&name)
+            && among.is_none_or(|a| a.contains(&name))
         {
-            continue;
-        }
-        let Ok(m) = f.metadata() else { continue };
-        let old = m
-            .modified()
-            .ok()
-            .and_then(|t| t.elapsed().ok())
-            .is_some_and(|a| a >= age);
-        if (age.is_zero() || old) && std::fs::remove_file(f.path()).is_ok() {
-            freed += m.len();
+            let _ = std::fs::remove_file(f.path());
         }
     }
-    freed
 }
 
 /// Every readable meta under `root` with its last use (the meta's mtime, in
@@ -989,13 +951,6 @@ fn file_crc(path: &Path) -> std::io::Result<(u64, u32)> {
     Ok((len, hasher.finalize()))
 }
 
-/// The layout the backend's `parse` reads in `payload`, if it holds `rows`
-/// positions and matches to the byte; `None` keeps the payload whole.
-fn layout_of(parse: LayoutFn, payload: &[u8], rows: usize) -> Option<Layout> {
-    let layout = parse(payload)?;
-    (layout.rows == rows && layout.cutter(payload).is_some()).then_some(layout)
-}
-
 /// Writes those of the blocks `which` (indexes into `names`) that are not
 /// on disk yet (a block already there, written for another entry that
 /// shares the prefix, is kept and touched), each cut from the payload only
@@ -1056,26 +1011,32 @@ fn place(job: WriteJob, opts: &DiskCacheOptions, stats: &DiskStats) -> std::io::
         mut meta,
         layout,
     } = job;
-    // The payload stays in memory while its blocks are cut from it.
-    let blocked = match layout {
-        Some(parse) => {
-            let bytes = std::fs::read(&tmp)?;
-            layout_of(parse, &bytes, meta.tokens.len()).map(|l| (bytes, l))
-        }
+    let rows = meta.tokens.len();
+    // With a layout reader the payload stays in memory while its blocks are
+    // cut from it; one the reader does not read to the byte (or that holds
+    // other than `rows` positions) is kept whole.
+    let bytes = match layout {
+        Some(_) => Some(std::fs::read(&tmp)?),
         None => None,
     };
-    let cut = blocked.as_ref().and_then(|(bytes, l)| l.cutter(bytes));
-    let len = match &blocked {
-        Some((bytes, _)) => bytes.len() as u64,
-        None => file_crc(&tmp)?.0,
+    let parsed = layout
+        .zip(bytes.as_deref())
+        .and_then(|(parse, b)| parse(b))
+        .filter(|l| l.rows == rows);
+    let cut = parsed
+        .as_ref()
+        .zip(bytes.as_deref())
+        .and_then(|(l, b)| l.cutter(b));
+    let (len, crc) = match &bytes {
+        Some(b) => (b.len() as u64, crc32fast::hash(b)),
+        None => file_crc(&tmp)?,
     };
     if len + 4096 > opts.budget_bytes {
         std::fs::remove_file(&tmp)?;
         return Ok(());
     }
-    let rows = meta.tokens.len();
-    let names = match (&blocked, &cut) {
-        (Some((_, l)), Some(cut)) => {
+    let names = match (&parsed, &cut) {
+        (Some(l), Some(cut)) => {
             std::fs::remove_file(&tmp)?;
             meta.payload = String::new();
             meta.payload_len = len;
@@ -1086,7 +1047,6 @@ fn place(job: WriteJob, opts: &DiskCacheOptions, stats: &DiskStats) -> std::io::
             Some((names, written))
         }
         _ => {
-            let (len, crc) = file_crc(&tmp)?;
             meta.payload_len = len;
             meta.payload_crc = crc;
             #[cfg(unix)]
@@ -1152,7 +1112,7 @@ fn place(job: WriteJob, opts: &DiskCacheOptions, stats: &DiskStats) -> std::io::
         dropped.extend(m.block_names());
     }
     if !dropped.is_empty() {
-        sweep_blocks(&dir, Some(&dropped), Duration::ZERO);
+        sweep_blocks(&dir, Some(&dropped));
     }
     enforce_budget(&opts.dir, opts.budget_bytes, stats);
     Ok(())
@@ -1215,8 +1175,6 @@ fn enforce_budget(root: &Path, budget: u64, stats: &DiskStats) {
 /// A disk hit: the entry to restore and how many leading prompt tokens it
 /// holds.
 pub struct DiskHit {
-    /// The payload kept whole (the entry's folder for one kept in blocks).
-    pub payload: PathBuf,
     /// Tokens the entry holds (the payload's whole length).
     pub stored: usize,
     /// Leading prompt tokens it shares (what the request reuses).
@@ -1293,7 +1251,6 @@ impl ModelDisk {
         match best {
             Some((meta_path, meta, n)) if n >= better_than + BLOCK_TOKENS.min(limit) && n > 0 => {
                 Some(DiskHit {
-                    payload: self.dir.join(&meta.payload),
                     stored: meta.tokens.len(),
                     tokens: n,
                     meta_path,
@@ -1339,8 +1296,8 @@ impl ModelDisk {
         }
     }
 
-    /// The blocks a hit needs joined into one payload file, or why not (and
-    /// the block at fault, if one is).
+    /// The blocks a hit needs, joined into the backend's payload, or why not
+    /// (and the block at fault, if one is).
     fn join(&self, hit: &DiskHit) -> std::result::Result<Restorable, (String, Option<PathBuf>)> {
         let layout = Layout::decode_pieces(&hit.meta.layout).map_err(|e| (e, None))?;
         let row_bytes = layout.row_bytes();
@@ -1376,7 +1333,7 @@ impl ModelDisk {
     /// A hit's whole payload, read and checked against its meta (length and
     /// CRC).
     fn verify(&self, hit: &DiskHit) -> Option<Vec<u8>> {
-        match std::fs::read(&hit.payload) {
+        match std::fs::read(hit.meta_path.with_file_name(&hit.meta.payload)) {
             Ok(bytes)
                 if bytes.len() as u64 == hit.meta.payload_len
                     && crc32fast::hash(&bytes) == hit.meta.payload_crc =>
@@ -1425,7 +1382,7 @@ impl ModelDisk {
         let blocks: std::collections::HashSet<String> =
             hit.meta.block_names().into_iter().collect();
         if !blocks.is_empty() {
-            sweep_blocks(&self.dir, Some(&blocks), Duration::ZERO);
+            sweep_blocks(&self.dir, Some(&blocks));
         }
     }
 
@@ -1620,9 +1577,10 @@ mod tests {
         assert_eq!(disk.lookup(&prompt, 0, 0).expect("hit").tokens, 900);
         // A flipped payload byte is caught and the entry removed.
         let hit = disk.lookup(&prompt, 0, 0).expect("hit");
-        let mut bytes = std::fs::read(&hit.payload).expect("read");
+        let payload = hit.meta_path.with_file_name(&hit.meta.payload);
+        let mut bytes = std::fs::read(&payload).expect("read");
         bytes[100] ^= 1;
-        std::fs::write(&hit.payload, bytes).expect("write");
+        std::fs::write(&payload, bytes).expect("write");
         assert!(disk.verify(&hit).is_none());
         assert!(disk.lookup(&prompt, 0, 0).is_none());
         assert_eq!(cache.summary().bad_entries, 1);
@@ -1747,7 +1705,7 @@ mod tests {
         remove_entry(&a_meta.0, &a_meta.1);
         let a_blocks: std::collections::HashSet<String> =
             a_meta.1.block_names().into_iter().collect();
-        sweep_blocks(&disk.dir, Some(&a_blocks), Duration::ZERO);
+        sweep_blocks(&disk.dir, Some(&a_blocks));
         assert_eq!(cache.summary().blocks, 4);
         let (_, _, bytes) = read_hit(&disk, &q).expect("shared hit");
         assert_eq!(bytes, fake_payload(&a[..512]));

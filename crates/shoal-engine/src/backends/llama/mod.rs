@@ -859,7 +859,7 @@ impl LanguageModel for LlamaCppModel {
         true
     }
 
-    fn payload_layout(&self) -> Option<crate::disk_cache::LayoutFn> {
+    fn payload_layout(&self) -> Option<crate::disk_cache::layout::LayoutFn> {
         Some(state_file::layout)
     }
 
@@ -871,18 +871,20 @@ impl LanguageModel for LlamaCppModel {
         let state = state_file::sequence_state(payload, tokens).map_err(EngineError::Backend)?;
         let mut s = lock(&self.shared);
         let seq = s.take_id().ok_or(EngineError::KvCacheFull)?;
-        // SAFETY: `state` is the state part of a file llama.cpp wrote for
-        // this model's fingerprint (its checksums held), behind the header
-        // llama.cpp's own reader expects; that reader checks every size it
-        // reads against the buffer.
+        // SAFETY: `state` is the state part of a file llama.cpp wrote for a
+        // model of this fingerprint (the tier checked its CRCs), behind the
+        // header llama.cpp's own setter expects; that setter checks every
+        // size it reads against the buffer and fails rather than reading on.
         let restored = s.ctx.with_dependent_mut(|_, ctx| unsafe {
             ctx.state_seq_set_data_ext(&state, seq, LlamaStateSeqFlags::empty())
         });
         if !restored {
             s.remove(seq, 0);
             s.free.insert(seq);
-            // The shape was checked above; what fails here is room in the
-            // pool for the cells, which is no fault of the entry.
+            // The file's tokens were checked above and its bytes by the
+            // tier's CRCs under this model's fingerprint: what fails here is
+            // room in the pool for its cells, no fault of the entry, which
+            // stays for a later request.
             return Err(EngineError::KvCacheFull);
         }
         Ok(Box::new(LlamaKv {
@@ -1137,6 +1139,7 @@ impl LlamaKv {
             if !s.remove(seq, self.next_pos()) {
                 s.remove(seq, 0);
                 self.len = 0;
+                self.shifts.clear();
             }
             self.parked = None;
         }

@@ -10,40 +10,12 @@
 //! one run per element of the value vector. Anything else (cell extras of
 //! M-RoPE models, several non-empty streams, a layer without values, any
 //! byte left over) is not read, and the payload is kept whole.
-use crate::disk_cache::{Layout, Piece};
+use crate::disk_cache::layout::{Layout, Piece, Reader};
 
 const MAGIC: u32 = 0x6767_7371; // 'ggsq'
 const VERSION: u32 = 4;
 /// A cell's meta row: position, sequence count (1), sequence id.
 const CELL_META: usize = 12;
-
-struct Cursor<'a> {
-    bytes: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let end = self.at.checked_add(n)?;
-        let b = self.bytes.get(self.at..end)?;
-        self.at = end;
-        Some(b)
-    }
-    fn u32(&mut self) -> Option<u32> {
-        self.take(4)
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    }
-    fn u64(&mut self) -> Option<u64> {
-        let b = self.take(8)?;
-        let mut a = [0u8; 8];
-        a.copy_from_slice(b);
-        Some(u64::from_le_bytes(a))
-    }
-    /// The bytes read since `from`, as a fixed piece.
-    fn fixed(&self, from: usize) -> Piece {
-        Piece::Fixed(self.bytes[from..self.at].to_vec())
-    }
-}
 
 /// What `llama_state_seq_get_data` puts before a sequence's state, and so
 /// what its setter reads first (the source sequence id follows).
@@ -53,11 +25,11 @@ const IO_MAGIC: u32 = 0xaf14_3cd8;
 /// `llama_state_seq_set_data`, if the file holds exactly `tokens`: no temporary
 /// file is written to restore a payload joined from blocks.
 pub fn sequence_state(file: &[u8], tokens: &[u32]) -> Result<Vec<u8>, String> {
-    let mut c = Cursor { bytes: file, at: 0 };
-    if c.u32() != Some(MAGIC) || c.u32() != Some(VERSION) {
+    let mut r = Reader::new(file);
+    if r.u32()? != MAGIC || r.u32()? != VERSION {
         return Err("not a llama.cpp sequence state of this version".into());
     }
-    let n = c.u32().ok_or("truncated state")? as usize;
+    let n = r.u32()? as usize;
     if n != tokens.len() {
         return Err(format!(
             "the stored state holds {n} tokens, not {}",
@@ -65,11 +37,11 @@ pub fn sequence_state(file: &[u8], tokens: &[u32]) -> Result<Vec<u8>, String> {
         ));
     }
     for &t in tokens {
-        if c.u32() != Some(t) {
+        if r.u32()? != t {
             return Err("the stored state holds other tokens".into());
         }
     }
-    let body = &file[c.at..];
+    let body = r.rest();
     let mut out = Vec::with_capacity(8 + body.len());
     out.extend_from_slice(&IO_MAGIC.to_le_bytes());
     out.extend_from_slice(&0i32.to_le_bytes());
@@ -78,96 +50,107 @@ pub fn sequence_state(file: &[u8], tokens: &[u32]) -> Result<Vec<u8>, String> {
 }
 
 /// The header read since `at` as a fixed piece, then `n` rows of `width`
-/// bytes in cell order.
+/// bytes (a run of `width`-byte rows, one per cell).
 fn cell_rows(
-    c: &mut Cursor<'_>,
+    r: &mut Reader<'_>,
     pieces: &mut Vec<Piece>,
     at: usize,
     width: usize,
     n: usize,
-) -> Option<()> {
-    pieces.push(c.fixed(at));
-    c.take(width.checked_mul(n)?)?;
+) -> Result<(), String> {
+    pieces.push(Piece::Fixed(r.since(at).to_vec()));
+    r.take(width.checked_mul(n).ok_or("rows overflow")?)?;
     pieces.push(Piece::Rows { width, cells: true });
-    Some(())
+    Ok(())
 }
 
 /// The layout of a sequence state file, or `None` if it is not exactly one
 /// of the shape described above.
 pub fn layout(bytes: &[u8]) -> Option<Layout> {
-    let mut c = Cursor { bytes, at: 0 };
-    if c.u32()? != MAGIC || c.u32()? != VERSION {
-        return None;
+    match read_layout(bytes) {
+        Ok(l) => Some(l),
+        Err(why) => {
+            tracing::debug!(why, "a llama.cpp state kept whole");
+            None
+        }
     }
-    let mut pieces = vec![c.fixed(0), Piece::Count];
-    let n = c.u32()? as usize;
-    c.take(n.checked_mul(4)?)?;
+}
+
+fn read_layout(bytes: &[u8]) -> Result<Layout, String> {
+    let mut r = Reader::new(bytes);
+    if r.u32()? != MAGIC || r.u32()? != VERSION {
+        return Err("another format".into());
+    }
+    let mut pieces = vec![Piece::Fixed(r.since(0).to_vec()), Piece::Count];
+    let n = r.u32()? as usize;
+    // The token list, in position order (not cell order).
+    r.take(n.checked_mul(4).ok_or("rows overflow")?)?;
     pieces.push(Piece::Rows {
         width: 4,
         cells: false,
     });
-    let at = c.at;
-    let streams = c.u32()?;
-    pieces.push(c.fixed(at));
+    let at = r.at;
+    let streams = r.u32()?;
+    pieces.push(Piece::Fixed(r.since(at).to_vec()));
     let mut order = None;
     let mut found = false;
     for _ in 0..streams {
-        let at = c.at;
-        let cells = c.u32()? as usize;
+        let at = r.at;
+        let cells = r.u32()? as usize;
         if cells == 0 {
-            pieces.push(c.fixed(at));
+            pieces.push(Piece::Fixed(r.since(at).to_vec()));
             continue;
         }
         if found || cells != n {
-            return None;
+            return Err("several streams, or not one cell a token".into());
         }
         found = true;
         pieces.push(Piece::Count);
-        // Row r holds the cell of some position; every position once.
+        // Row k holds the cell of some position; every position once.
         let mut row_of = vec![u32::MAX; n];
-        for r in 0..n {
-            let pos = c.u32()? as usize;
-            let seqs = c.u32()?;
-            c.u32()?;
+        for k in 0..n {
+            let pos = r.u32()? as usize;
+            let seqs = r.u32()?;
+            r.u32()?;
             if seqs != 1 || pos >= n || row_of[pos] != u32::MAX {
-                return None;
+                return Err("cells that are not one position each".into());
             }
-            row_of[pos] = r as u32;
+            row_of[pos] = k as u32;
         }
         pieces.push(Piece::Rows {
             width: CELL_META,
             cells: true,
         });
-        if row_of.iter().enumerate().any(|(p, &r)| p as u32 != r) {
+        if row_of.iter().enumerate().any(|(p, &k)| p as u32 != k) {
             order = Some(row_of);
         }
-        let at = c.at;
-        let v_trans = c.u32()?;
-        let layers = c.u32()? as usize;
-        c.u32()?; // rotated key dims
-        c.u32()?; // rotated value dims
-        pieces.push(c.fixed(at));
+        let at = r.at;
+        let v_trans = r.u32()?;
+        let layers = r.u32()? as usize;
+        r.u32()?; // rotated key dims
+        r.u32()?; // rotated value dims
+        pieces.push(Piece::Fixed(r.since(at).to_vec()));
         // Each layer's keys: type and row size, then a row per cell.
         for _ in 0..layers {
-            let at = c.at;
-            c.u32()?;
-            let row = usize::try_from(c.u64()?).ok()?;
-            cell_rows(&mut c, &mut pieces, at, row, n)?;
+            let at = r.at;
+            r.u32()?;
+            let row = usize::try_from(r.u64()?).map_err(|e| e.to_string())?;
+            cell_rows(&mut r, &mut pieces, at, row, n)?;
         }
         // Each layer's values: as rows per cell, or transposed, one run of
         // an element per cell for each element of the value vector.
         for _ in 0..layers {
-            let at = c.at;
-            c.u32()?;
+            let at = r.at;
+            r.u32()?;
             if v_trans == 0 {
-                let row = usize::try_from(c.u64()?).ok()?;
-                cell_rows(&mut c, &mut pieces, at, row, n)?;
+                let row = usize::try_from(r.u64()?).map_err(|e| e.to_string())?;
+                cell_rows(&mut r, &mut pieces, at, row, n)?;
             } else {
-                let element = c.u32()? as usize;
-                let elements = c.u32()? as usize;
-                pieces.push(c.fixed(at));
+                let element = r.u32()? as usize;
+                let elements = r.u32()? as usize;
+                pieces.push(Piece::Fixed(r.since(at).to_vec()));
                 for _ in 0..elements {
-                    c.take(element.checked_mul(n)?)?;
+                    r.take(element.checked_mul(n).ok_or("rows overflow")?)?;
                     pieces.push(Piece::Rows {
                         width: element,
                         cells: true,
@@ -176,15 +159,16 @@ pub fn layout(bytes: &[u8]) -> Option<Layout> {
             }
         }
     }
-    if !found
-        || c.at != bytes.len()
-        || pieces
-            .iter()
-            .any(|p| matches!(p, Piece::Rows { width: 0, .. }))
-    {
-        return None;
+    if !found || !r.rest().is_empty() {
+        return Err("no sequence, or bytes left over".into());
     }
-    Some(Layout {
+    if pieces
+        .iter()
+        .any(|p| matches!(p, Piece::Rows { width: 0, .. }))
+    {
+        return Err("rows of no width".into());
+    }
+    Ok(Layout {
         pieces,
         rows: n,
         order,

@@ -8,7 +8,7 @@ use mlx_rs::ops::{self};
 use mlx_rs::{Array, Dtype};
 
 use crate::backend::KvCache;
-use crate::disk_cache::{Layout, Piece};
+use crate::disk_cache::layout::{Layout, Piece, Reader};
 use crate::error::{EngineError, Result};
 
 /// Preallocated per-layer key/value buffers, grown in steps so decode does not
@@ -142,21 +142,19 @@ const MLX_MAGIC: &[u8; 8] = b"SHOALMLX";
 /// count, the length, the head count and size, then for each layer's keys
 /// and values one run per head of a row (`head_dim` f32) per position.
 pub(super) fn payload_layout(bytes: &[u8]) -> Option<Layout> {
-    let head = bytes.get(..24)?;
-    if &head[..8] != MLX_MAGIC {
+    let mut r = Reader::new(bytes);
+    if r.take(8).ok()? != MLX_MAGIC {
         return None;
     }
-    let word =
-        |i: usize| u32::from_le_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]) as usize;
-    let (layers, len, nkv, hd) = (word(8), word(12), word(16), word(20));
+    let layers = r.u32().ok()? as usize;
+    let head = Piece::Fixed(r.since(0).to_vec());
+    let len = r.u32().ok()? as usize;
+    let at = r.at;
+    let (nkv, hd) = (r.u32().ok()? as usize, r.u32().ok()? as usize);
     if hd == 0 || layers.checked_mul(2 * nkv)? > 1 << 20 {
         return None;
     }
-    let mut pieces = vec![
-        Piece::Fixed(head[..12].to_vec()),
-        Piece::Count,
-        Piece::Fixed(head[16..].to_vec()),
-    ];
+    let mut pieces = vec![head, Piece::Count, Piece::Fixed(r.since(at).to_vec())];
     pieces.extend((0..layers * 2 * nkv).map(|_| Piece::Rows {
         width: hd * 4,
         cells: false,

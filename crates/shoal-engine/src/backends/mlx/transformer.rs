@@ -620,7 +620,7 @@ impl LanguageModel for Transformer {
         true
     }
 
-    fn payload_layout(&self) -> Option<crate::disk_cache::LayoutFn> {
+    fn payload_layout(&self) -> Option<crate::disk_cache::layout::LayoutFn> {
         Some(super::cache::payload_layout)
     }
 
