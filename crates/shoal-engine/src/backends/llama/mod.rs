@@ -1103,14 +1103,21 @@ struct LlamaKv {
     shared: SharedRef,
 }
 
+/// The position of the token at index `at` (the first `at` tokens held
+/// before it), given where M-RoPE images ended (`(tokens, position)` after
+/// each, in order): the index itself unless such an image came before, else
+/// the position after the last one before it plus the tokens since.
+fn position_of(shifts: &[(usize, usize)], at: usize) -> usize {
+    match shifts.iter().rev().find(|&&(t, _)| t <= at) {
+        Some(&(t, p)) => p + (at - t),
+        None => at,
+    }
+}
+
 impl LlamaKv {
-    /// The position of the token at index `at` (the first `at` tokens held
-    /// before it): the index itself unless an M-RoPE image came before.
+    /// The position of the token at index `at` (see [`position_of`]).
     fn pos_of(&self, at: usize) -> usize {
-        match self.shifts.iter().rev().find(|&&(t, _)| t <= at) {
-            Some(&(t, p)) => p + (at - t),
-            None => at,
-        }
+        position_of(&self.shifts, at)
     }
 
     /// The position its next token takes.
@@ -1285,6 +1292,24 @@ impl Drop for LlamaKv {
             s.remove(seq, 0);
             s.free.insert(seq);
         }
+    }
+}
+
+#[cfg(test)]
+mod position_tests {
+    use super::position_of;
+
+    #[test]
+    fn text_after_an_m_rope_image_goes_on_from_the_image_s_last_position() {
+        // 5 text tokens, an image of 8 tokens over 4 positions (a 2x4 grid),
+        // 3 text tokens, another of 6 tokens over 3 positions.
+        let shifts = [(13, 9), (22, 15)];
+        assert_eq!(position_of(&[], 7), 7, "no image: the index");
+        assert_eq!(position_of(&shifts, 5), 5, "before the first image");
+        assert_eq!(position_of(&shifts, 13), 9, "right after it");
+        assert_eq!(position_of(&shifts, 16), 12, "text after it");
+        assert_eq!(position_of(&shifts, 22), 15, "after the second");
+        assert_eq!(position_of(&shifts, 30), 23);
     }
 }
 
