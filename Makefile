@@ -15,7 +15,7 @@ THINK_GGUF := $(CACHE)/models/smollm2-think-v1/SmolLM2-135M-Instruct-think.Q4_1.
 Q8_GGUF    := $(CACHE)/models/smollm2-q8-v1/SmolLM2-135M-Instruct.Q8_0.gguf
 VISION_DIR := $(CACHE)/models/smollm2-vision-v1
 VISION_GGUF := $(VISION_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
-MROPE_DIR  := $(CACHE)/models/qwen2vl-mrope-v1
+MROPE_DIR  := $(CACHE)/models/qwen2vl-mrope-v2
 MROPE_GGUF := $(MROPE_DIR)/qwen2vl-coder-0.5b-q4_k_m.gguf
 export SHOAL_REAL_MODELS ?= $(REAL_DIR)
 export SHOAL_MODEL ?= $(MODEL_GGUF)
@@ -138,11 +138,12 @@ $(VISION_GGUF): $(MODEL_GGUF) tools/py/vision_fixture.py
 
 ## An M-RoPE vision model: Qwen2.5-Coder's weights named a Qwen2-VL text model (text reads as
 ## before; an image's positions are its 2-D grid) beside a random-weight Qwen2-VL patch-merger
-## projector (fewer positions than tokens an image).
+## projector (fewer positions than tokens an image), trained window 256 positions: a test gives
+## it a larger KV pool, so a request meets the window by positions before the pool by cells.
 $(MROPE_GGUF): $(REAL_QWEN) tools/py/gguf_edit.py tools/py/vision_fixture.py
 	@rm -rf $(MROPE_DIR) $(MROPE_DIR).src
 	@"$$(bash tools/setup-pyenv.sh)/bin/python" tools/py/gguf_edit.py $(REAL_QWEN) \
-	  $(MROPE_DIR).src/$(notdir $(MROPE_GGUF)) --arch qwen2vl --rope-sections 8,12,12,0
+	  $(MROPE_DIR).src/$(notdir $(MROPE_GGUF)) --arch qwen2vl --rope-sections 8,12,12,0 --context-length 256
 	@"$$(bash tools/setup-pyenv.sh)/bin/python" tools/py/vision_fixture.py \
 	  $(MROPE_DIR).src/$(notdir $(MROPE_GGUF)) $(MROPE_DIR) --qwen2vl
 	@rm -rf $(MROPE_DIR).src

@@ -252,4 +252,4 @@ vision_pair "${SHOAL_TEST_VISION_GGUF:-${SHOAL_CACHE:-$ROOT/.cache}/models/smoll
 # model beside a Qwen2-VL patch merger, `make models`), whose images take fewer positions
 # than tokens: prompt tokens and greedy replies in every dialect against llama-server's.
 echo "M-RoPE (Qwen2-VL layout):"
-vision_pair "${SHOAL_TEST_MROPE_GGUF:-${SHOAL_CACHE:-$ROOT/.cache}/models/qwen2vl-mrope-v1/qwen2vl-coder-0.5b-q4_k_m.gguf}" 0
+vision_pair "${SHOAL_TEST_MROPE_GGUF:-${SHOAL_CACHE:-$ROOT/.cache}/models/qwen2vl-mrope-v2/qwen2vl-coder-0.5b-q4_k_m.gguf}" 0

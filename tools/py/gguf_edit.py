@@ -3,7 +3,7 @@
 models that ship here:
 
     python tools/py/gguf_edit.py IN.gguf OUT.gguf [--pooling mean|cls|last] [--token ID=TEXT ...]
-        [--arch NAME [--rope-sections A,B,C,D]]
+        [--arch NAME [--rope-sections A,B,C,D]] [--context-length N]
 
 * ``--pooling`` sets ``{arch}.pooling_type``, as decoder embedding models
   (Qwen3-Embedding, gte-Qwen) are marked: the engine's tests run the decoder
@@ -20,6 +20,9 @@ models that ship here:
   as a Qwen2-VL text model, whose positions are M-RoPE's sections (time,
   height, width) of the rotary dimensions. A text token's sections share one
   position, so text reads as it did; an image's take its 2-D grid.
+* ``--context-length 256`` sets the trained window (``{arch}.context_length``),
+  so a test can give the model a KV pool larger than its window in positions
+  and see which of the two bounds a request meets.
 
 Tensors are copied as stored (quantized or not); every other key is kept.
 """
@@ -41,6 +44,7 @@ def main() -> int:
     ap.add_argument("--token", action="append", default=[], metavar="ID=TEXT")
     ap.add_argument("--arch", help="the architecture to name (its keys renamed with it)")
     ap.add_argument("--rope-sections", help="{arch}.rope.dimension_sections, four numbers")
+    ap.add_argument("--context-length", type=int, help="{arch}.context_length, the trained window")
     args = ap.parse_args()
     import gguf
 
@@ -78,6 +82,8 @@ def main() -> int:
                 value[i] = int(gguf.TokenType.USER_DEFINED)
         if args.rope_sections and key == f"{new_arch}.rope.dimension_sections":
             continue
+        if args.context_length and key == f"{new_arch}.context_length":
+            continue
         copy_field(writer, field, gguf, value, key)
     if args.rope_sections:
         sections = [int(x) for x in args.rope_sections.split(",")]
@@ -86,6 +92,8 @@ def main() -> int:
         writer.add_array(f"{new_arch}.rope.dimension_sections", sections)
     if args.pooling:
         writer.add_uint32(pooling_key, POOLING[args.pooling])
+    if args.context_length:
+        writer.add_uint32(f"{new_arch}.context_length", args.context_length)
     for t in reader.tensors:
         writer.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
     finish(writer, tmp, args.out)

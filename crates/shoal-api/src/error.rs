@@ -211,9 +211,16 @@ impl From<EngineError> for ApiError {
         match &e {
             EngineError::InvalidRequest(_)
             | EngineError::ContextOverflow { .. }
+            | EngineError::PositionOverflow { .. }
+            | EngineError::CellOverflow { .. }
             | EngineError::Template(_) => ApiError {
-                code: matches!(e, EngineError::ContextOverflow { .. })
-                    .then_some("context_length_exceeded"),
+                code: matches!(
+                    e,
+                    EngineError::ContextOverflow { .. }
+                        | EngineError::PositionOverflow { .. }
+                        | EngineError::CellOverflow { .. }
+                )
+                .then_some("context_length_exceeded"),
                 ..ApiError::invalid(e.to_string())
             },
             EngineError::WrongKind(_) => ApiError::invalid(e.to_string())

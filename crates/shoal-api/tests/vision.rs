@@ -396,6 +396,133 @@ async fn an_m_rope_model_reads_the_text_after_an_image_cold_and_from_the_cache()
     assert!(text(&second).contains('5'), "{second}");
 }
 
+/// The M-RoPE fixture's trained window is 256 positions (`make models`), its
+/// KV pool here 1,024 cells. The window is counted in positions and the pool
+/// in cells: a prompt of more tokens than the window has positions is served
+/// when its images take fewer, and its reply runs until the positions fill
+/// the window; Ollama's `num_ctx` is a window in positions too; a prompt
+/// that fits the window but not the pool's cells, or whose positions do not
+/// fit the window, is a 400 that says which.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_m_rope_model_counts_its_window_in_positions_and_its_pool_in_cells() {
+    const QWEN: &str = "qwen2vl";
+    let mut opts = EngineOptions {
+        backend: BackendChoice::Llama,
+        ..EngineOptions::default()
+    };
+    opts.llama.kv_tokens = 1024;
+    let e = Engine::start(&common::mrope_gguf(), QWEN, opts).expect("load");
+    let window = e.model.info.window();
+    assert_eq!((window.positions, window.cells), (256, 1024));
+    // What one picture takes, as llama.cpp's multimodal library reports it.
+    let pic = png(224, 224, [200, 40, 40]);
+    let limits = shoal_engine::vision::ImageLimits::default();
+    let decoded = shoal_engine::vision::decode("pic", &pic, &limits).expect("decode");
+    let one = e
+        .model
+        .vocab
+        .vision
+        .prepare(QWEN, &decoded)
+        .expect("prepare");
+    let (tokens, positions) = (one.tokens as u64, one.positions as u64);
+    assert!(positions < tokens, "{tokens} tokens, {positions} positions");
+    // The random pictures make the model stop at once; with its ends of
+    // turn barred it runs until a bound stops it.
+    let no_end: serde_json::Map<String, Value> = e
+        .model
+        .vocab
+        .eos
+        .iter()
+        .map(|t| (t.to_string(), json!(-100)))
+        .collect();
+    let base = common::serve(AppState::new(e)).await;
+
+    let count = "Count from 1 to 500, one number per line.";
+    let content = |n: usize, text: &str| {
+        let mut parts = vec![json!({"type": "image_url", "image_url": {"url": data_url(&pic)}}); n];
+        parts.push(json!({"type": "text", "text": text}));
+        Value::Array(parts)
+    };
+    let ask = |n: usize, text: &str, max_tokens: u64| {
+        json!({"model": QWEN, "max_tokens": max_tokens, "temperature": 0, "logit_bias": no_end,
+               "messages": [{"role": "user", "content": content(n, text)}]})
+    };
+    let n = 4;
+    let (s, v) = post(&base, "/v1/chat/completions", ask(n, count, 1000)).await;
+    assert_eq!(s, 200, "{v}");
+    let u = &v["usage"];
+    let prompt = u["prompt_tokens"].as_u64().expect("prompt");
+    assert_eq!(
+        u["prompt_tokens_details"]["image_tokens"],
+        n as u64 * tokens,
+        "{v}"
+    );
+    // More tokens than the window has positions: counted by tokens, the
+    // prompt would have been refused.
+    assert!(prompt >= 256, "{v}");
+    let prompt_positions = prompt - n as u64 * (tokens - positions);
+    // The reply ran until its positions, not its tokens, filled the window.
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    assert_eq!(
+        u["completion_tokens"].as_u64(),
+        Some(256 - prompt_positions),
+        "{v}"
+    );
+
+    // Ollama's num_ctx, a smaller window in positions: the prompt's
+    // positions and five more, fewer than its tokens. One picture (Ollama
+    // has no logit bias, and with one the model goes on). A first request
+    // learns the prompt's size.
+    let chat = |options: Value| {
+        json!({"model": QWEN, "stream": false, "options": options,
+               "messages": [{"role": "user", "content": count, "images": [b64(&pic)]}]})
+    };
+    let (s, v) = post(
+        &base,
+        "/api/chat",
+        chat(json!({"num_predict": 1, "temperature": 0})),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let ollama_prompt = v["prompt_eval_count"].as_u64().expect("prompt_eval_count");
+    let num_ctx = ollama_prompt - (tokens - positions) + 5;
+    assert!(num_ctx < ollama_prompt, "{v}");
+    let options = json!({"num_ctx": num_ctx, "temperature": 0});
+    let (s, v) = post(&base, "/api/chat", chat(options)).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        (v["eval_count"].as_u64(), &v["done_reason"]),
+        (Some(5), &json!("length")),
+        "{v}"
+    );
+
+    // Enough pictures to pass the pool's 1,024 cells while their positions
+    // stay inside the window: refused by the pool, in cells.
+    let text = prompt - n as u64 * tokens;
+    let many = (1024 - text).div_ceil(tokens);
+    assert!(many <= limits.max_images as u64 && text + many * positions < 256);
+    let (s, v) = post(&base, "/v1/chat/completions", ask(many as usize, count, 8)).await;
+    assert_eq!(s, 400, "{v}");
+    assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
+    let msg = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("the KV cache holds at most 1024 for one request"),
+        "{v}"
+    );
+
+    // Text that alone takes the window, after a picture: refused by the
+    // window, in positions.
+    let long = "word ".repeat(300);
+    let (s, v) = post(&base, "/v1/chat/completions", ask(1, &long, 8)).await;
+    assert_eq!(s, 400, "{v}");
+    assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
+    let msg = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("positions") && msg.contains("window is 256 positions"),
+        "{v}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn image_requests_run_side_by_side_as_they_run_alone() {
     let base = common::serve(AppState::new(own_engine(true))).await;

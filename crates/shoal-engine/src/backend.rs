@@ -14,8 +14,15 @@ pub struct ModelInfo {
     /// Architecture name as the model declares it (`llama`, `qwen2`, `qwen3`).
     pub architecture: String,
     pub vocab_size: usize,
-    /// Maximum number of positions (prompt + output) the model supports.
+    /// Maximum number of positions (prompt + output) one request may take:
+    /// the window served. An image takes fewer positions than tokens on an
+    /// M-RoPE model ([`crate::vision::PreparedImage::positions`]).
     pub context_length: usize,
+    /// Most KV cells one request may hold, one per token, images' included:
+    /// its share of llama.cpp's pool, which may exceed the window where the
+    /// pool is larger than the trained window. Equal to `context_length`
+    /// where a token is a position and the cache grows with need (MLX).
+    pub max_cells: usize,
     pub num_layers: usize,
     pub hidden_size: usize,
     /// Where the weights came from (`gguf` or `safetensors`) and how they are stored.
@@ -43,6 +50,42 @@ impl ModelInfo {
     /// Memory the loaded model holds: weights plus what is reserved up front.
     pub fn resident_bytes(&self) -> usize {
         self.weight_bytes + self.kv_capacity_bytes + self.buffer_bytes
+    }
+
+    /// The two bounds one request runs within.
+    pub fn window(&self) -> Window {
+        Window {
+            positions: self.context_length,
+            cells: self.max_cells,
+        }
+    }
+}
+
+/// How far one request may run. The window is counted in positions, which
+/// is what the model was trained on and what RoPE reads; the KV pool in
+/// cells, one a token. They differ only where an image takes fewer
+/// positions than tokens (M-RoPE), so a text request meets both at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// The window: positions one request may take, prompt and reply.
+    pub positions: usize,
+    /// The KV cells one request may hold.
+    pub cells: usize,
+}
+
+impl Window {
+    /// Whether a context of `tokens` tokens, `saved` of which take no
+    /// position of their own (an M-RoPE image's), has no room left.
+    pub fn full(&self, tokens: usize, saved: usize) -> bool {
+        self.room(tokens, saved) == 0
+    }
+
+    /// Tokens that may still be added to such a context.
+    pub fn room(&self, tokens: usize, saved: usize) -> usize {
+        let positions = tokens.saturating_sub(saved);
+        self.positions
+            .saturating_sub(positions)
+            .min(self.cells.saturating_sub(tokens))
     }
 }
 
@@ -366,5 +409,36 @@ impl DecodeBatch for CacheRows {
         let len = cache.len().saturating_sub(n);
         cache.truncate(len);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod window_tests {
+    use super::Window;
+
+    #[test]
+    fn text_meets_both_bounds_at_once_and_images_meet_the_first_they_fill() {
+        // Text: a token is a position and a cell.
+        let w = Window {
+            positions: 256,
+            cells: 256,
+        };
+        assert_eq!(w.room(250, 0), 6);
+        assert!(w.full(256, 0));
+        // A pool larger than the window: 300 tokens of which 100 take no
+        // position (M-RoPE images) are 200 positions, 56 from the window.
+        let w = Window {
+            positions: 256,
+            cells: 1024,
+        };
+        assert_eq!(w.room(300, 100), 56);
+        assert!(!w.full(300, 100));
+        assert!(w.full(356, 100));
+        // Many images: the cells run out while positions are left.
+        assert_eq!(w.room(1000, 900), 24);
+        assert!(w.full(1024, 900));
+        // Never below zero, whatever the counts.
+        assert_eq!(w.room(2000, 0), 0);
+        assert_eq!(w.room(10, 50), 256);
     }
 }

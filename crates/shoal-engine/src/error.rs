@@ -29,6 +29,23 @@ pub enum EngineError {
         prompt_tokens: usize,
         context: usize,
     },
+    /// An image prompt whose positions do not fit the model's window (an
+    /// M-RoPE image takes fewer positions than tokens, so its tokens alone
+    /// say too much).
+    #[error(
+        "prompt takes {positions} positions ({prompt_tokens} tokens, its images' included) but the model's context window is {context} positions"
+    )]
+    PositionOverflow {
+        positions: usize,
+        prompt_tokens: usize,
+        context: usize,
+    },
+    /// A prompt whose positions fit the window but whose tokens do not fit
+    /// the KV cells one request may hold.
+    #[error(
+        "prompt has {prompt_tokens} tokens, its images' included, but the KV cache holds at most {cells} for one request (--kv-cache-tokens)"
+    )]
+    CellOverflow { prompt_tokens: usize, cells: usize },
     /// A generation model asked for embeddings, or an embedding model asked
     /// to generate.
     #[error("{0}")]

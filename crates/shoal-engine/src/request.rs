@@ -102,9 +102,16 @@ impl GenerateRequest {
         }
     }
 
-    /// Prompt positions its images take (part of the prompt's tokens).
+    /// Prompt tokens its images take (KV cells, part of the prompt's tokens).
     pub fn image_tokens(&self) -> usize {
         self.images.iter().map(|s| s.len()).sum()
+    }
+
+    /// Prompt tokens that take no position of their own: an M-RoPE image
+    /// lays its tokens out in 2-D over fewer positions than tokens. The
+    /// prompt's positions are its tokens less these.
+    pub fn positions_saved(&self) -> usize {
+        crate::vision::positions_saved(&self.images)
     }
 
     /// How long the prefix this request leaves stays ahead of unmarked ones:

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::backend::{KvCache, LanguageModel};
+use crate::backend::{KvCache, LanguageModel, Window};
 use crate::completion::{Completion, Event, FinishReason, Timings, TokenLogprob, Usage};
 use crate::constraint::Constraint;
 use crate::content_filter::{ContentPolicy, Screen};
@@ -103,6 +103,9 @@ pub(crate) struct Sequence {
     drafter: Option<Drafter>,
     /// Drafts of the step being checked, and how many of them were kept.
     checking: (usize, usize),
+    /// Prompt tokens that take no position of their own (M-RoPE images'):
+    /// the context's positions are its tokens less these.
+    saved: usize,
 }
 
 impl Sequence {
@@ -143,7 +146,9 @@ impl Sequence {
             queue_ms: ms(started - job.submitted),
             ..Timings::default()
         };
+        let saved = job.req.positions_saved();
         Sequence {
+            saved,
             job,
             cache,
             started,
@@ -173,9 +178,9 @@ impl Sequence {
     /// gives equals the draft the cache already holds at that position, its
     /// logits are the next step's and nothing runs. Returns what to run and
     /// how many positions at the end of the cache to drop (drafts not kept).
-    pub fn advance(&mut self, vocab: &Vocabulary, ctx: usize) -> (Next, usize) {
+    pub fn advance(&mut self, vocab: &Vocabulary, window: Window) -> (Next, usize) {
         loop {
-            let next = self.step(vocab, ctx);
+            let next = self.step(vocab, window);
             let drop = match next {
                 Next::Feed(t) => match self.pending.pop_front() {
                     Some((draft, logits)) if draft == t => {
@@ -203,7 +208,7 @@ impl Sequence {
 
     /// Drafts to run after `token` (the token [`Sequence::advance`] said to
     /// run), within the reply's token limit and the context window.
-    pub fn propose(&mut self, ctx: usize, model: Option<&mut DraftModel>) -> Vec<u32> {
+    pub fn propose(&mut self, window: Window, model: Option<&mut DraftModel>) -> Vec<u32> {
         let (Some(drafter), Some(d)) = (self.drafter.as_mut(), self.decode.as_ref()) else {
             return Vec::new();
         };
@@ -215,7 +220,7 @@ impl Sequence {
         // limit could never be kept.
         let room = max_tokens
             .saturating_sub(d.generated.len())
-            .min(ctx.saturating_sub(d.context.len() + 1));
+            .min(window.room(d.context.len() + 1, self.saved));
         drafter.propose(&d.context, room, model)
     }
 
@@ -313,13 +318,14 @@ impl Sequence {
     }
 
     /// Samples one token and turns it into events; says what to run next.
-    pub fn step(&mut self, vocab: &Vocabulary, ctx: usize) -> Next {
+    pub fn step(&mut self, vocab: &Vocabulary, window: Window) -> Next {
         let Some(d) = self.decode.as_mut() else {
             return Next::Finished(FinishReason::Error("sampled before prefill".into()));
         };
         let job = &self.job;
         let req = &job.req;
         let usage = &mut self.usage;
+        let saved = self.saved;
         let max_tokens = req.max_tokens.unwrap_or(usize::MAX);
         if let Some(t) = d.forced.pop_front() {
             return Next::Feed(t);
@@ -445,7 +451,7 @@ impl Sequence {
                 d.context.extend_from_slice(&forced);
                 // The model sees the sampled token, then the marker.
                 d.forced.extend(forced);
-                if d.context.len() >= ctx {
+                if window.full(d.context.len(), saved) {
                     return Next::Finished(FinishReason::ContextWindow);
                 }
                 if d.generated.len() >= max_tokens {
@@ -457,7 +463,7 @@ impl Sequence {
         if d.generated.len() >= max_tokens {
             return Next::Finished(FinishReason::Length);
         }
-        if d.context.len() >= ctx {
+        if window.full(d.context.len(), saved) {
             return Next::Finished(FinishReason::ContextWindow);
         }
         if job.gone() {

@@ -231,7 +231,15 @@ impl Vision {
     }
 }
 
-/// One image's run of positions in a request's prompt.
+/// Tokens of these images that take no position of their own (M-RoPE).
+pub fn positions_saved(spans: &[ImageSpan]) -> usize {
+    spans
+        .iter()
+        .map(|s| s.image.tokens.saturating_sub(s.image.positions))
+        .sum()
+}
+
+/// One image's run of tokens in a request's prompt.
 #[derive(Clone, Debug)]
 pub struct ImageSpan {
     /// Index of its first position in the prompt.

@@ -328,14 +328,31 @@ impl Engine {
                 self.model.id
             )));
         }
-        let ctx = self.model.info.context_length;
         if req.prompt.is_empty() {
             return Err(EngineError::InvalidRequest("the prompt is empty".into()));
         }
-        if req.prompt.len() >= ctx {
-            return Err(EngineError::ContextOverflow {
-                prompt_tokens: req.prompt.len(),
-                context: ctx,
+        let window = self.model.info.window();
+        // The window counts positions, the pool cells (see `Window`).
+        let (tokens, saved) = (req.prompt.len(), req.positions_saved());
+        let positions = tokens.saturating_sub(saved);
+        if positions >= window.positions {
+            return Err(if saved == 0 {
+                EngineError::ContextOverflow {
+                    prompt_tokens: tokens,
+                    context: window.positions,
+                }
+            } else {
+                EngineError::PositionOverflow {
+                    positions,
+                    prompt_tokens: tokens,
+                    context: window.positions,
+                }
+            });
+        }
+        if tokens >= window.cells {
+            return Err(EngineError::CellOverflow {
+                prompt_tokens: tokens,
+                cells: window.cells,
             });
         }
         if req.max_tokens == Some(0) {

@@ -51,7 +51,7 @@ pub(super) fn run(
         disk,
         draft: draft_model,
     };
-    let ctx = model.info().context_length;
+    let window = model.info().window();
     let draft = if model.verifies_drafts() {
         draft
     } else {
@@ -169,7 +169,7 @@ pub(super) fn run(
         let mut spans: Vec<Vec<u32>> = Vec::with_capacity(decoding.len());
         let mut finished = Vec::new();
         for (row, seq) in decoding.iter_mut().enumerate() {
-            let (next, drop) = seq.advance(&vocab, ctx);
+            let (next, drop) = seq.advance(&vocab, window);
             let next = match batch.drop_last(row, drop) {
                 Ok(()) => next,
                 Err(e) => Next::Finished(FinishReason::Error(e.to_string())),
@@ -177,7 +177,7 @@ pub(super) fn run(
             match next {
                 Next::Feed(t) => {
                     let mut span = vec![t];
-                    span.extend(seq.propose(ctx, prefixes.draft.as_mut()));
+                    span.extend(seq.propose(window, prefixes.draft.as_mut()));
                     spans.push(span);
                 }
                 Next::Finished(r) => {
@@ -229,7 +229,7 @@ pub(super) fn run(
                     &stats,
                     &mut prefixes,
                 ),
-                Ok(true) => match seq.advance(&vocab, ctx).0 {
+                Ok(true) => match seq.advance(&vocab, window).0 {
                     Next::Finished(r) => retire(seq, r, &vocab, &stats, &mut prefixes),
                     Next::Feed(t) => {
                         // Its first token is out: a long prefill goes to
@@ -239,7 +239,7 @@ pub(super) fn run(
                         match batch.join(cache) {
                             Ok(()) => {
                                 let mut span = vec![t];
-                                span.extend(seq.propose(ctx, prefixes.draft.as_mut()));
+                                span.extend(seq.propose(window, prefixes.draft.as_mut()));
                                 decoding.push(seq);
                                 spans.push(span);
                             }

@@ -68,7 +68,7 @@ pub fn vision_gguf() -> PathBuf {
 pub fn mrope_gguf() -> PathBuf {
     made_model(
         "SHOAL_TEST_MROPE_GGUF",
-        "qwen2vl-mrope-v1/qwen2vl-coder-0.5b-q4_k_m.gguf",
+        "qwen2vl-mrope-v2/qwen2vl-coder-0.5b-q4_k_m.gguf",
     )
 }
 

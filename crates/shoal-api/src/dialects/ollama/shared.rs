@@ -343,8 +343,10 @@ impl Options {
         Ok(stops)
     }
 
-    /// The reply's token cap for a prompt of `prompt_len` tokens: `num_predict`
-    /// (negative: no cap), within `num_ctx` when given. A `num_ctx` at or
+    /// The reply's token cap for a prompt that takes `prompt_len` positions
+    /// (its tokens, less those an M-RoPE image lays out in 2-D): `num_predict`
+    /// (negative: no cap), within `num_ctx` when given, a window in positions
+    /// as the model's own is. A `num_ctx` at or
     /// above the model's window is the window (the reply then ends when the
     /// window is full, as `length`); one the prompt does not fit in is
     /// refused rather than the prompt cut silently.
@@ -379,7 +381,7 @@ impl Options {
             return Err(ApiError::param(
                 "options.num_ctx",
                 format!(
-                    "the prompt is {prompt_len} tokens, which does not fit in 'options.num_ctx' {ctx}"
+                    "the prompt takes {prompt_len} positions, which does not fit in 'options.num_ctx' {ctx}"
                 ),
             )
             .with_code("context_length_exceeded"));
@@ -494,7 +496,12 @@ pub fn job(
 ) -> Result<crate::run::Generation, ApiError> {
     let window = served.engine.model.info.context_length;
     Ok(crate::run::Generation {
-        max_tokens: options.max_tokens(p.tokens.len(), window)?,
+        max_tokens: options.max_tokens(
+            p.tokens
+                .len()
+                .saturating_sub(shoal_engine::vision::positions_saved(&p.images)),
+            window,
+        )?,
         prompts: vec![p.tokens],
         sampling: options.sampling(&served.engine.model.defaults.params())?,
         stop: options.stops()?,

@@ -104,7 +104,13 @@ impl LlamaEmbedder {
         let (model, ctx) = super::load_with_context(path, &LlamaModelParams::default(), cparams)?;
         let (kv, buffers) = reserved_bytes(header).unwrap_or((0, 0));
         let dimensions = model.n_embd_out().max(0) as usize;
-        let info = super::model_info(&model, header, window, kv as usize, buffers as usize);
+        let info = super::model_info(
+            &model,
+            header,
+            (window, window),
+            kv as usize,
+            buffers as usize,
+        );
         Ok(LlamaEmbedder {
             ctx: Mutex::new(ctx),
             embedding: EmbeddingInfo {

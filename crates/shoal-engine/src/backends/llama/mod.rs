@@ -720,7 +720,7 @@ fn load_with_context(
 fn model_info(
     model: &LlamaModel,
     header: &shoal_gguf::Header,
-    context_length: usize,
+    (context_length, max_cells): (usize, usize),
     kv_capacity_bytes: usize,
     buffer_bytes: usize,
 ) -> ModelInfo {
@@ -728,6 +728,7 @@ fn model_info(
         architecture: header.architecture().unwrap_or("unknown").to_string(),
         vocab_size: model.n_vocab().max(0) as usize,
         context_length,
+        max_cells,
         num_layers: model.n_layer() as usize,
         hidden_size: model.n_embd().max(0) as usize,
         format: "gguf".into(),
@@ -767,10 +768,12 @@ impl LlamaCppModel {
         // The last id is the companion's; requests never get it.
         let pad = opts.batch_invariant.then_some(sequences as i32 - 1);
         let usable = sequences as i32 - i32::from(pad.is_some());
+        // The window is counted in positions, bounded by the trained window;
+        // the pool in cells (an M-RoPE image takes more cells than positions).
         let info = model_info(
             &model,
             header,
-            n_ctx_train.min(per_sequence),
+            (n_ctx_train.min(per_sequence), per_sequence),
             reserved * bytes_per_position,
             sequences * logits_bytes_per_sequence(header) as usize
                 + vocab_table_bytes(header) as usize,

@@ -130,6 +130,7 @@ impl Transformer {
                 architecture: cfg.architecture.clone(),
                 vocab_size: cfg.vocab_size,
                 context_length: cfg.context_length,
+                max_cells: cfg.context_length,
                 num_layers: cfg.num_layers,
                 hidden_size: cfg.hidden_size,
                 format: cfg.format.clone(),
