@@ -209,20 +209,16 @@ impl ApiError {
 impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         match &e {
-            EngineError::InvalidRequest(_)
-            | EngineError::ContextOverflow { .. }
+            EngineError::InvalidRequest(_) | EngineError::Template(_) => {
+                ApiError::invalid(e.to_string())
+            }
+            // A prompt too long for the window (in tokens, or positions with
+            // M-RoPE images) or for the KV cells one request may hold.
+            EngineError::ContextOverflow { .. }
             | EngineError::PositionOverflow { .. }
-            | EngineError::CellOverflow { .. }
-            | EngineError::Template(_) => ApiError {
-                code: matches!(
-                    e,
-                    EngineError::ContextOverflow { .. }
-                        | EngineError::PositionOverflow { .. }
-                        | EngineError::CellOverflow { .. }
-                )
-                .then_some("context_length_exceeded"),
-                ..ApiError::invalid(e.to_string())
-            },
+            | EngineError::CellOverflow { .. } => {
+                ApiError::invalid(e.to_string()).with_code("context_length_exceeded")
+            }
             EngineError::WrongKind(_) => ApiError::invalid(e.to_string())
                 .with_param("model")
                 .with_code("model_not_supported"),

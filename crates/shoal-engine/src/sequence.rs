@@ -103,9 +103,6 @@ pub(crate) struct Sequence {
     drafter: Option<Drafter>,
     /// Drafts of the step being checked, and how many of them were kept.
     checking: (usize, usize),
-    /// Prompt tokens that take no position of their own (M-RoPE images'):
-    /// the context's positions are its tokens less these.
-    saved: usize,
 }
 
 impl Sequence {
@@ -146,9 +143,7 @@ impl Sequence {
             queue_ms: ms(started - job.submitted),
             ..Timings::default()
         };
-        let saved = job.req.positions_saved();
         Sequence {
-            saved,
             job,
             cache,
             started,
@@ -220,7 +215,7 @@ impl Sequence {
         // limit could never be kept.
         let room = max_tokens
             .saturating_sub(d.generated.len())
-            .min(window.room(d.context.len() + 1, self.saved));
+            .min(window.room(d.context.len() + 1, self.job.req.positions_saved()));
         drafter.propose(&d.context, room, model)
     }
 
@@ -325,7 +320,8 @@ impl Sequence {
         let job = &self.job;
         let req = &job.req;
         let usage = &mut self.usage;
-        let saved = self.saved;
+        // Prompt tokens with no position of their own (an M-RoPE image's).
+        let saved = req.positions_saved();
         let max_tokens = req.max_tokens.unwrap_or(usize::MAX);
         if let Some(t) = d.forced.pop_front() {
             return Next::Feed(t);
