@@ -56,27 +56,33 @@ pub struct Choices {
 /// notice that a client left while its request waits in the queue or prefills.
 pub const KEEPALIVE: std::time::Duration = std::time::Duration::from_millis(500);
 
+/// What a streamed request's channel gives next.
+#[derive(Debug)]
+pub enum Next {
+    /// An event of choice `.0`.
+    Event(usize, Event),
+    /// Nothing for [`KEEPALIVE`]: the stream is quiet (queued, prefilling).
+    Quiet,
+}
+
 impl Choices {
-    /// Next event for a streaming response, writing SSE comments to `tx` while
-    /// idle. `None` when the events end or the client is gone (dropping
-    /// `self` then cancels the generation).
+    /// Next event for a streaming response, writing SSE comments to `tx`
+    /// while idle. `None` when the events end or the client is gone
+    /// (dropping `self` then cancels the generation).
     pub async fn next_streamed(
         &mut self,
         tx: &mpsc::UnboundedSender<String>,
         framing: Framing,
-    ) -> Option<(usize, Event)> {
-        loop {
-            tokio::select! {
-                ev = self.rx.recv() => return ev,
-                // Without a keep-alive to write, the response body being
-                // dropped (the connection closed) is the sign.
-                _ = tx.closed() => return None,
-                _ = tokio::time::sleep(KEEPALIVE) => {
-                    if let Some(k) = framing.keepalive() {
-                        if tx.send(k.to_string()).is_err() {
-                            return None;
-                        }
-                    }
+    ) -> Option<Next> {
+        tokio::select! {
+            ev = self.rx.recv() => ev.map(|(i, ev)| Next::Event(i, ev)),
+            // Without a keep-alive to write, the response body being
+            // dropped (the connection closed) is the sign.
+            _ = tx.closed() => None,
+            _ = tokio::time::sleep(KEEPALIVE) => {
+                match framing.keepalive() {
+                    Some(k) if tx.send(k.to_string()).is_err() => None,
+                    _ => Some(Next::Quiet),
                 }
             }
         }
@@ -166,6 +172,11 @@ impl ChoiceProgress {
         self.done.get(i).is_none_or(Option::is_some)
     }
 
+    /// The first choice that has not ended, if any.
+    pub fn running(&self) -> Option<usize> {
+        self.done.iter().position(Option::is_none)
+    }
+
     pub fn all_ended(&self) -> bool {
         self.done.iter().all(Option::is_some)
     }
@@ -210,24 +221,52 @@ pub trait StreamRender: Send + 'static {
 
     /// Called once the last frame went out (Responses stores the response).
     fn finished(&mut self) {}
+
+    /// Frames that tell a client the request is alive when nothing else
+    /// has gone out for a while: a dialect's own data event, which its SDK
+    /// hands to the caller. An SSE comment is not enough: the SDKs drop
+    /// comments before their iterators, and agents' stream-idle guards
+    /// (Qwen Code's 240 s, Codex's 300 s) watch those iterators, so a long
+    /// prefill would end the request. Empty: the dialect has no such event.
+    fn heartbeat(&mut self) -> Vec<(Option<String>, String)> {
+        Vec::new()
+    }
 }
 
 /// Streams a request's events through `render` as an SSE response. Writes
-/// keep-alive comments while idle; a client that leaves ends the loop, and
-/// dropping `choices` then cancels the generation.
+/// keep-alive comments while idle, and the dialect's heartbeat when no data
+/// went out for `heartbeat` (`None`: never); a client that leaves ends the
+/// loop, and dropping `choices` then cancels the generation.
 pub fn stream(
     mut choices: Choices,
     mut render: impl StreamRender,
     framing: Framing,
+    heartbeat: Option<std::time::Duration>,
 ) -> axum::response::Response {
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {
-        while let Some((i, ev)) = choices.next_streamed(&tx, framing).await {
-            let step = render.frames(i, &ev);
-            for (name, data) in &step.frames {
-                if tx.send(framing.frame(name.as_deref(), data)).is_err() {
-                    return;
-                }
+        let send = |frames: &[(Option<String>, String)]| {
+            frames
+                .iter()
+                .all(|(name, data)| tx.send(framing.frame(name.as_deref(), data)).is_ok())
+        };
+        let mut last_data = tokio::time::Instant::now();
+        while let Some(next) = choices.next_streamed(&tx, framing).await {
+            let step = match next {
+                Next::Event(i, ev) => render.frames(i, &ev),
+                Next::Quiet => match heartbeat {
+                    Some(every) if last_data.elapsed() >= every => Step {
+                        frames: render.heartbeat(),
+                        last: false,
+                    },
+                    _ => continue,
+                },
+            };
+            if !step.frames.is_empty() {
+                last_data = tokio::time::Instant::now();
+            }
+            if !send(&step.frames) {
+                return;
             }
             if step.last {
                 render.finished();
@@ -339,8 +378,9 @@ pub async fn serve_request<A: Adapter>(
         let headers = adapter.headers();
         let choices = start(&served, job, fmt)?;
         let mut response = if streaming {
+            let heartbeat = state.access.stream_heartbeat;
             let render = adapter.stream(served);
-            stream(choices, render, A::DIALECT.framing())
+            stream(choices, render, A::DIALECT.framing(), heartbeat)
         } else {
             let collected = choices.collect().await?;
             let body = adapter.respond(&served, collected)?;

@@ -730,3 +730,120 @@ fn completions_error_mid_stream_sends_its_usage_in_the_error_then_done() {
         || parse(d).get("error").is_some()
         || parse(d)["choices"] != serde_json::json!([])));
 }
+
+/// Two heartbeats of a quiet stream, then the whole script: the stream a
+/// client gets from a request that waited or prefilled past the interval.
+#[test]
+fn chat_heartbeats_open_with_the_role_once_then_empty_deltas() {
+    let r = openai_chat::ChunkRenderer {
+        id: "chatcmpl-x".into(),
+        created: 1,
+        model: "m".into(),
+        include_usage: true,
+        logprobs: false,
+    };
+    let mut st = crate::run::ChoiceProgress::new(1, 1);
+    let mut out: Vec<Value> = (0..2).filter_map(|_| r.heartbeat(&mut st)).collect();
+    for ev in script(FinishReason::Stop) {
+        out.extend(
+            r.step(&mut st, 0, &ev)
+                .iter()
+                .filter(|d| *d != "[DONE]")
+                .map(|d| parse(d)),
+        );
+    }
+    assert_eq!(
+        out[0]["choices"][0]["delta"],
+        serde_json::json!({"role": "assistant", "content": ""})
+    );
+    assert_eq!(out[1]["choices"][0]["delta"], serde_json::json!({}));
+    assert!(out[1]["choices"][0]["finish_reason"].is_null());
+    assert!(out[1]["usage"].is_null(), "a heartbeat carries no usage");
+    let roles = out
+        .iter()
+        .filter(|c| c["choices"][0]["delta"].get("role").is_some())
+        .count();
+    assert_eq!(roles, 1, "the role is said once, heartbeat or not");
+    assert_eq!(out[2]["choices"][0]["delta"]["content"], "Hel");
+    // Once every choice has ended there is nothing left to beat for.
+    assert!(r.heartbeat(&mut st).is_none());
+}
+
+#[test]
+fn completions_heartbeats_are_empty_text_and_echo_still_comes_first() {
+    use crate::run::StreamRender;
+    let mut r = openai_completions::CompletionRenderer {
+        id: "cmpl-x".into(),
+        created: 1,
+        model: "m".into(),
+        include_usage: true,
+        logprobs: false,
+        per: 1,
+        echo: Some(vec!["Say: ".to_string()]),
+        progress: crate::run::ChoiceProgress::new(1, 1),
+        offsets: vec![None],
+    };
+    let beat = r.heartbeat();
+    assert_eq!(beat.len(), 1);
+    let c = parse(&beat[0].1);
+    assert_eq!(c["choices"][0]["text"], "");
+    assert!(c["choices"][0]["finish_reason"].is_null());
+    let first = r.step(0, &script(FinishReason::Stop)[0]);
+    assert_eq!(parse(&first[0])["choices"][0]["text"], "Say: ");
+    for ev in &script(FinishReason::Stop)[1..] {
+        r.step(0, ev);
+    }
+    assert!(r.heartbeat().is_empty());
+}
+
+#[test]
+fn responses_heartbeats_create_once_then_repeat_in_progress_with_contiguous_numbers() {
+    let mut r = openai_responses::ResponsesRenderer::new(shape());
+    let mut out = r.heartbeat();
+    out.extend(r.heartbeat());
+    for ev in script(FinishReason::Stop) {
+        out.extend(r.step(&ev));
+    }
+    let names: Vec<&str> = out.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        &names[..4],
+        [
+            "response.created",
+            "response.in_progress",
+            "response.in_progress",
+            "response.output_item.added"
+        ]
+    );
+    assert_eq!(
+        names.iter().filter(|n| **n == "response.created").count(),
+        1
+    );
+    assert_eq!(out[2].1["response"]["status"], "in_progress");
+    assert_eq!(out[2].1["response"]["id"], "resp_x");
+    let seqs: Vec<u64> = out
+        .iter()
+        .filter_map(|(_, d)| d["sequence_number"].as_u64())
+        .collect();
+    assert_eq!(seqs, (0..out.len() as u64).collect::<Vec<_>>());
+    assert_eq!(names.last(), Some(&"response.completed"));
+}
+
+#[test]
+fn anthropic_heartbeats_are_pings_before_message_start() {
+    use crate::run::StreamRender;
+    let mut r = anthropic::MessagesRenderer::new("msg_x".into(), "m".into());
+    let beat = r.heartbeat();
+    assert_eq!(
+        beat,
+        vec![(Some("ping".to_string()), r#"{"type":"ping"}"#.to_string())]
+    );
+    let frames: Vec<(String, Value)> = script(FinishReason::Stop)
+        .iter()
+        .flat_map(|e| r.step(e))
+        .collect();
+    assert_eq!(
+        frames[0].0, "message_start",
+        "a ping changes nothing after it"
+    );
+    assert_eq!(frames[0].1["message"]["usage"]["input_tokens"], 30);
+}

@@ -603,6 +603,12 @@ impl run::StreamRender for MessagesRenderer {
             last: matches!(ev, Event::Done(_)),
         }
     }
+
+    /// Anthropic's own keep-alive, `ping`, which may come anywhere in a
+    /// stream (its SDKs skip it; other clients take it as such).
+    fn heartbeat(&mut self) -> Vec<(Option<String>, String)> {
+        run::named(vec![Self::ev("ping", json!({"type": "ping"}))])
+    }
 }
 
 impl MessagesRenderer {

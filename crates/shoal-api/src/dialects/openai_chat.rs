@@ -180,6 +180,18 @@ impl ChunkRenderer {
         self.chunk(json!([{"index": index, "delta": {}, "logprobs": null, "finish_reason": finish_reason(f)}]))
     }
 
+    /// A quiet stream's heartbeat: the first choice still running gets its
+    /// opening role chunk if it has not had it (what OpenAI sends first),
+    /// else a chunk whose delta is empty, which clients merge as nothing.
+    pub fn heartbeat(&self, st: &mut run::ChoiceProgress) -> Option<Value> {
+        let i = st.running()?;
+        Some(if st.begin(i) {
+            self.role(i)
+        } else {
+            self.chunk(json!([{"index": i, "delta": {}, "logprobs": null, "finish_reason": null}]))
+        })
+    }
+
     /// The extra usage chunk (only when asked for), after every choice finished.
     pub fn usage(&self, u: &Usage) -> Value {
         json!({
@@ -251,6 +263,11 @@ impl run::StreamRender for ChatStream {
             frames: frames.into_iter().map(|d| (None, d)).collect(),
             last: self.state.all_ended(),
         }
+    }
+
+    fn heartbeat(&mut self) -> Vec<(Option<String>, String)> {
+        let chunk = self.renderer.heartbeat(&mut self.state);
+        chunk.map(|c| (None, c.to_string())).into_iter().collect()
     }
 }
 

@@ -329,6 +329,18 @@ impl run::StreamRender for CompletionRenderer {
             last: self.progress.all_ended(),
         }
     }
+
+    /// A chunk of empty text for the first choice still running (clients
+    /// append it as nothing). A choice echoing its prompt has not begun, so
+    /// its echo still comes first, with its first event.
+    fn heartbeat(&mut self) -> Vec<(Option<String>, String)> {
+        let Some(i) = self.progress.running() else {
+            return Vec::new();
+        };
+        let c =
+            self.chunk(json!([{"index": i, "text": "", "logprobs": null, "finish_reason": null}]));
+        vec![(None, c.to_string())]
+    }
 }
 
 /// OpenAI legacy Completions's words for the engine's records.

@@ -107,6 +107,9 @@ pub struct Access {
     /// Longest a request may run; then it stops with a timeout error that
     /// still carries its usage (`None`: no limit).
     pub request_timeout: Option<std::time::Duration>,
+    /// How long a stream may go without data before it sends its dialect's
+    /// heartbeat (`None`: never; see `run::StreamRender::heartbeat`).
+    pub stream_heartbeat: Option<std::time::Duration>,
     /// With keys, whether a request may reuse prefixes that another key's
     /// requests cached (off: each key's prefixes are its own).
     pub share_cache_across_keys: bool,
@@ -127,6 +130,7 @@ impl Default for Access {
             max_tools: 256,
             max_body_bytes: 32 << 20,
             request_timeout: Some(std::time::Duration::from_secs(600)),
+            stream_heartbeat: Some(std::time::Duration::from_secs(5)),
             share_cache_across_keys: false,
             images: shoal_engine::vision::ImageLimits::default(),
             fetch_image_urls: false,

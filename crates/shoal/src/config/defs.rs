@@ -336,6 +336,13 @@ settings! {
         /// with a timeout error that still reports its usage.
         request_timeout_secs: u64 = Access::default().request_timeout.map_or(0, |d| d.as_secs()),
             env Env::Var("SHOAL_REQUEST_TIMEOUT_SECS"), flag Flag::Value("request-timeout-secs", "SECS");
+        /// Seconds a stream may go without data while its request waits or
+        /// reads its prompt before it sends its dialect's heartbeat (0 = never):
+        /// a data event the client's SDK passes on (Anthropic's ping, an empty
+        /// chunk, Responses' in_progress), so agents' stream-idle guards do not
+        /// drop a long prefill.
+        stream_heartbeat_secs: u64 = Access::default().stream_heartbeat.map_or(0, |d| d.as_secs()),
+            env Env::Var("SHOAL_STREAM_HEARTBEAT_SECS"), flag Flag::Value("stream-heartbeat-secs", "SECS");
     }
     [model] Model {
         /// A .gguf file or a Hugging Face / MLX model directory.

@@ -78,6 +78,8 @@ impl Config {
         a.max_body_bytes = self.server.max_body_mb.max(1).saturating_mul(1 << 20);
         a.request_timeout = (self.server.request_timeout_secs > 0)
             .then(|| std::time::Duration::from_secs(self.server.request_timeout_secs));
+        a.stream_heartbeat = (self.server.stream_heartbeat_secs > 0)
+            .then(|| std::time::Duration::from_secs(self.server.stream_heartbeat_secs));
         a.share_cache_across_keys = self.cache.share_across_keys;
         a.images = shoal_engine::vision::ImageLimits {
             max_bytes: self.server.max_image_mb.max(1).saturating_mul(1 << 20),

@@ -285,6 +285,12 @@ impl run::StreamRender for ChatStream {
         }
         step
     }
+
+    /// A line with an empty message, as Ollama's own streams carry while a
+    /// model thinks: clients append it as nothing.
+    fn heartbeat(&mut self) -> Vec<(Option<String>, String)> {
+        vec![self.line(json!({"role": "assistant", "content": ""}))]
+    }
 }
 
 /// A stream line (JSON text) with the tokens' logprobs beside its message.

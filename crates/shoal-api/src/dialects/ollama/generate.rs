@@ -221,4 +221,10 @@ impl run::StreamRender for GenerateStream {
         }
         step
     }
+
+    /// A line with an empty response: clients append it as nothing.
+    fn heartbeat(&mut self) -> Vec<(Option<String>, String)> {
+        let v = json!({"model": self.0.model, "created_at": now(), "response": "", "done": false});
+        vec![(None, v.to_string())]
+    }
 }

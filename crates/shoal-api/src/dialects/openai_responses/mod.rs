@@ -142,6 +142,10 @@ impl run::StreamRender for ResponsesStream {
         }
     }
 
+    fn heartbeat(&mut self) -> Vec<(Option<String>, String)> {
+        run::named(self.renderer.heartbeat())
+    }
+
     fn finished(&mut self) {
         if let (Some((state, shape, msgs)), Some(c)) = (self.keep.take(), &self.done) {
             let calls = self.renderer.calls();

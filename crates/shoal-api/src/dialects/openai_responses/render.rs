@@ -244,6 +244,21 @@ impl ResponsesRenderer {
         self.push(out, "response.in_progress", json!({"response": r}));
     }
 
+    /// A quiet stream's heartbeat: `response.created` and
+    /// `response.in_progress` if they have not gone out, else
+    /// `response.in_progress` again (the response as created: clients keep
+    /// the output items they have, and take nothing from its empty list).
+    pub fn heartbeat(&mut self) -> Vec<(String, Value)> {
+        let mut out = Vec::new();
+        if self.created {
+            let r = self.shape.response("", None);
+            self.push(&mut out, "response.in_progress", json!({"response": r}));
+        } else {
+            self.create(&mut out);
+        }
+        out
+    }
+
     fn open_reasoning(&mut self, out: &mut Vec<(String, Value)>) -> u64 {
         if let Some(i) = self.reasoning_open {
             return i;
