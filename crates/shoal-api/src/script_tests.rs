@@ -40,14 +40,18 @@ fn script(finish: FinishReason) -> Vec<Event> {
     ]
 }
 
-fn chat(include_usage: bool, finish: FinishReason) -> Vec<String> {
-    let r = openai_chat::ChunkRenderer {
+fn chat_renderer(include_usage: bool) -> openai_chat::ChunkRenderer {
+    openai_chat::ChunkRenderer {
         id: "chatcmpl-x".into(),
         created: 1,
         model: "m".into(),
         include_usage,
         logprobs: false,
-    };
+    }
+}
+
+fn chat(include_usage: bool, finish: FinishReason) -> Vec<String> {
+    let r = chat_renderer(include_usage);
     let evs: Vec<(usize, Event)> = script(finish).into_iter().map(|e| (0, e)).collect();
     r.render_all(1, &evs)
 }
@@ -529,13 +533,7 @@ fn tool_script() -> Vec<Event> {
 
 #[test]
 fn chat_streams_tool_call_deltas_and_finishes_tool_calls() {
-    let r = openai_chat::ChunkRenderer {
-        id: "chatcmpl-x".into(),
-        created: 1,
-        model: "m".into(),
-        include_usage: true,
-        logprobs: false,
-    };
+    let r = chat_renderer(true);
     let evs: Vec<(usize, Event)> = tool_script().into_iter().map(|e| (0, e)).collect();
     let out = r.render_all(1, &evs);
     let chunks: Vec<Value> = out
@@ -735,13 +733,7 @@ fn completions_error_mid_stream_sends_its_usage_in_the_error_then_done() {
 /// client gets from a request that waited or prefilled past the interval.
 #[test]
 fn chat_heartbeats_open_with_the_role_once_then_empty_deltas() {
-    let r = openai_chat::ChunkRenderer {
-        id: "chatcmpl-x".into(),
-        created: 1,
-        model: "m".into(),
-        include_usage: true,
-        logprobs: false,
-    };
+    let r = chat_renderer(true);
     let mut st = crate::run::ChoiceProgress::new(1, 1);
     let mut out: Vec<Value> = (0..2).filter_map(|_| r.heartbeat(&mut st)).collect();
     for ev in script(FinishReason::Stop) {
