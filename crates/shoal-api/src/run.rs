@@ -616,19 +616,27 @@ impl Forward {
         let deadline = self.limit.map(|l| tokio::time::Instant::now() + l);
         let mut timed_out = false;
         loop {
-            let next = match deadline.filter(|_| !timed_out) {
-                Some(at) => match tokio::time::timeout_at(at, merged.next()).await {
-                    Ok(ev) => ev,
-                    Err(_) => {
-                        // Over the time limit: stop generating; the final
-                        // events below say why.
-                        timed_out = true;
-                        tracing::warn!("request over its time limit; stopping it");
-                        cancel();
-                        continue;
-                    }
-                },
-                None => merged.next().await,
+            let far = tokio::time::Instant::now() + std::time::Duration::from_secs(86_400);
+            let next = tokio::select! {
+                ev = merged.next() => ev,
+                // A client that leaves while nothing is sent to it (its
+                // request queued or reading its prompt) is noticed here, not
+                // at the first token: the prefill stops at its next chunk and
+                // what it read is kept for the prompt's next request.
+                () = tx.closed(), if !client_gone => {
+                    client_gone = true;
+                    tracing::info!("client disconnected; cancelling generation");
+                    cancel();
+                    continue;
+                }
+                // Over the time limit: stop generating; the final events
+                // below say why.
+                () = tokio::time::sleep_until(deadline.unwrap_or(far)), if deadline.is_some() && !timed_out => {
+                    timed_out = true;
+                    tracing::warn!("request over its time limit; stopping it");
+                    cancel();
+                    continue;
+                }
             };
             let Some((i, mut ev)) = next else { break };
             if let (true, Event::Done(c)) = (timed_out, &mut ev) {

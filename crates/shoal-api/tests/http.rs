@@ -512,6 +512,75 @@ async fn disconnect_mid_stream_is_cancelled_in_ledger() {
     );
 }
 
+/// A client that hangs up while its long prompt is still being read (after
+/// the stream's first heartbeat, before any token) stops the prefill at the
+/// end of the chunk in progress: nothing is generated, and what was read is
+/// kept, so the same prompt sent again starts from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaving_during_prefill_stops_it_and_keeps_what_was_read() {
+    use futures::StreamExt;
+    // Its own engine, with the prefix cache, and a heartbeat after 1 s quiet.
+    let engine = Engine::start(&gguf(), MODEL, common::options()).expect("load");
+    let mut state = AppState::new(engine);
+    let mut access = shoal_api::access::Access::default();
+    access.stream_heartbeat = Some(std::time::Duration::from_secs(1));
+    state.access = std::sync::Arc::new(access);
+    let base = serve_state(state).await;
+    // Over two prefill chunks (2,048 tokens each).
+    let rows: Vec<String> = (0..480)
+        .map(|i| format!("item{i} weighs {} kg.", i * 7 % 13))
+        .collect();
+    let ask = format!("{}\nWhich item weighs the most?", rows.join(" "));
+    let body = |stream: bool| {
+        json!({"model": MODEL, "messages": [{"role": "user", "content": ask}],
+               "max_tokens": 1, "temperature": 0, "stream": stream})
+    };
+    let resp = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&body(true))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status().as_u16(), 200);
+    let id = resp.headers()[shoal_api::ledger::REQUEST_ID_HEADER]
+        .to_str()
+        .expect("id")
+        .to_string();
+    // Read up to the first data frame (the heartbeat: no token is out yet),
+    // then hang up.
+    let mut stream = resp.bytes_stream();
+    let mut seen = String::new();
+    while !seen.contains("data: ") {
+        let bytes = stream.next().await.expect("a frame").expect("bytes");
+        seen.push_str(&String::from_utf8_lossy(&bytes));
+    }
+    assert!(
+        seen.contains(r#""delta":{"role":"assistant","content":""}"#),
+        "{seen}"
+    );
+    drop(stream);
+    let e = recorded(&base, &id).await;
+    assert_eq!(e["finish_reasons"], json!(["cancelled"]), "{e}");
+    assert_eq!(
+        e["usage"]["completion_tokens"], 0,
+        "the prefill ran on to a token: {e}"
+    );
+    let prompt = e["usage"]["prompt_tokens"].as_u64().expect("prompt tokens");
+    assert!(prompt > 2 * 2048, "{e}");
+    // The same prompt again reads the kept chunks from the cache.
+    let (s, t, _) = post(&base, "/v1/chat/completions", &body(false).to_string()).await;
+    assert_eq!(s, 200, "{t}");
+    let v: Value = serde_json::from_str(&t).expect("json");
+    assert_eq!(v["usage"]["prompt_tokens"], prompt, "{v}");
+    let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .expect("cached tokens");
+    assert!(
+        cached >= 2048 && cached < prompt,
+        "cached {cached} of {prompt}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_body_is_413_in_each_dialect() {
     let base = server(engine()).await;
