@@ -252,16 +252,17 @@ pub fn stream(
         };
         let mut last_data = tokio::time::Instant::now();
         while let Some(next) = choices.next_streamed(&tx, framing).await {
-            let step = match next {
+            let mut step = match next {
                 Next::Event(i, ev) => render.frames(i, &ev),
-                Next::Quiet => match heartbeat {
-                    Some(every) if last_data.elapsed() >= every => Step {
-                        frames: render.heartbeat(),
-                        last: false,
-                    },
-                    _ => continue,
-                },
+                Next::Quiet => Step::default(),
             };
+            // Events that make no frames (a dialect without words for them,
+            // such as reasoning in legacy Completions) leave a stream as
+            // quiet as no events do.
+            let due = heartbeat.is_some_and(|every| last_data.elapsed() >= every);
+            if step.frames.is_empty() && !step.last && due {
+                step.frames = render.heartbeat();
+            }
             if !step.frames.is_empty() {
                 last_data = tokio::time::Instant::now();
             }
