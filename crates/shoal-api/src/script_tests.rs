@@ -652,8 +652,8 @@ fn responses_stream_a_function_call_item() {
     }
 }
 
-fn completions(n: usize, echo: Option<&str>, finish: FinishReason) -> Vec<String> {
-    let mut r = openai_completions::CompletionRenderer {
+fn completion_renderer(n: usize, echo: Option<&str>) -> openai_completions::CompletionRenderer {
+    openai_completions::CompletionRenderer {
         id: "cmpl-x".into(),
         created: 1,
         model: "m".into(),
@@ -663,7 +663,11 @@ fn completions(n: usize, echo: Option<&str>, finish: FinishReason) -> Vec<String
         echo: echo.map(|t| vec![t.to_string()]),
         progress: crate::run::ChoiceProgress::new(n, n),
         offsets: vec![None; n],
-    };
+    }
+}
+
+fn completions(n: usize, echo: Option<&str>, finish: FinishReason) -> Vec<String> {
+    let mut r = completion_renderer(n, echo);
     // Choices interleave as the engine sends them.
     let mut out = Vec::new();
     let evs = script(finish);
@@ -764,17 +768,7 @@ fn chat_heartbeats_open_with_the_role_once_then_empty_deltas() {
 #[test]
 fn completions_heartbeats_are_empty_text_and_echo_still_comes_first() {
     use crate::run::StreamRender;
-    let mut r = openai_completions::CompletionRenderer {
-        id: "cmpl-x".into(),
-        created: 1,
-        model: "m".into(),
-        include_usage: true,
-        logprobs: false,
-        per: 1,
-        echo: Some(vec!["Say: ".to_string()]),
-        progress: crate::run::ChoiceProgress::new(1, 1),
-        offsets: vec![None],
-    };
+    let mut r = completion_renderer(1, Some("Say: "));
     let beat = r.heartbeat();
     assert_eq!(beat.len(), 1);
     let c = parse(&beat[0].1);

@@ -535,17 +535,7 @@ async fn a_client_leaving_during_prefill_stops_it_and_keeps_what_was_read() {
         json!({"model": MODEL, "messages": [{"role": "user", "content": ask}],
                "max_tokens": 1, "temperature": 0, "stream": stream})
     };
-    let resp = reqwest::Client::new()
-        .post(format!("{base}/v1/chat/completions"))
-        .json(&body(true))
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(resp.status().as_u16(), 200);
-    let id = resp.headers()[shoal_api::ledger::REQUEST_ID_HEADER]
-        .to_str()
-        .expect("id")
-        .to_string();
+    let (id, resp) = common::open_stream(&base, &body(true)).await;
     // Read up to the first data frame (the heartbeat: no token is out yet),
     // then hang up.
     let mut stream = resp.bytes_stream();

@@ -94,10 +94,9 @@ pub fn no_eos(engine: &shoal_engine::Engine) -> serde_json::Value {
         .into()
 }
 
-/// Starts a streamed chat with `body`, reads its first chunk and hangs up;
-/// returns the request's ledger id.
-pub async fn leave_after_first_chunk(base: &str, body: &serde_json::Value) -> String {
-    use futures::StreamExt;
+/// Starts a streamed chat with `body`; its ledger id and the response, whose
+/// body is still to be read.
+pub async fn open_stream(base: &str, body: &serde_json::Value) -> (String, reqwest::Response) {
     let resp = reqwest::Client::new()
         .post(format!("{base}/v1/chat/completions"))
         .json(body)
@@ -109,8 +108,20 @@ pub async fn leave_after_first_chunk(base: &str, body: &serde_json::Value) -> St
         .to_str()
         .expect("id")
         .to_string();
-    let mut stream = resp.bytes_stream();
-    let first = stream.next().await.expect("a chunk").expect("bytes");
+    (id, resp)
+}
+
+/// Starts a streamed chat with `body`, reads its first chunk and hangs up;
+/// returns the request's ledger id.
+pub async fn leave_after_first_chunk(base: &str, body: &serde_json::Value) -> String {
+    use futures::StreamExt;
+    let (id, resp) = open_stream(base, body).await;
+    let first = resp
+        .bytes_stream()
+        .next()
+        .await
+        .expect("a chunk")
+        .expect("bytes");
     assert!(!first.is_empty());
     id
 }
