@@ -190,17 +190,22 @@ impl run::Adapter for OllamaGenerate {
 /// The live `/api/generate` stream.
 pub struct GenerateStream(Reply);
 
+impl GenerateStream {
+    /// A line of the stream: an empty response, not done, with `extra`'s fields.
+    fn line(&self, extra: Value) -> (Option<String>, String) {
+        let mut v =
+            json!({"model": self.0.model, "created_at": now(), "response": "", "done": false});
+        if let (Value::Object(o), Value::Object(e)) = (&mut v, extra) {
+            o.extend(e);
+        }
+        (None, v.to_string())
+    }
+}
+
 impl run::StreamRender for GenerateStream {
     fn frames(&mut self, _: usize, ev: &Event) -> Step {
         let mut step = Step::default();
-        let line = |extra: Value| {
-            let mut v =
-                json!({"model": self.0.model, "created_at": now(), "response": "", "done": false});
-            if let (Value::Object(o), Value::Object(e)) = (&mut v, extra) {
-                o.extend(e);
-            }
-            (None, v.to_string())
-        };
+        let line = |extra: Value| self.line(extra);
         match ev {
             Event::Delta { text, logprobs } if self.0.logprobs && !logprobs.is_empty() => {
                 let lps = super::shared::logprobs_json(logprobs);
@@ -224,7 +229,6 @@ impl run::StreamRender for GenerateStream {
 
     /// A line with an empty response: clients append it as nothing.
     fn heartbeat(&mut self) -> Vec<(Option<String>, String)> {
-        let v = json!({"model": self.0.model, "created_at": now(), "response": "", "done": false});
-        vec![(None, v.to_string())]
+        vec![self.line(json!({}))]
     }
 }
